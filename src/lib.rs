@@ -7,3 +7,4 @@
 #![forbid(unsafe_code)]
 
 // Module declarations (one line per concept, kept sorted).
+pub mod identity;
