@@ -2,9 +2,87 @@
 //!
 //! Cluster sharding for Rust over [`ractor`]: many stateful entities spread
 //! across the nodes of a cluster, each reached by its id wherever it lives.
-//! See `SPEC.md` for the semantics, the wire format and the public API.
+//! The counterpart of Akka / Apache Pekko Cluster Sharding, with a typed
+//! protocol DSL: the compiler checks which messages are tells and which are
+//! asks, what each ask replies, that an entity handles its whole protocol,
+//! and which store a system was built with.
+//!
+//! ```
+//! use std::time::Duration;
+//! use datum_cluster_sharding::prelude::*;
+//!
+//! #[derive(Serialize, Deserialize)] pub struct Add(pub u64);
+//! #[derive(Serialize, Deserialize)] pub struct Get;
+//!
+//! protocol! {
+//!     /// A counter.
+//!     pub protocol Counter = "counter" {
+//!         tell Add;
+//!         ask Get -> u64;
+//!     }
+//! }
+//!
+//! #[derive(Default)]
+//! struct CounterEntity { total: u64 }
+//! impl Entity for CounterEntity { type Protocol = Counter; }
+//! impl Handler<Add> for CounterEntity {
+//!     async fn handle(&mut self, msg: Add, _ctx: &EntityContext) -> ShardingResult<()> {
+//!         self.total += msg.0;
+//!         Ok(())
+//!     }
+//! }
+//! impl Handler<Get> for CounterEntity {
+//!     async fn handle(&mut self, _msg: Get, _ctx: &EntityContext) -> ShardingResult<u64> {
+//!         Ok(self.total)
+//!     }
+//! }
+//!
+//! # #[tokio::main] async fn main() -> ShardingResult<()> {
+//! let system = ShardedSystem::builder().num_shards(64).start().await?;
+//! system.register::<CounterEntity>(|_ctx| CounterEntity::default()).await?;
+//! let cart = system.entity_ref::<Counter>("cart-42");
+//! cart.tell(Add(3)).await?;
+//! let total: u64 = cart.ask(Get, Duration::from_secs(5)).await?;
+//! assert_eq!(total, 3);
+//! system.shutdown().await;
+//! # Ok(()) }
+//! ```
+//!
+//! See `SPEC.md` for the semantics, the wire format and the public API, and
+//! [`guarantees`] for what the compiler rejects.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
-// Module declarations (one line per concept, kept sorted).
+#[doc(hidden)]
+#[path = "private.rs"]
+pub mod __private;
+mod config;
+mod entity;
+mod error;
+mod extractor;
+pub mod guarantees;
 pub mod identity;
+mod protocol;
+mod runtime;
+mod store;
+mod system;
+
+pub(crate) use __private as private;
+
+pub use config::ShardingConfig;
+pub use entity::{Entity, EntityContext, Handler};
+pub use error::{ShardingError, ShardingResult};
+pub use extractor::{DefaultShardExtractor, ShardExtractor, ShardId, fnv1a_64};
+pub use protocol::{Ask, Message, MessageInfo, MessageKind, Protocol, Tell};
+pub use store::{InMemoryStore, NoStore, RememberEntitiesStore, StoreError};
+pub use system::{EntityRef, ShardedSystem, ShardedSystemBuilder};
+
+/// Everything a user of the typed façade needs, plus serde's derives.
+pub mod prelude {
+    pub use crate::{
+        Ask, DefaultShardExtractor, Entity, EntityContext, EntityRef, Handler, InMemoryStore,
+        Message, NoStore, Protocol, RememberEntitiesStore, ShardExtractor, ShardId, ShardedSystem,
+        ShardingConfig, ShardingError, ShardingResult, Tell, protocol,
+    };
+    pub use serde::{Deserialize, Serialize};
+}

@@ -1,0 +1,44 @@
+//! The guide's counter: shared by the quickstart, tests and benches (included
+//! with `#[path]`, so that they all use the crate's own types).
+
+use datum_cluster_sharding::prelude::*;
+
+/// Adds to the counter.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Add(pub u64);
+
+/// Reads the counter.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Get;
+
+protocol! {
+    /// A counter entity.
+    pub protocol Counter = "counter" {
+        tell Add;
+        ask Get -> u64;
+    }
+}
+
+/// The counter's state.
+#[derive(Debug, Default)]
+pub struct CounterEntity {
+    /// The sum of everything added.
+    pub total: u64,
+}
+
+impl Entity for CounterEntity {
+    type Protocol = Counter;
+}
+
+impl Handler<Add> for CounterEntity {
+    async fn handle(&mut self, msg: Add, _ctx: &EntityContext) -> ShardingResult<()> {
+        self.total += msg.0;
+        Ok(())
+    }
+}
+
+impl Handler<Get> for CounterEntity {
+    async fn handle(&mut self, _msg: Get, _ctx: &EntityContext) -> ShardingResult<u64> {
+        Ok(self.total)
+    }
+}

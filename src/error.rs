@@ -1,0 +1,112 @@
+//! The one error type of the sharding layer.
+//!
+//! Every variant says what happened and whether the message it concerns may
+//! have been processed: callers decide on retries from that (delivery is
+//! at-most-once per attempt; see `SPEC.md`).
+
+use std::time::Duration;
+
+use crate::extractor::ShardId;
+
+/// What can go wrong when sending to an entity or managing the system.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ShardingError {
+    /// The shard's buffer (allocation or passivation) is full. The message was
+    /// not accepted and was not processed; retrying later is safe.
+    #[error(
+        "buffer for shard {shard_id} of entity type `{type_name}` is full; message not accepted"
+    )]
+    BufferOverflow {
+        /// The entity type.
+        type_name: &'static str,
+        /// The shard whose buffer is full.
+        shard_id: ShardId,
+    },
+    /// No reply arrived within the ask's timeout. The message may still be
+    /// processed later: a retry can process it twice.
+    #[error(
+        "ask to `{type_name}` entity `{entity_id}` timed out after {timeout:?}; it may still be processed"
+    )]
+    AskTimeout {
+        /// The entity type.
+        type_name: &'static str,
+        /// The entity asked.
+        entity_id: String,
+        /// The timeout that elapsed.
+        timeout: Duration,
+    },
+    /// The entity's handler panicked on this message. The entity was restarted
+    /// from its factory; later messages are served by the new instance.
+    #[error("`{type_name}` entity `{entity_id}` panicked while handling the message: {panic}")]
+    EntityPanicked {
+        /// The entity type.
+        type_name: &'static str,
+        /// The entity that panicked.
+        entity_id: String,
+        /// The panic payload, when it was a string.
+        panic: String,
+    },
+    /// The entity stopped before it replied (it failed to start, or was
+    /// stopped while the message waited in its mailbox). The message was not
+    /// processed by that incarnation.
+    #[error("`{type_name}` entity `{entity_id}` stopped before replying")]
+    EntityStopped {
+        /// The entity type.
+        type_name: &'static str,
+        /// The entity.
+        entity_id: String,
+    },
+    /// The handler returned an error of its own; passed to the asker as is.
+    #[error("handler error: {0}")]
+    Handler(String),
+    /// The system is shutting down or has shut down; the message was not processed.
+    #[error("the sharded system is shutting down")]
+    ShuttingDown,
+    /// No entity type with this protocol is registered on this system.
+    #[error("entity type `{type_name}` is not registered on this system")]
+    NotRegistered {
+        /// The protocol's type name.
+        type_name: &'static str,
+    },
+    /// An entity type with this name is registered already.
+    #[error("entity type `{type_name}` is already registered")]
+    AlreadyRegistered {
+        /// The protocol's type name.
+        type_name: &'static str,
+    },
+    /// A custom extractor returned a shard outside `0..num_shards`. Nothing was sent.
+    #[error("extractor put entity `{entity_id}` in shard {shard_id}, outside 0..{num_shards}")]
+    InvalidShard {
+        /// The entity id.
+        entity_id: String,
+        /// The shard the extractor returned.
+        shard_id: ShardId,
+        /// The configured shard count.
+        num_shards: u32,
+    },
+    /// The configuration is not usable; the system did not start.
+    #[error("invalid configuration: {0}")]
+    InvalidConfig(String),
+    /// A remember-entities store failed (only under the `FailClosed` policy
+    /// does this reach senders; under `FailOpen` it is logged).
+    #[error("remember-entities store failed for `{type_name}` shard {shard_id}: {message}")]
+    RememberEntities {
+        /// The entity type.
+        type_name: &'static str,
+        /// The shard.
+        shard_id: ShardId,
+        /// The store's error.
+        message: String,
+    },
+    /// An actor could not be spawned (ractor refused it).
+    #[error("could not spawn an actor: {0}")]
+    Spawn(String),
+    /// BUG: an internal invariant did not hold. Please report it; the message
+    /// concerned was not processed.
+    #[error("BUG: {0}")]
+    Bug(String),
+}
+
+/// The result of a sharding operation.
+pub type ShardingResult<T> = Result<T, ShardingError>;

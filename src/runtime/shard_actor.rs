@@ -1,0 +1,59 @@
+//! One actor per hosted shard: the serialization point of its entities'
+//! lifecycle (passivation and respawn). Messages to entities do not pass
+//! through it; they go straight to the entity's mailbox.
+
+use std::sync::Arc;
+
+use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef};
+
+use crate::extractor::ShardId;
+use crate::runtime::region::Region;
+
+/// What a shard actor receives.
+#[derive(Debug)]
+pub(crate) enum ShardMsg {
+    /// An entity asks to be passivated (idle, or `ctx.passivate()`).
+    Passivate { entity_id: Arc<str>, actor: ActorId },
+    /// An entity actor stopped.
+    EntityStopped { entity_id: Arc<str>, actor: ActorId },
+}
+
+pub(crate) struct ShardActor;
+
+pub(crate) struct ShardState {
+    region: Arc<Region>,
+    shard: ShardId,
+}
+
+impl Actor for ShardActor {
+    type Msg = ShardMsg;
+    type State = ShardState;
+    type Arguments = (Arc<Region>, ShardId);
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<ShardMsg>,
+        (region, shard): (Arc<Region>, ShardId),
+    ) -> Result<ShardState, ActorProcessingErr> {
+        Ok(ShardState { region, shard })
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<ShardMsg>,
+        msg: ShardMsg,
+        state: &mut ShardState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            ShardMsg::Passivate { entity_id, actor } => {
+                state
+                    .region
+                    .begin_passivation(state.shard, &entity_id, Some(actor));
+            }
+            ShardMsg::EntityStopped { entity_id, actor } => {
+                state.region.entity_stopped(state.shard, &entity_id, actor);
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,129 @@
+//! Remember-entities stores: which entity ids to respawn when a shard starts.
+//!
+//! The store is chosen when the system is built and is part of its type:
+//! `ShardedSystem<NoStore>` has no `register_remembered`, so registering a
+//! remembered entity type on a system without a store does not compile.
+//!
+//! A shard records an id when the entity starts and removes it when the entity
+//! is passivated (Akka's rule: passivated entities are not remembered); a
+//! restart or a node stop keeps it. When a shard starts, its remembered ids are
+//! spawned without waiting for a message.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+
+use crate::extractor::ShardId;
+
+/// The marker for a system built without a remember-entities store.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoStore;
+
+/// A store failed; the message says how.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("remember-entities store error: {0}")]
+pub struct StoreError(pub String);
+
+/// The persistence seam of remember-entities.
+pub trait RememberEntitiesStore: Send + Sync + 'static {
+    /// Records that `entity_id` started in `shard_id`.
+    fn record_entity_started(
+        &self,
+        type_name: &str,
+        shard_id: ShardId,
+        entity_id: &str,
+    ) -> Result<(), StoreError>;
+    /// Records that `entity_id` stopped for good (passivated).
+    fn record_entity_stopped(
+        &self,
+        type_name: &str,
+        shard_id: ShardId,
+        entity_id: &str,
+    ) -> Result<(), StoreError>;
+    /// The ids remembered in one shard.
+    fn list_entities_for_shard(
+        &self,
+        type_name: &str,
+        shard_id: ShardId,
+    ) -> Result<Vec<String>, StoreError>;
+    /// The shards of a type that have remembered ids (to start them at once).
+    fn list_shards(&self, type_name: &str) -> Result<Vec<ShardId>, StoreError> {
+        let _ = type_name;
+        Ok(Vec::new())
+    }
+}
+
+/// Process memory. Clones share one table, so regions that share an
+/// `InMemoryStore` value share what it remembers; it does not survive the process.
+#[derive(Debug, Clone, Default)]
+pub struct InMemoryStore {
+    table: Arc<Mutex<HashMap<(String, ShardId), BTreeSet<String>>>>,
+}
+
+impl InMemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut HashMap<(String, ShardId), BTreeSet<String>>) -> T) -> T {
+        let mut table = self
+            .table
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        f(&mut table)
+    }
+}
+
+impl RememberEntitiesStore for InMemoryStore {
+    fn record_entity_started(
+        &self,
+        type_name: &str,
+        shard_id: ShardId,
+        entity_id: &str,
+    ) -> Result<(), StoreError> {
+        self.with(|t| {
+            t.entry((type_name.to_owned(), shard_id))
+                .or_default()
+                .insert(entity_id.to_owned())
+        });
+        Ok(())
+    }
+
+    fn record_entity_stopped(
+        &self,
+        type_name: &str,
+        shard_id: ShardId,
+        entity_id: &str,
+    ) -> Result<(), StoreError> {
+        self.with(|t| {
+            if let Some(ids) = t.get_mut(&(type_name.to_owned(), shard_id)) {
+                ids.remove(entity_id);
+            }
+        });
+        Ok(())
+    }
+
+    fn list_entities_for_shard(
+        &self,
+        type_name: &str,
+        shard_id: ShardId,
+    ) -> Result<Vec<String>, StoreError> {
+        Ok(self.with(|t| {
+            t.get(&(type_name.to_owned(), shard_id))
+                .map(|ids| ids.iter().cloned().collect())
+                .unwrap_or_default()
+        }))
+    }
+
+    fn list_shards(&self, type_name: &str) -> Result<Vec<ShardId>, StoreError> {
+        Ok(self.with(|t| {
+            let mut shards: Vec<ShardId> = t
+                .iter()
+                .filter(|((name, _), ids)| name == type_name && !ids.is_empty())
+                .map(|((_, s), _)| *s)
+                .collect();
+            shards.sort();
+            shards
+        }))
+    }
+}
