@@ -384,7 +384,6 @@ impl<P: Protocol> EntityRef<P> {
     /// go to a fresh one. Does nothing if the entity is not live.
     pub async fn passivate(&self) -> ShardingResult<()> {
         let region = self.live_region()?;
-        region.begin_passivation(self.shard, &self.entity_id, None);
-        Ok(())
+        region.passivate(self.shard, &self.entity_id, None)
     }
 }

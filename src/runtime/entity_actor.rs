@@ -21,6 +21,8 @@ pub(crate) enum EntityMsg {
     Deliver(LocalEnvelope),
     /// Time to check whether the entity has been idle long enough to passivate.
     IdleCheck,
+    /// Stop once everything queued before this marker is handled (passivation).
+    Stop,
 }
 
 pub(crate) struct EntityActor<E>(PhantomData<fn() -> E>);
@@ -124,6 +126,7 @@ where
                     state.request_passivation(&myself);
                 }
             }
+            EntityMsg::Stop => myself.stop(Some("passivated".into())),
             EntityMsg::IdleCheck => {
                 if let Some(idle) = state.args.idle_timeout {
                     let quiet = state.last_activity.elapsed();

@@ -6,8 +6,8 @@
 //!                                 Unallocated { buffer }  ── Allocate ──► RegionActor
 //!                                 Local { entities, passivating, shard }      │ spawns
 //!                                 Stopped                                     ▼
-//!                 fast path: read lock, entity found ──► entity mailbox    ShardActor
-//!                 slow path: write lock: spawn / buffer / overflow          (lifecycle:
+//!                 fast path: lock, entity found   ──► entity mailbox    ShardActor
+//!                 slow path: same lock: spawn / buffer / overflow          (lifecycle:
 //!                                                                            passivation,
 //!  EntityActor<E> (one ractor actor per live entity) ── Passivate, Stopped ──► respawn)
 //! ```
@@ -18,8 +18,8 @@
 //! buffer flush and a passivation each complete under the write lock before
 //! any later send can see their result.
 //!
-//! Passivation: the entity is removed from the table and `drain`ed under the
-//! write lock; what is already in its mailbox is still handled by it, and what
+//! Passivation: the entity is removed from the table and sent a stop marker
+//! under the lock; what is already in its mailbox is still handled by it, and what
 //! arrives afterwards is buffered. When the entity has stopped, its shard
 //! actor spawns the next incarnation with the buffer, if any. Nothing is dropped.
 

@@ -23,11 +23,18 @@ pub(crate) type Spawner = Box<
         + Sync,
 >;
 
+/// Something waiting in a buffer: a message, or a passivation request that
+/// must take effect after the messages buffered before it.
+pub(crate) enum Buffered {
+    Message(Arc<str>, LocalEnvelope),
+    Passivate(Arc<str>),
+}
+
 /// One shard's state in its region.
 pub(crate) enum Slot {
     /// No home yet: messages wait here until the shard is allocated.
     Unallocated {
-        buffer: Vec<(Arc<str>, LocalEnvelope)>,
+        buffer: Vec<Buffered>,
         requested: bool,
     },
     /// Hosted on this node.
@@ -44,7 +51,7 @@ pub(crate) struct LocalShard {
 
 pub(crate) struct Passivating {
     actor: ActorId,
-    buffer: Vec<LocalEnvelope>,
+    buffer: Vec<Buffered>,
 }
 
 pub(crate) struct Region {
@@ -125,7 +132,7 @@ impl Region {
                 if buffer.len() >= self.buffer_cap {
                     return Err(self.overflow(shard));
                 }
-                buffer.push((entity_id.clone(), envelope));
+                buffer.push(Buffered::Message(entity_id.clone(), envelope));
                 if !*requested {
                     *requested = true;
                     self.request_allocation(shard);
@@ -153,7 +160,9 @@ impl Region {
             if passivating.buffer.len() >= self.buffer_cap {
                 return Err((self.overflow(shard), Some(envelope)));
             }
-            passivating.buffer.push(envelope);
+            passivating
+                .buffer
+                .push(Buffered::Message(entity_id.clone(), envelope));
             return Ok(());
         }
         let envelope = match local.entities.get(entity_id) {
@@ -220,28 +229,19 @@ impl Region {
             Slot::Unallocated { buffer, .. } => std::mem::take(buffer),
             Slot::Local(_) | Slot::Stopped => return false,
         };
-        *guard = Slot::Local(LocalShard {
+        let mut local = LocalShard {
             shard: shard_actor,
             entities: HashMap::new(),
             passivating: HashMap::new(),
-        });
-        let Slot::Local(local) = &mut *guard else {
-            unreachable!("just set")
         };
-        for (entity_id, envelope) in buffer {
-            if let Err((error, Some(envelope))) =
-                self.deliver_local(local, shard, &entity_id, envelope)
-            {
-                envelope.fail(error);
-            }
-        }
+        self.replay(&mut local, shard, buffer);
         if let Some(store) = &self.remember {
             match store.list_entities_for_shard(self.type_name, shard) {
                 Ok(ids) => {
                     for id in ids {
                         let id: Arc<str> = id.into();
                         if !local.entities.contains_key(&id) {
-                            if let Err(error) = self.spawn_entity(local, shard, &id) {
+                            if let Err(error) = self.spawn_entity(&mut local, shard, &id) {
                                 tracing::warn!(type_name = self.type_name, %shard, %error, "remember-entities: respawn failed");
                             }
                         }
@@ -252,6 +252,7 @@ impl Region {
                 }
             }
         }
+        *guard = Slot::Local(local);
         true
     }
 
@@ -277,24 +278,58 @@ impl Region {
     }
 
     /// Begins passivating `entity_id` if `actor` (when given) is its current
-    /// incarnation: removes it from the table and drains it. Returns whether a
-    /// passivation began.
-    pub(crate) fn begin_passivation(
+    /// incarnation. While the shard has no home yet, or the entity is already
+    /// passivating with messages waiting, the request is buffered behind them.
+    pub(crate) fn passivate(
         &self,
         shard: ShardId,
         entity_id: &Arc<str>,
         actor: Option<ActorId>,
-    ) -> bool {
+    ) -> ShardingResult<()> {
         let mut guard = lock(&self.slots[shard.0 as usize]);
-        let Slot::Local(local) = &mut *guard else {
-            return false;
-        };
+        match &mut *guard {
+            Slot::Unallocated { buffer, .. } => {
+                if buffer
+                    .iter()
+                    .any(|b| matches!(b, Buffered::Message(id, _) if id == entity_id))
+                {
+                    if buffer.len() >= self.buffer_cap {
+                        return Err(self.overflow(shard));
+                    }
+                    buffer.push(Buffered::Passivate(entity_id.clone()));
+                }
+                Ok(())
+            }
+            Slot::Local(local) => self.passivate_in(local, shard, entity_id, actor),
+            Slot::Stopped => Err(ShardingError::ShuttingDown),
+        }
+    }
+
+    fn passivate_in(
+        &self,
+        local: &mut LocalShard,
+        shard: ShardId,
+        entity_id: &Arc<str>,
+        actor: Option<ActorId>,
+    ) -> ShardingResult<()> {
+        if let Some(passivating) = local.passivating.get_mut(entity_id) {
+            // Only an explicit request for whatever incarnation comes next.
+            if actor.is_none() && !passivating.buffer.is_empty() {
+                if passivating.buffer.len() >= self.buffer_cap {
+                    return Err(self.overflow(shard));
+                }
+                passivating
+                    .buffer
+                    .push(Buffered::Passivate(entity_id.clone()));
+            }
+            return Ok(());
+        }
         let current = match local.entities.get(entity_id) {
             Some(current) if actor.is_none_or(|a| a == current.get_id()) => current.get_id(),
-            _ => return false,
+            _ => return Ok(()),
         };
         let Some(entity) = local.entities.remove(entity_id) else {
-            return false;
+            return Ok(());
         };
         local.passivating.insert(
             entity_id.clone(),
@@ -308,35 +343,40 @@ impl Region {
                 tracing::warn!(type_name = self.type_name, %shard, %error, "remember-entities: recording a stop failed");
             }
         }
-        if entity.drain().is_err() {
-            // Already stopped: its stop notice is on its way or was lost; finish now.
-            drop(guard);
-            self.entity_stopped(shard, entity_id, current);
+        // Stop after what is queued. Not ractor's `drain`: draining an actor
+        // whose `pre_start` has not run yet makes ractor refuse to start it,
+        // losing its mailbox. Nothing can be enqueued behind this marker: the
+        // entity left the table under this lock.
+        if entity.send_message(EntityMsg::Stop).is_err() {
+            // Already stopped: its stop notice may have been handled before
+            // this passivation began, so finish the passivation here.
+            self.stopped_in(local, shard, entity_id, current);
         }
-        true
+        Ok(())
     }
 
     /// An entity actor stopped: finish its passivation (respawning it with the
     /// messages buffered meanwhile), or forget a crashed incarnation.
     pub(crate) fn entity_stopped(&self, shard: ShardId, entity_id: &Arc<str>, actor: ActorId) {
-        let mut guard = lock(&self.slots[shard.0 as usize]);
-        let Slot::Local(local) = &mut *guard else {
-            return;
-        };
+        if let Slot::Local(local) = &mut *lock(&self.slots[shard.0 as usize]) {
+            self.stopped_in(local, shard, entity_id, actor);
+        }
+    }
+
+    fn stopped_in(
+        &self,
+        local: &mut LocalShard,
+        shard: ShardId,
+        entity_id: &Arc<str>,
+        actor: ActorId,
+    ) {
         if local
             .passivating
             .get(entity_id)
             .is_some_and(|p| p.actor == actor)
         {
-            let Some(passivating) = local.passivating.remove(entity_id) else {
-                return;
-            };
-            for envelope in passivating.buffer {
-                if let Err((error, Some(envelope))) =
-                    self.deliver_local(local, shard, entity_id, envelope)
-                {
-                    envelope.fail(error);
-                }
+            if let Some(passivating) = local.passivating.remove(entity_id) {
+                self.replay(local, shard, passivating.buffer);
             }
         } else if local
             .entities
@@ -344,6 +384,27 @@ impl Region {
             .is_some_and(|a| a.get_id() == actor)
         {
             local.entities.remove(entity_id);
+        }
+    }
+
+    /// Replays buffered items in order into a hosted shard; a message that
+    /// cannot be delivered is failed back to its sender.
+    fn replay(&self, local: &mut LocalShard, shard: ShardId, buffer: Vec<Buffered>) {
+        for item in buffer {
+            match item {
+                Buffered::Message(entity_id, envelope) => {
+                    if let Err((error, Some(envelope))) =
+                        self.deliver_local(local, shard, &entity_id, envelope)
+                    {
+                        envelope.fail(error);
+                    }
+                }
+                Buffered::Passivate(entity_id) => {
+                    if let Err(error) = self.passivate_in(local, shard, &entity_id, None) {
+                        tracing::warn!(type_name = self.type_name, %shard, %error, "buffered passivation dropped");
+                    }
+                }
+            }
         }
     }
 
@@ -364,15 +425,10 @@ impl Region {
         for slot in self.slots.iter() {
             let previous = std::mem::replace(&mut *lock(slot), Slot::Stopped);
             match previous {
-                Slot::Unallocated { buffer, .. } => buffer
-                    .into_iter()
-                    .for_each(|(_, envelope)| envelope.fail(ShardingError::ShuttingDown)),
+                Slot::Unallocated { buffer, .. } => fail_all(buffer),
                 Slot::Local(local) => {
                     for (_, passivating) in local.passivating {
-                        passivating
-                            .buffer
-                            .into_iter()
-                            .for_each(|e| e.fail(ShardingError::ShuttingDown));
+                        fail_all(passivating.buffer);
                     }
                     entities.extend(local.entities.into_values());
                     shards.push(local.shard);
@@ -380,21 +436,14 @@ impl Region {
                 Slot::Stopped => {}
             }
         }
-        let timeout = Some(self.shutdown_timeout);
-        futures_util::future::join_all(
-            entities
-                .iter()
-                .map(|e| e.stop_and_wait(Some("shutdown".into()), timeout)),
-        )
-        .await;
-        futures_util::future::join_all(
-            shards
-                .iter()
-                .map(|s| s.stop_and_wait(Some("shutdown".into()), timeout)),
-        )
-        .await;
+        let cells = entities
+            .iter()
+            .map(|e| e.get_cell())
+            .chain(shards.iter().map(|s| s.get_cell()));
+        futures_util::future::join_all(cells.map(|cell| stop_or_kill(cell, self.shutdown_timeout)))
+            .await;
         if let Some(actor) = self.region_actor.get() {
-            let _ = actor.stop_and_wait(Some("shutdown".into()), timeout).await;
+            stop_or_kill(actor.get_cell(), self.shutdown_timeout).await;
         }
     }
 }
@@ -416,4 +465,27 @@ fn send_to(
 
 fn refused() -> ShardingError {
     ShardingError::Bug("an entity mailbox refused an envelope without giving it back".into())
+}
+
+fn fail_all(buffer: Vec<Buffered>) {
+    for item in buffer {
+        if let Buffered::Message(_, envelope) = item {
+            envelope.fail(ShardingError::ShuttingDown);
+        }
+    }
+}
+
+/// Stops an actor after the message in hand; if that takes longer than
+/// `timeout` (a handler that never returns), kills it, which abandons the
+/// handler and drops its mailbox: the senders waiting there see the system
+/// shutting down.
+async fn stop_or_kill(cell: ractor::ActorCell, timeout: Duration) {
+    if cell
+        .stop_and_wait(Some("shutdown".into()), Some(timeout))
+        .await
+        .is_err()
+    {
+        tracing::warn!(actor = %cell.get_id(), ?timeout, "actor did not stop in time; killing it");
+        let _ = cell.kill_and_wait(Some(timeout)).await;
+    }
 }

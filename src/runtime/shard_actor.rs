@@ -46,9 +46,9 @@ impl Actor for ShardActor {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             ShardMsg::Passivate { entity_id, actor } => {
-                state
-                    .region
-                    .begin_passivation(state.shard, &entity_id, Some(actor));
+                if let Err(error) = state.region.passivate(state.shard, &entity_id, Some(actor)) {
+                    tracing::warn!(%error, "passivation request dropped");
+                }
             }
             ShardMsg::EntityStopped { entity_id, actor } => {
                 state.region.entity_stopped(state.shard, &entity_id, actor);
