@@ -42,6 +42,9 @@ impl Entity for PingEntity {
 impl Handler<Ping> for PingEntity {
     async fn handle(&mut self, msg: Ping, _ctx: &EntityContext) -> ShardingResult<Ack> {
         self.handled += 1;
-        Ok(Ack { driver: msg.driver, seq: msg.seq })
+        Ok(Ack {
+            driver: msg.driver,
+            seq: msg.seq,
+        })
     }
 }

@@ -1,1 +1,355 @@
-//! Placeholder
+//! What the compiler rejects, each proven by a compile-fail test.
+//!
+//! Every section below holds a program that must not compile, with the error
+//! code rustdoc checks (`compile_fail,E0277`), and its twin that differs only
+//! in the mistake and compiles. `cargo test --doc` runs all of them. The error
+//! text quoted is what rustc 1.95 prints; it was checked by hand.
+
+/// The guarantees of the typed façade.
+///
+/// ## Telling an ask message
+///
+/// `EntityRef::tell` takes only `Tell<P>` messages; `Get` is an ask. Error: ``the trait bound `Get: Tell<Counter>` is not satisfied``.
+///
+/// Rejected (`E0277`):
+///
+/// ```compile_fail,E0277
+/// # use std::time::Duration;
+/// # use datum_cluster_sharding::prelude::*;
+/// # #[derive(Serialize, Deserialize)] pub struct Add(pub u64);
+/// # #[derive(Serialize, Deserialize)] pub struct Get;
+/// # protocol! { pub protocol Counter = "counter" { tell Add; ask Get -> u64; } }
+/// # #[derive(Default)] pub struct CounterEntity { total: u64 }
+/// # impl Entity for CounterEntity { type Protocol = Counter; }
+/// # impl Handler<Add> for CounterEntity {
+/// #     async fn handle(&mut self, m: Add, _: &EntityContext) -> ShardingResult<()> { self.total += m.0; Ok(()) }
+/// # }
+/// # impl Handler<Get> for CounterEntity {
+/// #     async fn handle(&mut self, _: Get, _: &EntityContext) -> ShardingResult<u64> { Ok(self.total) }
+/// # }
+/// # fn main() {}
+/// async fn demo(system: ShardedSystem) -> ShardingResult<()> {
+///     system.entity_ref::<Counter>("cart-42").tell(Get).await
+/// }
+/// ```
+///
+/// Its twin, which compiles:
+///
+/// ```
+/// # use std::time::Duration;
+/// # use datum_cluster_sharding::prelude::*;
+/// # #[derive(Serialize, Deserialize)] pub struct Add(pub u64);
+/// # #[derive(Serialize, Deserialize)] pub struct Get;
+/// # protocol! { pub protocol Counter = "counter" { tell Add; ask Get -> u64; } }
+/// # #[derive(Default)] pub struct CounterEntity { total: u64 }
+/// # impl Entity for CounterEntity { type Protocol = Counter; }
+/// # impl Handler<Add> for CounterEntity {
+/// #     async fn handle(&mut self, m: Add, _: &EntityContext) -> ShardingResult<()> { self.total += m.0; Ok(()) }
+/// # }
+/// # impl Handler<Get> for CounterEntity {
+/// #     async fn handle(&mut self, _: Get, _: &EntityContext) -> ShardingResult<u64> { Ok(self.total) }
+/// # }
+/// # fn main() {}
+/// async fn demo(system: ShardedSystem) -> ShardingResult<()> {
+///     system.entity_ref::<Counter>("cart-42").tell(Add(1)).await
+/// }
+/// ```
+///
+/// ## Asking a tell message
+///
+/// `EntityRef::ask` takes only `Ask<P>` messages; `Add` is a tell. Error: ``the trait bound `Add: Ask<Counter>` is not satisfied``.
+///
+/// Rejected (`E0277`):
+///
+/// ```compile_fail,E0277
+/// # use std::time::Duration;
+/// # use datum_cluster_sharding::prelude::*;
+/// # #[derive(Serialize, Deserialize)] pub struct Add(pub u64);
+/// # #[derive(Serialize, Deserialize)] pub struct Get;
+/// # protocol! { pub protocol Counter = "counter" { tell Add; ask Get -> u64; } }
+/// # #[derive(Default)] pub struct CounterEntity { total: u64 }
+/// # impl Entity for CounterEntity { type Protocol = Counter; }
+/// # impl Handler<Add> for CounterEntity {
+/// #     async fn handle(&mut self, m: Add, _: &EntityContext) -> ShardingResult<()> { self.total += m.0; Ok(()) }
+/// # }
+/// # impl Handler<Get> for CounterEntity {
+/// #     async fn handle(&mut self, _: Get, _: &EntityContext) -> ShardingResult<u64> { Ok(self.total) }
+/// # }
+/// # fn main() {}
+/// async fn demo(system: ShardedSystem) -> ShardingResult<()> {
+///     system.entity_ref::<Counter>("cart-42").ask(Add(1), Duration::from_secs(1)).await
+/// }
+/// ```
+///
+/// Its twin, which compiles:
+///
+/// ```
+/// # use std::time::Duration;
+/// # use datum_cluster_sharding::prelude::*;
+/// # #[derive(Serialize, Deserialize)] pub struct Add(pub u64);
+/// # #[derive(Serialize, Deserialize)] pub struct Get;
+/// # protocol! { pub protocol Counter = "counter" { tell Add; ask Get -> u64; } }
+/// # #[derive(Default)] pub struct CounterEntity { total: u64 }
+/// # impl Entity for CounterEntity { type Protocol = Counter; }
+/// # impl Handler<Add> for CounterEntity {
+/// #     async fn handle(&mut self, m: Add, _: &EntityContext) -> ShardingResult<()> { self.total += m.0; Ok(()) }
+/// # }
+/// # impl Handler<Get> for CounterEntity {
+/// #     async fn handle(&mut self, _: Get, _: &EntityContext) -> ShardingResult<u64> { Ok(self.total) }
+/// # }
+/// # fn main() {}
+/// async fn demo(system: ShardedSystem) -> ShardingResult<u64> {
+///     system.entity_ref::<Counter>("cart-42").ask(Get, Duration::from_secs(1)).await
+/// }
+/// ```
+///
+/// ## Expecting the wrong reply type
+///
+/// An ask returns its message's `Reply`, declared in the protocol (`ask Get -> u64`). Error: ``E0308: `?` operator has incompatible types`` (expected `String`, found `u64`).
+///
+/// Rejected (`E0308`):
+///
+/// ```compile_fail,E0308
+/// # use std::time::Duration;
+/// # use datum_cluster_sharding::prelude::*;
+/// # #[derive(Serialize, Deserialize)] pub struct Add(pub u64);
+/// # #[derive(Serialize, Deserialize)] pub struct Get;
+/// # protocol! { pub protocol Counter = "counter" { tell Add; ask Get -> u64; } }
+/// # #[derive(Default)] pub struct CounterEntity { total: u64 }
+/// # impl Entity for CounterEntity { type Protocol = Counter; }
+/// # impl Handler<Add> for CounterEntity {
+/// #     async fn handle(&mut self, m: Add, _: &EntityContext) -> ShardingResult<()> { self.total += m.0; Ok(()) }
+/// # }
+/// # impl Handler<Get> for CounterEntity {
+/// #     async fn handle(&mut self, _: Get, _: &EntityContext) -> ShardingResult<u64> { Ok(self.total) }
+/// # }
+/// # fn main() {}
+/// async fn demo(system: ShardedSystem) -> ShardingResult<()> {
+///     let total: String = system.entity_ref::<Counter>("cart-42").ask(Get, Duration::from_secs(1)).await?;
+///     Ok(())
+/// }
+/// ```
+///
+/// Its twin, which compiles:
+///
+/// ```
+/// # use std::time::Duration;
+/// # use datum_cluster_sharding::prelude::*;
+/// # #[derive(Serialize, Deserialize)] pub struct Add(pub u64);
+/// # #[derive(Serialize, Deserialize)] pub struct Get;
+/// # protocol! { pub protocol Counter = "counter" { tell Add; ask Get -> u64; } }
+/// # #[derive(Default)] pub struct CounterEntity { total: u64 }
+/// # impl Entity for CounterEntity { type Protocol = Counter; }
+/// # impl Handler<Add> for CounterEntity {
+/// #     async fn handle(&mut self, m: Add, _: &EntityContext) -> ShardingResult<()> { self.total += m.0; Ok(()) }
+/// # }
+/// # impl Handler<Get> for CounterEntity {
+/// #     async fn handle(&mut self, _: Get, _: &EntityContext) -> ShardingResult<u64> { Ok(self.total) }
+/// # }
+/// # fn main() {}
+/// async fn demo(system: ShardedSystem) -> ShardingResult<()> {
+///     let total: u64 = system.entity_ref::<Counter>("cart-42").ask(Get, Duration::from_secs(1)).await?;
+///     Ok(())
+/// }
+/// ```
+///
+/// ## Sending a message of another protocol
+///
+/// An `EntityRef<Counter>` takes only `Counter`'s messages. Error: ``the trait bound `Ping: Tell<Counter>` is not satisfied``.
+///
+/// Rejected (`E0277`):
+///
+/// ```compile_fail,E0277
+/// # use std::time::Duration;
+/// # use datum_cluster_sharding::prelude::*;
+/// # #[derive(Serialize, Deserialize)] pub struct Add(pub u64);
+/// # #[derive(Serialize, Deserialize)] pub struct Get;
+/// # protocol! { pub protocol Counter = "counter" { tell Add; ask Get -> u64; } }
+/// # #[derive(Default)] pub struct CounterEntity { total: u64 }
+/// # impl Entity for CounterEntity { type Protocol = Counter; }
+/// # impl Handler<Add> for CounterEntity {
+/// #     async fn handle(&mut self, m: Add, _: &EntityContext) -> ShardingResult<()> { self.total += m.0; Ok(()) }
+/// # }
+/// # impl Handler<Get> for CounterEntity {
+/// #     async fn handle(&mut self, _: Get, _: &EntityContext) -> ShardingResult<u64> { Ok(self.total) }
+/// # }
+/// # fn main() {}
+/// # #[derive(Serialize, Deserialize)] pub struct Ping;
+/// # protocol! { pub protocol Pinger = "pinger" { tell Ping; } }
+/// async fn demo(system: ShardedSystem) -> ShardingResult<()> {
+///     system.entity_ref::<Counter>("cart-42").tell(Ping).await
+/// }
+/// ```
+///
+/// Its twin, which compiles:
+///
+/// ```
+/// # use std::time::Duration;
+/// # use datum_cluster_sharding::prelude::*;
+/// # #[derive(Serialize, Deserialize)] pub struct Add(pub u64);
+/// # #[derive(Serialize, Deserialize)] pub struct Get;
+/// # protocol! { pub protocol Counter = "counter" { tell Add; ask Get -> u64; } }
+/// # #[derive(Default)] pub struct CounterEntity { total: u64 }
+/// # impl Entity for CounterEntity { type Protocol = Counter; }
+/// # impl Handler<Add> for CounterEntity {
+/// #     async fn handle(&mut self, m: Add, _: &EntityContext) -> ShardingResult<()> { self.total += m.0; Ok(()) }
+/// # }
+/// # impl Handler<Get> for CounterEntity {
+/// #     async fn handle(&mut self, _: Get, _: &EntityContext) -> ShardingResult<u64> { Ok(self.total) }
+/// # }
+/// # fn main() {}
+/// # #[derive(Serialize, Deserialize)] pub struct Ping;
+/// # protocol! { pub protocol Pinger = "pinger" { tell Ping; } }
+/// async fn demo(system: ShardedSystem) -> ShardingResult<()> {
+///     system.entity_ref::<Pinger>("cart-42").tell(Ping).await
+/// }
+/// ```
+///
+/// ## Registering an entity that lacks a handler
+///
+/// Registration requires the protocol to dispatch to the entity, which holds only when it handles every message. Error: ``the trait bound `HalfCounter: Handler<Get>` is not satisfied``.
+///
+/// Rejected (`E0277`):
+///
+/// ```compile_fail,E0277
+/// # use std::time::Duration;
+/// # use datum_cluster_sharding::prelude::*;
+/// # #[derive(Serialize, Deserialize)] pub struct Add(pub u64);
+/// # #[derive(Serialize, Deserialize)] pub struct Get;
+/// # protocol! { pub protocol Counter = "counter" { tell Add; ask Get -> u64; } }
+/// # #[derive(Default)] pub struct CounterEntity { total: u64 }
+/// # impl Entity for CounterEntity { type Protocol = Counter; }
+/// # impl Handler<Add> for CounterEntity {
+/// #     async fn handle(&mut self, m: Add, _: &EntityContext) -> ShardingResult<()> { self.total += m.0; Ok(()) }
+/// # }
+/// # impl Handler<Get> for CounterEntity {
+/// #     async fn handle(&mut self, _: Get, _: &EntityContext) -> ShardingResult<u64> { Ok(self.total) }
+/// # }
+/// # fn main() {}
+/// struct HalfCounter;
+/// impl Entity for HalfCounter { type Protocol = Counter; }
+/// impl Handler<Add> for HalfCounter {
+///     async fn handle(&mut self, _: Add, _: &EntityContext) -> ShardingResult<()> { Ok(()) }
+/// }
+/// async fn demo(system: ShardedSystem) -> ShardingResult<()> {
+///     system.register::<HalfCounter>(|_| HalfCounter).await
+/// }
+/// ```
+///
+/// Its twin, which compiles:
+///
+/// ```
+/// # use std::time::Duration;
+/// # use datum_cluster_sharding::prelude::*;
+/// # #[derive(Serialize, Deserialize)] pub struct Add(pub u64);
+/// # #[derive(Serialize, Deserialize)] pub struct Get;
+/// # protocol! { pub protocol Counter = "counter" { tell Add; ask Get -> u64; } }
+/// # #[derive(Default)] pub struct CounterEntity { total: u64 }
+/// # impl Entity for CounterEntity { type Protocol = Counter; }
+/// # impl Handler<Add> for CounterEntity {
+/// #     async fn handle(&mut self, m: Add, _: &EntityContext) -> ShardingResult<()> { self.total += m.0; Ok(()) }
+/// # }
+/// # impl Handler<Get> for CounterEntity {
+/// #     async fn handle(&mut self, _: Get, _: &EntityContext) -> ShardingResult<u64> { Ok(self.total) }
+/// # }
+/// # fn main() {}
+/// async fn demo(system: ShardedSystem) -> ShardingResult<()> {
+///     system.register::<CounterEntity>(|_| CounterEntity::default()).await
+/// }
+/// ```
+///
+/// ## Implementing `Tell` or `Ask` by hand
+///
+/// The family is sealed by hidden supertraits that only `protocol!` implements: making the tell `Add` an ask by hand is refused. Error: ``the trait bound `Add: SealedAsk<Counter>` is not satisfied``. (Code that names the hidden `__private` module can still forge the seal; see `SPEC.md`.)
+///
+/// Rejected (`E0277`):
+///
+/// ```compile_fail,E0277
+/// # use std::time::Duration;
+/// # use datum_cluster_sharding::prelude::*;
+/// # #[derive(Serialize, Deserialize)] pub struct Add(pub u64);
+/// # #[derive(Serialize, Deserialize)] pub struct Get;
+/// # protocol! { pub protocol Counter = "counter" { tell Add; ask Get -> u64; } }
+/// # #[derive(Default)] pub struct CounterEntity { total: u64 }
+/// # impl Entity for CounterEntity { type Protocol = Counter; }
+/// # impl Handler<Add> for CounterEntity {
+/// #     async fn handle(&mut self, m: Add, _: &EntityContext) -> ShardingResult<()> { self.total += m.0; Ok(()) }
+/// # }
+/// # impl Handler<Get> for CounterEntity {
+/// #     async fn handle(&mut self, _: Get, _: &EntityContext) -> ShardingResult<u64> { Ok(self.total) }
+/// # }
+/// # fn main() {}
+/// impl Ask<Counter> for Add {}
+/// ```
+///
+/// Its twin, which compiles:
+///
+/// ```
+/// # use std::time::Duration;
+/// # use datum_cluster_sharding::prelude::*;
+/// # #[derive(Serialize, Deserialize)] pub struct Add(pub u64);
+/// # #[derive(Serialize, Deserialize)] pub struct Get;
+/// # protocol! { pub protocol Counter = "counter" { tell Add; ask Get -> u64; } }
+/// # #[derive(Default)] pub struct CounterEntity { total: u64 }
+/// # impl Entity for CounterEntity { type Protocol = Counter; }
+/// # impl Handler<Add> for CounterEntity {
+/// #     async fn handle(&mut self, m: Add, _: &EntityContext) -> ShardingResult<()> { self.total += m.0; Ok(()) }
+/// # }
+/// # impl Handler<Get> for CounterEntity {
+/// #     async fn handle(&mut self, _: Get, _: &EntityContext) -> ShardingResult<u64> { Ok(self.total) }
+/// # }
+/// # fn main() {}
+/// fn is_ask<M: Ask<Counter>>() {}
+/// fn check() { is_ask::<Get>() }
+/// ```
+///
+/// ## Registering a remembered entity type without a store
+///
+/// `register_remembered` exists only on a `ShardedSystem<S>` whose `S` is a `RememberEntitiesStore`; a system built without `.store(..)` is a `ShardedSystem<NoStore>`. Error: `the method register_remembered exists for struct ShardedSystem, but its trait bounds were not satisfied`.
+///
+/// Rejected (`E0599`):
+///
+/// ```compile_fail,E0599
+/// # use std::time::Duration;
+/// # use datum_cluster_sharding::prelude::*;
+/// # #[derive(Serialize, Deserialize)] pub struct Add(pub u64);
+/// # #[derive(Serialize, Deserialize)] pub struct Get;
+/// # protocol! { pub protocol Counter = "counter" { tell Add; ask Get -> u64; } }
+/// # #[derive(Default)] pub struct CounterEntity { total: u64 }
+/// # impl Entity for CounterEntity { type Protocol = Counter; }
+/// # impl Handler<Add> for CounterEntity {
+/// #     async fn handle(&mut self, m: Add, _: &EntityContext) -> ShardingResult<()> { self.total += m.0; Ok(()) }
+/// # }
+/// # impl Handler<Get> for CounterEntity {
+/// #     async fn handle(&mut self, _: Get, _: &EntityContext) -> ShardingResult<u64> { Ok(self.total) }
+/// # }
+/// # fn main() {}
+/// async fn demo() -> ShardingResult<()> {
+///     let system = ShardedSystem::builder().start().await?;
+///     system.register_remembered::<CounterEntity>(|_| CounterEntity::default()).await
+/// }
+/// ```
+///
+/// Its twin, which compiles:
+///
+/// ```
+/// # use std::time::Duration;
+/// # use datum_cluster_sharding::prelude::*;
+/// # #[derive(Serialize, Deserialize)] pub struct Add(pub u64);
+/// # #[derive(Serialize, Deserialize)] pub struct Get;
+/// # protocol! { pub protocol Counter = "counter" { tell Add; ask Get -> u64; } }
+/// # #[derive(Default)] pub struct CounterEntity { total: u64 }
+/// # impl Entity for CounterEntity { type Protocol = Counter; }
+/// # impl Handler<Add> for CounterEntity {
+/// #     async fn handle(&mut self, m: Add, _: &EntityContext) -> ShardingResult<()> { self.total += m.0; Ok(()) }
+/// # }
+/// # impl Handler<Get> for CounterEntity {
+/// #     async fn handle(&mut self, _: Get, _: &EntityContext) -> ShardingResult<u64> { Ok(self.total) }
+/// # }
+/// # fn main() {}
+/// async fn demo() -> ShardingResult<()> {
+///     let system = ShardedSystem::builder().store(InMemoryStore::new()).start().await?;
+///     system.register_remembered::<CounterEntity>(|_| CounterEntity::default()).await
+/// }
+/// ```
+pub enum Guarantees {}

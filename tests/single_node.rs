@@ -7,8 +7,10 @@ use std::time::Duration;
 
 use datum_cluster_sharding::prelude::*;
 
+#[allow(dead_code)]
 #[path = "../protocols/counter.rs"]
 mod counter;
+#[allow(dead_code)]
 #[path = "../protocols/probe.rs"]
 mod probe;
 
