@@ -8,3 +8,4 @@
 
 // Module declarations (one line per concept, kept sorted).
 pub mod identity;
+pub mod membership;
