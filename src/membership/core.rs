@@ -527,12 +527,13 @@ impl MembershipCore {
         // step this node takes itself (Down, then Removed).
         for _ in 0..8 {
             self.refresh_unreachable_since(now);
-            let changed = self.leader_actions(now)?;
             self.publish_changes();
-            if !changed {
+            if !self.leader_actions(now)? {
                 break;
             }
         }
+        self.refresh_unreachable_since(now);
+        self.publish_changes();
         let Some(my_status) = self.self_status() else {
             return Err(MembershipError::Bug(
                 "member phase without an own entry".into(),
