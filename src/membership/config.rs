@@ -19,8 +19,12 @@ use super::error::MembershipError;
 /// last heartbeat that observer received from it, and Down by the leader
 /// `downing_timeout` later: **≤ 600 ms** from the last heartbeat to Down
 /// (plus one network hop for the leader to learn the observation). A live
-/// member whose heartbeats are delayed by up to 300 ms beyond the interval is
-/// never marked Unreachable, and one delayed by up to 500 ms is never Downed.
+/// member whose heartbeats arrive late by up to the 300 ms pause (a loaded
+/// pipe, a delayed task) is never marked Unreachable. Beyond that it may be
+/// flagged Unreachable, and it is Downed only if the leader goes on seeing
+/// it Unreachable for the whole downing timeout: a stall that ends within
+/// roughly `acceptable_heartbeat_pause + downing_timeout` (≈ 500 ms) is
+/// cleared before Down when the network itself is fast.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MembershipConfig {
     /// How often each member sends a heartbeat to every other live member.

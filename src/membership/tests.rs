@@ -258,3 +258,389 @@ fn a_silent_member_is_unreachable_exactly_at_the_deadline_and_downed_after_the_t
         "{cmds:?}"
     );
 }
+
+// ---- cluster stories on the simulated network ------------------------------
+
+fn status_events_for(sim: &Sim, observer: usize, member: UniqueAddress) -> Vec<MembershipEvent> {
+    sim.events_of(observer)
+        .into_iter()
+        .filter(|e| match e {
+            MembershipEvent::MemberJoined(m)
+            | MembershipEvent::MemberUp(m)
+            | MembershipEvent::MemberLeft(m)
+            | MembershipEvent::MemberExited(m)
+            | MembershipEvent::MemberDowned(m) => *m == member,
+            MembershipEvent::MemberRemoved { member: m, .. } => *m == member,
+            _ => false,
+        })
+        .collect()
+}
+
+#[test]
+fn three_nodes_form_a_cluster_through_a_seed() {
+    let sim = cluster(3, 1, MembershipConfig::default());
+    let (a, b, c) = (sim.id(0), sim.id(1), sim.id(2));
+    // The oldest (first started) is the coordinator everywhere.
+    sim.expect_coordinator_everywhere(a);
+    for s in 0..3 {
+        assert_eq!(sim.core(s).state().members.len(), 3);
+        assert!(sim.core(s).state().unreachable.is_empty());
+    }
+    // c saw everybody come Up, and itself.
+    let ev = sim.events_of(2);
+    for m in [a, b, c] {
+        assert!(ev.contains(&MembershipEvent::MemberUp(m)), "{ev:?}");
+    }
+    sim.reject_event("unreachable", |l| {
+        matches!(l.event, MembershipEvent::Unreachable(_))
+    });
+}
+
+#[test]
+fn a_fourth_node_joins_a_running_cluster() {
+    let mut sim = cluster(3, 2, MembershipConfig::default());
+    let d = sim.add_node();
+    sim.join(d, &[1, 2]);
+    let took = sim.expect_all_see(sim.id(d), MemberStatus::Up, ms(2_000));
+    assert!(took < ms(500), "join took {took:?}");
+    sim.expect_converged(ms(500));
+    sim.expect_coordinator_everywhere(sim.id(0));
+    assert_eq!(
+        status_events_for(&sim, 0, sim.id(d)),
+        vec![
+            MembershipEvent::MemberJoined(sim.id(d)),
+            MembershipEvent::MemberUp(sim.id(d))
+        ]
+    );
+    sim.expect_no_errors();
+}
+
+#[test]
+fn a_node_leaves_gracefully_and_is_removed_everywhere() {
+    let mut sim = cluster(3, 3, MembershipConfig::default());
+    let b = sim.id(1);
+    sim.leave(1);
+    sim.expect_all_see(b, MemberStatus::Removed, ms(2_000));
+    // The leader's last gossip tells the leaver, one hop later.
+    sim.run_until(ms(50), |s| s.core(1).is_terminated())
+        .unwrap_or_else(|| panic!("{}", sim.dump()));
+    let leaving = [
+        MembershipEvent::MemberLeft(b),
+        MembershipEvent::MemberExited(b),
+        MembershipEvent::MemberRemoved {
+            member: b,
+            previous: MemberStatus::Exiting,
+        },
+    ];
+    // a admitted b; c arrived when b was already Up.
+    let seen_by_a = status_events_for(&sim, 0, b);
+    assert_eq!(
+        seen_by_a[..2],
+        [
+            MembershipEvent::MemberJoined(b),
+            MembershipEvent::MemberUp(b)
+        ]
+    );
+    assert_eq!(seen_by_a[2..], leaving);
+    let seen_by_c = status_events_for(&sim, 2, b);
+    assert_eq!(seen_by_c[..1], [MembershipEvent::MemberUp(b)]);
+    assert_eq!(seen_by_c[1..], leaving);
+    // The leaver itself learns it is Removed: its shutdown may proceed.
+    assert!(sim.events_of(1).contains(&MembershipEvent::MemberRemoved {
+        member: b,
+        previous: MemberStatus::Exiting
+    }));
+    sim.reject_event("a down", |l| {
+        matches!(l.event, MembershipEvent::MemberDowned(_))
+    });
+    sim.reject_event("unreachable", |l| {
+        matches!(l.event, MembershipEvent::Unreachable(_))
+    });
+    sim.expect_converged(ms(500));
+    sim.expect_no_errors();
+}
+
+#[test]
+fn the_oldest_node_leaves_and_the_coordinator_moves_on_at_leaving() {
+    let mut sim = cluster(3, 4, MembershipConfig::default());
+    let (a, b) = (sim.id(0), sim.id(1));
+    sim.leave(0);
+    sim.expect_all_see(a, MemberStatus::Removed, ms(2_000));
+    sim.expect_coordinator_everywhere(b);
+    sim.run_until(ms(50), |s| s.core(0).is_terminated())
+        .unwrap_or_else(|| panic!("{}", sim.dump()));
+    sim.expect_no_errors();
+}
+
+#[test]
+fn a_lone_node_can_leave() {
+    let mut sim = cluster(1, 5, MembershipConfig::default());
+    sim.leave(0);
+    sim.run_for(ms(100));
+    assert!(sim.core(0).is_terminated(), "{}", sim.dump());
+    assert_eq!(
+        status_events_for(&sim, 0, sim.id(0)).last(),
+        Some(&MembershipEvent::MemberRemoved {
+            member: sim.id(0),
+            previous: MemberStatus::Exiting
+        })
+    );
+}
+
+#[test]
+fn a_crashed_node_is_unreachable_then_down_then_removed_in_time_everywhere() {
+    let config = MembershipConfig::default();
+    let budget = config.detect_and_down_time().unwrap();
+    let mut sim = cluster(4, 6, config);
+    let c = sim.id(2);
+    sim.run_for(ms(37)); // crash at an arbitrary phase of the heartbeat cycle
+    sim.crash(2);
+    let crashed_at = sim.elapsed();
+    let down_after = sim.expect_all_see(c, MemberStatus::Down, ms(3_000));
+    // No earlier than the pause allows, and within the budget plus a hop.
+    assert!(down_after >= ms(450), "downed too early: {down_after:?}");
+    assert!(
+        down_after <= budget + ms(20),
+        "downed too late: {down_after:?} > {budget:?}"
+    );
+    sim.expect_all_see(c, MemberStatus::Removed, ms(1_000));
+    for observer in [0, 1, 3] {
+        let ev = sim.events_of(observer);
+        let unreachable_at = ev
+            .iter()
+            .position(|e| *e == MembershipEvent::Unreachable(c));
+        let down_at = ev
+            .iter()
+            .position(|e| *e == MembershipEvent::MemberDowned(c));
+        assert!(
+            unreachable_at.is_some() && unreachable_at < down_at,
+            "{ev:?}"
+        );
+        assert!(sim.nodes[observer].marked_down.contains(&c));
+    }
+    let first_unreachable = sim
+        .log
+        .iter()
+        .find(|l| l.event == MembershipEvent::Unreachable(c))
+        .map(|l| l.at - crashed_at)
+        .unwrap();
+    assert!(first_unreachable <= ms(400), "{first_unreachable:?}");
+    sim.expect_coordinator_everywhere(sim.id(0));
+    sim.expect_converged(ms(500));
+    sim.expect_no_errors();
+}
+
+#[test]
+fn the_coordinator_moves_to_the_next_oldest_when_the_oldest_dies() {
+    let mut sim = cluster(3, 7, MembershipConfig::default());
+    let (a, b) = (sim.id(0), sim.id(1));
+    sim.expect_coordinator_everywhere(a);
+    sim.crash(0);
+    sim.expect_all_see(a, MemberStatus::Down, ms(1_000));
+    sim.expect_coordinator_everywhere(b);
+    assert!(
+        sim.events_of(2)
+            .contains(&MembershipEvent::CoordinatorChanged(Some(b)))
+    );
+    // b leads now: it removes a.
+    sim.expect_all_see(a, MemberStatus::Removed, ms(1_000));
+    assert_eq!(sim.core(2).state().leader, Some(b));
+    sim.expect_no_errors();
+}
+
+#[test]
+fn a_restarted_node_joins_as_a_new_member_and_the_old_incarnation_is_downed() {
+    let mut sim = cluster(3, 8, MembershipConfig::default());
+    let old = sim.id(2);
+    sim.crash(2);
+    sim.run_for(ms(50));
+    sim.restart(2, &[0, 1]);
+    let new = sim.id(2);
+    assert_ne!(old, new);
+    assert_eq!(old.addr, new.addr);
+    // The admitting member downs the old incarnation at once, well before
+    // the failure detector would.
+    let t = sim.expect_all_see(old, MemberStatus::Down, ms(1_000));
+    assert!(t < ms(200), "old incarnation downed after {t:?}");
+    sim.expect_all_see(new, MemberStatus::Up, ms(1_000));
+    sim.expect_all_see(old, MemberStatus::Removed, ms(1_000));
+    sim.expect_converged(ms(500));
+    sim.expect_no_errors();
+}
+
+#[test]
+fn heartbeats_delayed_up_to_the_acceptable_pause_cause_no_unreachable_and_no_down() {
+    let config = MembershipConfig::default();
+    let mut sim = cluster(3, 9, config.clone());
+    // Heavy load: every message waits 0..290 ms behind others (FIFO per
+    // link, like a batched TCP pipe), for 30 s.
+    sim.min_delay = Duration::ZERO;
+    sim.max_delay = config.acceptable_heartbeat_pause - ms(10);
+    sim.run_for(ms(30_000));
+    sim.reject_event("unreachable", |l| {
+        matches!(l.event, MembershipEvent::Unreachable(_))
+    });
+    sim.reject_event("a down", |l| {
+        matches!(l.event, MembershipEvent::MemberDowned(_))
+    });
+    sim.expect_no_errors();
+}
+
+#[test]
+fn stalled_tasks_within_the_pause_cause_no_unreachable() {
+    let mut sim = cluster(3, 10, MembershipConfig::default());
+    for round in 0..20 {
+        let slot = round % 3;
+        sim.stall(slot, ms(250));
+        sim.run_for(ms(700));
+    }
+    sim.reject_event("unreachable", |l| {
+        matches!(l.event, MembershipEvent::Unreachable(_))
+    });
+    sim.reject_event("a down", |l| {
+        matches!(l.event, MembershipEvent::MemberDowned(_))
+    });
+    sim.expect_no_errors();
+}
+
+#[test]
+fn a_stall_past_the_pause_flags_unreachable_but_heartbeats_resume_before_down() {
+    // A 450 ms stall: longer than the 300 ms pause, shorter than the
+    // 400 + 200 ms it takes to down. The node is flagged, then cleared.
+    let mut sim = cluster(3, 11, MembershipConfig::default());
+    let c = sim.id(2);
+    sim.stall(2, ms(450));
+    sim.run_for(ms(3_000));
+    assert!(
+        sim.events_of(0).contains(&MembershipEvent::Unreachable(c)),
+        "{:?}",
+        sim.events_of(0)
+    );
+    assert!(sim.events_of(0).contains(&MembershipEvent::Reachable(c)));
+    sim.reject_event("a down", |l| {
+        matches!(l.event, MembershipEvent::MemberDowned(_))
+    });
+    sim.expect_converged(ms(500));
+    sim.expect_no_errors();
+}
+
+#[test]
+fn a_member_is_reachable_again_when_heartbeats_resume_before_downing() {
+    let config = MembershipConfig {
+        downing_timeout: Some(ms(1_000)),
+        ..MembershipConfig::default()
+    };
+    let mut sim = cluster(3, 12, config);
+    let c = sim.id(2);
+    sim.isolate(2);
+    sim.run_until(ms(1_000), |s| s.core(0).state().unreachable.contains(&c))
+        .expect("unreachable");
+    sim.heal_all();
+    sim.run_until(ms(1_000), |s| s.core(0).state().unreachable.is_empty())
+        .expect("reachable again");
+    assert!(sim.events_of(0).contains(&MembershipEvent::Reachable(c)));
+    sim.run_for(ms(3_000));
+    sim.reject_event("a down", |l| {
+        matches!(l.event, MembershipEvent::MemberDowned(_))
+    });
+    sim.expect_converged(ms(500));
+    sim.expect_no_errors();
+}
+
+#[test]
+fn without_a_downing_timeout_only_a_manual_down_downs() {
+    let config = MembershipConfig {
+        downing_timeout: None,
+        ..MembershipConfig::default()
+    };
+    let mut sim = cluster(3, 13, config);
+    let c = sim.id(2);
+    sim.crash(2);
+    sim.run_for(ms(5_000));
+    assert!(sim.core(0).state().unreachable.contains(&c));
+    assert!(sim.all_see(c, MemberStatus::Up));
+    // A new node cannot become Up while an unreachable member blocks
+    // convergence: documented behaviour, resolved by downing.
+    let d = sim.add_node();
+    sim.join(d, &[0]);
+    sim.run_for(ms(1_000));
+    assert_eq!(sim.status_at(0, sim.id(d)), Some(MemberStatus::Joining));
+    sim.down(1, c);
+    sim.expect_all_see(c, MemberStatus::Removed, ms(1_000));
+    sim.expect_all_see(sim.id(d), MemberStatus::Up, ms(1_000));
+    sim.expect_no_errors();
+}
+
+#[test]
+fn a_partition_with_timeout_downing_splits_the_cluster_for_good() {
+    // The honest limit: no split-brain resolver. Both sides down the other
+    // and, once healed, stay apart (quarantine) instead of merging back.
+    let mut sim = cluster(3, 14, MembershipConfig::default());
+    let (a, b, c) = (sim.id(0), sim.id(1), sim.id(2));
+    sim.isolate(2);
+    sim.run_for(ms(2_000));
+    assert_eq!(sim.status_at(0, c), Some(MemberStatus::Removed));
+    assert_eq!(sim.status_at(2, a), Some(MemberStatus::Removed));
+    assert_eq!(sim.status_at(2, b), Some(MemberStatus::Removed));
+    // Two coordinators: a on one side, c on the other.
+    assert_eq!(sim.core(0).state().placement_coordinator(), Some(a));
+    assert_eq!(sim.core(2).state().placement_coordinator(), Some(c));
+    sim.heal_all();
+    sim.run_for(ms(3_000));
+    assert_eq!(sim.status_at(0, c), Some(MemberStatus::Removed));
+    assert_eq!(sim.status_at(2, a), Some(MemberStatus::Removed));
+    sim.expect_no_errors();
+}
+
+#[test]
+fn lost_welcomes_and_gossip_are_recovered_by_retries_and_digests() {
+    let mut sim = Sim::new(15, MembershipConfig::default());
+    sim.drop_per_mille = 300;
+    for _ in 0..4 {
+        sim.add_node();
+    }
+    for s in 0..4 {
+        sim.join(s, &[0, 1]);
+    }
+    let ids: Vec<UniqueAddress> = (0..4).map(|s| sim.id(s)).collect();
+    let all_up =
+        |s: &Sim| ids.iter().all(|m| s.all_see(*m, MemberStatus::Up)) && s.live_slots().len() == 4;
+    sim.run_until(ms(20_000), all_up)
+        .unwrap_or_else(|| panic!("{}", sim.dump()));
+    sim.drop_per_mille = 0;
+    sim.expect_converged(ms(1_000));
+    sim.expect_no_errors();
+}
+
+// ---- API misuse ------------------------------------------------------------
+
+#[test]
+fn misuse_is_refused_without_changing_state() {
+    let now = Instant::now();
+    let me = ua(7000, 1, 10);
+    let zero = MembershipConfig {
+        heartbeat_interval: Duration::ZERO,
+        ..MembershipConfig::default()
+    };
+    assert!(matches!(
+        MembershipCore::new(me, zero, now),
+        Err(MembershipError::InvalidConfig { .. })
+    ));
+    let mut core = MembershipCore::new(me, MembershipConfig::default(), now).unwrap();
+    assert_eq!(core.leave(now), Err(MembershipError::NotAMember));
+    assert_eq!(core.down(now, me), Err(MembershipError::NotAMember));
+    core.join(now, &[me.addr]).unwrap();
+    assert_eq!(
+        core.join(now, &[me.addr]),
+        Err(MembershipError::AlreadyJoining)
+    );
+    let stranger = ua(7009, 9, 9);
+    assert_eq!(
+        core.down(now, stranger),
+        Err(MembershipError::UnknownMember(stranger))
+    );
+    core.leave(now).unwrap();
+    assert!(core.is_terminated());
+    assert_eq!(core.leave(now), Err(MembershipError::Terminated));
+    assert_eq!(core.poll_timeout(), None);
+}
