@@ -113,6 +113,8 @@ mod state;
 mod status;
 
 #[cfg(test)]
+mod props;
+#[cfg(test)]
 mod sim;
 #[cfg(test)]
 mod tests;
