@@ -72,9 +72,9 @@ impl ObserverRow {
 
 /// The cluster state every member gossips: member statuses and reachability.
 ///
-/// Opaque on purpose: the driver only carries it inside [`MembershipMsg`]
-/// (super::MembershipMsg). Read it through [`Gossip::members`] and
-/// [`Gossip::unreachable`].
+/// Opaque on purpose: the driver only carries it inside a
+/// [`MembershipMsg`](super::MembershipMsg). Read it through
+/// [`Gossip::members`] and [`Gossip::unreachable`].
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(from = "GossipWire", into = "GossipWire")]
 pub struct Gossip {

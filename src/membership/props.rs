@@ -280,7 +280,7 @@ fn calm_histories_converge_without_false_downs() {
     }
     QuickCheck::new()
         .tests(cases())
-        .r#gen(Gen::new(24))
+        .rng(Gen::new(24))
         .quickcheck(prop as fn(u64, CalmHistory) -> TestResult);
 }
 
@@ -291,6 +291,6 @@ fn faulty_histories_converge_once_healed() {
     }
     QuickCheck::new()
         .tests(cases())
-        .r#gen(Gen::new(24))
+        .rng(Gen::new(24))
         .quickcheck(prop as fn(u64, FaultyHistory) -> TestResult);
 }
