@@ -36,6 +36,14 @@ pub struct MembershipConfig {
     /// `None` disables timeout downing: only [`down`](super::MembershipCore::down)
     /// downs a member.
     pub downing_timeout: Option<Duration>,
+    /// How long an observer waits for the *first* heartbeat of a member it
+    /// has just learnt about before the failure detector starts counting.
+    /// Knowledge spreads by gossip, so a new observer may know a member
+    /// before that member knows the observer and starts heartbeating it; the
+    /// grace keeps that lag from flagging the member. A member never heard
+    /// from is flagged `first_heartbeat_grace + failure_timeout()` after it
+    /// was first seen.
+    pub first_heartbeat_grace: Duration,
     /// How often a joining node re-sends its join request to the seeds.
     pub join_retry_interval: Duration,
     /// How long the *first* seed (the one whose address is first in the seed
@@ -53,6 +61,7 @@ impl Default for MembershipConfig {
             heartbeat_interval: Duration::from_millis(100),
             acceptable_heartbeat_pause: Duration::from_millis(300),
             downing_timeout: Some(Duration::from_millis(200)),
+            first_heartbeat_grace: Duration::from_secs(1),
             join_retry_interval: Duration::from_millis(250),
             seed_timeout: Duration::from_millis(500),
             exit_timeout: Duration::from_secs(2),

@@ -51,7 +51,8 @@ pub struct MembershipCore {
     config: MembershipConfig,
     phase: Phase,
     gossip: Gossip,
-    /// Failure detector: when each live member was last heard from.
+    /// Failure detector: when each live member was last heard from (for a
+    /// member never heard from: when it was first seen, plus the grace).
     last_heard: BTreeMap<MemberKey, Instant>,
     /// Last state digest each member reported (heartbeat or gossip).
     seen: BTreeMap<MemberKey, u64>,
@@ -545,8 +546,9 @@ impl MembershipCore {
         let live = self.live_others();
         self.last_heard.retain(|k, _| live.contains(k));
         self.seen.retain(|k, _| live.contains(k));
+        let first_deadline_base = later(now, self.config.first_heartbeat_grace);
         for k in &live {
-            self.last_heard.entry(*k).or_insert(now);
+            self.last_heard.entry(*k).or_insert(first_deadline_base);
         }
         let pushed = self.push_pending;
         if self.push_pending {

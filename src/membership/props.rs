@@ -294,3 +294,26 @@ fn faulty_histories_converge_once_healed() {
         .rng(Gen::new(24))
         .quickcheck(prop as fn(u64, FaultyHistory) -> TestResult);
 }
+
+#[test]
+fn regression_calm_false_down_of_a_fresh_joiner() {
+    use Op::*;
+    let ops = [
+        AddNode,
+        AddNode,
+        AddNode,
+        Crash(1),
+        Crash(110),
+        AddNode,
+        Crash(255),
+        Crash(20),
+        Restart(55),
+        AddNode,
+        Leave(210),
+        AddNode,
+        Advance(9470),
+    ];
+    if let Err(e) = run_history(17477683553992504193, &ops, true) {
+        panic!("{e}");
+    }
+}

@@ -88,6 +88,8 @@ pub(crate) struct Sim {
     pub(crate) errors: Vec<(UniqueAddress, MembershipError)>,
     /// Identities that crashed (for "no false Down" checks).
     pub(crate) crashed: Vec<UniqueAddress>,
+    /// Print every delivery and event to stderr (`MEMBERSHIP_SIM_TRACE=1`).
+    trace: bool,
 }
 
 impl Sim {
@@ -109,6 +111,7 @@ impl Sim {
             log: Vec::new(),
             errors: Vec::new(),
             crashed: Vec::new(),
+            trace: std::env::var_os("MEMBERSHIP_SIM_TRACE").is_some(),
         }
     }
 
@@ -306,6 +309,15 @@ impl Sim {
                 self.in_flight.insert((until, self.seq), env);
                 return;
             }
+        }
+        if self.trace {
+            eprintln!(
+                "{:>10?} {} -> {}: {:?}",
+                self.now - self.start,
+                env.from,
+                self.nodes[slot].id,
+                env.msg
+            );
         }
         let (from, msg) = (env.from, env.msg);
         self.with_core(slot, move |c, now| c.handle_message(now, from, msg));

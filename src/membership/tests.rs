@@ -644,3 +644,20 @@ fn misuse_is_refused_without_changing_state() {
     assert_eq!(core.leave(now), Err(MembershipError::Terminated));
     assert_eq!(core.poll_timeout(), None);
 }
+
+#[test]
+fn a_member_never_heard_from_gets_the_first_heartbeat_grace() {
+    let now = Instant::now();
+    let a = ua(7000, 1, 10);
+    let b = ua(7001, 2, 11);
+    let mut core = MembershipCore::new(a, MembershipConfig::default(), now).unwrap();
+    core.join(now, &[a.addr]).unwrap();
+    core.handle_message(now, b, MembershipMsg::Join).unwrap();
+    core.drain_commands();
+    // b was first seen at `now`: 1 s grace + 400 ms before it is flagged.
+    core.handle_timeout(now + ms(1_399)).unwrap();
+    assert!(core.state().unreachable.is_empty());
+    core.handle_timeout(now + ms(1_400)).unwrap();
+    assert_eq!(core.state().unreachable, vec![b]);
+    assert!(publishes(&core.drain_commands()).contains(&MembershipEvent::Unreachable(b)));
+}
