@@ -657,12 +657,14 @@ impl MembershipCore {
     // ---- derived views ------------------------------------------------
 
     /// The oldest reachable member among Up and Leaving ones; failing that,
-    /// the oldest reachable live member.
+    /// the oldest reachable live member. This node always counts itself
+    /// reachable here: otherwise a node that others flagged before they
+    /// became unreachable to it would find no leader and never down them.
     fn leader_key(&self, unreachable: &BTreeSet<MemberKey>) -> Option<MemberKey> {
         let candidates: Vec<(MemberKey, MemberStatus)> = self
             .gossip
             .member_keys()
-            .filter(|(k, s)| s.is_live() && !unreachable.contains(k))
+            .filter(|(k, s)| s.is_live() && (*k == self.key || !unreachable.contains(k)))
             .collect();
         candidates
             .iter()

@@ -317,3 +317,21 @@ fn regression_calm_false_down_of_a_fresh_joiner() {
         panic!("{e}");
     }
 }
+
+#[test]
+fn regression_faulty_crashed_seed_stays_live_in_a_view() {
+    use Op::*;
+    let ops = [
+        AddNode,
+        AddNode,
+        AddNode,
+        Loss(46740),
+        Cut(203, 182),
+        Advance(7582),
+        Crash(100),
+        Advance(449),
+    ];
+    if let Err(e) = run_history(0, &ops, false) {
+        panic!("{e}");
+    }
+}

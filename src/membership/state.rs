@@ -21,9 +21,10 @@ pub struct MembershipState {
     pub members: Vec<Member>,
     /// Live members that some live observer cannot hear, oldest first.
     pub unreachable: Vec<UniqueAddress>,
-    /// The oldest reachable member among Up and Leaving ones (or, when there
-    /// is none, among all live ones): it moves members Up, removes them, and
-    /// takes timeout-downing decisions.
+    /// The leader in this node's view: the oldest reachable member among Up
+    /// and Leaving ones (or, when there is none, among all live ones), where
+    /// this node always counts itself reachable. It moves members Up,
+    /// removes them, and takes timeout-downing decisions.
     pub leader: Option<UniqueAddress>,
     /// The oldest reachable Up member, by `(incarnation, node_id)`.
     pub coordinator: Option<UniqueAddress>,
