@@ -157,10 +157,10 @@ impl MembershipCore {
                 let mut next = self.next_heartbeat;
                 let timeout = self.config.failure_timeout();
                 for (k, heard) in &self.last_heard {
-                    if !self.gossip.observes_unreachable(&self.key, k) {
-                        if let Some(t) = heard.checked_add(timeout) {
-                            next = next.min(t);
-                        }
+                    if !self.gossip.observes_unreachable(&self.key, k)
+                        && let Some(t) = heard.checked_add(timeout)
+                    {
+                        next = next.min(t);
                     }
                 }
                 if let Some(downing) = self.config.downing_timeout {

@@ -3,7 +3,8 @@
 //! healed and left to settle; the invariants are checked at the end and
 //! along the way (the event log).
 //!
-//! Set `MEMBERSHIP_PROP_TESTS` to run more cases than the default.
+//! Set `MEMBERSHIP_PROP_TESTS` (cases, default 40) and `MEMBERSHIP_PROP_SIZE`
+//! (longest history, default 24) to search harder.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -191,10 +192,10 @@ fn check(sim: &Sim, left: &[UniqueAddress], calm: bool) -> Result<(), String> {
             m.node_id.0,
             m.incarnation,
         );
-        if let Some(prev) = last.insert(key, rank) {
-            if prev >= rank {
-                return Err(format!("status went from rank {prev} to {rank}: {l:?}"));
-            }
+        if let Some(prev) = last.insert(key, rank)
+            && prev >= rank
+        {
+            return Err(format!("status went from rank {prev} to {rank}: {l:?}"));
         }
     }
     let live = sim.live_slots();
@@ -208,12 +209,12 @@ fn check(sim: &Sim, left: &[UniqueAddress], calm: bool) -> Result<(), String> {
             }
         }
         // A coordinator is an Up member that is actually running.
-        if let Some(c) = core.state().placement_coordinator() {
-            if !running.contains(&c) {
-                return Err(format!(
-                    "node {p} sees coordinator {c}, which is not a running member"
-                ));
-            }
+        if let Some(c) = core.state().placement_coordinator()
+            && !running.contains(&c)
+        {
+            return Err(format!(
+                "node {p} sees coordinator {c}, which is not a running member"
+            ));
         }
         // Nobody who asked to leave is still live.
         if left.contains(&sim.id(p)) {
@@ -249,14 +250,22 @@ fn check(sim: &Sim, left: &[UniqueAddress], calm: bool) -> Result<(), String> {
     if calm {
         // No false Down: only crashed (or replaced) identities are downed.
         for l in &sim.log {
-            if let MembershipEvent::MemberDowned(m) = &l.event {
-                if !sim.crashed.contains(m) {
-                    return Err(format!("live node {m} was downed: {l:?}"));
-                }
+            if let MembershipEvent::MemberDowned(m) = &l.event
+                && !sim.crashed.contains(m)
+            {
+                return Err(format!("live node {m} was downed: {l:?}"));
             }
         }
     }
     Ok(())
+}
+
+/// The longest generated history (`MEMBERSHIP_PROP_SIZE`, default 24 ops).
+fn size() -> usize {
+    std::env::var("MEMBERSHIP_PROP_SIZE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(24)
 }
 
 fn cases() -> u64 {
@@ -280,7 +289,7 @@ fn calm_histories_converge_without_false_downs() {
     }
     QuickCheck::new()
         .tests(cases())
-        .rng(Gen::new(24))
+        .rng(Gen::new(size()))
         .quickcheck(prop as fn(u64, CalmHistory) -> TestResult);
 }
 
@@ -291,7 +300,7 @@ fn faulty_histories_converge_once_healed() {
     }
     QuickCheck::new()
         .tests(cases())
-        .rng(Gen::new(24))
+        .rng(Gen::new(size()))
         .quickcheck(prop as fn(u64, FaultyHistory) -> TestResult);
 }
 

@@ -298,17 +298,17 @@ impl Sim {
         {
             return;
         }
-        if let Target::Member(m) = env.to {
-            if node.id != m {
-                return; // meant for an earlier incarnation at this address
-            }
+        if let Target::Member(m) = env.to
+            && node.id != m
+        {
+            return; // meant for an earlier incarnation at this address
         }
-        if let Some(until) = node.stalled_until {
-            if until > self.now {
-                self.seq += 1;
-                self.in_flight.insert((until, self.seq), env);
-                return;
-            }
+        if let Some(until) = node.stalled_until
+            && until > self.now
+        {
+            self.seq += 1;
+            self.in_flight.insert((until, self.seq), env);
+            return;
         }
         if self.trace {
             eprintln!(
