@@ -661,3 +661,75 @@ fn a_member_never_heard_from_gets_the_first_heartbeat_grace() {
     assert_eq!(core.state().unreachable, vec![b]);
     assert!(publishes(&core.drain_commands()).contains(&MembershipEvent::Unreachable(b)));
 }
+
+#[test]
+fn a_leaver_cut_off_after_exiting_completes_through_the_exit_timeout() {
+    let mut sim = cluster(3, 16, MembershipConfig::default());
+    let c = sim.id(2);
+    sim.leave(2);
+    sim.run_until(ms(2_000), |s| {
+        s.core(2).self_status() == Some(MemberStatus::Exiting)
+    })
+    .unwrap_or_else(|| panic!("{}", sim.dump()));
+    sim.isolate(2);
+    let t = sim
+        .run_until(ms(5_000), |s| s.core(2).is_terminated())
+        .unwrap_or_else(|| panic!("{}", sim.dump()));
+    assert!(t <= ms(2_000) + MS, "terminated after {t:?}");
+    assert_eq!(
+        sim.events_of(2).last(),
+        Some(&MembershipEvent::MemberRemoved {
+            member: c,
+            previous: MemberStatus::Exiting
+        })
+    );
+    // The others remove it too (an unreachable Exiting member does not block).
+    sim.expect_all_see(c, MemberStatus::Removed, ms(2_000));
+    sim.expect_no_errors();
+}
+
+#[test]
+fn a_wrongly_downed_live_node_learns_it_and_stops() {
+    let mut sim = cluster(3, 17, MembershipConfig::default());
+    let c = sim.id(2);
+    sim.down(0, c);
+    sim.run_until(ms(100), |s| s.core(2).is_terminated())
+        .unwrap_or_else(|| panic!("{}", sim.dump()));
+    assert!(sim.events_of(2).contains(&MembershipEvent::MemberDowned(c)));
+    sim.expect_all_see(c, MemberStatus::Removed, ms(1_000));
+    // Quarantined: its identity is never readmitted.
+    assert_eq!(sim.core(2).poll_timeout(), None);
+    sim.run_for(ms(2_000));
+    assert_eq!(sim.status_at(0, c), Some(MemberStatus::Removed));
+    sim.expect_no_errors();
+}
+
+#[test]
+fn every_message_survives_a_cbor_round_trip() {
+    let mut sim = cluster(3, 18, MembershipConfig::default());
+    sim.crash(2);
+    sim.run_for(ms(450)); // some reachability rows in the state
+    let gossip = sim.core(0).gossip().clone();
+    assert!(!gossip.unreachable().is_empty());
+    let msgs = [
+        MembershipMsg::Join,
+        MembershipMsg::Welcome {
+            gossip: gossip.clone(),
+        },
+        MembershipMsg::Gossip {
+            gossip: gossip.clone(),
+        },
+        MembershipMsg::Heartbeat {
+            digest: gossip.digest(),
+        },
+    ];
+    for msg in msgs {
+        let mut bytes = Vec::new();
+        ciborium::into_writer(&msg, &mut bytes).unwrap();
+        let back: MembershipMsg = ciborium::from_reader(bytes.as_slice()).unwrap();
+        assert_eq!(back, msg);
+        if let MembershipMsg::Gossip { gossip: g } = back {
+            assert_eq!(g.digest(), gossip.digest());
+        }
+    }
+}
