@@ -20,7 +20,11 @@
 //!
 //! After any input the driver drains the commands and re-arms a single timer
 //! at [`MembershipCore::poll_timeout`]. Time is `std::time::Instant`, always
-//! passed in, so tests run whole clusters on simulated time.
+//! passed in, so tests run whole clusters on simulated time. The driver
+//! should hand over inbound messages that are already queued *before* a due
+//! `handle_timeout` (a biased `select!`, inbound first): after a stall of the
+//! driver's own task, the detector must see the heartbeats that arrived
+//! meanwhile, or it flags healthy peers.
 //!
 //! # Member states
 //!
