@@ -733,3 +733,26 @@ fn every_message_survives_a_cbor_round_trip() {
         }
     }
 }
+
+#[test]
+fn under_load_a_crash_is_still_downed_within_the_budget_plus_the_network_delay() {
+    let config = MembershipConfig::default();
+    let budget = config.detect_and_down_time().unwrap();
+    let mut sim = cluster(5, 19, config);
+    // Loaded pipes: every message waits 0..100 ms (FIFO per link).
+    sim.min_delay = Duration::ZERO;
+    sim.max_delay = ms(100);
+    sim.run_for(ms(5_000));
+    let d = sim.id(3);
+    sim.crash(3);
+    let t = sim.expect_all_see(d, MemberStatus::Down, ms(3_000));
+    // The observer's flag and the leader's Down each cross one loaded hop.
+    assert!(t <= budget + ms(200), "downed after {t:?}");
+    sim.expect_all_see(d, MemberStatus::Removed, ms(2_000));
+    let live: Vec<UniqueAddress> = [0, 1, 2, 4].iter().map(|s| sim.id(*s)).collect();
+    sim.reject_event(
+        "a live node downed",
+        |l| matches!(&l.event, MembershipEvent::MemberDowned(m) if live.contains(m)),
+    );
+    sim.expect_no_errors();
+}
