@@ -62,6 +62,7 @@ mod error;
 mod extractor;
 pub mod guarantees;
 pub mod identity;
+pub mod membership;
 mod protocol;
 mod runtime;
 mod store;

@@ -1,0 +1,103 @@
+//! Tunables of the membership core, with the defaults and what they imply.
+
+use std::time::Duration;
+
+use super::error::MembershipError;
+
+/// Timing of heartbeats, failure detection, downing and joining.
+///
+/// The defaults target a LAN or loopback cluster under heavy load:
+///
+/// | setting | default |
+/// |---|---|
+/// | `heartbeat_interval` | 100 ms |
+/// | `acceptable_heartbeat_pause` | 300 ms |
+/// | `downing_timeout` | `Some(200 ms)` |
+///
+/// A member that stops is marked Unreachable by an observer at most
+/// `heartbeat_interval + acceptable_heartbeat_pause` = **400 ms** after the
+/// last heartbeat that observer received from it, and Down by the leader
+/// `downing_timeout` later: **≤ 600 ms** from the last heartbeat to Down
+/// (plus one network hop for the leader to learn the observation). A live
+/// member whose heartbeats arrive late by up to the 300 ms pause (a loaded
+/// pipe, a delayed task) is never marked Unreachable. Beyond that it may be
+/// flagged Unreachable, and it is Downed only if the leader goes on seeing
+/// it Unreachable for the whole downing timeout: a stall that ends within
+/// roughly `acceptable_heartbeat_pause + downing_timeout` (≈ 500 ms) is
+/// cleared before Down when the network itself is fast.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MembershipConfig {
+    /// How often each member sends a heartbeat to every other live member.
+    pub heartbeat_interval: Duration,
+    /// Extra silence tolerated beyond `heartbeat_interval` before an observer
+    /// marks the peer Unreachable.
+    pub acceptable_heartbeat_pause: Duration,
+    /// How long a member stays Unreachable before the leader marks it Down.
+    /// `None` disables timeout downing: only [`down`](super::MembershipCore::down)
+    /// downs a member.
+    pub downing_timeout: Option<Duration>,
+    /// How long an observer waits for the *first* heartbeat of a member it
+    /// has just learnt about before the failure detector starts counting.
+    /// Knowledge spreads by gossip, so a new observer may know a member
+    /// before that member knows the observer and starts heartbeating it; the
+    /// grace keeps that lag from flagging the member. A member never heard
+    /// from is flagged `first_heartbeat_grace + failure_timeout()` after it
+    /// was first seen.
+    pub first_heartbeat_grace: Duration,
+    /// How often a joining node re-sends its join request to the seeds.
+    pub join_retry_interval: Duration,
+    /// How long the *first* seed (the one whose address is first in the seed
+    /// list) waits for another seed to admit it before it forms a new cluster
+    /// by itself.
+    pub seed_timeout: Duration,
+    /// How long an Exiting node waits for the leader to mark it Removed
+    /// before it considers itself removed anyway.
+    pub exit_timeout: Duration,
+}
+
+impl Default for MembershipConfig {
+    fn default() -> Self {
+        MembershipConfig {
+            heartbeat_interval: Duration::from_millis(100),
+            acceptable_heartbeat_pause: Duration::from_millis(300),
+            downing_timeout: Some(Duration::from_millis(200)),
+            first_heartbeat_grace: Duration::from_secs(1),
+            join_retry_interval: Duration::from_millis(250),
+            seed_timeout: Duration::from_millis(500),
+            exit_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+impl MembershipConfig {
+    /// The silence after which an observer marks a peer Unreachable:
+    /// `heartbeat_interval + acceptable_heartbeat_pause`.
+    pub fn failure_timeout(&self) -> Duration {
+        self.heartbeat_interval
+            .saturating_add(self.acceptable_heartbeat_pause)
+    }
+
+    /// Worst-case time from a member's last delivered heartbeat to its Down,
+    /// when timeout downing is on (network latency not included).
+    pub fn detect_and_down_time(&self) -> Option<Duration> {
+        self.downing_timeout
+            .map(|d| self.failure_timeout().saturating_add(d))
+    }
+
+    /// Checks that every period is non-zero (a zero period would make the
+    /// core ask to be woken at the same instant forever).
+    pub fn validate(&self) -> Result<(), MembershipError> {
+        let periods = [
+            ("heartbeat_interval", self.heartbeat_interval),
+            ("join_retry_interval", self.join_retry_interval),
+        ];
+        for (name, value) in periods {
+            if value.is_zero() {
+                return Err(MembershipError::InvalidConfig {
+                    reason: format!("{name} must be non-zero"),
+                });
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,775 @@
+//! The membership state machine: events in, commands out.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use tracing::{debug, info};
+
+use super::config::MembershipConfig;
+use super::error::MembershipError;
+use super::gossip::{Gossip, MemberKey};
+use super::protocol::{Command, MembershipEvent, MembershipMsg, Target};
+use super::state::{Member, MembershipState};
+use super::status::MemberStatus;
+use crate::identity::UniqueAddress;
+
+/// Where this node is in its own lifecycle.
+#[derive(Clone, Debug)]
+enum Phase {
+    /// Built, `join` not called yet.
+    Idle,
+    /// Asking seeds to admit it.
+    Joining {
+        /// Seed addresses other than this node's own.
+        seeds: Vec<SocketAddr>,
+        /// When to re-send the join requests.
+        next_attempt: Instant,
+        /// When the first seed gives up and forms a cluster by itself.
+        self_join_at: Option<Instant>,
+    },
+    /// In the member table (any live status).
+    Member,
+    /// Down, Removed, or gave up waiting for removal: takes no more input.
+    Terminated,
+}
+
+/// What this node last told its subscribers, to publish only changes.
+#[derive(Clone, Debug, Default)]
+struct Published {
+    statuses: BTreeMap<MemberKey, MemberStatus>,
+    unreachable: BTreeSet<MemberKey>,
+    coordinator: Option<UniqueAddress>,
+}
+
+/// The sans-IO membership core of one node. See the [module docs](super)
+/// for the model and the driving loop.
+#[derive(Clone, Debug)]
+pub struct MembershipCore {
+    me: UniqueAddress,
+    key: MemberKey,
+    config: MembershipConfig,
+    phase: Phase,
+    gossip: Gossip,
+    /// Failure detector: when each live member was last heard from (for a
+    /// member never heard from: when it was first seen, plus the grace).
+    last_heard: BTreeMap<MemberKey, Instant>,
+    /// Last state digest each member reported (heartbeat or gossip).
+    seen: BTreeMap<MemberKey, u64>,
+    /// Since when each member has been unreachable in the gossiped view.
+    unreachable_since: BTreeMap<MemberKey, Instant>,
+    next_heartbeat: Instant,
+    exit_deadline: Option<Instant>,
+    published: Published,
+    marked_down: BTreeSet<MemberKey>,
+    push_pending: bool,
+    commands: Vec<Command>,
+}
+
+impl MembershipCore {
+    /// A core for the node `me`, not yet joined. `now` is the driver's clock.
+    pub fn new(
+        me: UniqueAddress,
+        config: MembershipConfig,
+        now: Instant,
+    ) -> Result<Self, MembershipError> {
+        config.validate()?;
+        Ok(MembershipCore {
+            me,
+            key: MemberKey(me),
+            config,
+            phase: Phase::Idle,
+            gossip: Gossip::default(),
+            last_heard: BTreeMap::new(),
+            seen: BTreeMap::new(),
+            unreachable_since: BTreeMap::new(),
+            next_heartbeat: now,
+            exit_deadline: None,
+            published: Published::default(),
+            marked_down: BTreeSet::new(),
+            push_pending: false,
+            commands: Vec::new(),
+        })
+    }
+
+    /// This node's identity.
+    pub fn self_address(&self) -> UniqueAddress {
+        self.me
+    }
+
+    /// The configuration the core runs with.
+    pub fn config(&self) -> &MembershipConfig {
+        &self.config
+    }
+
+    /// This node's own status, `None` until it is admitted.
+    pub fn self_status(&self) -> Option<MemberStatus> {
+        self.gossip.status(&self.key)
+    }
+
+    /// Whether the node is out of the cluster for good (Down, Removed, or
+    /// its exit timed out). It then ignores every input and emits nothing.
+    pub fn is_terminated(&self) -> bool {
+        matches!(self.phase, Phase::Terminated)
+    }
+
+    /// The gossiped state as this node holds it.
+    pub fn gossip(&self) -> &Gossip {
+        &self.gossip
+    }
+
+    /// A snapshot of this node's view.
+    pub fn state(&self) -> MembershipState {
+        let unreachable = self.gossip.unreachable_keys();
+        MembershipState {
+            self_member: self.me,
+            members: self
+                .gossip
+                .member_keys()
+                .filter(|(_, s)| *s != MemberStatus::Removed)
+                .map(|(k, status)| Member {
+                    address: k.0,
+                    status,
+                })
+                .collect(),
+            unreachable: unreachable.iter().map(|k| k.0).collect(),
+            leader: self.leader_key(&unreachable).map(|k| k.0),
+            coordinator: self.coordinator_key(&unreachable).map(|k| k.0),
+        }
+    }
+
+    /// Takes the commands produced so far, oldest first.
+    pub fn drain_commands(&mut self) -> Vec<Command> {
+        std::mem::take(&mut self.commands)
+    }
+
+    /// When the core next needs [`handle_timeout`](Self::handle_timeout);
+    /// `None` when it needs no wake-up. May be in the past: call it at once.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        match &self.phase {
+            Phase::Idle | Phase::Terminated => None,
+            Phase::Joining {
+                next_attempt,
+                self_join_at,
+                ..
+            } => Some(self_join_at.map_or(*next_attempt, |t| t.min(*next_attempt))),
+            Phase::Member => {
+                let mut next = self.next_heartbeat;
+                let timeout = self.config.failure_timeout();
+                for (k, heard) in &self.last_heard {
+                    if !self.gossip.observes_unreachable(&self.key, k)
+                        && let Some(t) = heard.checked_add(timeout)
+                    {
+                        next = next.min(t);
+                    }
+                }
+                if let Some(downing) = self.config.downing_timeout {
+                    let unreachable = self.gossip.unreachable_keys();
+                    if self.leader_key(&unreachable) == Some(self.key) {
+                        for since in self.unreachable_since.values() {
+                            if let Some(t) = since.checked_add(downing) {
+                                next = next.min(t);
+                            }
+                        }
+                    }
+                }
+                if let Some(t) = self.exit_deadline {
+                    next = next.min(t);
+                }
+                Some(next)
+            }
+        }
+    }
+
+    /// Starts joining through `seeds`.
+    ///
+    /// * No seed other than this node's own address: this node forms a new
+    ///   cluster at once (and becomes Up and leader).
+    /// * Otherwise a [`Join`](MembershipMsg::Join) goes to every other seed,
+    ///   re-sent every `join_retry_interval` until one admits this node. If
+    ///   this node's address is the *first* seed, it forms a new cluster by
+    ///   itself after `seed_timeout` without an answer; other nodes never do.
+    pub fn join(&mut self, now: Instant, seeds: &[SocketAddr]) -> Result<(), MembershipError> {
+        match self.phase {
+            Phase::Idle => {}
+            Phase::Terminated => return Err(MembershipError::Terminated),
+            Phase::Joining { .. } | Phase::Member => return Err(MembershipError::AlreadyJoining),
+        }
+        let mut others: Vec<SocketAddr> = Vec::new();
+        for s in seeds {
+            if *s != self.me.addr && !others.contains(s) {
+                others.push(*s);
+            }
+        }
+        if others.is_empty() {
+            return self.self_join(now);
+        }
+        let first = seeds.first() == Some(&self.me.addr);
+        self.phase = Phase::Joining {
+            seeds: others,
+            next_attempt: now,
+            self_join_at: if first {
+                now.checked_add(self.config.seed_timeout)
+            } else {
+                None
+            },
+        };
+        self.send_joins(now);
+        Ok(())
+    }
+
+    /// Leaves gracefully: this node goes Leaving, then the leader moves it
+    /// to Exiting and Removed once every member has seen each step. The node
+    /// may shut down when it publishes `MemberRemoved` for itself (or
+    /// `is_terminated()` turns true). Idempotent while leaving.
+    pub fn leave(&mut self, now: Instant) -> Result<(), MembershipError> {
+        match self.phase {
+            Phase::Idle | Phase::Joining { .. } => return Err(MembershipError::NotAMember),
+            Phase::Terminated => return Err(MembershipError::Terminated),
+            Phase::Member => {}
+        }
+        match self.self_status() {
+            Some(MemberStatus::Joining | MemberStatus::Up) => {
+                self.decide(self.key, MemberStatus::Leaving)?;
+                self.after_input(now).map(|_| ())
+            }
+            Some(MemberStatus::Leaving | MemberStatus::Exiting) => Ok(()),
+            Some(MemberStatus::Down | MemberStatus::Removed) => Err(MembershipError::Terminated),
+            None => Err(MembershipError::Bug(
+                "member phase without an own entry".into(),
+            )),
+        }
+    }
+
+    /// Marks `node` Down (manual downing). Any member may down any live
+    /// member, itself included. Downing a Down member is a no-op.
+    pub fn down(&mut self, now: Instant, node: UniqueAddress) -> Result<(), MembershipError> {
+        match self.phase {
+            Phase::Idle | Phase::Joining { .. } => return Err(MembershipError::NotAMember),
+            Phase::Terminated => return Err(MembershipError::Terminated),
+            Phase::Member => {}
+        }
+        let key = MemberKey(node);
+        match self.gossip.status(&key) {
+            None => Err(MembershipError::UnknownMember(node)),
+            Some(MemberStatus::Down) => Ok(()),
+            Some(MemberStatus::Removed) => Err(MembershipError::IllegalTransition {
+                member: node,
+                from: MemberStatus::Removed,
+                to: MemberStatus::Down,
+            }),
+            Some(_) => {
+                info!(member = %node, "manual down");
+                self.decide(key, MemberStatus::Down)?;
+                self.after_input(now).map(|_| ())
+            }
+        }
+    }
+
+    /// Advisory: the transport lost its connection to `peer`. Reachability
+    /// is decided by heartbeats alone (a pipe may drop and reconnect within
+    /// the heartbeat budget), so this only records the fact in the trace.
+    pub fn connection_lost(&mut self, _now: Instant, peer: UniqueAddress) {
+        debug!(%peer, "connection lost (advisory)");
+    }
+
+    /// Handles a message from `from` (the identity the pipe authenticated).
+    pub fn handle_message(
+        &mut self,
+        now: Instant,
+        from: UniqueAddress,
+        msg: MembershipMsg,
+    ) -> Result<(), MembershipError> {
+        if from == self.me {
+            return Ok(());
+        }
+        match self.phase {
+            Phase::Idle | Phase::Terminated => Ok(()),
+            Phase::Joining { .. } => match msg {
+                MembershipMsg::Welcome { gossip } => self.on_welcome(now, from, gossip),
+                MembershipMsg::Join
+                | MembershipMsg::Gossip { .. }
+                | MembershipMsg::Heartbeat { .. } => Ok(()),
+            },
+            Phase::Member => match msg {
+                MembershipMsg::Join => self.on_join(now, from),
+                MembershipMsg::Welcome { gossip } | MembershipMsg::Gossip { gossip } => {
+                    self.on_gossip(now, from, gossip)
+                }
+                MembershipMsg::Heartbeat { digest } => self.on_heartbeat(now, from, digest),
+            },
+        }
+    }
+
+    /// Handles the wake-up asked for by [`poll_timeout`](Self::poll_timeout):
+    /// sends heartbeats, runs the failure detector, retries joins, takes the
+    /// leader's timed decisions. Calling it early or often is harmless.
+    pub fn handle_timeout(&mut self, now: Instant) -> Result<(), MembershipError> {
+        match &self.phase {
+            Phase::Idle | Phase::Terminated => Ok(()),
+            Phase::Joining {
+                next_attempt,
+                self_join_at,
+                ..
+            } => {
+                if self_join_at.is_some_and(|t| now >= t) {
+                    info!(me = %self.me, "no seed answered: the first seed forms a new cluster");
+                    return self.self_join(now);
+                }
+                if now >= *next_attempt {
+                    self.send_joins(now);
+                }
+                Ok(())
+            }
+            Phase::Member => {
+                if now >= self.next_heartbeat {
+                    let digest = self.gossip.digest();
+                    for k in self.live_others() {
+                        self.send(k.0, MembershipMsg::Heartbeat { digest });
+                    }
+                    self.next_heartbeat = later(now, self.config.heartbeat_interval);
+                }
+                let timeout = self.config.failure_timeout();
+                let silent: Vec<MemberKey> = self
+                    .last_heard
+                    .iter()
+                    .filter(|(k, heard)| {
+                        heard.checked_add(timeout).is_some_and(|t| now >= t)
+                            && !self.gossip.observes_unreachable(&self.key, k)
+                    })
+                    .map(|(k, _)| *k)
+                    .collect();
+                for k in silent {
+                    debug!(me = %self.me, member = %k.0, "no heartbeat within the budget: unreachable");
+                    if self.gossip.observe(self.key, k, true) {
+                        self.push_pending = true;
+                    }
+                }
+                if self.exit_deadline.is_some_and(|t| now >= t) {
+                    info!(me = %self.me, "leader did not remove this exiting node in time; considering it removed");
+                    self.phase = Phase::Terminated;
+                    self.commands
+                        .push(Command::Publish(MembershipEvent::MemberRemoved {
+                            member: self.me,
+                            previous: MemberStatus::Exiting,
+                        }));
+                    return Ok(());
+                }
+                self.after_input(now).map(|_| ())
+            }
+        }
+    }
+
+    // ---- inputs -------------------------------------------------------
+
+    fn self_join(&mut self, now: Instant) -> Result<(), MembershipError> {
+        self.gossip.put_status(self.key, MemberStatus::Joining);
+        self.phase = Phase::Member;
+        self.next_heartbeat = now;
+        self.push_pending = true;
+        self.after_input(now).map(|_| ())
+    }
+
+    fn send_joins(&mut self, now: Instant) {
+        if let Phase::Joining {
+            seeds,
+            next_attempt,
+            ..
+        } = &mut self.phase
+        {
+            for s in seeds.iter() {
+                self.commands.push(Command::Send {
+                    to: Target::Seed(*s),
+                    msg: MembershipMsg::Join,
+                });
+            }
+            *next_attempt = later(now, self.config.join_retry_interval);
+        }
+    }
+
+    fn on_welcome(
+        &mut self,
+        now: Instant,
+        from: UniqueAddress,
+        gossip: Gossip,
+    ) -> Result<(), MembershipError> {
+        if gossip.status_of(&self.me).is_none() {
+            // Not an admission of this identity (say, meant for an earlier
+            // incarnation at this address): keep asking.
+            return Ok(());
+        }
+        info!(me = %self.me, by = %from, "admitted to the cluster");
+        self.seen.insert(MemberKey(from), gossip.digest());
+        self.gossip = self.gossip.merge(&gossip);
+        self.phase = Phase::Member;
+        self.next_heartbeat = now;
+        self.after_input(now).map(|_| ())
+    }
+
+    fn on_join(&mut self, now: Instant, from: UniqueAddress) -> Result<(), MembershipError> {
+        if !matches!(
+            self.self_status(),
+            Some(MemberStatus::Joining | MemberStatus::Up)
+        ) || from.addr == self.me.addr
+        {
+            return Ok(());
+        }
+        let fk = MemberKey(from);
+        match self.gossip.status(&fk) {
+            Some(s) if s.is_live() => {
+                // A retried join whose welcome was lost.
+                self.send(
+                    from,
+                    MembershipMsg::Welcome {
+                        gossip: self.gossip.clone(),
+                    },
+                );
+                return Ok(());
+            }
+            Some(_) => return Ok(()), // Down or Removed: that identity is out for good.
+            None => {}
+        }
+        let same_addr: Vec<MemberKey> = self
+            .gossip
+            .member_keys()
+            .filter(|(k, s)| k.0.addr == from.addr && s.is_live())
+            .map(|(k, _)| k)
+            .collect();
+        if same_addr.iter().any(|k| !k.0.is_older_than(&from)) {
+            // A newer incarnation already holds the address: a stale joiner.
+            return Ok(());
+        }
+        for old in same_addr {
+            info!(old = %old.0, new = %from, "a new incarnation joins at the same address: downing the old one");
+            self.decide(old, MemberStatus::Down)?;
+        }
+        info!(me = %self.me, joiner = %from, "admitting");
+        self.gossip.put_status(fk, MemberStatus::Joining);
+        self.push_pending = true;
+        self.after_input(now)?;
+        if !self.is_terminated() {
+            self.send(
+                from,
+                MembershipMsg::Welcome {
+                    gossip: self.gossip.clone(),
+                },
+            );
+        }
+        Ok(())
+    }
+
+    fn on_gossip(
+        &mut self,
+        now: Instant,
+        from: UniqueAddress,
+        gossip: Gossip,
+    ) -> Result<(), MembershipError> {
+        let fk = MemberKey(from);
+        if !self.gossip.status(&fk).is_some_and(|s| s.is_live()) {
+            return Ok(()); // unknown, or quarantined (Down/Removed)
+        }
+        self.seen.insert(fk, gossip.digest());
+        let merged = self.gossip.merge(&gossip);
+        if merged != gossip {
+            // The sender lacks something this node knows: answer with it.
+            self.send(
+                from,
+                MembershipMsg::Gossip {
+                    gossip: merged.clone(),
+                },
+            );
+        }
+        self.gossip = merged;
+        self.after_input(now).map(|_| ())
+    }
+
+    fn on_heartbeat(
+        &mut self,
+        now: Instant,
+        from: UniqueAddress,
+        digest: u64,
+    ) -> Result<(), MembershipError> {
+        let fk = MemberKey(from);
+        if !self.gossip.status(&fk).is_some_and(|s| s.is_live()) {
+            return Ok(());
+        }
+        self.last_heard.insert(fk, now);
+        if self.gossip.observes_unreachable(&self.key, &fk) {
+            debug!(me = %self.me, member = %from, "heartbeat resumed: reachable again");
+            self.gossip.observe(self.key, fk, false);
+            self.push_pending = true;
+        }
+        self.seen.insert(fk, digest);
+        let pushed = self.after_input(now)?;
+        if !pushed && !self.is_terminated() && digest != self.gossip.digest() {
+            self.send(
+                from,
+                MembershipMsg::Gossip {
+                    gossip: self.gossip.clone(),
+                },
+            );
+        }
+        Ok(())
+    }
+
+    // ---- the common tail of every input ------------------------------
+
+    /// Normalises, takes leader decisions, resyncs the detector, publishes
+    /// what changed and pushes gossip if this node changed the state itself.
+    /// Returns whether the state was pushed to every live member.
+    fn after_input(&mut self, now: Instant) -> Result<bool, MembershipError> {
+        if !matches!(self.phase, Phase::Member) {
+            return Ok(false);
+        }
+        self.gossip.normalize();
+        // Each pass moves a member at most one step; a lone node (for which
+        // convergence is immediate) may need several passes.
+        // Events are published after each pass, so subscribers see every
+        // step this node takes itself (Down, then Removed).
+        for _ in 0..8 {
+            self.refresh_unreachable_since(now);
+            self.publish_changes();
+            if !self.leader_actions(now)? {
+                break;
+            }
+        }
+        self.refresh_unreachable_since(now);
+        self.publish_changes();
+        let Some(my_status) = self.self_status() else {
+            return Err(MembershipError::Bug(
+                "member phase without an own entry".into(),
+            ));
+        };
+        if my_status == MemberStatus::Exiting && self.exit_deadline.is_none() {
+            self.exit_deadline = now.checked_add(self.config.exit_timeout);
+        }
+        let live = self.live_others();
+        self.last_heard.retain(|k, _| live.contains(k));
+        self.seen.retain(|k, _| live.contains(k));
+        let first_deadline_base = later(now, self.config.first_heartbeat_grace);
+        for k in &live {
+            self.last_heard.entry(*k).or_insert(first_deadline_base);
+        }
+        let pushed = self.push_pending;
+        if self.push_pending {
+            self.push_pending = false;
+            for k in &live {
+                self.send(
+                    k.0,
+                    MembershipMsg::Gossip {
+                        gossip: self.gossip.clone(),
+                    },
+                );
+            }
+        }
+        if !my_status.is_live() {
+            info!(me = %self.me, status = ?my_status, "this node is out of the cluster");
+            self.phase = Phase::Terminated;
+        }
+        Ok(pushed)
+    }
+
+    fn refresh_unreachable_since(&mut self, now: Instant) {
+        let unreachable = self.gossip.unreachable_keys();
+        self.unreachable_since
+            .retain(|k, _| unreachable.contains(k));
+        for k in unreachable {
+            self.unreachable_since.entry(k).or_insert(now);
+        }
+    }
+
+    /// The leader's duties. Returns whether it changed anything.
+    fn leader_actions(&mut self, now: Instant) -> Result<bool, MembershipError> {
+        let unreachable = self.gossip.unreachable_keys();
+        if self.leader_key(&unreachable) != Some(self.key) {
+            return Ok(false);
+        }
+        let mut changed = false;
+        if let Some(downing) = self.config.downing_timeout {
+            let due: Vec<MemberKey> = self
+                .unreachable_since
+                .iter()
+                .filter(|(_, since)| since.checked_add(downing).is_some_and(|t| now >= t))
+                .map(|(k, _)| *k)
+                .collect();
+            for k in due {
+                if self.gossip.status(&k).is_some_and(|s| s.is_live()) {
+                    info!(leader = %self.me, member = %k.0, "unreachable past the downing timeout: down");
+                    self.decide(k, MemberStatus::Down)?;
+                    changed = true;
+                }
+            }
+        }
+        if changed || !self.converged(&unreachable) {
+            return Ok(changed);
+        }
+        let snapshot: Vec<(MemberKey, MemberStatus)> = self.gossip.member_keys().collect();
+        for (k, status) in snapshot {
+            let next = match status {
+                MemberStatus::Joining => MemberStatus::Up,
+                MemberStatus::Leaving => MemberStatus::Exiting,
+                MemberStatus::Exiting | MemberStatus::Down => MemberStatus::Removed,
+                MemberStatus::Up | MemberStatus::Removed => continue,
+            };
+            debug!(leader = %self.me, member = %k.0, from = ?status, to = ?next, "leader action");
+            self.decide(k, next)?;
+            changed = true;
+        }
+        Ok(changed)
+    }
+
+    /// Whether every live member this node must wait for has reported the
+    /// very state this node holds. Unreachable members block convergence,
+    /// except Exiting ones (they are on their way out anyway).
+    fn converged(&self, unreachable: &BTreeSet<MemberKey>) -> bool {
+        let digest = self.gossip.digest();
+        self.gossip.member_keys().all(|(k, s)| {
+            if k == self.key || !s.is_live() {
+                return true;
+            }
+            if unreachable.contains(&k) {
+                return s == MemberStatus::Exiting;
+            }
+            self.seen.get(&k) == Some(&digest)
+        })
+    }
+
+    /// Applies one decision taken by this node, refusing illegal steps.
+    fn decide(&mut self, key: MemberKey, to: MemberStatus) -> Result<(), MembershipError> {
+        let Some(from) = self.gossip.status(&key) else {
+            return Err(MembershipError::Bug(format!(
+                "decision about unknown member {}",
+                key.0
+            )));
+        };
+        if !from.can_transition_to(to) {
+            return Err(MembershipError::Bug(format!(
+                "illegal decision {from:?}->{to:?} for {}",
+                key.0
+            )));
+        }
+        self.gossip.put_status(key, to);
+        self.gossip.normalize();
+        self.push_pending = true;
+        Ok(())
+    }
+
+    // ---- derived views ------------------------------------------------
+
+    /// The oldest reachable member among Up and Leaving ones; failing that,
+    /// the oldest reachable live member. This node always counts itself
+    /// reachable here: otherwise a node that others flagged before they
+    /// became unreachable to it would find no leader and never down them.
+    fn leader_key(&self, unreachable: &BTreeSet<MemberKey>) -> Option<MemberKey> {
+        let candidates: Vec<(MemberKey, MemberStatus)> = self
+            .gossip
+            .member_keys()
+            .filter(|(k, s)| s.is_live() && (*k == self.key || !unreachable.contains(k)))
+            .collect();
+        candidates
+            .iter()
+            .find(|(_, s)| matches!(s, MemberStatus::Up | MemberStatus::Leaving))
+            .or(candidates.first())
+            .map(|(k, _)| *k)
+    }
+
+    /// The oldest reachable Up member.
+    fn coordinator_key(&self, unreachable: &BTreeSet<MemberKey>) -> Option<MemberKey> {
+        self.gossip
+            .member_keys()
+            .find(|(k, s)| *s == MemberStatus::Up && !unreachable.contains(k))
+            .map(|(k, _)| k)
+    }
+
+    fn live_others(&self) -> BTreeSet<MemberKey> {
+        self.gossip
+            .member_keys()
+            .filter(|(k, s)| *k != self.key && s.is_live())
+            .map(|(k, _)| k)
+            .collect()
+    }
+
+    // ---- outputs ------------------------------------------------------
+
+    fn send(&mut self, to: UniqueAddress, msg: MembershipMsg) {
+        self.commands.push(Command::Send {
+            to: Target::Member(to),
+            msg,
+        });
+    }
+
+    /// Publishes every difference between the current view and the last
+    /// published one; sends a last gossip to members that just went Down or
+    /// Removed, then marks them down for the transport.
+    fn publish_changes(&mut self) {
+        let unreachable = self.gossip.unreachable_keys();
+        let mut newly_out: Vec<(MemberKey, bool)> = Vec::new();
+        let current: Vec<(MemberKey, MemberStatus)> = self.gossip.member_keys().collect();
+        for (k, status) in current {
+            let prev = self.published.statuses.get(&k).copied();
+            if prev == Some(status) {
+                continue;
+            }
+            let m = k.0;
+            let event = match (prev, status) {
+                // A tombstone learnt on arrival: never seen live, nothing to say.
+                (None, MemberStatus::Down | MemberStatus::Removed) => None,
+                (_, MemberStatus::Joining) => Some(MembershipEvent::MemberJoined(m)),
+                (_, MemberStatus::Up) => Some(MembershipEvent::MemberUp(m)),
+                (_, MemberStatus::Leaving) => Some(MembershipEvent::MemberLeft(m)),
+                (_, MemberStatus::Exiting) => Some(MembershipEvent::MemberExited(m)),
+                (_, MemberStatus::Down) => Some(MembershipEvent::MemberDowned(m)),
+                (Some(previous), MemberStatus::Removed) => Some(MembershipEvent::MemberRemoved {
+                    member: m,
+                    previous,
+                }),
+            };
+            if let Some(e) = event {
+                self.commands.push(Command::Publish(e));
+            }
+            if !status.is_live() && k != self.key && !self.marked_down.contains(&k) {
+                newly_out.push((k, prev.is_some_and(|p| p.is_live())));
+            }
+            self.published.statuses.insert(k, status);
+        }
+        for k in unreachable.difference(&self.published.unreachable) {
+            self.commands
+                .push(Command::Publish(MembershipEvent::Unreachable(k.0)));
+        }
+        for k in self.published.unreachable.difference(&unreachable) {
+            if self.gossip.status(k).is_some_and(|s| s.is_live()) {
+                self.commands
+                    .push(Command::Publish(MembershipEvent::Reachable(k.0)));
+            }
+        }
+        let coordinator = self.coordinator_key(&unreachable).map(|k| k.0);
+        if coordinator != self.published.coordinator {
+            self.commands
+                .push(Command::Publish(MembershipEvent::CoordinatorChanged(
+                    coordinator,
+                )));
+            self.published.coordinator = coordinator;
+        }
+        self.published.unreachable = unreachable;
+        for (k, was_live) in newly_out {
+            if was_live {
+                // Best effort: tell it its fate, so a wrongly downed node stops.
+                self.send(
+                    k.0,
+                    MembershipMsg::Gossip {
+                        gossip: self.gossip.clone(),
+                    },
+                );
+            }
+            self.commands.push(Command::MarkDown(k.0));
+            self.marked_down.insert(k);
+        }
+    }
+}
+
+/// `now + d`, saturating far in the future instead of panicking.
+fn later(now: Instant, d: Duration) -> Instant {
+    now.checked_add(d)
+        .or_else(|| now.checked_add(Duration::from_secs(3_600)))
+        .unwrap_or(now)
+}

@@ -1,0 +1,346 @@
+//! Random-history properties: seeded, shrinkable lists of joins, leaves,
+//! crashes, restarts and network faults, run on the simulated cluster, then
+//! healed and left to settle; the invariants are checked at the end and
+//! along the way (the event log).
+//!
+//! Set `MEMBERSHIP_PROP_TESTS` (cases, default 40) and `MEMBERSHIP_PROP_SIZE`
+//! (longest history, default 24) to search harder.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use quickcheck::{Arbitrary, Gen, QuickCheck, TestResult};
+
+use super::sim::Sim;
+use super::*;
+use crate::identity::UniqueAddress;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// One step of a history. Slot arguments are taken modulo the node count.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Op {
+    AddNode,
+    Leave(u8),
+    Crash(u8),
+    Restart(u8),
+    /// Let the simulation run this many ms (taken modulo 2000).
+    Advance(u16),
+    Cut(u8, u8),
+    Isolate(u8),
+    HealAll,
+    /// Message loss, per mille (taken modulo 400).
+    Loss(u16),
+    /// Manual `down` of the second slot's node, by the first slot's node.
+    Down(u8, u8),
+}
+
+impl Op {
+    fn is_calm(&self) -> bool {
+        matches!(
+            self,
+            Op::AddNode | Op::Leave(_) | Op::Crash(_) | Op::Restart(_) | Op::Advance(_)
+        )
+    }
+}
+
+impl Arbitrary for Op {
+    fn arbitrary(g: &mut Gen) -> Self {
+        let a = u8::arbitrary(g);
+        let b = u8::arbitrary(g);
+        match u8::arbitrary(g) % 14 {
+            0..=2 => Op::AddNode,
+            3 => Op::Leave(a),
+            4 => Op::Crash(a),
+            5 => Op::Restart(a),
+            6..=8 => Op::Advance(u16::arbitrary(g)),
+            9 => Op::Cut(a, b),
+            10 => Op::Isolate(a),
+            11 => Op::HealAll,
+            12 => Op::Loss(u16::arbitrary(g)),
+            _ => Op::Down(a, b),
+        }
+    }
+
+    fn shrink(&self) -> Box<dyn Iterator<Item = Self>> {
+        match self {
+            Op::Advance(n) if *n > 0 => Box::new(std::iter::once(Op::Advance(n / 2))),
+            Op::Loss(n) if *n > 0 => Box::new(std::iter::once(Op::Loss(n / 2))),
+            _ => Box::new(std::iter::empty()),
+        }
+    }
+}
+
+/// A history of membership changes only, on a slow but lossless network
+/// (delays below the acceptable pause): no node may ever be wrongly downed.
+#[derive(Clone, Debug)]
+pub(crate) struct CalmHistory(pub(crate) Vec<Op>);
+
+/// A history that also cuts links, isolates nodes, loses messages and
+/// downs nodes by hand.
+#[derive(Clone, Debug)]
+pub(crate) struct FaultyHistory(pub(crate) Vec<Op>);
+
+impl Arbitrary for CalmHistory {
+    fn arbitrary(g: &mut Gen) -> Self {
+        let mut ops: Vec<Op> = Vec::arbitrary(g);
+        ops.retain(Op::is_calm);
+        CalmHistory(ops)
+    }
+    fn shrink(&self) -> Box<dyn Iterator<Item = Self>> {
+        Box::new(self.0.shrink().map(CalmHistory))
+    }
+}
+
+impl Arbitrary for FaultyHistory {
+    fn arbitrary(g: &mut Gen) -> Self {
+        FaultyHistory(Vec::arbitrary(g))
+    }
+    fn shrink(&self) -> Box<dyn Iterator<Item = Self>> {
+        Box::new(self.0.shrink().map(FaultyHistory))
+    }
+}
+
+const MAX_NODES: usize = 7;
+
+/// Runs `ops` from one seed node, heals the network, lets it settle, and
+/// checks the invariants. `Err` says which one broke.
+pub(crate) fn run_history(seed: u64, ops: &[Op], calm: bool) -> Result<(), String> {
+    let mut sim = Sim::new(seed, MembershipConfig::default());
+    sim.min_delay = ms(0);
+    sim.max_delay = if calm { ms(250) } else { ms(30) };
+    sim.add_node();
+    sim.join(0, &[0]);
+    sim.run_for(ms(20));
+    let mut left: Vec<UniqueAddress> = Vec::new();
+    for op in ops {
+        let n = sim.nodes.len();
+        let slot = |x: &u8| usize::from(*x) % n;
+        let seeds: Vec<usize> = if n > 1 { vec![0, 1] } else { vec![0] };
+        match op {
+            Op::AddNode => {
+                if n < MAX_NODES {
+                    let s = sim.add_node();
+                    let seeds: Vec<usize> = if s > 1 { vec![0, 1] } else { vec![0] };
+                    sim.join(s, &seeds);
+                }
+            }
+            Op::Leave(x) => {
+                let s = slot(x);
+                let member = sim.nodes[s].core.as_ref().is_some_and(|c| {
+                    !c.is_terminated() && c.self_status().is_some_and(|st| st.is_live())
+                });
+                if member {
+                    left.push(sim.id(s));
+                    sim.leave(s);
+                }
+            }
+            Op::Crash(x) => sim.crash(slot(x)),
+            Op::Restart(x) => sim.restart(slot(x), &seeds),
+            Op::Advance(t) => sim.run_for(ms(u64::from(*t % 2000))),
+            Op::Cut(a, b) => {
+                if slot(a) != slot(b) {
+                    sim.cut(slot(a), slot(b));
+                }
+            }
+            Op::Isolate(x) => sim.isolate(slot(x)),
+            Op::HealAll => sim.heal_all(),
+            Op::Loss(p) => sim.drop_per_mille = u64::from(*p % 400),
+            Op::Down(a, b) => {
+                let (o, t) = (slot(a), slot(b));
+                let target = sim.id(t);
+                let ok = sim.nodes[o].core.as_ref().is_some_and(|c| {
+                    !c.is_terminated()
+                        && c.self_status().is_some_and(|st| st.is_live())
+                        && c.gossip().status_of(&target).is_some_and(|st| st.is_live())
+                });
+                if ok {
+                    sim.down(o, target);
+                }
+            }
+        }
+        sim.run_for(ms(10));
+    }
+    sim.heal_all();
+    sim.drop_per_mille = 0;
+    sim.max_delay = ms(2);
+    sim.run_for(ms(15_000));
+    check(&sim, &left, calm).map_err(|e| format!("{e}\n{}", sim.dump()))
+}
+
+fn check(sim: &Sim, left: &[UniqueAddress], calm: bool) -> Result<(), String> {
+    if !sim.errors.is_empty() {
+        return Err(format!("a core returned errors: {:?}", sim.errors));
+    }
+    // Per observer and member, published statuses only go up.
+    let mut last: BTreeMap<(u64, u64, u64, u64), u8> = BTreeMap::new();
+    for l in &sim.log {
+        let (m, rank) = match &l.event {
+            MembershipEvent::MemberJoined(m) => (m, 0),
+            MembershipEvent::MemberUp(m) => (m, 1),
+            MembershipEvent::MemberLeft(m) => (m, 2),
+            MembershipEvent::MemberExited(m) => (m, 3),
+            MembershipEvent::MemberDowned(m) => (m, 4),
+            MembershipEvent::MemberRemoved { member, .. } => (member, 5),
+            _ => continue,
+        };
+        let key = (
+            l.observer.node_id.0,
+            l.observer.incarnation,
+            m.node_id.0,
+            m.incarnation,
+        );
+        if let Some(prev) = last.insert(key, rank)
+            && prev >= rank
+        {
+            return Err(format!("status went from rank {prev} to {rank}: {l:?}"));
+        }
+    }
+    let live = sim.live_slots();
+    let running: Vec<UniqueAddress> = live.iter().map(|s| sim.id(*s)).collect();
+    for &p in &live {
+        let core = sim.core(p);
+        // Crashed nodes are out of every live view.
+        for c in &sim.crashed {
+            if core.gossip().status_of(c).is_some_and(|s| s.is_live()) {
+                return Err(format!("node {p} still sees crashed {c} as live"));
+            }
+        }
+        // A coordinator is an Up member that is actually running.
+        if let Some(c) = core.state().placement_coordinator()
+            && !running.contains(&c)
+        {
+            return Err(format!(
+                "node {p} sees coordinator {c}, which is not a running member"
+            ));
+        }
+        // Nobody who asked to leave is still live.
+        if left.contains(&sim.id(p)) {
+            return Err(format!("node {p} left but is still a live member"));
+        }
+        for &q in &live {
+            if p < q {
+                let p_sees_q = core
+                    .gossip()
+                    .status_of(&sim.id(q))
+                    .is_some_and(|s| s.is_live());
+                let q_sees_p = sim
+                    .core(q)
+                    .gossip()
+                    .status_of(&sim.id(p))
+                    .is_some_and(|s| s.is_live());
+                if p_sees_q && q_sees_p && core.gossip() != sim.core(q).gossip() {
+                    return Err(format!(
+                        "nodes {p} and {q} are members of each other but did not converge"
+                    ));
+                }
+                if core.gossip() == sim.core(q).gossip()
+                    && core.state().placement_coordinator()
+                        != sim.core(q).state().placement_coordinator()
+                {
+                    return Err(format!(
+                        "converged nodes {p} and {q} see different coordinators"
+                    ));
+                }
+            }
+        }
+    }
+    if calm {
+        // No false Down: only crashed (or replaced) identities are downed.
+        for l in &sim.log {
+            if let MembershipEvent::MemberDowned(m) = &l.event
+                && !sim.crashed.contains(m)
+            {
+                return Err(format!("live node {m} was downed: {l:?}"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The longest generated history (`MEMBERSHIP_PROP_SIZE`, default 24 ops).
+fn size() -> usize {
+    std::env::var("MEMBERSHIP_PROP_SIZE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(24)
+}
+
+fn cases() -> u64 {
+    std::env::var("MEMBERSHIP_PROP_TESTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(40)
+}
+
+fn property(seed: u64, ops: Vec<Op>, calm: bool) -> TestResult {
+    match run_history(seed, &ops, calm) {
+        Ok(()) => TestResult::passed(),
+        Err(e) => TestResult::error(format!("seed {seed}, ops {ops:?}: {e}")),
+    }
+}
+
+#[test]
+fn calm_histories_converge_without_false_downs() {
+    fn prop(seed: u64, h: CalmHistory) -> TestResult {
+        property(seed, h.0, true)
+    }
+    QuickCheck::new()
+        .tests(cases())
+        .rng(Gen::new(size()))
+        .quickcheck(prop as fn(u64, CalmHistory) -> TestResult);
+}
+
+#[test]
+fn faulty_histories_converge_once_healed() {
+    fn prop(seed: u64, h: FaultyHistory) -> TestResult {
+        property(seed, h.0, false)
+    }
+    QuickCheck::new()
+        .tests(cases())
+        .rng(Gen::new(size()))
+        .quickcheck(prop as fn(u64, FaultyHistory) -> TestResult);
+}
+
+#[test]
+fn regression_calm_false_down_of_a_fresh_joiner() {
+    use Op::*;
+    let ops = [
+        AddNode,
+        AddNode,
+        AddNode,
+        Crash(1),
+        Crash(110),
+        AddNode,
+        Crash(255),
+        Crash(20),
+        Restart(55),
+        AddNode,
+        Leave(210),
+        AddNode,
+        Advance(9470),
+    ];
+    if let Err(e) = run_history(17477683553992504193, &ops, true) {
+        panic!("{e}");
+    }
+}
+
+#[test]
+fn regression_faulty_crashed_seed_stays_live_in_a_view() {
+    use Op::*;
+    let ops = [
+        AddNode,
+        AddNode,
+        AddNode,
+        Loss(46740),
+        Cut(203, 182),
+        Advance(7582),
+        Crash(100),
+        Advance(449),
+    ];
+    if let Err(e) = run_history(0, &ops, false) {
+        panic!("{e}");
+    }
+}

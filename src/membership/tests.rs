@@ -1,0 +1,758 @@
+//! Membership tests: single-handler command lists, cluster stories on the
+//! simulated network, and random-history properties.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use super::sim::Sim;
+use super::*;
+use crate::identity::{NodeId, UniqueAddress};
+
+const MS: Duration = Duration::from_millis(1);
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn ua(port: u16, id: u64, incarnation: u64) -> UniqueAddress {
+    UniqueAddress {
+        addr: SocketAddr::from(([127, 0, 0, 1], port)),
+        node_id: NodeId(id),
+        incarnation,
+    }
+}
+
+/// A simulated cluster of `n` nodes, all joined through node 0 and Up
+/// everywhere.
+fn cluster(n: usize, seed: u64, config: MembershipConfig) -> Sim {
+    let mut sim = Sim::new(seed, config);
+    for i in 0..n {
+        let slot = sim.add_node();
+        sim.join(slot, &[0]);
+        // Start the nodes a few ms apart so their ages differ by incarnation.
+        sim.run_for(ms(5));
+        assert_eq!(slot, i);
+    }
+    for i in 0..n {
+        let id = sim.id(i);
+        sim.expect_all_see(id, MemberStatus::Up, ms(2_000));
+    }
+    sim.expect_converged(ms(1_000));
+    sim.expect_no_errors();
+    sim
+}
+
+fn publishes(cmds: &[Command]) -> Vec<MembershipEvent> {
+    cmds.iter()
+        .filter_map(|c| match c {
+            Command::Publish(e) => Some(e.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+// ---- single handlers, exact command lists --------------------------------
+
+#[test]
+fn lone_seed_forms_a_cluster_and_becomes_up_and_coordinator() {
+    let now = Instant::now();
+    let me = ua(7000, 1, 10);
+    let mut core = MembershipCore::new(me, MembershipConfig::default(), now).unwrap();
+    core.join(now, &[me.addr]).unwrap();
+    assert_eq!(
+        core.drain_commands(),
+        vec![
+            Command::Publish(MembershipEvent::MemberJoined(me)),
+            Command::Publish(MembershipEvent::MemberUp(me)),
+            Command::Publish(MembershipEvent::CoordinatorChanged(Some(me))),
+        ]
+    );
+    assert_eq!(core.self_status(), Some(MemberStatus::Up));
+    let st = core.state();
+    assert_eq!(st.leader, Some(me));
+    assert!(st.is_placement_coordinator(NodeId(1)));
+    assert!(!st.is_placement_coordinator(NodeId(2)));
+}
+
+#[test]
+fn a_non_first_seed_only_asks_and_retries() {
+    let now = Instant::now();
+    let me = ua(7001, 2, 10);
+    let seed: SocketAddr = "127.0.0.1:7000".parse().unwrap();
+    let mut core = MembershipCore::new(me, MembershipConfig::default(), now).unwrap();
+    core.join(now, &[seed, me.addr]).unwrap();
+    let join = Command::Send {
+        to: Target::Seed(seed),
+        msg: MembershipMsg::Join,
+    };
+    assert_eq!(core.drain_commands(), vec![join.clone()]);
+    assert_eq!(core.poll_timeout(), Some(now + ms(250)));
+    core.handle_timeout(now + ms(249)).unwrap();
+    assert_eq!(core.drain_commands(), vec![]);
+    core.handle_timeout(now + ms(250)).unwrap();
+    assert_eq!(core.drain_commands(), vec![join]);
+    // Never forms a cluster by itself, however long it waits.
+    core.handle_timeout(now + ms(60_000)).unwrap();
+    assert_eq!(core.self_status(), None);
+}
+
+#[test]
+fn the_first_seed_forms_a_cluster_after_the_seed_timeout() {
+    let now = Instant::now();
+    let me = ua(7000, 1, 10);
+    let other: SocketAddr = "127.0.0.1:7001".parse().unwrap();
+    let mut core = MembershipCore::new(me, MembershipConfig::default(), now).unwrap();
+    core.join(now, &[me.addr, other]).unwrap();
+    assert_eq!(
+        core.drain_commands(),
+        vec![Command::Send {
+            to: Target::Seed(other),
+            msg: MembershipMsg::Join
+        }]
+    );
+    core.handle_timeout(now + ms(499)).unwrap();
+    assert_eq!(core.self_status(), None);
+    core.handle_timeout(now + ms(500)).unwrap();
+    assert_eq!(core.self_status(), Some(MemberStatus::Up));
+}
+
+#[test]
+fn a_join_is_admitted_as_joining_and_welcomed() {
+    let now = Instant::now();
+    let a = ua(7000, 1, 10);
+    let b = ua(7001, 2, 11);
+    let mut core = MembershipCore::new(a, MembershipConfig::default(), now).unwrap();
+    core.join(now, &[a.addr]).unwrap();
+    core.drain_commands();
+    core.handle_message(now, b, MembershipMsg::Join).unwrap();
+    let g = core.gossip().clone();
+    assert_eq!(g.status_of(&b), Some(MemberStatus::Joining));
+    assert_eq!(
+        core.drain_commands(),
+        vec![
+            Command::Publish(MembershipEvent::MemberJoined(b)),
+            Command::Send {
+                to: Target::Member(b),
+                msg: MembershipMsg::Gossip { gossip: g.clone() }
+            },
+            Command::Send {
+                to: Target::Member(b),
+                msg: MembershipMsg::Welcome { gossip: g }
+            },
+        ]
+    );
+    // Not Up before b has reported the state (convergence).
+    assert_eq!(core.gossip().status_of(&b), Some(MemberStatus::Joining));
+    let digest = core.gossip().digest();
+    core.handle_message(now + MS, b, MembershipMsg::Heartbeat { digest })
+        .unwrap();
+    assert_eq!(core.gossip().status_of(&b), Some(MemberStatus::Up));
+    let g = core.gossip().clone();
+    assert_eq!(
+        core.drain_commands(),
+        vec![
+            Command::Publish(MembershipEvent::MemberUp(b)),
+            Command::Send {
+                to: Target::Member(b),
+                msg: MembershipMsg::Gossip { gossip: g }
+            },
+        ]
+    );
+}
+
+#[test]
+fn a_join_from_a_new_incarnation_downs_the_old_one() {
+    let now = Instant::now();
+    let a = ua(7000, 1, 10);
+    let old = ua(7001, 2, 11);
+    let new = ua(7001, 3, 50);
+    let mut core = MembershipCore::new(a, MembershipConfig::default(), now).unwrap();
+    core.join(now, &[a.addr]).unwrap();
+    core.handle_message(now, old, MembershipMsg::Join).unwrap();
+    core.drain_commands();
+    core.handle_message(now + MS, new, MembershipMsg::Join)
+        .unwrap();
+    assert_eq!(core.gossip().status_of(&old), Some(MemberStatus::Down));
+    assert_eq!(core.gossip().status_of(&new), Some(MemberStatus::Joining));
+    let cmds = core.drain_commands();
+    assert!(cmds.contains(&Command::MarkDown(old)), "{cmds:?}");
+    assert!(publishes(&cmds).contains(&MembershipEvent::MemberDowned(old)));
+    // An older incarnation asking again is refused: the address has moved on.
+    let stale = ua(7001, 4, 5);
+    core.handle_message(now + ms(2), stale, MembershipMsg::Join)
+        .unwrap();
+    assert_eq!(core.gossip().status_of(&stale), None);
+    assert_eq!(core.drain_commands(), vec![]);
+}
+
+#[test]
+fn heartbeat_with_another_digest_is_answered_with_gossip() {
+    let now = Instant::now();
+    let a = ua(7000, 1, 10);
+    let b = ua(7001, 2, 11);
+    let mut core = MembershipCore::new(a, MembershipConfig::default(), now).unwrap();
+    core.join(now, &[a.addr]).unwrap();
+    core.handle_message(now, b, MembershipMsg::Join).unwrap();
+    core.drain_commands();
+    core.handle_message(now, b, MembershipMsg::Heartbeat { digest: 42 })
+        .unwrap();
+    let g = core.gossip().clone();
+    assert_eq!(
+        core.drain_commands(),
+        vec![Command::Send {
+            to: Target::Member(b),
+            msg: MembershipMsg::Gossip { gossip: g }
+        }]
+    );
+    // From an unknown node: ignored.
+    core.handle_message(
+        now,
+        ua(7002, 9, 12),
+        MembershipMsg::Heartbeat { digest: 42 },
+    )
+    .unwrap();
+    assert_eq!(core.drain_commands(), vec![]);
+}
+
+#[test]
+fn a_silent_member_is_unreachable_exactly_at_the_deadline_and_downed_after_the_timeout() {
+    let sim = cluster(2, 7, MembershipConfig::default());
+    let b = sim.id(1);
+    let mut core = sim.core(0).clone();
+    core.drain_commands();
+    // b's last heartbeat reaches a at `heard`; then silence.
+    let heard = sim.now;
+    let digest = core.gossip().digest();
+    core.handle_message(heard, b, MembershipMsg::Heartbeat { digest })
+        .unwrap();
+    core.drain_commands();
+    assert_eq!(
+        core.poll_timeout().map(|t| t <= heard + ms(400)),
+        Some(true)
+    );
+    core.handle_timeout(heard + ms(399)).unwrap();
+    assert!(!publishes(&core.drain_commands()).contains(&MembershipEvent::Unreachable(b)));
+    core.handle_timeout(heard + ms(400)).unwrap();
+    let cmds = core.drain_commands();
+    assert!(
+        publishes(&cmds).contains(&MembershipEvent::Unreachable(b)),
+        "{cmds:?}"
+    );
+    assert_eq!(core.state().unreachable, vec![b]);
+    // The leader (a, the oldest) downs it downing_timeout later, not before.
+    core.handle_timeout(heard + ms(599)).unwrap();
+    assert_eq!(core.gossip().status_of(&b), Some(MemberStatus::Up));
+    assert!(core.poll_timeout().is_some_and(|t| t <= heard + ms(600)));
+    core.drain_commands();
+    core.handle_timeout(heard + ms(600)).unwrap();
+    let cmds = core.drain_commands();
+    let ev = publishes(&cmds);
+    assert!(ev.contains(&MembershipEvent::MemberDowned(b)), "{cmds:?}");
+    assert!(cmds.contains(&Command::MarkDown(b)));
+    // Two-member cluster: nobody else must see the Down, so it is removed at once.
+    assert!(
+        ev.contains(&MembershipEvent::MemberRemoved {
+            member: b,
+            previous: MemberStatus::Down
+        }),
+        "{cmds:?}"
+    );
+}
+
+// ---- cluster stories on the simulated network ------------------------------
+
+fn status_events_for(sim: &Sim, observer: usize, member: UniqueAddress) -> Vec<MembershipEvent> {
+    sim.events_of(observer)
+        .into_iter()
+        .filter(|e| match e {
+            MembershipEvent::MemberJoined(m)
+            | MembershipEvent::MemberUp(m)
+            | MembershipEvent::MemberLeft(m)
+            | MembershipEvent::MemberExited(m)
+            | MembershipEvent::MemberDowned(m) => *m == member,
+            MembershipEvent::MemberRemoved { member: m, .. } => *m == member,
+            _ => false,
+        })
+        .collect()
+}
+
+#[test]
+fn three_nodes_form_a_cluster_through_a_seed() {
+    let sim = cluster(3, 1, MembershipConfig::default());
+    let (a, b, c) = (sim.id(0), sim.id(1), sim.id(2));
+    // The oldest (first started) is the coordinator everywhere.
+    sim.expect_coordinator_everywhere(a);
+    for s in 0..3 {
+        assert_eq!(sim.core(s).state().members.len(), 3);
+        assert!(sim.core(s).state().unreachable.is_empty());
+    }
+    // c saw everybody come Up, and itself.
+    let ev = sim.events_of(2);
+    for m in [a, b, c] {
+        assert!(ev.contains(&MembershipEvent::MemberUp(m)), "{ev:?}");
+    }
+    sim.reject_event("unreachable", |l| {
+        matches!(l.event, MembershipEvent::Unreachable(_))
+    });
+}
+
+#[test]
+fn a_fourth_node_joins_a_running_cluster() {
+    let mut sim = cluster(3, 2, MembershipConfig::default());
+    let d = sim.add_node();
+    sim.join(d, &[1, 2]);
+    let took = sim.expect_all_see(sim.id(d), MemberStatus::Up, ms(2_000));
+    assert!(took < ms(500), "join took {took:?}");
+    sim.expect_converged(ms(500));
+    sim.expect_coordinator_everywhere(sim.id(0));
+    assert_eq!(
+        status_events_for(&sim, 0, sim.id(d)),
+        vec![
+            MembershipEvent::MemberJoined(sim.id(d)),
+            MembershipEvent::MemberUp(sim.id(d))
+        ]
+    );
+    sim.expect_no_errors();
+}
+
+#[test]
+fn a_node_leaves_gracefully_and_is_removed_everywhere() {
+    let mut sim = cluster(3, 3, MembershipConfig::default());
+    let b = sim.id(1);
+    sim.leave(1);
+    sim.expect_all_see(b, MemberStatus::Removed, ms(2_000));
+    // The leader's last gossip tells the leaver, one hop later.
+    sim.run_until(ms(50), |s| s.core(1).is_terminated())
+        .unwrap_or_else(|| panic!("{}", sim.dump()));
+    let leaving = [
+        MembershipEvent::MemberLeft(b),
+        MembershipEvent::MemberExited(b),
+        MembershipEvent::MemberRemoved {
+            member: b,
+            previous: MemberStatus::Exiting,
+        },
+    ];
+    // a admitted b; c arrived when b was already Up.
+    let seen_by_a = status_events_for(&sim, 0, b);
+    assert_eq!(
+        seen_by_a[..2],
+        [
+            MembershipEvent::MemberJoined(b),
+            MembershipEvent::MemberUp(b)
+        ]
+    );
+    assert_eq!(seen_by_a[2..], leaving);
+    let seen_by_c = status_events_for(&sim, 2, b);
+    assert_eq!(seen_by_c[..1], [MembershipEvent::MemberUp(b)]);
+    assert_eq!(seen_by_c[1..], leaving);
+    // The leaver itself learns it is Removed: its shutdown may proceed.
+    assert!(sim.events_of(1).contains(&MembershipEvent::MemberRemoved {
+        member: b,
+        previous: MemberStatus::Exiting
+    }));
+    sim.reject_event("a down", |l| {
+        matches!(l.event, MembershipEvent::MemberDowned(_))
+    });
+    sim.reject_event("unreachable", |l| {
+        matches!(l.event, MembershipEvent::Unreachable(_))
+    });
+    sim.expect_converged(ms(500));
+    sim.expect_no_errors();
+}
+
+#[test]
+fn the_oldest_node_leaves_and_the_coordinator_moves_on_at_leaving() {
+    let mut sim = cluster(3, 4, MembershipConfig::default());
+    let (a, b) = (sim.id(0), sim.id(1));
+    sim.leave(0);
+    sim.expect_all_see(a, MemberStatus::Removed, ms(2_000));
+    sim.expect_coordinator_everywhere(b);
+    sim.run_until(ms(50), |s| s.core(0).is_terminated())
+        .unwrap_or_else(|| panic!("{}", sim.dump()));
+    sim.expect_no_errors();
+}
+
+#[test]
+fn a_lone_node_can_leave() {
+    let mut sim = cluster(1, 5, MembershipConfig::default());
+    sim.leave(0);
+    sim.run_for(ms(100));
+    assert!(sim.core(0).is_terminated(), "{}", sim.dump());
+    assert_eq!(
+        status_events_for(&sim, 0, sim.id(0)).last(),
+        Some(&MembershipEvent::MemberRemoved {
+            member: sim.id(0),
+            previous: MemberStatus::Exiting
+        })
+    );
+}
+
+#[test]
+fn a_crashed_node_is_unreachable_then_down_then_removed_in_time_everywhere() {
+    let config = MembershipConfig::default();
+    let budget = config.detect_and_down_time().unwrap();
+    let mut sim = cluster(4, 6, config);
+    let c = sim.id(2);
+    sim.run_for(ms(37)); // crash at an arbitrary phase of the heartbeat cycle
+    sim.crash(2);
+    let crashed_at = sim.elapsed();
+    let down_after = sim.expect_all_see(c, MemberStatus::Down, ms(3_000));
+    // No earlier than the pause allows, and within the budget plus a hop.
+    assert!(down_after >= ms(450), "downed too early: {down_after:?}");
+    assert!(
+        down_after <= budget + ms(20),
+        "downed too late: {down_after:?} > {budget:?}"
+    );
+    sim.expect_all_see(c, MemberStatus::Removed, ms(1_000));
+    for observer in [0, 1, 3] {
+        let ev = sim.events_of(observer);
+        let unreachable_at = ev
+            .iter()
+            .position(|e| *e == MembershipEvent::Unreachable(c));
+        let down_at = ev
+            .iter()
+            .position(|e| *e == MembershipEvent::MemberDowned(c));
+        assert!(
+            unreachable_at.is_some() && unreachable_at < down_at,
+            "{ev:?}"
+        );
+        assert!(sim.nodes[observer].marked_down.contains(&c));
+    }
+    let first_unreachable = sim
+        .log
+        .iter()
+        .find(|l| l.event == MembershipEvent::Unreachable(c))
+        .map(|l| l.at - crashed_at)
+        .unwrap();
+    assert!(first_unreachable <= ms(400), "{first_unreachable:?}");
+    sim.expect_coordinator_everywhere(sim.id(0));
+    sim.expect_converged(ms(500));
+    sim.expect_no_errors();
+}
+
+#[test]
+fn the_coordinator_moves_to_the_next_oldest_when_the_oldest_dies() {
+    let mut sim = cluster(3, 7, MembershipConfig::default());
+    let (a, b) = (sim.id(0), sim.id(1));
+    sim.expect_coordinator_everywhere(a);
+    sim.crash(0);
+    sim.expect_all_see(a, MemberStatus::Down, ms(1_000));
+    sim.expect_coordinator_everywhere(b);
+    assert!(
+        sim.events_of(2)
+            .contains(&MembershipEvent::CoordinatorChanged(Some(b)))
+    );
+    // b leads now: it removes a.
+    sim.expect_all_see(a, MemberStatus::Removed, ms(1_000));
+    assert_eq!(sim.core(2).state().leader, Some(b));
+    sim.expect_no_errors();
+}
+
+#[test]
+fn a_restarted_node_joins_as_a_new_member_and_the_old_incarnation_is_downed() {
+    let mut sim = cluster(3, 8, MembershipConfig::default());
+    let old = sim.id(2);
+    sim.crash(2);
+    sim.run_for(ms(50));
+    sim.restart(2, &[0, 1]);
+    let new = sim.id(2);
+    assert_ne!(old, new);
+    assert_eq!(old.addr, new.addr);
+    // The admitting member downs the old incarnation at once, well before
+    // the failure detector would.
+    let t = sim.expect_all_see(old, MemberStatus::Down, ms(1_000));
+    assert!(t < ms(200), "old incarnation downed after {t:?}");
+    sim.expect_all_see(new, MemberStatus::Up, ms(1_000));
+    sim.expect_all_see(old, MemberStatus::Removed, ms(1_000));
+    sim.expect_converged(ms(500));
+    sim.expect_no_errors();
+}
+
+#[test]
+fn heartbeats_delayed_up_to_the_acceptable_pause_cause_no_unreachable_and_no_down() {
+    let config = MembershipConfig::default();
+    let mut sim = cluster(3, 9, config.clone());
+    // Heavy load: every message waits 0..290 ms behind others (FIFO per
+    // link, like a batched TCP pipe), for 30 s.
+    sim.min_delay = Duration::ZERO;
+    sim.max_delay = config.acceptable_heartbeat_pause - ms(10);
+    sim.run_for(ms(30_000));
+    sim.reject_event("unreachable", |l| {
+        matches!(l.event, MembershipEvent::Unreachable(_))
+    });
+    sim.reject_event("a down", |l| {
+        matches!(l.event, MembershipEvent::MemberDowned(_))
+    });
+    sim.expect_no_errors();
+}
+
+#[test]
+fn stalled_tasks_within_the_pause_cause_no_unreachable() {
+    let mut sim = cluster(3, 10, MembershipConfig::default());
+    for round in 0..20 {
+        let slot = round % 3;
+        sim.stall(slot, ms(250));
+        sim.run_for(ms(700));
+    }
+    sim.reject_event("unreachable", |l| {
+        matches!(l.event, MembershipEvent::Unreachable(_))
+    });
+    sim.reject_event("a down", |l| {
+        matches!(l.event, MembershipEvent::MemberDowned(_))
+    });
+    sim.expect_no_errors();
+}
+
+#[test]
+fn a_stall_past_the_pause_flags_unreachable_but_heartbeats_resume_before_down() {
+    // A 450 ms stall: longer than the 300 ms pause, shorter than the
+    // 400 + 200 ms it takes to down. The node is flagged, then cleared.
+    let mut sim = cluster(3, 11, MembershipConfig::default());
+    let c = sim.id(2);
+    sim.stall(2, ms(450));
+    sim.run_for(ms(3_000));
+    assert!(
+        sim.events_of(0).contains(&MembershipEvent::Unreachable(c)),
+        "{:?}",
+        sim.events_of(0)
+    );
+    assert!(sim.events_of(0).contains(&MembershipEvent::Reachable(c)));
+    sim.reject_event("a down", |l| {
+        matches!(l.event, MembershipEvent::MemberDowned(_))
+    });
+    sim.expect_converged(ms(500));
+    sim.expect_no_errors();
+}
+
+#[test]
+fn a_member_is_reachable_again_when_heartbeats_resume_before_downing() {
+    let config = MembershipConfig {
+        downing_timeout: Some(ms(1_000)),
+        ..MembershipConfig::default()
+    };
+    let mut sim = cluster(3, 12, config);
+    let c = sim.id(2);
+    sim.isolate(2);
+    sim.run_until(ms(1_000), |s| s.core(0).state().unreachable.contains(&c))
+        .expect("unreachable");
+    sim.heal_all();
+    sim.run_until(ms(1_000), |s| s.core(0).state().unreachable.is_empty())
+        .expect("reachable again");
+    assert!(sim.events_of(0).contains(&MembershipEvent::Reachable(c)));
+    sim.run_for(ms(3_000));
+    sim.reject_event("a down", |l| {
+        matches!(l.event, MembershipEvent::MemberDowned(_))
+    });
+    sim.expect_converged(ms(500));
+    sim.expect_no_errors();
+}
+
+#[test]
+fn without_a_downing_timeout_only_a_manual_down_downs() {
+    let config = MembershipConfig {
+        downing_timeout: None,
+        ..MembershipConfig::default()
+    };
+    let mut sim = cluster(3, 13, config);
+    let c = sim.id(2);
+    sim.crash(2);
+    sim.run_for(ms(5_000));
+    assert!(sim.core(0).state().unreachable.contains(&c));
+    assert!(sim.all_see(c, MemberStatus::Up));
+    // A new node cannot become Up while an unreachable member blocks
+    // convergence: documented behaviour, resolved by downing.
+    let d = sim.add_node();
+    sim.join(d, &[0]);
+    sim.run_for(ms(1_000));
+    assert_eq!(sim.status_at(0, sim.id(d)), Some(MemberStatus::Joining));
+    sim.down(1, c);
+    sim.expect_all_see(c, MemberStatus::Removed, ms(1_000));
+    sim.expect_all_see(sim.id(d), MemberStatus::Up, ms(1_000));
+    sim.expect_no_errors();
+}
+
+#[test]
+fn a_partition_with_timeout_downing_splits_the_cluster_for_good() {
+    // The honest limit: no split-brain resolver. Both sides down the other
+    // and, once healed, stay apart (quarantine) instead of merging back.
+    let mut sim = cluster(3, 14, MembershipConfig::default());
+    let (a, b, c) = (sim.id(0), sim.id(1), sim.id(2));
+    sim.isolate(2);
+    sim.run_for(ms(2_000));
+    assert_eq!(sim.status_at(0, c), Some(MemberStatus::Removed));
+    assert_eq!(sim.status_at(2, a), Some(MemberStatus::Removed));
+    assert_eq!(sim.status_at(2, b), Some(MemberStatus::Removed));
+    // Two coordinators: a on one side, c on the other.
+    assert_eq!(sim.core(0).state().placement_coordinator(), Some(a));
+    assert_eq!(sim.core(2).state().placement_coordinator(), Some(c));
+    sim.heal_all();
+    sim.run_for(ms(3_000));
+    assert_eq!(sim.status_at(0, c), Some(MemberStatus::Removed));
+    assert_eq!(sim.status_at(2, a), Some(MemberStatus::Removed));
+    sim.expect_no_errors();
+}
+
+#[test]
+fn lost_welcomes_and_gossip_are_recovered_by_retries_and_digests() {
+    let mut sim = Sim::new(15, MembershipConfig::default());
+    sim.drop_per_mille = 300;
+    for _ in 0..4 {
+        sim.add_node();
+    }
+    for s in 0..4 {
+        sim.join(s, &[0, 1]);
+    }
+    let ids: Vec<UniqueAddress> = (0..4).map(|s| sim.id(s)).collect();
+    let all_up =
+        |s: &Sim| ids.iter().all(|m| s.all_see(*m, MemberStatus::Up)) && s.live_slots().len() == 4;
+    sim.run_until(ms(20_000), all_up)
+        .unwrap_or_else(|| panic!("{}", sim.dump()));
+    sim.drop_per_mille = 0;
+    sim.expect_converged(ms(1_000));
+    sim.expect_no_errors();
+}
+
+// ---- API misuse ------------------------------------------------------------
+
+#[test]
+fn misuse_is_refused_without_changing_state() {
+    let now = Instant::now();
+    let me = ua(7000, 1, 10);
+    let zero = MembershipConfig {
+        heartbeat_interval: Duration::ZERO,
+        ..MembershipConfig::default()
+    };
+    assert!(matches!(
+        MembershipCore::new(me, zero, now),
+        Err(MembershipError::InvalidConfig { .. })
+    ));
+    let mut core = MembershipCore::new(me, MembershipConfig::default(), now).unwrap();
+    assert_eq!(core.leave(now), Err(MembershipError::NotAMember));
+    assert_eq!(core.down(now, me), Err(MembershipError::NotAMember));
+    core.join(now, &[me.addr]).unwrap();
+    assert_eq!(
+        core.join(now, &[me.addr]),
+        Err(MembershipError::AlreadyJoining)
+    );
+    let stranger = ua(7009, 9, 9);
+    assert_eq!(
+        core.down(now, stranger),
+        Err(MembershipError::UnknownMember(stranger))
+    );
+    core.leave(now).unwrap();
+    assert!(core.is_terminated());
+    assert_eq!(core.leave(now), Err(MembershipError::Terminated));
+    assert_eq!(core.poll_timeout(), None);
+}
+
+#[test]
+fn a_member_never_heard_from_gets_the_first_heartbeat_grace() {
+    let now = Instant::now();
+    let a = ua(7000, 1, 10);
+    let b = ua(7001, 2, 11);
+    let mut core = MembershipCore::new(a, MembershipConfig::default(), now).unwrap();
+    core.join(now, &[a.addr]).unwrap();
+    core.handle_message(now, b, MembershipMsg::Join).unwrap();
+    core.drain_commands();
+    // b was first seen at `now`: 1 s grace + 400 ms before it is flagged.
+    core.handle_timeout(now + ms(1_399)).unwrap();
+    assert!(core.state().unreachable.is_empty());
+    core.handle_timeout(now + ms(1_400)).unwrap();
+    assert_eq!(core.state().unreachable, vec![b]);
+    assert!(publishes(&core.drain_commands()).contains(&MembershipEvent::Unreachable(b)));
+}
+
+#[test]
+fn a_leaver_cut_off_after_exiting_completes_through_the_exit_timeout() {
+    let mut sim = cluster(3, 16, MembershipConfig::default());
+    let c = sim.id(2);
+    sim.leave(2);
+    sim.run_until(ms(2_000), |s| {
+        s.core(2).self_status() == Some(MemberStatus::Exiting)
+    })
+    .unwrap_or_else(|| panic!("{}", sim.dump()));
+    sim.isolate(2);
+    let t = sim
+        .run_until(ms(5_000), |s| s.core(2).is_terminated())
+        .unwrap_or_else(|| panic!("{}", sim.dump()));
+    assert!(t <= ms(2_000) + MS, "terminated after {t:?}");
+    assert_eq!(
+        sim.events_of(2).last(),
+        Some(&MembershipEvent::MemberRemoved {
+            member: c,
+            previous: MemberStatus::Exiting
+        })
+    );
+    // The others remove it too (an unreachable Exiting member does not block).
+    sim.expect_all_see(c, MemberStatus::Removed, ms(2_000));
+    sim.expect_no_errors();
+}
+
+#[test]
+fn a_wrongly_downed_live_node_learns_it_and_stops() {
+    let mut sim = cluster(3, 17, MembershipConfig::default());
+    let c = sim.id(2);
+    sim.down(0, c);
+    sim.run_until(ms(100), |s| s.core(2).is_terminated())
+        .unwrap_or_else(|| panic!("{}", sim.dump()));
+    assert!(sim.events_of(2).contains(&MembershipEvent::MemberDowned(c)));
+    sim.expect_all_see(c, MemberStatus::Removed, ms(1_000));
+    // Quarantined: its identity is never readmitted.
+    assert_eq!(sim.core(2).poll_timeout(), None);
+    sim.run_for(ms(2_000));
+    assert_eq!(sim.status_at(0, c), Some(MemberStatus::Removed));
+    sim.expect_no_errors();
+}
+
+#[test]
+fn every_message_survives_a_cbor_round_trip() {
+    let mut sim = cluster(3, 18, MembershipConfig::default());
+    sim.crash(2);
+    sim.run_for(ms(450)); // some reachability rows in the state
+    let gossip = sim.core(0).gossip().clone();
+    assert!(!gossip.unreachable().is_empty());
+    let msgs = [
+        MembershipMsg::Join,
+        MembershipMsg::Welcome {
+            gossip: gossip.clone(),
+        },
+        MembershipMsg::Gossip {
+            gossip: gossip.clone(),
+        },
+        MembershipMsg::Heartbeat {
+            digest: gossip.digest(),
+        },
+    ];
+    for msg in msgs {
+        let mut bytes = Vec::new();
+        ciborium::into_writer(&msg, &mut bytes).unwrap();
+        let back: MembershipMsg = ciborium::from_reader(bytes.as_slice()).unwrap();
+        assert_eq!(back, msg);
+        if let MembershipMsg::Gossip { gossip: g } = back {
+            assert_eq!(g.digest(), gossip.digest());
+        }
+    }
+}
+
+#[test]
+fn under_load_a_crash_is_still_downed_within_the_budget_plus_the_network_delay() {
+    let config = MembershipConfig::default();
+    let budget = config.detect_and_down_time().unwrap();
+    let mut sim = cluster(5, 19, config);
+    // Loaded pipes: every message waits 0..100 ms (FIFO per link).
+    sim.min_delay = Duration::ZERO;
+    sim.max_delay = ms(100);
+    sim.run_for(ms(5_000));
+    let d = sim.id(3);
+    sim.crash(3);
+    let t = sim.expect_all_see(d, MemberStatus::Down, ms(3_000));
+    // The observer's flag and the leader's Down each cross one loaded hop.
+    assert!(t <= budget + ms(200), "downed after {t:?}");
+    sim.expect_all_see(d, MemberStatus::Removed, ms(2_000));
+    let live: Vec<UniqueAddress> = [0, 1, 2, 4].iter().map(|s| sim.id(*s)).collect();
+    sim.reject_event(
+        "a live node downed",
+        |l| matches!(&l.event, MembershipEvent::MemberDowned(m) if live.contains(m)),
+    );
+    sim.expect_no_errors();
+}
