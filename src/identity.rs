@@ -57,7 +57,11 @@ impl UniqueAddress {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
             .unwrap_or(0);
-        UniqueAddress { addr, node_id: NodeId::random(), incarnation }
+        UniqueAddress {
+            addr,
+            node_id: NodeId::random(),
+            incarnation,
+        }
     }
 
     /// The key that orders members by age: lower is older.
@@ -84,9 +88,21 @@ mod tests {
     #[test]
     fn older_is_lower_incarnation_then_lower_id() {
         let addr: SocketAddr = "127.0.0.1:1".parse().unwrap();
-        let a = UniqueAddress { addr, node_id: NodeId(9), incarnation: 10 };
-        let b = UniqueAddress { addr, node_id: NodeId(1), incarnation: 11 };
-        let c = UniqueAddress { addr, node_id: NodeId(2), incarnation: 11 };
+        let a = UniqueAddress {
+            addr,
+            node_id: NodeId(9),
+            incarnation: 10,
+        };
+        let b = UniqueAddress {
+            addr,
+            node_id: NodeId(1),
+            incarnation: 11,
+        };
+        let c = UniqueAddress {
+            addr,
+            node_id: NodeId(2),
+            incarnation: 11,
+        };
         assert!(a.is_older_than(&b));
         assert!(b.is_older_than(&c));
         assert!(!c.is_older_than(&b));

@@ -8,3 +8,5 @@
 
 // Module declarations (one line per concept, kept sorted).
 pub mod identity;
+pub mod transport;
+pub mod wire;
