@@ -80,3 +80,6 @@ pub use connection::{Incoming, ReplyHandle};
 pub use error::{ConnectError, RegisterError, RequestError, SendError, SendFailure};
 pub use events::{DisconnectReason, TransportEvent};
 pub use pipes::{ConnectionInfo, FRAME_OVERHEAD, Transport, TransportStats};
+
+#[cfg(test)]
+mod tests;
