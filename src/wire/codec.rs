@@ -3,6 +3,7 @@
 use bytes::{Buf, BufMut, BytesMut};
 use tokio_util::codec::{Decoder, Encoder};
 
+use super::fast;
 use super::frame::Frame;
 
 /// Bytes of the big-endian `u32` length prefix in front of every frame body.
@@ -71,6 +72,14 @@ impl FrameCodec {
 
     /// Decodes one complete body (without its length prefix).
     pub fn decode_body(body: &[u8]) -> Result<Frame, WireError> {
+        match fast::decode(body) {
+            Some(frame) => Ok(frame),
+            None => Self::decode_body_serde(body),
+        }
+    }
+
+    /// The general decoder (serde over ciborium), for every frame form.
+    pub(crate) fn decode_body_serde(body: &[u8]) -> Result<Frame, WireError> {
         let mut scratch = [0u8; SCRATCH];
         let mut rest = body;
         let frame: Frame = ciborium::de::from_reader_with_buffer(&mut rest, &mut scratch)
@@ -133,7 +142,9 @@ impl Encoder<&Frame> for FrameCodec {
         let start = dst.len();
         dst.reserve(LEN_PREFIX + 32);
         dst.put_u32(0); // patched below, once the body length is known
-        if let Err(e) = ciborium::into_writer(frame, (&mut *dst).writer()) {
+        if fast::encode(frame, dst) {
+            // Hot frames: written by hand, byte-identical to serde's form.
+        } else if let Err(e) = ciborium::into_writer(frame, (&mut *dst).writer()) {
             dst.truncate(start);
             return Err(WireError::Encode(e.to_string()));
         }

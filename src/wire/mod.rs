@@ -21,7 +21,10 @@
 //! allocates anything, uses checked arithmetic, rejects trailing bytes after
 //! the CBOR item, and never panics: any input yields a frame, "need more
 //! bytes", or a [`WireError`]. Its encoder writes straight into the output
-//! `BytesMut` and patches the length afterwards.
+//! `BytesMut` and patches the length afterwards. The three hot variants
+//! (`Oneway`, `Request`, `Reply{Ok}`) are encoded and decoded by hand in
+//! exactly the bytes serde produces (see `fast.rs`); everything else, and any
+//! body not in that canonical form, goes through serde and ciborium.
 //!
 //! ```
 //! use bytes::{Bytes, BytesMut};
@@ -37,6 +40,7 @@
 //! ```
 
 mod codec;
+mod fast;
 mod frame;
 pub(crate) mod payload;
 

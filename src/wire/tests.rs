@@ -384,3 +384,102 @@ fn decoder_never_panics_on_mutated_frames(
     }
     TestResult::passed()
 }
+
+// ------------------------------------------------------------ fast path
+
+fn serde_body(frame: &Frame) -> Vec<u8> {
+    let mut out = Vec::new();
+    ciborium::into_writer(frame, &mut out).expect("serde encodes");
+    out
+}
+
+#[test]
+fn fast_path_covers_the_hot_variants_only() {
+    for f in all_variants() {
+        let mut buf = BytesMut::new();
+        let hot = fast::encode(&f, &mut buf);
+        let expect_hot = matches!(
+            f,
+            Frame::Oneway { .. }
+                | Frame::Request { .. }
+                | Frame::Reply {
+                    result: ReplyResult::Ok(_),
+                    ..
+                }
+        );
+        assert_eq!(hot, expect_hot, "{f:?}");
+        if hot {
+            assert_eq!(&buf[..], &serde_body(&f)[..], "{f:?}");
+            assert_eq!(fast::decode(&buf), Some(f));
+        }
+    }
+}
+
+#[test]
+fn fast_path_reads_integer_heads_of_every_width() {
+    for corr in [
+        0,
+        23,
+        24,
+        255,
+        256,
+        65_535,
+        65_536,
+        u64::from(u32::MAX),
+        u64::from(u32::MAX) + 1,
+        u64::MAX,
+    ] {
+        let f = Frame::Request {
+            corr,
+            channel: 300,
+            payload: Bytes::from(vec![9; 300]),
+        };
+        let body = serde_body(&f);
+        assert_eq!(fast::decode(&body), Some(f), "corr {corr}");
+    }
+}
+
+#[test]
+fn non_canonical_forms_fall_back_to_serde() {
+    // channel 5 written with a one-byte argument (18 05) instead of 05.
+    let mut body = vec![0xa1, 0x66];
+    body.extend_from_slice(b"Oneway");
+    body.extend_from_slice(&[0xa2, 0x67]);
+    body.extend_from_slice(b"channel");
+    body.extend_from_slice(&[0x18, 0x05, 0x67]);
+    body.extend_from_slice(b"payload");
+    body.extend_from_slice(&[0x41, 0xee]);
+    assert_eq!(fast::decode(&body), None);
+    let expect = Frame::Oneway {
+        channel: 5,
+        payload: Bytes::from_static(&[0xee]),
+    };
+    assert_eq!(
+        FrameCodec::decode_body(&body).expect("serde decodes it"),
+        expect
+    );
+}
+
+/// The fast encoder writes exactly serde's bytes.
+#[quickcheck]
+fn fast_encoding_is_byte_identical_to_serde(f: AnyFrame) -> bool {
+    let mut buf = BytesMut::new();
+    !fast::encode(&f.0, &mut buf) || buf[..] == serde_body(&f.0)[..]
+}
+
+/// Whenever the fast decoder accepts a body, serde reads the same frame.
+#[quickcheck]
+fn fast_decoding_agrees_with_serde(f: AnyFrame, edits: Vec<(usize, u8)>) -> bool {
+    let mut body = serde_body(&f.0);
+    for (at, value) in edits {
+        if body.is_empty() {
+            break;
+        }
+        let at = at % body.len();
+        body[at] = value;
+    }
+    match fast::decode(&body) {
+        None => true,
+        Some(fast_frame) => FrameCodec::decode_body_serde(&body).ok() == Some(fast_frame),
+    }
+}
