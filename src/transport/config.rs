@@ -77,9 +77,6 @@ pub struct TransportConfig {
     pub send_queue_capacity: usize,
     /// Frames that may wait for a connection being dialed. Default 4 096.
     pub dial_queue_capacity: usize,
-    /// How long a connection replaced by a newer one between the same two
-    /// nodes may stay open to finish in-flight replies. Default 2 s.
-    pub replaced_grace: Duration,
 }
 
 impl TransportConfig {
@@ -96,7 +93,6 @@ impl TransportConfig {
             backoff_max: Duration::from_secs(5),
             send_queue_capacity: 65_536,
             dial_queue_capacity: 4_096,
-            replaced_grace: Duration::from_secs(2),
         }
     }
 
