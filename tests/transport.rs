@@ -691,3 +691,40 @@ async fn connect_to_a_closed_port_fails_and_backs_off() {
         .expect_err("still nothing");
     assert!(matches!(err, ConnectError::Io { .. }), "{err:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_acceptor_times_the_dial_out() {
+    let mut c = config();
+    c.handshake_timeout = Duration::from_millis(300);
+    let a = node_with(c).await;
+    // Accepts TCP, never speaks.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let hold = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = listener.accept().await {
+            held.push(s);
+        }
+    });
+    let started = Instant::now();
+    let err = within("connect", a.connect(addr))
+        .await
+        .expect_err("times out");
+    assert_eq!(err, ConnectError::Timeout);
+    assert!(started.elapsed() < Duration::from_secs(5));
+    hold.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn huge_timeout_does_not_overflow() {
+    let (a, b) = (node().await, node().await);
+    let _ib = echo(&b, "b");
+    let r = within(
+        "request",
+        a.request(&b.local(), CH, Bytes::from_static(b"x"), Duration::MAX),
+    )
+    .await;
+    assert_eq!(r.expect("reply"), Bytes::from_static(b"b:x"));
+}

@@ -355,7 +355,7 @@ impl Transport {
         payload: Bytes,
         timeout: Duration,
     ) -> Result<Bytes, RequestError> {
-        let deadline = Instant::now() + timeout;
+        let deadline = after(timeout);
         if payload.len() > self.shared.max_payload {
             let reason = SendFailure::TooLarge {
                 len: payload.len(),
@@ -453,6 +453,13 @@ impl Transport {
             let _ = task.await;
         }
     }
+}
+
+/// `now + d`, saturating at a year from now instead of overflowing.
+fn after(d: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(d.min(Duration::from_secs(365 * 24 * 3600)))
+        .unwrap_or(now)
 }
 
 fn queue_error(e: mpsc::error::TrySendError<Frame>) -> SendError {
@@ -899,7 +906,7 @@ async fn dial_loop(shared: Arc<Shared>, addr: SocketAddr) {
                 // The peer's own dial wins; its pipe is on the way. Look
                 // again shortly, keeping the queue.
                 if let Some(d) = st.dials.get_mut(&addr) {
-                    d.next_attempt = Instant::now() + shared.config.backoff_min;
+                    d.next_attempt = after(shared.config.backoff_min);
                 }
             }
             Err(e) => {
@@ -908,7 +915,7 @@ async fn dial_loop(shared: Arc<Shared>, addr: SocketAddr) {
                     return;
                 };
                 d.failures = d.failures.saturating_add(1);
-                d.next_attempt = Instant::now() + shared.config.backoff(d.failures);
+                d.next_attempt = after(shared.config.backoff(d.failures));
                 if !d.queued.is_empty() {
                     tracing::debug!(%addr, dropped = d.queued.len(), error = %e, "dial failed; queued frames dropped");
                     d.queued.clear();
