@@ -728,3 +728,109 @@ async fn huge_timeout_does_not_overflow() {
     .await;
     assert_eq!(r.expect("reply"), Bytes::from_static(b"b:x"));
 }
+
+/// Both sides start sending before any pipe exists: the dials race, one
+/// pipe survives, and every queued message arrives, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn simultaneous_sends_lose_nothing() {
+    for round in 0..10 {
+        let (a, b) = (node().await, node().await);
+        let (mut ia, mut ib) = (echo(&a, "a"), echo(&b, "b"));
+        let (ua, ub) = (a.local(), b.local());
+        let (a2, b2) = (a.clone(), b.clone());
+        let sa = tokio::spawn(async move {
+            for i in 0u32..100 {
+                a2.send(&ub, CH, Bytes::copy_from_slice(&i.to_be_bytes()))
+                    .expect("queued");
+            }
+        });
+        let sb = tokio::spawn(async move {
+            for i in 0u32..100 {
+                b2.send(&ua, CH, Bytes::copy_from_slice(&i.to_be_bytes()))
+                    .expect("queued");
+            }
+        });
+        sa.await.expect("sender a");
+        sb.await.expect("sender b");
+        for (side, (inbox, from)) in [(&mut ib, ua), (&mut ia, ub)].into_iter().enumerate() {
+            for i in 0u32..100 {
+                let what = format!("round {round}, side {side}, message {i}");
+                let (who, p) = within(&what, inbox.recv()).await.expect("delivered");
+                assert_eq!((who, &p[..]), (from, &i.to_be_bytes()[..]), "round {round}");
+            }
+        }
+        assert_eq!(a.connected_peers(), vec![ub]);
+        assert_eq!(b.connected_peers(), vec![ua]);
+    }
+}
+
+/// Many requests in flight across three nodes while one of them dies: every
+/// request ends (reply or error) promptly and nothing stays pending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_in_flight_survive_a_node_dying() {
+    let nodes = [node().await, node().await, node().await];
+    let _inboxes: Vec<_> = nodes
+        .iter()
+        .zip(["n0", "n1", "n2"])
+        .map(|(n, t)| echo(n, t))
+        .collect();
+    let ids: Vec<_> = nodes.iter().map(Transport::local).collect();
+    for n in &nodes[..2] {
+        for id in &ids {
+            if *id != n.local() {
+                ask(n, id, "warm").await.expect("warm-up");
+            }
+        }
+    }
+    let mut tasks = Vec::new();
+    for w in 0..64 {
+        let from = nodes[w % 2].clone();
+        let ids = ids.clone();
+        tasks.push(tokio::spawn(async move {
+            let (mut ok, mut failed) = (0, 0);
+            for i in 0..200 {
+                let to = &ids[if i % 2 == 0 { 2 } else { 1 - w % 2 }];
+                match from
+                    .request(to, CH, Bytes::from_static(b"r"), Duration::from_secs(5))
+                    .await
+                {
+                    Ok(_) => ok += 1,
+                    Err(
+                        RequestError::ConnectionLost
+                        | RequestError::Connect(_)
+                        | RequestError::NotSent(_)
+                        | RequestError::Timeout,
+                    ) => failed += 1,
+                    Err(e) => panic!("unexpected {e:?}"),
+                }
+            }
+            (ok, failed)
+        }));
+    }
+    // Let traffic flow, then kill node 2 while requests are in flight.
+    let mut e0 = nodes[0].events();
+    ask(&nodes[0], &ids[2], "mid")
+        .await
+        .expect("node 2 still up");
+    nodes[2].shutdown().await;
+    next_event(
+        &mut e0,
+        |e| matches!(e, TransportEvent::Disconnected { peer, .. } if *peer == ids[2]),
+    )
+    .await;
+    let (mut ok, mut failed) = (0, 0);
+    for t in tasks {
+        let (o, f) = within("requesters finish", t).await.expect("task");
+        ok += o;
+        failed += f;
+    }
+    assert_eq!(ok + failed, 64 * 200);
+    assert!(
+        ok >= 64 * 100,
+        "requests between the survivors all succeed: ok {ok}"
+    );
+    assert_eq!(nodes[0].pending_requests() + nodes[1].pending_requests(), 0);
+    // The survivors still talk.
+    ask(&nodes[0], &ids[1], "after").await.expect("0 -> 1");
+    ask(&nodes[1], &ids[0], "after").await.expect("1 -> 0");
+}

@@ -7,18 +7,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use bytes::{Bytes, BytesMut};
-use futures_util::StreamExt;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{mpsc, oneshot};
-use tokio_util::codec::{Encoder, FramedRead};
+use tokio_util::codec::{Decoder, Encoder};
 use tokio_util::sync::CancellationToken;
 
 use super::error::{RequestError, SendError, SendFailure};
 use super::events::DisconnectReason;
 use super::pipes::Shared;
 use crate::identity::{NodeId, UniqueAddress};
-use crate::wire::{Channel, Frame, FrameCodec, RemoteFailure, ReplyResult, WireError};
+use crate::wire::{Channel, Frame, FrameCodec, RemoteFailure, ReplyResult};
 
 /// Most frames one writer batch takes from the queue.
 const MAX_BATCH: usize = 1024;
@@ -324,31 +323,47 @@ pub(crate) async fn write_loop(
     }
 }
 
-/// The reader: decodes frames and dispatches them until the connection ends,
-/// then tears the connection down (events, pending requests).
+/// The reader: decodes every complete frame it holds, dispatches them, then
+/// reads more, until the connection ends; then tears it down (events,
+/// pending requests).
+///
+/// `buf` starts with whatever arrived together with the handshake's last
+/// frame; those bytes are decoded before the first read (tokio-util's
+/// `FramedRead` would wait for new bytes first, stranding them).
 pub(crate) async fn read_loop(
     shared: Arc<Shared>,
     conn: Arc<Conn>,
-    mut frames: FramedRead<OwnedReadHalf, FrameCodec>,
+    mut io: OwnedReadHalf,
+    mut buf: BytesMut,
 ) {
-    let reason = loop {
-        let next = tokio::select! {
-            biased;
-            _ = conn.cancel.cancelled() => break None,
-            next = frames.next() => next,
-        };
-        match next {
-            None => break Some(DisconnectReason::PeerClosed),
-            Some(Err(WireError::Io(e))) => break Some(DisconnectReason::Io(e.to_string())),
-            Some(Err(e)) => {
-                tracing::warn!(peer = %conn.peer, error = %e, "bad frame; closing this connection");
-                break Some(DisconnectReason::Malformed(e.to_string()));
-            }
-            Some(Ok(frame)) => {
-                if let Err(reason) = dispatch(&shared, &conn, frame) {
-                    break Some(reason);
+    let mut codec = shared.codec;
+    let reason = 'conn: loop {
+        loop {
+            match codec.decode(&mut buf) {
+                Ok(Some(frame)) => {
+                    if let Err(reason) = dispatch(&shared, &conn, frame) {
+                        break 'conn Some(reason);
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::warn!(peer = %conn.peer, error = %e, "bad frame; closing this connection");
+                    break 'conn Some(DisconnectReason::Malformed(e.to_string()));
                 }
             }
+        }
+        if buf.capacity() - buf.len() < READ_BUF / 4 {
+            buf.reserve(READ_BUF);
+        }
+        let read = tokio::select! {
+            biased;
+            _ = conn.cancel.cancelled() => break None,
+            read = io.read_buf(&mut buf) => read,
+        };
+        match read {
+            Ok(0) => break Some(DisconnectReason::PeerClosed),
+            Ok(_) => {}
+            Err(e) => break Some(DisconnectReason::Io(e.to_string())),
         }
     };
     if let Some(reason) = reason {

@@ -6,13 +6,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures_util::SinkExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use tokio_util::codec::{Framed, FramedRead};
+use tokio_util::codec::Framed;
 use tokio_util::sync::CancellationToken;
 
 use super::config::TransportConfig;
@@ -78,6 +78,8 @@ struct Dial {
     connecting: bool,
     failures: u32,
     next_attempt: Instant,
+    /// Why the last attempt failed (answered at once during backoff).
+    last_error: Option<ConnectError>,
 }
 
 impl Dial {
@@ -89,7 +91,16 @@ impl Dial {
             connecting: false,
             failures: 0,
             next_attempt: Instant::now(),
+            last_error: None,
         }
+    }
+
+    /// Backing off after a failure: no attempt is due yet.
+    fn backing_off(&self) -> Option<&ConnectError> {
+        if self.connecting || Instant::now() >= self.next_attempt {
+            return None;
+        }
+        self.last_error.as_ref()
     }
 }
 
@@ -98,6 +109,9 @@ struct State {
     conns: HashMap<SocketAddr, Arc<Conn>>,
     /// Dials in progress or backing off, by dialed address.
     dials: HashMap<SocketAddr, Dial>,
+    /// Inbound handshakes past `Hello`, by the peer's claimed address. While
+    /// one is under way no dial to that address starts: it is the pipe to be.
+    inbound: HashMap<SocketAddr, usize>,
     /// Identities marked down: refused for good.
     down: HashSet<UniqueAddress>,
     subscribers: Vec<mpsc::UnboundedSender<TransportEvent>>,
@@ -170,6 +184,7 @@ impl Transport {
             state: Mutex::new(State {
                 conns: HashMap::new(),
                 dials: HashMap::new(),
+                inbound: HashMap::new(),
                 down: HashSet::new(),
                 subscribers: Vec::new(),
                 closed: false,
@@ -278,8 +293,10 @@ impl Transport {
     }
 
     /// Establishes (or reuses) the pipe to the node listening at `addr` and
-    /// returns its identity. Waits through any backoff of earlier failed
-    /// dials; wrap it in a timeout to bound the wait.
+    /// returns its identity. While the address is backing off after a failed
+    /// dial, fails at once with that dial's error (the next attempt stays
+    /// scheduled); otherwise waits for the dial under way, which the
+    /// handshake timeout bounds.
     pub async fn connect(&self, addr: SocketAddr) -> Result<UniqueAddress, ConnectError> {
         let rx = {
             let mut st = lock(&self.shared.state);
@@ -289,8 +306,15 @@ impl Transport {
             if let Some(c) = st.conns.get(&addr) {
                 return Ok(c.peer);
             }
-            let (tx, rx) = oneshot::channel();
             let dial = st.dials.entry(addr).or_insert_with(Dial::new);
+            if let Some(last) = dial.backing_off() {
+                // Fail fast; the next attempt stays scheduled, so the pipe
+                // comes back on its own once the peer does.
+                let last = last.clone();
+                self.shared.ensure_dial_task(dial, addr);
+                return Err(last);
+            }
+            let (tx, rx) = oneshot::channel();
             dial.waiters.push(tx);
             self.shared.ensure_dial_task(dial, addr);
             rx
@@ -542,9 +566,11 @@ impl Shared {
         }
     }
 
-    /// Admission of an inbound handshake right after its `Hello`.
-    fn admit_inbound(&self, peer: &UniqueAddress) -> Result<(), RejectReason> {
-        let st = lock(&self.state);
+    /// Admission of an inbound handshake right after its `Hello`. When
+    /// admitted, the handshake holds the peer address's slot until `slot` is
+    /// dropped, so no dial to that address starts meanwhile.
+    fn admit_inbound(&self, peer: &UniqueAddress, slot: &InboundSlot) -> Result<(), RejectReason> {
+        let mut st = lock(&self.state);
         if st.closed {
             return Err(RejectReason::ShuttingDown);
         }
@@ -557,6 +583,8 @@ impl Shared {
         if dialing && self.local.node_id < peer.node_id {
             return Err(RejectReason::Duplicate);
         }
+        *st.inbound.entry(peer.addr).or_insert(0) += 1;
+        *lock(&slot.addr) = Some(peer.addr);
         Ok(())
     }
 
@@ -575,7 +603,7 @@ impl Shared {
         Ok(())
     }
 
-    /// Puts `conn` in the table, deciding between two pipes to one identity.
+    /// Puts `conn` in the table, replacing an older pipe to its address.
     fn install(&self, st: &mut State, conn: &Arc<Conn>) -> Result<(), RejectReason> {
         if st.closed {
             return Err(RejectReason::ShuttingDown);
@@ -583,18 +611,10 @@ impl Shared {
         if st.down.contains(&conn.peer) {
             return Err(RejectReason::Quarantined);
         }
+        // A pipe already in the table means its peer (or we) redialed after
+        // losing it: the newer one replaces it. Two simultaneous dials never
+        // both get this far (see `admit_inbound` and `dial_loop`).
         let addr = conn.peer.addr;
-        if let Some(old) = st.conns.get(&addr) {
-            // Two pipes dialed from different sides: the lower dialer's wins.
-            // Two dialed from the same side: the newer wins (a redial means
-            // the dialer lost the old one).
-            if old.peer == conn.peer
-                && old.initiator != conn.initiator
-                && old.initiator < conn.initiator
-            {
-                return Err(RejectReason::Duplicate);
-            }
-        }
         let old = st.conns.insert(addr, conn.clone());
         match old {
             Some(old) if old.peer == conn.peer => {
@@ -621,12 +641,15 @@ impl Shared {
         let Some(dial) = st.dials.get_mut(&addr) else {
             return;
         };
-        let mut dropped = 0usize;
+        let (mut moved, mut dropped) = (0usize, 0usize);
         for (to, frame) in dial.queued.drain(..) {
             if to != conn.peer || conn.out.try_send(frame).is_err() {
                 dropped += 1;
+            } else {
+                moved += 1;
             }
         }
+        tracing::trace!(peer = %conn.peer, moved, waiters = dial.waiters.len(), "dial queue flushed");
         if dropped > 0 {
             tracing::debug!(peer = %conn.peer, dropped, "queued frames for another identity or a full queue dropped");
         }
@@ -634,6 +657,7 @@ impl Shared {
             let _ = w.send(Ok(conn.peer));
         }
         dial.failures = 0;
+        dial.last_error = None;
         if !dial.task {
             st.dials.remove(&addr);
         }
@@ -673,12 +697,14 @@ impl Shared {
         }
         let parts = stream.into_parts();
         let (read_half, write_half) = parts.io.into_split();
-        let mut reader = FramedRead::with_capacity(read_half, self.codec, READ_BUF);
-        reader.read_buffer_mut().extend_from_slice(&parts.read_buf);
+        let mut leftover = BytesMut::with_capacity(READ_BUF.max(parts.read_buf.len()));
+        leftover.extend_from_slice(&parts.read_buf);
+        let (shared, writer) = (self.clone(), conn.clone());
         self.runtime
-            .spawn(write_loop(self.clone(), conn.clone(), rx, write_half));
+            .spawn(write_loop(shared, writer, rx, write_half));
+        let (shared, reader) = (self.clone(), conn.clone());
         self.runtime
-            .spawn(read_loop(self.clone(), conn.clone(), reader));
+            .spawn(read_loop(shared, reader, read_half, leftover));
         tracing::debug!(peer = %peer, local = %sockets.0, remote = %sockets.1, "pipe established");
         Ok(conn)
     }
@@ -710,7 +736,11 @@ impl Shared {
         let _ = stream.set_nodelay(true);
         let mut framed = Framed::with_capacity(stream, self.codec, 4096);
         let local = self.local_handshake();
-        let handshake = handshake::accept(&mut framed, &local, |p| self.admit_inbound(p));
+        let slot = InboundSlot {
+            shared: self.clone(),
+            addr: Mutex::new(None),
+        };
+        let handshake = handshake::accept(&mut framed, &local, |p| self.admit_inbound(p, &slot));
         let peer = match tokio::time::timeout(self.config.handshake_timeout, handshake).await {
             Err(_) => {
                 tracing::warn!(%remote, "inbound handshake timed out");
@@ -862,7 +892,15 @@ async fn dial_loop(shared: Arc<Shared>, addr: SocketAddr) {
                 finish_dial(&mut st, addr, &conn);
                 return;
             }
-            match st.dials.get(&addr) {
+            let inbound = st.inbound.contains_key(&addr);
+            match st.dials.get_mut(&addr) {
+                Some(d) if inbound => {
+                    // The peer is dialing us: its pipe is the one to be.
+                    // `InboundSlot` restarts this dial if that fails.
+                    tracing::trace!(%addr, "dial deferred to the peer's inbound handshake");
+                    d.task = false;
+                    return;
+                }
                 Some(d) => d.next_attempt,
                 None => return,
             }
@@ -880,7 +918,12 @@ async fn dial_loop(shared: Arc<Shared>, addr: SocketAddr) {
                 finish_dial(&mut st, addr, &conn);
                 return;
             }
+            let inbound = st.inbound.contains_key(&addr);
             match st.dials.get_mut(&addr) {
+                Some(d) if inbound => {
+                    d.task = false;
+                    return;
+                }
                 Some(d) => d.connecting = true,
                 None => return,
             }
@@ -907,6 +950,7 @@ async fn dial_loop(shared: Arc<Shared>, addr: SocketAddr) {
                 // again shortly, keeping the queue.
                 if let Some(d) = st.dials.get_mut(&addr) {
                     d.next_attempt = after(shared.config.backoff_min);
+                    d.last_error = None;
                 }
             }
             Err(e) => {
@@ -916,6 +960,7 @@ async fn dial_loop(shared: Arc<Shared>, addr: SocketAddr) {
                 };
                 d.failures = d.failures.saturating_add(1);
                 d.next_attempt = after(shared.config.backoff(d.failures));
+                d.last_error = Some(e.clone());
                 if !d.queued.is_empty() {
                     tracing::debug!(%addr, dropped = d.queued.len(), error = %e, "dial failed; queued frames dropped");
                     d.queued.clear();
@@ -926,6 +971,41 @@ async fn dial_loop(shared: Arc<Shared>, addr: SocketAddr) {
                 d.task = false;
                 return;
             }
+        }
+    }
+}
+
+/// An inbound handshake's hold on its peer's address (see `State::inbound`).
+/// Released when the handshake task ends, however it ends; if no pipe came
+/// of it, whatever queued meanwhile gets a dial of its own.
+struct InboundSlot {
+    shared: Arc<Shared>,
+    addr: Mutex<Option<SocketAddr>>,
+}
+
+impl Drop for InboundSlot {
+    fn drop(&mut self) {
+        let Some(addr) = lock(&self.addr).take() else {
+            return;
+        };
+        let mut st = lock(&self.shared.state);
+        if let Some(n) = st.inbound.get_mut(&addr) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                st.inbound.remove(&addr);
+            }
+        }
+        if st.closed || st.inbound.contains_key(&addr) {
+            return;
+        }
+        if let Some(conn) = st.conns.get(&addr).cloned() {
+            Shared::flush_dial(&mut st, addr, &conn);
+            return;
+        }
+        if let Some(d) = st.dials.get_mut(&addr)
+            && (!d.queued.is_empty() || !d.waiters.is_empty())
+        {
+            self.shared.ensure_dial_task(d, addr);
         }
     }
 }

@@ -195,3 +195,45 @@ async fn reply_after_timeout_is_ignored() {
     );
     assert_eq!(t.pending_requests(), 0);
 }
+
+/// Regression: data frames that arrive in the same segment as `Accepted`
+/// were left in the handshake's read buffer until more bytes came.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_frames_after_accepted_are_not_stranded() {
+    let t = Transport::bind(config()).await.expect("bind");
+    let mut inbox = t.register(CH, 16).expect("register");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let raw = tokio::spawn(async move {
+        let (stream, _) = listener.accept().await.expect("accept");
+        let mut framed = Framed::new(stream, FrameCodec::default());
+        let me = UniqueAddress::new_at(addr);
+        let secret = Secret::from("sesame");
+        let local = Local {
+            me,
+            cluster: "unit",
+            secret: &secret,
+        };
+        within(handshake::accept(&mut framed, &local, |_| Ok(())))
+            .await
+            .expect("handshake");
+        // Accepted and a data frame in one write, then silence.
+        let mut out = BytesMut::new();
+        let mut codec = FrameCodec::default();
+        tokio_util::codec::Encoder::encode(&mut codec, Frame::Accepted, &mut out).expect("enc");
+        let oneway = Frame::Oneway {
+            channel: CH,
+            payload: Bytes::from_static(b"early"),
+        };
+        tokio_util::codec::Encoder::encode(&mut codec, oneway, &mut out).expect("enc");
+        let mut io = framed.into_inner();
+        io.write_all(&out).await.expect("write");
+        io // keep the connection open
+    });
+    within(t.connect(addr)).await.expect("connect");
+    let msg = within(inbox.recv()).await.expect("delivered");
+    assert_eq!(msg.payload, Bytes::from_static(b"early"));
+    drop(raw.await);
+}
