@@ -104,3 +104,24 @@ impl TransportConfig {
             .min(self.backoff_max)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_from_min_and_caps_at_max() {
+        let mut c = TransportConfig::new("c", "s");
+        c.backoff_min = Duration::from_millis(100);
+        c.backoff_max = Duration::from_millis(1000);
+        let delays: Vec<_> = (1..=6).map(|n| c.backoff(n).as_millis()).collect();
+        assert_eq!(delays, [100, 200, 400, 800, 1000, 1000]);
+        assert_eq!(c.backoff(u32::MAX), Duration::from_millis(1000));
+    }
+
+    #[test]
+    fn secret_is_redacted_in_debug_output() {
+        let c = TransportConfig::new("c", "hunter2");
+        assert!(!format!("{c:?}").contains("hunter2"));
+    }
+}
