@@ -173,6 +173,9 @@ impl Transport {
     pub async fn bind(config: TransportConfig) -> std::io::Result<Transport> {
         let listener = TcpListener::bind(config.bind_addr).await?;
         let bound = listener.local_addr()?;
+        if config.advertised_addr.is_none() && bound.ip().is_unspecified() {
+            tracing::warn!(%bound, "listening on an unspecified address without advertised_addr: peers cannot dial this identity");
+        }
         let local = UniqueAddress::new_at(config.advertised_addr.unwrap_or(bound));
         let codec = FrameCodec::new(config.max_frame_len);
         let shared = Arc::new(Shared {
@@ -688,11 +691,10 @@ impl Shared {
             self.install(&mut st, &conn)
         };
         if let Err(reason) = installed {
-            let _ = stream
-                .send(Frame::Reject {
-                    reason: reason.clone(),
-                })
-                .await;
+            let reject = stream.send(Frame::Reject {
+                reason: reason.clone(),
+            });
+            let _ = tokio::time::timeout(self.config.handshake_timeout, reject).await;
             return Err(reason);
         }
         let parts = stream.into_parts();
