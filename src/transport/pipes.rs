@@ -618,6 +618,15 @@ impl Shared {
         // losing it: the newer one replaces it. Two simultaneous dials never
         // both get this far (see `admit_inbound` and `dial_loop`).
         let addr = conn.peer.addr;
+        if st
+            .conns
+            .get(&addr)
+            .is_some_and(|old| conn.peer.is_older_than(&old.peer))
+        {
+            // An older incarnation than the one connected at that address is
+            // superseded: it must not push the newer one out.
+            return Err(RejectReason::Quarantined);
+        }
         let old = st.conns.insert(addr, conn.clone());
         match old {
             Some(old) if old.peer == conn.peer => {

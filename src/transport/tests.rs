@@ -12,7 +12,7 @@ use tokio_util::codec::Framed;
 use super::handshake::{self, HandshakeStream, Local};
 use super::*;
 use crate::identity::UniqueAddress;
-use crate::wire::{Frame, FrameCodec};
+use crate::wire::{Frame, FrameCodec, RejectReason};
 
 const CH: u16 = 3;
 const PATIENCE: Duration = Duration::from_secs(10);
@@ -28,6 +28,12 @@ async fn within<T>(f: impl std::future::Future<Output = T>) -> T {
 /// A raw peer that has completed the handshake with `t`.
 async fn raw_peer(t: &Transport) -> (HandshakeStream, UniqueAddress) {
     let me = UniqueAddress::new_at("127.0.0.1:1".parse().expect("literal"));
+    let framed = raw_handshake(t, me).await.expect("handshake");
+    (framed, me)
+}
+
+/// A raw client handshaking with `t` as `me`.
+async fn raw_handshake(t: &Transport, me: UniqueAddress) -> Result<HandshakeStream, ConnectError> {
     let secret = Secret::from("sesame");
     let local = Local {
         me,
@@ -36,11 +42,9 @@ async fn raw_peer(t: &Transport) -> (HandshakeStream, UniqueAddress) {
     };
     let stream = TcpStream::connect(t.bound_addr()).await.expect("tcp");
     let mut framed = Framed::new(stream, FrameCodec::default());
-    let peer = within(handshake::initiate(&mut framed, &local, |_| Ok(())))
-        .await
-        .expect("handshake");
+    let peer = within(handshake::initiate(&mut framed, &local, |_| Ok(()))).await?;
     assert_eq!(peer, t.local());
-    (framed, me)
+    Ok(framed)
 }
 
 async fn disconnected(
@@ -236,4 +240,27 @@ async fn regression_frames_after_accepted_are_not_stranded() {
     let msg = within(inbox.recv()).await.expect("delivered");
     assert_eq!(msg.payload, Bytes::from_static(b"early"));
     drop(raw.await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn older_incarnation_cannot_push_out_a_newer_one() {
+    let t = Transport::bind(config()).await.expect("bind");
+    let addr = "127.0.0.1:7".parse().expect("literal");
+    let newer = UniqueAddress {
+        addr,
+        node_id: crate::identity::NodeId(2),
+        incarnation: 20,
+    };
+    let older = UniqueAddress {
+        addr,
+        node_id: crate::identity::NodeId(1),
+        incarnation: 10,
+    };
+    let _keep = raw_handshake(&t, newer).await.expect("newer connects");
+    let refused = raw_handshake(&t, older).await.map(|_| ());
+    assert_eq!(
+        refused,
+        Err(ConnectError::Rejected(RejectReason::Quarantined))
+    );
+    assert_eq!(t.connected_peers(), vec![newer]);
 }
