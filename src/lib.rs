@@ -67,6 +67,8 @@ mod protocol;
 mod runtime;
 mod store;
 mod system;
+pub mod transport;
+pub mod wire;
 
 pub(crate) use __private as private;
 

@@ -1,0 +1,287 @@
+//! The authenticated handshake that opens every connection.
+//!
+//! ```text
+//! initiator (dialer)                                  acceptor (listener)
+//!   | -- Hello { version, cluster, from: I, nonce_i } ------> |  check version, cluster,
+//!   |                                                         |  quarantine, tie-break
+//!   | <-- Welcome { version, from: A, nonce_a, proof_a } ---- |  proof_a = HMAC(secret, T, acceptor)
+//!   |  check version, quarantine,                             |
+//!   |  verify proof_a                                         |
+//!   | -- Proof { proof_i } ---------------------------------> |  proof_i = HMAC(secret, T, initiator)
+//!   |                                                         |  verify proof_i, install pipe
+//!   | <-- Accepted ------------------------------------------- |
+//!   installs the pipe                                   data frames may follow at once
+//! ```
+//!
+//! `T` is the transcript: a domain tag, the role, the cluster name, both
+//! nonces and both identities, each length-delimited, so a proof is bound to
+//! this one exchange and cannot be replayed in another connection or
+//! reflected back in the other role. The secret itself never crosses the
+//! wire; each side proves it knows the secret over the other side's fresh
+//! 32-byte nonce (from the OS generator via `getrandom`), and verification is
+//! constant-time (`Mac::verify_slice`).
+//!
+//! Any check that fails makes the refusing side send
+//! [`Frame::Reject`] with a [`RejectReason`] and close; the caller logs it
+//! with `tracing::warn!`. The whole exchange runs under the transport's
+//! handshake timeout (applied by the caller).
+
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+use tokio::net::TcpStream;
+use tokio_util::codec::Framed;
+
+use super::config::Secret;
+use super::error::ConnectError;
+use crate::identity::UniqueAddress;
+use crate::wire::{
+    Frame, FrameCodec, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, RejectReason, WireError,
+};
+
+/// Length of each side's challenge nonce, in bytes.
+pub const NONCE_LEN: usize = 32;
+
+/// Domain-separation tag at the start of every proof transcript.
+const DOMAIN: &[u8] = b"datum-cluster-sharding/handshake/v1";
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// The framed TCP stream a handshake runs over.
+pub(crate) type HandshakeStream = Framed<TcpStream, FrameCodec>;
+
+/// What one side brings to a handshake.
+pub(crate) struct Local<'a> {
+    /// This node's identity.
+    pub(crate) me: UniqueAddress,
+    /// The cluster name both sides must share.
+    pub(crate) cluster: &'a str,
+    /// The shared secret both sides must prove.
+    pub(crate) secret: &'a Secret,
+}
+
+/// Which side of the handshake a proof speaks for.
+#[derive(Clone, Copy)]
+enum Role {
+    Acceptor = 1,
+    Initiator = 2,
+}
+
+/// Draws a fresh challenge nonce.
+fn nonce() -> Result<Bytes, ConnectError> {
+    let mut n = [0u8; NONCE_LEN];
+    getrandom::fill(&mut n).map_err(|e| ConnectError::Rng(e.to_string()))?;
+    Ok(Bytes::copy_from_slice(&n))
+}
+
+fn put_field(mac: &mut HmacSha256, bytes: &[u8]) {
+    mac.update(&(bytes.len() as u64).to_be_bytes());
+    mac.update(bytes);
+}
+
+fn put_identity(mac: &mut HmacSha256, who: &UniqueAddress) {
+    put_field(mac, who.addr.to_string().as_bytes());
+    mac.update(&who.node_id.0.to_be_bytes());
+    mac.update(&who.incarnation.to_be_bytes());
+}
+
+/// The keyed transcript MAC for `role`, before finalisation.
+fn transcript(
+    secret: &Secret,
+    role: Role,
+    cluster: &str,
+    nonce_i: &[u8],
+    nonce_a: &[u8],
+    initiator: &UniqueAddress,
+    acceptor: &UniqueAddress,
+) -> Result<HmacSha256, ConnectError> {
+    let mut mac = HmacSha256::new_from_slice(secret.expose())
+        .map_err(|e| ConnectError::Protocol(format!("hmac key: {e}")))?;
+    put_field(&mut mac, DOMAIN);
+    mac.update(&[role as u8]);
+    put_field(&mut mac, cluster.as_bytes());
+    put_field(&mut mac, nonce_i);
+    put_field(&mut mac, nonce_a);
+    put_identity(&mut mac, initiator);
+    put_identity(&mut mac, acceptor);
+    Ok(mac)
+}
+
+/// Reads the next frame, mapping end-of-stream and codec errors.
+async fn next(stream: &mut HandshakeStream) -> Result<Frame, ConnectError> {
+    match stream.next().await {
+        Some(Ok(frame)) => Ok(frame),
+        Some(Err(e)) => Err(wire_error(e)),
+        None => Err(ConnectError::Closed),
+    }
+}
+
+fn wire_error(e: WireError) -> ConnectError {
+    match e {
+        WireError::Io(io) => ConnectError::from(io),
+        other => ConnectError::Protocol(other.to_string()),
+    }
+}
+
+/// Sends `Reject{reason}` (best effort) and returns the matching error.
+async fn refuse(stream: &mut HandshakeStream, reason: RejectReason) -> ConnectError {
+    let _ = stream
+        .send(Frame::Reject {
+            reason: reason.clone(),
+        })
+        .await;
+    ConnectError::Refused(reason)
+}
+
+fn version_ok(version: u16) -> bool {
+    (MIN_PROTOCOL_VERSION..=PROTOCOL_VERSION).contains(&version)
+}
+
+fn unsupported() -> RejectReason {
+    RejectReason::UnsupportedVersion {
+        ours: PROTOCOL_VERSION,
+        min: MIN_PROTOCOL_VERSION,
+    }
+}
+
+/// Runs the initiator's side up to and including `Accepted`; returns the
+/// acceptor's identity. `admit` may refuse the acceptor (quarantine).
+pub(crate) async fn initiate(
+    stream: &mut HandshakeStream,
+    local: &Local<'_>,
+    admit: impl Fn(&UniqueAddress) -> Result<(), RejectReason>,
+) -> Result<UniqueAddress, ConnectError> {
+    let nonce_i = nonce()?;
+    let hello = Frame::Hello {
+        version: PROTOCOL_VERSION,
+        cluster: local.cluster.to_owned(),
+        from: local.me,
+        nonce: nonce_i.clone(),
+    };
+    stream.send(hello).await.map_err(wire_error)?;
+    let (peer, nonce_a, proof_a) = match next(stream).await? {
+        Frame::Welcome {
+            version,
+            from,
+            nonce,
+            proof,
+        } => {
+            if !version_ok(version) {
+                return Err(refuse(stream, unsupported()).await);
+            }
+            if nonce.len() != NONCE_LEN {
+                return Err(refuse(stream, RejectReason::ProtocolViolation).await);
+            }
+            (from, nonce, proof)
+        }
+        Frame::Reject { reason } => return Err(ConnectError::Rejected(reason)),
+        _ => return Err(refuse(stream, RejectReason::ProtocolViolation).await),
+    };
+    if peer.node_id == local.me.node_id {
+        return Err(refuse(stream, RejectReason::ProtocolViolation).await);
+    }
+    if let Err(reason) = admit(&peer) {
+        return Err(refuse(stream, reason).await);
+    }
+    let check = transcript(
+        local.secret,
+        Role::Acceptor,
+        local.cluster,
+        &nonce_i,
+        &nonce_a,
+        &local.me,
+        &peer,
+    )?;
+    if check.verify_slice(&proof_a).is_err() {
+        return Err(refuse(stream, RejectReason::BadProof).await);
+    }
+    let mine = transcript(
+        local.secret,
+        Role::Initiator,
+        local.cluster,
+        &nonce_i,
+        &nonce_a,
+        &local.me,
+        &peer,
+    )?;
+    let proof = Bytes::copy_from_slice(&mine.finalize().into_bytes());
+    stream
+        .send(Frame::Proof { proof })
+        .await
+        .map_err(wire_error)?;
+    match next(stream).await? {
+        Frame::Accepted => Ok(peer),
+        Frame::Reject { reason } => Err(ConnectError::Rejected(reason)),
+        _ => Err(refuse(stream, RejectReason::ProtocolViolation).await),
+    }
+}
+
+/// Runs the acceptor's side up to the verified `Proof`; returns the
+/// initiator's identity. The caller then installs the pipe and sends
+/// `Accepted` (or `Reject`). `admit` may refuse the initiator (quarantine,
+/// tie-break, shutdown) right after its `Hello`.
+pub(crate) async fn accept(
+    stream: &mut HandshakeStream,
+    local: &Local<'_>,
+    admit: impl Fn(&UniqueAddress) -> Result<(), RejectReason>,
+) -> Result<UniqueAddress, ConnectError> {
+    let (peer, nonce_i) = match next(stream).await? {
+        Frame::Hello {
+            version,
+            cluster,
+            from,
+            nonce,
+        } => {
+            if !version_ok(version) {
+                return Err(refuse(stream, unsupported()).await);
+            }
+            if cluster != local.cluster {
+                return Err(refuse(stream, RejectReason::WrongCluster).await);
+            }
+            if nonce.len() != NONCE_LEN || from.node_id == local.me.node_id {
+                return Err(refuse(stream, RejectReason::ProtocolViolation).await);
+            }
+            (from, nonce)
+        }
+        _ => return Err(refuse(stream, RejectReason::ProtocolViolation).await),
+    };
+    if let Err(reason) = admit(&peer) {
+        return Err(refuse(stream, reason).await);
+    }
+    let nonce_a = nonce()?;
+    let mine = transcript(
+        local.secret,
+        Role::Acceptor,
+        local.cluster,
+        &nonce_i,
+        &nonce_a,
+        &peer,
+        &local.me,
+    )?;
+    let welcome = Frame::Welcome {
+        version: PROTOCOL_VERSION,
+        from: local.me,
+        nonce: nonce_a.clone(),
+        proof: Bytes::copy_from_slice(&mine.finalize().into_bytes()),
+    };
+    stream.send(welcome).await.map_err(wire_error)?;
+    let proof_i = match next(stream).await? {
+        Frame::Proof { proof } => proof,
+        Frame::Reject { reason } => return Err(ConnectError::Rejected(reason)),
+        _ => return Err(refuse(stream, RejectReason::ProtocolViolation).await),
+    };
+    let check = transcript(
+        local.secret,
+        Role::Initiator,
+        local.cluster,
+        &nonce_i,
+        &nonce_a,
+        &peer,
+        &local.me,
+    )?;
+    if check.verify_slice(&proof_i).is_err() {
+        return Err(refuse(stream, RejectReason::BadProof).await);
+    }
+    Ok(peer)
+}

@@ -1,0 +1,85 @@
+//! Node-to-node pipes: one authenticated, long-lived TCP connection per pair
+//! of nodes, carrying oneway messages and request/reply for upper layers.
+//!
+//! # Model
+//!
+//! ```text
+//!   upper layers (membership, sharding)           upper layers
+//!      | send / request        ^ Incoming            ^
+//!      v                       | per channel         |
+//!   +---------------- Transport (node A) ---+   +-- Transport (node B) --+
+//!   | conns: peer addr -> Conn              |   |                        |
+//!   |   writer task: queue -> batch -> TCP ------>  reader task -> channel |
+//!   |   reader task <- TCP <------------------------ writer task          |
+//!   | dials: addr -> queue + backoff        |   |                        |
+//!   | listener -> handshake -> install      |   |                        |
+//!   +---------------------------------------+   +------------------------+
+//! ```
+//!
+//! * **One pipe per pair.** Either node may dial. When both dial at once,
+//!   the connection dialed by the lower [`NodeId`](crate::identity::NodeId)
+//!   survives; the other is refused (`Reject{Duplicate}`) or closed, and
+//!   whatever waited for it is moved to the survivor.
+//! * **Authenticated.** Every connection opens with the handshake in
+//!   [`handshake`]: protocol version, cluster name, and a mutual
+//!   HMAC-SHA256 challenge–response over the shared secret.
+//! * **Batched writes.** Each pipe has one writer task that drains its whole
+//!   queue into one buffer and one `write_all` (after yielding once, so
+//!   concurrent producers join the batch). `TCP_NODELAY` is on; reads go
+//!   through a 64 KiB buffer.
+//! * **Tell-like sends.** [`Transport::send`] never waits: it enqueues, or
+//!   fails at once with a [`SendError`] that gives the payload back.
+//! * **Request/reply** ([`Transport::request`]) matches replies by a
+//!   per-connection correlation id, under a timeout; a pending request fails
+//!   at once when its connection drops, and never outlives its timeout.
+//! * **Reconnect on demand, with backoff.** A send to a peer without a pipe
+//!   dials it; after a failed dial the next attempt waits `backoff_min`,
+//!   doubling up to `backoff_max`.
+//! * **Down is final.** [`Transport::mark_down`] closes the pipe to that
+//!   identity and refuses it for good.
+//! * **Faults stay local.** A malformed or oversized frame closes the one
+//!   connection it arrived on.
+//!
+//! # Usage
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//! use bytes::Bytes;
+//! use datum_cluster_sharding::transport::{Transport, TransportConfig, TransportEvent};
+//!
+//! const MEMBERSHIP: u16 = 1;
+//! let transport = Transport::bind(TransportConfig::new("orders", "s3cret")).await?;
+//! let mut inbox = transport.register(MEMBERSHIP, 1024)?;
+//! let mut events = transport.events();
+//!
+//! let seed = transport.connect("127.0.0.1:2552".parse()?).await?;
+//! transport.send(&seed, MEMBERSHIP, Bytes::from_static(b"hello"))?;
+//! let answer = transport.request(&seed, MEMBERSHIP, Bytes::from_static(b"join?"), Duration::from_secs(5)).await?;
+//!
+//! while let Some(msg) = inbox.recv().await {
+//!     if let Some(reply) = msg.reply {
+//!         let _ = reply.reply(Bytes::from_static(b"ok"));
+//!     }
+//! }
+//! if let Some(TransportEvent::Disconnected { peer, .. }) = events.recv().await {
+//!     transport.mark_down(&peer);
+//! }
+//! # let _ = answer; Ok(()) }
+//! ```
+
+mod config;
+mod connection;
+mod error;
+mod events;
+pub mod handshake;
+mod pipes;
+
+pub use config::{Secret, TransportConfig};
+pub use connection::{Incoming, ReplyHandle};
+pub use error::{ConnectError, RegisterError, RequestError, SendError, SendFailure};
+pub use events::{DisconnectReason, TransportEvent};
+pub use pipes::{ConnectionInfo, FRAME_OVERHEAD, Transport, TransportStats};
+
+#[cfg(test)]
+mod tests;
