@@ -56,6 +56,7 @@
 #[doc(hidden)]
 #[path = "private.rs"]
 pub mod __private;
+pub mod cluster;
 mod config;
 mod entity;
 mod error;

@@ -1,0 +1,90 @@
+//! How a cluster node is started.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use typed_builder::TypedBuilder;
+
+use crate::membership::MembershipConfig;
+use crate::transport::{Secret, TransportConfig};
+
+/// Settings of one cluster node. Only `cluster_name` is required.
+///
+/// ```
+/// use std::time::Duration;
+/// use datum_cluster_sharding::cluster::ClusterConfig;
+/// let config = ClusterConfig::builder()
+///     .cluster_name("orders-1")
+///     .secret("s3cret")
+///     .seed_nodes(vec!["127.0.0.1:7355".parse().unwrap()])
+///     .build();
+/// assert_eq!(config.detect_and_down_time(), Some(Duration::from_millis(600)));
+/// ```
+#[derive(Clone, Debug, TypedBuilder)]
+#[non_exhaustive]
+pub struct ClusterConfig {
+    /// Nodes join only clusters of the same name; a peer with another name is refused.
+    #[builder(setter(into))]
+    pub cluster_name: String,
+    /// Where to listen. Port 0 picks a free port; `ClusterNode::bound_addr` tells which.
+    #[builder(default = SocketAddr::from(([127, 0, 0, 1], 0)))]
+    pub bind_addr: SocketAddr,
+    /// The address peers dial, when it differs from the bound one (binding to 0.0.0.0).
+    #[builder(default, setter(strip_option))]
+    pub advertised_addr: Option<SocketAddr>,
+    /// Addresses of nodes to join through. Empty: form a new cluster alone.
+    /// When this node's own address is the first seed and no other seed
+    /// answers within the seed timeout, it forms the cluster.
+    #[builder(default)]
+    pub seed_nodes: Vec<SocketAddr>,
+    /// The shared secret every node proves it knows (HMAC-SHA256
+    /// challenge–response; it never crosses the wire). Default: empty — set
+    /// one outside tests.
+    #[builder(default = Secret::from(""), setter(into))]
+    pub secret: Secret,
+    /// How often each node heartbeats every other member.
+    #[builder(default = Duration::from_millis(100))]
+    pub heartbeat_interval: Duration,
+    /// The failure detector's threshold: how long past a missed heartbeat a
+    /// peer may stay silent before it is marked unreachable.
+    #[builder(default = Duration::from_millis(300))]
+    pub acceptable_heartbeat_pause: Duration,
+    /// How long a member stays unreachable before the leader downs it;
+    /// `None` for manual downing only (`ClusterNode::down`).
+    #[builder(default = Some(Duration::from_millis(200)))]
+    pub downing_timeout: Option<Duration>,
+    /// The largest frame accepted on a pipe, checked before any allocation.
+    #[builder(default = crate::wire::DEFAULT_MAX_FRAME_LEN)]
+    pub max_frame_size: usize,
+    /// How long a handshake may take before the connection is dropped.
+    #[builder(default = Duration::from_secs(5))]
+    pub handshake_timeout: Duration,
+}
+
+impl ClusterConfig {
+    /// The membership settings this configuration implies.
+    pub fn membership(&self) -> MembershipConfig {
+        MembershipConfig {
+            heartbeat_interval: self.heartbeat_interval,
+            acceptable_heartbeat_pause: self.acceptable_heartbeat_pause,
+            downing_timeout: self.downing_timeout,
+            ..MembershipConfig::default()
+        }
+    }
+
+    /// The transport settings this configuration implies.
+    pub fn transport(&self) -> TransportConfig {
+        let mut t = TransportConfig::new(self.cluster_name.clone(), self.secret.clone());
+        t.bind_addr = self.bind_addr;
+        t.advertised_addr = self.advertised_addr;
+        t.max_frame_len = self.max_frame_size;
+        t.handshake_timeout = self.handshake_timeout;
+        t
+    }
+
+    /// The longest time from a node's last heartbeat until it is Down
+    /// (`None` with manual downing): heartbeat interval + pause + downing timeout.
+    pub fn detect_and_down_time(&self) -> Option<Duration> {
+        self.membership().detect_and_down_time()
+    }
+}

@@ -1,0 +1,361 @@
+//! The running node: a handle and the driver task behind it.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tokio::sync::{broadcast, mpsc, watch};
+use tokio::task::JoinHandle;
+
+use super::config::ClusterConfig;
+use crate::identity::{NodeId, UniqueAddress};
+use crate::membership::{
+    Command, MemberStatus, MembershipCore, MembershipError, MembershipEvent, MembershipMsg,
+    MembershipState, Target,
+};
+use crate::transport::{Incoming, Transport};
+
+/// The transport channel membership messages travel on.
+pub const MEMBERSHIP_CHANNEL: u16 = 1;
+
+/// How many inbound membership messages may wait for the driver.
+const INBOUND_CAPACITY: usize = 4_096;
+
+/// How many events a slow subscriber may lag behind before it misses some.
+const EVENT_CAPACITY: usize = 1_024;
+
+/// What can go wrong starting or stopping a node.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClusterError {
+    /// The listener could not be bound; nothing was started.
+    #[error("could not bind {addr}: {source}")]
+    Bind {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+    /// The configuration was refused; nothing was started.
+    #[error("invalid cluster configuration: {0}")]
+    Config(String),
+    /// The membership core refused an input.
+    #[error(transparent)]
+    Membership(#[from] MembershipError),
+    /// A wait ran out before its condition held.
+    #[error("timed out after {0:?}")]
+    Timeout(Duration),
+    /// The node has stopped (left, was downed, or shut down).
+    #[error("the cluster node has stopped")]
+    Stopped,
+}
+
+/// Requests from handles to the driver.
+enum Control {
+    Leave,
+    Down(UniqueAddress),
+}
+
+/// A running cluster node. Cheap to clone; clones share the node.
+#[derive(Clone)]
+pub struct ClusterNode {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: ClusterConfig,
+    transport: Transport,
+    me: UniqueAddress,
+    control: mpsc::UnboundedSender<Control>,
+    state: watch::Receiver<MembershipState>,
+    events: broadcast::Sender<MembershipEvent>,
+    driver: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for ClusterNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterNode")
+            .field("me", &self.inner.me)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClusterNode {
+    /// Binds the listener, starts the driver and joins through the seed
+    /// nodes (or forms a cluster alone when there are none).
+    pub async fn start(config: ClusterConfig) -> Result<ClusterNode, ClusterError> {
+        let membership = config.membership();
+        membership.validate()?;
+        if config.cluster_name.is_empty() {
+            return Err(ClusterError::Config(
+                "cluster_name must not be empty".into(),
+            ));
+        }
+        let transport = Transport::bind(config.transport())
+            .await
+            .map_err(|source| ClusterError::Bind {
+                addr: config.bind_addr,
+                source,
+            })?;
+        let me = transport.local();
+        let inbound = match transport.register(MEMBERSHIP_CHANNEL, INBOUND_CAPACITY) {
+            Ok(rx) => rx,
+            Err(e) => {
+                transport.shutdown().await;
+                return Err(ClusterError::Config(e.to_string()));
+            }
+        };
+        let mut core = MembershipCore::new(me, membership, Instant::now())?;
+        core.join(Instant::now(), &config.seed_nodes)?;
+        let (state_tx, state) = watch::channel(core.state());
+        let (events, _) = broadcast::channel(EVENT_CAPACITY);
+        let (control, control_rx) = mpsc::unbounded_channel();
+        let driver = Driver {
+            core,
+            transport: transport.clone(),
+            inbound,
+            control: control_rx,
+            state: state_tx,
+            events: events.clone(),
+        };
+        let handle = tokio::spawn(driver.run());
+        tracing::info!(node = %me, cluster = %config.cluster_name, "cluster node started");
+        Ok(ClusterNode {
+            inner: Arc::new(Inner {
+                config,
+                transport,
+                me,
+                control,
+                state,
+                events,
+                driver: Mutex::new(Some(handle)),
+            }),
+        })
+    }
+
+    /// This node's identity.
+    pub fn self_address(&self) -> UniqueAddress {
+        self.inner.me
+    }
+
+    /// This node's id.
+    pub fn node_id(&self) -> NodeId {
+        self.inner.me.node_id
+    }
+
+    /// The address the listener is bound to (with port 0 resolved).
+    pub fn bound_addr(&self) -> SocketAddr {
+        self.inner.transport.bound_addr()
+    }
+
+    /// The configuration the node runs with.
+    pub fn config(&self) -> &ClusterConfig {
+        &self.inner.config
+    }
+
+    /// The node's pipes, for layers above membership (sharding).
+    pub fn transport(&self) -> &Transport {
+        &self.inner.transport
+    }
+
+    /// A snapshot of the membership as this node sees it now.
+    pub fn current_state(&self) -> MembershipState {
+        self.inner.state.borrow().clone()
+    }
+
+    /// A watch of the membership state, updated after every change.
+    pub fn watch_state(&self) -> watch::Receiver<MembershipState> {
+        self.inner.state.clone()
+    }
+
+    /// Membership events from now on. A subscriber that falls more than
+    /// 1,024 events behind misses the oldest (`RecvError::Lagged`); the state
+    /// watch never lags.
+    pub fn subscribe(&self) -> broadcast::Receiver<MembershipEvent> {
+        self.inner.events.subscribe()
+    }
+
+    /// Waits until `condition` holds for this node's membership state.
+    pub async fn wait_until(
+        &self,
+        mut condition: impl FnMut(&MembershipState) -> bool,
+        timeout: Duration,
+    ) -> Result<MembershipState, ClusterError> {
+        let mut watch = self.inner.state.clone();
+        let waited = tokio::time::timeout(timeout, watch.wait_for(|s| condition(s))).await;
+        match waited {
+            Ok(Ok(state)) => Ok(state.clone()),
+            Ok(Err(_closed)) => Err(ClusterError::Stopped),
+            Err(_elapsed) => Err(ClusterError::Timeout(timeout)),
+        }
+    }
+
+    /// Downs `member` by hand (needed when the downing timeout is `None`).
+    pub fn down(&self, member: UniqueAddress) -> Result<(), ClusterError> {
+        self.inner
+            .control
+            .send(Control::Down(member))
+            .map_err(|_| ClusterError::Stopped)
+    }
+
+    /// Leaves the cluster gracefully — Leaving, Exiting, Removed — then closes
+    /// the pipes. Waits at most the exit timeout plus two seconds for the
+    /// leave to be acknowledged; the node stops either way.
+    pub async fn shutdown(&self) -> Result<(), ClusterError> {
+        let _ = self.inner.control.send(Control::Leave);
+        let limit =
+            crate::membership::MembershipConfig::default().exit_timeout + Duration::from_secs(2);
+        let handle = self
+            .inner
+            .driver
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        let result = match handle {
+            Some(mut handle) => match tokio::time::timeout(limit, &mut handle).await {
+                Ok(_) => Ok(()),
+                Err(_) => {
+                    handle.abort();
+                    Err(ClusterError::Timeout(limit))
+                }
+            },
+            None => Ok(()),
+        };
+        self.inner.transport.shutdown().await;
+        tracing::info!(node = %self.inner.me, "cluster node stopped");
+        result
+    }
+
+    /// Stops the node abruptly, as a crash would: the driver is aborted with
+    /// no goodbye and the sockets are closed. For fault-injection tests; the
+    /// other members must detect the loss.
+    pub async fn crash(&self) {
+        if let Some(handle) = self
+            .inner
+            .driver
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            handle.abort();
+            let _ = handle.await;
+        }
+        self.inner.transport.shutdown().await;
+    }
+}
+
+struct Driver {
+    core: MembershipCore,
+    transport: Transport,
+    inbound: mpsc::Receiver<Incoming>,
+    control: mpsc::UnboundedReceiver<Control>,
+    state: watch::Sender<MembershipState>,
+    events: broadcast::Sender<MembershipEvent>,
+}
+
+impl Driver {
+    async fn run(mut self) {
+        let me = self.core.self_address();
+        let mut control_open = true;
+        loop {
+            if self.execute() {
+                break;
+            }
+            let deadline = self.core.poll_timeout().map(tokio::time::Instant::from_std);
+            let result = tokio::select! {
+                biased;
+                incoming = self.inbound.recv() => match incoming {
+                    Some(incoming) => self.on_incoming(incoming),
+                    None => break,
+                },
+                control = self.control.recv(), if control_open => match control {
+                    Some(Control::Leave) => self.core.leave(Instant::now()),
+                    Some(Control::Down(member)) => self.core.down(Instant::now(), member),
+                    None => {
+                        control_open = false;
+                        Ok(())
+                    }
+                },
+                _ = sleep_until(deadline) => self.core.handle_timeout(Instant::now()),
+            };
+            if let Err(error) = result {
+                match error {
+                    MembershipError::Bug(_) => {
+                        tracing::error!(node = %me, %error, "membership core")
+                    }
+                    _ => tracing::debug!(node = %me, %error, "membership input refused"),
+                }
+            }
+        }
+        tracing::debug!(node = %me, "membership driver stopped");
+    }
+
+    fn on_incoming(&mut self, incoming: Incoming) -> Result<(), MembershipError> {
+        match ciborium::from_reader::<MembershipMsg, _>(&incoming.payload[..]) {
+            Ok(msg) => self.core.handle_message(Instant::now(), incoming.from, msg),
+            Err(error) => {
+                tracing::warn!(from = %incoming.from, %error, "undecodable membership message dropped");
+                Ok(())
+            }
+        }
+    }
+
+    /// Carries out the core's commands in order; true once the node is done.
+    fn execute(&mut self) -> bool {
+        let mut changed = false;
+        for command in self.core.drain_commands() {
+            match command {
+                Command::Send { to, msg } => {
+                    let mut payload = Vec::with_capacity(64);
+                    if let Err(error) = ciborium::into_writer(&msg, &mut payload) {
+                        tracing::error!(%error, "BUG: membership message not encodable");
+                        continue;
+                    }
+                    let payload = Bytes::from(payload);
+                    match to {
+                        Target::Member(member) => {
+                            // Failures are the failure detector's business.
+                            let _ = self.transport.send(&member, MEMBERSHIP_CHANNEL, payload);
+                        }
+                        Target::Seed(addr) => {
+                            // Dialing a seed may take a while: never block the driver on it.
+                            let transport = self.transport.clone();
+                            tokio::spawn(async move {
+                                match transport.connect(addr).await {
+                                    Ok(peer) => {
+                                        let _ = transport.send(&peer, MEMBERSHIP_CHANNEL, payload);
+                                    }
+                                    Err(error) => {
+                                        tracing::debug!(seed = %addr, %error, "seed not reachable")
+                                    }
+                                }
+                            });
+                        }
+                    }
+                }
+                Command::Publish(event) => {
+                    changed = true;
+                    tracing::info!(node = %self.core.self_address(), ?event, "membership");
+                    let _ = self.events.send(event);
+                }
+                Command::MarkDown(member) => self.transport.mark_down(&member),
+            }
+        }
+        if changed || self.state.borrow().self_status() != self.core.self_status() {
+            self.state.send_replace(self.core.state());
+        }
+        self.core.is_terminated()
+            || matches!(
+                self.core.self_status(),
+                Some(MemberStatus::Removed) | Some(MemberStatus::Down)
+            )
+    }
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
