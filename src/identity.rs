@@ -1,7 +1,7 @@
 //! Who a cluster member is.
 //!
 //! A member is named by the address it listens on, a random [`NodeId`] drawn
-//! when its process starts, and an `incarnation` (milliseconds since the UNIX
+//! when its process starts, and an `incarnation` (microseconds since the UNIX
 //! epoch at that start). A node restarted at the same address therefore comes
 //! back as a *new* member: its node id and incarnation differ. Age orders
 //! members: the lower `(incarnation, node_id)` is the older member, and the
@@ -46,7 +46,7 @@ pub struct UniqueAddress {
     pub addr: SocketAddr,
     /// The node's random id.
     pub node_id: NodeId,
-    /// Milliseconds since the UNIX epoch when the node started.
+    /// Microseconds since the UNIX epoch when the node started.
     pub incarnation: u64,
 }
 
@@ -55,7 +55,7 @@ impl UniqueAddress {
     pub fn new_at(addr: SocketAddr) -> Self {
         let incarnation = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
+            .map(|d| d.as_micros() as u64)
             .unwrap_or(0);
         UniqueAddress {
             addr,

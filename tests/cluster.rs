@@ -108,3 +108,176 @@ async fn a_crashed_node_is_unreachable_then_down_within_the_configured_time() {
         n.shutdown().await.ok();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_leave_ends_removed_everywhere() {
+    let nodes = three().await;
+    let leaver = nodes[1].self_address();
+    let mut events = nodes[0].subscribe();
+    nodes[1].shutdown().await.expect("graceful leave completes");
+    let mut seen = Vec::new();
+    tokio::time::timeout(LONG, async {
+        loop {
+            match events.recv().await.expect("events") {
+                MembershipEvent::MemberRemoved { member, previous } if member == leaver => {
+                    seen.push(format!("removed from {previous:?}"));
+                    return;
+                }
+                MembershipEvent::MemberLeft(m) if m == leaver => seen.push("left".into()),
+                MembershipEvent::MemberExited(m) if m == leaver => seen.push("exited".into()),
+                MembershipEvent::MemberDowned(m) if m == leaver => {
+                    panic!("a leaver must not be downed")
+                }
+                _ => {}
+            }
+        }
+    })
+    .await
+    .expect("the leaver was never removed");
+    assert_eq!(
+        seen.last().map(String::as_str),
+        Some("removed from Exiting"),
+        "{seen:?}"
+    );
+    for n in [&nodes[0], &nodes[2]] {
+        n.wait_until(|s| status(s, &leaver).is_none() && up_count(s) == 2, LONG)
+            .await
+            .unwrap();
+    }
+    for n in [&nodes[0], &nodes[2]] {
+        n.shutdown().await.ok();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_coordinator_moves_to_the_next_oldest_when_the_oldest_dies() {
+    let nodes = three().await;
+    let (oldest, next) = (nodes[0].self_address(), nodes[1].self_address());
+    assert!(oldest.is_older_than(&next));
+    assert!(
+        nodes[2]
+            .current_state()
+            .is_placement_coordinator(oldest.node_id)
+    );
+    nodes[0].crash().await;
+    for n in &nodes[1..] {
+        let s = n
+            .wait_until(
+                |s| {
+                    s.placement_coordinator() == Some(next)
+                        && status(s, &oldest) != Some(MemberStatus::Up)
+                },
+                LONG,
+            )
+            .await
+            .expect("coordinator moved");
+        assert!(s.is_placement_coordinator(next.node_id));
+        assert!(!s.is_placement_coordinator(oldest.node_id));
+    }
+    for n in &nodes[1..] {
+        n.shutdown().await.ok();
+    }
+}
+
+/// A node that cannot authenticate never becomes a member, and the cluster
+/// keeps admitting correct nodes meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_name_wrong_secret_and_garbage_are_refused_while_the_cluster_works() {
+    use tokio::io::AsyncWriteExt;
+    let nodes = three().await;
+    let seed = nodes[0].bound_addr();
+    let wrong_name = ClusterNode::start(
+        ClusterConfig::builder()
+            .cluster_name("other-cluster")
+            .secret("test-secret")
+            .seed_nodes(vec![seed])
+            .build(),
+    )
+    .await
+    .unwrap();
+    let wrong_secret = ClusterNode::start(
+        ClusterConfig::builder()
+            .cluster_name("test-cluster")
+            .secret("guess")
+            .seed_nodes(vec![seed])
+            .build(),
+    )
+    .await
+    .unwrap();
+    // Raw garbage, and a length prefix far above the maximum frame size.
+    let mut garbage = tokio::net::TcpStream::connect(seed).await.unwrap();
+    garbage
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut oversized = tokio::net::TcpStream::connect(seed).await.unwrap();
+    oversized.write_all(&u32::MAX.to_be_bytes()).await.unwrap();
+
+    // A correct fourth node joins through the same seed meanwhile.
+    let good = node(vec![seed]).await;
+    for n in nodes.iter().chain([&good]) {
+        n.wait_until(|s| up_count(s) == 4, LONG)
+            .await
+            .expect("the cluster kept working");
+    }
+    // The refused nodes are members nowhere, and see only themselves.
+    for bad in [&wrong_name, &wrong_secret] {
+        for n in nodes.iter().chain([&good]) {
+            assert_eq!(status(&n.current_state(), &bad.self_address()), None);
+        }
+        assert!(
+            bad.current_state()
+                .members
+                .iter()
+                .all(|m| m.address == bad.self_address())
+        );
+    }
+    // The bad connections were closed by the node, which keeps serving.
+    let mut buf = [0u8; 64];
+    for conn in [&mut garbage, &mut oversized] {
+        let closed =
+            tokio::time::timeout(LONG, tokio::io::AsyncReadExt::read(conn, &mut buf)).await;
+        assert!(
+            matches!(closed, Ok(Ok(0)) | Ok(Err(_))),
+            "connection not closed: {closed:?}"
+        );
+    }
+    for n in nodes.iter().chain([&good, &wrong_name, &wrong_secret]) {
+        n.crash().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_restarted_at_the_same_address_is_a_new_member() {
+    let nodes = three().await;
+    let old = nodes[2].self_address();
+    nodes[2].crash().await;
+    let restarted = ClusterNode::start(
+        ClusterConfig::builder()
+            .cluster_name("test-cluster")
+            .secret("test-secret")
+            .bind_addr(old.addr)
+            .seed_nodes(vec![nodes[0].bound_addr()])
+            .build(),
+    )
+    .await
+    .expect("rebinds the same port");
+    let new = restarted.self_address();
+    assert_eq!(new.addr, old.addr);
+    assert_ne!(new.node_id, old.node_id);
+    for n in [&nodes[0], &nodes[1], &restarted] {
+        n.wait_until(
+            |s| {
+                s.status_of(&new) == Some(MemberStatus::Up)
+                    && !matches!(s.status_of(&old), Some(MemberStatus::Up))
+                    && up_count(s) == 3
+            },
+            LONG,
+        )
+        .await
+        .expect("the new incarnation is Up and the old one is not");
+    }
+    for n in [&nodes[0], &nodes[1], &restarted] {
+        n.shutdown().await.ok();
+    }
+}
