@@ -34,6 +34,9 @@ pub struct Fail;
 /// Asks to be passivated after this message.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PassivateAfter;
+/// Panics in `handle` itself, before a future exists.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EarlyBoom;
 
 protocol! {
     /// The probe entity's protocol.
@@ -46,6 +49,7 @@ protocol! {
         ask Hold -> ();
         ask Fail -> u64;
         tell PassivateAfter;
+        ask EarlyBoom -> ();
     }
 }
 
@@ -56,6 +60,8 @@ pub enum Event {
     Started(String, u64),
     /// Incarnation `n` of the entity was dropped (passivated, restarted, or shut down).
     Stopped(String, u64),
+    /// Incarnation `n` is inside a `Hold` handler, waiting for the gate.
+    Holding(String, u64),
 }
 
 /// What all probe entities share with the test.
@@ -63,6 +69,8 @@ pub struct Probes {
     /// Per entity: (incarnation, seq) of every `Record` handled, in order.
     pub log: Mutex<HashMap<String, Vec<(u64, u64)>>>,
     incarnations: AtomicU64,
+    /// Factory calls whose number is listed here panic (1 = the first call).
+    pub panicking_builds: Mutex<Vec<u64>>,
     events: mpsc::UnboundedSender<Event>,
     /// `Hold` waits for a permit here.
     pub gate: Semaphore,
@@ -75,6 +83,7 @@ impl Probes {
         let probes = Probes {
             log: Mutex::new(HashMap::new()),
             incarnations: AtomicU64::new(0),
+            panicking_builds: Mutex::new(Vec::new()),
             events,
             gate: Semaphore::new(0),
         };
@@ -88,6 +97,14 @@ impl Probes {
         let probes = self.clone();
         move |ctx| {
             let incarnation = probes.incarnations.fetch_add(1, Ordering::SeqCst) + 1;
+            if probes
+                .panicking_builds
+                .lock()
+                .unwrap()
+                .contains(&incarnation)
+            {
+                panic!("factory refuses build {incarnation}");
+            }
             let _ = probes
                 .events
                 .send(Event::Started(ctx.entity_id().to_owned(), incarnation));
@@ -206,6 +223,10 @@ impl Handler<BoomTell> for ProbeEntity {
 impl Handler<Hold> for ProbeEntity {
     async fn handle(&mut self, _msg: Hold, _ctx: &EntityContext) -> ShardingResult<()> {
         self.handled += 1;
+        let _ = self
+            .probes
+            .events
+            .send(Event::Holding(self.id.clone(), self.incarnation));
         let permit = self
             .probes
             .gate
@@ -227,5 +248,17 @@ impl Handler<PassivateAfter> for ProbeEntity {
     async fn handle(&mut self, _msg: PassivateAfter, ctx: &EntityContext) -> ShardingResult<()> {
         ctx.passivate();
         Ok(())
+    }
+}
+
+impl Handler<EarlyBoom> for ProbeEntity {
+    #[allow(unreachable_code, clippy::diverging_sub_expression)]
+    fn handle(
+        &mut self,
+        _msg: EarlyBoom,
+        _ctx: &EntityContext,
+    ) -> impl std::future::Future<Output = ShardingResult<()>> + Send {
+        panic!("early boom in {}", self.id);
+        async { Ok(()) }
     }
 }

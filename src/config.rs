@@ -6,6 +6,9 @@ use typed_builder::TypedBuilder;
 
 use crate::error::{ShardingError, ShardingResult};
 
+/// The largest shard count accepted: each shard has a slot in every region.
+pub const MAX_SHARDS: u32 = 65_536;
+
 /// Settings of a sharded system. Build with [`ShardingConfig::builder`] or
 /// start from [`ShardingConfig::default`].
 ///
@@ -54,9 +57,16 @@ impl Default for ShardingConfig {
 impl ShardingConfig {
     /// Checks the settings; the error says which one is wrong.
     pub fn validate(&self) -> ShardingResult<()> {
-        if self.num_shards == 0 {
+        if self.num_shards == 0 || self.num_shards > MAX_SHARDS {
+            return Err(ShardingError::InvalidConfig(format!(
+                "num_shards must be in 1..={MAX_SHARDS}, not {}",
+                self.num_shards
+            )));
+        }
+        if self.allocation_buffer == 0 {
             return Err(ShardingError::InvalidConfig(
-                "num_shards must be at least 1".into(),
+                "allocation_buffer must be at least 1: the first message to a shard waits in it"
+                    .into(),
             ));
         }
         if self.passivation_idle_timeout == Some(Duration::ZERO) {

@@ -65,12 +65,12 @@ where
 }
 
 /// Where an entity lives, given to its factory and to every handler.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct EntityContext {
     type_name: &'static str,
     entity_id: Arc<str>,
     shard_id: ShardId,
-    passivate: Arc<AtomicBool>,
+    passivate: AtomicBool,
 }
 
 impl EntityContext {
@@ -79,7 +79,7 @@ impl EntityContext {
             type_name,
             entity_id,
             shard_id,
-            passivate: Arc::new(AtomicBool::new(false)),
+            passivate: AtomicBool::new(false),
         }
     }
 
@@ -105,11 +105,11 @@ impl EntityContext {
         self.passivate.store(true, Ordering::Relaxed);
     }
 
-    pub(crate) fn take_passivate_request(&self) -> bool {
-        self.passivate.swap(false, Ordering::Relaxed)
+    pub(crate) fn entity_id_arc(&self) -> Arc<str> {
+        self.entity_id.clone()
     }
 
-    pub(crate) fn entity_id_arc(&self) -> &Arc<str> {
-        &self.entity_id
+    pub(crate) fn take_passivate_request(&self) -> bool {
+        self.passivate.swap(false, Ordering::Relaxed)
     }
 }

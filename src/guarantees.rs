@@ -352,4 +352,42 @@
 ///     system.register_remembered::<CounterEntity>(|_| CounterEntity::default()).await
 /// }
 /// ```
+///
+/// ## Malformed protocol lines
+///
+/// A tell has no reply, an ask needs one, and a message type appears once per
+/// protocol. Errors: `a tell message has no reply` and `an ask message needs
+/// its reply type` (the macro's own `compile_error!`), and E0119
+/// (conflicting implementations) for a type listed twice.
+///
+/// ```compile_fail
+/// # use datum_cluster_sharding::prelude::*;
+/// # #[derive(Serialize, Deserialize)] pub struct Add(pub u64);
+/// protocol! { pub protocol Bad = "bad" { tell Add -> u64; } }
+/// # fn main() {}
+/// ```
+///
+/// ```compile_fail
+/// # use datum_cluster_sharding::prelude::*;
+/// # #[derive(Serialize, Deserialize)] pub struct Get;
+/// protocol! { pub protocol Bad = "bad" { ask Get; } }
+/// # fn main() {}
+/// ```
+///
+/// ```compile_fail,E0119
+/// # use datum_cluster_sharding::prelude::*;
+/// # #[derive(Serialize, Deserialize)] pub struct Add(pub u64);
+/// protocol! { pub protocol Bad = "bad" { tell Add; tell Add; } }
+/// # fn main() {}
+/// ```
+///
+/// Their twin, which compiles:
+///
+/// ```
+/// # use datum_cluster_sharding::prelude::*;
+/// # #[derive(Serialize, Deserialize)] pub struct Add(pub u64);
+/// # #[derive(Serialize, Deserialize)] pub struct Get;
+/// protocol! { pub protocol Good = "good" { tell Add; ask Get -> u64; } }
+/// # fn main() {}
+/// ```
 pub enum Guarantees {}

@@ -73,7 +73,7 @@ pub mod wire;
 
 pub(crate) use __private as private;
 
-pub use config::ShardingConfig;
+pub use config::{MAX_SHARDS, ShardingConfig};
 pub use entity::{Entity, EntityContext, Handler};
 pub use error::{ShardingError, ShardingResult};
 pub use extractor::{DefaultShardExtractor, ShardExtractor, ShardId, fnv1a_64};

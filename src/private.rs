@@ -135,7 +135,9 @@ where
         }
     };
     let Typed { msg, reply } = typed;
-    match AssertUnwindSafe(entity.handle(msg, ctx))
+    // The whole call sits inside the guarded future, so a panic before
+    // `handle` returns its future is caught too.
+    match AssertUnwindSafe(async move { entity.handle(msg, ctx).await })
         .catch_unwind()
         .await
     {

@@ -27,6 +27,7 @@
 use std::any::TypeId;
 use std::collections::HashMap;
 use std::marker::PhantomData;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Duration;
 
@@ -39,7 +40,7 @@ use crate::error::{ShardingError, ShardingResult};
 use crate::extractor::{ShardExtractor, ShardId};
 use crate::private::{Dispatch, LocalEnvelope};
 use crate::protocol::{Ask, Protocol, Tell};
-use crate::runtime::entity_actor::{EntityActor, EntityArgs, Factory};
+use crate::runtime::entity_actor::{EntityActor, EntityArgs, Factory, StopNotice};
 use crate::runtime::region::{Region, Spawner};
 use crate::runtime::region_actor::RegionActor;
 use crate::store::{NoStore, RememberEntitiesStore};
@@ -57,6 +58,13 @@ pub struct ShardedSystem<S = NoStore> {
 struct Shared {
     config: ShardingConfig,
     regions: RwLock<HashMap<&'static str, Arc<Region>>>,
+    stopped: AtomicBool,
+}
+
+impl Shared {
+    fn is_shut_down(&self) -> bool {
+        self.stopped.load(Ordering::Acquire)
+    }
 }
 
 /// Builds a [`ShardedSystem`]; the store given (if any) becomes part of the system's type.
@@ -117,6 +125,7 @@ impl<S> ShardedSystemBuilder<S> {
             shared: Arc::new(Shared {
                 config: self.config,
                 regions: RwLock::new(HashMap::new()),
+                stopped: AtomicBool::new(false),
             }),
             store: Arc::new(self.store),
         })
@@ -153,14 +162,31 @@ impl<S> ShardedSystem<S> {
         E::Protocol: Dispatch<E>,
     {
         let type_name = <E::Protocol as Protocol>::TYPE_NAME;
+        if self.is_shut_down() {
+            return Err(ShardingError::ShuttingDown);
+        }
+        if self.regions().contains_key(type_name) {
+            return Err(ShardingError::AlreadyRegistered { type_name });
+        }
         let config = &self.shared.config;
-        let idle_timeout = config.passivation_idle_timeout;
-        let spawner: Spawner = Box::new(move |ctx, shard| {
+        // Akka's rule: remembered entities are not passivated when idle (a
+        // passivated id would be forgotten).
+        let idle_timeout = if remember.is_some() {
+            None
+        } else {
+            config.passivation_idle_timeout
+        };
+        let spawner: Spawner = Box::new(move |ctx, incarnation, shard| {
+            let notice = StopNotice {
+                shard,
+                entity_id: ctx.entity_id_arc(),
+                incarnation,
+            };
             let args = EntityArgs {
                 factory: factory.clone(),
                 ctx,
-                shard,
                 idle_timeout,
+                notice,
             };
             ractor::ActorRuntime::<EntityActor<E>>::spawn_instant(None, EntityActor::new(), args)
                 .map(|(actor, _)| actor)
@@ -175,21 +201,29 @@ impl<S> ShardedSystem<S> {
             remember,
             config.shutdown_timeout,
         ));
+        // The region actor exists before any sender can see the region, so
+        // every allocation request has somewhere to go.
+        let (actor, _) = RegionActor::spawn(None, RegionActor, region.clone())
+            .await
+            .map_err(|e| ShardingError::Spawn(e.to_string()))?;
+        let _ = region.region_actor.set(actor.clone());
         {
             let mut regions = self
                 .shared
                 .regions
                 .write()
                 .unwrap_or_else(|p| p.into_inner());
-            if regions.contains_key(type_name) {
-                return Err(ShardingError::AlreadyRegistered { type_name });
+            if self.is_shut_down() || regions.contains_key(type_name) {
+                drop(regions);
+                actor.stop(None);
+                return Err(if self.is_shut_down() {
+                    ShardingError::ShuttingDown
+                } else {
+                    ShardingError::AlreadyRegistered { type_name }
+                });
             }
             regions.insert(type_name, region.clone());
         }
-        let (actor, _) = RegionActor::spawn(None, RegionActor, region.clone())
-            .await
-            .map_err(|e| ShardingError::Spawn(e.to_string()))?;
-        let _ = region.region_actor.set(actor);
         region.start_remembered_shards();
         Ok(())
     }
@@ -210,27 +244,26 @@ impl<S> ShardedSystem<S> {
     /// Stops every entity, fails buffered and pending messages with
     /// [`ShardingError::ShuttingDown`], and waits for the actors to stop.
     pub async fn shutdown(&self) {
-        let regions: Vec<Arc<Region>> = {
-            let mut regions = self
-                .shared
-                .regions
-                .write()
-                .unwrap_or_else(|p| p.into_inner());
-            regions.drain().map(|(_, r)| r).collect()
-        };
-        for region in regions {
-            region.shutdown().await;
-        }
+        self.shared.stopped.store(true, Ordering::Release);
+        let regions: Vec<Arc<Region>> = self.regions().values().cloned().collect();
+        futures_util::future::join_all(regions.iter().map(|r| r.shutdown())).await;
+    }
+
+    /// Whether `shutdown` has been called.
+    pub fn is_shut_down(&self) -> bool {
+        self.shared.is_shut_down()
+    }
+
+    fn regions(&self) -> std::sync::RwLockReadGuard<'_, HashMap<&'static str, Arc<Region>>> {
+        self.shared
+            .regions
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     /// How many entities of protocol `P` are live in `shard` on this node.
     pub fn live_entities<P: Protocol>(&self, shard: ShardId) -> usize {
-        let regions = self
-            .shared
-            .regions
-            .read()
-            .unwrap_or_else(|p| p.into_inner());
-        match regions.get(P::TYPE_NAME) {
+        match self.regions().get(P::TYPE_NAME) {
             Some(region) if shard.0 < region.num_shards() => region.live_entities(shard),
             _ => 0,
         }
@@ -307,6 +340,9 @@ impl<P: Protocol> EntityRef<P> {
     fn region(&self) -> ShardingResult<&Arc<Region>> {
         if let Some(region) = self.region.get() {
             return Ok(region);
+        }
+        if self.shared.is_shut_down() {
+            return Err(ShardingError::ShuttingDown);
         }
         let region = {
             let regions = self

@@ -242,29 +242,36 @@ async fn messages_arriving_during_passivation_are_buffered_not_dropped() {
     let (system, probes, mut events) = probe_system(no_idle()).await;
     let r = system.entity_ref::<Probe>("busy");
     r.tell(Record(0)).await.unwrap();
-    // Park the entity in a handler, then ask it to passivate after the next message.
+    // Park the first incarnation inside a handler.
     let holder = {
         let r = r.clone();
         tokio::spawn(async move { r.ask(Hold, LONG).await })
     };
-    r.tell(PassivateAfter).await.unwrap();
-    // These queue behind Hold and PassivateAfter in the old mailbox, or land in
-    // the passivation buffer once the shard removed the entity: either way kept.
+    expect_event(&mut events, Event::Holding("busy".into(), 1), LONG).await;
+    // Passivation begins while it is busy: from here on, messages wait in the
+    // passivation buffer, not in the old mailbox.
+    r.passivate().await.unwrap();
     for seq in 1..200 {
         r.tell(Record(seq)).await.unwrap();
     }
+    assert_eq!(
+        system.live_entities::<Probe>(r.shard_id()),
+        0,
+        "the entity is passivating, not live"
+    );
     probes.gate.add_permits(1);
     holder.await.unwrap().unwrap();
     expect_event(&mut events, Event::Stopped("busy".into(), 1), LONG).await;
-    for seq in 200..300 {
-        r.tell(Record(seq)).await.unwrap();
-    }
     r.ask(Total, LONG).await.unwrap();
-    let seqs: Vec<u64> = probes.log_of("busy").iter().map(|(_, s)| *s).collect();
-    assert_eq!(seqs, (0..300).collect::<Vec<_>>());
+    let log = probes.log_of("busy");
+    assert_eq!(
+        log.iter().map(|(_, s)| *s).collect::<Vec<_>>(),
+        (0..200).collect::<Vec<_>>()
+    );
+    assert_eq!(log[0].0, 1);
     assert!(
-        probes.log_of("busy").iter().any(|(inc, _)| *inc == 2),
-        "a second incarnation took over"
+        log[1..].iter().all(|(inc, _)| *inc == 2),
+        "buffered messages went to the next incarnation: {log:?}"
     );
     system.shutdown().await;
 }
@@ -341,23 +348,23 @@ async fn ask_times_out_with_a_clear_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_fails_pending_asks_instead_of_hanging() {
+    let timeout = Duration::from_millis(200);
     let config = ShardingConfig::builder()
         .passivation_idle_timeout(None)
-        .shutdown_timeout(Duration::from_millis(200))
+        .shutdown_timeout(timeout)
         .build();
-    let (system, _probes, _events) = probe_system(config).await;
+    let (system, _probes, mut events) = probe_system(config).await;
     let r = system.entity_ref::<Probe>("stuck");
-    r.ask(Total, LONG).await.unwrap();
     let held = {
         let r = r.clone();
         tokio::spawn(async move { r.ask(Hold, Duration::from_secs(60)).await })
     };
-    // Queued behind the held message:
+    expect_event(&mut events, Event::Holding("stuck".into(), 1), LONG).await;
+    // Queued behind the held message; the ask is enqueued before it returns a future to poll.
     let queued = {
         let r = r.clone();
         tokio::spawn(async move { r.ask(Total, Duration::from_secs(60)).await })
     };
-    // Wait until both are in the mailbox (the Hold handler is running).
     tokio::time::timeout(LONG, async {
         while system.live_entities::<Probe>(r.shard_id()) == 0 {
             tokio::task::yield_now().await;
@@ -366,24 +373,38 @@ async fn shutdown_fails_pending_asks_instead_of_hanging() {
     .await
     .unwrap();
     tokio::task::yield_now().await;
+    let started = std::time::Instant::now();
     tokio::time::timeout(LONG, system.shutdown())
         .await
         .expect("shutdown hung");
+    assert!(
+        started.elapsed() >= timeout,
+        "the stuck handler was given the shutdown timeout before the kill"
+    );
+    let held = tokio::time::timeout(LONG, held)
+        .await
+        .expect("held ask hung")
+        .unwrap();
+    assert_eq!(held, Err(ShardingError::ShuttingDown));
     let queued = tokio::time::timeout(LONG, queued)
         .await
         .expect("queued ask hung")
         .unwrap();
     assert_eq!(queued, Err(ShardingError::ShuttingDown));
-    // The held handler was abandoned after the shutdown timeout.
-    let held = tokio::time::timeout(LONG, held)
-        .await
-        .expect("held ask hung")
-        .unwrap();
-    assert!(
-        matches!(held, Err(ShardingError::ShuttingDown)),
-        "held ask: {held:?}"
-    );
     assert_eq!(r.tell(Record(1)).await, Err(ShardingError::ShuttingDown));
+    assert_eq!(
+        system
+            .entity_ref::<Probe>("new-after-shutdown")
+            .tell(Record(1))
+            .await,
+        Err(ShardingError::ShuttingDown)
+    );
+    assert!(
+        system
+            .register::<CounterEntity>(|_| CounterEntity::default())
+            .await
+            .is_err()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -596,5 +617,177 @@ async fn remembered_entities_respawn_when_their_shard_starts() {
     }
     started.sort();
     assert_eq!(started, vec!["r-1".to_string(), "r-2".to_string()]);
+    system.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_before_handle_returns_its_future_is_caught_too() {
+    let (system, _probes, _events) = probe_system(no_idle()).await;
+    let r = system.entity_ref::<Probe>("early");
+    r.ask(Total, LONG).await.unwrap();
+    r.tell(Record(7)).await.unwrap();
+    match r.ask(EarlyBoom, LONG).await {
+        Err(ShardingError::EntityPanicked { panic, .. }) => {
+            assert!(panic.contains("early boom"), "{panic}")
+        }
+        other => panic!("expected EntityPanicked, got {other:?}"),
+    }
+    assert_eq!(
+        r.ask(Total, LONG).await.unwrap(),
+        1,
+        "restarted in place, mailbox kept"
+    );
+    system.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_factory_panic_fails_that_incarnation_and_the_next_message_respawns() {
+    let (system, probes, _events) = probe_system(no_idle()).await;
+    // Build 1 (first spawn) and build 3 (rebuild after a handler panic) fail.
+    probes.panicking_builds.lock().unwrap().extend([1, 3]);
+    let r = system.entity_ref::<Probe>("fragile");
+    assert_eq!(
+        r.ask(Total, LONG).await,
+        Err(ShardingError::EntityStopped {
+            type_name: "probe",
+            entity_id: "fragile".into()
+        })
+    );
+    assert_eq!(r.ask(Total, LONG).await.unwrap(), 1, "build 2 serves");
+    assert!(matches!(
+        r.ask(Boom, LONG).await,
+        Err(ShardingError::EntityPanicked { .. })
+    ));
+    // The rebuild (build 3) panicked, so that actor stopped; build 4 serves.
+    let answer = tokio::time::timeout(LONG, async {
+        loop {
+            match r.ask(Total, LONG).await {
+                Ok(n) => return n,
+                Err(ShardingError::EntityStopped { .. }) => continue,
+                Err(other) => panic!("unexpected {other:?}"),
+            }
+        }
+    })
+    .await
+    .expect("never respawned");
+    assert_eq!(answer, 1);
+    system.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_passivation_buffer_overflows_without_losing_what_it_holds() {
+    let config = ShardingConfig::builder()
+        .allocation_buffer(3)
+        .passivation_idle_timeout(None)
+        .build();
+    let (system, probes, mut events) = probe_system(config).await;
+    let r = system.entity_ref::<Probe>("full");
+    let holder = {
+        let r = r.clone();
+        tokio::spawn(async move { r.ask(Hold, LONG).await })
+    };
+    expect_event(&mut events, Event::Holding("full".into(), 1), LONG).await;
+    r.passivate().await.unwrap();
+    for seq in 0..3 {
+        r.tell(Record(seq)).await.unwrap();
+    }
+    assert!(matches!(
+        r.tell(Record(3)).await,
+        Err(ShardingError::BufferOverflow {
+            type_name: "probe",
+            ..
+        })
+    ));
+    probes.gate.add_permits(1);
+    holder.await.unwrap().unwrap();
+    r.ask(Total, LONG).await.unwrap();
+    assert_eq!(
+        probes
+            .log_of("full")
+            .iter()
+            .map(|(_, s)| *s)
+            .collect::<Vec<_>>(),
+        vec![0, 1, 2]
+    );
+    system.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_during_passivation_fails_what_waits() {
+    let config = ShardingConfig::builder()
+        .passivation_idle_timeout(None)
+        .shutdown_timeout(Duration::from_millis(100))
+        .build();
+    let (system, _probes, mut events) = probe_system(config).await;
+    let r = system.entity_ref::<Probe>("leaving");
+    let held = {
+        let r = r.clone();
+        tokio::spawn(async move { r.ask(Hold, Duration::from_secs(60)).await })
+    };
+    expect_event(&mut events, Event::Holding("leaving".into(), 1), LONG).await;
+    r.passivate().await.unwrap();
+    let buffered = {
+        let r = r.clone();
+        tokio::spawn(async move { r.ask(Total, Duration::from_secs(60)).await })
+    };
+    tokio::time::timeout(LONG, system.shutdown())
+        .await
+        .expect("shutdown hung");
+    let held = tokio::time::timeout(LONG, held)
+        .await
+        .expect("the held ask hung")
+        .unwrap();
+    assert_eq!(held, Err(ShardingError::ShuttingDown));
+    let buffered = tokio::time::timeout(LONG, buffered)
+        .await
+        .expect("the buffered ask hung")
+        .unwrap();
+    assert_eq!(buffered, Err(ShardingError::ShuttingDown));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sends_racing_registration_are_all_delivered() {
+    let system = ShardedSystem::builder()
+        .passivation_idle_timeout(None)
+        .start()
+        .await
+        .unwrap();
+    let senders: Vec<_> = (0..4u64)
+        .map(|i| {
+            let system = system.clone();
+            tokio::spawn(async move {
+                let r = system.entity_ref::<Counter>(format!("race-{i}"));
+                let mut sent = 0;
+                while sent < 50 {
+                    match r.tell(Add(1)).await {
+                        Ok(()) => sent += 1,
+                        Err(ShardingError::NotRegistered { .. }) => tokio::task::yield_now().await,
+                        Err(other) => panic!("unexpected {other:?}"),
+                    }
+                }
+            })
+        })
+        .collect();
+    tokio::task::yield_now().await;
+    system
+        .register::<CounterEntity>(|_| CounterEntity::default())
+        .await
+        .unwrap();
+    for s in senders {
+        tokio::time::timeout(LONG, s)
+            .await
+            .expect("sender stuck")
+            .unwrap();
+    }
+    for i in 0..4 {
+        assert_eq!(
+            system
+                .entity_ref::<Counter>(format!("race-{i}"))
+                .ask(Get, LONG)
+                .await
+                .unwrap(),
+            50
+        );
+    }
     system.shutdown().await;
 }

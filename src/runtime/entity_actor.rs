@@ -33,14 +33,37 @@ impl<E> EntityActor<E> {
     }
 }
 
+/// Tells the shard that an incarnation has ended, when dropped. It lives in
+/// the actor's arguments and then its state, which ractor drops on every exit
+/// path — stop, kill, a failed `pre_start`, a panic — so the shard always
+/// hears, including in the cases where ractor skips `post_stop`.
+pub(crate) struct StopNotice {
+    pub(crate) shard: ActorRef<ShardMsg>,
+    pub(crate) entity_id: Arc<str>,
+    pub(crate) incarnation: u64,
+}
+
+impl Drop for StopNotice {
+    fn drop(&mut self) {
+        let msg = ShardMsg::EntityStopped {
+            entity_id: self.entity_id.clone(),
+            incarnation: self.incarnation,
+        };
+        // The shard actor stops only at shutdown, when nobody needs the notice.
+        let _ = self.shard.cast(msg);
+    }
+}
+
 pub(crate) struct EntityArgs<E> {
     pub(crate) factory: Factory<E>,
     pub(crate) ctx: EntityContext,
-    pub(crate) shard: ActorRef<ShardMsg>,
     pub(crate) idle_timeout: Option<Duration>,
+    pub(crate) notice: StopNotice,
 }
 
 pub(crate) struct EntityState<E> {
+    // Field order is drop order: the entity is dropped before the notice is
+    // sent, so the next incarnation never coexists with this one.
     entity: E,
     args: EntityArgs<E>,
     last_activity: Instant,
@@ -48,24 +71,24 @@ pub(crate) struct EntityState<E> {
 
 fn build<E>(factory: &Factory<E>, ctx: &EntityContext) -> Result<E, ActorProcessingErr> {
     std::panic::catch_unwind(AssertUnwindSafe(|| factory(ctx))).map_err(|payload| {
+        let panic = panic_message(payload.as_ref());
         format!(
-            "entity factory for `{}` `{}` panicked: {}",
+            "entity factory for `{}` `{}` panicked: {panic}",
             ctx.type_name(),
-            ctx.entity_id(),
-            panic_message(payload.as_ref())
+            ctx.entity_id()
         )
         .into()
     })
 }
 
 impl<E> EntityState<E> {
-    fn request_passivation(&self, myself: &ActorRef<EntityMsg>) {
+    fn request_passivation(&self) {
+        let notice = &self.args.notice;
         let msg = ShardMsg::Passivate {
-            entity_id: self.args.ctx.entity_id_arc().clone(),
-            actor: myself.get_id(),
+            entity_id: notice.entity_id.clone(),
+            incarnation: notice.incarnation,
         };
-        // The shard stops only at shutdown, which stops this entity too.
-        let _ = self.args.shard.cast(msg);
+        let _ = notice.shard.cast(msg);
     }
 }
 
@@ -102,19 +125,29 @@ where
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             EntityMsg::Deliver(envelope) => {
-                if state.args.idle_timeout.is_some() {
-                    state.last_activity = Instant::now();
-                }
                 let outcome = <E::Protocol as Dispatch<E>>::dispatch(
                     &mut state.entity,
                     envelope,
                     &state.args.ctx,
                 )
                 .await;
+                if state.args.idle_timeout.is_some() {
+                    state.last_activity = Instant::now();
+                }
                 if let OutcomeKind::Panicked(panic) = outcome.0 {
-                    tracing::warn!(type_name = state.args.ctx.type_name(), entity_id = state.args.ctx.entity_id(), %panic, "entity handler panicked; restarting the entity");
-                    match build(&state.args.factory, &state.args.ctx) {
-                        Ok(entity) => state.entity = entity,
+                    let ctx = &state.args.ctx;
+                    tracing::warn!(type_name = ctx.type_name(), entity_id = ctx.entity_id(), %panic, "entity handler panicked; restarting the entity");
+                    match build(&state.args.factory, ctx) {
+                        Ok(fresh) => {
+                            let old = std::mem::replace(&mut state.entity, fresh);
+                            if std::panic::catch_unwind(AssertUnwindSafe(|| drop(old))).is_err() {
+                                tracing::warn!(
+                                    type_name = ctx.type_name(),
+                                    entity_id = ctx.entity_id(),
+                                    "dropping the panicked entity panicked too"
+                                );
+                            }
+                        }
                         Err(error) => {
                             tracing::error!(%error, "entity could not be rebuilt; stopping it");
                             myself.stop(Some("factory panicked on restart".into()));
@@ -123,7 +156,7 @@ where
                     }
                 }
                 if state.args.ctx.take_passivate_request() {
-                    state.request_passivation(&myself);
+                    state.request_passivation();
                 }
             }
             EntityMsg::Stop => myself.stop(Some("passivated".into())),
@@ -131,26 +164,13 @@ where
                 if let Some(idle) = state.args.idle_timeout {
                     let quiet = state.last_activity.elapsed();
                     if quiet >= idle {
-                        state.request_passivation(&myself);
+                        state.request_passivation();
                     } else {
                         myself.send_after(idle - quiet, || EntityMsg::IdleCheck);
                     }
                 }
             }
         }
-        Ok(())
-    }
-
-    async fn post_stop(
-        &self,
-        myself: ActorRef<EntityMsg>,
-        state: &mut EntityState<E>,
-    ) -> Result<(), ActorProcessingErr> {
-        let msg = ShardMsg::EntityStopped {
-            entity_id: state.args.ctx.entity_id_arc().clone(),
-            actor: myself.get_id(),
-        };
-        let _ = state.args.shard.cast(msg);
         Ok(())
     }
 }

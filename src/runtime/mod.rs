@@ -2,7 +2,7 @@
 //!
 //! ```text
 //!  EntityRef<P>::tell/ask ──► Region (one per entity type)
-//!                               slots[shard] : RwLock<Slot>
+//!                               slots[shard] : Mutex<Slot>
 //!                                 Unallocated { buffer }  ── Allocate ──► RegionActor
 //!                                 Local { entities, passivating, shard }      │ spawns
 //!                                 Stopped                                     ▼
@@ -15,7 +15,7 @@
 //! Every routing decision for a shard is made under that shard's lock, and
 //! every send into an entity mailbox happens while holding it. So a message
 //! never overtakes an earlier one from the same awaiting sender: a spawn, a
-//! buffer flush and a passivation each complete under the write lock before
+//! buffer flush and a passivation each complete under the lock before
 //! any later send can see their result.
 //!
 //! Passivation: the entity is removed from the table and sent a stop marker

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
-use ractor::{ActorId, ActorRef, MessagingErr};
+use ractor::{ActorRef, MessagingErr, RactorErr};
 
 use crate::entity::EntityContext;
 use crate::error::{ShardingError, ShardingResult};
@@ -16,9 +16,10 @@ use crate::runtime::region_actor::RegionMsg;
 use crate::runtime::shard_actor::ShardMsg;
 use crate::store::RememberEntitiesStore;
 
-/// Spawns one entity actor (type-erased over the entity type).
+/// Spawns one entity actor (type-erased over the entity type): its context,
+/// its incarnation number, and the shard actor to notify.
 pub(crate) type Spawner = Box<
-    dyn Fn(EntityContext, ActorRef<ShardMsg>) -> Result<ActorRef<EntityMsg>, ShardingError>
+    dyn Fn(EntityContext, u64, ActorRef<ShardMsg>) -> Result<ActorRef<EntityMsg>, ShardingError>
         + Send
         + Sync,
 >;
@@ -44,15 +45,28 @@ pub(crate) enum Slot {
 }
 
 pub(crate) struct LocalShard {
-    pub(crate) shard: ActorRef<ShardMsg>,
-    pub(crate) entities: HashMap<Arc<str>, ActorRef<EntityMsg>>,
-    pub(crate) passivating: HashMap<Arc<str>, Passivating>,
+    shard: ActorRef<ShardMsg>,
+    entities: HashMap<Arc<str>, Entry>,
+    /// Numbers the incarnations of this shard's entities; a stop notice or
+    /// passivation request names the incarnation it is about.
+    last_incarnation: u64,
 }
 
-pub(crate) struct Passivating {
-    actor: ActorId,
-    buffer: Vec<Buffered>,
+/// One incarnation of an entity.
+struct Live {
+    actor: ActorRef<EntityMsg>,
+    incarnation: u64,
 }
+
+enum Entry {
+    /// Messages go straight to its mailbox.
+    Live(Live),
+    /// Stopping after what its mailbox holds; later messages wait here.
+    Passivating { live: Live, buffer: Vec<Buffered> },
+}
+
+/// Messages that could not be delivered, to be failed once the lock is released.
+type Undelivered = Vec<(ShardingError, LocalEnvelope)>;
 
 pub(crate) struct Region {
     pub(crate) type_name: &'static str,
@@ -62,8 +76,8 @@ pub(crate) struct Region {
     spawner: Spawner,
     pub(crate) region_actor: OnceLock<ActorRef<RegionMsg>>,
     stopped: AtomicBool,
-    pub(crate) remember: Option<Arc<dyn RememberEntitiesStore>>,
-    pub(crate) shutdown_timeout: Duration,
+    remember: Option<Arc<dyn RememberEntitiesStore>>,
+    shutdown_timeout: Duration,
 }
 
 /// Locks a slot. No code panics while holding it, so a poisoned lock (a
@@ -119,7 +133,7 @@ impl Region {
     }
 
     /// Routes one envelope to `entity_id` in `shard`. On error the envelope
-    /// was not accepted (and is dropped; the caller reports the error).
+    /// was not accepted; it is dropped after the lock is released.
     pub(crate) fn deliver(
         &self,
         shard: ShardId,
@@ -127,28 +141,28 @@ impl Region {
         envelope: LocalEnvelope,
     ) -> ShardingResult<()> {
         let mut guard = lock(&self.slots[shard.0 as usize]);
-        match &mut *guard {
+        let result = match &mut *guard {
+            Slot::Local(local) => self.deliver_local(local, shard, entity_id, envelope),
             Slot::Unallocated { buffer, requested } => {
                 if buffer.len() >= self.buffer_cap {
-                    return Err(self.overflow(shard));
+                    Err((self.overflow(shard), Some(envelope)))
+                } else {
+                    buffer.push(Buffered::Message(entity_id.clone(), envelope));
+                    if !*requested {
+                        *requested = self.request_allocation(shard);
+                    }
+                    Ok(())
                 }
-                buffer.push(Buffered::Message(entity_id.clone(), envelope));
-                if !*requested {
-                    *requested = true;
-                    self.request_allocation(shard);
-                }
-                Ok(())
             }
-            Slot::Local(local) => self
-                .deliver_local(local, shard, entity_id, envelope)
-                .map_err(|(error, _)| error),
-            Slot::Stopped => Err(ShardingError::ShuttingDown),
-        }
+            Slot::Stopped => Err((ShardingError::ShuttingDown, Some(envelope))),
+        };
+        drop(guard);
+        result.map_err(|(error, _envelope)| error)
     }
 
     /// Routing within a hosted shard, under its lock: enqueue to the live
-    /// entity (the common case), buffer behind a passivation, or replace a
-    /// dead actor / spawn the entity and enqueue.
+    /// entity (the common case), buffer behind a passivation, or spawn the
+    /// entity (replacing a dead incarnation) and enqueue.
     fn deliver_local(
         &self,
         local: &mut LocalShard,
@@ -156,24 +170,20 @@ impl Region {
         entity_id: &Arc<str>,
         envelope: LocalEnvelope,
     ) -> Result<(), (ShardingError, Option<LocalEnvelope>)> {
-        if let Some(passivating) = local.passivating.get_mut(entity_id) {
-            if passivating.buffer.len() >= self.buffer_cap {
-                return Err((self.overflow(shard), Some(envelope)));
-            }
-            passivating
-                .buffer
-                .push(Buffered::Message(entity_id.clone(), envelope));
-            return Ok(());
-        }
-        let envelope = match local.entities.get(entity_id) {
-            Some(actor) => match send_to(actor, envelope) {
+        let envelope = match local.entities.get_mut(entity_id) {
+            Some(Entry::Live(live)) => match send_to(&live.actor, envelope) {
                 Ok(()) => return Ok(()),
-                Err(Some(envelope)) => {
-                    local.entities.remove(entity_id);
-                    envelope
-                }
+                // The actor is gone without its stop notice handled yet: replace it.
+                Err(Some(envelope)) => envelope,
                 Err(None) => return Err((refused(), None)),
             },
+            Some(Entry::Passivating { buffer, .. }) => {
+                if buffer.len() >= self.buffer_cap {
+                    return Err((self.overflow(shard), Some(envelope)));
+                }
+                buffer.push(Buffered::Message(entity_id.clone(), envelope));
+                return Ok(());
+            }
             None => envelope,
         };
         let actor = match self.spawn_entity(local, shard, entity_id) {
@@ -195,9 +205,17 @@ impl Region {
         shard: ShardId,
         entity_id: &Arc<str>,
     ) -> ShardingResult<ActorRef<EntityMsg>> {
+        local.last_incarnation += 1;
+        let incarnation = local.last_incarnation;
         let ctx = EntityContext::new(self.type_name, entity_id.clone(), shard);
-        let actor = (self.spawner)(ctx, local.shard.clone())?;
-        local.entities.insert(entity_id.clone(), actor.clone());
+        let actor = (self.spawner)(ctx, incarnation, local.shard.clone())?;
+        local.entities.insert(
+            entity_id.clone(),
+            Entry::Live(Live {
+                actor: actor.clone(),
+                incarnation,
+            }),
+        );
         if let Some(store) = &self.remember {
             if let Err(error) = store.record_entity_started(self.type_name, shard, entity_id) {
                 tracing::warn!(type_name = self.type_name, %shard, entity_id = &**entity_id, %error, "remember-entities: recording a start failed");
@@ -206,23 +224,25 @@ impl Region {
         Ok(actor)
     }
 
-    fn request_allocation(&self, shard: ShardId) {
+    /// Asks the region actor to allocate `shard`; false if it cannot be asked
+    /// (then the next message asks again).
+    fn request_allocation(&self, shard: ShardId) -> bool {
         match self.region_actor.get() {
-            Some(actor) => {
-                if actor.cast(RegionMsg::Allocate(shard)).is_err() {
-                    tracing::debug!(type_name = self.type_name, %shard, "region actor gone; allocation not requested");
-                }
+            Some(actor) => actor.cast(RegionMsg::Allocate(shard)).is_ok(),
+            None => {
+                tracing::error!(
+                    type_name = self.type_name,
+                    "BUG: region used before its actor started"
+                );
+                false
             }
-            None => tracing::error!(
-                type_name = self.type_name,
-                "BUG: region used before its actor started"
-            ),
         }
     }
 
-    /// Makes `shard` local with the given shard actor and flushes its buffer in
-    /// order. Returns false (and leaves the slot as it was) when the shard is
-    /// already local or the region stopped; the caller then stops `shard_actor`.
+    /// Makes `shard` local with the given shard actor, spawns its remembered
+    /// entities and replays its buffer in order. Returns false (and leaves the
+    /// slot as it was) when the shard is already local or the region stopped;
+    /// the caller then stops `shard_actor`.
     pub(crate) fn install_local(&self, shard: ShardId, shard_actor: ActorRef<ShardMsg>) -> bool {
         let mut guard = lock(&self.slots[shard.0 as usize]);
         let buffer = match &mut *guard {
@@ -232,28 +252,33 @@ impl Region {
         let mut local = LocalShard {
             shard: shard_actor,
             entities: HashMap::new(),
-            passivating: HashMap::new(),
+            last_incarnation: 0,
         };
-        self.replay(&mut local, shard, buffer);
-        if let Some(store) = &self.remember {
-            match store.list_entities_for_shard(self.type_name, shard) {
-                Ok(ids) => {
-                    for id in ids {
-                        let id: Arc<str> = id.into();
-                        if !local.entities.contains_key(&id) {
-                            if let Err(error) = self.spawn_entity(&mut local, shard, &id) {
-                                tracing::warn!(type_name = self.type_name, %shard, %error, "remember-entities: respawn failed");
-                            }
+        self.spawn_remembered(&mut local, shard);
+        let undelivered = self.replay(&mut local, shard, buffer);
+        *guard = Slot::Local(local);
+        drop(guard);
+        fail_undelivered(undelivered);
+        true
+    }
+
+    fn spawn_remembered(&self, local: &mut LocalShard, shard: ShardId) {
+        let Some(store) = &self.remember else { return };
+        match store.list_entities_for_shard(self.type_name, shard) {
+            Ok(ids) => {
+                for id in ids {
+                    let id: Arc<str> = id.into();
+                    if !local.entities.contains_key(&id) {
+                        if let Err(error) = self.spawn_entity(local, shard, &id) {
+                            tracing::warn!(type_name = self.type_name, %shard, %error, "remember-entities: respawn failed");
                         }
                     }
                 }
-                Err(error) => {
-                    tracing::warn!(type_name = self.type_name, %shard, %error, "remember-entities: listing the shard failed")
-                }
+            }
+            Err(error) => {
+                tracing::warn!(type_name = self.type_name, %shard, %error, "remember-entities: listing the shard failed")
             }
         }
-        *guard = Slot::Local(local);
-        true
     }
 
     /// Starts shards that have remembered entities (used at registration).
@@ -262,11 +287,11 @@ impl Region {
         match store.list_shards(self.type_name) {
             Ok(shards) => {
                 for shard in shards.into_iter().filter(|s| s.0 < self.num_shards()) {
-                    let mut guard = lock(&self.slots[shard.0 as usize]);
-                    if let Slot::Unallocated { requested, .. } = &mut *guard {
+                    if let Slot::Unallocated { requested, .. } =
+                        &mut *lock(&self.slots[shard.0 as usize])
+                    {
                         if !*requested {
-                            *requested = true;
-                            self.request_allocation(shard);
+                            *requested = self.request_allocation(shard);
                         }
                     }
                 }
@@ -277,32 +302,38 @@ impl Region {
         }
     }
 
-    /// Begins passivating `entity_id` if `actor` (when given) is its current
-    /// incarnation. While the shard has no home yet, or the entity is already
-    /// passivating with messages waiting, the request is buffered behind them.
+    /// Passivates `entity_id` — only `incarnation` if one is named (a request
+    /// from the entity itself), else whichever is current. While the entity's
+    /// messages still wait in a buffer (shard not yet allocated, or entity
+    /// already passivating), the request is buffered behind them.
     pub(crate) fn passivate(
         &self,
         shard: ShardId,
         entity_id: &Arc<str>,
-        actor: Option<ActorId>,
+        incarnation: Option<u64>,
     ) -> ShardingResult<()> {
         let mut guard = lock(&self.slots[shard.0 as usize]);
-        match &mut *guard {
+        let (result, undelivered) = match &mut *guard {
             Slot::Unallocated { buffer, .. } => {
-                if buffer
+                let waiting = buffer
                     .iter()
-                    .any(|b| matches!(b, Buffered::Message(id, _) if id == entity_id))
-                {
-                    if buffer.len() >= self.buffer_cap {
-                        return Err(self.overflow(shard));
-                    }
+                    .any(|b| matches!(b, Buffered::Message(id, _) if id == entity_id));
+                let result = if !waiting {
+                    Ok(())
+                } else if buffer.len() >= self.buffer_cap {
+                    Err(self.overflow(shard))
+                } else {
                     buffer.push(Buffered::Passivate(entity_id.clone()));
-                }
-                Ok(())
+                    Ok(())
+                };
+                (result, Vec::new())
             }
-            Slot::Local(local) => self.passivate_in(local, shard, entity_id, actor),
-            Slot::Stopped => Err(ShardingError::ShuttingDown),
-        }
+            Slot::Local(local) => self.passivate_in(local, shard, entity_id, incarnation),
+            Slot::Stopped => (Err(ShardingError::ShuttingDown), Vec::new()),
+        };
+        drop(guard);
+        fail_undelivered(undelivered);
+        result
     }
 
     fn passivate_in(
@@ -310,34 +341,32 @@ impl Region {
         local: &mut LocalShard,
         shard: ShardId,
         entity_id: &Arc<str>,
-        actor: Option<ActorId>,
-    ) -> ShardingResult<()> {
-        if let Some(passivating) = local.passivating.get_mut(entity_id) {
-            // Only an explicit request for whatever incarnation comes next.
-            if actor.is_none() && !passivating.buffer.is_empty() {
-                if passivating.buffer.len() >= self.buffer_cap {
-                    return Err(self.overflow(shard));
+        incarnation: Option<u64>,
+    ) -> (ShardingResult<()>, Undelivered) {
+        let live = match local.entities.remove(entity_id) {
+            Some(Entry::Live(live)) if incarnation.is_none_or(|i| i == live.incarnation) => live,
+            Some(Entry::Passivating { live, mut buffer }) => {
+                // Only an explicit request, for the incarnation that comes next.
+                let mut result = Ok(());
+                if incarnation.is_none() && !buffer.is_empty() {
+                    if buffer.len() >= self.buffer_cap {
+                        result = Err(self.overflow(shard));
+                    } else {
+                        buffer.push(Buffered::Passivate(entity_id.clone()));
+                    }
                 }
-                passivating
-                    .buffer
-                    .push(Buffered::Passivate(entity_id.clone()));
+                local
+                    .entities
+                    .insert(entity_id.clone(), Entry::Passivating { live, buffer });
+                return (result, Vec::new());
             }
-            return Ok(());
-        }
-        let current = match local.entities.get(entity_id) {
-            Some(current) if actor.is_none_or(|a| a == current.get_id()) => current.get_id(),
-            _ => return Ok(()),
+            // A request from an earlier incarnation: stale.
+            Some(other) => {
+                local.entities.insert(entity_id.clone(), other);
+                return (Ok(()), Vec::new());
+            }
+            None => return (Ok(()), Vec::new()),
         };
-        let Some(entity) = local.entities.remove(entity_id) else {
-            return Ok(());
-        };
-        local.passivating.insert(
-            entity_id.clone(),
-            Passivating {
-                actor: current,
-                buffer: Vec::new(),
-            },
-        );
         if let Some(store) = &self.remember {
             if let Err(error) = store.record_entity_stopped(self.type_name, shard, entity_id) {
                 tracing::warn!(type_name = self.type_name, %shard, %error, "remember-entities: recording a stop failed");
@@ -346,21 +375,35 @@ impl Region {
         // Stop after what is queued. Not ractor's `drain`: draining an actor
         // whose `pre_start` has not run yet makes ractor refuse to start it,
         // losing its mailbox. Nothing can be enqueued behind this marker: the
-        // entity left the table under this lock.
-        if entity.send_message(EntityMsg::Stop).is_err() {
-            // Already stopped: its stop notice may have been handled before
-            // this passivation began, so finish the passivation here.
-            self.stopped_in(local, shard, entity_id, current);
+        // entity is no longer Live, and all sends happen under this lock.
+        let stop_sent = live.actor.send_message(EntityMsg::Stop).is_ok();
+        let stopped = live.incarnation;
+        local.entities.insert(
+            entity_id.clone(),
+            Entry::Passivating {
+                live,
+                buffer: Vec::new(),
+            },
+        );
+        if stop_sent {
+            (Ok(()), Vec::new())
+        } else {
+            // Already gone: finish the passivation now.
+            (Ok(()), self.stopped_in(local, shard, entity_id, stopped))
         }
-        Ok(())
     }
 
-    /// An entity actor stopped: finish its passivation (respawning it with the
-    /// messages buffered meanwhile), or forget a crashed incarnation.
-    pub(crate) fn entity_stopped(&self, shard: ShardId, entity_id: &Arc<str>, actor: ActorId) {
-        if let Slot::Local(local) = &mut *lock(&self.slots[shard.0 as usize]) {
-            self.stopped_in(local, shard, entity_id, actor);
-        }
+    /// Incarnation `incarnation` of `entity_id` stopped (its stop notice, sent
+    /// on every exit path): finish its passivation by replaying the messages
+    /// buffered meanwhile, or forget a crashed incarnation.
+    pub(crate) fn entity_stopped(&self, shard: ShardId, entity_id: &Arc<str>, incarnation: u64) {
+        let mut guard = lock(&self.slots[shard.0 as usize]);
+        let undelivered = match &mut *guard {
+            Slot::Local(local) => self.stopped_in(local, shard, entity_id, incarnation),
+            _ => Vec::new(),
+        };
+        drop(guard);
+        fail_undelivered(undelivered);
     }
 
     fn stopped_in(
@@ -368,90 +411,106 @@ impl Region {
         local: &mut LocalShard,
         shard: ShardId,
         entity_id: &Arc<str>,
-        actor: ActorId,
-    ) {
-        if local
-            .passivating
-            .get(entity_id)
-            .is_some_and(|p| p.actor == actor)
-        {
-            if let Some(passivating) = local.passivating.remove(entity_id) {
-                self.replay(local, shard, passivating.buffer);
-            }
-        } else if local
-            .entities
-            .get(entity_id)
-            .is_some_and(|a| a.get_id() == actor)
-        {
-            local.entities.remove(entity_id);
+        incarnation: u64,
+    ) -> Undelivered {
+        let current = match local.entities.get(entity_id) {
+            Some(Entry::Live(live) | Entry::Passivating { live, .. }) => live.incarnation,
+            None => return Vec::new(),
+        };
+        if current != incarnation {
+            return Vec::new();
+        }
+        match local.entities.remove(entity_id) {
+            Some(Entry::Passivating { buffer, .. }) => self.replay(local, shard, buffer),
+            _ => Vec::new(),
         }
     }
 
-    /// Replays buffered items in order into a hosted shard; a message that
-    /// cannot be delivered is failed back to its sender.
-    fn replay(&self, local: &mut LocalShard, shard: ShardId, buffer: Vec<Buffered>) {
+    /// Replays buffered items in order into a hosted shard, returning the
+    /// messages that could not be delivered.
+    fn replay(&self, local: &mut LocalShard, shard: ShardId, buffer: Vec<Buffered>) -> Undelivered {
+        let mut undelivered = Vec::new();
         for item in buffer {
             match item {
                 Buffered::Message(entity_id, envelope) => {
                     if let Err((error, Some(envelope))) =
                         self.deliver_local(local, shard, &entity_id, envelope)
                     {
-                        envelope.fail(error);
+                        undelivered.push((error, envelope));
                     }
                 }
                 Buffered::Passivate(entity_id) => {
-                    if let Err(error) = self.passivate_in(local, shard, &entity_id, None) {
+                    let (result, more) = self.passivate_in(local, shard, &entity_id, None);
+                    if let Err(error) = result {
                         tracing::warn!(type_name = self.type_name, %shard, %error, "buffered passivation dropped");
                     }
+                    undelivered.extend(more);
                 }
             }
         }
+        undelivered
     }
 
-    /// Number of live entities in `shard` (for tests and metrics).
+    /// Number of live (not passivating) entities in `shard`.
     pub(crate) fn live_entities(&self, shard: ShardId) -> usize {
         match &*lock(&self.slots[shard.0 as usize]) {
-            Slot::Local(local) => local.entities.len(),
+            Slot::Local(local) => local
+                .entities
+                .values()
+                .filter(|e| matches!(e, Entry::Live(_)))
+                .count(),
             _ => 0,
         }
     }
 
     /// Stops routing, fails every buffered message with `ShuttingDown`, and
-    /// stops all entity and shard actors, waiting for them up to the shutdown timeout.
+    /// stops all entity and shard actors (killing those that do not stop
+    /// within the shutdown timeout).
     pub(crate) async fn shutdown(&self) {
         self.stopped.store(true, Ordering::Release);
-        let mut entities = Vec::new();
-        let mut shards = Vec::new();
+        let mut cells = Vec::new();
+        let mut undelivered = Vec::new();
+        let mut buffered = |buffer: Vec<Buffered>| {
+            for item in buffer {
+                if let Buffered::Message(_, envelope) = item {
+                    undelivered.push((ShardingError::ShuttingDown, envelope));
+                }
+            }
+        };
+        let mut shard_cells = Vec::new();
         for slot in self.slots.iter() {
             let previous = std::mem::replace(&mut *lock(slot), Slot::Stopped);
             match previous {
-                Slot::Unallocated { buffer, .. } => fail_all(buffer),
+                Slot::Unallocated { buffer, .. } => buffered(buffer),
                 Slot::Local(local) => {
-                    for (_, passivating) in local.passivating {
-                        fail_all(passivating.buffer);
+                    for entry in local.entities.into_values() {
+                        match entry {
+                            Entry::Live(live) => cells.push(live.actor.get_cell()),
+                            Entry::Passivating { live, buffer } => {
+                                cells.push(live.actor.get_cell());
+                                buffered(buffer);
+                            }
+                        }
                     }
-                    entities.extend(local.entities.into_values());
-                    shards.push(local.shard);
+                    shard_cells.push(local.shard.get_cell());
                 }
                 Slot::Stopped => {}
             }
         }
-        let cells = entities
-            .iter()
-            .map(|e| e.get_cell())
-            .chain(shards.iter().map(|s| s.get_cell()));
-        futures_util::future::join_all(cells.map(|cell| stop_or_kill(cell, self.shutdown_timeout)))
+        fail_undelivered(undelivered);
+        let timeout = self.shutdown_timeout;
+        futures_util::future::join_all(cells.into_iter().map(|c| stop_or_kill(c, timeout))).await;
+        futures_util::future::join_all(shard_cells.into_iter().map(|c| stop_or_kill(c, timeout)))
             .await;
         if let Some(actor) = self.region_actor.get() {
-            stop_or_kill(actor.get_cell(), self.shutdown_timeout).await;
+            stop_or_kill(actor.get_cell(), timeout).await;
         }
     }
 }
 
 /// Enqueues into an entity's mailbox. `Err(Some)` gives the envelope back
-/// (the entity is draining or gone); `Err(None)` means ractor dropped it,
-/// which a correctly typed `ActorRef` never does (its asker then sees
-/// `EntityStopped`).
+/// (the entity is gone); `Err(None)` means ractor dropped it, which a
+/// correctly typed `ActorRef` never does (its asker then sees `EntityStopped`).
 fn send_to(
     actor: &ActorRef<EntityMsg>,
     envelope: LocalEnvelope,
@@ -467,11 +526,11 @@ fn refused() -> ShardingError {
     ShardingError::Bug("an entity mailbox refused an envelope without giving it back".into())
 }
 
-fn fail_all(buffer: Vec<Buffered>) {
-    for item in buffer {
-        if let Buffered::Message(_, envelope) = item {
-            envelope.fail(ShardingError::ShuttingDown);
-        }
+/// Answers the senders of undelivered messages (outside any shard lock, so a
+/// message's `Drop` never runs under it).
+fn fail_undelivered(undelivered: Undelivered) {
+    for (error, envelope) in undelivered {
+        envelope.fail(error);
     }
 }
 
@@ -480,10 +539,9 @@ fn fail_all(buffer: Vec<Buffered>) {
 /// handler and drops its mailbox: the senders waiting there see the system
 /// shutting down.
 async fn stop_or_kill(cell: ractor::ActorCell, timeout: Duration) {
-    if cell
+    if let Err(RactorErr::Timeout) = cell
         .stop_and_wait(Some("shutdown".into()), Some(timeout))
         .await
-        .is_err()
     {
         tracing::warn!(actor = %cell.get_id(), ?timeout, "actor did not stop in time; killing it");
         let _ = cell.kill_and_wait(Some(timeout)).await;

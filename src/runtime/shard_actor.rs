@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef};
+use ractor::{Actor, ActorProcessingErr, ActorRef};
 
 use crate::extractor::ShardId;
 use crate::runtime::region::Region;
@@ -12,10 +12,16 @@ use crate::runtime::region::Region;
 /// What a shard actor receives.
 #[derive(Debug)]
 pub(crate) enum ShardMsg {
-    /// An entity asks to be passivated (idle, or `ctx.passivate()`).
-    Passivate { entity_id: Arc<str>, actor: ActorId },
-    /// An entity actor stopped.
-    EntityStopped { entity_id: Arc<str>, actor: ActorId },
+    /// An entity incarnation asks to be passivated (idle, or `ctx.passivate()`).
+    Passivate {
+        entity_id: Arc<str>,
+        incarnation: u64,
+    },
+    /// An entity incarnation ended.
+    EntityStopped {
+        entity_id: Arc<str>,
+        incarnation: u64,
+    },
 }
 
 pub(crate) struct ShardActor;
@@ -45,13 +51,25 @@ impl Actor for ShardActor {
         state: &mut ShardState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            ShardMsg::Passivate { entity_id, actor } => {
-                if let Err(error) = state.region.passivate(state.shard, &entity_id, Some(actor)) {
+            ShardMsg::Passivate {
+                entity_id,
+                incarnation,
+            } => {
+                if let Err(error) =
+                    state
+                        .region
+                        .passivate(state.shard, &entity_id, Some(incarnation))
+                {
                     tracing::warn!(%error, "passivation request dropped");
                 }
             }
-            ShardMsg::EntityStopped { entity_id, actor } => {
-                state.region.entity_stopped(state.shard, &entity_id, actor);
+            ShardMsg::EntityStopped {
+                entity_id,
+                incarnation,
+            } => {
+                state
+                    .region
+                    .entity_stopped(state.shard, &entity_id, incarnation);
             }
         }
         Ok(())
