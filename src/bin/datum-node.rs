@@ -232,17 +232,16 @@ async fn run(args: Args) -> ExitCode {
 
     if stopped_by_cluster {
         drain(&mut events, started);
-        let status = node.current_state().self_status();
+        let reason = match node.current_state().self_status() {
+            Some(MemberStatus::Down) => "downed",
+            _ => "removed",
+        };
         node.crash().await; // the driver is gone already; this closes the pipes
         emit(&format!(
-            r#"{{"event":"stopped","reason":"{}","t_ms":{}}}"#,
-            match status {
-                Some(MemberStatus::Down) => "downed",
-                _ => "removed",
-            },
+            r#"{{"event":"stopped","reason":"{reason}","t_ms":{}}}"#,
             ms_since(started)
         ));
-        eprintln!("datum-node: this node was removed from the cluster ({status:?})");
+        eprintln!("datum-node: the cluster {reason} this node; it has stopped");
         return ExitCode::from(EXIT_STOPPED_BY_CLUSTER);
     }
 
