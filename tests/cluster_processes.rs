@@ -1,5 +1,6 @@
 //! Three `datum-node` OS processes on 127.0.0.1: they form a cluster, a
-//! SIGKILLed one is downed by the others, a SIGTERMed one leaves gracefully.
+//! SIGKILLed one is downed by the others, a SIGTERMed one leaves gracefully,
+//! a frozen (SIGSTOP) one that was downed meanwhile stops once thawed.
 //!
 //! Each child's stdout is read line by line on its own thread and forwarded,
 //! stamped with the time it was read, over a channel; every wait is a
@@ -151,12 +152,12 @@ impl NodeProcess {
         self.reaped = true;
     }
 
-    /// Asks the node to leave gracefully.
-    fn terminate(&self) {
+    /// Sends `signal` (SIGTERM: leave gracefully; SIGSTOP/SIGCONT: freeze, thaw).
+    fn signal(&self, signal: libc::c_int) {
         let pid = libc::pid_t::try_from(self.child.id()).expect("pid fits pid_t");
         // SAFETY: sending a signal to our own, not yet reaped, child.
-        let rc = unsafe { libc::kill(pid, libc::SIGTERM) };
-        assert_eq!(rc, 0, "kill(SIGTERM) failed");
+        let rc = unsafe { libc::kill(pid, signal) };
+        assert_eq!(rc, 0, "kill({signal}) failed");
     }
 }
 
@@ -239,7 +240,7 @@ fn a_sigkilled_node_is_downed_by_the_other_two() {
 fn a_sigtermed_node_leaves_gracefully_and_exits_0() {
     let [mut n1, mut n2, mut n3] = three_nodes();
     let leaver = n3.node_id.clone();
-    n3.terminate();
+    n3.signal(libc::SIGTERM);
     for observer in [&mut n1, &mut n2] {
         let (_, removed) = observer.expect_line(|l| {
             assert!(
@@ -255,6 +256,22 @@ fn a_sigtermed_node_leaves_gracefully_and_exits_0() {
     let last = rest.last().map(String::as_str).unwrap_or_default();
     assert_eq!(field(last, "event"), Some("stopped"), "last line: {last}");
     assert_eq!(field(last, "reason"), Some("left"), "last line: {last}");
+}
+
+#[test]
+fn a_frozen_node_that_was_downed_stops_with_exit_code_3_when_thawed() {
+    let [mut n1, mut n2, mut n3] = three_nodes();
+    let victim = n3.node_id.clone();
+    n3.signal(libc::SIGSTOP);
+    for observer in [&mut n1, &mut n2] {
+        observer.expect_line(|l| is_event_about(l, "member_downed", &victim));
+    }
+    n3.signal(libc::SIGCONT);
+    let (status, lines) = n3.expect_exit();
+    assert_eq!(status.code(), Some(3), "n3 exited with {status}");
+    let last = lines.last().map(String::as_str).unwrap_or_default();
+    assert_eq!(field(last, "event"), Some("stopped"), "last line: {last}");
+    assert_eq!(field(last, "reason"), Some("downed"), "last line: {last}");
 }
 
 #[test]
