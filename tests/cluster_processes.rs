@@ -1,0 +1,305 @@
+//! Three `datum-node` OS processes on 127.0.0.1: they form a cluster, a
+//! SIGKILLed one is downed by the others, a SIGTERMed one leaves gracefully,
+//! a frozen (SIGSTOP) one that was downed meanwhile stops once thawed.
+//!
+//! Each child's stdout is read line by line on its own thread and forwarded,
+//! stamped with the time it was read, over a channel; every wait is a
+//! `recv_timeout` on that channel under a generous deadline, never a sleep.
+//! A [`NodeProcess`] kills and reaps its child when dropped, so a failing
+//! test leaves no process behind.
+
+use std::collections::HashSet;
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_datum-node");
+/// Generous bound on any one wait: these processes share 2 cores with others.
+const LONG: Duration = Duration::from_secs(30);
+
+/// One line of a child's stdout, or its end.
+enum Output {
+    Line { at: Instant, line: String },
+    Eof,
+}
+
+/// A running `datum-node` child with its stdout as a channel of lines.
+struct NodeProcess {
+    name: &'static str,
+    child: Child,
+    lines: Receiver<Output>,
+    stderr: Arc<Mutex<String>>,
+    addr: String,
+    node_id: String,
+    reaped: bool,
+}
+
+impl NodeProcess {
+    /// Starts a node (joining through `seed` if given) and waits for its
+    /// `started` line.
+    fn start(name: &'static str, seed: Option<&str>) -> NodeProcess {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["--cluster-name", "proc-test", "--bind", "127.0.0.1:0"])
+            .env("DATUM_SECRET", "proc-secret") // one flag from the environment
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if let Some(seed) = seed {
+            cmd.args(["--seeds", seed]);
+        }
+        let mut child = cmd.spawn().expect("spawn datum-node");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let stderr_pipe = child.stderr.take().expect("piped stderr");
+        let (tx, lines) = channel();
+        thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let at = Instant::now();
+                if tx.send(Output::Line { at, line }).is_err() {
+                    return;
+                }
+            }
+            let _ = tx.send(Output::Eof);
+        });
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let sink = stderr.clone();
+        thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            let mut pipe = stderr_pipe;
+            while let Ok(n @ 1..) = pipe.read(&mut buf) {
+                let text = String::from_utf8_lossy(&buf[..n]);
+                sink.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push_str(&text);
+            }
+        });
+        let mut node = NodeProcess {
+            name,
+            child,
+            lines,
+            stderr,
+            addr: String::new(),
+            node_id: String::new(),
+            reaped: false,
+        };
+        let (_, started) = node.expect_line(|l| field(l, "event") == Some("started"));
+        node.addr = field(&started, "addr").expect("addr").to_owned();
+        node.node_id = field(&started, "node_id").expect("node_id").to_owned();
+        node
+    }
+
+    /// Reads lines until one satisfies `matches`; returns it with the time
+    /// it was read. Panics (with the child's stderr) on timeout or EOF.
+    fn expect_line(&mut self, mut matches: impl FnMut(&str) -> bool) -> (Instant, String) {
+        let deadline = Instant::now() + LONG;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(Output::Line { at, line }) => {
+                    if matches(&line) {
+                        return (at, line);
+                    }
+                }
+                Ok(Output::Eof) | Err(RecvTimeoutError::Disconnected) => {
+                    panic!("{}: stdout ended before the expected line", self.name)
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    panic!("{}: no expected line within {LONG:?}", self.name)
+                }
+            }
+        }
+    }
+
+    /// Waits until this node has reported `n` distinct members Up.
+    fn expect_members_up(&mut self, n: usize) {
+        let mut up = HashSet::new();
+        self.expect_line(|l| {
+            if field(l, "event") == Some("member_up") {
+                up.insert(field(l, "node_id").unwrap_or_default().to_owned());
+            }
+            up.len() == n
+        });
+    }
+
+    /// Waits for this node's stdout to end, then reaps it; returns its exit
+    /// status and the lines it printed meanwhile.
+    fn expect_exit(&mut self) -> (ExitStatus, Vec<String>) {
+        let deadline = Instant::now() + LONG;
+        let mut seen = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(Output::Line { line, .. }) => seen.push(line),
+                Ok(Output::Eof) | Err(RecvTimeoutError::Disconnected) => break,
+                Err(RecvTimeoutError::Timeout) => {
+                    panic!("{}: did not exit within {LONG:?}", self.name)
+                }
+            }
+        }
+        let status = self.child.wait().expect("wait for child");
+        self.reaped = true;
+        (status, seen)
+    }
+
+    /// SIGKILL, then reap.
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.reaped = true;
+    }
+
+    /// Sends `signal` (SIGTERM: leave gracefully; SIGSTOP/SIGCONT: freeze, thaw).
+    fn signal(&self, signal: libc::c_int) {
+        let pid = libc::pid_t::try_from(self.child.id()).expect("pid fits pid_t");
+        // SAFETY: sending a signal to our own, not yet reaped, child.
+        let rc = unsafe { libc::kill(pid, signal) };
+        assert_eq!(rc, 0, "kill({signal}) failed");
+    }
+}
+
+impl Drop for NodeProcess {
+    fn drop(&mut self) {
+        if !self.reaped {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        if thread::panicking() {
+            let stderr = self.stderr.lock().unwrap_or_else(|p| p.into_inner());
+            eprintln!("--- {} ({}) stderr ---\n{stderr}", self.name, self.addr);
+        }
+    }
+}
+
+/// The string value of `"key":"value"` in a flat JSON line (the node's
+/// lines hold no escaped quotes).
+fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    let pattern = format!("\"{key}\":\"");
+    let start = line.find(&pattern)? + pattern.len();
+    let len = line[start..].find('"')?;
+    Some(&line[start..start + len])
+}
+
+fn is_event_about(line: &str, event: &str, node_id: &str) -> bool {
+    field(line, "event") == Some(event) && field(line, "node_id") == Some(node_id)
+}
+
+/// Three nodes, the second and third seeded by the first, all seeing 3 Up.
+fn three_nodes() -> [NodeProcess; 3] {
+    let n1 = NodeProcess::start("n1", None);
+    let seed = n1.addr.clone();
+    let n2 = NodeProcess::start("n2", Some(&seed));
+    let n3 = NodeProcess::start("n3", Some(&seed));
+    let mut nodes = [n1, n2, n3];
+    for n in &mut nodes {
+        n.expect_members_up(3);
+    }
+    nodes
+}
+
+#[test]
+fn a_sigkilled_node_is_downed_by_the_other_two() {
+    let [mut n1, mut n2, mut n3] = three_nodes();
+    let victim = n3.node_id.clone();
+    let killed_at = Instant::now();
+    n3.kill();
+    for observer in [&mut n1, &mut n2] {
+        let name = observer.name;
+        let no_live_node_downed = |l: &str| {
+            let other = field(l, "event") == Some("member_downed")
+                && field(l, "node_id") != Some(victim.as_str());
+            assert!(!other, "{}: a live node was downed: {l}", name);
+        };
+        let (first_at, first) = observer.expect_line(|l| {
+            no_live_node_downed(l);
+            is_event_about(l, "unreachable", &victim) || is_event_about(l, "member_downed", &victim)
+        });
+        assert_eq!(
+            field(&first, "event"),
+            Some("unreachable"),
+            "Unreachable comes before Down"
+        );
+        let (down_at, _) = observer.expect_line(|l| {
+            no_live_node_downed(l);
+            is_event_about(l, "member_downed", &victim)
+        });
+        let (unreachable, down) = (first_at - killed_at, down_at - killed_at);
+        eprintln!(
+            "{}: kill → unreachable {unreachable:?}, → down {down:?}",
+            observer.name
+        );
+        // Budget: 600 ms after the last heartbeat; generous for a shared machine.
+        assert!(down < Duration::from_secs(5), "downed only after {down:?}");
+    }
+}
+
+#[test]
+fn a_sigtermed_node_leaves_gracefully_and_exits_0() {
+    let [mut n1, mut n2, mut n3] = three_nodes();
+    let leaver = n3.node_id.clone();
+    n3.signal(libc::SIGTERM);
+    for observer in [&mut n1, &mut n2] {
+        let (_, removed) = observer.expect_line(|l| {
+            assert!(
+                !is_event_about(l, "member_downed", &leaver),
+                "the leaver was downed, not removed: {l}"
+            );
+            is_event_about(l, "member_removed", &leaver)
+        });
+        assert_eq!(field(&removed, "previous"), Some("Exiting"), "{removed}");
+    }
+    let (status, rest) = n3.expect_exit();
+    assert!(status.success(), "n3 exited with {status}");
+    let last = rest.last().map(String::as_str).unwrap_or_default();
+    assert_eq!(field(last, "event"), Some("stopped"), "last line: {last}");
+    assert_eq!(field(last, "reason"), Some("left"), "last line: {last}");
+}
+
+#[test]
+fn a_frozen_node_that_was_downed_stops_with_exit_code_3_when_thawed() {
+    let [mut n1, mut n2, mut n3] = three_nodes();
+    let victim = n3.node_id.clone();
+    n3.signal(libc::SIGSTOP);
+    for observer in [&mut n1, &mut n2] {
+        observer.expect_line(|l| is_event_about(l, "member_downed", &victim));
+    }
+    n3.signal(libc::SIGCONT);
+    let (status, lines) = n3.expect_exit();
+    assert_eq!(status.code(), Some(3), "n3 exited with {status}");
+    let last = lines.last().map(String::as_str).unwrap_or_default();
+    assert_eq!(field(last, "event"), Some("stopped"), "last line: {last}");
+    assert_eq!(field(last, "reason"), Some("downed"), "last line: {last}");
+}
+
+#[test]
+fn bad_flags_exit_2_and_a_taken_port_exits_1() {
+    let bad = Command::new(BIN)
+        .args([
+            "--cluster-name",
+            "c",
+            "--secret",
+            "s",
+            "--heartbeat-ms",
+            "0",
+        ])
+        .output()
+        .expect("run datum-node");
+    assert_eq!(bad.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(stderr.contains("--heartbeat-ms"), "{stderr}");
+    assert!(bad.stdout.is_empty());
+
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = taken.local_addr().expect("addr").to_string();
+    let clash = Command::new(BIN)
+        .args(["--cluster-name", "c", "--secret", "s", "--bind", &addr])
+        .output()
+        .expect("run datum-node");
+    assert_eq!(clash.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&clash.stderr);
+    assert!(stderr.contains("could not bind"), "{stderr}");
+    assert!(clash.stdout.is_empty());
+}
