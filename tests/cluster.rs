@@ -114,7 +114,22 @@ async fn a_graceful_leave_ends_removed_everywhere() {
     let nodes = three().await;
     let leaver = nodes[1].self_address();
     let mut events = nodes[0].subscribe();
+    let mut leaver_events = nodes[1].subscribe();
     nodes[1].shutdown().await.expect("graceful leave completes");
+    // The leaver heard it was removed (its last gossip was flushed before its
+    // pipes closed), so it never suspected its healthy peers.
+    let mut leaver_saw = Vec::new();
+    while let Ok(event) = leaver_events.try_recv() {
+        leaver_saw.push(event);
+    }
+    assert!(
+        leaver_saw.iter().any(|e| matches!(e, MembershipEvent::MemberRemoved { member, .. } if *member == leaver)),
+        "the leaver never learned it was removed: {leaver_saw:?}"
+    );
+    assert!(
+        !leaver_saw.iter().any(|e| matches!(e, MembershipEvent::MemberDowned(_) | MembershipEvent::Unreachable(_))),
+        "the leaver suspected healthy peers: {leaver_saw:?}"
+    );
     let mut seen = Vec::new();
     tokio::time::timeout(LONG, async {
         loop {

@@ -61,6 +61,8 @@ pub(crate) struct Conn {
     pending: Mutex<Pending>,
     next_corr: AtomicU64,
     cancel: CancellationToken,
+    /// Stop reading now, flush what is queued, then close (see `close_after_flush`).
+    closing: CancellationToken,
     reason: OnceLock<DisconnectReason>,
 }
 
@@ -85,6 +87,7 @@ impl Conn {
             }),
             next_corr: AtomicU64::new(1),
             cancel: CancellationToken::new(),
+            closing: CancellationToken::new(),
             reason: OnceLock::new(),
         }
     }
@@ -94,6 +97,17 @@ impl Conn {
     pub(crate) fn close(&self, reason: DisconnectReason) {
         let _ = self.reason.set(reason);
         self.cancel.cancel();
+    }
+
+    /// Closes the connection after writing what is already queued: the
+    /// reader stops dispatching at once (nothing more is accepted from the
+    /// peer), the writer drains its queue into one last write — bounded by
+    /// `FLUSH_LIMIT`, so a peer that stopped reading cannot hold the task —
+    /// then the socket closes. `mark_down` uses it, so that the last gossip
+    /// membership queued for a member it removes still reaches it.
+    pub(crate) fn close_after_flush(&self, reason: DisconnectReason) {
+        let _ = self.reason.set(reason);
+        self.closing.cancel();
     }
 
     /// Why the connection closed (`PeerClosed` if nobody said otherwise).
@@ -266,6 +280,9 @@ impl Drop for ReplyHandle {
     }
 }
 
+/// How long a closing connection may spend writing its last frames.
+const FLUSH_LIMIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The batching writer: waits for queued frames, yields once so producers
 /// that are already runnable can add theirs, drains the queue again, encodes
 /// the whole batch into one buffer and writes it with one `write_all`.
@@ -282,6 +299,20 @@ pub(crate) async fn write_loop(
         let n = tokio::select! {
             biased;
             _ = conn.cancel.cancelled() => return,
+            _ = conn.closing.cancelled() => {
+                while let Ok(frame) = rx.try_recv() {
+                    if codec.encode(&frame, &mut buf).is_err() {
+                        tracing::debug!(peer = %conn.peer, "dropping an unencodable frame at close");
+                    }
+                }
+                let flushed = tokio::time::timeout(FLUSH_LIMIT, io.write_all(&buf)).await;
+                if !matches!(flushed, Ok(Ok(()))) {
+                    tracing::debug!(peer = %conn.peer, "last frames not flushed before close");
+                }
+                let _ = tokio::time::timeout(FLUSH_LIMIT, io.shutdown()).await;
+                conn.cancel.cancel();
+                return;
+            }
             n = rx.recv_many(&mut batch, MAX_BATCH) => n,
         };
         if n == 0 {
@@ -358,6 +389,7 @@ pub(crate) async fn read_loop(
         let read = tokio::select! {
             biased;
             _ = conn.cancel.cancelled() => break None,
+            _ = conn.closing.cancelled() => break None,
             read = io.read_buf(&mut buf) => read,
         };
         match read {

@@ -461,7 +461,9 @@ impl Transport {
         };
         tracing::info!(peer = %peer, "marked down");
         if let Some(conn) = closing {
-            conn.close(DisconnectReason::MarkedDown);
+            // Frames already queued (the last gossip telling the member it
+            // is out) are still written; nothing more is read from it.
+            conn.close_after_flush(DisconnectReason::MarkedDown);
             conn.fail_pending();
         }
     }
