@@ -95,6 +95,14 @@ async fn a_crashed_node_is_unreachable_then_down_within_the_configured_time() {
         down_at < budget + Duration::from_millis(700),
         "down after {down_at:?}"
     );
+    // The other survivor downs it too, within the same bound.
+    nodes[1]
+        .wait_until(
+            |s| status(s, &victim) != Some(MemberStatus::Up),
+            budget + Duration::from_secs(1),
+        )
+        .await
+        .expect("the second survivor downs the crashed node too");
     for n in &nodes[..2] {
         n.wait_until(
             |s| !matches!(status(s, &victim), Some(MemberStatus::Up)),
@@ -123,11 +131,16 @@ async fn a_graceful_leave_ends_removed_everywhere() {
         leaver_saw.push(event);
     }
     assert!(
-        leaver_saw.iter().any(|e| matches!(e, MembershipEvent::MemberRemoved { member, .. } if *member == leaver)),
+        leaver_saw.iter().any(
+            |e| matches!(e, MembershipEvent::MemberRemoved { member, .. } if *member == leaver)
+        ),
         "the leaver never learned it was removed: {leaver_saw:?}"
     );
     assert!(
-        !leaver_saw.iter().any(|e| matches!(e, MembershipEvent::MemberDowned(_) | MembershipEvent::Unreachable(_))),
+        !leaver_saw.iter().any(|e| matches!(
+            e,
+            MembershipEvent::MemberDowned(_) | MembershipEvent::Unreachable(_)
+        )),
         "the leaver suspected healthy peers: {leaver_saw:?}"
     );
     let mut seen = Vec::new();
@@ -295,4 +308,96 @@ async fn a_node_restarted_at_the_same_address_is_a_new_member() {
     for n in [&nodes[0], &nodes[1], &restarted] {
         n.shutdown().await.ok();
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_never_joined_shuts_down_at_once() {
+    // Nothing listens on port 1: the seed never answers.
+    let lonely = node(vec!["127.0.0.1:1".parse().unwrap()]).await;
+    let started = Instant::now();
+    lonely.shutdown().await.expect("nothing to leave");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "waited {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_shutdowns_share_one_graceful_leave() {
+    let nodes = three().await;
+    let leaver = nodes[2].self_address();
+    let mut events = nodes[0].subscribe();
+    let twin = nodes[2].clone();
+    let (a, b) = tokio::join!(nodes[2].shutdown(), twin.shutdown());
+    a.expect("first shutdown");
+    b.expect("second shutdown");
+    tokio::time::timeout(LONG, async {
+        loop {
+            if let MembershipEvent::MemberRemoved { member, previous } =
+                events.recv().await.unwrap()
+            {
+                if member == leaver {
+                    return assert_eq!(
+                        previous,
+                        MemberStatus::Exiting,
+                        "a graceful leave, not a down"
+                    );
+                }
+            }
+        }
+    })
+    .await
+    .expect("never removed");
+    for n in &nodes[..2] {
+        n.shutdown().await.expect("graceful leave");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_every_handle_stops_the_node_and_the_others_down_it() {
+    let mut nodes = three().await;
+    let dropped = nodes.pop().unwrap();
+    let gone = dropped.self_address();
+    drop(dropped);
+    for n in &nodes {
+        n.wait_until(
+            |s| {
+                matches!(
+                    status(s, &gone),
+                    None | Some(MemberStatus::Down | MemberStatus::Removed)
+                )
+            },
+            LONG,
+        )
+        .await
+        .expect("a node whose handles were all dropped must stop heartbeating");
+    }
+    for n in &nodes {
+        n.shutdown().await.expect("graceful leave");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn manual_down_reports_what_the_core_decided() {
+    let nodes = three().await;
+    let stranger = UniqueAddress::new_at("127.0.0.1:9".parse().unwrap());
+    assert!(matches!(
+        nodes[0].down(stranger).await,
+        Err(datum_cluster_sharding::cluster::ClusterError::Membership(_))
+    ));
+    let victim = nodes[2].self_address();
+    nodes[0]
+        .down(victim)
+        .await
+        .expect("a known member can be downed");
+    for n in &nodes[..2] {
+        n.wait_until(|s| status(s, &victim) != Some(MemberStatus::Up), LONG)
+            .await
+            .unwrap();
+    }
+    for n in &nodes[..2] {
+        n.shutdown().await.expect("graceful leave");
+    }
+    nodes[2].crash().await;
 }

@@ -79,6 +79,9 @@ impl ClusterConfig {
         t.advertised_addr = self.advertised_addr;
         t.max_frame_len = self.max_frame_size;
         t.handshake_timeout = self.handshake_timeout;
+        // A seed that is not up yet is retried by membership every 250 ms;
+        // a long dial backoff would swallow those joins for seconds.
+        t.backoff_max = Duration::from_secs(1);
         t
     }
 

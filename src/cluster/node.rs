@@ -1,11 +1,11 @@
 //! The running node: a handle and the driver task behind it.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use tokio::sync::{broadcast, mpsc, watch};
+use tokio::sync::{Mutex, broadcast, mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
 use super::config::ClusterConfig;
@@ -54,7 +54,7 @@ pub enum ClusterError {
 /// Requests from handles to the driver.
 enum Control {
     Leave,
-    Down(UniqueAddress),
+    Down(UniqueAddress, oneshot::Sender<Result<(), MembershipError>>),
 }
 
 /// A running cluster node. Cheap to clone; clones share the node.
@@ -70,7 +70,19 @@ struct Inner {
     control: mpsc::UnboundedSender<Control>,
     state: watch::Receiver<MembershipState>,
     events: broadcast::Sender<MembershipEvent>,
+    /// The driver task; taken by the first `shutdown` or `crash`, which later
+    /// callers wait behind.
     driver: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for Inner {
+    /// The last handle dropped without `shutdown`: stop as a crash would (no
+    /// goodbye); the driver's end closes the pipes.
+    fn drop(&mut self) {
+        if let Some(driver) = self.driver.get_mut().take() {
+            driver.abort();
+        }
+    }
 }
 
 impl std::fmt::Debug for ClusterNode {
@@ -91,6 +103,9 @@ impl ClusterNode {
             return Err(ClusterError::Config(
                 "cluster_name must not be empty".into(),
             ));
+        }
+        if config.secret.expose().is_empty() {
+            tracing::warn!(cluster = %config.cluster_name, "no cluster secret set: any process that knows the cluster name can join");
         }
         let transport = Transport::bind(config.transport())
             .await
@@ -192,35 +207,38 @@ impl ClusterNode {
     }
 
     /// Downs `member` by hand (needed when the downing timeout is `None`).
-    pub fn down(&self, member: UniqueAddress) -> Result<(), ClusterError> {
+    /// Fails if this node is not a member yet, or `member` is unknown or
+    /// already removed.
+    pub async fn down(&self, member: UniqueAddress) -> Result<(), ClusterError> {
+        let (reply, answer) = oneshot::channel();
         self.inner
             .control
-            .send(Control::Down(member))
-            .map_err(|_| ClusterError::Stopped)
+            .send(Control::Down(member, reply))
+            .map_err(|_| ClusterError::Stopped)?;
+        answer
+            .await
+            .map_err(|_| ClusterError::Stopped)?
+            .map_err(ClusterError::from)
     }
 
     /// Leaves the cluster gracefully — Leaving, Exiting, Removed — then closes
-    /// the pipes. Waits at most the exit timeout plus two seconds for the
-    /// leave to be acknowledged; the node stops either way.
+    /// the pipes. A node that has not joined yet stops at once. Waits at most
+    /// the exit timeout plus two seconds for the leave to complete; the node
+    /// stops either way. Concurrent calls wait for the same outcome.
     pub async fn shutdown(&self) -> Result<(), ClusterError> {
+        let mut driver = self.inner.driver.lock().await;
+        let Some(mut handle) = driver.take() else {
+            return Ok(());
+        };
         let _ = self.inner.control.send(Control::Leave);
-        let limit =
-            crate::membership::MembershipConfig::default().exit_timeout + Duration::from_secs(2);
-        let handle = self
-            .inner
-            .driver
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        let result = match handle {
-            Some(mut handle) => match tokio::time::timeout(limit, &mut handle).await {
-                Ok(_) => Ok(()),
-                Err(_) => {
-                    handle.abort();
-                    Err(ClusterError::Timeout(limit))
-                }
-            },
-            None => Ok(()),
+        let limit = self.inner.config.membership().exit_timeout + Duration::from_secs(2);
+        let result = match tokio::time::timeout(limit, &mut handle).await {
+            Ok(_) => Ok(()),
+            Err(_) => {
+                handle.abort();
+                let _ = handle.await;
+                Err(ClusterError::Timeout(limit))
+            }
         };
         self.inner.transport.shutdown().await;
         tracing::info!(node = %self.inner.me, "cluster node stopped");
@@ -231,13 +249,7 @@ impl ClusterNode {
     /// no goodbye and the sockets are closed. For fault-injection tests; the
     /// other members must detect the loss.
     pub async fn crash(&self) {
-        if let Some(handle) = self
-            .inner
-            .driver
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-        {
+        if let Some(handle) = self.inner.driver.lock().await.take() {
             handle.abort();
             let _ = handle.await;
         }
@@ -257,27 +269,44 @@ struct Driver {
 impl Driver {
     async fn run(mut self) {
         let me = self.core.self_address();
-        let mut control_open = true;
         loop {
             if self.execute() {
                 break;
             }
-            let deadline = self.core.poll_timeout().map(tokio::time::Instant::from_std);
+            let deadline = self.core.poll_timeout();
             let result = tokio::select! {
                 biased;
                 incoming = self.inbound.recv() => match incoming {
-                    Some(incoming) => self.on_incoming(incoming),
+                    Some(incoming) => {
+                        // Serve what is queued, then a timer that fell due
+                        // meanwhile: inbound first (heartbeats that arrived
+                        // during a stall count), yet the timer cannot starve.
+                        let mut result = self.on_incoming(incoming);
+                        while let Ok(more) = self.inbound.try_recv() {
+                            result = result.and(self.on_incoming(more));
+                        }
+                        if deadline.is_some_and(|d| d <= Instant::now()) {
+                            result = result.and(self.core.handle_timeout(Instant::now()));
+                        }
+                        result
+                    }
                     None => break,
                 },
-                control = self.control.recv(), if control_open => match control {
-                    Some(Control::Leave) => self.core.leave(Instant::now()),
-                    Some(Control::Down(member)) => self.core.down(Instant::now(), member),
-                    None => {
-                        control_open = false;
-                        Ok(())
+                control = self.control.recv() => match control {
+                    Some(Control::Leave) => match self.core.leave(Instant::now()) {
+                        // Not a member yet (or already out): nothing to leave.
+                        Err(MembershipError::NotAMember | MembershipError::Terminated) => break,
+                        other => other,
+                    },
+                    Some(Control::Down(member, reply)) => {
+                        let result = self.core.down(Instant::now(), member);
+                        let _ = reply.send(result.clone());
+                        result
                     }
+                    // Every handle is gone.
+                    None => break,
                 },
-                _ = sleep_until(deadline) => self.core.handle_timeout(Instant::now()),
+                _ = sleep_until(deadline.map(tokio::time::Instant::from_std)) => self.core.handle_timeout(Instant::now()),
             };
             if let Err(error) = result {
                 match error {
@@ -288,6 +317,8 @@ impl Driver {
                 }
             }
         }
+        // Out of the cluster (removed, downed, or never joined): close the pipes.
+        self.transport.shutdown().await;
         tracing::debug!(node = %me, "membership driver stopped");
     }
 
