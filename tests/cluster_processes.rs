@@ -253,6 +253,13 @@ fn a_sigtermed_node_leaves_gracefully_and_exits_0() {
     }
     let (status, rest) = n3.expect_exit();
     assert!(status.success(), "n3 exited with {status}");
+    // It heard it was removed (the survivors flush their last gossip before
+    // closing its pipes), so it never suspected the healthy nodes it left.
+    let suspicions: Vec<&String> = rest
+        .iter()
+        .filter(|l| matches!(field(l, "event"), Some("member_downed" | "unreachable")))
+        .collect();
+    assert!(suspicions.is_empty(), "the leaver suspected healthy peers: {suspicions:?}");
     let last = rest.last().map(String::as_str).unwrap_or_default();
     assert_eq!(field(last, "event"), Some("stopped"), "last line: {last}");
     assert_eq!(field(last, "reason"), Some("left"), "last line: {last}");
