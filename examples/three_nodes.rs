@@ -314,10 +314,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     for (i, events) in watchers.iter_mut().enumerate() {
         let seen = tokio::time::timeout(Duration::from_secs(30), async {
             loop {
-                if let Ok(MembershipEvent::MemberDowned(m)) = events.recv().await {
-                    if m == victim {
-                        return crashed.elapsed();
-                    }
+                if let Ok(MembershipEvent::MemberDowned(m)) = events.recv().await
+                    && m == victim
+                {
+                    return crashed.elapsed();
                 }
             }
         })

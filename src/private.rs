@@ -80,10 +80,10 @@ impl LocalEnvelope {
 }
 
 fn fail_typed<M: 'static, R: 'static>(body: Box<dyn Any + Send>, error: ShardingError) {
-    if let Ok(typed) = body.downcast::<Typed<M, R>>() {
-        if let Some(reply) = typed.reply {
-            let _ = reply.send(Err(error));
-        }
+    if let Ok(typed) = body.downcast::<Typed<M, R>>()
+        && let Some(reply) = typed.reply
+    {
+        let _ = reply.send(Err(error));
     }
 }
 

@@ -56,8 +56,11 @@ pub trait RememberEntitiesStore: Send + Sync + 'static {
 /// `InMemoryStore` value share what it remembers; it does not survive the process.
 #[derive(Debug, Clone, Default)]
 pub struct InMemoryStore {
-    table: Arc<Mutex<HashMap<(String, ShardId), BTreeSet<String>>>>,
+    table: Arc<Mutex<Table>>,
 }
+
+/// Remembered ids per `(type_name, shard)`.
+type Table = HashMap<(String, ShardId), BTreeSet<String>>;
 
 impl InMemoryStore {
     /// An empty store.
@@ -65,7 +68,7 @@ impl InMemoryStore {
         Self::default()
     }
 
-    fn with<T>(&self, f: impl FnOnce(&mut HashMap<(String, ShardId), BTreeSet<String>>) -> T) -> T {
+    fn with<T>(&self, f: impl FnOnce(&mut Table) -> T) -> T {
         let mut table = self
             .table
             .lock()

@@ -336,14 +336,13 @@ async fn concurrent_shutdowns_share_one_graceful_leave() {
         loop {
             if let MembershipEvent::MemberRemoved { member, previous } =
                 events.recv().await.unwrap()
+                && member == leaver
             {
-                if member == leaver {
-                    return assert_eq!(
-                        previous,
-                        MemberStatus::Exiting,
-                        "a graceful leave, not a down"
-                    );
-                }
+                return assert_eq!(
+                    previous,
+                    MemberStatus::Exiting,
+                    "a graceful leave, not a down"
+                );
             }
         }
     })

@@ -259,7 +259,10 @@ fn a_sigtermed_node_leaves_gracefully_and_exits_0() {
         .iter()
         .filter(|l| matches!(field(l, "event"), Some("member_downed" | "unreachable")))
         .collect();
-    assert!(suspicions.is_empty(), "the leaver suspected healthy peers: {suspicions:?}");
+    assert!(
+        suspicions.is_empty(),
+        "the leaver suspected healthy peers: {suspicions:?}"
+    );
     let last = rest.last().map(String::as_str).unwrap_or_default();
     assert_eq!(field(last, "event"), Some("stopped"), "last line: {last}");
     assert_eq!(field(last, "reason"), Some("left"), "last line: {last}");

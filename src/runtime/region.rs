@@ -216,10 +216,10 @@ impl Region {
                 incarnation,
             }),
         );
-        if let Some(store) = &self.remember {
-            if let Err(error) = store.record_entity_started(self.type_name, shard, entity_id) {
-                tracing::warn!(type_name = self.type_name, %shard, entity_id = &**entity_id, %error, "remember-entities: recording a start failed");
-            }
+        if let Some(store) = &self.remember
+            && let Err(error) = store.record_entity_started(self.type_name, shard, entity_id)
+        {
+            tracing::warn!(type_name = self.type_name, %shard, entity_id = &**entity_id, %error, "remember-entities: recording a start failed");
         }
         Ok(actor)
     }
@@ -268,10 +268,10 @@ impl Region {
             Ok(ids) => {
                 for id in ids {
                     let id: Arc<str> = id.into();
-                    if !local.entities.contains_key(&id) {
-                        if let Err(error) = self.spawn_entity(local, shard, &id) {
-                            tracing::warn!(type_name = self.type_name, %shard, %error, "remember-entities: respawn failed");
-                        }
+                    if !local.entities.contains_key(&id)
+                        && let Err(error) = self.spawn_entity(local, shard, &id)
+                    {
+                        tracing::warn!(type_name = self.type_name, %shard, %error, "remember-entities: respawn failed");
                     }
                 }
             }
@@ -289,10 +289,9 @@ impl Region {
                 for shard in shards.into_iter().filter(|s| s.0 < self.num_shards()) {
                     if let Slot::Unallocated { requested, .. } =
                         &mut *lock(&self.slots[shard.0 as usize])
+                        && !*requested
                     {
-                        if !*requested {
-                            *requested = self.request_allocation(shard);
-                        }
+                        *requested = self.request_allocation(shard);
                     }
                 }
             }
@@ -367,10 +366,10 @@ impl Region {
             }
             None => return (Ok(()), Vec::new()),
         };
-        if let Some(store) = &self.remember {
-            if let Err(error) = store.record_entity_stopped(self.type_name, shard, entity_id) {
-                tracing::warn!(type_name = self.type_name, %shard, %error, "remember-entities: recording a stop failed");
-            }
+        if let Some(store) = &self.remember
+            && let Err(error) = store.record_entity_stopped(self.type_name, shard, entity_id)
+        {
+            tracing::warn!(type_name = self.type_name, %shard, %error, "remember-entities: recording a stop failed");
         }
         // Stop after what is queued. Not ractor's `drain`: draining an actor
         // whose `pre_start` has not run yet makes ractor refuse to start it,
