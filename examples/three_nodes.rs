@@ -15,6 +15,7 @@
 //! Run: `cargo run --release --example three_nodes [-- --messages N --in-flight W]`
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -27,7 +28,7 @@ use hdrhistogram::Histogram;
 
 #[path = "../protocols/ping.rs"]
 mod ping;
-use ping::{Ack, Ping, PingEntity, Pinger};
+use ping::{Ack, Checks, Ping, PingEntity, Pinger};
 
 const WORK_CHANNEL: u16 = 2;
 const ENTITIES: u64 = 1_000;
@@ -227,6 +228,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let formed = formed.elapsed();
 
+    let checks = Arc::new(Checks::default());
     let mut nodes = Vec::new();
     for cluster in clusters {
         let sharding = ShardingConfig::builder()
@@ -234,8 +236,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .passivation_idle_timeout(None)
             .build();
         let system = ShardedSystem::builder().config(sharding).start().await?;
+        let node_checks = checks.clone();
         system
-            .register::<PingEntity>(|_| PingEntity::default())
+            .register::<PingEntity>(move |_| PingEntity::checked(node_checks.clone()))
             .await?;
         serve(cluster.transport(), system.clone());
         nodes.push(Node { cluster, system });
@@ -280,6 +283,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         acks, args.in_flight
     );
     println!("  missing acks           {:>10}", args.messages - acks);
+    println!(
+        "  duplicate processings  {:>10}",
+        checks.duplicate_processings.load(Ordering::Relaxed)
+    );
+    println!(
+        "  order violations       {:>10}",
+        checks.order_violations.load(Ordering::Relaxed)
+    );
     println!("  retries                {:>10}", retries);
     println!(
         "  wall                   {:>10.1} ms",

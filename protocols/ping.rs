@@ -1,6 +1,10 @@
 //! The benchmark workload's protocol (BENCHMARK.md, W1): every message is an
 //! ask carrying `(driver, seq)`, answered with the same pair as a logical ack.
 
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use datum_cluster_sharding::prelude::*;
 
 /// One W1 request.
@@ -28,11 +32,36 @@ protocol! {
     }
 }
 
-/// Counts what it handled.
+/// W1's entity-side correctness counters, shared by every entity of a run.
+#[derive(Debug, Default)]
+pub struct Checks {
+    /// Messages handled.
+    pub processed: AtomicU64,
+    /// A `(driver, seq)` handled a second time.
+    pub duplicate_processings: AtomicU64,
+    /// A lower `seq` from a driver after a higher one.
+    pub order_violations: AtomicU64,
+}
+
+/// Counts what it handled and checks per-driver order.
 #[derive(Debug, Default)]
 pub struct PingEntity {
     /// Messages handled by this incarnation.
     pub handled: u64,
+    /// The highest seq seen from each driver.
+    last_seq: HashMap<u32, u64>,
+    checks: Option<Arc<Checks>>,
+}
+
+impl PingEntity {
+    /// An entity that reports into `checks`.
+    pub fn checked(checks: Arc<Checks>) -> Self {
+        PingEntity {
+            handled: 0,
+            last_seq: HashMap::new(),
+            checks: Some(checks),
+        }
+    }
 }
 
 impl Entity for PingEntity {
@@ -42,6 +71,19 @@ impl Entity for PingEntity {
 impl Handler<Ping> for PingEntity {
     async fn handle(&mut self, msg: Ping, _ctx: &EntityContext) -> ShardingResult<Ack> {
         self.handled += 1;
+        if let Some(checks) = &self.checks {
+            checks.processed.fetch_add(1, Ordering::Relaxed);
+            match self.last_seq.insert(msg.driver, msg.seq) {
+                Some(last) if last == msg.seq => {
+                    checks.duplicate_processings.fetch_add(1, Ordering::Relaxed);
+                }
+                Some(last) if last > msg.seq => {
+                    checks.order_violations.fetch_add(1, Ordering::Relaxed);
+                    self.last_seq.insert(msg.driver, last);
+                }
+                _ => {}
+            }
+        }
         Ok(Ack {
             driver: msg.driver,
             seq: msg.seq,
