@@ -24,6 +24,7 @@ use datum_cluster_sharding::cluster::{ClusterConfig, ClusterNode};
 use datum_cluster_sharding::membership::MembershipEvent;
 use datum_cluster_sharding::prelude::*;
 use datum_cluster_sharding::transport::Transport;
+use futures_util::StreamExt;
 use hdrhistogram::Histogram;
 
 #[path = "../protocols/ping.rs"]
@@ -122,66 +123,54 @@ struct DriverReport {
     retries: u64,
 }
 
-/// Driver `d`: its share of the messages with `in_flight` asks outstanding:
-/// worker `w` sends messages `w, w + in_flight, ...` one after another,
-/// retrying a failed ask with the same `(driver, seq)`.
+/// Driver `d`: its share of the messages, issued in `seq` order with at most
+/// `in_flight` asks outstanding (so an entity, which hears from a driver every
+/// 1,000 messages, sees that driver's seqs in order); a failed ask is retried
+/// with the same `(driver, seq)`.
 async fn drive(nodes: Arc<Vec<Node>>, d: usize, count: u64, in_flight: usize) -> DriverReport {
-    let workers: Vec<_> = (0..in_flight as u64)
-        .map(|w| {
-            let nodes = nodes.clone();
-            tokio::spawn(async move {
-                let mut report = DriverReport {
-                    latency: Histogram::new_with_bounds(1, 60_000_000, 3).expect("histogram"),
-                    acks: 0,
-                    retries: 0,
-                };
-                for k in (w..count).step_by(in_flight) {
-                    let ping = Ping {
-                        driver: d as u32,
-                        seq: k,
-                    };
-                    let entity = entity_id((3 * k + d as u64) % ENTITIES);
-                    loop {
-                        let start = Instant::now();
-                        let result = ask(&nodes, d, entity.clone(), ping).await;
-                        report
-                            .latency
-                            .saturating_record((start.elapsed().as_micros() as u64).max(1));
-                        match result {
-                            Ok(ack)
-                                if ack
-                                    == Ack {
-                                        driver: ping.driver,
-                                        seq: ping.seq,
-                                    } =>
-                            {
-                                break;
-                            }
-                            Ok(ack) => panic!("wrong ack {ack:?} for {ping:?}"),
-                            Err(_) => report.retries += 1,
-                        }
-                    }
-                    report.acks += 1;
-                }
-                report
-            })
-        })
-        .collect();
-    let mut total = DriverReport {
+    let mut report = DriverReport {
         latency: Histogram::new_with_bounds(1, 60_000_000, 3).expect("histogram"),
         acks: 0,
         retries: 0,
     };
-    for worker in workers {
-        let report = worker.await.expect("driver worker");
-        total
-            .latency
-            .add(&report.latency)
-            .expect("histograms merge");
-        total.acks += report.acks;
-        total.retries += report.retries;
+    let asks = futures_util::stream::iter(0..count).map(|k| {
+        let nodes = nodes.clone();
+        async move {
+            let ping = Ping {
+                driver: d as u32,
+                seq: k,
+            };
+            let entity = entity_id((3 * k + d as u64) % ENTITIES);
+            let mut latencies = Vec::with_capacity(1);
+            loop {
+                let start = Instant::now();
+                let result = ask(&nodes, d, entity.clone(), ping).await;
+                latencies.push((start.elapsed().as_micros() as u64).max(1));
+                match result {
+                    Ok(ack)
+                        if ack
+                            == Ack {
+                                driver: ping.driver,
+                                seq: ping.seq,
+                            } =>
+                    {
+                        return latencies;
+                    }
+                    Ok(ack) => panic!("wrong ack {ack:?} for {ping:?}"),
+                    Err(_) => {}
+                }
+            }
+        }
+    });
+    let mut done = asks.buffer_unordered(in_flight);
+    while let Some(latencies) = done.next().await {
+        report.retries += latencies.len() as u64 - 1;
+        for micros in latencies {
+            report.latency.saturating_record(micros);
+        }
+        report.acks += 1;
     }
-    total
+    report
 }
 
 /// User + system CPU of this process, from /proc (Linux).
