@@ -19,7 +19,9 @@ use datum_cluster_sharding::transport::{
     ConnectError, DisconnectReason, Incoming, RequestError, SendFailure, Transport,
     TransportConfig, TransportEvent,
 };
-use datum_cluster_sharding::wire::{Frame, FrameCodec, RejectReason, RemoteFailure};
+use datum_cluster_sharding::wire::{
+    Frame, FrameCodec, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, RejectReason, RemoteFailure,
+};
 
 const CH: u16 = 7;
 const PATIENCE: Duration = Duration::from_secs(10);
@@ -554,7 +556,7 @@ async fn forged_proof_is_refused_by_the_acceptor() {
     let stream = TcpStream::connect(a.bound_addr()).await.expect("tcp");
     let mut framed = Framed::new(stream, FrameCodec::default());
     let hello = Frame::Hello {
-        version: 1,
+        version: PROTOCOL_VERSION,
         cluster: "test-cluster".into(),
         from: raw_identity(),
         nonce: Bytes::from(vec![5u8; 32]),
@@ -588,6 +590,52 @@ async fn forged_proof_is_refused_by_the_acceptor() {
     assert!(a.connected_peers().is_empty());
 }
 
+/// An acceptor that cannot prove the secret but names an identity this node
+/// already has a pipe to: the dialer verifies the proof before it looks at
+/// its own table, so it refuses `BadProof` instead of handing out the
+/// existing pipe as if the impostor were that node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dialer_verifies_the_proof_before_looking_up_the_identity() {
+    let (a, b) = (node().await, node().await);
+    let _ib = echo(&b, "b");
+    let ub = within("connect", a.connect(b.bound_addr()))
+        .await
+        .expect("connect");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let impostor = listener.local_addr().expect("addr");
+    let serve = tokio::spawn(async move {
+        let (stream, _) = listener.accept().await.expect("accept");
+        let mut framed = Framed::new(stream, FrameCodec::default());
+        let _hello = framed.next().await;
+        framed
+            .send(Frame::Welcome {
+                version: PROTOCOL_VERSION,
+                from: ub,
+                nonce: Bytes::from(vec![1u8; 32]),
+                proof: Bytes::from(vec![0u8; 32]),
+            })
+            .await
+            .expect("welcome");
+        framed.next().await
+    });
+    let err = within("connect", a.connect(impostor))
+        .await
+        .expect_err("refused");
+    assert_eq!(err, ConnectError::Refused(RejectReason::BadProof));
+    let answer = within("impostor", serve).await.expect("task");
+    assert!(
+        matches!(
+            answer,
+            Some(Ok(Frame::Reject {
+                reason: RejectReason::BadProof
+            }))
+        ),
+        "{answer:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn old_protocol_version_is_refused() {
     let (a, b) = (node().await, node().await);
@@ -595,7 +643,7 @@ async fn old_protocol_version_is_refused() {
     let stream = TcpStream::connect(a.bound_addr()).await.expect("tcp");
     let mut framed = Framed::new(stream, FrameCodec::default());
     let hello = Frame::Hello {
-        version: 0,
+        version: MIN_PROTOCOL_VERSION - 1,
         cluster: "test-cluster".into(),
         from: raw_identity(),
         nonce: Bytes::from(vec![5u8; 32]),
@@ -608,7 +656,10 @@ async fn old_protocol_version_is_refused() {
     assert_eq!(
         reject,
         Frame::Reject {
-            reason: RejectReason::UnsupportedVersion { ours: 1, min: 1 }
+            reason: RejectReason::UnsupportedVersion {
+                ours: PROTOCOL_VERSION,
+                min: MIN_PROTOCOL_VERSION
+            }
         }
     );
     assert!(

@@ -788,23 +788,7 @@ impl Shared {
             }
             verdict
         };
-        let result = handshake::initiate(&mut framed, &local, admit).await;
-        // The acceptor's identity (its proof covers it) must name the address
-        // we dialed: a relay at another address cannot pass off a real
-        // node's handshake as its own.
-        if let Ok(peer) = &result
-            && peer.addr != addr
-        {
-            let _ = framed
-                .send(Frame::Reject {
-                    reason: RejectReason::ProtocolViolation,
-                })
-                .await;
-            return Err(ConnectError::Protocol(format!(
-                "dialed {addr} but the node there identifies as {}",
-                peer.addr
-            )));
-        }
+        let result = handshake::initiate(&mut framed, &local, addr, admit).await;
         let existing = lock(&existing).take();
         match result {
             Ok(peer) => match self

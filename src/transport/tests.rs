@@ -42,7 +42,13 @@ async fn raw_handshake(t: &Transport, me: UniqueAddress) -> Result<HandshakeStre
     };
     let stream = TcpStream::connect(t.bound_addr()).await.expect("tcp");
     let mut framed = Framed::new(stream, FrameCodec::default());
-    let peer = within(handshake::initiate(&mut framed, &local, |_| Ok(()))).await?;
+    let peer = within(handshake::initiate(
+        &mut framed,
+        &local,
+        t.bound_addr(),
+        |_| Ok(()),
+    ))
+    .await?;
     assert_eq!(peer, t.local());
     Ok(framed)
 }
