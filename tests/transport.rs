@@ -880,3 +880,47 @@ async fn requests_in_flight_survive_a_node_dying() {
     ask(&nodes[0], &ids[1], "after").await.expect("0 -> 1");
     ask(&nodes[1], &ids[0], "after").await.expect("1 -> 0");
 }
+
+/// As `simultaneous_sends_lose_nothing`, on a control channel (priority
+/// lane): frames moved from the dial queue into a new pipe's priority lane
+/// must still follow the acceptor's `Accepted`, never precede it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn simultaneous_control_channel_sends_lose_nothing() {
+    const CONTROL: u16 = 1;
+    for round in 0..10 {
+        let (a, b) = (node().await, node().await);
+        let (mut ia, mut ib) = (
+            a.register(CONTROL, 1024).expect("register"),
+            b.register(CONTROL, 1024).expect("register"),
+        );
+        let (ua, ub) = (a.local(), b.local());
+        let (a2, b2) = (a.clone(), b.clone());
+        let sa = tokio::spawn(async move {
+            for i in 0u32..100 {
+                a2.send(&ub, CONTROL, Bytes::copy_from_slice(&i.to_be_bytes()))
+                    .expect("queued");
+            }
+        });
+        let sb = tokio::spawn(async move {
+            for i in 0u32..100 {
+                b2.send(&ua, CONTROL, Bytes::copy_from_slice(&i.to_be_bytes()))
+                    .expect("queued");
+            }
+        });
+        sa.await.expect("sender a");
+        sb.await.expect("sender b");
+        for (side, (inbox, from)) in [(&mut ib, ua), (&mut ia, ub)].into_iter().enumerate() {
+            for i in 0u32..100 {
+                let what = format!("round {round}, side {side}, message {i}");
+                let m = within(&what, inbox.recv()).await.expect("delivered");
+                assert_eq!(
+                    (m.from, &m.payload[..]),
+                    (from, &i.to_be_bytes()[..]),
+                    "round {round}"
+                );
+            }
+        }
+        assert_eq!(a.connected_peers(), vec![ub]);
+        assert_eq!(b.connected_peers(), vec![ua]);
+    }
+}

@@ -131,6 +131,9 @@ pub(crate) struct Shared {
     bound: SocketAddr,
     pub(crate) codec: FrameCodec,
     pub(crate) max_payload: usize,
+    /// `config.control_channels`, deduplicated: their frames take the
+    /// writers' priority lane.
+    control: Arc<[Channel]>,
     runtime: tokio::runtime::Handle,
     state: Mutex<State>,
     handlers: RwLock<HashMap<Channel, mpsc::Sender<Incoming>>>,
@@ -178,7 +181,11 @@ impl Transport {
         }
         let local = UniqueAddress::new_at(config.advertised_addr.unwrap_or(bound));
         let codec = FrameCodec::new(config.max_frame_len);
+        let mut control = config.control_channels.clone();
+        control.sort_unstable();
+        control.dedup();
         let shared = Arc::new(Shared {
+            control: control.into(),
             max_payload: codec.max_frame_len().saturating_sub(FRAME_OVERHEAD),
             codec,
             local,
@@ -353,7 +360,7 @@ impl Transport {
         let frame = Frame::Oneway { channel, payload };
         if let Some(c) = st.conns.get(&to.addr) {
             if c.peer == *to {
-                return c.out.try_send(frame).map_err(queue_error);
+                return c.enqueue(frame).map_err(queue_error);
             }
             if to.is_older_than(&c.peer) {
                 return Err(SendError::new(SendFailure::Stale, payload_of(frame)));
@@ -416,13 +423,12 @@ impl Transport {
             corr,
             armed: true,
         };
-        conn.out
-            .try_send(Frame::Request {
-                corr,
-                channel,
-                payload,
-            })
-            .map_err(queue_error)?;
+        conn.enqueue(Frame::Request {
+            corr,
+            channel,
+            payload,
+        })
+        .map_err(queue_error)?;
         let outcome = tokio::time::timeout_at(deadline, rx).await;
         guard.armed = outcome.is_err();
         match outcome {
@@ -657,7 +663,7 @@ impl Shared {
         };
         let (mut moved, mut dropped) = (0usize, 0usize);
         for (to, frame) in dial.queued.drain(..) {
-            if to != conn.peer || conn.out.try_send(frame).is_err() {
+            if to != conn.peer || conn.enqueue(frame).is_err() {
                 dropped += 1;
             } else {
                 moved += 1;
@@ -691,12 +697,16 @@ impl Shared {
             stream.get_ref().local_addr().unwrap_or(unspecified),
             stream.get_ref().peer_addr().unwrap_or(unspecified),
         );
-        let (tx, rx) = mpsc::channel(self.config.send_queue_capacity.max(2));
-        if let Some(frame) = first {
-            let _ = tx.try_send(frame);
-        }
         let id = self.next_conn_id.fetch_add(1, Ordering::Relaxed);
-        let conn = Arc::new(Conn::new(id, peer, initiator, sockets, tx));
+        let (conn, lanes) = Conn::new(
+            id,
+            peer,
+            initiator,
+            sockets,
+            self.config.send_queue_capacity,
+            self.control.clone(),
+        );
+        let conn = Arc::new(conn);
         let installed = {
             let mut st = lock(&self.state);
             self.install(&mut st, &conn)
@@ -714,7 +724,7 @@ impl Shared {
         leftover.extend_from_slice(&parts.read_buf);
         let (shared, writer) = (self.clone(), conn.clone());
         self.runtime
-            .spawn(write_loop(shared, writer, rx, write_half));
+            .spawn(write_loop(shared, writer, lanes, first, write_half));
         let (shared, reader) = (self.clone(), conn.clone());
         self.runtime
             .spawn(read_loop(shared, reader, read_half, leftover));
@@ -740,7 +750,10 @@ impl Shared {
                 });
             }
         }
-        conn.close(DisconnectReason::PeerClosed);
+        // A closing connection's writer ends it once flushed (bounded).
+        if !conn.is_closing() {
+            conn.close(DisconnectReason::PeerClosed);
+        }
         conn.fail_pending();
     }
 
