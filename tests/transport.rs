@@ -924,3 +924,117 @@ async fn simultaneous_control_channel_sends_lose_nothing() {
         assert_eq!(b.connected_peers(), vec![ua]);
     }
 }
+
+/// A client that knows the cluster name (it travels in clear) but not the
+/// secret keeps sending `Hello`s that claim b's address and then stays
+/// silent. Each holds b's slot on a until its handshake times out, and they
+/// overlap; still, a's dial to b waits at most one handshake timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unauthenticated_hellos_cannot_keep_a_dial_deferred() {
+    let mut c = config();
+    c.handshake_timeout = Duration::from_millis(500);
+    let (a, b) = (node_with(c.clone()).await, node_with(c).await);
+    let _ib = echo(&b, "b");
+    let claim = UniqueAddress {
+        addr: b.bound_addr(),
+        node_id: NodeId(7),
+        incarnation: 1,
+    };
+    let target = a.bound_addr();
+    let (admitted_tx, mut admitted) = mpsc::unbounded_channel();
+    let attacker = tokio::spawn(async move {
+        let mut held = std::collections::VecDeque::new();
+        loop {
+            let stream = TcpStream::connect(target).await.expect("tcp");
+            let mut framed = Framed::new(stream, FrameCodec::default());
+            let hello = Frame::Hello {
+                version: PROTOCOL_VERSION,
+                cluster: "test-cluster".into(),
+                from: claim,
+                nonce: Bytes::from(vec![3u8; 32]),
+            };
+            framed.send(hello).await.expect("hello");
+            if let Some(Ok(Frame::Welcome { .. })) = framed.next().await {
+                let _ = admitted_tx.send(());
+            }
+            held.push_back(framed);
+            if held.len() > 8 {
+                held.pop_front();
+            }
+            // The attack's pace: a new claim every 100 ms, each held open.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    within("first claim admitted", admitted.recv())
+        .await
+        .expect("attacker runs");
+    let started = Instant::now();
+    let found = within("connect despite the claims", a.connect(b.bound_addr()))
+        .await
+        .expect("connects");
+    assert_eq!(found, b.local());
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        started.elapsed()
+    );
+    ask(&a, &b.local(), "ok").await.expect("pipe works");
+    attacker.abort();
+}
+
+/// Beyond `max_inbound_handshakes` unauthenticated connections at once, a
+/// new one is closed at once; a slot frees when one ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_unauthenticated_handshakes_are_capped() {
+    let mut c = config();
+    c.max_inbound_handshakes = 2;
+    c.handshake_timeout = Duration::from_secs(8);
+    let a = node_with(c).await;
+    let _ia = echo(&a, "a");
+    let s1 = TcpStream::connect(a.bound_addr()).await.expect("tcp");
+    let s2 = TcpStream::connect(a.bound_addr()).await.expect("tcp");
+    let started = Instant::now();
+    let mut s3 = TcpStream::connect(a.bound_addr()).await.expect("tcp");
+    assert!(closed_by_peer(&mut s3).await);
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "closed at once, not at the handshake timeout"
+    );
+    drop((s1, s2));
+    let b = node().await;
+    let reply = within("connect after the silent ones left", async {
+        loop {
+            match b
+                .request(&a.local(), CH, Bytes::from_static(b"hi"), PATIENCE)
+                .await
+            {
+                Ok(r) => return r,
+                // The refused attempt may still be backing off.
+                Err(RequestError::Connect(_)) => tokio::task::yield_now().await,
+                Err(e) => panic!("{e:?}"),
+            }
+        }
+    })
+    .await;
+    assert_eq!(reply, Bytes::from_static(b"a:hi"));
+}
+
+/// Before the handshake, a frame may be at most 4 KiB: a larger announced
+/// length closes the connection at once instead of being waited for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_frame_during_the_handshake_closes_at_once() {
+    let mut c = config();
+    c.handshake_timeout = Duration::from_secs(8);
+    let a = node_with(c).await;
+    let mut raw = TcpStream::connect(a.bound_addr()).await.expect("tcp");
+    let started = Instant::now();
+    raw.write_all(&(64u32 * 1024).to_be_bytes())
+        .await
+        .expect("write");
+    raw.write_all(&[0xa1; 100]).await.expect("write");
+    assert!(closed_by_peer(&mut raw).await);
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "closed at once, not at the handshake timeout"
+    );
+}

@@ -83,6 +83,9 @@ pub struct TransportConfig {
     /// Default `[1]` (membership). Each lane holds `send_queue_capacity`
     /// frames; order is kept per channel, not across lanes.
     pub control_channels: Vec<crate::wire::Channel>,
+    /// Inbound handshakes that may be under way (not yet authenticated) at
+    /// once; a connection accepted beyond it is closed at once. Default 256.
+    pub max_inbound_handshakes: usize,
 }
 
 impl TransportConfig {
@@ -100,6 +103,7 @@ impl TransportConfig {
             send_queue_capacity: 65_536,
             dial_queue_capacity: 4_096,
             control_channels: vec![1],
+            max_inbound_handshakes: 256,
         }
     }
 

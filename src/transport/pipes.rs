@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use futures_util::SinkExt;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::codec::Framed;
@@ -23,7 +23,9 @@ use super::error::{ConnectError, RegisterError, RequestError, SendError, SendFai
 use super::events::{DisconnectReason, TransportEvent};
 use super::handshake::{self, HandshakeStream, Local};
 use crate::identity::{NodeId, UniqueAddress};
-use crate::wire::{Channel, Frame, FrameCodec, RejectReason, RemoteFailure};
+use crate::wire::{
+    Channel, Frame, FrameCodec, HANDSHAKE_MAX_FRAME_LEN, RejectReason, RemoteFailure,
+};
 
 /// Upper bound on the CBOR envelope around a payload (map headers, variant
 /// and field names, a u64 correlation id, the byte-string header).
@@ -80,6 +82,9 @@ struct Dial {
     next_attempt: Instant,
     /// Why the last attempt failed (answered at once during backoff).
     last_error: Option<ConnectError>,
+    /// Set when an inbound handshake claiming this address first deferred
+    /// the dial: past it, the dial goes ahead anyway (see `dial_loop`).
+    deferred_until: Option<Instant>,
 }
 
 impl Dial {
@@ -92,6 +97,7 @@ impl Dial {
             failures: 0,
             next_attempt: Instant::now(),
             last_error: None,
+            deferred_until: None,
         }
     }
 
@@ -110,7 +116,8 @@ struct State {
     /// Dials in progress or backing off, by dialed address.
     dials: HashMap<SocketAddr, Dial>,
     /// Inbound handshakes past `Hello`, by the peer's claimed address. While
-    /// one is under way no dial to that address starts: it is the pipe to be.
+    /// one is under way a dial to that address waits, at most one handshake
+    /// timeout (the claim is not proven yet): it is normally the pipe to be.
     inbound: HashMap<SocketAddr, usize>,
     /// Identities marked down: refused for good.
     down: HashSet<UniqueAddress>,
@@ -141,6 +148,12 @@ pub(crate) struct Shared {
     next_conn_id: AtomicU64,
     pub(crate) stats: Stats,
     accept_task: Mutex<Option<JoinHandle<()>>>,
+    /// Permits for inbound handshakes not yet authenticated.
+    handshakes: Arc<Semaphore>,
+    /// Woken whenever an inbound handshake releases its address's slot.
+    slots: Notify,
+    /// Rate limit of warnings about refused inbound connections.
+    refusals: RefusalLog,
 }
 
 /// Shuts the transport down when the last user handle is dropped (tasks
@@ -204,6 +217,9 @@ impl Transport {
             next_conn_id: AtomicU64::new(1),
             stats: Stats::default(),
             accept_task: Mutex::new(None),
+            handshakes: Arc::new(Semaphore::new(config.max_inbound_handshakes.max(1))),
+            slots: Notify::new(),
+            refusals: RefusalLog::default(),
             config,
         });
         let task = tokio::spawn(accept_loop(shared.clone(), listener));
@@ -678,6 +694,7 @@ impl Shared {
         }
         dial.failures = 0;
         dial.last_error = None;
+        dial.deferred_until = None;
         if !dial.task {
             st.dials.remove(&addr);
         }
@@ -758,22 +775,32 @@ impl Shared {
     }
 
     /// Serves one inbound TCP connection: handshake, then the pipe.
-    async fn serve_inbound(self: Arc<Self>, stream: TcpStream, remote: SocketAddr) {
+    /// `permit` (one of `max_inbound_handshakes`) is held until the peer is
+    /// authenticated or the handshake ends.
+    async fn serve_inbound(
+        self: Arc<Self>,
+        stream: TcpStream,
+        remote: SocketAddr,
+        permit: OwnedSemaphorePermit,
+    ) {
         let _ = stream.set_nodelay(true);
-        let mut framed = Framed::with_capacity(stream, self.codec, 4096);
+        let mut framed = handshake_framed(stream);
         let local = self.local_handshake();
         let slot = InboundSlot {
             shared: self.clone(),
             addr: Mutex::new(None),
         };
         let handshake = handshake::accept(&mut framed, &local, |p| self.admit_inbound(p, &slot));
-        let peer = match tokio::time::timeout(self.config.handshake_timeout, handshake).await {
+        let outcome = tokio::time::timeout(self.config.handshake_timeout, handshake).await;
+        drop(permit);
+        let peer = match outcome {
             Err(_) => {
-                tracing::warn!(%remote, "inbound handshake timed out");
+                self.refusals
+                    .log(self.local, remote, &ConnectError::Timeout);
                 return;
             }
             Ok(Err(e)) => {
-                log_refusal(remote, "inbound", &e);
+                self.refusals.log(self.local, remote, &e);
                 return;
             }
             Ok(Ok(peer)) => peer,
@@ -783,7 +810,7 @@ impl Shared {
             .await
         {
             let e = ConnectError::Refused(reason);
-            log_refusal(remote, "inbound", &e);
+            self.refusals.log(self.local, remote, &e);
         }
     }
 
@@ -791,7 +818,7 @@ impl Shared {
     async fn dial_once(self: &Arc<Self>, addr: SocketAddr) -> Result<Dialed, ConnectError> {
         let stream = TcpStream::connect(addr).await?;
         let _ = stream.set_nodelay(true);
-        let mut framed = Framed::with_capacity(stream, self.codec, 4096);
+        let mut framed = handshake_framed(stream);
         let local = self.local_handshake();
         let existing = Mutex::new(None);
         let admit = |peer: &UniqueAddress| {
@@ -852,6 +879,81 @@ impl Shared {
     }
 }
 
+/// A handshake's framed stream: its codec accepts at most
+/// `HANDSHAKE_MAX_FRAME_LEN`, so an unauthenticated peer cannot make this
+/// node buffer more than that (plus one read) per connection.
+fn handshake_framed(stream: TcpStream) -> HandshakeStream {
+    Framed::with_capacity(stream, FrameCodec::new(HANDSHAKE_MAX_FRAME_LEN), 4096)
+}
+
+/// How many warnings about refused inbound connections one transport logs
+/// per `REFUSAL_WINDOW`; the rest are logged at debug and counted, and the
+/// count is reported with the next warning.
+const REFUSAL_WARNINGS: u32 = 10;
+const REFUSAL_WINDOW: Duration = Duration::from_secs(10);
+
+/// Rate limit of the warnings about refused inbound handshakes: anyone who
+/// can reach the port can cause one, so they must not flood the log.
+#[derive(Default)]
+struct RefusalLog {
+    state: Mutex<RefusalWindow>,
+}
+
+#[derive(Default)]
+struct RefusalWindow {
+    started: Option<Instant>,
+    logged: u32,
+    suppressed: u64,
+}
+
+impl RefusalLog {
+    /// `Some(n)`: log this one as a warning, `n` were suppressed before it.
+    fn admit(&self) -> Option<u64> {
+        let mut w = lock(&self.state);
+        let now = Instant::now();
+        if w.started.is_none_or(|s| now >= s + REFUSAL_WINDOW) {
+            w.started = Some(now);
+            w.logged = 0;
+        }
+        if w.logged < REFUSAL_WARNINGS {
+            w.logged += 1;
+            Some(std::mem::take(&mut w.suppressed))
+        } else {
+            w.suppressed += 1;
+            None
+        }
+    }
+
+    /// Logs the end of an inbound connection refused or failed before it
+    /// became a pipe: expected outcomes at debug, the rest as rate-limited
+    /// warnings.
+    fn log(&self, local: UniqueAddress, remote: SocketAddr, e: &ConnectError) {
+        let quiet = matches!(
+            e,
+            ConnectError::Refused(RejectReason::Duplicate)
+                | ConnectError::Rejected(RejectReason::Duplicate)
+                | ConnectError::Io { .. }
+                | ConnectError::Closed
+        );
+        if quiet {
+            log_refusal(remote, "inbound", e);
+            return;
+        }
+        match self.admit() {
+            Some(0) => {
+                tracing::warn!(%local, %remote, direction = "inbound", error = %e, "handshake refused")
+            }
+            Some(suppressed) => tracing::warn!(
+                %local, %remote, direction = "inbound", error = %e, suppressed,
+                "handshake refused ({suppressed} similar warnings suppressed before this one)"
+            ),
+            None => {
+                tracing::debug!(%local, %remote, direction = "inbound", error = %e, "handshake refused (warning rate-limited)")
+            }
+        }
+    }
+}
+
 fn log_refusal(remote: SocketAddr, direction: &str, e: &ConnectError) {
     match e {
         ConnectError::Refused(RejectReason::Duplicate)
@@ -872,11 +974,23 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
             accepted = listener.accept() => accepted,
         };
         match accepted {
-            Ok((stream, remote)) => {
-                shared
-                    .runtime
-                    .spawn(shared.clone().serve_inbound(stream, remote));
-            }
+            Ok((stream, remote)) => match shared.handshakes.clone().try_acquire_owned() {
+                Ok(permit) => {
+                    shared
+                        .runtime
+                        .spawn(shared.clone().serve_inbound(stream, remote, permit));
+                }
+                Err(_) => {
+                    // Too many unauthenticated handshakes at once: close
+                    // this one now, before reading anything from it.
+                    drop(stream);
+                    let e = ConnectError::Protocol(format!(
+                        "more than {} inbound handshakes at once; connection closed",
+                        shared.config.max_inbound_handshakes
+                    ));
+                    shared.refusals.log(shared.local, remote, &e);
+                }
+            },
             Err(e) => {
                 // Typically out of file descriptors: pause instead of spinning.
                 tracing::warn!(error = %e, "accept failed");
@@ -893,7 +1007,7 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
 async fn dial_loop(shared: Arc<Shared>, addr: SocketAddr) {
     loop {
         // Wait for the attempt time, unless a pipe appears meanwhile.
-        let at = {
+        let (at, slot_released) = {
             let mut st = lock(&shared.state);
             if st.closed {
                 return;
@@ -904,17 +1018,29 @@ async fn dial_loop(shared: Arc<Shared>, addr: SocketAddr) {
             }
             let inbound = st.inbound.contains_key(&addr);
             match st.dials.get_mut(&addr) {
-                Some(d) if inbound => {
-                    // The peer is dialing us: its pipe is the one to be.
-                    // `InboundSlot` restarts this dial if that fails.
-                    tracing::trace!(%addr, "dial deferred to the peer's inbound handshake");
-                    d.task = false;
-                    return;
+                Some(d) if inbound && !deferral_over(d) => {
+                    // Someone dialing us claims that address: normally the
+                    // peer itself, whose pipe is the one to be. The claim is
+                    // not proven yet, so wait for that handshake to end, but
+                    // at most one handshake timeout from the first deferral:
+                    // a genuine handshake has ended by then.
+                    let timeout = shared.config.handshake_timeout;
+                    let until = *d.deferred_until.get_or_insert_with(|| after(timeout));
+                    tracing::trace!(%addr, "dial deferred to an inbound handshake");
+                    (until, Some(shared.slots.notified()))
                 }
-                Some(d) => d.next_attempt,
+                Some(d) => (d.next_attempt, None),
                 None => return,
             }
         };
+        if let Some(released) = slot_released {
+            tokio::select! {
+                _ = shared.shutdown.cancelled() => return,
+                _ = released => {}
+                _ = tokio::time::sleep_until(at) => {}
+            }
+            continue;
+        }
         tokio::select! {
             _ = shared.shutdown.cancelled() => return,
             _ = tokio::time::sleep_until(at) => {}
@@ -930,11 +1056,11 @@ async fn dial_loop(shared: Arc<Shared>, addr: SocketAddr) {
             }
             let inbound = st.inbound.contains_key(&addr);
             match st.dials.get_mut(&addr) {
-                Some(d) if inbound => {
-                    d.task = false;
-                    return;
+                Some(d) if inbound && !deferral_over(d) => continue,
+                Some(d) => {
+                    d.connecting = true;
+                    d.deferred_until = None;
                 }
-                Some(d) => d.connecting = true,
                 None => return,
             }
         }
@@ -985,6 +1111,11 @@ async fn dial_loop(shared: Arc<Shared>, addr: SocketAddr) {
     }
 }
 
+/// Whether a dial deferred to an inbound handshake has waited long enough.
+fn deferral_over(d: &Dial) -> bool {
+    d.deferred_until.is_some_and(|u| Instant::now() >= u)
+}
+
 /// An inbound handshake's hold on its peer's address (see `State::inbound`).
 /// Released when the handshake task ends, however it ends; if no pipe came
 /// of it, whatever queued meanwhile gets a dial of its own.
@@ -1005,6 +1136,7 @@ impl Drop for InboundSlot {
                 st.inbound.remove(&addr);
             }
         }
+        self.shared.slots.notify_waiters();
         if st.closed || st.inbound.contains_key(&addr) {
             return;
         }
