@@ -139,6 +139,7 @@ impl Conn {
     }
 
     /// Enqueues `frame` on its lane without waiting.
+    #[allow(clippy::result_large_err)] // gives the frame back, as `try_send` does
     pub(crate) fn enqueue(&self, frame: Frame) -> Result<(), mpsc::error::TrySendError<Frame>> {
         match &frame {
             Frame::Oneway { channel, .. } | Frame::Request { channel, .. } => {
