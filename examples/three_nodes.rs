@@ -325,11 +325,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!(
             "  node {i} saw the crashed node Down {:.0} ms after the crash (bound: {:?} after its last heartbeat)",
             seen.as_secs_f64() * 1e3,
-            nodes[0]
-                .cluster
-                .config()
-                .detect_and_down_time()
-                .unwrap_or_default()
+            nodes[0].cluster.config().detect_and_down_time().unwrap_or_default()
         );
     }
     for node in nodes.iter().take(2) {

@@ -123,16 +123,11 @@ async fn a_graceful_leave_ends_removed_everywhere() {
         leaver_saw.push(event);
     }
     assert!(
-        leaver_saw.iter().any(
-            |e| matches!(e, MembershipEvent::MemberRemoved { member, .. } if *member == leaver)
-        ),
+        leaver_saw.iter().any(|e| matches!(e, MembershipEvent::MemberRemoved { member, .. } if *member == leaver)),
         "the leaver never learned it was removed: {leaver_saw:?}"
     );
     assert!(
-        !leaver_saw.iter().any(|e| matches!(
-            e,
-            MembershipEvent::MemberDowned(_) | MembershipEvent::Unreachable(_)
-        )),
+        !leaver_saw.iter().any(|e| matches!(e, MembershipEvent::MemberDowned(_) | MembershipEvent::Unreachable(_))),
         "the leaver suspected healthy peers: {leaver_saw:?}"
     );
     let mut seen = Vec::new();
