@@ -6,7 +6,9 @@
 //!   two `Transport`s, beside a bare tokio TCP echo of a same-sized
 //!   length-prefixed frame (no CBOR, no handshake, no correlation).
 //! * `pipelined`: 10 000 requests with 256 in flight through one pipe; the
-//!   per-item time is the inverse of the throughput.
+//!   per-item time is the inverse of the throughput. `pipe_256_in_flight`
+//!   uses channel 1, a control channel (the writer's priority lane);
+//!   `pipe_256_in_flight_bulk` the same on channel 2 (the bulk lane).
 //!
 //! Run: `cargo bench --bench wire`.
 
@@ -24,6 +26,7 @@ use tokio::runtime::Runtime;
 use tokio_util::codec::{Decoder, Encoder};
 
 const CH: u16 = 1;
+const BULK_CH: u16 = 2;
 const PAYLOAD: [u8; 32] = [0x5a; 32];
 
 fn main() {
@@ -91,14 +94,16 @@ fn pipe() -> &'static Pipe {
             let config = TransportConfig::new("bench", "secret");
             let server = Transport::bind(config.clone()).await.expect("bind");
             let client = Transport::bind(config).await.expect("bind");
-            let mut inbox = server.register(CH, 65_536).expect("register");
-            tokio::spawn(async move {
-                while let Some(msg) = inbox.recv().await {
-                    if let Some(reply) = msg.reply {
-                        let _ = reply.reply(msg.payload);
+            for ch in [CH, BULK_CH] {
+                let mut inbox = server.register(ch, 65_536).expect("register");
+                tokio::spawn(async move {
+                    while let Some(msg) = inbox.recv().await {
+                        if let Some(reply) = msg.reply {
+                            let _ = reply.reply(msg.payload);
+                        }
                     }
-                }
-            });
+                });
+            }
             client.connect(server.bound_addr()).await.expect("connect");
             (client, server)
         });
@@ -205,6 +210,15 @@ mod pipelined {
 
     #[divan::bench(sample_count = 20, sample_size = 1)]
     fn pipe_256_in_flight(bencher: divan::Bencher) {
+        run(bencher, CH);
+    }
+
+    #[divan::bench(sample_count = 20, sample_size = 1)]
+    fn pipe_256_in_flight_bulk(bencher: divan::Bencher) {
+        run(bencher, BULK_CH);
+    }
+
+    fn run(bencher: divan::Bencher, channel: u16) {
         let p = pipe();
         bencher.counter(ItemsCount::new(N)).bench_local(|| {
             p.rt.block_on(async {
@@ -217,7 +231,7 @@ mod pipelined {
                                 client
                                     .request(
                                         &server,
-                                        CH,
+                                        channel,
                                         Bytes::from_static(&PAYLOAD),
                                         Duration::from_secs(10),
                                     )
@@ -234,7 +248,7 @@ mod pipelined {
         });
         let s = p.client.stats();
         eprintln!(
-            "pipe client writer: {} frames in {} writes ({:.1} frames/write)",
+            "pipe client writer (cumulative): {} frames in {} writes ({:.1} frames/write)",
             s.frames_written,
             s.writes,
             s.frames_written as f64 / s.writes.max(1) as f64

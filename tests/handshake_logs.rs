@@ -1,11 +1,13 @@
 //! A refused handshake is logged with `tracing::warn!`. Its own test binary:
 //! it installs a process-wide subscriber that records warnings.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use datum_cluster_sharding::transport::{ConnectError, Transport, TransportConfig};
-use datum_cluster_sharding::wire::RejectReason;
+use datum_cluster_sharding::wire::{Frame, FrameCodec, PROTOCOL_VERSION, RejectReason};
+use futures_util::{SinkExt, StreamExt};
+use tokio_util::codec::Framed;
 use tracing::field::{Field, Visit};
 use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
@@ -31,11 +33,23 @@ impl<S: Subscriber> Layer<S> for Warnings {
     }
 }
 
+/// The process-wide recorder, installed by whichever test runs first.
+fn warnings() -> Warnings {
+    static W: OnceLock<Warnings> = OnceLock::new();
+    W.get_or_init(|| {
+        let warnings = Warnings::default();
+        tracing::subscriber::set_global_default(
+            tracing_subscriber::registry().with(warnings.clone()),
+        )
+        .expect("first subscriber");
+        warnings
+    })
+    .clone()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_handshakes_are_logged_as_warnings() {
-    let warnings = Warnings::default();
-    tracing::subscriber::set_global_default(tracing_subscriber::registry().with(warnings.clone()))
-        .expect("first subscriber");
+    let warnings = warnings();
 
     let a = Transport::bind(TransportConfig::new("logged", "one"))
         .await
@@ -77,4 +91,53 @@ async fn refused_handshakes_are_logged_as_warnings() {
         tokio::task::yield_now().await;
     }
     assert!(a.connected_peers().is_empty());
+}
+
+/// Anyone who can reach the port can get a handshake refused: a flood of
+/// them yields a bounded number of warnings, not one each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_refused_handshakes_logs_a_bounded_number_of_warnings() {
+    let warnings = warnings();
+    let a = Transport::bind(TransportConfig::new("flooded", "one"))
+        .await
+        .expect("bind");
+    let me = format!("local={}", a.local());
+    let patience = Duration::from_secs(10);
+    for _ in 0..50 {
+        let stream = tokio::net::TcpStream::connect(a.bound_addr())
+            .await
+            .expect("tcp");
+        let mut framed = Framed::new(stream, FrameCodec::default());
+        let hello = Frame::Hello {
+            version: PROTOCOL_VERSION,
+            cluster: "not-flooded".into(),
+            from: datum_cluster_sharding::identity::UniqueAddress::new_at(
+                "127.0.0.1:9".parse().expect("literal"),
+            ),
+            nonce: bytes::Bytes::from(vec![1u8; 32]),
+        };
+        framed.send(hello).await.expect("hello");
+        let reject = tokio::time::timeout(patience, framed.next())
+            .await
+            .expect("in time");
+        assert!(
+            matches!(
+                reject,
+                Some(Ok(Frame::Reject {
+                    reason: RejectReason::WrongCluster
+                }))
+            ),
+            "{reject:?}"
+        );
+        // The acceptor logs after sending the reject; wait for its close.
+        let _ = tokio::time::timeout(patience, framed.next()).await;
+    }
+    let mine = warnings
+        .0
+        .lock()
+        .expect("lock")
+        .iter()
+        .filter(|w| w.contains(&me))
+        .count();
+    assert!((1..=10).contains(&mine), "{mine} warnings for 50 refusals");
 }

@@ -19,7 +19,9 @@ use datum_cluster_sharding::transport::{
     ConnectError, DisconnectReason, Incoming, RequestError, SendFailure, Transport,
     TransportConfig, TransportEvent,
 };
-use datum_cluster_sharding::wire::{Frame, FrameCodec, RejectReason, RemoteFailure};
+use datum_cluster_sharding::wire::{
+    Frame, FrameCodec, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, RejectReason, RemoteFailure,
+};
 
 const CH: u16 = 7;
 const PATIENCE: Duration = Duration::from_secs(10);
@@ -554,7 +556,7 @@ async fn forged_proof_is_refused_by_the_acceptor() {
     let stream = TcpStream::connect(a.bound_addr()).await.expect("tcp");
     let mut framed = Framed::new(stream, FrameCodec::default());
     let hello = Frame::Hello {
-        version: 1,
+        version: PROTOCOL_VERSION,
         cluster: "test-cluster".into(),
         from: raw_identity(),
         nonce: Bytes::from(vec![5u8; 32]),
@@ -588,6 +590,52 @@ async fn forged_proof_is_refused_by_the_acceptor() {
     assert!(a.connected_peers().is_empty());
 }
 
+/// An acceptor that cannot prove the secret but names an identity this node
+/// already has a pipe to: the dialer verifies the proof before it looks at
+/// its own table, so it refuses `BadProof` instead of handing out the
+/// existing pipe as if the impostor were that node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dialer_verifies_the_proof_before_looking_up_the_identity() {
+    let (a, b) = (node().await, node().await);
+    let _ib = echo(&b, "b");
+    let ub = within("connect", a.connect(b.bound_addr()))
+        .await
+        .expect("connect");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let impostor = listener.local_addr().expect("addr");
+    let serve = tokio::spawn(async move {
+        let (stream, _) = listener.accept().await.expect("accept");
+        let mut framed = Framed::new(stream, FrameCodec::default());
+        let _hello = framed.next().await;
+        framed
+            .send(Frame::Welcome {
+                version: PROTOCOL_VERSION,
+                from: ub,
+                nonce: Bytes::from(vec![1u8; 32]),
+                proof: Bytes::from(vec![0u8; 32]),
+            })
+            .await
+            .expect("welcome");
+        framed.next().await
+    });
+    let err = within("connect", a.connect(impostor))
+        .await
+        .expect_err("refused");
+    assert_eq!(err, ConnectError::Refused(RejectReason::BadProof));
+    let answer = within("impostor", serve).await.expect("task");
+    assert!(
+        matches!(
+            answer,
+            Some(Ok(Frame::Reject {
+                reason: RejectReason::BadProof
+            }))
+        ),
+        "{answer:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn old_protocol_version_is_refused() {
     let (a, b) = (node().await, node().await);
@@ -595,7 +643,7 @@ async fn old_protocol_version_is_refused() {
     let stream = TcpStream::connect(a.bound_addr()).await.expect("tcp");
     let mut framed = Framed::new(stream, FrameCodec::default());
     let hello = Frame::Hello {
-        version: 0,
+        version: MIN_PROTOCOL_VERSION - 1,
         cluster: "test-cluster".into(),
         from: raw_identity(),
         nonce: Bytes::from(vec![5u8; 32]),
@@ -608,7 +656,10 @@ async fn old_protocol_version_is_refused() {
     assert_eq!(
         reject,
         Frame::Reject {
-            reason: RejectReason::UnsupportedVersion { ours: 1, min: 1 }
+            reason: RejectReason::UnsupportedVersion {
+                ours: PROTOCOL_VERSION,
+                min: MIN_PROTOCOL_VERSION
+            }
         }
     );
     assert!(
@@ -828,4 +879,162 @@ async fn requests_in_flight_survive_a_node_dying() {
     // The survivors still talk.
     ask(&nodes[0], &ids[1], "after").await.expect("0 -> 1");
     ask(&nodes[1], &ids[0], "after").await.expect("1 -> 0");
+}
+
+/// As `simultaneous_sends_lose_nothing`, on a control channel (priority
+/// lane): frames moved from the dial queue into a new pipe's priority lane
+/// must still follow the acceptor's `Accepted`, never precede it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn simultaneous_control_channel_sends_lose_nothing() {
+    const CONTROL: u16 = 1;
+    for round in 0..10 {
+        let (a, b) = (node().await, node().await);
+        let (mut ia, mut ib) = (
+            a.register(CONTROL, 1024).expect("register"),
+            b.register(CONTROL, 1024).expect("register"),
+        );
+        let (ua, ub) = (a.local(), b.local());
+        let (a2, b2) = (a.clone(), b.clone());
+        let sa = tokio::spawn(async move {
+            for i in 0u32..100 {
+                a2.send(&ub, CONTROL, Bytes::copy_from_slice(&i.to_be_bytes()))
+                    .expect("queued");
+            }
+        });
+        let sb = tokio::spawn(async move {
+            for i in 0u32..100 {
+                b2.send(&ua, CONTROL, Bytes::copy_from_slice(&i.to_be_bytes()))
+                    .expect("queued");
+            }
+        });
+        sa.await.expect("sender a");
+        sb.await.expect("sender b");
+        for (side, (inbox, from)) in [(&mut ib, ua), (&mut ia, ub)].into_iter().enumerate() {
+            for i in 0u32..100 {
+                let what = format!("round {round}, side {side}, message {i}");
+                let m = within(&what, inbox.recv()).await.expect("delivered");
+                assert_eq!(
+                    (m.from, &m.payload[..]),
+                    (from, &i.to_be_bytes()[..]),
+                    "round {round}"
+                );
+            }
+        }
+        assert_eq!(a.connected_peers(), vec![ub]);
+        assert_eq!(b.connected_peers(), vec![ua]);
+    }
+}
+
+/// A client that knows the cluster name (it travels in clear) but not the
+/// secret keeps sending `Hello`s that claim b's address and then stays
+/// silent. Each holds b's slot on a until its handshake times out, and they
+/// overlap; still, a's dial to b waits at most one handshake timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unauthenticated_hellos_cannot_keep_a_dial_deferred() {
+    let mut c = config();
+    c.handshake_timeout = Duration::from_millis(500);
+    let (a, b) = (node_with(c.clone()).await, node_with(c).await);
+    let _ib = echo(&b, "b");
+    let claim = UniqueAddress {
+        addr: b.bound_addr(),
+        node_id: NodeId(7),
+        incarnation: 1,
+    };
+    let target = a.bound_addr();
+    let (admitted_tx, mut admitted) = mpsc::unbounded_channel();
+    let attacker = tokio::spawn(async move {
+        let mut held = std::collections::VecDeque::new();
+        loop {
+            let stream = TcpStream::connect(target).await.expect("tcp");
+            let mut framed = Framed::new(stream, FrameCodec::default());
+            let hello = Frame::Hello {
+                version: PROTOCOL_VERSION,
+                cluster: "test-cluster".into(),
+                from: claim,
+                nonce: Bytes::from(vec![3u8; 32]),
+            };
+            framed.send(hello).await.expect("hello");
+            if let Some(Ok(Frame::Welcome { .. })) = framed.next().await {
+                let _ = admitted_tx.send(());
+            }
+            held.push_back(framed);
+            if held.len() > 8 {
+                held.pop_front();
+            }
+            // The attack's pace: a new claim every 100 ms, each held open.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    within("first claim admitted", admitted.recv())
+        .await
+        .expect("attacker runs");
+    let started = Instant::now();
+    let found = within("connect despite the claims", a.connect(b.bound_addr()))
+        .await
+        .expect("connects");
+    assert_eq!(found, b.local());
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        started.elapsed()
+    );
+    ask(&a, &b.local(), "ok").await.expect("pipe works");
+    attacker.abort();
+}
+
+/// Beyond `max_inbound_handshakes` unauthenticated connections at once, a
+/// new one is closed at once; a slot frees when one ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_unauthenticated_handshakes_are_capped() {
+    let mut c = config();
+    c.max_inbound_handshakes = 2;
+    c.handshake_timeout = Duration::from_secs(8);
+    let a = node_with(c).await;
+    let _ia = echo(&a, "a");
+    let s1 = TcpStream::connect(a.bound_addr()).await.expect("tcp");
+    let s2 = TcpStream::connect(a.bound_addr()).await.expect("tcp");
+    let started = Instant::now();
+    let mut s3 = TcpStream::connect(a.bound_addr()).await.expect("tcp");
+    assert!(closed_by_peer(&mut s3).await);
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "closed at once, not at the handshake timeout"
+    );
+    drop((s1, s2));
+    let b = node().await;
+    let reply = within("connect after the silent ones left", async {
+        loop {
+            match b
+                .request(&a.local(), CH, Bytes::from_static(b"hi"), PATIENCE)
+                .await
+            {
+                Ok(r) => return r,
+                // The refused attempt may still be backing off.
+                Err(RequestError::Connect(_)) => tokio::task::yield_now().await,
+                Err(e) => panic!("{e:?}"),
+            }
+        }
+    })
+    .await;
+    assert_eq!(reply, Bytes::from_static(b"a:hi"));
+}
+
+/// Before the handshake, a frame may be at most 4 KiB: a larger announced
+/// length closes the connection at once instead of being waited for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_frame_during_the_handshake_closes_at_once() {
+    let mut c = config();
+    c.handshake_timeout = Duration::from_secs(8);
+    let a = node_with(c).await;
+    let mut raw = TcpStream::connect(a.bound_addr()).await.expect("tcp");
+    let started = Instant::now();
+    raw.write_all(&(64u32 * 1024).to_be_bytes())
+        .await
+        .expect("write");
+    raw.write_all(&[0xa1; 100]).await.expect("write");
+    assert!(closed_by_peer(&mut raw).await);
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "closed at once, not at the handshake timeout"
+    );
 }

@@ -77,6 +77,15 @@ pub struct TransportConfig {
     pub send_queue_capacity: usize,
     /// Frames that may wait for a connection being dialed. Default 4 096.
     pub dial_queue_capacity: usize,
+    /// Channels whose frames (and the replies to requests on them) take each
+    /// pipe's priority lane: the writer puts them into every batch before
+    /// bulk traffic, so heartbeats do not wait behind large payloads.
+    /// Default `[1]` (membership). Each lane holds `send_queue_capacity`
+    /// frames; order is kept per channel, not across lanes.
+    pub control_channels: Vec<crate::wire::Channel>,
+    /// Inbound handshakes that may be under way (not yet authenticated) at
+    /// once; a connection accepted beyond it is closed at once. Default 256.
+    pub max_inbound_handshakes: usize,
 }
 
 impl TransportConfig {
@@ -93,6 +102,8 @@ impl TransportConfig {
             backoff_max: Duration::from_secs(5),
             send_queue_capacity: 65_536,
             dial_queue_capacity: 4_096,
+            control_channels: vec![1],
+            max_inbound_handshakes: 256,
         }
     }
 

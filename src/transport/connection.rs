@@ -5,11 +5,13 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
 use tokio_util::codec::{Decoder, Encoder};
 use tokio_util::sync::CancellationToken;
 
@@ -19,8 +21,14 @@ use super::pipes::Shared;
 use crate::identity::{NodeId, UniqueAddress};
 use crate::wire::{Channel, Frame, FrameCodec, RemoteFailure, ReplyResult};
 
-/// Most frames one writer batch takes from the queue.
+/// Most frames one writer batch takes from the queues.
 const MAX_BATCH: usize = 1024;
+
+/// Most encoded bytes one writer batch takes from the queues: a frame that
+/// would push a non-empty batch past this waits for the next batch. So a
+/// control frame queued behind bulk data waits for at most one batch of
+/// 1 MiB (or one single larger frame) to be written.
+pub(crate) const MAX_BATCH_BYTES: usize = 1 << 20;
 
 /// A writer buffer grown past this is dropped after the write, so one huge
 /// frame does not pin its memory for the connection's life.
@@ -56,31 +64,53 @@ pub(crate) struct Conn {
     pub(crate) local_socket: SocketAddr,
     /// Remote end of the TCP connection.
     pub(crate) remote_socket: SocketAddr,
-    /// The writer's queue.
-    pub(crate) out: mpsc::Sender<Frame>,
+    /// The writer's bulk queue: every frame not on a control channel.
+    out: mpsc::Sender<Frame>,
+    /// The writer's priority queue: frames on the control channels (and the
+    /// replies to requests on them), drained first into every batch.
+    urgent: mpsc::Sender<Frame>,
+    /// The control channels (`TransportConfig::control_channels`).
+    control: Arc<[Channel]>,
     pending: Mutex<Pending>,
     next_corr: AtomicU64,
     cancel: CancellationToken,
-    /// Stop reading now, flush what is queued, then close (see `close_after_flush`).
+    /// Stop dispatching, flush what is queued, then close (see `close_after_flush`).
     closing: CancellationToken,
+    /// When `closing` was first asked for.
+    closing_at: OnceLock<Instant>,
+    /// The reader task has ended.
+    reader_done: CancellationToken,
     reason: OnceLock<DisconnectReason>,
 }
 
+/// The receiving ends of a connection's two writer queues.
+pub(crate) struct Lanes {
+    urgent: mpsc::Receiver<Frame>,
+    bulk: mpsc::Receiver<Frame>,
+}
+
 impl Conn {
+    /// A connection whose writer queues hold `capacity` frames each; the
+    /// receiving ends go to `write_loop`.
     pub(crate) fn new(
         id: u64,
         peer: UniqueAddress,
         initiator: NodeId,
         sockets: (SocketAddr, SocketAddr),
-        out: mpsc::Sender<Frame>,
-    ) -> Self {
-        Conn {
+        capacity: usize,
+        control: Arc<[Channel]>,
+    ) -> (Self, Lanes) {
+        let (out, bulk) = mpsc::channel(capacity.max(1));
+        let (urgent, urgent_rx) = mpsc::channel(capacity.max(1));
+        let conn = Conn {
             id,
             peer,
             initiator,
             local_socket: sockets.0,
             remote_socket: sockets.1,
             out,
+            urgent,
+            control,
             pending: Mutex::new(Pending {
                 open: true,
                 waiters: HashMap::new(),
@@ -88,8 +118,46 @@ impl Conn {
             next_corr: AtomicU64::new(1),
             cancel: CancellationToken::new(),
             closing: CancellationToken::new(),
+            closing_at: OnceLock::new(),
+            reader_done: CancellationToken::new(),
             reason: OnceLock::new(),
+        };
+        let lanes = Lanes {
+            urgent: urgent_rx,
+            bulk,
+        };
+        (conn, lanes)
+    }
+
+    /// The writer queue for traffic on `channel`.
+    pub(crate) fn lane(&self, channel: Channel) -> &mpsc::Sender<Frame> {
+        if self.control.contains(&channel) {
+            &self.urgent
+        } else {
+            &self.out
         }
+    }
+
+    /// Enqueues `frame` on its lane without waiting.
+    #[allow(clippy::result_large_err)] // gives the frame back, as `try_send` does
+    pub(crate) fn enqueue(&self, frame: Frame) -> Result<(), mpsc::error::TrySendError<Frame>> {
+        match &frame {
+            Frame::Oneway { channel, .. } | Frame::Request { channel, .. } => {
+                self.lane(*channel).try_send(frame)
+            }
+            _ => self.out.try_send(frame),
+        }
+    }
+
+    /// Whether `close_after_flush` was called.
+    pub(crate) fn is_closing(&self) -> bool {
+        self.closing.is_cancelled()
+    }
+
+    /// By when a closing connection must have written its queued frames and
+    /// shut down its write half.
+    fn flush_deadline(&self) -> Instant {
+        *self.closing_at.get_or_init(Instant::now) + FLUSH_LIMIT
     }
 
     /// Closes the connection now: both tasks stop, the socket is dropped,
@@ -101,12 +169,17 @@ impl Conn {
 
     /// Closes the connection after writing what is already queued: the
     /// reader stops dispatching at once (nothing more is accepted from the
-    /// peer), the writer drains its queue into one last write — bounded by
-    /// `FLUSH_LIMIT`, so a peer that stopped reading cannot hold the task —
-    /// then the socket closes. `mark_down` uses it, so that the last gossip
-    /// membership queued for a member it removes still reaches it.
+    /// peer) but keeps reading and discarding, so that no unread input makes
+    /// the kernel answer our close with a reset (which would discard the
+    /// frames we just flushed); the writer writes both queues out and shuts
+    /// down its half — within `FLUSH_LIMIT`, so a peer that stopped reading
+    /// cannot hold the task — then waits (at most `FLUSH_LIMIT` more) for
+    /// the reader to see the peer close, then closes the socket. `mark_down`
+    /// uses it, so that the last gossip membership queued for a member it
+    /// removes still reaches it.
     pub(crate) fn close_after_flush(&self, reason: DisconnectReason) {
         let _ = self.reason.set(reason);
+        let _ = self.closing_at.set(Instant::now());
         self.closing.cancel();
     }
 
@@ -280,67 +353,141 @@ impl Drop for ReplyHandle {
     }
 }
 
-/// How long a closing connection may spend writing its last frames.
-const FLUSH_LIMIT: std::time::Duration = std::time::Duration::from_secs(1);
+/// How long a closing connection may spend writing its last frames; it then
+/// waits at most as long again for the peer to close its side.
+pub(crate) const FLUSH_LIMIT: Duration = Duration::from_secs(1);
 
-/// The batching writer: waits for queued frames, yields once so producers
-/// that are already runnable can add theirs, drains the queue again, encodes
-/// the whole batch into one buffer and writes it with one `write_all`.
+/// Upper bound on a frame's encoded size, from its payload (exact sizes
+/// only matter for the batch byte bound, which this errs above).
+fn encoded_estimate(frame: &Frame) -> usize {
+    super::pipes::FRAME_OVERHEAD
+        + crate::wire::LEN_PREFIX
+        + match frame {
+            Frame::Oneway { payload, .. } | Frame::Request { payload, .. } => payload.len(),
+            Frame::Reply {
+                result: ReplyResult::Ok(payload),
+                ..
+            } => payload.len(),
+            _ => 0,
+        }
+}
+
+/// The writer's side of its two queues: frames taken from a queue that did
+/// not fit the batch they were taken for wait here, at the head of their lane.
+struct Writer {
+    lanes: Lanes,
+    urgent_head: Option<Frame>,
+    bulk_head: Option<Frame>,
+    codec: FrameCodec,
+}
+
+impl Writer {
+    fn has_head(&self) -> bool {
+        self.urgent_head.is_some() || self.bulk_head.is_some()
+    }
+
+    /// Encodes one batch into `buf`: the priority lane first, then the bulk
+    /// lane, at most `MAX_BATCH` frames and — unless a single frame is larger
+    /// on its own — `MAX_BATCH_BYTES` bytes. Returns the frames taken.
+    fn fill(&mut self, conn: &Conn, buf: &mut BytesMut) -> usize {
+        let mut n = 0;
+        for urgent in [true, false] {
+            while n < MAX_BATCH {
+                let (head, rx) = if urgent {
+                    (&mut self.urgent_head, &mut self.lanes.urgent)
+                } else {
+                    (&mut self.bulk_head, &mut self.lanes.bulk)
+                };
+                let frame = match head.take() {
+                    Some(f) => f,
+                    None => match rx.try_recv() {
+                        Ok(f) => f,
+                        Err(_) => break,
+                    },
+                };
+                if !buf.is_empty() && buf.len() + encoded_estimate(&frame) > MAX_BATCH_BYTES {
+                    *head = Some(frame);
+                    return n;
+                }
+                n += 1;
+                if let Err(e) = self.codec.encode(&frame, buf) {
+                    tracing::warn!(peer = %conn.peer, error = %e, "dropping a frame that cannot be encoded");
+                    if let Frame::Request { corr, .. } = frame {
+                        conn.complete(corr, Err(RequestError::Encode(e.to_string())));
+                    }
+                }
+            }
+        }
+        n
+    }
+}
+
+/// The batching writer: waits for queued frames on either lane, yields once
+/// so producers that are already runnable can add theirs, then encodes one
+/// batch (`Writer::fill`: priority lane first, bounded by count and bytes)
+/// into one buffer and writes it with one `write_all`. `first` (the
+/// acceptor's `Accepted`) is written before anything queued.
 pub(crate) async fn write_loop(
     shared: Arc<Shared>,
     conn: Arc<Conn>,
-    mut rx: mpsc::Receiver<Frame>,
+    lanes: Lanes,
+    first: Option<Frame>,
     mut io: OwnedWriteHalf,
 ) {
-    let mut codec = FrameCodec::new(shared.codec.max_frame_len());
-    let mut batch = Vec::with_capacity(MAX_BATCH);
+    let mut w = Writer {
+        lanes,
+        urgent_head: None,
+        bulk_head: None,
+        codec: FrameCodec::new(shared.codec.max_frame_len()),
+    };
     let mut buf = BytesMut::with_capacity(64 * 1024);
+    if let Some(frame) = first
+        && w.codec.encode(&frame, &mut buf).is_err()
+    {
+        tracing::warn!(peer = %conn.peer, "first frame cannot be encoded");
+    }
     loop {
-        let n = tokio::select! {
-            biased;
-            _ = conn.cancel.cancelled() => return,
-            _ = conn.closing.cancelled() => {
-                while let Ok(frame) = rx.try_recv() {
-                    if codec.encode(&frame, &mut buf).is_err() {
-                        tracing::debug!(peer = %conn.peer, "dropping an unencodable frame at close");
+        if conn.closing.is_cancelled() {
+            return close_flush(&conn, &mut w, &mut buf, io).await;
+        }
+        if buf.is_empty() && !w.has_head() {
+            tokio::select! {
+                biased;
+                _ = conn.cancel.cancelled() => return,
+                _ = conn.closing.cancelled() => continue,
+                f = w.lanes.urgent.recv() => match f {
+                    Some(f) => w.urgent_head = Some(f),
+                    None => return,
+                },
+                f = w.lanes.bulk.recv() => match f {
+                    Some(f) => w.bulk_head = Some(f),
+                    None => {
+                        let _ = io.shutdown().await;
+                        return;
                     }
-                }
-                let flushed = tokio::time::timeout(FLUSH_LIMIT, io.write_all(&buf)).await;
-                if !matches!(flushed, Ok(Ok(()))) {
-                    tracing::debug!(peer = %conn.peer, "last frames not flushed before close");
-                }
-                let _ = tokio::time::timeout(FLUSH_LIMIT, io.shutdown()).await;
-                conn.cancel.cancel();
-                return;
+                },
             }
-            n = rx.recv_many(&mut batch, MAX_BATCH) => n,
-        };
-        if n == 0 {
-            let _ = io.shutdown().await;
-            return;
+            // The writer yield (see the limits anchor): ~50 frames per write
+            // under load instead of ~2.
+            tokio::task::yield_now().await;
         }
-        // The writer yield (see the limits anchor): ~50 frames per write
-        // under load instead of ~2.
-        tokio::task::yield_now().await;
-        while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(f) => batch.push(f),
-                Err(_) => break,
-            }
-        }
-        shared.stats.record_batch(batch.len());
-        for frame in batch.drain(..) {
-            if let Err(e) = codec.encode(&frame, &mut buf) {
-                tracing::warn!(peer = %conn.peer, error = %e, "dropping a frame that cannot be encoded");
-                if let Frame::Request { corr, .. } = frame {
-                    conn.complete(corr, Err(RequestError::Encode(e.to_string())));
-                }
-            }
+        let n = w.fill(&conn, &mut buf);
+        shared.stats.record_batch(n);
+        if buf.is_empty() {
+            continue;
         }
         let written = tokio::select! {
             biased;
             _ = conn.cancel.cancelled() => return,
             r = io.write_all(&buf) => r,
+            _ = async {
+                conn.closing.cancelled().await;
+                tokio::time::sleep_until(conn.flush_deadline()).await;
+            } => {
+                tracing::debug!(peer = %conn.peer, "closing: frames not flushed in time");
+                conn.cancel.cancel();
+                return;
+            }
         };
         if buf.capacity() > KEEP_BUF {
             buf = BytesMut::with_capacity(64 * 1024);
@@ -352,6 +499,36 @@ pub(crate) async fn write_loop(
             return;
         }
     }
+}
+
+/// The end of a connection closed by `close_after_flush`: writes what is
+/// still queued (both lanes, in batches) and shuts the write half down, by
+/// `flush_deadline`; then waits, at most `FLUSH_LIMIT` more, for the reader
+/// to see the peer close (it reads and discards meanwhile), so the socket is
+/// not dropped with unread input — which would make the kernel send a reset
+/// and throw away what we just wrote; then ends both tasks.
+async fn close_flush(conn: &Conn, w: &mut Writer, buf: &mut BytesMut, mut io: OwnedWriteHalf) {
+    let deadline = conn.flush_deadline();
+    let flushed = tokio::time::timeout_at(deadline, async {
+        loop {
+            let n = w.fill(conn, buf);
+            if buf.is_empty() {
+                if n == 0 {
+                    return Ok::<(), std::io::Error>(());
+                }
+                continue;
+            }
+            io.write_all(buf).await?;
+            buf.clear();
+        }
+    })
+    .await;
+    if !matches!(flushed, Ok(Ok(()))) {
+        tracing::debug!(peer = %conn.peer, "last frames not flushed before close");
+    }
+    let _ = tokio::time::timeout_at(deadline, io.shutdown()).await;
+    let _ = tokio::time::timeout_at(deadline + FLUSH_LIMIT, conn.reader_done.cancelled()).await;
+    conn.cancel.cancel();
 }
 
 /// The reader: decodes every complete frame it holds, dispatches them, then
@@ -370,6 +547,9 @@ pub(crate) async fn read_loop(
     let mut codec = shared.codec;
     let reason = 'conn: loop {
         loop {
+            if conn.closing.is_cancelled() {
+                break 'conn discard_until_closed(&conn, &mut io, buf).await;
+            }
             match codec.decode(&mut buf) {
                 Ok(Some(frame)) => {
                     if let Err(reason) = dispatch(&shared, &conn, frame) {
@@ -389,7 +569,7 @@ pub(crate) async fn read_loop(
         let read = tokio::select! {
             biased;
             _ = conn.cancel.cancelled() => break None,
-            _ = conn.closing.cancelled() => break None,
+            _ = conn.closing.cancelled() => continue,
             read = io.read_buf(&mut buf) => read,
         };
         match read {
@@ -401,7 +581,32 @@ pub(crate) async fn read_loop(
     if let Some(reason) = reason {
         conn.close(reason);
     }
+    conn.reader_done.cancel();
     shared.connection_ended(&conn);
+}
+
+/// The reader of a closing connection: nothing more is dispatched, but the
+/// socket is read (and the bytes dropped) until the peer closes, the read
+/// fails, or the connection is cancelled.
+async fn discard_until_closed(
+    conn: &Conn,
+    io: &mut OwnedReadHalf,
+    mut buf: BytesMut,
+) -> Option<DisconnectReason> {
+    loop {
+        buf.clear();
+        if buf.capacity() < READ_BUF {
+            buf.reserve(READ_BUF);
+        }
+        tokio::select! {
+            biased;
+            _ = conn.cancel.cancelled() => return None,
+            read = io.read_buf(&mut buf) => match read {
+                Ok(0) | Err(_) => return None,
+                Ok(_) => {}
+            },
+        }
+    }
 }
 
 /// Handles one inbound frame on an established connection.
@@ -421,7 +626,7 @@ fn dispatch(shared: &Shared, conn: &Conn, frame: Frame) -> Result<(), Disconnect
             channel,
             payload,
         } => {
-            let reply = ReplyHandle::new(corr, conn.out.clone(), shared.max_payload);
+            let reply = ReplyHandle::new(corr, conn.lane(channel).clone(), shared.max_payload);
             shared.deliver(Incoming {
                 from: conn.peer,
                 channel,

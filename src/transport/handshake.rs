@@ -5,18 +5,19 @@
 //!   | -- Hello { version, cluster, from: I, nonce_i } ------> |  check version, cluster,
 //!   |                                                         |  quarantine, tie-break
 //!   | <-- Welcome { version, from: A, nonce_a, proof_a } ---- |  proof_a = HMAC(secret, T, acceptor)
-//!   |  check version, quarantine,                             |
-//!   |  verify proof_a                                         |
+//!   |  check version, verify proof_a,                         |
+//!   |  A.addr == dialed?, then admit (quarantine, duplicate)  |
 //!   | -- Proof { proof_i } ---------------------------------> |  proof_i = HMAC(secret, T, initiator)
 //!   |                                                         |  verify proof_i, install pipe
 //!   | <-- Accepted ------------------------------------------- |
 //!   installs the pipe                                   data frames may follow at once
 //! ```
 //!
-//! `T` is the transcript: a domain tag, the role, the cluster name, both
-//! nonces and both identities, each length-delimited, so a proof is bound to
-//! this one exchange and cannot be replayed in another connection or
-//! reflected back in the other role. The secret itself never crosses the
+//! `T` is the transcript: a domain tag, the role, both sides' announced
+//! protocol versions, the cluster name, both nonces and both identities, each
+//! length-delimited, so a proof is bound to this one exchange and cannot be
+//! replayed in another connection or reflected back in the other role, and a
+//! version rewritten in transit (a downgrade) makes the proofs fail. The secret itself never crosses the
 //! wire; each side proves it knows the secret over the other side's fresh
 //! 32-byte nonce (from the OS generator via `getrandom`), and verification is
 //! constant-time (`Mac::verify_slice`).
@@ -25,6 +26,8 @@
 //! [`Frame::Reject`] with a [`RejectReason`] and close; the caller logs it
 //! with `tracing::warn!`. The whole exchange runs under the transport's
 //! handshake timeout (applied by the caller).
+
+use std::net::SocketAddr;
 
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
@@ -44,7 +47,7 @@ use crate::wire::{
 pub const NONCE_LEN: usize = 32;
 
 /// Domain-separation tag at the start of every proof transcript.
-const DOMAIN: &[u8] = b"datum-cluster-sharding/handshake/v1";
+const DOMAIN: &[u8] = b"datum-cluster-sharding/handshake/v2";
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -86,10 +89,19 @@ fn put_identity(mac: &mut HmacSha256, who: &UniqueAddress) {
     mac.update(&who.incarnation.to_be_bytes());
 }
 
+/// The protocol versions the two sides announced (`Hello`, `Welcome`).
+#[derive(Clone, Copy)]
+struct Versions {
+    initiator: u16,
+    acceptor: u16,
+}
+
 /// The keyed transcript MAC for `role`, before finalisation.
+#[allow(clippy::too_many_arguments)]
 fn transcript(
     secret: &Secret,
     role: Role,
+    versions: Versions,
     cluster: &str,
     nonce_i: &[u8],
     nonce_a: &[u8],
@@ -100,6 +112,8 @@ fn transcript(
         .map_err(|e| ConnectError::Protocol(format!("hmac key: {e}")))?;
     put_field(&mut mac, DOMAIN);
     mac.update(&[role as u8]);
+    mac.update(&versions.initiator.to_be_bytes());
+    mac.update(&versions.acceptor.to_be_bytes());
     put_field(&mut mac, cluster.as_bytes());
     put_field(&mut mac, nonce_i);
     put_field(&mut mac, nonce_a);
@@ -146,10 +160,14 @@ fn unsupported() -> RejectReason {
 }
 
 /// Runs the initiator's side up to and including `Accepted`; returns the
-/// acceptor's identity. `admit` may refuse the acceptor (quarantine).
+/// acceptor's identity. In this order, once `Welcome` arrives: the
+/// acceptor's proof is verified, its proven identity must name `dialed`,
+/// and only then is `admit` asked (quarantine, an existing pipe), so no
+/// local state is consulted on behalf of an unauthenticated peer.
 pub(crate) async fn initiate(
     stream: &mut HandshakeStream,
     local: &Local<'_>,
+    dialed: SocketAddr,
     admit: impl Fn(&UniqueAddress) -> Result<(), RejectReason>,
 ) -> Result<UniqueAddress, ConnectError> {
     let nonce_i = nonce()?;
@@ -160,7 +178,7 @@ pub(crate) async fn initiate(
         nonce: nonce_i.clone(),
     };
     stream.send(hello).await.map_err(wire_error)?;
-    let (peer, nonce_a, proof_a) = match next(stream).await? {
+    let (peer, version_a, nonce_a, proof_a) = match next(stream).await? {
         Frame::Welcome {
             version,
             from,
@@ -173,7 +191,7 @@ pub(crate) async fn initiate(
             if nonce.len() != NONCE_LEN {
                 return Err(refuse(stream, RejectReason::ProtocolViolation).await);
             }
-            (from, nonce, proof)
+            (from, version, nonce, proof)
         }
         Frame::Reject { reason } => return Err(ConnectError::Rejected(reason)),
         _ => return Err(refuse(stream, RejectReason::ProtocolViolation).await),
@@ -181,12 +199,14 @@ pub(crate) async fn initiate(
     if peer.node_id == local.me.node_id {
         return Err(refuse(stream, RejectReason::ProtocolViolation).await);
     }
-    if let Err(reason) = admit(&peer) {
-        return Err(refuse(stream, reason).await);
-    }
+    let versions = Versions {
+        initiator: PROTOCOL_VERSION,
+        acceptor: version_a,
+    };
     let check = transcript(
         local.secret,
         Role::Acceptor,
+        versions,
         local.cluster,
         &nonce_i,
         &nonce_a,
@@ -196,9 +216,23 @@ pub(crate) async fn initiate(
     if check.verify_slice(&proof_a).is_err() {
         return Err(refuse(stream, RejectReason::BadProof).await);
     }
+    // The acceptor's proven identity must name the address we dialed: a
+    // relay at another address cannot pass off a real node's handshake as
+    // its own.
+    if peer.addr != dialed {
+        let _ = refuse(stream, RejectReason::ProtocolViolation).await;
+        return Err(ConnectError::Protocol(format!(
+            "dialed {dialed} but the node there identifies as {}",
+            peer.addr
+        )));
+    }
+    if let Err(reason) = admit(&peer) {
+        return Err(refuse(stream, reason).await);
+    }
     let mine = transcript(
         local.secret,
         Role::Initiator,
+        versions,
         local.cluster,
         &nonce_i,
         &nonce_a,
@@ -226,7 +260,7 @@ pub(crate) async fn accept(
     local: &Local<'_>,
     admit: impl Fn(&UniqueAddress) -> Result<(), RejectReason>,
 ) -> Result<UniqueAddress, ConnectError> {
-    let (peer, nonce_i) = match next(stream).await? {
+    let (peer, version_i, nonce_i) = match next(stream).await? {
         Frame::Hello {
             version,
             cluster,
@@ -242,17 +276,22 @@ pub(crate) async fn accept(
             if nonce.len() != NONCE_LEN || from.node_id == local.me.node_id {
                 return Err(refuse(stream, RejectReason::ProtocolViolation).await);
             }
-            (from, nonce)
+            (from, version, nonce)
         }
         _ => return Err(refuse(stream, RejectReason::ProtocolViolation).await),
     };
     if let Err(reason) = admit(&peer) {
         return Err(refuse(stream, reason).await);
     }
+    let versions = Versions {
+        initiator: version_i,
+        acceptor: PROTOCOL_VERSION,
+    };
     let nonce_a = nonce()?;
     let mine = transcript(
         local.secret,
         Role::Acceptor,
+        versions,
         local.cluster,
         &nonce_i,
         &nonce_a,
@@ -274,6 +313,7 @@ pub(crate) async fn accept(
     let check = transcript(
         local.secret,
         Role::Initiator,
+        versions,
         local.cluster,
         &nonce_i,
         &nonce_a,
@@ -284,4 +324,45 @@ pub(crate) async fn accept(
         return Err(refuse(stream, RejectReason::BadProof).await);
     }
     Ok(peer)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn proof(versions: Versions) -> Vec<u8> {
+        let who = UniqueAddress::new_at("127.0.0.1:1".parse().expect("literal"));
+        let other = UniqueAddress::new_at("127.0.0.1:2".parse().expect("literal"));
+        let mac = transcript(
+            &Secret::from("s"),
+            Role::Acceptor,
+            versions,
+            "c",
+            &[1; NONCE_LEN],
+            &[2; NONCE_LEN],
+            &who,
+            &other,
+        )
+        .expect("mac");
+        mac.finalize().into_bytes().to_vec()
+    }
+
+    /// A version rewritten in transit (either side's) changes both proofs,
+    /// so a downgrade is caught as `BadProof`.
+    #[test]
+    fn both_announced_versions_are_in_the_transcript() {
+        let honest = proof(Versions {
+            initiator: 2,
+            acceptor: 2,
+        });
+        for (initiator, acceptor) in [(1, 2), (2, 1), (3, 2)] {
+            assert_ne!(
+                proof(Versions {
+                    initiator,
+                    acceptor
+                }),
+                honest
+            );
+        }
+    }
 }

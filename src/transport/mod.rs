@@ -22,11 +22,18 @@
 //!   whatever waited for it is moved to the survivor.
 //! * **Authenticated.** Every connection opens with the handshake in
 //!   [`handshake`]: protocol version, cluster name, and a mutual
-//!   HMAC-SHA256 challenge–response over the shared secret.
-//! * **Batched writes.** Each pipe has one writer task that drains its whole
-//!   queue into one buffer and one `write_all` (after yielding once, so
-//!   concurrent producers join the batch). `TCP_NODELAY` is on; reads go
-//!   through a 64 KiB buffer.
+//!   HMAC-SHA256 challenge–response over the shared secret. Until a peer is
+//!   authenticated it costs bounded resources: 4 KiB handshake frames, at
+//!   most `max_inbound_handshakes` such handshakes at once, rate-limited
+//!   refusal warnings, and a dial it defers proceeds after one handshake
+//!   timeout.
+//! * **Batched writes.** Each pipe has one writer task that drains its queues
+//!   into one buffer and one `write_all` per batch (after yielding once, so
+//!   concurrent producers join the batch): first the priority lane (frames
+//!   on `control_channels`, default membership's channel 1), then bulk
+//!   traffic, up to 1024 frames and 1 MiB per batch, so heartbeats never wait
+//!   behind more than one batch. `TCP_NODELAY` is on; reads go through a
+//!   64 KiB buffer.
 //! * **Tell-like sends.** [`Transport::send`] never waits: it enqueues, or
 //!   fails at once with a [`SendError`] that gives the payload back.
 //! * **Request/reply** ([`Transport::request`]) matches replies by a

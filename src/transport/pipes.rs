@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use futures_util::SinkExt;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::codec::Framed;
@@ -23,7 +23,9 @@ use super::error::{ConnectError, RegisterError, RequestError, SendError, SendFai
 use super::events::{DisconnectReason, TransportEvent};
 use super::handshake::{self, HandshakeStream, Local};
 use crate::identity::{NodeId, UniqueAddress};
-use crate::wire::{Channel, Frame, FrameCodec, RejectReason, RemoteFailure};
+use crate::wire::{
+    Channel, Frame, FrameCodec, HANDSHAKE_MAX_FRAME_LEN, RejectReason, RemoteFailure,
+};
 
 /// Upper bound on the CBOR envelope around a payload (map headers, variant
 /// and field names, a u64 correlation id, the byte-string header).
@@ -80,6 +82,9 @@ struct Dial {
     next_attempt: Instant,
     /// Why the last attempt failed (answered at once during backoff).
     last_error: Option<ConnectError>,
+    /// Set when an inbound handshake claiming this address first deferred
+    /// the dial: past it, the dial goes ahead anyway (see `dial_loop`).
+    deferred_until: Option<Instant>,
 }
 
 impl Dial {
@@ -92,6 +97,7 @@ impl Dial {
             failures: 0,
             next_attempt: Instant::now(),
             last_error: None,
+            deferred_until: None,
         }
     }
 
@@ -110,7 +116,8 @@ struct State {
     /// Dials in progress or backing off, by dialed address.
     dials: HashMap<SocketAddr, Dial>,
     /// Inbound handshakes past `Hello`, by the peer's claimed address. While
-    /// one is under way no dial to that address starts: it is the pipe to be.
+    /// one is under way a dial to that address waits, at most one handshake
+    /// timeout (the claim is not proven yet): it is normally the pipe to be.
     inbound: HashMap<SocketAddr, usize>,
     /// Identities marked down: refused for good.
     down: HashSet<UniqueAddress>,
@@ -131,6 +138,9 @@ pub(crate) struct Shared {
     bound: SocketAddr,
     pub(crate) codec: FrameCodec,
     pub(crate) max_payload: usize,
+    /// `config.control_channels`, deduplicated: their frames take the
+    /// writers' priority lane.
+    control: Arc<[Channel]>,
     runtime: tokio::runtime::Handle,
     state: Mutex<State>,
     handlers: RwLock<HashMap<Channel, mpsc::Sender<Incoming>>>,
@@ -138,6 +148,12 @@ pub(crate) struct Shared {
     next_conn_id: AtomicU64,
     pub(crate) stats: Stats,
     accept_task: Mutex<Option<JoinHandle<()>>>,
+    /// Permits for inbound handshakes not yet authenticated.
+    handshakes: Arc<Semaphore>,
+    /// Woken whenever an inbound handshake releases its address's slot.
+    slots: Notify,
+    /// Rate limit of warnings about refused inbound connections.
+    refusals: RefusalLog,
 }
 
 /// Shuts the transport down when the last user handle is dropped (tasks
@@ -178,7 +194,11 @@ impl Transport {
         }
         let local = UniqueAddress::new_at(config.advertised_addr.unwrap_or(bound));
         let codec = FrameCodec::new(config.max_frame_len);
+        let mut control = config.control_channels.clone();
+        control.sort_unstable();
+        control.dedup();
         let shared = Arc::new(Shared {
+            control: control.into(),
             max_payload: codec.max_frame_len().saturating_sub(FRAME_OVERHEAD),
             codec,
             local,
@@ -197,6 +217,9 @@ impl Transport {
             next_conn_id: AtomicU64::new(1),
             stats: Stats::default(),
             accept_task: Mutex::new(None),
+            handshakes: Arc::new(Semaphore::new(config.max_inbound_handshakes.max(1))),
+            slots: Notify::new(),
+            refusals: RefusalLog::default(),
             config,
         });
         let task = tokio::spawn(accept_loop(shared.clone(), listener));
@@ -353,7 +376,7 @@ impl Transport {
         let frame = Frame::Oneway { channel, payload };
         if let Some(c) = st.conns.get(&to.addr) {
             if c.peer == *to {
-                return c.out.try_send(frame).map_err(queue_error);
+                return c.enqueue(frame).map_err(queue_error);
             }
             if to.is_older_than(&c.peer) {
                 return Err(SendError::new(SendFailure::Stale, payload_of(frame)));
@@ -416,13 +439,12 @@ impl Transport {
             corr,
             armed: true,
         };
-        conn.out
-            .try_send(Frame::Request {
-                corr,
-                channel,
-                payload,
-            })
-            .map_err(queue_error)?;
+        conn.enqueue(Frame::Request {
+            corr,
+            channel,
+            payload,
+        })
+        .map_err(queue_error)?;
         let outcome = tokio::time::timeout_at(deadline, rx).await;
         guard.armed = outcome.is_err();
         match outcome {
@@ -657,7 +679,7 @@ impl Shared {
         };
         let (mut moved, mut dropped) = (0usize, 0usize);
         for (to, frame) in dial.queued.drain(..) {
-            if to != conn.peer || conn.out.try_send(frame).is_err() {
+            if to != conn.peer || conn.enqueue(frame).is_err() {
                 dropped += 1;
             } else {
                 moved += 1;
@@ -672,6 +694,7 @@ impl Shared {
         }
         dial.failures = 0;
         dial.last_error = None;
+        dial.deferred_until = None;
         if !dial.task {
             st.dials.remove(&addr);
         }
@@ -691,12 +714,16 @@ impl Shared {
             stream.get_ref().local_addr().unwrap_or(unspecified),
             stream.get_ref().peer_addr().unwrap_or(unspecified),
         );
-        let (tx, rx) = mpsc::channel(self.config.send_queue_capacity.max(2));
-        if let Some(frame) = first {
-            let _ = tx.try_send(frame);
-        }
         let id = self.next_conn_id.fetch_add(1, Ordering::Relaxed);
-        let conn = Arc::new(Conn::new(id, peer, initiator, sockets, tx));
+        let (conn, lanes) = Conn::new(
+            id,
+            peer,
+            initiator,
+            sockets,
+            self.config.send_queue_capacity,
+            self.control.clone(),
+        );
+        let conn = Arc::new(conn);
         let installed = {
             let mut st = lock(&self.state);
             self.install(&mut st, &conn)
@@ -714,7 +741,7 @@ impl Shared {
         leftover.extend_from_slice(&parts.read_buf);
         let (shared, writer) = (self.clone(), conn.clone());
         self.runtime
-            .spawn(write_loop(shared, writer, rx, write_half));
+            .spawn(write_loop(shared, writer, lanes, first, write_half));
         let (shared, reader) = (self.clone(), conn.clone());
         self.runtime
             .spawn(read_loop(shared, reader, read_half, leftover));
@@ -740,27 +767,40 @@ impl Shared {
                 });
             }
         }
-        conn.close(DisconnectReason::PeerClosed);
+        // A closing connection's writer ends it once flushed (bounded).
+        if !conn.is_closing() {
+            conn.close(DisconnectReason::PeerClosed);
+        }
         conn.fail_pending();
     }
 
     /// Serves one inbound TCP connection: handshake, then the pipe.
-    async fn serve_inbound(self: Arc<Self>, stream: TcpStream, remote: SocketAddr) {
+    /// `permit` (one of `max_inbound_handshakes`) is held until the peer is
+    /// authenticated or the handshake ends.
+    async fn serve_inbound(
+        self: Arc<Self>,
+        stream: TcpStream,
+        remote: SocketAddr,
+        permit: OwnedSemaphorePermit,
+    ) {
         let _ = stream.set_nodelay(true);
-        let mut framed = Framed::with_capacity(stream, self.codec, 4096);
+        let mut framed = handshake_framed(stream);
         let local = self.local_handshake();
         let slot = InboundSlot {
             shared: self.clone(),
             addr: Mutex::new(None),
         };
         let handshake = handshake::accept(&mut framed, &local, |p| self.admit_inbound(p, &slot));
-        let peer = match tokio::time::timeout(self.config.handshake_timeout, handshake).await {
+        let outcome = tokio::time::timeout(self.config.handshake_timeout, handshake).await;
+        drop(permit);
+        let peer = match outcome {
             Err(_) => {
-                tracing::warn!(%remote, "inbound handshake timed out");
+                self.refusals
+                    .log(self.local, remote, &ConnectError::Timeout);
                 return;
             }
             Ok(Err(e)) => {
-                log_refusal(remote, "inbound", &e);
+                self.refusals.log(self.local, remote, &e);
                 return;
             }
             Ok(Ok(peer)) => peer,
@@ -770,7 +810,7 @@ impl Shared {
             .await
         {
             let e = ConnectError::Refused(reason);
-            log_refusal(remote, "inbound", &e);
+            self.refusals.log(self.local, remote, &e);
         }
     }
 
@@ -778,7 +818,7 @@ impl Shared {
     async fn dial_once(self: &Arc<Self>, addr: SocketAddr) -> Result<Dialed, ConnectError> {
         let stream = TcpStream::connect(addr).await?;
         let _ = stream.set_nodelay(true);
-        let mut framed = Framed::with_capacity(stream, self.codec, 4096);
+        let mut framed = handshake_framed(stream);
         let local = self.local_handshake();
         let existing = Mutex::new(None);
         let admit = |peer: &UniqueAddress| {
@@ -788,23 +828,7 @@ impl Shared {
             }
             verdict
         };
-        let result = handshake::initiate(&mut framed, &local, admit).await;
-        // The acceptor's identity (its proof covers it) must name the address
-        // we dialed: a relay at another address cannot pass off a real
-        // node's handshake as its own.
-        if let Ok(peer) = &result
-            && peer.addr != addr
-        {
-            let _ = framed
-                .send(Frame::Reject {
-                    reason: RejectReason::ProtocolViolation,
-                })
-                .await;
-            return Err(ConnectError::Protocol(format!(
-                "dialed {addr} but the node there identifies as {}",
-                peer.addr
-            )));
-        }
+        let result = handshake::initiate(&mut framed, &local, addr, admit).await;
         let existing = lock(&existing).take();
         match result {
             Ok(peer) => match self
@@ -855,6 +879,81 @@ impl Shared {
     }
 }
 
+/// A handshake's framed stream: its codec accepts at most
+/// `HANDSHAKE_MAX_FRAME_LEN`, so an unauthenticated peer cannot make this
+/// node buffer more than that (plus one read) per connection.
+fn handshake_framed(stream: TcpStream) -> HandshakeStream {
+    Framed::with_capacity(stream, FrameCodec::new(HANDSHAKE_MAX_FRAME_LEN), 4096)
+}
+
+/// How many warnings about refused inbound connections one transport logs
+/// per `REFUSAL_WINDOW`; the rest are logged at debug and counted, and the
+/// count is reported with the next warning.
+const REFUSAL_WARNINGS: u32 = 10;
+const REFUSAL_WINDOW: Duration = Duration::from_secs(10);
+
+/// Rate limit of the warnings about refused inbound handshakes: anyone who
+/// can reach the port can cause one, so they must not flood the log.
+#[derive(Default)]
+struct RefusalLog {
+    state: Mutex<RefusalWindow>,
+}
+
+#[derive(Default)]
+struct RefusalWindow {
+    started: Option<Instant>,
+    logged: u32,
+    suppressed: u64,
+}
+
+impl RefusalLog {
+    /// `Some(n)`: log this one as a warning, `n` were suppressed before it.
+    fn admit(&self) -> Option<u64> {
+        let mut w = lock(&self.state);
+        let now = Instant::now();
+        if w.started.is_none_or(|s| now >= s + REFUSAL_WINDOW) {
+            w.started = Some(now);
+            w.logged = 0;
+        }
+        if w.logged < REFUSAL_WARNINGS {
+            w.logged += 1;
+            Some(std::mem::take(&mut w.suppressed))
+        } else {
+            w.suppressed += 1;
+            None
+        }
+    }
+
+    /// Logs the end of an inbound connection refused or failed before it
+    /// became a pipe: expected outcomes at debug, the rest as rate-limited
+    /// warnings.
+    fn log(&self, local: UniqueAddress, remote: SocketAddr, e: &ConnectError) {
+        let quiet = matches!(
+            e,
+            ConnectError::Refused(RejectReason::Duplicate)
+                | ConnectError::Rejected(RejectReason::Duplicate)
+                | ConnectError::Io { .. }
+                | ConnectError::Closed
+        );
+        if quiet {
+            log_refusal(remote, "inbound", e);
+            return;
+        }
+        match self.admit() {
+            Some(0) => {
+                tracing::warn!(%local, %remote, direction = "inbound", error = %e, "handshake refused")
+            }
+            Some(suppressed) => tracing::warn!(
+                %local, %remote, direction = "inbound", error = %e, suppressed,
+                "handshake refused ({suppressed} similar warnings suppressed before this one)"
+            ),
+            None => {
+                tracing::debug!(%local, %remote, direction = "inbound", error = %e, "handshake refused (warning rate-limited)")
+            }
+        }
+    }
+}
+
 fn log_refusal(remote: SocketAddr, direction: &str, e: &ConnectError) {
     match e {
         ConnectError::Refused(RejectReason::Duplicate)
@@ -875,11 +974,23 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
             accepted = listener.accept() => accepted,
         };
         match accepted {
-            Ok((stream, remote)) => {
-                shared
-                    .runtime
-                    .spawn(shared.clone().serve_inbound(stream, remote));
-            }
+            Ok((stream, remote)) => match shared.handshakes.clone().try_acquire_owned() {
+                Ok(permit) => {
+                    shared
+                        .runtime
+                        .spawn(shared.clone().serve_inbound(stream, remote, permit));
+                }
+                Err(_) => {
+                    // Too many unauthenticated handshakes at once: close
+                    // this one now, before reading anything from it.
+                    drop(stream);
+                    let e = ConnectError::Protocol(format!(
+                        "more than {} inbound handshakes at once; connection closed",
+                        shared.config.max_inbound_handshakes
+                    ));
+                    shared.refusals.log(shared.local, remote, &e);
+                }
+            },
             Err(e) => {
                 // Typically out of file descriptors: pause instead of spinning.
                 tracing::warn!(error = %e, "accept failed");
@@ -896,7 +1007,7 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
 async fn dial_loop(shared: Arc<Shared>, addr: SocketAddr) {
     loop {
         // Wait for the attempt time, unless a pipe appears meanwhile.
-        let at = {
+        let (at, slot_released) = {
             let mut st = lock(&shared.state);
             if st.closed {
                 return;
@@ -907,17 +1018,29 @@ async fn dial_loop(shared: Arc<Shared>, addr: SocketAddr) {
             }
             let inbound = st.inbound.contains_key(&addr);
             match st.dials.get_mut(&addr) {
-                Some(d) if inbound => {
-                    // The peer is dialing us: its pipe is the one to be.
-                    // `InboundSlot` restarts this dial if that fails.
-                    tracing::trace!(%addr, "dial deferred to the peer's inbound handshake");
-                    d.task = false;
-                    return;
+                Some(d) if inbound && !deferral_over(d) => {
+                    // Someone dialing us claims that address: normally the
+                    // peer itself, whose pipe is the one to be. The claim is
+                    // not proven yet, so wait for that handshake to end, but
+                    // at most one handshake timeout from the first deferral:
+                    // a genuine handshake has ended by then.
+                    let timeout = shared.config.handshake_timeout;
+                    let until = *d.deferred_until.get_or_insert_with(|| after(timeout));
+                    tracing::trace!(%addr, "dial deferred to an inbound handshake");
+                    (until, Some(shared.slots.notified()))
                 }
-                Some(d) => d.next_attempt,
+                Some(d) => (d.next_attempt, None),
                 None => return,
             }
         };
+        if let Some(released) = slot_released {
+            tokio::select! {
+                _ = shared.shutdown.cancelled() => return,
+                _ = released => {}
+                _ = tokio::time::sleep_until(at) => {}
+            }
+            continue;
+        }
         tokio::select! {
             _ = shared.shutdown.cancelled() => return,
             _ = tokio::time::sleep_until(at) => {}
@@ -933,11 +1056,11 @@ async fn dial_loop(shared: Arc<Shared>, addr: SocketAddr) {
             }
             let inbound = st.inbound.contains_key(&addr);
             match st.dials.get_mut(&addr) {
-                Some(d) if inbound => {
-                    d.task = false;
-                    return;
+                Some(d) if inbound && !deferral_over(d) => continue,
+                Some(d) => {
+                    d.connecting = true;
+                    d.deferred_until = None;
                 }
-                Some(d) => d.connecting = true,
                 None => return,
             }
         }
@@ -988,6 +1111,11 @@ async fn dial_loop(shared: Arc<Shared>, addr: SocketAddr) {
     }
 }
 
+/// Whether a dial deferred to an inbound handshake has waited long enough.
+fn deferral_over(d: &Dial) -> bool {
+    d.deferred_until.is_some_and(|u| Instant::now() >= u)
+}
+
 /// An inbound handshake's hold on its peer's address (see `State::inbound`).
 /// Released when the handshake task ends, however it ends; if no pipe came
 /// of it, whatever queued meanwhile gets a dial of its own.
@@ -1008,6 +1136,7 @@ impl Drop for InboundSlot {
                 st.inbound.remove(&addr);
             }
         }
+        self.shared.slots.notify_waiters();
         if st.closed || st.inbound.contains_key(&addr) {
             return;
         }

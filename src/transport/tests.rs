@@ -42,7 +42,13 @@ async fn raw_handshake(t: &Transport, me: UniqueAddress) -> Result<HandshakeStre
     };
     let stream = TcpStream::connect(t.bound_addr()).await.expect("tcp");
     let mut framed = Framed::new(stream, FrameCodec::default());
-    let peer = within(handshake::initiate(&mut framed, &local, |_| Ok(()))).await?;
+    let peer = within(handshake::initiate(
+        &mut framed,
+        &local,
+        t.bound_addr(),
+        |_| Ok(()),
+    ))
+    .await?;
     assert_eq!(peer, t.local());
     Ok(framed)
 }
@@ -263,4 +269,104 @@ async fn older_incarnation_cannot_push_out_a_newer_one() {
         Err(ConnectError::Rejected(RejectReason::Quarantined))
     );
     assert_eq!(t.connected_peers(), vec![newer]);
+}
+
+/// Reads frames from a raw peer's stream (starting with what its handshake
+/// had buffered) until the transport closes it. `Err` if the connection was
+/// reset instead of closed.
+async fn read_to_end(mut io: TcpStream, mut buf: BytesMut) -> Result<Vec<Frame>, std::io::Error> {
+    use tokio::io::AsyncReadExt;
+    use tokio_util::codec::Decoder;
+    let mut codec = FrameCodec::default();
+    let mut frames = Vec::new();
+    loop {
+        while let Some(f) = codec.decode(&mut buf).expect("decodes") {
+            frames.push(f);
+        }
+        buf.reserve(64 * 1024);
+        if io.read_buf(&mut buf).await? == 0 {
+            return Ok(frames);
+        }
+    }
+}
+
+/// `mark_down` writes what was queued, and the peer receives all of it even
+/// though it kept sending after the mark-down: the closing side reads and
+/// drops that input instead of closing on it unread (which makes the kernel
+/// reset the connection and throw away the flushed frames). Nothing the peer
+/// sent after the mark-down is dispatched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mark_down_flushes_without_a_reset_despite_unread_input() {
+    let t = Transport::bind(config()).await.expect("bind");
+    let mut inbox = t.register(CH, 1024).expect("register");
+    let (raw, me) = raw_peer(&t).await;
+    const FRAMES: usize = 32;
+    for i in 0..FRAMES {
+        t.send(&me, CH, Bytes::from(vec![i as u8; 64 * 1024]))
+            .expect("queued");
+    }
+    t.mark_down(&me);
+    // The peer, not reading yet, keeps talking.
+    let parts = raw.into_parts();
+    let mut io = parts.io;
+    let mut out = BytesMut::new();
+    let mut codec = FrameCodec::default();
+    for _ in 0..64 {
+        let f = Frame::Oneway {
+            channel: CH,
+            payload: Bytes::from(vec![9u8; 1024]),
+        };
+        tokio_util::codec::Encoder::encode(&mut codec, f, &mut out).expect("enc");
+    }
+    io.write_all(&out).await.expect("write after mark-down");
+    let frames = within(read_to_end(io, parts.read_buf))
+        .await
+        .expect("closed cleanly, not reset");
+    assert_eq!(frames.len(), FRAMES, "every queued frame arrived");
+    for (i, f) in frames.iter().enumerate() {
+        assert!(
+            matches!(f, Frame::Oneway { payload, .. } if payload.len() == 64 * 1024 && payload[0] == i as u8),
+            "frame {i} in order"
+        );
+    }
+    assert!(
+        inbox.try_recv().is_err(),
+        "nothing dispatched after mark_down"
+    );
+}
+
+/// A frame on a control channel (1 by default) queued behind megabytes of
+/// bulk frames is written within about one batch, not after all of them;
+/// the bulk frames keep their order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_channel_frames_overtake_bulk_traffic() {
+    let t = Transport::bind(config()).await.expect("bind");
+    let (raw, me) = raw_peer(&t).await;
+    const BULK: usize = 400;
+    for i in 0..BULK {
+        let mut p = vec![0u8; 64 * 1024];
+        p[..4].copy_from_slice(&(i as u32).to_be_bytes());
+        t.send(&me, CH, Bytes::from(p)).expect("queued");
+    }
+    t.send(&me, 1, Bytes::from_static(b"heartbeat"))
+        .expect("queued");
+    // Read until the heartbeat and every bulk frame arrived.
+    let mut raw = raw;
+    let (mut bulk_seen, mut heartbeat_at) = (0usize, None);
+    while bulk_seen < BULK || heartbeat_at.is_none() {
+        match within(raw.next()).await.expect("open").expect("decodes") {
+            Frame::Oneway { channel: 1, .. } => heartbeat_at = Some(bulk_seen),
+            Frame::Oneway { channel, payload } => {
+                assert_eq!(channel, CH);
+                assert_eq!(&payload[..4], &(bulk_seen as u32).to_be_bytes());
+                bulk_seen += 1;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let at = heartbeat_at.expect("heartbeat");
+    assert!(
+        at < BULK / 2,
+        "heartbeat arrived after {at} of {BULK} bulk frames"
+    );
 }

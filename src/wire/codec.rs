@@ -1,6 +1,6 @@
 //! [`FrameCodec`]: length-prefixed CBOR frames for tokio-util's `Framed`.
 
-use bytes::{Buf, BufMut, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use tokio_util::codec::{Decoder, Encoder};
 
 use super::fast;
@@ -11,6 +11,16 @@ pub const LEN_PREFIX: usize = 4;
 
 /// Default largest frame body accepted or produced: 4 MiB.
 pub const DEFAULT_MAX_FRAME_LEN: usize = 4 * 1024 * 1024;
+
+/// Largest frame body accepted or produced during the handshake, before the
+/// peer has proven anything: 4 KiB (a `Hello` with a long cluster name and
+/// address is a few hundred bytes).
+pub const HANDSHAKE_MAX_FRAME_LEN: usize = 4 * 1024;
+
+/// Most the decoder reserves ahead of the bytes that have arrived, for a
+/// frame whose body is still incomplete. A peer that announces a large frame
+/// and sends nothing more costs at most this much, not the announced length.
+pub const RESERVE_CHUNK: usize = 64 * 1024;
 
 /// Scratch space ciborium uses for short strings while decoding. Byte-string
 /// payloads do not go through it (see `wire::payload`), so it can stay small;
@@ -72,7 +82,16 @@ impl FrameCodec {
 
     /// Decodes one complete body (without its length prefix).
     pub fn decode_body(body: &[u8]) -> Result<Frame, WireError> {
-        match fast::decode(body) {
+        match fast::decode(body, None) {
+            Some(frame) => Ok(frame),
+            None => Self::decode_body_serde(body),
+        }
+    }
+
+    /// Decodes one complete body held in `Bytes`: large payloads of the hot
+    /// frames are slices of it rather than copies.
+    fn decode_body_shared(body: &Bytes) -> Result<Frame, WireError> {
+        match fast::decode(body, Some(body)) {
             Some(frame) => Ok(frame),
             None => Self::decode_body_serde(body),
         }
@@ -125,13 +144,16 @@ impl Decoder for FrameCodec {
             });
         };
         if src.len() < total {
-            // `total - src.len()` cannot underflow here; bounded by the max.
-            src.reserve(total.saturating_sub(src.len()));
+            // Reserve for what is missing, but never more than one chunk
+            // ahead of what has arrived: an announced length costs nothing
+            // until its bytes come.
+            let missing = total.saturating_sub(src.len());
+            src.reserve(missing.min(RESERVE_CHUNK));
             return Ok(None);
         }
         src.advance(LEN_PREFIX);
-        let body = src.split_to(len);
-        FrameCodec::decode_body(&body).map(Some)
+        let body = src.split_to(len).freeze();
+        FrameCodec::decode_body_shared(&body).map(Some)
     }
 }
 

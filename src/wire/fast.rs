@@ -108,10 +108,17 @@ pub(crate) fn encode(frame: &Frame, dst: &mut BytesMut) -> bool {
     }
 }
 
+/// Payloads at least this long are sliced out of the frame's `Bytes` instead
+/// of copied. Shorter ones are copied: a small slice would keep the whole
+/// read buffer it came from alive for as long as an upper layer holds it.
+pub(crate) const SLICE_MIN: usize = 16 * 1024;
+
 /// A cursor over a body that only reads canonical heads.
 struct Reader<'a> {
     buf: &'a [u8],
     pos: usize,
+    /// The same bytes as `buf`, shared, when the caller has them so.
+    shared: Option<&'a Bytes>,
 }
 
 impl<'a> Reader<'a> {
@@ -172,15 +179,24 @@ impl<'a> Reader<'a> {
         if major != MAJOR_BYTES {
             return None;
         }
-        Some(Bytes::copy_from_slice(
-            self.take(usize::try_from(len).ok()?)?,
-        ))
+        let start = self.pos;
+        let s = self.take(usize::try_from(len).ok()?)?;
+        match self.shared {
+            Some(b) if s.len() >= SLICE_MIN => Some(b.slice(start..self.pos)),
+            _ => Some(Bytes::copy_from_slice(s)),
+        }
     }
 }
 
 /// Decodes a hot frame in canonical form; `None` for anything else.
-pub(crate) fn decode(body: &[u8]) -> Option<Frame> {
-    let mut r = Reader { buf: body, pos: 0 };
+/// `shared`, when given, holds the same bytes as `body`: large payloads are
+/// then sliced from it without a copy.
+pub(crate) fn decode(body: &[u8], shared: Option<&Bytes>) -> Option<Frame> {
+    let mut r = Reader {
+        buf: body,
+        pos: 0,
+        shared,
+    };
     r.expect(MAJOR_MAP, 1)?;
     let frame = match r.text()? {
         b"Oneway" => {

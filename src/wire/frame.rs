@@ -8,10 +8,11 @@ use crate::identity::UniqueAddress;
 
 /// The wire protocol version this build speaks. Bumped on any incompatible
 /// change of [`Frame`] or of the handshake.
-pub const PROTOCOL_VERSION: u16 = 1;
+/// Version 2 put both announced versions into the handshake transcript.
+pub const PROTOCOL_VERSION: u16 = 2;
 
 /// The oldest protocol version this build still accepts from a peer.
-pub const MIN_PROTOCOL_VERSION: u16 = 1;
+pub const MIN_PROTOCOL_VERSION: u16 = 2;
 
 /// A small namespace number that says which upper layer a payload belongs to
 /// (for example membership or sharding). Each layer registers its channel

@@ -18,7 +18,8 @@
 //!
 //! [`FrameCodec`] is the tokio-util codec for this format. Its decoder checks
 //! the length prefix against the configured maximum before it reserves or
-//! allocates anything, uses checked arithmetic, rejects trailing bytes after
+//! allocates anything, then reserves for an incomplete body at most
+//! [`RESERVE_CHUNK`] beyond the bytes that have arrived, uses checked arithmetic, rejects trailing bytes after
 //! the CBOR item, and never panics: any input yields a frame, "need more
 //! bytes", or a [`WireError`]. Its encoder writes straight into the output
 //! `BytesMut` and patches the length afterwards. The three hot variants
@@ -44,7 +45,10 @@ mod fast;
 mod frame;
 pub(crate) mod payload;
 
-pub use codec::{DEFAULT_MAX_FRAME_LEN, FrameCodec, LEN_PREFIX, WireError};
+pub use codec::{
+    DEFAULT_MAX_FRAME_LEN, FrameCodec, HANDSHAKE_MAX_FRAME_LEN, LEN_PREFIX, RESERVE_CHUNK,
+    WireError,
+};
 pub use frame::{
     Channel, Frame, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, RejectReason, RemoteFailure,
     ReplyResult,

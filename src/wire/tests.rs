@@ -150,6 +150,62 @@ fn oversized_prefix_is_refused_before_reserving() {
     ));
 }
 
+/// A peer that announces a large frame and sends only its first bytes makes
+/// the decoder reserve one chunk ahead, not the announced length.
+#[test]
+fn announced_length_is_reserved_incrementally() {
+    let mut codec = FrameCodec::default();
+    let mut buf = BytesMut::new();
+    buf.put_u32(4 * 1024 * 1024);
+    buf.extend_from_slice(&[0xa1; 10]);
+    assert_eq!(codec.decode(&mut buf).expect("needs more"), None);
+    assert!(
+        buf.capacity() <= 2 * (RESERVE_CHUNK + 14),
+        "reserved {} bytes for 14 that arrived",
+        buf.capacity()
+    );
+    // A whole large frame, fed in pieces, still decodes.
+    let big = Frame::Oneway {
+        channel: 2,
+        payload: Bytes::from(vec![7u8; 1_000_000]),
+    };
+    let mut full = BytesMut::new();
+    codec.encode(&big, &mut full).expect("encodes");
+    let mut stream = BytesMut::new();
+    let mut got = None;
+    for piece in full.chunks(50_000) {
+        stream.extend_from_slice(piece);
+        if let Some(f) = codec.decode(&mut stream).expect("no error") {
+            got = Some(f);
+        }
+    }
+    assert_eq!(got, Some(big));
+}
+
+/// Large payloads are slices of the received body, small ones copies.
+#[test]
+fn large_payloads_are_sliced_small_ones_copied() {
+    let mut codec = FrameCodec::default();
+    for (len, sliced) in [(fast::SLICE_MIN, true), (100, false)] {
+        let f = Frame::Oneway {
+            channel: 1,
+            payload: Bytes::from(vec![3u8; len]),
+        };
+        let mut buf = BytesMut::new();
+        codec.encode(&f, &mut buf).expect("encodes");
+        let range = buf.as_ptr() as usize..buf.as_ptr() as usize + buf.len();
+        let Some(Frame::Oneway { payload, .. }) = codec.decode(&mut buf).expect("decodes") else {
+            panic!("a oneway");
+        };
+        assert_eq!(payload.len(), len);
+        assert_eq!(
+            range.contains(&(payload.as_ptr() as usize)),
+            sliced,
+            "payload of {len} bytes"
+        );
+    }
+}
+
 #[test]
 fn encoder_refuses_oversized_body_and_leaves_buffer_intact() {
     let mut codec = FrameCodec::new(16);
@@ -410,7 +466,7 @@ fn fast_path_covers_the_hot_variants_only() {
         assert_eq!(hot, expect_hot, "{f:?}");
         if hot {
             assert_eq!(&buf[..], &serde_body(&f)[..], "{f:?}");
-            assert_eq!(fast::decode(&buf), Some(f));
+            assert_eq!(fast::decode(&buf, None), Some(f));
         }
     }
 }
@@ -435,7 +491,7 @@ fn fast_path_reads_integer_heads_of_every_width() {
             payload: Bytes::from(vec![9; 300]),
         };
         let body = serde_body(&f);
-        assert_eq!(fast::decode(&body), Some(f), "corr {corr}");
+        assert_eq!(fast::decode(&body, None), Some(f), "corr {corr}");
     }
 }
 
@@ -449,7 +505,7 @@ fn non_canonical_forms_fall_back_to_serde() {
     body.extend_from_slice(&[0x18, 0x05, 0x67]);
     body.extend_from_slice(b"payload");
     body.extend_from_slice(&[0x41, 0xee]);
-    assert_eq!(fast::decode(&body), None);
+    assert_eq!(fast::decode(&body, None), None);
     let expect = Frame::Oneway {
         channel: 5,
         payload: Bytes::from_static(&[0xee]),
@@ -478,7 +534,7 @@ fn fast_decoding_agrees_with_serde(f: AnyFrame, edits: Vec<(usize, u8)>) -> bool
         let at = at % body.len();
         body[at] = value;
     }
-    match fast::decode(&body) {
+    match fast::decode(&body, None) {
         None => true,
         Some(fast_frame) => FrameCodec::decode_body_serde(&body).ok() == Some(fast_frame),
     }
