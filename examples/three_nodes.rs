@@ -23,7 +23,7 @@ use clap::Parser;
 use datum_cluster_sharding::cluster::{ClusterConfig, ClusterNode};
 use datum_cluster_sharding::membership::MembershipEvent;
 use datum_cluster_sharding::prelude::*;
-use datum_cluster_sharding::transport::Transport;
+use datum_cluster_sharding::transport::{Incoming, Transport};
 use futures_util::StreamExt;
 use hdrhistogram::Histogram;
 
@@ -61,38 +61,46 @@ fn entity_id(k: u64) -> String {
     format!("entity-{k}")
 }
 
-/// Answers remote asks: decode, ask the local entity, reply with the ack.
+/// Answers remote asks on one task: each request is decoded and its ask to
+/// the local entity started in arrival order (the pipe's order, so one
+/// driver's messages to an entity stay in order), while the replies are
+/// awaited concurrently.
 fn serve(transport: &Transport, system: ShardedSystem) {
     let mut inbound = transport
         .register(WORK_CHANNEL, 65_536)
         .expect("work channel");
     tokio::spawn(async move {
-        while let Some(incoming) = inbound.recv().await {
-            let Some(reply) = incoming.reply else {
-                continue;
-            };
-            let system = system.clone();
-            tokio::spawn(async move {
-                let (entity, ping): (String, Ping) =
-                    match ciborium::from_reader(&incoming.payload[..]) {
-                        Ok(request) => request,
-                        Err(error) => return drop(reply.fail(format!("bad request: {error}"))),
-                    };
-                match system
-                    .entity_ref::<Pinger>(entity)
-                    .ask(ping, ASK_TIMEOUT)
-                    .await
-                {
-                    Ok(ack) => {
-                        let mut out = Vec::with_capacity(16);
-                        ciborium::into_writer(&ack, &mut out).expect("ack encodes");
-                        let _ = reply.reply(Bytes::from(out));
-                    }
-                    Err(error) => drop(reply.fail(error.to_string())),
-                }
-            });
+        let mut serving = futures_util::stream::FuturesUnordered::new();
+        loop {
+            tokio::select! {
+                incoming = inbound.recv() => match incoming {
+                    Some(incoming) => serving.push(serve_one(system.clone(), incoming)),
+                    None => break,
+                },
+                Some(()) = serving.next(), if !serving.is_empty() => {}
+            }
         }
     });
+}
+
+async fn serve_one(system: ShardedSystem, incoming: Incoming) {
+    let Some(reply) = incoming.reply else { return };
+    let (entity, ping): (String, Ping) = match ciborium::from_reader(&incoming.payload[..]) {
+        Ok(request) => request,
+        Err(error) => return drop(reply.fail(format!("bad request: {error}"))),
+    };
+    match system
+        .entity_ref::<Pinger>(entity)
+        .ask(ping, ASK_TIMEOUT)
+        .await
+    {
+        Ok(ack) => {
+            let mut out = Vec::with_capacity(16);
+            ciborium::into_writer(&ack, &mut out).expect("ack encodes");
+            let _ = reply.reply(Bytes::from(out));
+        }
+        Err(error) => drop(reply.fail(error.to_string())),
+    }
 }
 
 async fn ask(nodes: &[Node], from: usize, entity: String, ping: Ping) -> Result<Ack, String> {
