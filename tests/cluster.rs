@@ -123,7 +123,9 @@ async fn a_graceful_leave_ends_removed_everywhere() {
     let leaver = nodes[1].self_address();
     let mut events = nodes[0].subscribe();
     let mut leaver_events = nodes[1].subscribe();
+    let leave_started = Instant::now();
     nodes[1].shutdown().await.expect("graceful leave completes");
+    eprintln!("graceful leave took {:?}", leave_started.elapsed());
     // The leaver heard it was removed (its last gossip was flushed before its
     // pipes closed), so it never suspected its healthy peers.
     let mut leaver_saw = Vec::new();

@@ -3,7 +3,7 @@
 //! Joins (or forms) a cluster from command-line flags or `DATUM_*`
 //! environment variables and prints one JSON object per line on stdout for
 //! every membership event this node publishes. Logs go to stderr. SIGTERM or
-//! Ctrl-C makes the node leave gracefully and exit 0. See `SPEC-node.md`.
+//! Ctrl-C makes the node leave gracefully and exit 0. See `SPEC.md` §10c.
 //!
 //! The node runs on a current-thread runtime: the event subscription is taken
 //! before the membership driver first runs, so no event is missed, and one

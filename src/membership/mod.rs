@@ -75,7 +75,7 @@
 //! Every live member sends a heartbeat to every other every
 //! `heartbeat_interval`; an observer that hears nothing from a member for
 //! `heartbeat_interval + acceptable_heartbeat_pause` marks it unreachable in
-//! its own reachability row (a deadline detector; `SPEC-membership.md` says
+//! its own reachability row (a deadline detector; `SPEC.md` §10 says
 //! why not phi-accrual). A member is Unreachable when any live observer says
 //! so, and Reachable again when every observer hears it again. The leader
 //! downs a member that has been Unreachable for `downing_timeout`; with
