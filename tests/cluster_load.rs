@@ -4,7 +4,7 @@
 //!
 //! The only test in this binary, so that no other test competes for the
 //! cores. Knobs for checking by hand that it can fail (see
-//! BENCHMARKS-cluster.md): `LOAD_PAUSE_MS` overrides the acceptable
+//! BENCHMARKS.md, failure detection section): `LOAD_PAUSE_MS` overrides the acceptable
 //! heartbeat pause (default 300 ms), `LOAD_SECS` the duration (default 5),
 //! `LOAD_IN_FLIGHT` the requests each node keeps in flight (default 256).
 
