@@ -96,30 +96,33 @@ struct Versions {
     acceptor: u16,
 }
 
-/// The keyed transcript MAC for `role`, before finalisation.
-#[allow(clippy::too_many_arguments)]
-fn transcript(
-    secret: &Secret,
-    role: Role,
+/// What both proofs of one handshake cover; only the role differs.
+struct Transcript<'a> {
+    secret: &'a Secret,
     versions: Versions,
-    cluster: &str,
-    nonce_i: &[u8],
-    nonce_a: &[u8],
-    initiator: &UniqueAddress,
-    acceptor: &UniqueAddress,
-) -> Result<HmacSha256, ConnectError> {
-    let mut mac = HmacSha256::new_from_slice(secret.expose())
-        .map_err(|e| ConnectError::Protocol(format!("hmac key: {e}")))?;
-    put_field(&mut mac, DOMAIN);
-    mac.update(&[role as u8]);
-    mac.update(&versions.initiator.to_be_bytes());
-    mac.update(&versions.acceptor.to_be_bytes());
-    put_field(&mut mac, cluster.as_bytes());
-    put_field(&mut mac, nonce_i);
-    put_field(&mut mac, nonce_a);
-    put_identity(&mut mac, initiator);
-    put_identity(&mut mac, acceptor);
-    Ok(mac)
+    cluster: &'a str,
+    nonce_i: &'a [u8],
+    nonce_a: &'a [u8],
+    initiator: &'a UniqueAddress,
+    acceptor: &'a UniqueAddress,
+}
+
+impl Transcript<'_> {
+    /// The keyed transcript MAC for `role`, before finalisation.
+    fn mac(&self, role: Role) -> Result<HmacSha256, ConnectError> {
+        let mut mac = HmacSha256::new_from_slice(self.secret.expose())
+            .map_err(|e| ConnectError::Protocol(format!("hmac key: {e}")))?;
+        put_field(&mut mac, DOMAIN);
+        mac.update(&[role as u8]);
+        mac.update(&self.versions.initiator.to_be_bytes());
+        mac.update(&self.versions.acceptor.to_be_bytes());
+        put_field(&mut mac, self.cluster.as_bytes());
+        put_field(&mut mac, self.nonce_i);
+        put_field(&mut mac, self.nonce_a);
+        put_identity(&mut mac, self.initiator);
+        put_identity(&mut mac, self.acceptor);
+        Ok(mac)
+    }
 }
 
 /// Reads the next frame, mapping end-of-stream and codec errors.
@@ -203,16 +206,16 @@ pub(crate) async fn initiate(
         initiator: PROTOCOL_VERSION,
         acceptor: version_a,
     };
-    let check = transcript(
-        local.secret,
-        Role::Acceptor,
+    let transcript = Transcript {
+        secret: local.secret,
         versions,
-        local.cluster,
-        &nonce_i,
-        &nonce_a,
-        &local.me,
-        &peer,
-    )?;
+        cluster: local.cluster,
+        nonce_i: &nonce_i,
+        nonce_a: &nonce_a,
+        initiator: &local.me,
+        acceptor: &peer,
+    };
+    let check = transcript.mac(Role::Acceptor)?;
     if check.verify_slice(&proof_a).is_err() {
         return Err(refuse(stream, RejectReason::BadProof).await);
     }
@@ -229,16 +232,7 @@ pub(crate) async fn initiate(
     if let Err(reason) = admit(&peer) {
         return Err(refuse(stream, reason).await);
     }
-    let mine = transcript(
-        local.secret,
-        Role::Initiator,
-        versions,
-        local.cluster,
-        &nonce_i,
-        &nonce_a,
-        &local.me,
-        &peer,
-    )?;
+    let mine = transcript.mac(Role::Initiator)?;
     let proof = Bytes::copy_from_slice(&mine.finalize().into_bytes());
     stream
         .send(Frame::Proof { proof })
@@ -288,16 +282,16 @@ pub(crate) async fn accept(
         acceptor: PROTOCOL_VERSION,
     };
     let nonce_a = nonce()?;
-    let mine = transcript(
-        local.secret,
-        Role::Acceptor,
+    let transcript = Transcript {
+        secret: local.secret,
         versions,
-        local.cluster,
-        &nonce_i,
-        &nonce_a,
-        &peer,
-        &local.me,
-    )?;
+        cluster: local.cluster,
+        nonce_i: &nonce_i,
+        nonce_a: &nonce_a,
+        initiator: &peer,
+        acceptor: &local.me,
+    };
+    let mine = transcript.mac(Role::Acceptor)?;
     let welcome = Frame::Welcome {
         version: PROTOCOL_VERSION,
         from: local.me,
@@ -310,16 +304,7 @@ pub(crate) async fn accept(
         Frame::Reject { reason } => return Err(ConnectError::Rejected(reason)),
         _ => return Err(refuse(stream, RejectReason::ProtocolViolation).await),
     };
-    let check = transcript(
-        local.secret,
-        Role::Initiator,
-        versions,
-        local.cluster,
-        &nonce_i,
-        &nonce_a,
-        &peer,
-        &local.me,
-    )?;
+    let check = transcript.mac(Role::Initiator)?;
     if check.verify_slice(&proof_i).is_err() {
         return Err(refuse(stream, RejectReason::BadProof).await);
     }
@@ -333,16 +318,16 @@ mod tests {
     fn proof(versions: Versions) -> Vec<u8> {
         let who = UniqueAddress::new_at("127.0.0.1:1".parse().expect("literal"));
         let other = UniqueAddress::new_at("127.0.0.1:2".parse().expect("literal"));
-        let mac = transcript(
-            &Secret::from("s"),
-            Role::Acceptor,
+        let mac = Transcript {
+            secret: &Secret::from("s"),
             versions,
-            "c",
-            &[1; NONCE_LEN],
-            &[2; NONCE_LEN],
-            &who,
-            &other,
-        )
+            cluster: "c",
+            nonce_i: &[1; NONCE_LEN],
+            nonce_a: &[2; NONCE_LEN],
+            initiator: &who,
+            acceptor: &other,
+        }
+        .mac(Role::Acceptor)
         .expect("mac");
         mac.finalize().into_bytes().to_vec()
     }

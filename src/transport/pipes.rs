@@ -1003,17 +1003,29 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
     }
 }
 
+/// Whether a dial to `addr` has nothing left to do: the transport closed, or
+/// a pipe to `addr` exists (then the dial is finished with it). Checked
+/// before and again after each wait, since either can change meanwhile.
+fn dial_settled(st: &mut State, addr: SocketAddr) -> bool {
+    if st.closed {
+        return true;
+    }
+    match st.conns.get(&addr).cloned() {
+        Some(conn) => {
+            finish_dial(st, addr, &conn);
+            true
+        }
+        None => false,
+    }
+}
+
 /// Dials `addr` until a pipe exists or an attempt fails, honouring backoff.
 async fn dial_loop(shared: Arc<Shared>, addr: SocketAddr) {
     loop {
         // Wait for the attempt time, unless a pipe appears meanwhile.
         let (at, slot_released) = {
             let mut st = lock(&shared.state);
-            if st.closed {
-                return;
-            }
-            if let Some(conn) = st.conns.get(&addr).cloned() {
-                finish_dial(&mut st, addr, &conn);
+            if dial_settled(&mut st, addr) {
                 return;
             }
             let inbound = st.inbound.contains_key(&addr);
@@ -1047,11 +1059,7 @@ async fn dial_loop(shared: Arc<Shared>, addr: SocketAddr) {
         }
         {
             let mut st = lock(&shared.state);
-            if st.closed {
-                return;
-            }
-            if let Some(conn) = st.conns.get(&addr).cloned() {
-                finish_dial(&mut st, addr, &conn);
+            if dial_settled(&mut st, addr) {
                 return;
             }
             let inbound = st.inbound.contains_key(&addr);
