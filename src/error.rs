@@ -99,6 +99,62 @@ pub enum ShardingError {
         /// The store's error.
         message: String,
     },
+    /// The node that owns the entity's shard was lost (marked Down, or its
+    /// pipe refused the message) while the message was on its way or waiting
+    /// for a reply. The message may have been processed; a retry goes to the
+    /// shard's new home.
+    #[error(
+        "the node {node} owning `{type_name}` entity `{entity_id}` was lost; the message may have been processed"
+    )]
+    PeerLost {
+        /// The entity type.
+        type_name: &'static str,
+        /// The entity.
+        entity_id: String,
+        /// The lost node.
+        node: String,
+    },
+    /// The two nodes run different versions of the protocol (their
+    /// fingerprints differ): the message was refused unprocessed.
+    #[error(
+        "protocol `{type_name}` differs between nodes: fingerprint {local:016x} here, {remote:016x} on {node}; message not processed"
+    )]
+    ProtocolMismatch {
+        /// The protocol's wire name.
+        type_name: &'static str,
+        /// This node's fingerprint of the protocol.
+        local: u64,
+        /// The other node's fingerprint of it.
+        remote: u64,
+        /// The other node.
+        node: String,
+    },
+    /// A message or reply from another node did not decode into its type. The
+    /// message was not processed (for a reply: it was, but its value is lost).
+    #[error("{what} from another node does not decode: {error}")]
+    Undecodable {
+        /// What did not decode.
+        what: String,
+        /// The decoder's error.
+        error: String,
+    },
+    /// The message was forwarded between nodes too many times without
+    /// reaching its shard's owner (allocation tables disagreeing); it was not
+    /// processed. A retry after the tables settle succeeds.
+    #[error(
+        "message for `{type_name}` entity `{entity_id}` forwarded {hops} times without reaching its shard; not processed"
+    )]
+    TooManyHops {
+        /// The entity type.
+        type_name: &'static str,
+        /// The entity.
+        entity_id: String,
+        /// How often it was forwarded.
+        hops: u8,
+    },
+    /// Another node answered with an error this build has no variant for.
+    #[error("the remote node failed: {0}")]
+    Remote(String),
     /// An actor could not be spawned (ractor refused it).
     #[error("could not spawn an actor: {0}")]
     Spawn(String),

@@ -40,7 +40,7 @@ impl fmt::Display for NodeId {
 }
 
 /// The full identity of one member: address, node id and incarnation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct UniqueAddress {
     /// The address the node's listener is bound to.
     pub addr: SocketAddr,

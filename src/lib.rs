@@ -66,6 +66,7 @@ pub mod identity;
 pub mod membership;
 mod protocol;
 mod runtime;
+pub mod sharding;
 mod store;
 mod system;
 pub mod transport;

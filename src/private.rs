@@ -6,16 +6,29 @@
 use std::any::Any;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
 
 use futures_util::FutureExt;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 
 use crate::entity::{Entity, EntityContext, Handler};
 use crate::error::{ShardingError, ShardingResult};
+use crate::identity::UniqueAddress;
 use crate::protocol::{Message, Protocol};
+use crate::sharding::wire::RemoteError;
 
-/// Seal of [`Protocol`].
-pub trait SealedProtocol {}
+/// Seal of [`Protocol`], and its decoder for messages from other nodes.
+pub trait SealedProtocol {
+    /// Decodes message `index` of this protocol from its CBOR bytes.
+    fn decode(
+        index: u16,
+        bytes: &[u8],
+        reply: Option<RemoteReply>,
+        hops: u8,
+    ) -> Result<LocalEnvelope, Undecodable>;
+}
 /// Seal of [`Message`].
 pub trait SealedMessage<P> {}
 /// Seal of [`Tell`](crate::Tell).
@@ -34,24 +47,43 @@ pub trait Dispatch<E: Entity<Protocol = Self>>: Protocol {
     ) -> impl Future<Output = Outcome> + Send;
 }
 
+/// Where the reply to one message goes.
+pub(crate) enum ReplyTo<R> {
+    /// A tell: nobody waits.
+    Nobody,
+    /// An asker on this node, waiting on a oneshot.
+    Local(oneshot::Sender<ShardingResult<R>>),
+    /// An asker on another node: the reply is encoded and sent to its origin.
+    Remote(RemoteReply),
+}
+
 /// The typed message and its reply slot, behind one allocation.
 struct Typed<M, R> {
     msg: M,
-    reply: Option<oneshot::Sender<ShardingResult<R>>>,
+    reply: ReplyTo<R>,
 }
 
-/// A message on its way to a local entity: the typed value itself, never
-/// serialized, with the reply sender for an ask.
+/// A message on its way to an entity: the typed value itself, never
+/// serialized while it stays on this node, with where its reply goes.
 pub struct LocalEnvelope {
     index: u16,
+    /// How many nodes forwarded it already (0: sent on this node).
+    hops: u8,
     body: Box<dyn Any + Send>,
     fail: fn(Box<dyn Any + Send>, ShardingError),
+    into_remote: IntoRemote,
 }
+
+/// Encodes an envelope's message and splits off its reply route, or gives the
+/// body back with the reason it could not be encoded.
+type IntoRemote =
+    fn(Box<dyn Any + Send>) -> Result<(Vec<u8>, Route), (ShardingError, Box<dyn Any + Send>)>;
 
 impl std::fmt::Debug for LocalEnvelope {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LocalEnvelope")
             .field("index", &self.index)
+            .field("hops", &self.hops)
             .finish_non_exhaustive()
     }
 }
@@ -61,10 +93,20 @@ impl LocalEnvelope {
         msg: M,
         reply: Option<oneshot::Sender<ShardingResult<M::Reply>>>,
     ) -> Self {
+        let reply = match reply {
+            Some(sender) => ReplyTo::Local(sender),
+            None => ReplyTo::Nobody,
+        };
+        Self::build::<P, M>(msg, reply, 0)
+    }
+
+    fn build<P: Protocol, M: Message<P>>(msg: M, reply: ReplyTo<M::Reply>, hops: u8) -> Self {
         LocalEnvelope {
             index: M::INDEX,
+            hops,
             body: Box::new(Typed::<M, M::Reply> { msg, reply }),
             fail: fail_typed::<M, M::Reply>,
+            into_remote: into_remote_typed::<M, M::Reply>,
         }
     }
 
@@ -73,18 +115,323 @@ impl LocalEnvelope {
         self.index
     }
 
+    /// How many nodes have forwarded this envelope.
+    pub(crate) fn hops(&self) -> u8 {
+        self.hops
+    }
+
     /// Answers the sender (if it asked) with `error`; the message is dropped.
     pub(crate) fn fail(self, error: ShardingError) {
         (self.fail)(self.body, error)
     }
+
+    /// Encodes the message for another node and splits off where its reply
+    /// goes. On error (the message does not serialize) the envelope comes back.
+    pub(crate) fn into_remote(self) -> Result<RemoteParts, (ShardingError, LocalEnvelope)> {
+        let LocalEnvelope {
+            index,
+            hops,
+            body,
+            fail,
+            into_remote,
+        } = self;
+        match into_remote(body) {
+            Ok((payload, route)) => Ok(RemoteParts {
+                index,
+                hops,
+                payload,
+                route,
+            }),
+            Err((error, body)) => Err((
+                error,
+                LocalEnvelope {
+                    index,
+                    hops,
+                    body,
+                    fail,
+                    into_remote,
+                },
+            )),
+        }
+    }
+}
+
+/// An envelope taken apart for the wire.
+pub(crate) struct RemoteParts {
+    pub(crate) index: u16,
+    pub(crate) hops: u8,
+    /// The message, CBOR-encoded.
+    pub(crate) payload: Vec<u8>,
+    pub(crate) route: Route,
+}
+
+/// Where the reply to a message sent to another node goes.
+pub(crate) enum Route {
+    /// A tell.
+    Nobody,
+    /// The asker is on this node: the reply comes back as bytes for this.
+    Local(PendingReply),
+    /// The message was forwarded: the reply goes straight to its origin.
+    Remote(RemoteReply),
+}
+
+/// A local asker waiting for a reply that will arrive encoded.
+pub(crate) struct PendingReply {
+    sender: Box<dyn Any + Send>,
+    complete: fn(Box<dyn Any + Send>, Result<&[u8], ShardingError>),
+    is_abandoned: fn(&(dyn Any + Send)) -> bool,
+}
+
+impl PendingReply {
+    /// Decodes the reply (or takes the error) and hands it to the asker.
+    pub(crate) fn complete(self, result: Result<&[u8], ShardingError>) {
+        (self.complete)(self.sender, result)
+    }
+
+    /// Whether the asker stopped waiting (timed out or was dropped).
+    pub(crate) fn is_abandoned(&self) -> bool {
+        (self.is_abandoned)(self.sender.as_ref())
+    }
+}
+
+impl std::fmt::Debug for PendingReply {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PendingReply").finish_non_exhaustive()
+    }
 }
 
 fn fail_typed<M: 'static, R: 'static>(body: Box<dyn Any + Send>, error: ShardingError) {
-    if let Ok(typed) = body.downcast::<Typed<M, R>>()
-        && let Some(reply) = typed.reply
-    {
-        let _ = reply.send(Err(error));
+    if let Ok(typed) = body.downcast::<Typed<M, R>>() {
+        match typed.reply {
+            ReplyTo::Nobody => {}
+            ReplyTo::Local(sender) => {
+                let _ = sender.send(Err(error));
+            }
+            ReplyTo::Remote(remote) => remote.fail(&error),
+        }
     }
+}
+
+fn into_remote_typed<M, R>(
+    body: Box<dyn Any + Send>,
+) -> Result<(Vec<u8>, Route), (ShardingError, Box<dyn Any + Send>)>
+where
+    M: Serialize + Send + 'static,
+    R: DeserializeOwned + Send + 'static,
+{
+    let typed = match body.downcast::<Typed<M, R>>() {
+        Ok(typed) => typed,
+        Err(body) => {
+            let error = ShardingError::Bug("envelope type does not match its index".into());
+            return Err((error, body));
+        }
+    };
+    let mut payload = Vec::with_capacity(32);
+    if let Err(error) = ciborium::into_writer(&typed.msg, &mut payload) {
+        let error = ShardingError::Bug(format!("message does not serialize: {error}"));
+        return Err((error, typed));
+    }
+    let route = match typed.reply {
+        ReplyTo::Nobody => Route::Nobody,
+        ReplyTo::Local(sender) => Route::Local(PendingReply {
+            sender: Box::new(sender),
+            complete: complete_typed::<R>,
+            is_abandoned: is_abandoned_typed::<R>,
+        }),
+        ReplyTo::Remote(remote) => Route::Remote(remote),
+    };
+    Ok((payload, route))
+}
+
+fn complete_typed<R: DeserializeOwned + 'static>(
+    sender: Box<dyn Any + Send>,
+    result: Result<&[u8], ShardingError>,
+) {
+    let Ok(sender) = sender.downcast::<oneshot::Sender<ShardingResult<R>>>() else {
+        return;
+    };
+    let result = result.and_then(|bytes| {
+        ciborium::from_reader::<R, _>(bytes).map_err(|error| ShardingError::Undecodable {
+            what: "reply".into(),
+            error: error.to_string(),
+        })
+    });
+    let _ = sender.send(result);
+}
+
+fn is_abandoned_typed<R: 'static>(sender: &(dyn Any + Send)) -> bool {
+    sender
+        .downcast_ref::<oneshot::Sender<ShardingResult<R>>>()
+        .is_none_or(|s| s.is_closed())
+}
+
+/// Where a remote asker waits: its node and its ask id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplyTarget {
+    /// The node that asked.
+    pub origin: UniqueAddress,
+    /// The ask's number on that node.
+    pub ask_id: u64,
+}
+
+/// Sends encoded replies to remote askers (the sharding layer's pipes).
+pub(crate) trait ReplySink: Send + Sync + 'static {
+    /// Sends one reply: the CBOR-encoded reply value, or why there is none.
+    fn send_reply(&self, target: ReplyTarget, result: Result<Vec<u8>, RemoteError>);
+}
+
+/// The reply slot of a message that came from another node. Answered once;
+/// dropped unanswered, it tells the asker the entity stopped before replying.
+pub struct RemoteReply {
+    target: ReplyTarget,
+    sink: Option<Arc<dyn ReplySink>>,
+}
+
+impl std::fmt::Debug for RemoteReply {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteReply")
+            .field("target", &self.target)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RemoteReply {
+    pub(crate) fn new(target: ReplyTarget, sink: Arc<dyn ReplySink>) -> Self {
+        RemoteReply {
+            target,
+            sink: Some(sink),
+        }
+    }
+
+    /// Hands the reply over to the next node: this slot will not answer.
+    pub(crate) fn forwarded(mut self) -> ReplyTarget {
+        self.sink = None;
+        self.target
+    }
+
+    /// Encodes and sends the handler's result.
+    fn send<R: Serialize>(mut self, result: ShardingResult<R>) {
+        let Some(sink) = self.sink.take() else { return };
+        let encoded = match result {
+            Ok(reply) => {
+                let mut bytes = Vec::with_capacity(16);
+                match ciborium::into_writer(&reply, &mut bytes) {
+                    Ok(()) => Ok(bytes),
+                    Err(error) => Err(RemoteError::Other(format!(
+                        "BUG: reply does not serialize: {error}"
+                    ))),
+                }
+            }
+            Err(error) => Err(RemoteError::from(&error)),
+        };
+        sink.send_reply(self.target, encoded);
+    }
+
+    /// Answers with `error`.
+    pub(crate) fn fail(self, error: &ShardingError) {
+        self.fail_remote(RemoteError::from(error));
+    }
+
+    /// Answers with an error in its wire form.
+    pub(crate) fn fail_remote(mut self, error: RemoteError) {
+        if let Some(sink) = self.sink.take() {
+            sink.send_reply(self.target, Err(error));
+        }
+    }
+}
+
+impl Drop for RemoteReply {
+    fn drop(&mut self) {
+        if let Some(sink) = self.sink.take() {
+            sink.send_reply(self.target, Err(RemoteError::EntityStopped));
+        }
+    }
+}
+
+/// Why a message that arrived from another node could not become an envelope.
+#[derive(Debug)]
+pub struct Undecodable {
+    /// What went wrong, for the sender.
+    pub(crate) error: ShardingError,
+    /// The reply slot, to answer with the error.
+    pub(crate) reply: Option<RemoteReply>,
+}
+
+impl Undecodable {
+    /// The index names no message of the protocol.
+    pub fn unknown_index(index: u16, reply: Option<RemoteReply>) -> Self {
+        Undecodable {
+            error: ShardingError::Undecodable {
+                what: "message".into(),
+                error: format!("index {index} names no message of the protocol"),
+            },
+            reply,
+        }
+    }
+}
+
+/// Decodes message `M` of `P` from its CBOR bytes into an envelope whose
+/// reply (if any) goes back to the remote asker.
+pub fn decode_as<P: Protocol, M: Message<P>>(
+    bytes: &[u8],
+    reply: Option<RemoteReply>,
+    hops: u8,
+) -> Result<LocalEnvelope, Undecodable> {
+    match ciborium::from_reader::<M, _>(bytes) {
+        Ok(msg) => {
+            let reply = match reply {
+                Some(remote) => ReplyTo::Remote(remote),
+                None => ReplyTo::Nobody,
+            };
+            Ok(LocalEnvelope::build::<P, M>(msg, reply, hops))
+        }
+        Err(error) => Err(Undecodable {
+            error: ShardingError::Undecodable {
+                what: format!("message {} of `{}`", M::INDEX, P::TYPE_NAME),
+                error: error.to_string(),
+            },
+            reply,
+        }),
+    }
+}
+
+/// FNV-1a 64 over `parts`, each followed by the byte 0xff (which no UTF-8
+/// text contains, so the parts cannot run into each other): a protocol's
+/// fingerprint.
+pub const fn fingerprint(parts: &[&str]) -> u64 {
+    const OFFSET_BASIS: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let mut hash = OFFSET_BASIS;
+    let mut p = 0;
+    while p < parts.len() {
+        let bytes = parts[p].as_bytes();
+        let mut i = 0;
+        while i < bytes.len() {
+            hash = (hash ^ bytes[i] as u64).wrapping_mul(PRIME);
+            i += 1;
+        }
+        hash = (hash ^ 0xff).wrapping_mul(PRIME);
+        p += 1;
+    }
+    hash
+}
+
+/// Whether `name` is a usable protocol wire name: 1 to 64 bytes of ASCII
+/// letters, digits, `.`, `_` and `-`.
+pub const fn valid_wire_name(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    if bytes.is_empty() || bytes.len() > 64 {
+        return false;
+    }
+    let mut i = 0;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if !(b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-') {
+            return false;
+        }
+        i += 1;
+    }
+    true
 }
 
 /// What handling one envelope did to the entity.
@@ -142,25 +489,32 @@ where
         .await
     {
         Ok(result) => {
-            match (reply, result) {
-                (Some(reply), result) => {
-                    let _ = reply.send(result);
+            match reply {
+                ReplyTo::Local(sender) => {
+                    let _ = sender.send(result);
                 }
-                (None, Err(error)) => {
-                    tracing::warn!(type_name = ctx.type_name(), entity_id = ctx.entity_id(), %error, "tell handler failed");
+                ReplyTo::Remote(remote) => remote.send(result),
+                ReplyTo::Nobody => {
+                    if let Err(error) = result {
+                        tracing::warn!(type_name = ctx.type_name(), entity_id = ctx.entity_id(), %error, "tell handler failed");
+                    }
                 }
-                (None, Ok(_)) => {}
             }
             Outcome(OutcomeKind::Handled)
         }
         Err(payload) => {
             let panic = panic_message(payload.as_ref());
-            if let Some(reply) = reply {
-                let _ = reply.send(Err(ShardingError::EntityPanicked {
-                    type_name: ctx.type_name(),
-                    entity_id: ctx.entity_id().to_owned(),
-                    panic: panic.clone(),
-                }));
+            let error = ShardingError::EntityPanicked {
+                type_name: ctx.type_name(),
+                entity_id: ctx.entity_id().to_owned(),
+                panic: panic.clone(),
+            };
+            match reply {
+                ReplyTo::Local(sender) => {
+                    let _ = sender.send(Err(error));
+                }
+                ReplyTo::Remote(remote) => remote.fail(&error),
+                ReplyTo::Nobody => {}
             }
             Outcome(OutcomeKind::Panicked(panic))
         }

@@ -34,15 +34,18 @@ use std::time::Duration;
 use ractor::Actor;
 use tokio::sync::oneshot;
 
+use crate::cluster::ClusterNode;
 use crate::config::ShardingConfig;
 use crate::entity::{Entity, EntityContext};
 use crate::error::{ShardingError, ShardingResult};
 use crate::extractor::{ShardExtractor, ShardId};
-use crate::private::{Dispatch, LocalEnvelope};
+use crate::private::{Dispatch, LocalEnvelope, SealedProtocol};
 use crate::protocol::{Ask, Protocol, Tell};
 use crate::runtime::entity_actor::{EntityActor, EntityArgs, Factory, StopNotice};
-use crate::runtime::region::{Region, Spawner};
+use crate::runtime::region::{Region, RegionCluster, RegionProtocol, Spawner};
 use crate::runtime::region_actor::RegionActor;
+use crate::sharding::coordinator::{RebalanceRound, ShardAllocationStrategy};
+use crate::sharding::driver::{ClusterLink, DriverMsg};
 use crate::store::{NoStore, RememberEntitiesStore};
 
 /// A running sharded system on this node. `S` is its remember-entities store
@@ -55,24 +58,57 @@ pub struct ShardedSystem<S = NoStore> {
     store: Arc<S>,
 }
 
-struct Shared {
+/// The state every clone of a system and its tasks share.
+pub(crate) struct Shared {
     config: ShardingConfig,
     regions: RwLock<HashMap<&'static str, Arc<Region>>>,
     stopped: AtomicBool,
+    /// The link to the cluster node, for a system built with `node`.
+    cluster: Option<ClusterLink>,
 }
 
 impl Shared {
     fn is_shut_down(&self) -> bool {
         self.stopped.load(Ordering::Acquire)
     }
+
+    /// The region of the entity type named `type_name`.
+    pub(crate) fn region(&self, type_name: &str) -> Option<Arc<Region>> {
+        self.regions
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(type_name)
+            .cloned()
+    }
+
+    /// Every region, in no particular order.
+    pub(crate) fn all_regions(&self) -> Vec<Arc<Region>> {
+        self.regions
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
 }
 
 /// Builds a [`ShardedSystem`]; the store given (if any) becomes part of the system's type.
 #[must_use = "a builder does nothing until `start` is awaited"]
-#[derive(Debug, Clone)]
 pub struct ShardedSystemBuilder<S = NoStore> {
     config: ShardingConfig,
     store: S,
+    node: Option<ClusterNode>,
+    strategy: Option<Box<dyn ShardAllocationStrategy>>,
+}
+
+impl<S: std::fmt::Debug> std::fmt::Debug for ShardedSystemBuilder<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShardedSystemBuilder")
+            .field("config", &self.config)
+            .field("store", &self.store)
+            .field("node", &self.node)
+            .finish_non_exhaustive()
+    }
 }
 
 impl ShardedSystem<NoStore> {
@@ -81,6 +117,8 @@ impl ShardedSystem<NoStore> {
         ShardedSystemBuilder {
             config: ShardingConfig::default(),
             store: NoStore,
+            node: None,
+            strategy: None,
         }
     }
 }
@@ -115,18 +153,47 @@ impl<S> ShardedSystemBuilder<S> {
         ShardedSystemBuilder {
             config: self.config,
             store,
+            node: self.node,
+            strategy: self.strategy,
         }
+    }
+
+    /// Runs the system on `node`'s cluster: shards are placed by the
+    /// cluster's coordinator and messages reach entities on any member.
+    /// Every member that registers an entity type hosts a share of its
+    /// shards; all must use the same `num_shards`. Without a node the system
+    /// is a single-node one.
+    pub fn node(mut self, node: ClusterNode) -> Self {
+        self.node = Some(node);
+        self
+    }
+
+    /// Sets the coordinator's [`ShardAllocationStrategy`] (default:
+    /// [`LeastShardAllocation`](crate::sharding::LeastShardAllocation)). It
+    /// is used while this node is the coordinator.
+    pub fn allocation_strategy(mut self, strategy: impl ShardAllocationStrategy) -> Self {
+        self.strategy = Some(Box::new(strategy));
+        self
     }
 
     /// Validates the configuration and starts the system.
     pub async fn start(self) -> ShardingResult<ShardedSystem<S>> {
         self.config.validate()?;
+        let cluster = match self.node {
+            Some(node) => Some(ClusterLink::new(node, self.strategy)?),
+            None => None,
+        };
+        let shared = Arc::new(Shared {
+            config: self.config,
+            regions: RwLock::new(HashMap::new()),
+            stopped: AtomicBool::new(false),
+            cluster,
+        });
+        if let Some(link) = &shared.cluster {
+            link.spawn(Arc::downgrade(&shared));
+        }
         Ok(ShardedSystem {
-            shared: Arc::new(Shared {
-                config: self.config,
-                regions: RwLock::new(HashMap::new()),
-                stopped: AtomicBool::new(false),
-            }),
+            shared,
             store: Arc::new(self.store),
         })
     }
@@ -192,14 +259,25 @@ impl<S> ShardedSystem<S> {
                 .map(|(actor, _)| actor)
                 .map_err(|e| ShardingError::Spawn(e.to_string()))
         });
-        let region = Arc::new(Region::new(
+        let protocol = RegionProtocol {
             type_name,
-            TypeId::of::<E::Protocol>(),
+            id: TypeId::of::<E::Protocol>(),
+            fingerprint: <E::Protocol as Protocol>::FINGERPRINT,
+            decode: <E::Protocol as SealedProtocol>::decode,
+        };
+        let cluster = self.shared.cluster.as_ref().map(|link| RegionCluster {
+            me: link.remote.me(),
+            remote: link.remote.clone(),
+            driver: link.driver.clone(),
+        });
+        let region = Arc::new(Region::new(
+            protocol,
             config.num_shards,
             config.allocation_buffer,
             spawner,
             remember,
             config.shutdown_timeout,
+            cluster,
         ));
         // The region actor exists before any sender can see the region, so
         // every allocation request has somewhere to go.
@@ -224,6 +302,9 @@ impl<S> ShardedSystem<S> {
             }
             regions.insert(type_name, region.clone());
         }
+        if let Some(link) = &self.shared.cluster {
+            let _ = link.driver.send(DriverMsg::TypeRegistered);
+        }
         region.start_remembered_shards();
         Ok(())
     }
@@ -247,6 +328,43 @@ impl<S> ShardedSystem<S> {
         self.shared.stopped.store(true, Ordering::Release);
         let regions: Vec<Arc<Region>> = self.regions().values().cloned().collect();
         futures_util::future::join_all(regions.iter().map(|r| r.shutdown())).await;
+        if let Some(link) = &self.shared.cluster {
+            link.stop().await;
+        }
+    }
+
+    /// The cluster node this system runs on, if it was built with one.
+    pub fn cluster_node(&self) -> Option<&ClusterNode> {
+        self.shared.cluster.as_ref().map(|link| &link.node)
+    }
+
+    /// The rebalance rounds the coordinator made while this node was
+    /// coordinator, oldest first (the latest 1,000). Empty on a single node.
+    pub fn rebalance_rounds(&self) -> Vec<RebalanceRound> {
+        match &self.shared.cluster {
+            Some(link) => link
+                .rounds
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+            None => Vec::new(),
+        }
+    }
+
+    /// How many shards of protocol `P` this node hosts now.
+    pub fn hosted_shards<P: Protocol>(&self) -> usize {
+        self.regions()
+            .get(P::TYPE_NAME)
+            .map_or(0, |region| region.hosted_count())
+    }
+
+    /// Asks sent to entities on other nodes and still waiting for a reply
+    /// (a diagnostic; 0 on a single node).
+    pub fn pending_remote_asks(&self) -> usize {
+        self.shared
+            .cluster
+            .as_ref()
+            .map_or(0, |link| link.remote.pending_asks())
     }
 
     /// Whether `shutdown` has been called.

@@ -17,7 +17,7 @@ use crate::membership::{
 use crate::transport::{Incoming, Transport};
 
 /// The transport channel membership messages travel on.
-pub const MEMBERSHIP_CHANNEL: u16 = 1;
+pub const MEMBERSHIP_CHANNEL: u16 = crate::wire::channels::MEMBERSHIP;
 
 /// How many inbound membership messages may wait for the driver.
 const INBOUND_CAPACITY: usize = 4_096;

@@ -10,10 +10,14 @@ use ractor::{ActorRef, MessagingErr, RactorErr};
 use crate::entity::EntityContext;
 use crate::error::{ShardingError, ShardingResult};
 use crate::extractor::ShardId;
-use crate::private::LocalEnvelope;
+use crate::identity::UniqueAddress;
+use crate::private::{LocalEnvelope, RemoteReply, Undecodable};
 use crate::runtime::entity_actor::EntityMsg;
 use crate::runtime::region_actor::RegionMsg;
 use crate::runtime::shard_actor::ShardMsg;
+use crate::sharding::coordinator::ShardHome;
+use crate::sharding::driver::DriverMsg;
+use crate::sharding::remote::Remote;
 use crate::store::RememberEntitiesStore;
 
 /// Spawns one entity actor (type-erased over the entity type): its context,
@@ -31,21 +35,73 @@ pub(crate) enum Buffered {
     Passivate(Arc<str>),
 }
 
+/// Decodes one message of the region's protocol that came from another node.
+pub(crate) type DecodeFn =
+    fn(u16, &[u8], Option<RemoteReply>, u8) -> Result<LocalEnvelope, Undecodable>;
+
+/// A region's link to the cluster, when its system runs on one.
+pub(crate) struct RegionCluster {
+    /// This node.
+    pub(crate) me: UniqueAddress,
+    /// Sends to other nodes and tracks their replies.
+    pub(crate) remote: Arc<Remote>,
+    /// The sharding driver: allocation requests go there.
+    pub(crate) driver: tokio::sync::mpsc::UnboundedSender<DriverMsg>,
+}
+
 /// One shard's state in its region.
 pub(crate) enum Slot {
     /// No home yet: messages wait here until the shard is allocated.
     Unallocated {
         buffer: Vec<Buffered>,
         requested: bool,
+        /// The highest allocation generation seen for the shard.
+        generation: u64,
     },
     /// Hosted on this node.
     Local(LocalShard),
+    /// Hosted on another node: messages are encoded and sent there.
+    Remote(ShardHome),
     /// The system shut down.
     Stopped,
 }
 
+impl Slot {
+    fn unallocated(generation: u64) -> Self {
+        Slot::Unallocated {
+            buffer: Vec::new(),
+            requested: false,
+            generation,
+        }
+    }
+
+    fn generation(&self) -> u64 {
+        match self {
+            Slot::Unallocated { generation, .. } => *generation,
+            Slot::Local(local) => local.generation,
+            Slot::Remote(home) => home.generation,
+            Slot::Stopped => u64::MAX,
+        }
+    }
+}
+
+/// What applying a shard's home did.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum HomeChange {
+    /// Nothing to do: known already, or older than what the region holds.
+    Unchanged,
+    /// Now routed to another node.
+    Remote,
+    /// This node is the new home: the region actor must start the shard
+    /// (messages buffer meanwhile).
+    HostHere,
+}
+
 pub(crate) struct LocalShard {
     shard: ActorRef<ShardMsg>,
+    /// The allocation generation this node hosts the shard under (0 on a
+    /// single node).
+    generation: u64,
     entities: HashMap<Arc<str>, Entry>,
     /// Numbers the incarnations of this shard's entities; a stop notice or
     /// passivation request names the incarnation it is about.
@@ -71,6 +127,11 @@ type Undelivered = Vec<(ShardingError, LocalEnvelope)>;
 pub(crate) struct Region {
     pub(crate) type_name: &'static str,
     pub(crate) protocol: std::any::TypeId,
+    /// The protocol's fingerprint, checked against every remote envelope.
+    pub(crate) fingerprint: u64,
+    /// The protocol's decoder for remote envelopes.
+    pub(crate) decode: DecodeFn,
+    cluster: Option<RegionCluster>,
     buffer_cap: usize,
     slots: Box<[Mutex<Slot>]>,
     spawner: Spawner,
@@ -78,6 +139,14 @@ pub(crate) struct Region {
     stopped: AtomicBool,
     remember: Option<Arc<dyn RememberEntitiesStore>>,
     shutdown_timeout: Duration,
+}
+
+/// What a region needs to know of its protocol.
+pub(crate) struct RegionProtocol {
+    pub(crate) type_name: &'static str,
+    pub(crate) id: std::any::TypeId,
+    pub(crate) fingerprint: u64,
+    pub(crate) decode: DecodeFn,
 }
 
 /// Locks a slot. No code panics while holding it, so a poisoned lock (a
@@ -88,25 +157,23 @@ fn lock(slot: &Mutex<Slot>) -> MutexGuard<'_, Slot> {
 
 impl Region {
     pub(crate) fn new(
-        type_name: &'static str,
-        protocol: std::any::TypeId,
+        protocol: RegionProtocol,
         num_shards: u32,
         buffer_cap: usize,
         spawner: Spawner,
         remember: Option<Arc<dyn RememberEntitiesStore>>,
         shutdown_timeout: Duration,
+        cluster: Option<RegionCluster>,
     ) -> Self {
         let slots = (0..num_shards)
-            .map(|_| {
-                Mutex::new(Slot::Unallocated {
-                    buffer: Vec::new(),
-                    requested: false,
-                })
-            })
+            .map(|_| Mutex::new(Slot::unallocated(0)))
             .collect();
         Region {
-            type_name,
-            protocol,
+            type_name: protocol.type_name,
+            protocol: protocol.id,
+            fingerprint: protocol.fingerprint,
+            decode: protocol.decode,
+            cluster,
             buffer_cap,
             slots,
             spawner,
@@ -143,7 +210,10 @@ impl Region {
         let mut guard = lock(&self.slots[shard.0 as usize]);
         let result = match &mut *guard {
             Slot::Local(local) => self.deliver_local(local, shard, entity_id, envelope),
-            Slot::Unallocated { buffer, requested } => {
+            Slot::Remote(home) => self.forward(*home, shard, entity_id, envelope),
+            Slot::Unallocated {
+                buffer, requested, ..
+            } => {
                 if buffer.len() >= self.buffer_cap {
                     Err((self.overflow(shard), Some(envelope)))
                 } else {
@@ -157,7 +227,33 @@ impl Region {
             Slot::Stopped => Err((ShardingError::ShuttingDown, Some(envelope))),
         };
         drop(guard);
-        result.map_err(|(error, _envelope)| error)
+        result.map_err(|(error, envelope)| {
+            if let Some(envelope) = envelope {
+                envelope.fail(error.clone());
+            }
+            error
+        })
+    }
+
+    /// Sends an envelope to the node hosting its shard. On error the
+    /// envelope has been answered already.
+    fn forward(
+        &self,
+        home: ShardHome,
+        shard: ShardId,
+        entity_id: &Arc<str>,
+        envelope: LocalEnvelope,
+    ) -> Result<(), (ShardingError, Option<LocalEnvelope>)> {
+        let Some(cluster) = &self.cluster else {
+            return Err((
+                ShardingError::Bug("a remote shard on a system without a cluster".into()),
+                Some(envelope),
+            ));
+        };
+        cluster
+            .remote
+            .forward(home.owner, self, shard, entity_id, envelope)
+            .map_err(|error| (error, None))
     }
 
     /// Routing within a hosted shard, under its lock: enqueue to the live
@@ -227,6 +323,15 @@ impl Region {
     /// Asks the region actor to allocate `shard`; false if it cannot be asked
     /// (then the next message asks again).
     fn request_allocation(&self, shard: ShardId) -> bool {
+        if let Some(cluster) = &self.cluster {
+            return cluster
+                .driver
+                .send(DriverMsg::Allocate {
+                    type_name: self.type_name,
+                    shard,
+                })
+                .is_ok();
+        }
         match self.region_actor.get() {
             Some(actor) => actor.cast(RegionMsg::Allocate(shard)).is_ok(),
             None => {
@@ -243,14 +348,25 @@ impl Region {
     /// entities and replays its buffer in order. Returns false (and leaves the
     /// slot as it was) when the shard is already local or the region stopped;
     /// the caller then stops `shard_actor`.
-    pub(crate) fn install_local(&self, shard: ShardId, shard_actor: ActorRef<ShardMsg>) -> bool {
+    pub(crate) fn install_local(
+        &self,
+        shard: ShardId,
+        shard_actor: ActorRef<ShardMsg>,
+        generation: u64,
+    ) -> bool {
         let mut guard = lock(&self.slots[shard.0 as usize]);
+        if guard.generation() > generation {
+            // A newer home arrived while the shard actor started.
+            return false;
+        }
         let buffer = match &mut *guard {
             Slot::Unallocated { buffer, .. } => std::mem::take(buffer),
+            Slot::Remote(_) => Vec::new(),
             Slot::Local(_) | Slot::Stopped => return false,
         };
         let mut local = LocalShard {
             shard: shard_actor,
+            generation,
             entities: HashMap::new(),
             last_incarnation: 0,
         };
@@ -328,6 +444,18 @@ impl Region {
                 (result, Vec::new())
             }
             Slot::Local(local) => self.passivate_in(local, shard, entity_id, incarnation),
+            Slot::Remote(home) => {
+                // A request from an entity's own incarnation is always local.
+                let result = match (&self.cluster, incarnation) {
+                    (Some(cluster), None) => {
+                        cluster
+                            .remote
+                            .passivate(home.owner, self.type_name, shard, entity_id)
+                    }
+                    _ => Ok(()),
+                };
+                (result, Vec::new())
+            }
             Slot::Stopped => (Err(ShardingError::ShuttingDown), Vec::new()),
         };
         drop(guard);
@@ -450,6 +578,128 @@ impl Region {
         undelivered
     }
 
+    /// Applies a home for `shard` from the coordinator. A home older than
+    /// what the slot holds is ignored. Becoming remote sends the buffered
+    /// messages on, in order, under the lock; a shard that was hosted here
+    /// stops its entities (each finishes its mailbox) and routes on.
+    pub(crate) fn set_home(&self, shard: ShardId, home: ShardHome) -> HomeChange {
+        let Some(cluster) = &self.cluster else {
+            return HomeChange::Unchanged;
+        };
+        let mut guard = lock(&self.slots[shard.0 as usize]);
+        if matches!(*guard, Slot::Stopped) || home.generation < guard.generation() {
+            return HomeChange::Unchanged;
+        }
+        if home.owner == cluster.me {
+            return match &mut *guard {
+                Slot::Local(local) => {
+                    local.generation = home.generation;
+                    HomeChange::Unchanged
+                }
+                Slot::Unallocated { generation, .. } => {
+                    *generation = home.generation;
+                    HomeChange::HostHere
+                }
+                Slot::Remote(_) => {
+                    *guard = Slot::Unallocated {
+                        buffer: Vec::new(),
+                        requested: true,
+                        generation: home.generation,
+                    };
+                    HomeChange::HostHere
+                }
+                Slot::Stopped => HomeChange::Unchanged,
+            };
+        }
+        let previous = std::mem::replace(&mut *guard, Slot::Remote(home));
+        let mut undelivered = Vec::new();
+        let mut stopping = Stopping::default();
+        let buffer = match previous {
+            Slot::Unallocated { buffer, .. } => buffer,
+            Slot::Local(local) => {
+                let mut buffer = Vec::new();
+                for (_, entry) in local.entities {
+                    match entry {
+                        Entry::Live(live) => stopping.push(live.actor),
+                        Entry::Passivating {
+                            live,
+                            buffer: waiting,
+                        } => {
+                            stopping.push(live.actor);
+                            buffer.extend(waiting);
+                        }
+                    }
+                }
+                stopping.push_shard(local.shard);
+                buffer
+            }
+            Slot::Remote(_) | Slot::Stopped => Vec::new(),
+        };
+        for item in buffer {
+            match item {
+                Buffered::Message(entity_id, envelope) => {
+                    if let Err((error, Some(envelope))) =
+                        self.forward(home, shard, &entity_id, envelope)
+                    {
+                        undelivered.push((error, envelope));
+                    }
+                }
+                Buffered::Passivate(entity_id) => {
+                    let _ = cluster
+                        .remote
+                        .passivate(home.owner, self.type_name, shard, &entity_id);
+                }
+            }
+        }
+        drop(guard);
+        stopping.stop_all();
+        fail_undelivered(undelivered);
+        HomeChange::Remote
+    }
+
+    /// `node` is gone (downed, exited, removed): shards routed to it wait
+    /// for a new home; the next message for one asks the coordinator.
+    pub(crate) fn node_lost(&self, node: &UniqueAddress) {
+        for slot in self.slots.iter() {
+            let mut guard = lock(slot);
+            if let Slot::Remote(home) = &*guard
+                && home.owner == *node
+            {
+                *guard = Slot::unallocated(home.generation);
+            }
+        }
+    }
+
+    /// Every home this region knows (its replica of the table).
+    pub(crate) fn replica(&self) -> Vec<(u32, ShardHome)> {
+        let me = self.cluster.as_ref().map(|c| c.me);
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, slot)| match &*lock(slot) {
+                Slot::Remote(home) => Some((i as u32, *home)),
+                Slot::Local(local) => me.map(|owner| {
+                    (
+                        i as u32,
+                        ShardHome {
+                            owner,
+                            generation: local.generation,
+                        },
+                    )
+                }),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// How many shards of this region are hosted here.
+    pub(crate) fn hosted_count(&self) -> usize {
+        self.slots
+            .iter()
+            .filter(|slot| matches!(&*lock(slot), Slot::Local(_)))
+            .count()
+    }
+
     /// Number of live (not passivating) entities in `shard`.
     pub(crate) fn live_entities(&self, shard: ShardId) -> usize {
         match &*lock(&self.slots[shard.0 as usize]) {
@@ -493,7 +743,7 @@ impl Region {
                     }
                     shard_cells.push(local.shard.get_cell());
                 }
-                Slot::Stopped => {}
+                Slot::Remote(_) | Slot::Stopped => {}
             }
         }
         fail_undelivered(undelivered);
@@ -503,6 +753,34 @@ impl Region {
             .await;
         if let Some(actor) = self.region_actor.get() {
             stop_or_kill(actor.get_cell(), timeout).await;
+        }
+    }
+}
+
+/// Actors to stop once a shard's lock is released.
+#[derive(Default)]
+struct Stopping {
+    entities: Vec<ActorRef<EntityMsg>>,
+    shards: Vec<ActorRef<ShardMsg>>,
+}
+
+impl Stopping {
+    fn push(&mut self, actor: ActorRef<EntityMsg>) {
+        self.entities.push(actor);
+    }
+
+    fn push_shard(&mut self, actor: ActorRef<ShardMsg>) {
+        self.shards.push(actor);
+    }
+
+    /// Each entity stops after what its mailbox holds (the stop marker goes
+    /// behind it); then the shard actor.
+    fn stop_all(self) {
+        for actor in self.entities {
+            let _ = actor.send_message(EntityMsg::Stop);
+        }
+        for actor in self.shards {
+            actor.stop(Some("shard moved".into()));
         }
     }
 }

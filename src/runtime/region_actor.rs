@@ -1,6 +1,6 @@
-//! The region's actor: decides where shards live. On a single node every
-//! shard is allocated here, on first use; in a cluster this is where the
-//! coordinator's answer arrives.
+//! The region's actor: starts the shards hosted on this node. On a single
+//! node every shard is allocated here, on first use; in a cluster the
+//! coordinator decides, and this actor starts the shards it gives this node.
 
 use std::sync::Arc;
 
@@ -13,8 +13,10 @@ use crate::runtime::shard_actor::ShardActor;
 /// What a region actor receives.
 #[derive(Debug)]
 pub(crate) enum RegionMsg {
-    /// A shard has buffered messages and no home: allocate it.
+    /// A shard has buffered messages and no home: allocate it here (single node).
     Allocate(ShardId),
+    /// The coordinator made this node the shard's home under `generation`.
+    Host(ShardId, u64),
 }
 
 pub(crate) struct RegionActor;
@@ -38,17 +40,16 @@ impl Actor for RegionActor {
         msg: RegionMsg,
         region: &mut Arc<Region>,
     ) -> Result<(), ActorProcessingErr> {
-        match msg {
-            RegionMsg::Allocate(shard) => {
-                if region.is_stopped() {
-                    return Ok(());
-                }
-                let (shard_actor, _) =
-                    ShardActor::spawn(None, ShardActor, (region.clone(), shard)).await?;
-                if !region.install_local(shard, shard_actor.clone()) {
-                    shard_actor.stop(None);
-                }
-            }
+        let (shard, generation) = match msg {
+            RegionMsg::Allocate(shard) => (shard, 0),
+            RegionMsg::Host(shard, generation) => (shard, generation),
+        };
+        if region.is_stopped() {
+            return Ok(());
+        }
+        let (shard_actor, _) = ShardActor::spawn(None, ShardActor, (region.clone(), shard)).await?;
+        if !region.install_local(shard, shard_actor.clone(), generation) {
+            shard_actor.stop(None);
         }
         Ok(())
     }

@@ -80,7 +80,8 @@ pub struct TransportConfig {
     /// Channels whose frames (and the replies to requests on them) take each
     /// pipe's priority lane: the writer puts them into every batch before
     /// bulk traffic, so heartbeats do not wait behind large payloads.
-    /// Default `[1]` (membership). Each lane holds `send_queue_capacity`
+    /// Default `[1, 3]` (membership, sharding control; see
+    /// [`wire::channels`](crate::wire::channels)). Each lane holds `send_queue_capacity`
     /// frames; order is kept per channel, not across lanes.
     pub control_channels: Vec<crate::wire::Channel>,
     /// Inbound handshakes that may be under way (not yet authenticated) at
@@ -102,7 +103,7 @@ impl TransportConfig {
             backoff_max: Duration::from_secs(5),
             send_queue_capacity: 65_536,
             dial_queue_capacity: 4_096,
-            control_channels: vec![1],
+            control_channels: crate::wire::channels::PRIORITY.to_vec(),
             max_inbound_handshakes: 256,
         }
     }

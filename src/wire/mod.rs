@@ -40,6 +40,7 @@
 //! assert!(buf.is_empty());
 //! ```
 
+pub mod channels;
 mod codec;
 mod fast;
 mod frame;

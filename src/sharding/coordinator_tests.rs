@@ -1,0 +1,608 @@
+//! The coordinator core as stories with exact commands, and as random
+//! histories checked against its invariants.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use quickcheck::{Arbitrary, Gen, QuickCheck};
+
+use super::*;
+use crate::identity::NodeId;
+use crate::membership::Member;
+
+const TYPE: &str = "counter";
+const FP: u64 = 0xfeed;
+
+fn node(i: u16) -> UniqueAddress {
+    UniqueAddress {
+        addr: SocketAddr::from(([127, 0, 0, 1], 7000 + i)),
+        node_id: NodeId(u64::from(i)),
+        incarnation: u64::from(i),
+    }
+}
+
+/// A view in which `up` are Up, `down` are Down, and the oldest reachable Up
+/// member is the coordinator.
+fn view(
+    me: UniqueAddress,
+    up: &[UniqueAddress],
+    down: &[UniqueAddress],
+    unreachable: &[UniqueAddress],
+) -> MembershipState {
+    let mut members: Vec<Member> = up
+        .iter()
+        .map(|a| Member {
+            address: *a,
+            status: MemberStatus::Up,
+        })
+        .chain(down.iter().map(|a| Member {
+            address: *a,
+            status: MemberStatus::Down,
+        }))
+        .collect();
+    members.sort_by_key(|m| m.address.age_key());
+    let coordinator = members
+        .iter()
+        .filter(|m| m.status == MemberStatus::Up && !unreachable.contains(&m.address))
+        .map(|m| m.address)
+        .min_by_key(|a| a.age_key());
+    MembershipState {
+        self_member: me,
+        members,
+        unreachable: unreachable.to_vec(),
+        leader: coordinator,
+        coordinator,
+    }
+}
+
+fn reg(num_shards: u32, homes: Vec<(u32, UniqueAddress, u64)>) -> Vec<TypeRegistration> {
+    vec![TypeRegistration {
+        type_name: TYPE.into(),
+        fingerprint: FP,
+        num_shards,
+        homes,
+    }]
+}
+
+fn home(to: UniqueAddress, shard: u32, owner: UniqueAddress, generation: u64) -> Command {
+    Command::Send {
+        to,
+        msg: ControlMsg::Home {
+            type_name: TYPE.into(),
+            shard,
+            owner,
+            generation,
+        },
+    }
+}
+
+fn core(me: UniqueAddress) -> CoordinatorCore {
+    CoordinatorCore::new(
+        me,
+        CoordinatorConfig::default(),
+        Box::new(LeastShardAllocation),
+    )
+}
+
+/// A coordinator at node 1 with nodes 1..=n Up and registered, settled.
+fn settled(n: u16, num_shards: u32) -> (CoordinatorCore, Instant, Vec<UniqueAddress>) {
+    let t0 = Instant::now();
+    let nodes: Vec<UniqueAddress> = (1..=n).map(node).collect();
+    let mut c = core(nodes[0]);
+    for a in &nodes {
+        c.register(t0, *a, &reg(num_shards, vec![]));
+    }
+    c.set_membership(t0, &view(nodes[0], &nodes, &[], &[]));
+    assert!(c.is_active());
+    (c, t0, nodes)
+}
+
+#[test]
+fn first_request_allocates_to_least_loaded_and_tells_every_region() {
+    let (mut c, t0, n) = settled(3, 8);
+    let out = c.get_home(t0, n[1], TYPE, 5);
+    // All counts are 0: the oldest member wins the tie.
+    assert_eq!(
+        out,
+        vec![
+            home(n[0], 5, n[0], 1),
+            home(n[1], 5, n[0], 1),
+            home(n[2], 5, n[0], 1)
+        ]
+    );
+    // Known now: only the asker hears it again.
+    assert_eq!(c.get_home(t0, n[2], TYPE, 5), vec![home(n[2], 5, n[0], 1)]);
+    // The next shard goes to a member with fewer shards.
+    let out = c.get_home(t0, n[2], TYPE, 6);
+    assert_eq!(out[0], home(n[0], 6, n[1], 1));
+}
+
+#[test]
+fn least_shards_keeps_counts_within_one() {
+    let (mut c, t0, n) = settled(3, 64);
+    for shard in 0..64 {
+        c.get_home(t0, n[shard as usize % 3], TYPE, shard);
+    }
+    let mut counts = BTreeMap::new();
+    for shard in 0..64 {
+        *counts
+            .entry(c.home(TYPE, shard).unwrap().owner)
+            .or_insert(0) += 1;
+    }
+    let (min, max) = (
+        counts.values().min().unwrap(),
+        counts.values().max().unwrap(),
+    );
+    assert!(max - min <= 1, "{counts:?}");
+}
+
+#[test]
+fn a_downed_owner_loses_all_its_shards_at_once_as_dead_owner_moves() {
+    let (mut c, t0, n) = settled(3, 30);
+    for shard in 0..30 {
+        c.get_home(t0, n[0], TYPE, shard);
+    }
+    let owned_by_2: Vec<u32> = (0..30)
+        .filter(|s| c.home(TYPE, *s).unwrap().owner == n[2])
+        .collect();
+    assert_eq!(owned_by_2.len(), 10);
+    let t1 = t0 + Duration::from_millis(5);
+    let out = c.set_membership(t1, &view(n[0], &n[..2], &n[2..], &[]));
+    // One Home per moved shard to each of the two surviving regions.
+    assert_eq!(out.len(), 2 * owned_by_2.len());
+    for shard in &owned_by_2 {
+        let h = c.home(TYPE, *shard).unwrap();
+        assert_ne!(h.owner, n[2]);
+        assert_eq!(h.generation, 2);
+    }
+    let round = c.rounds().last().unwrap();
+    assert_eq!(round.reason, RebalanceReason::DeadOwner);
+    assert_eq!(round.at, t1);
+    assert_eq!(round.moves.len(), 10, "dead-owner moves are never capped");
+    assert!(round.moves.iter().all(|m| m.from == n[2]));
+}
+
+#[test]
+fn an_unreachable_owner_keeps_its_shards_but_gets_no_new_ones() {
+    let (mut c, t0, n) = settled(2, 4);
+    c.get_home(t0, n[0], TYPE, 0);
+    c.get_home(t0, n[0], TYPE, 1);
+    assert_eq!(c.home(TYPE, 1).unwrap().owner, n[1]);
+    assert!(
+        c.set_membership(t0, &view(n[0], &n, &[], &n[1..]))
+            .is_empty()
+    );
+    assert_eq!(c.home(TYPE, 1).unwrap().owner, n[1]);
+    c.get_home(t0, n[0], TYPE, 2);
+    c.get_home(t0, n[0], TYPE, 3);
+    assert_eq!(c.home(TYPE, 2).unwrap().owner, n[0]);
+    assert_eq!(c.home(TYPE, 3).unwrap().owner, n[0]);
+}
+
+#[test]
+fn only_members_with_a_region_of_the_type_get_its_shards() {
+    let t0 = Instant::now();
+    let n: Vec<UniqueAddress> = (1..=3).map(node).collect();
+    let mut c = core(n[0]);
+    c.register(t0, n[1], &reg(4, vec![]));
+    c.register(t0, n[0], &[]);
+    c.register(t0, n[2], &[]);
+    c.set_membership(t0, &view(n[0], &n, &[], &[]));
+    for shard in 0..4 {
+        c.get_home(t0, n[0], TYPE, shard);
+        assert_eq!(c.home(TYPE, shard).unwrap().owner, n[1]);
+    }
+}
+
+#[test]
+fn a_request_without_any_candidate_waits_for_one() {
+    let t0 = Instant::now();
+    let n: Vec<UniqueAddress> = (1..=2).map(node).collect();
+    let mut c = core(n[0]);
+    // Only node 2 has a region of the type, and it is unreachable.
+    c.register(t0, n[0], &[]);
+    c.register(t0, n[1], &reg(4, vec![]));
+    c.set_membership(t0, &view(n[0], &n, &[], &n[1..]));
+    assert!(c.get_home(t0, n[1], TYPE, 0).is_empty());
+    // Reachable again: the waiting shard goes there, and its region hears.
+    let out = c.set_membership(t0, &view(n[0], &n, &[], &[]));
+    assert_eq!(out, vec![home(n[1], 0, n[1], 1)]);
+}
+
+#[test]
+fn regression_unreachable_coordinator_then_owner_crash() {
+    use Op::*;
+    let ops = vec![
+        Join(1),
+        Unreachable(0),
+        Join(3),
+        Register(1),
+        Join(2),
+        Ask(0, 11),
+        Register(3),
+        Unreachable(2),
+        Crash(1),
+        Ask(2, 11),
+    ];
+    assert_eq!(check_history(ops), Ok(()));
+}
+
+#[test]
+fn mismatched_fingerprint_or_shard_count_is_refused() {
+    let (mut c, t0, n) = settled(2, 8);
+    let mut bad = reg(8, vec![]);
+    bad[0].fingerprint = 1;
+    let out = c.register(t0, n[1], &bad);
+    assert!(
+        matches!(&out[..], [Command::Send { to, msg: ControlMsg::Refused { .. } }] if *to == n[1]),
+        "{out:?}"
+    );
+    let out = c.register(t0, n[1], &reg(16, vec![]));
+    assert!(
+        matches!(
+            &out[..],
+            [Command::Send {
+                msg: ControlMsg::Refused { .. },
+                ..
+            }]
+        ),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn takeover_keeps_the_highest_generation_and_waits_to_settle() {
+    let t0 = Instant::now();
+    let n: Vec<UniqueAddress> = (1..=4).map(node).collect();
+    // Node 2 takes over after node 1 died; node 3 hosted shard 0 (gen 4),
+    // node 2's replica believed shard 0 at node 4 under gen 3 and shard 1
+    // at the dead node 1.
+    let mut c = core(n[1]);
+    c.seed(
+        TYPE,
+        FP,
+        4,
+        &[
+            (
+                0,
+                ShardHome {
+                    owner: n[3],
+                    generation: 3,
+                },
+            ),
+            (
+                1,
+                ShardHome {
+                    owner: n[0],
+                    generation: 7,
+                },
+            ),
+        ],
+    );
+    c.register(t0, n[1], &reg(4, vec![]));
+    let alive = [n[1], n[2], n[3]];
+    let out = c.set_membership(t0, &view(n[1], &alive, &n[..1], &[]));
+    assert!(out.is_empty(), "settling: nothing reallocated yet: {out:?}");
+    // A request for an unknown shard waits while settling.
+    assert!(c.get_home(t0, n[2], TYPE, 2).is_empty());
+    // Node 3 registers its shard 0 with the higher generation.
+    let out = c.register(t0, n[2], &reg(4, vec![(0, n[2], 4)]));
+    assert!(matches!(
+        &out[0],
+        Command::Send {
+            msg: ControlMsg::Table { .. },
+            ..
+        }
+    ));
+    assert_eq!(
+        c.home(TYPE, 0),
+        Some(ShardHome {
+            owner: n[2],
+            generation: 4
+        })
+    );
+    // The last eligible member registers: settled, so shard 1 (dead owner)
+    // moves with a higher generation and shard 2 is allocated.
+    let out = c.register(t0, n[3], &reg(4, vec![]));
+    let h1 = c.home(TYPE, 1).unwrap();
+    assert_eq!(h1.generation, 8);
+    assert_ne!(h1.owner, n[0]);
+    assert!(c.home(TYPE, 2).is_some());
+    assert!(out.iter().any(|cmd| matches!(
+        cmd,
+        Command::Send {
+            msg: ControlMsg::Home { shard: 1, .. },
+            ..
+        }
+    )));
+    assert_eq!(c.rounds().last().unwrap().moves.len(), 1);
+}
+
+#[test]
+fn settle_ends_after_the_timeout_without_every_registration() {
+    let t0 = Instant::now();
+    let n: Vec<UniqueAddress> = (1..=2).map(node).collect();
+    let mut c = core(n[0]);
+    c.register(t0, n[0], &reg(2, vec![]));
+    c.set_membership(t0, &view(n[0], &n, &[], &[]));
+    assert!(c.get_home(t0, n[0], TYPE, 0).is_empty());
+    let deadline = c.poll_timeout().expect("settling");
+    assert_eq!(deadline, t0 + CoordinatorConfig::default().settle);
+    assert!(c.tick(deadline - Duration::from_millis(1)).is_empty());
+    let out = c.tick(deadline);
+    assert_eq!(out, vec![home(n[0], 0, n[0], 1)]);
+    assert_eq!(c.poll_timeout(), None);
+}
+
+#[test]
+fn an_inactive_core_records_but_answers_nothing() {
+    let t0 = Instant::now();
+    let n: Vec<UniqueAddress> = (1..=2).map(node).collect();
+    let mut c = core(n[1]);
+    c.set_membership(t0, &view(n[1], &n, &[], &[]));
+    assert!(!c.is_active());
+    assert!(c.register(t0, n[0], &reg(2, vec![(0, n[0], 1)])).is_empty());
+    assert!(c.get_home(t0, n[0], TYPE, 1).is_empty());
+    assert_eq!(
+        c.home(TYPE, 0),
+        Some(ShardHome {
+            owner: n[0],
+            generation: 1
+        })
+    );
+}
+
+// ---- random histories ----
+
+#[derive(Clone, Debug)]
+enum Op {
+    Join(u8),
+    Crash(u8),
+    Unreachable(u8),
+    Heal(u8),
+    Register(u8),
+    Ask(u8, u8),
+    Advance(u16),
+}
+
+impl Arbitrary for Op {
+    fn arbitrary(g: &mut Gen) -> Self {
+        let n = |g: &mut Gen| u8::arbitrary(g) % 6;
+        match u8::arbitrary(g) % 10 {
+            0 => Op::Join(n(g)),
+            1 => Op::Crash(n(g)),
+            2 => Op::Unreachable(n(g)),
+            3 => Op::Heal(n(g)),
+            4 => Op::Register(n(g)),
+            5 => Op::Advance(u16::arbitrary(g) % 1500),
+            _ => Op::Ask(n(g), u8::arbitrary(g) % 12),
+        }
+    }
+}
+
+/// Drives the cores of a whole cluster through a history (the core of the
+/// oldest eligible member acts; a node that becomes coordinator for the
+/// first time starts a fresh core; every region registers with a new
+/// coordinator, carrying its replica) and checks: a new home never reuses
+/// or lowers a generation that a live region knows for the shard (so no two
+/// owners share a generation, and generations only grow, as far as anyone
+/// alive can tell); cores that are not the coordinator say nothing; once a
+/// settled coordinator has processed a change, no shard points at a downed
+/// member while a candidate exists.
+fn history_holds(ops: Vec<Op>) -> bool {
+    check_history(ops).map_err(|e| eprintln!("{e}")).is_ok()
+}
+
+fn check_history(ops: Vec<Op>) -> Result<(), String> {
+    const SHARDS: u32 = 12;
+    let t0 = Instant::now();
+    let mut now = t0;
+    let nodes: Vec<UniqueAddress> = (0..6).map(node).collect();
+    let mut alive: BTreeSet<usize> = BTreeSet::from([0]);
+    let mut dead: BTreeSet<usize> = BTreeSet::new();
+    let mut unreachable: BTreeSet<usize> = BTreeSet::new();
+    let mut registered: BTreeSet<usize> = BTreeSet::new();
+    // What each node's region knows, as it would report it: the homes it
+    // was sent.
+    let mut known: BTreeMap<usize, BTreeMap<u32, (UniqueAddress, u64)>> = BTreeMap::new();
+    let mut cores: BTreeMap<usize, CoordinatorCore> = BTreeMap::new();
+    let index_of = |a: &UniqueAddress| nodes.iter().position(|n| n == a).unwrap();
+    let mut last_coordinator: Option<usize> = None;
+
+    for op in ops {
+        match op {
+            Op::Join(i) => {
+                let i = i as usize;
+                if !dead.contains(&i) {
+                    alive.insert(i);
+                }
+            }
+            Op::Crash(i) => {
+                let i = i as usize;
+                if alive.len() > 1 && alive.remove(&i) {
+                    dead.insert(i);
+                    registered.remove(&i);
+                    known.remove(&i);
+                    cores.remove(&i);
+                    unreachable.remove(&i);
+                }
+            }
+            Op::Unreachable(i) => {
+                if alive.contains(&(i as usize)) {
+                    unreachable.insert(i as usize);
+                }
+            }
+            Op::Heal(i) => {
+                unreachable.remove(&(i as usize));
+            }
+            Op::Register(i) => {
+                if alive.contains(&(i as usize)) {
+                    registered.insert(i as usize);
+                }
+            }
+            Op::Ask(_, _) | Op::Advance(_) => {}
+        }
+        if let Op::Advance(ms) = op {
+            now += Duration::from_millis(u64::from(ms));
+        }
+        let up: Vec<UniqueAddress> = alive.iter().map(|i| nodes[*i]).collect();
+        let down: Vec<UniqueAddress> = dead.iter().map(|i| nodes[*i]).collect();
+        let unr: Vec<UniqueAddress> = unreachable.iter().map(|i| nodes[*i]).collect();
+        let probe = view(nodes[0], &up, &down, &unr);
+        let Some(coord) = probe.coordinator else {
+            continue;
+        };
+        let ci = index_of(&coord);
+        let mut commands = Vec::new();
+        let changed = last_coordinator != Some(ci);
+        last_coordinator = Some(ci);
+        let c = cores.entry(ci).or_insert_with(|| core(coord));
+        if changed {
+            // Every region registers with a new coordinator.
+            for r in &registered {
+                commands.extend(c.register(now, nodes[*r], &reg(SHARDS, replica(&known, *r))));
+            }
+        }
+        commands.extend(c.set_membership(now, &view(coord, &up, &down, &unr)));
+        match op {
+            Op::Register(i) if alive.contains(&(i as usize)) => {
+                let i = i as usize;
+                commands.extend(c.register(now, nodes[i], &reg(SHARDS, replica(&known, i))));
+            }
+            Op::Ask(i, shard) if alive.contains(&(i as usize)) => {
+                commands.extend(c.get_home(now, nodes[i as usize], TYPE, u32::from(shard)));
+            }
+            _ => commands.extend(c.tick(now)),
+        }
+        // Other cores are not active: they must say nothing.
+        for (j, other) in cores.iter_mut() {
+            if *j != ci && other.is_active() {
+                let v = view(other.me, &up, &down, &unr);
+                if !other.set_membership(now, &v).is_empty() {
+                    return Err(format!("inactive core {j} spoke"));
+                }
+            }
+        }
+        for command in commands {
+            let Command::Send { to, msg } = command;
+            let r = index_of(&to);
+            match msg {
+                ControlMsg::Home {
+                    shard,
+                    owner,
+                    generation,
+                    ..
+                } => {
+                    // What the live regions know of the shard: a new home
+                    // must not reuse or go below that generation.
+                    let best = alive
+                        .iter()
+                        .filter_map(|a| known.get(a).and_then(|k| k.get(&shard)))
+                        .max_by_key(|(_, g)| *g)
+                        .copied();
+                    if let Some((o, g)) = best
+                        && (generation < g || (generation == g && o != owner))
+                    {
+                        return Err(format!(
+                            "shard {shard}: home {owner} gen {generation} while a live region knows {o} gen {g}"
+                        ));
+                    }
+                    learn(&mut known, &alive, r, shard, owner, generation);
+                }
+                ControlMsg::Table { homes, .. } => {
+                    for (shard, owner, generation) in homes {
+                        learn(&mut known, &alive, r, shard, owner, generation);
+                    }
+                }
+                _ => {}
+            }
+        }
+        let c = &cores[&ci];
+        if c.is_active() && c.poll_timeout().is_none() {
+            let candidates = alive
+                .iter()
+                .any(|i| registered.contains(i) && !unreachable.contains(i));
+            for shard in 0..SHARDS {
+                if let Some(h) = c.home(TYPE, shard)
+                    && dead.contains(&index_of(&h.owner))
+                    && candidates
+                {
+                    return Err(format!("shard {shard} still at dead {}", h.owner));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn learn(
+    known: &mut BTreeMap<usize, BTreeMap<u32, (UniqueAddress, u64)>>,
+    alive: &BTreeSet<usize>,
+    node: usize,
+    shard: u32,
+    owner: UniqueAddress,
+    generation: u64,
+) {
+    if alive.contains(&node) {
+        let entry = known
+            .entry(node)
+            .or_default()
+            .entry(shard)
+            .or_insert((owner, generation));
+        if generation >= entry.1 {
+            *entry = (owner, generation);
+        }
+    }
+}
+
+fn replica(
+    known: &BTreeMap<usize, BTreeMap<u32, (UniqueAddress, u64)>>,
+    node: usize,
+) -> Vec<(u32, UniqueAddress, u64)> {
+    known
+        .get(&node)
+        .map(|m| m.iter().map(|(s, (o, g))| (*s, *o, *g)).collect())
+        .unwrap_or_default()
+}
+
+#[test]
+fn regression_takeover_after_the_only_registered_owner_crashed() {
+    use Op::*;
+    let ops = vec![
+        Register(0),
+        Join(4),
+        Join(3),
+        Ask(3, 2),
+        Register(4),
+        Crash(0),
+        Advance(103),
+        Ask(3, 2),
+        Advance(542),
+        Advance(440),
+    ];
+    assert_eq!(check_history(ops), Ok(()));
+}
+
+#[test]
+fn regression_regions_reregister_with_a_returning_coordinator() {
+    use Op::*;
+    let ops = vec![
+        Unreachable(0),
+        Join(3),
+        Register(3),
+        Heal(0),
+        Ask(3, 10),
+        Register(0),
+        Unreachable(0),
+        Ask(0, 10),
+    ];
+    assert_eq!(check_history(ops), Ok(()));
+}
+
+#[test]
+fn random_histories_keep_the_invariants() {
+    QuickCheck::new()
+        .tests(500)
+        .quickcheck(history_holds as fn(Vec<Op>) -> bool);
+}

@@ -1,0 +1,532 @@
+//! The tasks that join a sharded system to its cluster node.
+//!
+//! ```text
+//!            membership watch ──┐
+//!   regions: Allocate{type,shard}┤                       ┌─► control channel (Register,
+//!   system: TypeRegistered ──────┼─► control task ───────┤   GetHome, Home, Table, Refused)
+//!   control channel (peers) ─────┤   CoordinatorCore     └─► regions: set_home / node_lost
+//!   timer (100 ms) ──────────────┘   (acts when this node is the coordinator)
+//!
+//!   data channel (peers) ──► inbound task ──► decode ──► region.deliver / pending replies
+//! ```
+//!
+//! The control task owns the coordinator core and this node's view of where
+//! shards wait for a home; the inbound task only decodes and delivers, so a
+//! burst of entity traffic never delays the coordinator's protocol (which
+//! also travels on the pipes' priority lane).
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+use crate::cluster::ClusterNode;
+use crate::error::{ShardingError, ShardingResult};
+use crate::extractor::ShardId;
+use crate::identity::UniqueAddress;
+use crate::membership::{MemberStatus, MembershipState};
+use crate::private::{RemoteReply, ReplySink};
+use crate::runtime::region::{HomeChange, Region};
+use crate::runtime::region_actor::RegionMsg;
+use crate::sharding::coordinator::{
+    Command, CoordinatorConfig, CoordinatorCore, LeastShardAllocation, RebalanceRound,
+    ShardAllocationStrategy, ShardHome,
+};
+use crate::sharding::remote::Remote;
+use crate::sharding::wire::{ControlMsg, DataMsg, Envelope, RemoteError, TypeRegistration};
+use crate::system::Shared;
+use crate::transport::Incoming;
+use crate::wire::channels::{SHARDING_CONTROL, SHARDING_DATA};
+
+/// How many inbound data messages may wait for the inbound task.
+const DATA_CAPACITY: usize = 65_536;
+/// How many inbound control messages may wait for the control task.
+const CONTROL_CAPACITY: usize = 4_096;
+/// The control task's timer.
+const TICK: Duration = Duration::from_millis(100);
+/// An unanswered allocation request is sent again after this long.
+const RETRY_GET_HOME: Duration = Duration::from_millis(300);
+/// How often asks whose caller gave up are swept.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
+
+/// What regions and the system tell the control task.
+#[derive(Debug)]
+pub(crate) enum DriverMsg {
+    /// A shard has buffered messages and no home.
+    Allocate {
+        type_name: &'static str,
+        shard: ShardId,
+    },
+    /// An entity type was registered here: tell the coordinator.
+    TypeRegistered,
+    /// The system is shutting down.
+    Stop,
+}
+
+/// A system's link to its cluster node, held by the system.
+pub(crate) struct ClusterLink {
+    pub(crate) node: ClusterNode,
+    pub(crate) remote: Arc<Remote>,
+    pub(crate) driver: mpsc::UnboundedSender<DriverMsg>,
+    pub(crate) rounds: Arc<Mutex<Vec<RebalanceRound>>>,
+    parts: Mutex<Option<Parts>>,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// What the tasks take when they start.
+struct Parts {
+    rx: mpsc::UnboundedReceiver<DriverMsg>,
+    data: mpsc::Receiver<Incoming>,
+    control: mpsc::Receiver<Incoming>,
+    strategy: Box<dyn ShardAllocationStrategy>,
+}
+
+impl ClusterLink {
+    /// Claims the sharding channels of `node`'s pipes. Fails when another
+    /// sharded system already runs on the node.
+    pub(crate) fn new(
+        node: ClusterNode,
+        strategy: Option<Box<dyn ShardAllocationStrategy>>,
+    ) -> ShardingResult<Self> {
+        let transport = node.transport();
+        let taken = |_| {
+            ShardingError::InvalidConfig(
+                "a sharded system already runs on this cluster node".into(),
+            )
+        };
+        let data = transport
+            .register(SHARDING_DATA, DATA_CAPACITY)
+            .map_err(taken)?;
+        let control = transport
+            .register(SHARDING_CONTROL, CONTROL_CAPACITY)
+            .map_err(taken)?;
+        let (driver, rx) = mpsc::unbounded_channel();
+        Ok(ClusterLink {
+            remote: Remote::new(transport.clone()),
+            node,
+            driver,
+            rounds: Arc::new(Mutex::new(Vec::new())),
+            parts: Mutex::new(Some(Parts {
+                rx,
+                data,
+                control,
+                strategy: strategy.unwrap_or_else(|| Box::new(LeastShardAllocation)),
+            })),
+            tasks: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Starts the control and inbound tasks for the system `shared`.
+    pub(crate) fn spawn(&self, shared: Weak<Shared>) {
+        let Some(parts) = lock(&self.parts).take() else {
+            return;
+        };
+        let me = self.remote.me();
+        let control = Control {
+            shared: shared.clone(),
+            node: self.node.clone(),
+            me,
+            core: CoordinatorCore::new(me, CoordinatorConfig::default(), parts.strategy),
+            rx: parts.rx,
+            control: parts.control,
+            state: self.node.watch_state(),
+            lost: BTreeSet::new(),
+            coordinator: None,
+            waiting: BTreeMap::new(),
+            rounds: self.rounds.clone(),
+            remote: self.remote.clone(),
+        };
+        let inbound = inbound(parts.data, shared, self.remote.clone());
+        let mut tasks = lock(&self.tasks);
+        tasks.push(tokio::spawn(control.run()));
+        tasks.push(tokio::spawn(inbound));
+    }
+
+    /// Stops the tasks and fails the asks still waiting on other nodes.
+    pub(crate) async fn stop(&self) {
+        let _ = self.driver.send(DriverMsg::Stop);
+        let tasks: Vec<JoinHandle<()>> = lock(&self.tasks).drain(..).collect();
+        for task in tasks {
+            task.abort();
+            let _ = task.await;
+        }
+        self.remote.fail_all(&ShardingError::ShuttingDown);
+    }
+}
+
+impl Drop for ClusterLink {
+    fn drop(&mut self) {
+        for task in lock(&self.tasks).drain(..) {
+            task.abort();
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The inbound data path: decode, check, deliver.
+async fn inbound(mut data: mpsc::Receiver<Incoming>, shared: Weak<Shared>, remote: Arc<Remote>) {
+    while let Some(incoming) = data.recv().await {
+        let Some(shared) = shared.upgrade() else {
+            break;
+        };
+        handle_data(&shared, &remote, incoming);
+    }
+}
+
+fn handle_data(shared: &Shared, remote: &Arc<Remote>, incoming: Incoming) {
+    let msg: DataMsg = match ciborium::from_reader(&incoming.payload[..]) {
+        Ok(msg) => msg,
+        Err(error) => {
+            tracing::debug!(from = %incoming.from, %error, "undecodable sharding data message dropped");
+            return;
+        }
+    };
+    match msg {
+        DataMsg::Reply { ask_id, result } => remote.complete(&incoming.from, ask_id, result),
+        DataMsg::Envelope(envelope) => deliver_envelope(shared, remote, &incoming.from, envelope),
+        DataMsg::Passivate {
+            type_name,
+            shard,
+            entity_id,
+        } => {
+            if let Some(region) = shared.region(&type_name)
+                && shard < region.num_shards()
+                && let Err(error) = region.passivate(ShardId(shard), &entity_id.into(), None)
+            {
+                tracing::debug!(from = %incoming.from, %error, "remote passivation request dropped");
+            }
+        }
+    }
+}
+
+/// Checks a remote envelope against the local region and delivers it; every
+/// refusal is answered to the asker.
+fn deliver_envelope(
+    shared: &Shared,
+    remote: &Arc<Remote>,
+    from: &UniqueAddress,
+    envelope: Envelope,
+) {
+    let sink: Arc<dyn ReplySink> = remote.clone();
+    let reply = envelope
+        .reply_to
+        .map(|target| RemoteReply::new(target, sink));
+    let refuse = |reply: Option<RemoteReply>, error: RemoteError| {
+        tracing::debug!(%from, type_name = %envelope.type_name, ?error, "remote envelope refused");
+        if let Some(reply) = reply {
+            reply.fail_remote(error);
+        }
+    };
+    let Some(region) = shared.region(&envelope.type_name) else {
+        return refuse(reply, RemoteError::NotRegistered);
+    };
+    if region.fingerprint != envelope.fingerprint {
+        return refuse(
+            reply,
+            RemoteError::ProtocolMismatch {
+                receiver: region.fingerprint,
+                sender: envelope.fingerprint,
+            },
+        );
+    }
+    if envelope.shard >= region.num_shards() {
+        return refuse(
+            reply,
+            RemoteError::InvalidShard {
+                shard: envelope.shard,
+                num_shards: region.num_shards(),
+            },
+        );
+    }
+    let hops = envelope.hops.saturating_add(1);
+    match (region.decode)(envelope.index, &envelope.payload, reply, hops) {
+        Ok(local) => {
+            let entity_id: Arc<str> = envelope.entity_id.into();
+            // On error the envelope has been answered inside `deliver`.
+            let _ = region.deliver(ShardId(envelope.shard), &entity_id, local);
+        }
+        Err(undecodable) => {
+            tracing::debug!(%from, error = %undecodable.error, "remote envelope does not decode");
+            if let Some(reply) = undecodable.reply {
+                reply.fail(&undecodable.error);
+            }
+        }
+    }
+}
+
+/// The control task's state.
+struct Control {
+    shared: Weak<Shared>,
+    node: ClusterNode,
+    me: UniqueAddress,
+    core: CoordinatorCore,
+    rx: mpsc::UnboundedReceiver<DriverMsg>,
+    control: mpsc::Receiver<Incoming>,
+    state: watch::Receiver<MembershipState>,
+    /// Members already handled as gone.
+    lost: BTreeSet<UniqueAddress>,
+    /// The coordinator this node registered with last.
+    coordinator: Option<UniqueAddress>,
+    /// Shards asked for and not yet given a home, with when they were asked.
+    waiting: BTreeMap<(&'static str, u32), Instant>,
+    rounds: Arc<Mutex<Vec<RebalanceRound>>>,
+    remote: Arc<Remote>,
+}
+
+impl Control {
+    async fn run(mut self) {
+        let state = self.state.borrow_and_update().clone();
+        self.membership(state);
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_sweep = Instant::now();
+        loop {
+            tokio::select! {
+                msg = self.rx.recv() => match msg {
+                    None | Some(DriverMsg::Stop) => break,
+                    Some(DriverMsg::Allocate { type_name, shard }) => self.ask_home(type_name, shard.0),
+                    Some(DriverMsg::TypeRegistered) => self.register(),
+                },
+                incoming = self.control.recv() => match incoming {
+                    Some(incoming) => match ciborium::from_reader::<ControlMsg, _>(&incoming.payload[..]) {
+                        Ok(msg) => self.handle(incoming.from, msg),
+                        Err(error) => tracing::debug!(from = %incoming.from, %error, "undecodable sharding control message dropped"),
+                    },
+                    None => break,
+                },
+                changed = self.state.changed() => {
+                    if changed.is_err() {
+                        // The cluster node stopped.
+                        break;
+                    }
+                    let state = self.state.borrow_and_update().clone();
+                    self.membership(state);
+                }
+                _ = tick.tick() => {
+                    let now = Instant::now();
+                    let commands = self.core.tick(now);
+                    self.execute(commands);
+                    self.retry(now);
+                    if now.duration_since(last_sweep) >= SWEEP_EVERY {
+                        last_sweep = now;
+                        self.remote.sweep();
+                    }
+                }
+            }
+        }
+        tracing::debug!(node = %self.me, "sharding control task stopped");
+    }
+
+    fn regions(&self) -> Vec<Arc<Region>> {
+        match self.shared.upgrade() {
+            Some(shared) => shared.all_regions(),
+            None => Vec::new(),
+        }
+    }
+
+    fn region(&self, type_name: &str) -> Option<Arc<Region>> {
+        self.shared.upgrade()?.region(type_name)
+    }
+
+    fn registrations(&self) -> Vec<TypeRegistration> {
+        self.regions()
+            .iter()
+            .map(|r| TypeRegistration {
+                type_name: r.type_name.to_owned(),
+                fingerprint: r.fingerprint,
+                num_shards: r.num_shards(),
+                homes: r
+                    .replica()
+                    .into_iter()
+                    .map(|(shard, home)| (shard, home.owner, home.generation))
+                    .collect(),
+            })
+            .collect()
+    }
+
+    /// Registers this node's types with the coordinator it knows.
+    fn register(&mut self) {
+        if let Some(coordinator) = self.coordinator {
+            let msg = ControlMsg::Register {
+                types: self.registrations(),
+            };
+            self.send(coordinator, msg);
+        }
+    }
+
+    fn ask_home(&mut self, type_name: &'static str, shard: u32) {
+        self.waiting.insert((type_name, shard), Instant::now());
+        if let Some(coordinator) = self.coordinator {
+            let msg = ControlMsg::GetHome {
+                type_name: type_name.to_owned(),
+                shard,
+            };
+            self.send(coordinator, msg);
+        }
+    }
+
+    /// Asks again for homes that have not come.
+    fn retry(&mut self, now: Instant) {
+        let Some(coordinator) = self.coordinator else {
+            return;
+        };
+        let due: Vec<(&'static str, u32)> = self
+            .waiting
+            .iter()
+            .filter(|(_, asked)| now.duration_since(**asked) >= RETRY_GET_HOME)
+            .map(|(key, _)| *key)
+            .collect();
+        for (type_name, shard) in due {
+            self.waiting.insert((type_name, shard), now);
+            let msg = ControlMsg::GetHome {
+                type_name: type_name.to_owned(),
+                shard,
+            };
+            self.send(coordinator, msg);
+        }
+    }
+
+    fn membership(&mut self, state: MembershipState) {
+        let now = Instant::now();
+        // Members that are gone: their asks fail now, their shards wait.
+        let gone: Vec<UniqueAddress> = state
+            .members
+            .iter()
+            .filter(|m| {
+                matches!(
+                    m.status,
+                    MemberStatus::Exiting | MemberStatus::Down | MemberStatus::Removed
+                )
+            })
+            .map(|m| m.address)
+            .filter(|a| *a != self.me && !self.lost.contains(a))
+            .collect();
+        let regions = self.regions();
+        for node in gone {
+            self.lost.insert(node);
+            let failed = self.remote.node_lost(&node);
+            for region in &regions {
+                region.node_lost(&node);
+            }
+            tracing::debug!(node = %self.me, lost = %node, failed_asks = failed, "member gone");
+        }
+        if state.coordinator == Some(self.me) && !self.core.is_active() {
+            // Taking over: start from this node's replica and registration.
+            for region in &regions {
+                self.core.seed(
+                    region.type_name,
+                    region.fingerprint,
+                    region.num_shards(),
+                    &region.replica(),
+                );
+            }
+            let own = self.registrations();
+            let commands = self.core.register(now, self.me, &own);
+            self.execute(commands);
+        }
+        let commands = self.core.set_membership(now, &state);
+        self.execute(commands);
+        if state.coordinator != self.coordinator {
+            self.coordinator = state.coordinator;
+            if self.coordinator.is_some() {
+                self.register();
+                let asked: Vec<(&'static str, u32)> = self.waiting.keys().copied().collect();
+                for (type_name, shard) in asked {
+                    self.ask_home(type_name, shard);
+                }
+            }
+        }
+    }
+
+    fn handle(&mut self, from: UniqueAddress, msg: ControlMsg) {
+        let mut queue = VecDeque::from([(from, msg)]);
+        while let Some((from, msg)) = queue.pop_front() {
+            let now = Instant::now();
+            let commands = match msg {
+                ControlMsg::Register { types } => self.core.register(now, from, &types),
+                ControlMsg::GetHome { type_name, shard } => {
+                    self.core.get_home(now, from, &type_name, shard)
+                }
+                ControlMsg::Home {
+                    type_name,
+                    shard,
+                    owner,
+                    generation,
+                } => {
+                    self.apply_home(&type_name, shard, ShardHome { owner, generation });
+                    Vec::new()
+                }
+                ControlMsg::Table { type_name, homes } => {
+                    for (shard, owner, generation) in homes {
+                        self.apply_home(&type_name, shard, ShardHome { owner, generation });
+                    }
+                    Vec::new()
+                }
+                ControlMsg::Refused { type_name, reason } => {
+                    tracing::error!(node = %self.me, %type_name, %reason, "the coordinator refused this node's region");
+                    Vec::new()
+                }
+            };
+            for command in commands {
+                match command {
+                    Command::Send { to, msg } if to == self.me => queue.push_back((to, msg)),
+                    Command::Send { to, msg } => self.send_remote(to, &msg),
+                }
+            }
+        }
+        self.publish_rounds();
+    }
+
+    fn apply_home(&mut self, type_name: &str, shard: u32, home: ShardHome) {
+        let Some(region) = self.region(type_name) else {
+            return;
+        };
+        if shard >= region.num_shards() || self.lost.contains(&home.owner) {
+            return;
+        }
+        self.waiting.remove(&(region.type_name, shard));
+        if region.set_home(ShardId(shard), home) == HomeChange::HostHere
+            && let Some(actor) = region.region_actor.get()
+        {
+            let _ = actor.cast(RegionMsg::Host(ShardId(shard), home.generation));
+        }
+    }
+
+    fn send(&mut self, to: UniqueAddress, msg: ControlMsg) {
+        if to == self.me {
+            self.handle(to, msg);
+        } else {
+            self.send_remote(to, &msg);
+        }
+    }
+
+    fn send_remote(&self, to: UniqueAddress, msg: &ControlMsg) {
+        let payload = Bytes::from(msg.encode());
+        if let Err(error) = self.node.transport().send(&to, SHARDING_CONTROL, payload) {
+            tracing::debug!(%to, reason = %error.reason, "sharding control message not sent");
+        }
+    }
+
+    fn execute(&mut self, commands: Vec<Command>) {
+        for command in commands {
+            match command {
+                Command::Send { to, msg } => self.send(to, msg),
+            }
+        }
+        self.publish_rounds();
+    }
+
+    fn publish_rounds(&self) {
+        let rounds = self.core.rounds();
+        let mut published = lock(&self.rounds);
+        if published.len() != rounds.len() || published.last() != rounds.last() {
+            *published = rounds.to_vec();
+        }
+    }
+}

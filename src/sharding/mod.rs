@@ -1,0 +1,36 @@
+//! Sharding across a cluster: the coordinator, routing to other nodes, and
+//! what happens when a node is lost.
+//!
+//! A [`ShardedSystem`](crate::ShardedSystem) built with
+//! [`node`](crate::ShardedSystemBuilder::node) joins this layer to a
+//! [`ClusterNode`](crate::cluster::ClusterNode):
+//!
+//! ```text
+//!   EntityRef ─► Region slot[shard]
+//!                  Local      ─► entity mailbox (never serialized)
+//!                  Remote(B)  ─► remote: encode once ─► B's pipe (data channel)
+//!                  Unallocated─► buffer; driver ─► GetHome ─► coordinator
+//!                                                       │
+//!   coordinator (oldest reachable Up member):           ▼
+//!     CoordinatorCore: table[type][shard] = (owner, generation)
+//!     ─► Home to every region of the type (control channel, priority lane)
+//! ```
+//!
+//! * [`coordinator`] — the sans-IO allocation core and the
+//!   [`ShardAllocationStrategy`] trait.
+//! * `remote` — envelopes to other nodes, replies routed to the asker's node.
+//! * `driver` — the tasks that carry the core's commands and the inbound data.
+//! * `wire` — the messages on the two sharding channels.
+//!
+//! SPEC.md §13 states the protocol, the wire form and the guarantees.
+
+pub mod coordinator;
+pub(crate) mod driver;
+pub(crate) mod remote;
+pub(crate) mod wire;
+
+pub use coordinator::{
+    LeastShardAllocation, RebalanceReason, RebalanceRound, ShardAllocationStrategy, ShardHome,
+    ShardMovement,
+};
+pub use wire::RemoteError;

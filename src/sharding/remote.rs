@@ -1,0 +1,298 @@
+//! Messages to and from entities on other nodes.
+//!
+//! ```text
+//!  node A (asks)                                   node B (hosts the shard)
+//!  EntityRef::ask ─► Region: slot Remote(B)
+//!     encode M once, ask id n ─► pending[n]
+//!     DataMsg::Envelope{.., reply_to: (A, n)} ──pipe──► inbound: decode M by index,
+//!                                                      region.deliver ─► entity
+//!  pending[n] ◄── DataMsg::Reply{n, Ok(bytes)} ◄────── RemoteReply: encode R, send
+//!  decode R, complete the asker's oneshot              to A (the origin, not the hop)
+//! ```
+//!
+//! A reply goes to the node that asked, whichever node forwarded the message
+//! on the way. Asks waiting on a node that is lost fail at once with
+//! [`ShardingError::PeerLost`]; asks whose caller stopped waiting (timed out)
+//! are swept.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use bytes::Bytes;
+
+use crate::error::{ShardingError, ShardingResult};
+use crate::extractor::ShardId;
+use crate::identity::UniqueAddress;
+use crate::private::{LocalEnvelope, PendingReply, ReplySink, ReplyTarget, Route};
+use crate::runtime::region::Region;
+use crate::sharding::wire::{DataMsgOut, EnvelopeOut, RemoteError, ReplyBody, ReplyBodyOut};
+use crate::transport::{SendFailure, Transport};
+use crate::wire::channels::SHARDING_DATA;
+
+/// How many times an envelope may be forwarded between nodes before it is
+/// refused with [`ShardingError::TooManyHops`].
+pub(crate) const MAX_HOPS: u8 = 4;
+
+/// The pending-ask table is split into this many locks.
+const PENDING_STRIPES: usize = 16;
+
+/// An ask sent to another node, waiting for its reply.
+struct Pending {
+    node: UniqueAddress,
+    type_name: &'static str,
+    entity_id: Arc<str>,
+    reply: PendingReply,
+}
+
+/// The sharding layer's side of the pipes: sends envelopes, routes replies.
+pub(crate) struct Remote {
+    transport: Transport,
+    me: UniqueAddress,
+    next_ask: AtomicU64,
+    pending: [Mutex<HashMap<u64, Pending>>; PENDING_STRIPES],
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Remote {
+    pub(crate) fn new(transport: Transport) -> Arc<Self> {
+        let me = transport.local();
+        Arc::new(Remote {
+            transport,
+            me,
+            next_ask: AtomicU64::new(1),
+            pending: std::array::from_fn(|_| Mutex::new(HashMap::new())),
+        })
+    }
+
+    /// This node.
+    pub(crate) fn me(&self) -> UniqueAddress {
+        self.me
+    }
+
+    fn stripe(&self, ask_id: u64) -> &Mutex<HashMap<u64, Pending>> {
+        &self.pending[(ask_id % PENDING_STRIPES as u64) as usize]
+    }
+
+    /// Encodes `envelope` and sends it to `owner`. On error the envelope's
+    /// asker has been answered with the same error.
+    pub(crate) fn forward(
+        self: &Arc<Self>,
+        owner: UniqueAddress,
+        region: &Region,
+        shard: ShardId,
+        entity_id: &Arc<str>,
+        envelope: LocalEnvelope,
+    ) -> ShardingResult<()> {
+        if envelope.hops() >= MAX_HOPS {
+            let error = ShardingError::TooManyHops {
+                type_name: region.type_name,
+                entity_id: entity_id.to_string(),
+                hops: envelope.hops(),
+            };
+            envelope.fail(error.clone());
+            return Err(error);
+        }
+        let parts = match envelope.into_remote() {
+            Ok(parts) => parts,
+            Err((error, envelope)) => {
+                envelope.fail(error.clone());
+                return Err(error);
+            }
+        };
+        let (reply_to, ask) = match parts.route {
+            Route::Nobody => (None, None),
+            Route::Remote(reply) => (Some(reply.forwarded()), None),
+            Route::Local(reply) => {
+                let ask_id = self.next_ask.fetch_add(1, Ordering::Relaxed);
+                lock(self.stripe(ask_id)).insert(
+                    ask_id,
+                    Pending {
+                        node: owner,
+                        type_name: region.type_name,
+                        entity_id: entity_id.clone(),
+                        reply,
+                    },
+                );
+                let target = ReplyTarget {
+                    origin: self.me,
+                    ask_id,
+                };
+                (Some(target), Some(ask_id))
+            }
+        };
+        let msg = DataMsgOut::Envelope(EnvelopeOut {
+            type_name: region.type_name,
+            fingerprint: region.fingerprint,
+            shard: shard.0,
+            entity_id,
+            index: parts.index,
+            hops: parts.hops,
+            reply_to,
+            payload: &parts.payload,
+        });
+        match self
+            .transport
+            .send(&owner, SHARDING_DATA, Bytes::from(msg.encode()))
+        {
+            Ok(()) => Ok(()),
+            Err(error) => {
+                let error = send_error(region.type_name, shard, entity_id, &owner, &error.reason);
+                match (ask, reply_to) {
+                    (Some(ask_id), _) => {
+                        if let Some(pending) = lock(self.stripe(ask_id)).remove(&ask_id) {
+                            pending.reply.complete(Err(error.clone()));
+                        }
+                    }
+                    (None, Some(target)) => self.send_reply(target, Err(RemoteError::from(&error))),
+                    (None, None) => {}
+                }
+                Err(error)
+            }
+        }
+    }
+
+    /// Asks `owner` to passivate an entity of a shard it hosts.
+    pub(crate) fn passivate(
+        &self,
+        owner: UniqueAddress,
+        type_name: &'static str,
+        shard: ShardId,
+        entity_id: &Arc<str>,
+    ) -> ShardingResult<()> {
+        let msg = DataMsgOut::Passivate {
+            type_name,
+            shard: shard.0,
+            entity_id,
+        };
+        self.transport
+            .send(&owner, SHARDING_DATA, Bytes::from(msg.encode()))
+            .map_err(|e| send_error(type_name, shard, entity_id, &owner, &e.reason))
+    }
+
+    /// A reply arrived from `from` for ask `ask_id`.
+    pub(crate) fn complete(&self, from: &UniqueAddress, ask_id: u64, body: ReplyBody) {
+        let Some(pending) = lock(self.stripe(ask_id)).remove(&ask_id) else {
+            // The asker gave up and was swept, or its node was lost meanwhile.
+            return;
+        };
+        match body {
+            ReplyBody::Ok(bytes) => pending.reply.complete(Ok(&bytes)),
+            ReplyBody::Err(error) => {
+                let error = error.into_error(pending.type_name, &pending.entity_id, from);
+                pending.reply.complete(Err(error));
+            }
+        }
+    }
+
+    /// `node` is gone: every ask waiting on it fails now with `PeerLost`.
+    pub(crate) fn node_lost(&self, node: &UniqueAddress) -> usize {
+        let mut failed = Vec::new();
+        for stripe in &self.pending {
+            let mut table = lock(stripe);
+            let lost: Vec<u64> = table
+                .iter()
+                .filter(|(_, p)| p.node == *node)
+                .map(|(id, _)| *id)
+                .collect();
+            for id in lost {
+                if let Some(pending) = table.remove(&id) {
+                    failed.push(pending);
+                }
+            }
+        }
+        let count = failed.len();
+        for pending in failed {
+            let error = ShardingError::PeerLost {
+                type_name: pending.type_name,
+                entity_id: pending.entity_id.to_string(),
+                node: node.to_string(),
+            };
+            pending.reply.complete(Err(error));
+        }
+        count
+    }
+
+    /// Forgets asks whose caller stopped waiting. Returns how many.
+    pub(crate) fn sweep(&self) -> usize {
+        let mut swept = 0;
+        for stripe in &self.pending {
+            let mut table = lock(stripe);
+            let before = table.len();
+            table.retain(|_, p| !p.reply.is_abandoned());
+            swept += before - table.len();
+        }
+        swept
+    }
+
+    /// Fails every pending ask (the system is shutting down).
+    pub(crate) fn fail_all(&self, error: &ShardingError) {
+        for stripe in &self.pending {
+            let drained: Vec<Pending> = lock(stripe).drain().map(|(_, p)| p).collect();
+            for pending in drained {
+                pending.reply.complete(Err(error.clone()));
+            }
+        }
+    }
+
+    /// Asks waiting for a reply now.
+    pub(crate) fn pending_asks(&self) -> usize {
+        self.pending.iter().map(|s| lock(s).len()).sum()
+    }
+}
+
+impl ReplySink for Remote {
+    fn send_reply(&self, target: ReplyTarget, result: Result<Vec<u8>, RemoteError>) {
+        if target.origin == self.me {
+            // Forwarded away and back: the asker is here.
+            let body = match result {
+                Ok(bytes) => ReplyBody::Ok(Bytes::from(bytes)),
+                Err(error) => ReplyBody::Err(error),
+            };
+            self.complete(&self.me, target.ask_id, body);
+            return;
+        }
+        let result = match &result {
+            Ok(bytes) => ReplyBodyOut::Ok(bytes),
+            Err(error) => ReplyBodyOut::Err(error),
+        };
+        let msg = DataMsgOut::Reply {
+            ask_id: target.ask_id,
+            result,
+        };
+        if let Err(error) =
+            self.transport
+                .send(&target.origin, SHARDING_DATA, Bytes::from(msg.encode()))
+        {
+            tracing::debug!(origin = %target.origin, reason = %error.reason, "reply to a remote ask not sent");
+        }
+    }
+}
+
+/// The error a caller sees when the pipe to `owner` refused a message.
+fn send_error(
+    type_name: &'static str,
+    shard: ShardId,
+    entity_id: &str,
+    owner: &UniqueAddress,
+    reason: &SendFailure,
+) -> ShardingError {
+    match reason {
+        SendFailure::QueueFull => ShardingError::BufferOverflow {
+            type_name,
+            shard_id: shard,
+        },
+        SendFailure::TooLarge { len, max } => ShardingError::Remote(format!(
+            "message of {len} bytes exceeds the frame limit of {max}"
+        )),
+        SendFailure::ShutDown => ShardingError::ShuttingDown,
+        _ => ShardingError::PeerLost {
+            type_name,
+            entity_id: entity_id.to_owned(),
+            node: owner.to_string(),
+        },
+    }
+}
