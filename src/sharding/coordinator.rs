@@ -265,7 +265,9 @@ impl CoordinatorCore {
             .and_then(|t| t.homes.get(shard as usize).copied().flatten())
     }
 
-    /// When [`tick`](Self::tick) should be called next.
+    /// When [`tick`](Self::tick) should be called next (the driver ticks
+    /// every 100 ms, which is fine enough for the settle deadline).
+    #[cfg(test)]
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
         self.settling_until
     }
