@@ -557,7 +557,7 @@ fn spec_hello_example_bytes() {
         from,
         nonce: Bytes::from((0u8..32).collect::<Vec<u8>>()),
     };
-    // As printed in SPEC §9.1, one line per annotated row.
+    // As printed in SPEC §9.1, row by row.
     let spec = "
         00 00 00 87
         a1 65 48 65 6c 6c 6f
@@ -568,7 +568,8 @@ fn spec_hello_example_bytes() {
         84 18 7f 00 00 01
         19 1c bb
         67 6e 6f 64 65 5f 69 64 1b 01 23 45 67 89 ab cd ef
-        6b 69 6e 63 61 72 6e 61 74 69 6f 6e 1b 00 06 0a 24 18 1e 40 00
+        6b 69 6e 63 61 72 6e 61 74 69 6f 6e
+           1b 00 06 0a 24 18 1e 40 00
         65 6e 6f 6e 63 65 58 20
         00 01 02 03 04 05 06 07 08 09 0a 0b 0c 0d 0e 0f
         10 11 12 13 14 15 16 17 18 19 1a 1b 1c 1d 1e 1f
