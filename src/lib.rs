@@ -69,6 +69,7 @@ mod runtime;
 mod store;
 mod system;
 pub mod transport;
+mod warn_limit;
 pub mod wire;
 
 pub(crate) use __private as private;

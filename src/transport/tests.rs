@@ -391,7 +391,9 @@ async fn malformed_handshake_frame_closes_without_a_reject() {
         frame.extend_from_slice(body);
         io.write_all(&frame).await.expect("write");
         let mut answer = Vec::new();
-        within(io.read_to_end(&mut answer)).await.expect("closed, not reset");
+        within(io.read_to_end(&mut answer))
+            .await
+            .expect("closed, not reset");
         assert!(answer.is_empty(), "got {answer:02x?}");
     }
 }
@@ -417,7 +419,10 @@ async fn inbound_handshakes_claiming_one_address() {
         })
         .await
         .expect("hello");
-    let welcome = within(hanging.next()).await.expect("frame").expect("decodes");
+    let welcome = within(hanging.next())
+        .await
+        .expect("frame")
+        .expect("decodes");
     assert!(matches!(welcome, Frame::Welcome { .. }), "{welcome:?}");
     // B: the same claim, completed, while A is still under way.
     let mut first = raw_handshake(&t, me).await.expect("admitted despite A");
@@ -427,9 +432,57 @@ async fn inbound_handshakes_claiming_one_address() {
     ));
     // C: the same identity again: replaces B's pipe.
     let _second = raw_handshake(&t, me).await.expect("admitted");
-    assert!(within(first.next()).await.is_none(), "the earlier pipe is closed");
+    assert!(
+        within(first.next()).await.is_none(),
+        "the earlier pipe is closed"
+    );
     assert_eq!(t.connected_peers(), vec![me]);
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(events.try_recv().is_err(), "a swap emits no event");
     drop(hanging);
+}
+
+/// Bad frames from authenticated peers that keep coming back are warned
+/// about at most 10 times per 10 s per transport; the rest go to debug.
+#[test]
+fn bad_frames_on_pipes_log_a_bounded_number_of_warnings() {
+    use tracing_subscriber::layer::SubscriberExt;
+    let captured = crate::warn_limit::capture::Captured::default();
+    let subscriber = tracing_subscriber::registry().with(captured.clone());
+    // One thread, so every task logs to this thread's subscriber.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    tracing::subscriber::with_default(subscriber, || {
+        runtime.block_on(async {
+            let t = Transport::bind(config()).await.expect("bind");
+            let mut events = t.events();
+            for port in 100..115 {
+                let me = UniqueAddress::new_at(([127, 0, 0, 1], port).into());
+                let mut io = raw_handshake(&t, me).await.expect("handshake").into_inner();
+                io.write_all(&[0, 0, 0, 3, 0xff, 0x00, 0x13])
+                    .await
+                    .expect("write");
+                assert!(matches!(
+                    disconnected(&mut events).await,
+                    DisconnectReason::Malformed(_)
+                ));
+            }
+        })
+    });
+    let bad: Vec<_> = captured
+        .events()
+        .into_iter()
+        .filter(|(_, fields)| fields.contains("bad frame; closing this connection"))
+        .collect();
+    let warned = bad
+        .iter()
+        .filter(|(l, _)| *l == tracing::Level::WARN)
+        .count();
+    let quiet = bad
+        .iter()
+        .filter(|(l, _)| *l == tracing::Level::DEBUG)
+        .count();
+    assert_eq!((warned, quiet), (10, 5), "{bad:?}");
 }
