@@ -70,6 +70,7 @@ pub mod sharding;
 mod store;
 mod system;
 pub mod transport;
+mod warn_limit;
 pub mod wire;
 
 pub(crate) use __private as private;

@@ -18,6 +18,7 @@ use clap::Parser;
 use datum_cluster_sharding::cluster::{ClusterConfig, ClusterNode};
 use datum_cluster_sharding::identity::UniqueAddress;
 use datum_cluster_sharding::membership::{MemberStatus, MembershipEvent};
+use serde::Serialize;
 use tokio::sync::broadcast::error::RecvError;
 
 /// Exit code when the node could not start (bind failure, refused config).
@@ -202,10 +203,7 @@ async fn run(args: Args) -> ExitCode {
     let mut events = node.subscribe();
     let mut state = node.watch_state();
     let me = node.self_address();
-    emit(&format!(
-        r#"{{"event":"started",{},"t_ms":0}}"#,
-        member_fields(&me)
-    ));
+    emit(&Line::member("started", &me, 0));
 
     let mut stopped_by_cluster = false;
     loop {
@@ -237,10 +235,7 @@ async fn run(args: Args) -> ExitCode {
             _ => "removed",
         };
         node.crash().await; // the driver is gone already; this closes the pipes
-        emit(&format!(
-            r#"{{"event":"stopped","reason":"{reason}","t_ms":{}}}"#,
-            ms_since(started)
-        ));
+        emit(&Stopped::new(reason, started));
         eprintln!("datum-node: the cluster {reason} this node; it has stopped");
         return ExitCode::from(EXIT_STOPPED_BY_CLUSTER);
     }
@@ -263,17 +258,11 @@ async fn run(args: Args) -> ExitCode {
     drain(&mut events, started);
     match result {
         Ok(Ok(())) => {
-            emit(&format!(
-                r#"{{"event":"stopped","reason":"left","t_ms":{}}}"#,
-                ms_since(started)
-            ));
+            emit(&Stopped::new("left", started));
             ExitCode::SUCCESS
         }
         Ok(Err(error)) => {
-            emit(&format!(
-                r#"{{"event":"stopped","reason":"leave_timed_out","t_ms":{}}}"#,
-                ms_since(started)
-            ));
+            emit(&Stopped::new("leave_timed_out", started));
             eprintln!("datum-node: the graceful leave did not complete: {error}");
             ExitCode::from(EXIT_LEAVE_TIMED_OUT)
         }
@@ -328,50 +317,173 @@ fn drain(events: &mut tokio::sync::broadcast::Receiver<MembershipEvent>, started
 }
 
 fn emit_event(event: &MembershipEvent, started: Instant) {
-    let t = ms_since(started);
-    let line = match event {
-        MembershipEvent::MemberJoined(m) => member_line("member_joined", m, t),
-        MembershipEvent::MemberUp(m) => member_line("member_up", m, t),
-        MembershipEvent::MemberLeft(m) => member_line("member_left", m, t),
-        MembershipEvent::MemberExited(m) => member_line("member_exited", m, t),
-        MembershipEvent::MemberDowned(m) => member_line("member_downed", m, t),
-        MembershipEvent::Unreachable(m) => member_line("unreachable", m, t),
-        MembershipEvent::Reachable(m) => member_line("reachable", m, t),
-        MembershipEvent::MemberRemoved { member, previous } => format!(
-            r#"{{"event":"member_removed",{},"previous":"{previous:?}","t_ms":{t}}}"#,
-            member_fields(member)
-        ),
-        MembershipEvent::CoordinatorChanged(Some(m)) => member_line("coordinator_changed", m, t),
-        MembershipEvent::CoordinatorChanged(None) => format!(
-            r#"{{"event":"coordinator_changed","addr":null,"node_id":null,"incarnation":null,"t_ms":{t}}}"#
-        ),
+    emit(&event_line(event, ms_since(started)));
+}
+
+/// The line printed for one membership event, `t_ms` after start.
+fn event_line(event: &MembershipEvent, t: u64) -> Line<'_> {
+    match event {
+        MembershipEvent::MemberJoined(m) => Line::member("member_joined", m, t),
+        MembershipEvent::MemberUp(m) => Line::member("member_up", m, t),
+        MembershipEvent::MemberLeft(m) => Line::member("member_left", m, t),
+        MembershipEvent::MemberExited(m) => Line::member("member_exited", m, t),
+        MembershipEvent::MemberDowned(m) => Line::member("member_downed", m, t),
+        MembershipEvent::Unreachable(m) => Line::member("unreachable", m, t),
+        MembershipEvent::Reachable(m) => Line::member("reachable", m, t),
+        MembershipEvent::MemberRemoved { member, previous } => Line {
+            previous: Some(format!("{previous:?}")),
+            ..Line::member("member_removed", member, t)
+        },
+        MembershipEvent::CoordinatorChanged(Some(m)) => Line::member("coordinator_changed", m, t),
+        MembershipEvent::CoordinatorChanged(None) => Line {
+            event: "coordinator_changed",
+            addr: None,
+            node_id: None,
+            incarnation: None,
+            previous: None,
+            t_ms: t,
+        },
+    }
+}
+
+/// One event line about a member (or about none: `null` fields). Fields are
+/// written in declaration order, as SPEC §10c.2 shows them.
+#[derive(Debug, Serialize)]
+struct Line<'a> {
+    event: &'a str,
+    /// The socket address as text (`127.0.0.1:7355`).
+    addr: Option<String>,
+    /// 16 hex digits.
+    node_id: Option<String>,
+    incarnation: Option<u64>,
+    /// Only on `member_removed`: the status before removal.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    previous: Option<String>,
+    t_ms: u64,
+}
+
+impl<'a> Line<'a> {
+    fn member(event: &'a str, member: &UniqueAddress, t_ms: u64) -> Self {
+        Line {
+            event,
+            addr: Some(member.addr.to_string()),
+            node_id: Some(member.node_id.to_string()),
+            incarnation: Some(member.incarnation),
+            previous: None,
+            t_ms,
+        }
+    }
+}
+
+/// The last line, when the node stops other than by a kill.
+#[derive(Debug, Serialize)]
+struct Stopped<'a> {
+    event: &'a str,
+    reason: &'a str,
+    t_ms: u64,
+}
+
+impl<'a> Stopped<'a> {
+    fn new(reason: &'a str, started: Instant) -> Self {
+        Stopped {
+            event: "stopped",
+            reason,
+            t_ms: ms_since(started),
+        }
+    }
+}
+
+/// `value` as one line of JSON: serde_json escapes every string, so no value
+/// can break the line or the object.
+fn json_line(value: &impl Serialize) -> serde_json::Result<String> {
+    serde_json::to_string(value)
+}
+
+/// Writes one JSON line to stdout and flushes it. A closed stdout is not
+/// fatal (`println!` would panic): the node keeps running, its output is lost.
+fn emit(value: &impl Serialize) {
+    let line = match json_line(value) {
+        Ok(line) => line,
+        Err(error) => {
+            // Not reachable: the line types hold only strings and integers.
+            tracing::error!(%error, "BUG: event line not serialisable");
+            return;
+        }
     };
-    emit(&line);
-}
-
-fn member_line(event: &str, member: &UniqueAddress, t_ms: u128) -> String {
-    format!(
-        r#"{{"event":"{event}",{},"t_ms":{t_ms}}}"#,
-        member_fields(member)
-    )
-}
-
-/// `"addr":…,"node_id":…,"incarnation":…` — no value needs JSON escaping:
-/// a socket address, a hex id and a number.
-fn member_fields(member: &UniqueAddress) -> String {
-    format!(
-        r#""addr":"{}","node_id":"{}","incarnation":{}"#,
-        member.addr, member.node_id, member.incarnation
-    )
-}
-
-/// Writes one line to stdout and flushes it. A closed stdout is not fatal
-/// (`println!` would panic): the node keeps running, its output is lost.
-fn emit(line: &str) {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{line}").and_then(|()| out.flush());
 }
 
-fn ms_since(started: Instant) -> u128 {
-    started.elapsed().as_millis()
+fn ms_since(started: Instant) -> u64 {
+    u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use datum_cluster_sharding::identity::NodeId;
+
+    use super::*;
+
+    fn member() -> UniqueAddress {
+        UniqueAddress {
+            addr: "127.0.0.1:44767".parse().expect("literal"),
+            node_id: NodeId(0x93b3_0568_2c1a_07ee),
+            incarnation: 1_796_042_329_732_518,
+        }
+    }
+
+    /// The lines keep the field names, order and number formatting SPEC
+    /// §10c.2 shows.
+    #[test]
+    fn lines_are_as_spec_shows_them() {
+        let m = member();
+        let cases = [
+            (
+                json_line(&Line::member("started", &m, 0)),
+                r#"{"event":"started","addr":"127.0.0.1:44767","node_id":"93b305682c1a07ee","incarnation":1796042329732518,"t_ms":0}"#,
+            ),
+            (
+                json_line(&event_line(
+                    &MembershipEvent::MemberRemoved {
+                        member: m,
+                        previous: MemberStatus::Down,
+                    },
+                    3059,
+                )),
+                r#"{"event":"member_removed","addr":"127.0.0.1:44767","node_id":"93b305682c1a07ee","incarnation":1796042329732518,"previous":"Down","t_ms":3059}"#,
+            ),
+            (
+                json_line(&event_line(&MembershipEvent::CoordinatorChanged(None), 7)),
+                r#"{"event":"coordinator_changed","addr":null,"node_id":null,"incarnation":null,"t_ms":7}"#,
+            ),
+            (
+                json_line(&Stopped {
+                    event: "stopped",
+                    reason: "left",
+                    t_ms: 12,
+                }),
+                r#"{"event":"stopped","reason":"left","t_ms":12}"#,
+            ),
+        ];
+        for (line, expected) in cases {
+            assert_eq!(line.expect("serialises"), expected);
+        }
+    }
+
+    /// A string value with a quote, a backslash, a newline and a NUL stays
+    /// on one line and parses back as exactly that value.
+    #[test]
+    fn hostile_text_is_escaped() {
+        let hostile = "a\"b\\c\nd\0e";
+        let line = json_line(&Line {
+            previous: Some(hostile.to_owned()),
+            ..Line::member(hostile, &member(), 1)
+        })
+        .expect("serialises");
+        assert!(!line.contains('\n') && !line.contains('\0'), "{line}");
+        let parsed: serde_json::Value = serde_json::from_str(&line).expect("valid JSON");
+        assert_eq!(parsed["event"], hostile);
+        assert_eq!(parsed["previous"], hostile);
+        assert_eq!(parsed["incarnation"], 1_796_042_329_732_518_u64);
+    }
 }

@@ -15,6 +15,7 @@ use crate::membership::{
     MembershipState, Target,
 };
 use crate::transport::{Incoming, Transport};
+use crate::warn_limit::{WarnLimit, warn_limited};
 
 /// The transport channel membership messages travel on.
 pub const MEMBERSHIP_CHANNEL: u16 = crate::wire::channels::MEMBERSHIP;
@@ -133,6 +134,7 @@ impl ClusterNode {
             control: control_rx,
             state: state_tx,
             events: events.clone(),
+            undecodable: WarnLimit::default(),
         };
         let handle = tokio::spawn(driver.run());
         tracing::info!(node = %me, cluster = %config.cluster_name, "cluster node started");
@@ -264,6 +266,9 @@ struct Driver {
     control: mpsc::UnboundedReceiver<Control>,
     state: watch::Sender<MembershipState>,
     events: broadcast::Sender<MembershipEvent>,
+    /// Rate limit of warnings about undecodable membership messages: a
+    /// buggy peer sends them at gossip rate.
+    undecodable: WarnLimit,
 }
 
 impl Driver {
@@ -326,7 +331,7 @@ impl Driver {
         match ciborium::from_reader::<MembershipMsg, _>(&incoming.payload[..]) {
             Ok(msg) => self.core.handle_message(Instant::now(), incoming.from, msg),
             Err(error) => {
-                tracing::warn!(from = %incoming.from, %error, "undecodable membership message dropped");
+                warn_limited!(self.undecodable, "undecodable membership message dropped"; from = %incoming.from, %error);
                 Ok(())
             }
         }

@@ -19,6 +19,7 @@ use super::error::{RequestError, SendError, SendFailure};
 use super::events::DisconnectReason;
 use super::pipes::Shared;
 use crate::identity::{NodeId, UniqueAddress};
+use crate::warn_limit::warn_limited;
 use crate::wire::{Channel, Frame, FrameCodec, RemoteFailure, ReplyResult};
 
 /// Most frames one writer batch takes from the queues.
@@ -558,7 +559,7 @@ pub(crate) async fn read_loop(
                 }
                 Ok(None) => break,
                 Err(e) => {
-                    tracing::warn!(peer = %conn.peer, error = %e, "bad frame; closing this connection");
+                    warn_limited!(shared.bad_input, "bad frame; closing this connection"; peer = %conn.peer, error = %e);
                     break 'conn Some(DisconnectReason::Malformed(e.to_string()));
                 }
             }
@@ -648,7 +649,7 @@ fn dispatch(shared: &Shared, conn: &Conn, frame: Frame) -> Result<(), Disconnect
             Err(DisconnectReason::RejectedByPeer(reason))
         }
         Frame::Hello { .. } | Frame::Welcome { .. } | Frame::Proof { .. } | Frame::Accepted => {
-            tracing::warn!(peer = %conn.peer, "handshake frame on an established connection");
+            warn_limited!(shared.bad_input, "handshake frame on an established connection"; peer = %conn.peer);
             Err(DisconnectReason::ProtocolViolation)
         }
     }

@@ -14,17 +14,20 @@
 //! ```
 //!
 //! `T` is the transcript: a domain tag, the role, both sides' announced
-//! protocol versions, the cluster name, both nonces and both identities, each
-//! length-delimited, so a proof is bound to this one exchange and cannot be
-//! replayed in another connection or reflected back in the other role, and a
-//! version rewritten in transit (a downgrade) makes the proofs fail. The secret itself never crosses the
+//! protocol versions, the cluster name, both nonces and both identities
+//! (SPEC §9.2 gives its exact bytes and a test vector). A proof is thus bound
+//! to this one exchange: it cannot be replayed in another connection or
+//! reflected back in the other role, and a version rewritten in transit (a
+//! downgrade) makes the proofs fail. The secret itself never crosses the
 //! wire; each side proves it knows the secret over the other side's fresh
 //! 32-byte nonce (from the OS generator via `getrandom`), and verification is
 //! constant-time (`Mac::verify_slice`).
 //!
 //! Any check that fails makes the refusing side send
 //! [`Frame::Reject`] with a [`RejectReason`] and close; the caller logs it
-//! with `tracing::warn!`. The whole exchange runs under the transport's
+//! with `tracing::warn!`. A frame that does not decode at all (or is over
+//! the handshake's frame limit) ends the handshake without a `Reject`: the
+//! connection is just closed. The whole exchange runs under the transport's
 //! handshake timeout (applied by the caller).
 
 use std::net::SocketAddr;
@@ -78,15 +81,18 @@ fn nonce() -> Result<Bytes, ConnectError> {
     Ok(Bytes::copy_from_slice(&n))
 }
 
-fn put_field(mac: &mut HmacSha256, bytes: &[u8]) {
-    mac.update(&(bytes.len() as u64).to_be_bytes());
-    mac.update(bytes);
+/// Appends `bytes` with its length as a big-endian u64 in front.
+fn put_field(t: &mut Vec<u8>, bytes: &[u8]) {
+    t.extend_from_slice(&(bytes.len() as u64).to_be_bytes());
+    t.extend_from_slice(bytes);
 }
 
-fn put_identity(mac: &mut HmacSha256, who: &UniqueAddress) {
-    put_field(mac, who.addr.to_string().as_bytes());
-    mac.update(&who.node_id.0.to_be_bytes());
-    mac.update(&who.incarnation.to_be_bytes());
+/// Appends an identity: its address text (length-prefixed), then `node_id`
+/// and `incarnation`, each a big-endian u64.
+fn put_identity(t: &mut Vec<u8>, who: &UniqueAddress) {
+    put_field(t, who.addr.to_string().as_bytes());
+    t.extend_from_slice(&who.node_id.0.to_be_bytes());
+    t.extend_from_slice(&who.incarnation.to_be_bytes());
 }
 
 /// The protocol versions the two sides announced (`Hello`, `Welcome`).
@@ -108,19 +114,26 @@ struct Transcript<'a> {
 }
 
 impl Transcript<'_> {
+    /// The transcript bytes for `role`, in the order SPEC §9.2 gives.
+    fn bytes(&self, role: Role) -> Vec<u8> {
+        let mut t = Vec::with_capacity(256);
+        put_field(&mut t, DOMAIN);
+        t.push(role as u8);
+        t.extend_from_slice(&self.versions.initiator.to_be_bytes());
+        t.extend_from_slice(&self.versions.acceptor.to_be_bytes());
+        put_field(&mut t, self.cluster.as_bytes());
+        put_field(&mut t, self.nonce_i);
+        put_field(&mut t, self.nonce_a);
+        put_identity(&mut t, self.initiator);
+        put_identity(&mut t, self.acceptor);
+        t
+    }
+
     /// The keyed transcript MAC for `role`, before finalisation.
     fn mac(&self, role: Role) -> Result<HmacSha256, ConnectError> {
         let mut mac = HmacSha256::new_from_slice(self.secret.expose())
             .map_err(|e| ConnectError::Protocol(format!("hmac key: {e}")))?;
-        put_field(&mut mac, DOMAIN);
-        mac.update(&[role as u8]);
-        mac.update(&self.versions.initiator.to_be_bytes());
-        mac.update(&self.versions.acceptor.to_be_bytes());
-        put_field(&mut mac, self.cluster.as_bytes());
-        put_field(&mut mac, self.nonce_i);
-        put_field(&mut mac, self.nonce_a);
-        put_identity(&mut mac, self.initiator);
-        put_identity(&mut mac, self.acceptor);
+        mac.update(&self.bytes(role));
         Ok(mac)
     }
 }
@@ -349,5 +362,79 @@ mod tests {
                 honest
             );
         }
+    }
+
+    fn unhex(spec: &str) -> Vec<u8> {
+        spec.split_whitespace()
+            .flat_map(|word| {
+                (0..word.len())
+                    .step_by(2)
+                    .map(move |i| u8::from_str_radix(&word[i..i + 2], 16).expect("hex"))
+            })
+            .collect()
+    }
+
+    /// The test vector of SPEC §9.2: every input, the acceptor's transcript
+    /// row by row, and both proofs, as SPEC prints them.
+    #[test]
+    fn spec_transcript_test_vector() {
+        let initiator = UniqueAddress {
+            addr: "127.0.0.1:7355".parse().expect("literal"),
+            node_id: crate::identity::NodeId(0x0123_4567_89ab_cdef),
+            incarnation: 1_700_000_000_000_000,
+        };
+        let acceptor = UniqueAddress {
+            addr: "127.0.0.1:7356".parse().expect("literal"),
+            node_id: crate::identity::NodeId(0xfedc_ba98_7654_3210),
+            incarnation: 1_700_000_000_000_001,
+        };
+        let nonce_i: Vec<u8> = (0x00..0x20).collect();
+        let nonce_a: Vec<u8> = (0x20..0x40).collect();
+        let secret = Secret::from("s3cret");
+        let transcript = Transcript {
+            secret: &secret,
+            versions: Versions {
+                initiator: 2,
+                acceptor: 2,
+            },
+            cluster: "orders",
+            nonce_i: &nonce_i,
+            nonce_a: &nonce_a,
+            initiator: &initiator,
+            acceptor: &acceptor,
+        };
+        let t_acceptor = unhex(
+            "
+            0000000000000023
+            646174756d2d636c75737465722d7368617264696e672f68616e647368616b652f7632
+            01
+            0002 0002
+            0000000000000006 6f7264657273
+            0000000000000020 000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f
+            0000000000000020 202122232425262728292a2b2c2d2e2f303132333435363738393a3b3c3d3e3f
+            000000000000000e 3132372e302e302e313a37333535 0123456789abcdef 00060a24181e4000
+            000000000000000e 3132372e302e302e313a37333536 fedcba9876543210 00060a24181e4001
+            ",
+        );
+        assert_eq!(transcript.bytes(Role::Acceptor), t_acceptor);
+        let mut t_initiator = t_acceptor.clone();
+        t_initiator[43] = 2; // the role byte, right after the 8 + 35 of the tag
+        assert_eq!(transcript.bytes(Role::Initiator), t_initiator);
+        let proof = |role| {
+            transcript
+                .mac(role)
+                .expect("mac")
+                .finalize()
+                .into_bytes()
+                .to_vec()
+        };
+        assert_eq!(
+            proof(Role::Acceptor),
+            unhex("2573b8a9dea03b4e65e714f68c40f103ac04f8c5ac2e6889a50e8d1c246e4e2d")
+        );
+        assert_eq!(
+            proof(Role::Initiator),
+            unhex("109383fcf7e309641129a538a092e4e146888547911503ddc4ca1c252bb63949")
+        );
     }
 }

@@ -23,6 +23,7 @@ use super::error::{ConnectError, RegisterError, RequestError, SendError, SendFai
 use super::events::{DisconnectReason, TransportEvent};
 use super::handshake::{self, HandshakeStream, Local};
 use crate::identity::{NodeId, UniqueAddress};
+use crate::warn_limit::{WarnLimit, warn_limited};
 use crate::wire::{
     Channel, Frame, FrameCodec, HANDSHAKE_MAX_FRAME_LEN, RejectReason, RemoteFailure,
 };
@@ -154,6 +155,10 @@ pub(crate) struct Shared {
     slots: Notify,
     /// Rate limit of warnings about refused inbound connections.
     refusals: RefusalLog,
+    /// Rate limit of warnings about bad input on established pipes (a frame
+    /// that does not decode, a handshake frame): a buggy peer that redials
+    /// must not flood the log.
+    pub(crate) bad_input: WarnLimit,
 }
 
 /// Shuts the transport down when the last user handle is dropped (tasks
@@ -220,6 +225,7 @@ impl Transport {
             handshakes: Arc::new(Semaphore::new(config.max_inbound_handshakes.max(1))),
             slots: Notify::new(),
             refusals: RefusalLog::default(),
+            bad_input: WarnLimit::default(),
             config,
         });
         let task = tokio::spawn(accept_loop(shared.clone(), listener));
@@ -886,44 +892,14 @@ fn handshake_framed(stream: TcpStream) -> HandshakeStream {
     Framed::with_capacity(stream, FrameCodec::new(HANDSHAKE_MAX_FRAME_LEN), 4096)
 }
 
-/// How many warnings about refused inbound connections one transport logs
-/// per `REFUSAL_WINDOW`; the rest are logged at debug and counted, and the
-/// count is reported with the next warning.
-const REFUSAL_WARNINGS: u32 = 10;
-const REFUSAL_WINDOW: Duration = Duration::from_secs(10);
-
-/// Rate limit of the warnings about refused inbound handshakes: anyone who
-/// can reach the port can cause one, so they must not flood the log.
+/// Rate-limited warnings about refused inbound handshakes: anyone who can
+/// reach the port can cause one, so they must not flood the log.
 #[derive(Default)]
 struct RefusalLog {
-    state: Mutex<RefusalWindow>,
-}
-
-#[derive(Default)]
-struct RefusalWindow {
-    started: Option<Instant>,
-    logged: u32,
-    suppressed: u64,
+    limit: WarnLimit,
 }
 
 impl RefusalLog {
-    /// `Some(n)`: log this one as a warning, `n` were suppressed before it.
-    fn admit(&self) -> Option<u64> {
-        let mut w = lock(&self.state);
-        let now = Instant::now();
-        if w.started.is_none_or(|s| now >= s + REFUSAL_WINDOW) {
-            w.started = Some(now);
-            w.logged = 0;
-        }
-        if w.logged < REFUSAL_WARNINGS {
-            w.logged += 1;
-            Some(std::mem::take(&mut w.suppressed))
-        } else {
-            w.suppressed += 1;
-            None
-        }
-    }
-
     /// Logs the end of an inbound connection refused or failed before it
     /// became a pipe: expected outcomes at debug, the rest as rate-limited
     /// warnings.
@@ -939,18 +915,7 @@ impl RefusalLog {
             log_refusal(remote, "inbound", e);
             return;
         }
-        match self.admit() {
-            Some(0) => {
-                tracing::warn!(%local, %remote, direction = "inbound", error = %e, "handshake refused")
-            }
-            Some(suppressed) => tracing::warn!(
-                %local, %remote, direction = "inbound", error = %e, suppressed,
-                "handshake refused ({suppressed} similar warnings suppressed before this one)"
-            ),
-            None => {
-                tracing::debug!(%local, %remote, direction = "inbound", error = %e, "handshake refused (warning rate-limited)")
-            }
-        }
+        warn_limited!(self.limit, "handshake refused"; %local, %remote, direction = "inbound", error = %e);
     }
 }
 

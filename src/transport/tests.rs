@@ -370,3 +370,119 @@ async fn control_channel_frames_overtake_bulk_traffic() {
         "heartbeat arrived after {at} of {BULK} bulk frames"
     );
 }
+
+/// A handshake frame that does not decode — bytes that are not CBOR, or CBOR
+/// that is not a `Frame` (here a `Hello` whose address is in text form) —
+/// closes the connection without a `Reject`: nothing at all comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_handshake_frame_closes_without_a_reject() {
+    use tokio::io::AsyncReadExt;
+    let t = Transport::bind(config()).await.expect("bind");
+    let not_cbor: &[u8] = &[0xff, 0x00, 0x13];
+    let mut text_addr = Vec::new();
+    text_addr.extend_from_slice(b"\xa1\x65Hello\xa4\x67version\x02\x67cluster\x64unit");
+    text_addr.extend_from_slice(b"\x64from\xa3\x64addr\x6b127.0.0.1:1");
+    text_addr.extend_from_slice(b"\x67node_id\x01\x6bincarnation\x01\x65nonce\x58\x20");
+    text_addr.extend_from_slice(&[0; 32]);
+    for body in [not_cbor, &text_addr[..]] {
+        let mut io = TcpStream::connect(t.bound_addr()).await.expect("tcp");
+        let mut frame = BytesMut::new();
+        frame.put_u32(body.len() as u32);
+        frame.extend_from_slice(body);
+        io.write_all(&frame).await.expect("write");
+        let mut answer = Vec::new();
+        within(io.read_to_end(&mut answer))
+            .await
+            .expect("closed, not reset");
+        assert!(answer.is_empty(), "got {answer:02x?}");
+    }
+}
+
+/// Two inbound handshakes claiming one address: the second is admitted
+/// while the first is still under way (a claim blocks no other claim), and
+/// when both complete, the later pipe replaces the earlier one to the same
+/// identity (closed; no event).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inbound_handshakes_claiming_one_address() {
+    let t = Transport::bind(config()).await.expect("bind");
+    let mut events = t.events();
+    let me = UniqueAddress::new_at("127.0.0.1:1".parse().expect("literal"));
+    // A: a handshake left hanging after `Welcome`: it holds the address.
+    let tcp = TcpStream::connect(t.bound_addr()).await.expect("tcp");
+    let mut hanging = Framed::new(tcp, FrameCodec::default());
+    hanging
+        .send(Frame::Hello {
+            version: crate::wire::PROTOCOL_VERSION,
+            cluster: "unit".into(),
+            from: me,
+            nonce: Bytes::from(vec![9; handshake::NONCE_LEN]),
+        })
+        .await
+        .expect("hello");
+    let welcome = within(hanging.next())
+        .await
+        .expect("frame")
+        .expect("decodes");
+    assert!(matches!(welcome, Frame::Welcome { .. }), "{welcome:?}");
+    // B: the same claim, completed, while A is still under way.
+    let mut first = raw_handshake(&t, me).await.expect("admitted despite A");
+    assert!(matches!(
+        within(events.recv()).await,
+        Some(TransportEvent::Connected { peer }) if peer == me
+    ));
+    // C: the same identity again: replaces B's pipe.
+    let _second = raw_handshake(&t, me).await.expect("admitted");
+    assert!(
+        within(first.next()).await.is_none(),
+        "the earlier pipe is closed"
+    );
+    assert_eq!(t.connected_peers(), vec![me]);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(events.try_recv().is_err(), "a swap emits no event");
+    drop(hanging);
+}
+
+/// Bad frames from authenticated peers that keep coming back are warned
+/// about at most 10 times per 10 s per transport; the rest go to debug.
+#[test]
+fn bad_frames_on_pipes_log_a_bounded_number_of_warnings() {
+    use tracing_subscriber::layer::SubscriberExt;
+    let captured = crate::warn_limit::capture::Captured::default();
+    let subscriber = tracing_subscriber::registry().with(captured.clone());
+    // One thread, so every task logs to this thread's subscriber.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    tracing::subscriber::with_default(subscriber, || {
+        runtime.block_on(async {
+            let t = Transport::bind(config()).await.expect("bind");
+            let mut events = t.events();
+            for port in 100..115 {
+                let me = UniqueAddress::new_at(([127, 0, 0, 1], port).into());
+                let mut io = raw_handshake(&t, me).await.expect("handshake").into_inner();
+                io.write_all(&[0, 0, 0, 3, 0xff, 0x00, 0x13])
+                    .await
+                    .expect("write");
+                assert!(matches!(
+                    disconnected(&mut events).await,
+                    DisconnectReason::Malformed(_)
+                ));
+            }
+        })
+    });
+    let bad: Vec<_> = captured
+        .events()
+        .into_iter()
+        .filter(|(_, fields)| fields.contains("bad frame; closing this connection"))
+        .collect();
+    let warned = bad
+        .iter()
+        .filter(|(l, _)| *l == tracing::Level::WARN)
+        .count();
+    let quiet = bad
+        .iter()
+        .filter(|(l, _)| *l == tracing::Level::DEBUG)
+        .count();
+    assert_eq!((warned, quiet), (10, 5), "{bad:?}");
+}

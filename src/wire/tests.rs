@@ -539,3 +539,70 @@ fn fast_decoding_agrees_with_serde(f: AnyFrame, edits: Vec<(usize, u8)>) -> bool
         Some(fast_frame) => FrameCodec::decode_body_serde(&body).ok() == Some(fast_frame),
     }
 }
+
+/// The worked `Hello` example of SPEC §9.1, byte for byte: SPEC and the
+/// encoder cannot drift apart. Also pins `UniqueAddress`'s CBOR form: `addr`
+/// is serde's non-human-readable form (`{"V4": [[a, b, c, d], port]}`), not
+/// text, and `node_id` a bare unsigned integer.
+#[test]
+fn spec_hello_example_bytes() {
+    let from = UniqueAddress {
+        addr: "127.0.0.1:7355".parse().expect("literal address"),
+        node_id: NodeId(0x0123_4567_89ab_cdef),
+        incarnation: 1_700_000_000_000_000,
+    };
+    let hello = Frame::Hello {
+        version: 2,
+        cluster: "orders".into(),
+        from,
+        nonce: Bytes::from((0u8..32).collect::<Vec<u8>>()),
+    };
+    // As printed in SPEC §9.1, row by row.
+    let spec = "
+        00 00 00 87
+        a1 65 48 65 6c 6c 6f
+        a4 67 76 65 72 73 69 6f 6e 02
+        67 63 6c 75 73 74 65 72 66 6f 72 64 65 72 73
+        64 66 72 6f 6d a3
+        64 61 64 64 72 a1 62 56 34 82
+        84 18 7f 00 00 01
+        19 1c bb
+        67 6e 6f 64 65 5f 69 64 1b 01 23 45 67 89 ab cd ef
+        6b 69 6e 63 61 72 6e 61 74 69 6f 6e
+           1b 00 06 0a 24 18 1e 40 00
+        65 6e 6f 6e 63 65 58 20
+        00 01 02 03 04 05 06 07 08 09 0a 0b 0c 0d 0e 0f
+        10 11 12 13 14 15 16 17 18 19 1a 1b 1c 1d 1e 1f
+    ";
+    let expected: Vec<u8> = spec
+        .split_whitespace()
+        .map(|h| u8::from_str_radix(h, 16).expect("hex"))
+        .collect();
+    assert_eq!(&encode(&hello)[..], &expected[..]);
+    let mut codec = FrameCodec::default();
+    let mut buf = BytesMut::from(&expected[..]);
+    assert_eq!(codec.decode(&mut buf).expect("decodes"), Some(hello));
+}
+
+/// A `Hello` whose `addr` is the text form (`"127.0.0.1:7355"`) is not a
+/// frame: the node accepts only the binary form SPEC §9.1 gives. The same
+/// body with the binary form decodes, so the address is what is refused.
+#[test]
+fn text_form_address_is_malformed() {
+    let frame_with = |addr: &[u8]| {
+        let mut body = Vec::new();
+        body.extend_from_slice(b"\xa1\x65Hello\xa4\x67version\x02\x67cluster\x61c");
+        body.extend_from_slice(b"\x64from\xa3\x64addr");
+        body.extend_from_slice(addr);
+        body.extend_from_slice(b"\x67node_id\x01\x6bincarnation\x01\x65nonce\x58\x20");
+        body.extend_from_slice(&[0; 32]);
+        let mut buf = BytesMut::new();
+        buf.put_u32(body.len() as u32);
+        buf.extend_from_slice(&body);
+        FrameCodec::default().decode(&mut buf)
+    };
+    let binary = frame_with(b"\xa1\x62V4\x82\x84\x18\x7f\x00\x00\x01\x19\x1c\xbb");
+    assert!(matches!(binary, Ok(Some(Frame::Hello { from, .. })) if from.addr.port() == 7355));
+    let text = frame_with(b"\x6e127.0.0.1:7355");
+    assert!(matches!(text, Err(WireError::Malformed(_))), "{text:?}");
+}
