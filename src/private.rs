@@ -69,6 +69,9 @@ pub struct LocalEnvelope {
     index: u16,
     /// How many nodes forwarded it already (0: sent on this node).
     hops: u8,
+    /// For an envelope from another node: the allocation generation under
+    /// which the sender routed it here (0 for local sends).
+    generation: u64,
     body: Box<dyn Any + Send>,
     fail: fn(Box<dyn Any + Send>, ShardingError),
     into_remote: IntoRemote,
@@ -84,6 +87,7 @@ impl std::fmt::Debug for LocalEnvelope {
         f.debug_struct("LocalEnvelope")
             .field("index", &self.index)
             .field("hops", &self.hops)
+            .field("generation", &self.generation)
             .finish_non_exhaustive()
     }
 }
@@ -104,6 +108,7 @@ impl LocalEnvelope {
         LocalEnvelope {
             index: M::INDEX,
             hops,
+            generation: 0,
             body: Box::new(Typed::<M, M::Reply> { msg, reply }),
             fail: fail_typed::<M, M::Reply>,
             into_remote: into_remote_typed::<M, M::Reply>,
@@ -120,6 +125,16 @@ impl LocalEnvelope {
         self.hops
     }
 
+    /// The generation the sending node routed this envelope under.
+    pub(crate) fn routed_under(&self) -> u64 {
+        self.generation
+    }
+
+    /// Records the generation the sending node routed this envelope under.
+    pub(crate) fn set_routed_under(&mut self, generation: u64) {
+        self.generation = generation;
+    }
+
     /// Answers the sender (if it asked) with `error`; the message is dropped.
     pub(crate) fn fail(self, error: ShardingError) {
         (self.fail)(self.body, error)
@@ -131,6 +146,7 @@ impl LocalEnvelope {
         let LocalEnvelope {
             index,
             hops,
+            generation,
             body,
             fail,
             into_remote,
@@ -147,6 +163,7 @@ impl LocalEnvelope {
                 LocalEnvelope {
                     index,
                     hops,
+                    generation,
                     body,
                     fail,
                     into_remote,

@@ -210,6 +210,19 @@ impl Region {
         let mut guard = lock(&self.slots[shard.0 as usize]);
         let result = match &mut *guard {
             Slot::Local(local) => self.deliver_local(local, shard, entity_id, envelope),
+            Slot::Remote(home) if envelope.routed_under() > home.generation => {
+                // The sender knows a newer allocation than this node (the
+                // coordinator's word on it is on its way here): wait for it
+                // rather than forward along an older table.
+                let generation = home.generation;
+                let requested = self.request_allocation(shard);
+                *guard = Slot::Unallocated {
+                    buffer: vec![Buffered::Message(entity_id.clone(), envelope)],
+                    requested,
+                    generation,
+                };
+                Ok(())
+            }
             Slot::Remote(home) => self.forward(*home, shard, entity_id, envelope),
             Slot::Unallocated {
                 buffer, requested, ..
@@ -252,7 +265,7 @@ impl Region {
         };
         cluster
             .remote
-            .forward(home.owner, self, shard, entity_id, envelope)
+            .forward(home, self, shard, entity_id, envelope)
             .map_err(|error| (error, None))
     }
 

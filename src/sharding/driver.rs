@@ -134,6 +134,7 @@ impl ClusterLink {
             control: parts.control,
             state: self.node.watch_state(),
             lost: BTreeSet::new(),
+            seen: BTreeSet::new(),
             coordinator: None,
             waiting: BTreeMap::new(),
             rounds: self.rounds.clone(),
@@ -246,7 +247,8 @@ fn deliver_envelope(
     }
     let hops = envelope.hops.saturating_add(1);
     match (region.decode)(envelope.index, &envelope.payload, reply, hops) {
-        Ok(local) => {
+        Ok(mut local) => {
+            local.set_routed_under(envelope.generation);
             let entity_id: Arc<str> = envelope.entity_id.into();
             // On error the envelope has been answered inside `deliver`.
             let _ = region.deliver(ShardId(envelope.shard), &entity_id, local);
@@ -271,6 +273,8 @@ struct Control {
     state: watch::Receiver<MembershipState>,
     /// Members already handled as gone.
     lost: BTreeSet<UniqueAddress>,
+    /// Every member seen in a view.
+    seen: BTreeSet<UniqueAddress>,
     /// The coordinator this node registered with last.
     coordinator: Option<UniqueAddress>,
     /// Shards asked for and not yet given a home, with when they were asked.
@@ -394,8 +398,11 @@ impl Control {
 
     fn membership(&mut self, state: MembershipState) {
         let now = Instant::now();
-        // Members that are gone: their asks fail now, their shards wait.
-        let gone: Vec<UniqueAddress> = state
+        // Members that are gone (downed, exiting, or removed — a removed
+        // member drops out of the view, and a watch may skip the states in
+        // between): their asks fail now, their shards wait.
+        let present: BTreeSet<UniqueAddress> = state.members.iter().map(|m| m.address).collect();
+        let mut gone: Vec<UniqueAddress> = state
             .members
             .iter()
             .filter(|m| {
@@ -405,15 +412,20 @@ impl Control {
                 )
             })
             .map(|m| m.address)
-            .filter(|a| *a != self.me && !self.lost.contains(a))
             .collect();
+        gone.extend(self.seen.difference(&present).copied());
+        gone.retain(|a| *a != self.me && !self.lost.contains(a));
+        self.seen.extend(present);
         let regions = self.regions();
         for node in gone {
             self.lost.insert(node);
-            let failed = self.remote.node_lost(&node);
+            // Routing stops first: once every slot has let go of the node
+            // (each under its lock), no new ask can start waiting on it, so
+            // failing the waiting asks next misses none.
             for region in &regions {
                 region.node_lost(&node);
             }
+            let failed = self.remote.node_lost(&node);
             tracing::debug!(node = %self.me, lost = %node, failed_asks = failed, "member gone");
         }
         if state.coordinator == Some(self.me) && !self.core.is_active() {

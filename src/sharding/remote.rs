@@ -26,6 +26,7 @@ use crate::extractor::ShardId;
 use crate::identity::UniqueAddress;
 use crate::private::{LocalEnvelope, PendingReply, ReplySink, ReplyTarget, Route};
 use crate::runtime::region::Region;
+use crate::sharding::coordinator::ShardHome;
 use crate::sharding::wire::{DataMsgOut, EnvelopeOut, RemoteError, ReplyBody, ReplyBodyOut};
 use crate::transport::{SendFailure, Transport};
 use crate::wire::channels::SHARDING_DATA;
@@ -81,12 +82,13 @@ impl Remote {
     /// asker has been answered with the same error.
     pub(crate) fn forward(
         self: &Arc<Self>,
-        owner: UniqueAddress,
+        home: ShardHome,
         region: &Region,
         shard: ShardId,
         entity_id: &Arc<str>,
         envelope: LocalEnvelope,
     ) -> ShardingResult<()> {
+        let owner = home.owner;
         if envelope.hops() >= MAX_HOPS {
             let error = ShardingError::TooManyHops {
                 type_name: region.type_name,
@@ -128,6 +130,7 @@ impl Remote {
             type_name: region.type_name,
             fingerprint: region.fingerprint,
             shard: shard.0,
+            generation: home.generation,
             entity_id,
             index: parts.index,
             hops: parts.hops,

@@ -1,0 +1,615 @@
+//! Sharding across real three-node clusters on 127.0.0.1 ports, in one process.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use datum_cluster_sharding::cluster::{ClusterConfig, ClusterNode};
+use datum_cluster_sharding::prelude::*;
+use datum_cluster_sharding::sharding::RebalanceReason;
+use datum_cluster_sharding::transport::{Transport, TransportConfig};
+use datum_cluster_sharding::wire::channels::SHARDING_DATA;
+
+const LONG: Duration = Duration::from_secs(20);
+const ASK: Duration = Duration::from_secs(5);
+const SHARDS: u32 = 32;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Push(pub u64);
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Log;
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Home;
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Fail;
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Boom;
+
+protocol! {
+    /// An entity that logs what it is told and says where it lives.
+    pub protocol Tally = "tally" {
+        tell Push;
+        ask Log -> Vec<u64>;
+        ask Home -> String;
+        ask Fail -> u64;
+        ask Boom -> ();
+    }
+}
+
+struct TallyEntity {
+    node: String,
+    log: Vec<u64>,
+}
+
+impl Entity for TallyEntity {
+    type Protocol = Tally;
+}
+impl Handler<Push> for TallyEntity {
+    async fn handle(&mut self, msg: Push, _: &EntityContext) -> ShardingResult<()> {
+        self.log.push(msg.0);
+        Ok(())
+    }
+}
+impl Handler<Log> for TallyEntity {
+    async fn handle(&mut self, _: Log, _: &EntityContext) -> ShardingResult<Vec<u64>> {
+        Ok(self.log.clone())
+    }
+}
+impl Handler<Home> for TallyEntity {
+    async fn handle(&mut self, _: Home, _: &EntityContext) -> ShardingResult<String> {
+        Ok(self.node.clone())
+    }
+}
+impl Handler<Fail> for TallyEntity {
+    async fn handle(&mut self, _: Fail, _: &EntityContext) -> ShardingResult<u64> {
+        Err(ShardingError::Handler("refused by the handler".into()))
+    }
+}
+impl Handler<Boom> for TallyEntity {
+    async fn handle(&mut self, _: Boom, _: &EntityContext) -> ShardingResult<()> {
+        panic!("boom on purpose")
+    }
+}
+
+struct Node {
+    cluster: ClusterNode,
+    system: ShardedSystem,
+}
+
+fn config(seeds: Vec<SocketAddr>) -> ClusterConfig {
+    ClusterConfig::builder()
+        .cluster_name("sharding-test")
+        .secret("sharding-secret")
+        .seed_nodes(seeds)
+        .build()
+}
+
+/// Three nodes, all Up, each running the tally entity type.
+async fn three() -> Vec<Node> {
+    let first = ClusterNode::start(config(vec![]))
+        .await
+        .expect("node starts");
+    let mut clusters = vec![first.clone()];
+    for _ in 1..3 {
+        clusters.push(
+            ClusterNode::start(config(vec![first.bound_addr()]))
+                .await
+                .expect("node starts"),
+        );
+    }
+    for c in &clusters {
+        c.wait_until(|s| s.up_members().count() == 3, LONG)
+            .await
+            .expect("three Up");
+    }
+    let mut nodes = Vec::new();
+    for (i, cluster) in clusters.into_iter().enumerate() {
+        let system = ShardedSystem::builder()
+            .num_shards(SHARDS)
+            .passivation_idle_timeout(None)
+            .node(cluster.clone())
+            .start()
+            .await
+            .expect("system starts");
+        let label = format!("node-{i}");
+        system
+            .register::<TallyEntity>(move |_| TallyEntity {
+                node: label.clone(),
+                log: Vec::new(),
+            })
+            .await
+            .expect("registered");
+        nodes.push(Node { cluster, system });
+    }
+    nodes
+}
+
+async fn stop(nodes: Vec<Node>) {
+    for n in &nodes {
+        n.system.shutdown().await;
+    }
+    for n in &nodes {
+        let _ = n.cluster.shutdown().await;
+    }
+}
+
+/// Asks until it succeeds or `LONG` passes; returns the reply and the errors seen.
+async fn ask_retrying(system: &ShardedSystem, id: &str) -> (String, Vec<ShardingError>) {
+    let deadline = Instant::now() + LONG;
+    let mut errors = Vec::new();
+    loop {
+        match system.entity_ref::<Tally>(id).ask(Home, ASK).await {
+            Ok(home) => return (home, errors),
+            Err(error) => {
+                assert!(Instant::now() < deadline, "{id} never answered: {errors:?}");
+                if std::env::var_os("SHARDING_TEST_DEBUG").is_some() {
+                    let shard = system.entity_ref::<Tally>(id).shard_id();
+                    println!(
+                        "{id} (shard {shard}) from {:?}: {error}",
+                        system.cluster_node().map(|n| n.self_address())
+                    );
+                }
+                errors.push(error);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_entity_is_reachable_from_every_node_with_typed_replies() {
+    let nodes = three().await;
+    let ids: Vec<String> = (0..60).map(|k| format!("tally-{k}")).collect();
+    // Every node agrees where each entity lives, and tells reach it.
+    let mut homes = BTreeMap::new();
+    for id in &ids {
+        let mut seen = BTreeSet::new();
+        for (i, n) in nodes.iter().enumerate() {
+            let r = n.system.entity_ref::<Tally>(id.as_str());
+            r.tell(Push(i as u64)).await.expect("tell");
+            seen.insert(r.ask(Home, ASK).await.expect("ask"));
+        }
+        assert_eq!(seen.len(), 1, "{id} answered from {seen:?}");
+        homes.insert(id.clone(), seen.into_iter().next().unwrap());
+        let log = nodes[0]
+            .system
+            .entity_ref::<Tally>(id.as_str())
+            .ask(Log, ASK)
+            .await
+            .expect("log");
+        assert_eq!(
+            log,
+            vec![0, 1, 2],
+            "{id}: one tell from each node, in order"
+        );
+    }
+    // The coordinator spread the shards over all three nodes, least-shards.
+    let hosted: Vec<usize> = nodes
+        .iter()
+        .map(|n| n.system.hosted_shards::<Tally>())
+        .collect();
+    let labels: BTreeSet<&String> = homes.values().collect();
+    assert_eq!(labels.len(), 3, "entities live on every node: {homes:?}");
+    let (min, max) = (hosted.iter().min().unwrap(), hosted.iter().max().unwrap());
+    assert!(
+        max - min <= 1,
+        "shards per node differ by at most one: {hosted:?}"
+    );
+    // Errors cross the wire typed.
+    let remote_id = ids
+        .iter()
+        .find(|id| homes[*id] != "node-0")
+        .expect("a remote entity");
+    let r = nodes[0].system.entity_ref::<Tally>(remote_id.as_str());
+    assert_eq!(
+        r.ask(Fail, ASK).await,
+        Err(ShardingError::Handler("refused by the handler".into()))
+    );
+    match r.ask(Boom, ASK).await {
+        Err(ShardingError::EntityPanicked {
+            type_name,
+            entity_id,
+            panic,
+        }) => {
+            assert_eq!(type_name, "tally");
+            assert_eq!(&entity_id, remote_id);
+            assert!(panic.contains("boom on purpose"), "{panic}");
+        }
+        other => panic!("expected EntityPanicked, got {other:?}"),
+    }
+    // The entity restarted in place and still answers.
+    assert_eq!(
+        r.ask(Log, ASK).await.expect("log after panic"),
+        Vec::<u64>::new()
+    );
+    for n in &nodes {
+        assert_eq!(n.system.pending_remote_asks(), 0);
+    }
+    stop(nodes).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_awaiting_sender_keeps_per_entity_order_across_nodes() {
+    let nodes = three().await;
+    let ids: Vec<String> = (0..12).map(|k| format!("ordered-{k}")).collect();
+    let senders: Vec<_> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            let system = n.system.clone();
+            let ids = ids.clone();
+            tokio::spawn(async move {
+                for seq in 0..200u64 {
+                    for id in &ids {
+                        let value = (i as u64) << 32 | seq;
+                        system
+                            .entity_ref::<Tally>(id.as_str())
+                            .tell(Push(value))
+                            .await
+                            .expect("tell");
+                    }
+                }
+            })
+        })
+        .collect();
+    for s in senders {
+        s.await.expect("sender");
+    }
+    for id in &ids {
+        // An ask from each sender after its tells: the log is complete.
+        let mut log = Vec::new();
+        for n in &nodes {
+            log = n
+                .system
+                .entity_ref::<Tally>(id.as_str())
+                .ask(Log, ASK)
+                .await
+                .expect("log");
+        }
+        assert_eq!(log.len(), 600, "{id}: every tell arrived");
+        for sender in 0..3u64 {
+            let seqs: Vec<u64> = log
+                .iter()
+                .filter(|v| *v >> 32 == sender)
+                .map(|v| v & 0xffff_ffff)
+                .collect();
+            assert_eq!(seqs, (0..200).collect::<Vec<_>>(), "{id}, sender {sender}");
+        }
+    }
+    stop(nodes).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_nodes_shards_move_to_the_survivors() {
+    let nodes = three().await;
+    let ids: Vec<String> = (0..90).map(|k| format!("victim-{k}")).collect();
+    let mut before = BTreeMap::new();
+    for id in &ids {
+        let home = nodes[0]
+            .system
+            .entity_ref::<Tally>(id.as_str())
+            .ask(Home, ASK)
+            .await
+            .expect("ask");
+        before.insert(id.clone(), home);
+    }
+    let affected: Vec<&String> = ids.iter().filter(|id| before[*id] == "node-2").collect();
+    assert!(!affected.is_empty());
+    // An ask parked on node 2 (its entity never answers until the crash).
+    let victim = nodes[2].cluster.self_address();
+    let mut downed = nodes[0].cluster.subscribe();
+    let killed = Instant::now();
+    nodes[2].cluster.crash().await;
+    // An ask sent to a node-2 entity right after the crash fails once the
+    // node is Down, not after the ask timeout.
+    let probe = nodes[0].system.entity_ref::<Tally>(affected[0].as_str());
+    let slow_ask = Duration::from_secs(30);
+    let started = Instant::now();
+    let first = probe.ask(Home, slow_ask).await;
+    let waited = started.elapsed();
+    println!("first ask after the kill: {first:?} after {waited:?}");
+    match &first {
+        Err(ShardingError::PeerLost { .. }) => {
+            assert!(waited < Duration::from_secs(5), "failed fast: {waited:?}")
+        }
+        // The reallocation may already have happened; then the ask succeeds
+        // on a survivor.
+        Ok(home) => assert_ne!(home, "node-2"),
+        other => panic!("unexpected {other:?}"),
+    }
+    loop {
+        match tokio::time::timeout(LONG, downed.recv()).await {
+            Ok(Ok(datum_cluster_sharding::membership::MembershipEvent::MemberDowned(m)))
+                if m == victim =>
+            {
+                break;
+            }
+            Ok(Ok(_)) => continue,
+            other => panic!("no Down event: {other:?}"),
+        }
+    }
+    // Every affected entity answers again from a survivor, from both survivors.
+    for id in &affected {
+        for n in &nodes[..2] {
+            let (home, errors) = ask_retrying(&n.system, id).await;
+            assert_ne!(home, "node-2", "{id} still at the dead node");
+            for e in &errors {
+                assert!(
+                    matches!(
+                        e,
+                        ShardingError::PeerLost { .. } | ShardingError::AskTimeout { .. }
+                    ),
+                    "unexpected error {e:?}"
+                );
+            }
+        }
+    }
+    let rehomed = killed.elapsed();
+    // Unaffected entities stayed where they were.
+    for id in ids.iter().filter(|id| before[*id] != "node-2") {
+        let (home, _) = ask_retrying(&nodes[1].system, id).await;
+        assert_eq!(home, before[id], "{id} moved although its node lived");
+    }
+    // The coordinator (node 0, the oldest) recorded the moves as DeadOwner.
+    let rounds = nodes[0].system.rebalance_rounds();
+    let moved: usize = rounds
+        .iter()
+        .filter(|r| r.reason == RebalanceReason::DeadOwner)
+        .map(|r| r.moves.len())
+        .sum();
+    let dead_shards: BTreeSet<u32> = affected
+        .iter()
+        .map(|id| {
+            nodes[0]
+                .system
+                .entity_ref::<Tally>(id.as_str())
+                .shard_id()
+                .0
+        })
+        .collect();
+    assert!(
+        moved >= dead_shards.len(),
+        "{moved} moves for {} shards",
+        dead_shards.len()
+    );
+    assert!(
+        rounds
+            .iter()
+            .flat_map(|r| &r.moves)
+            .all(|m| m.from == victim)
+    );
+    let hosted: usize = nodes[..2]
+        .iter()
+        .map(|n| n.system.hosted_shards::<Tally>())
+        .sum();
+    assert!(
+        hosted
+            >= ids
+                .iter()
+                .map(|id| nodes[0].system.entity_ref::<Tally>(id.as_str()).shard_id())
+                .collect::<BTreeSet<_>>()
+                .len()
+    );
+    println!("every affected entity answered again {rehomed:?} after the kill");
+    let mut nodes = nodes;
+    let dead = nodes.pop().unwrap();
+    dead.system.shutdown().await;
+    stop(nodes).await;
+}
+
+// ---- bad input from an authenticated peer, spoken from SPEC's wire form ----
+
+#[derive(Serialize)]
+enum DataOut<'a> {
+    Envelope(EnvelopeOut<'a>),
+}
+
+#[derive(Serialize)]
+struct EnvelopeOut<'a> {
+    type_name: &'a str,
+    fingerprint: u64,
+    shard: u32,
+    generation: u64,
+    entity_id: &'a str,
+    index: u16,
+    hops: u8,
+    reply_to: Option<ReplyTo>,
+    #[serde(with = "serde_bytes_ref")]
+    payload: &'a [u8],
+}
+
+#[derive(Serialize)]
+struct ReplyTo {
+    origin: datum_cluster_sharding::identity::UniqueAddress,
+    ask_id: u64,
+}
+
+mod serde_bytes_ref {
+    pub fn serialize<S: serde::Serializer>(b: &&[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(b)
+    }
+}
+
+#[derive(Debug, Deserialize)]
+enum DataIn {
+    Reply { ask_id: u64, result: ReplyBody },
+}
+
+#[derive(Debug, Deserialize)]
+enum ReplyBody {
+    Ok(serde_value::ByteBuf),
+    Err(ciborium::Value),
+}
+
+mod serde_value {
+    use serde::Deserialize;
+    #[derive(Debug)]
+    pub struct ByteBuf(pub Vec<u8>);
+    impl<'de> Deserialize<'de> for ByteBuf {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct V;
+            impl serde::de::Visitor<'_> for V {
+                type Value = ByteBuf;
+                fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                    f.write_str("bytes")
+                }
+                fn visit_bytes<E>(self, v: &[u8]) -> Result<ByteBuf, E> {
+                    Ok(ByteBuf(v.to_vec()))
+                }
+                fn visit_byte_buf<E>(self, v: Vec<u8>) -> Result<ByteBuf, E> {
+                    Ok(ByteBuf(v))
+                }
+            }
+            d.deserialize_byte_buf(V)
+        }
+    }
+}
+
+fn cbor<T: Serialize>(value: &T) -> Vec<u8> {
+    let mut out = Vec::new();
+    ciborium::into_writer(value, &mut out).expect("encodes");
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_envelopes_are_answered_with_errors_and_the_node_keeps_serving() {
+    let nodes = three().await;
+    let target = nodes[1].cluster.self_address();
+    // A raw peer: the right cluster name and secret, no membership.
+    let client = Transport::bind(TransportConfig::new("sharding-test", "sharding-secret"))
+        .await
+        .expect("client binds");
+    let mut replies = client.register(SHARDING_DATA, 64).expect("channel");
+    client.connect(target.addr).await.expect("client connects");
+    let me = client.local();
+    let good_payload = cbor(&Home);
+    let fp = <Tally as Protocol>::FINGERPRINT;
+    let cases: Vec<(u64, &str, u64, u32, u16, Vec<u8>, &str)> = vec![
+        (
+            1,
+            "no-such-type",
+            fp,
+            0,
+            2,
+            good_payload.clone(),
+            "NotRegistered",
+        ),
+        (
+            2,
+            "tally",
+            fp ^ 1,
+            0,
+            2,
+            good_payload.clone(),
+            "ProtocolMismatch",
+        ),
+        (
+            3,
+            "tally",
+            fp,
+            SHARDS + 7,
+            2,
+            good_payload.clone(),
+            "InvalidShard",
+        ),
+        (4, "tally", fp, 0, 99, good_payload.clone(), "Undecodable"),
+        (5, "tally", fp, 0, 0, vec![0xff, 0x00, 0x13], "Undecodable"),
+    ];
+    for (ask_id, type_name, fingerprint, shard, index, payload, _) in &cases {
+        let msg = DataOut::Envelope(EnvelopeOut {
+            type_name,
+            fingerprint: *fingerprint,
+            shard: *shard,
+            generation: 0,
+            entity_id: "tally-1",
+            index: *index,
+            hops: 0,
+            reply_to: Some(ReplyTo {
+                origin: me,
+                ask_id: *ask_id,
+            }),
+            payload,
+        });
+        client
+            .send(&target, SHARDING_DATA, Bytes::from(cbor(&msg)))
+            .expect("sent");
+    }
+    // Garbage that is not a data message at all: dropped, nothing breaks.
+    client
+        .send(
+            &target,
+            SHARDING_DATA,
+            Bytes::from_static(b"\xa1\x63bad\x00"),
+        )
+        .expect("sent");
+    let mut answered = BTreeMap::new();
+    while answered.len() < cases.len() {
+        let incoming = tokio::time::timeout(LONG, replies.recv())
+            .await
+            .expect("a reply in time")
+            .expect("channel open");
+        let DataIn::Reply { ask_id, result } =
+            ciborium::from_reader(&incoming.payload[..]).expect("a reply");
+        let ReplyBody::Err(error) = result else {
+            panic!("ask {ask_id} succeeded")
+        };
+        answered.insert(ask_id, format!("{error:?}"));
+    }
+    for (ask_id, .., expected) in &cases {
+        assert!(
+            answered[ask_id].contains(expected),
+            "ask {ask_id}: {}",
+            answered[ask_id]
+        );
+    }
+    // A well-formed envelope from the same raw peer is served, its reply
+    // coming back to the peer however the message is routed.
+    let id = "tally-raw";
+    let shard = nodes[1].system.entity_ref::<Tally>(id).shard_id().0;
+    let msg = DataOut::Envelope(EnvelopeOut {
+        type_name: "tally",
+        fingerprint: fp,
+        shard,
+        generation: 0,
+        entity_id: id,
+        index: 2,
+        hops: 0,
+        reply_to: Some(ReplyTo {
+            origin: me,
+            ask_id: 42,
+        }),
+        payload: &good_payload,
+    });
+    client
+        .send(&target, SHARDING_DATA, Bytes::from(cbor(&msg)))
+        .expect("sent");
+    let incoming = tokio::time::timeout(LONG, replies.recv())
+        .await
+        .expect("a reply in time")
+        .expect("channel open");
+    let DataIn::Reply { ask_id, result } =
+        ciborium::from_reader(&incoming.payload[..]).expect("a reply");
+    assert_eq!(ask_id, 42);
+    let ReplyBody::Ok(bytes) = result else {
+        panic!("refused: {result:?}")
+    };
+    let home: String = ciborium::from_reader(&bytes.0[..]).expect("a String reply");
+    let expected = nodes[0]
+        .system
+        .entity_ref::<Tally>(id)
+        .ask(Home, ASK)
+        .await
+        .expect("ask");
+    assert_eq!(home, expected);
+    // The nodes still serve their own traffic.
+    for n in &nodes {
+        n.system
+            .entity_ref::<Tally>("after-garbage")
+            .ask(Home, ASK)
+            .await
+            .expect("still serving");
+    }
+    client.shutdown().await;
+    stop(nodes).await;
+}
