@@ -14,7 +14,7 @@ use super::*;
 use crate::identity::UniqueAddress;
 use crate::wire::{Frame, FrameCodec, RejectReason};
 
-const CH: u16 = 3;
+const CH: u16 = 7;
 const PATIENCE: Duration = Duration::from_secs(10);
 
 fn config() -> TransportConfig {
