@@ -470,7 +470,10 @@ fn check_history(ops: Vec<Op>) -> Result<(), String> {
                 let i = i as usize;
                 commands.extend(c.register(now, nodes[i], &reg(SHARDS, replica(&known, i))));
             }
-            Op::Ask(i, shard) if alive.contains(&(i as usize)) => {
+            // Only a node with a region of the type asks for its shards.
+            Op::Ask(i, shard)
+                if alive.contains(&(i as usize)) && registered.contains(&(i as usize)) =>
+            {
                 commands.extend(c.get_home(now, nodes[i as usize], TYPE, u32::from(shard)));
             }
             _ => commands.extend(c.tick(now)),
@@ -508,7 +511,9 @@ fn check_history(ops: Vec<Op>) -> Result<(), String> {
                             "shard {shard}: home {owner} gen {generation} while a live region knows {o} gen {g}"
                         ));
                     }
-                    learn(&mut known, &alive, r, shard, owner, generation);
+                    if registered.contains(&r) {
+                        learn(&mut known, &alive, r, shard, owner, generation);
+                    }
                 }
                 ControlMsg::Table { homes, .. } => {
                     for (shard, owner, generation) in homes {
@@ -601,8 +606,27 @@ fn regression_regions_reregister_with_a_returning_coordinator() {
 }
 
 #[test]
+fn regression_only_regions_ask_and_remember() {
+    use Op::*;
+    let ops = vec![
+        Join(4),
+        Join(3),
+        Advance(1312),
+        Join(5),
+        Register(3),
+        Ask(4, 7),
+        Crash(3),
+        Register(5),
+        Crash(0),
+        Ask(5, 7),
+        Advance(1471),
+    ];
+    assert_eq!(check_history(ops), Ok(()));
+}
+
+#[test]
 fn random_histories_keep_the_invariants() {
     QuickCheck::new()
-        .tests(500)
+        .tests(2000)
         .quickcheck(history_holds as fn(Vec<Op>) -> bool);
 }

@@ -7,16 +7,19 @@
 //!   control channel (peers) ─────┤   CoordinatorCore     └─► regions: set_home / node_lost
 //!   timer (100 ms) ──────────────┘   (acts when this node is the coordinator)
 //!
-//!   data channel (peers) ──► inbound task ──► decode ──► region.deliver / pending replies
+//!   data channel (peers) ──► on the pipe's reader task: decode ──► region.deliver
+//!                                                              └► pending replies
 //! ```
 //!
 //! The control task owns the coordinator core and this node's view of where
-//! shards wait for a home; the inbound task only decodes and delivers, so a
-//! burst of entity traffic never delays the coordinator's protocol (which
-//! also travels on the pipes' priority lane).
+//! shards wait for a home. The data path runs inline on each pipe's reader
+//! task (`Transport::register_inline`): decoding and delivery never block,
+//! so no queue or task hop sits between the socket and an entity's mailbox,
+//! and a burst of entity traffic never delays the coordinator's protocol
+//! (which travels on the pipes' priority lane and its own task).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -41,8 +44,6 @@ use crate::system::Shared;
 use crate::transport::Incoming;
 use crate::wire::channels::{SHARDING_CONTROL, SHARDING_DATA};
 
-/// How many inbound data messages may wait for the inbound task.
-const DATA_CAPACITY: usize = 65_536;
 /// How many inbound control messages may wait for the control task.
 const CONTROL_CAPACITY: usize = 4_096;
 /// The control task's timer.
@@ -73,13 +74,14 @@ pub(crate) struct ClusterLink {
     pub(crate) driver: mpsc::UnboundedSender<DriverMsg>,
     pub(crate) rounds: Arc<Mutex<Vec<RebalanceRound>>>,
     parts: Mutex<Option<Parts>>,
+    /// The system the inline data handler delivers into, once started.
+    system: Arc<OnceLock<Weak<Shared>>>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
 }
 
 /// What the tasks take when they start.
 struct Parts {
     rx: mpsc::UnboundedReceiver<DriverMsg>,
-    data: mpsc::Receiver<Incoming>,
     control: mpsc::Receiver<Incoming>,
     strategy: Box<dyn ShardAllocationStrategy>,
 }
@@ -97,21 +99,32 @@ impl ClusterLink {
                 "a sharded system already runs on this cluster node".into(),
             )
         };
-        let data = transport
-            .register(SHARDING_DATA, DATA_CAPACITY)
-            .map_err(taken)?;
         let control = transport
             .register(SHARDING_CONTROL, CONTROL_CAPACITY)
             .map_err(taken)?;
+        let remote = Remote::new(transport.clone());
+        let system: Arc<OnceLock<Weak<Shared>>> = Arc::new(OnceLock::new());
+        // Envelopes and replies are handled on the reader task of the pipe
+        // they arrive on: decode, check, deliver, with no task hop.
+        let (target, inbound_remote) = (system.clone(), remote.clone());
+        let registered = transport.register_inline(SHARDING_DATA, move |incoming| {
+            if let Some(shared) = target.get().and_then(Weak::upgrade) {
+                handle_data(&shared, &inbound_remote, incoming);
+            }
+        });
+        if let Err(error) = registered {
+            transport.unregister(SHARDING_CONTROL);
+            return Err(taken(error));
+        }
         let (driver, rx) = mpsc::unbounded_channel();
         Ok(ClusterLink {
-            remote: Remote::new(transport.clone()),
+            remote,
             node,
             driver,
             rounds: Arc::new(Mutex::new(Vec::new())),
+            system,
             parts: Mutex::new(Some(Parts {
                 rx,
-                data,
                 control,
                 strategy: strategy.unwrap_or_else(|| Box::new(LeastShardAllocation)),
             })),
@@ -140,14 +153,15 @@ impl ClusterLink {
             rounds: self.rounds.clone(),
             remote: self.remote.clone(),
         };
-        let inbound = inbound(parts.data, shared, self.remote.clone());
-        let mut tasks = lock(&self.tasks);
-        tasks.push(tokio::spawn(control.run()));
-        tasks.push(tokio::spawn(inbound));
+        let _ = self.system.set(shared);
+        lock(&self.tasks).push(tokio::spawn(control.run()));
     }
 
     /// Stops the tasks and fails the asks still waiting on other nodes.
     pub(crate) async fn stop(&self) {
+        let transport = self.node.transport();
+        transport.unregister(SHARDING_DATA);
+        transport.unregister(SHARDING_CONTROL);
         let _ = self.driver.send(DriverMsg::Stop);
         let tasks: Vec<JoinHandle<()>> = lock(&self.tasks).drain(..).collect();
         for task in tasks {
@@ -160,6 +174,9 @@ impl ClusterLink {
 
 impl Drop for ClusterLink {
     fn drop(&mut self) {
+        let transport = self.node.transport();
+        transport.unregister(SHARDING_DATA);
+        transport.unregister(SHARDING_CONTROL);
         for task in lock(&self.tasks).drain(..) {
             task.abort();
         }
@@ -170,16 +187,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The inbound data path: decode, check, deliver.
-async fn inbound(mut data: mpsc::Receiver<Incoming>, shared: Weak<Shared>, remote: Arc<Remote>) {
-    while let Some(incoming) = data.recv().await {
-        let Some(shared) = shared.upgrade() else {
-            break;
-        };
-        handle_data(&shared, &remote, incoming);
-    }
-}
-
+/// The inbound data path: decode, check, deliver. Runs on a reader task.
 fn handle_data(shared: &Shared, remote: &Arc<Remote>, incoming: Incoming) {
     let msg: DataMsg = match ciborium::from_reader(&incoming.payload[..]) {
         Ok(msg) => msg,

@@ -58,6 +58,23 @@ impl Stats {
     }
 }
 
+/// Who takes a channel's inbound messages.
+enum Handler {
+    /// A receiver, fed through a bounded queue.
+    Queue(mpsc::Sender<Incoming>),
+    /// A function called on the reader task.
+    Inline(Arc<dyn Fn(Incoming) + Send + Sync>),
+}
+
+impl Handler {
+    fn is_closed(&self) -> bool {
+        match self {
+            Handler::Queue(tx) => tx.is_closed(),
+            Handler::Inline(_) => false,
+        }
+    }
+}
+
 /// Where one established pipe runs: its two TCP ends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ConnectionInfo {
@@ -144,7 +161,7 @@ pub(crate) struct Shared {
     control: Arc<[Channel]>,
     runtime: tokio::runtime::Handle,
     state: Mutex<State>,
-    handlers: RwLock<HashMap<Channel, mpsc::Sender<Incoming>>>,
+    handlers: RwLock<HashMap<Channel, Handler>>,
     shutdown: CancellationToken,
     next_conn_id: AtomicU64,
     pub(crate) stats: Stats,
@@ -268,12 +285,43 @@ impl Transport {
             .handlers
             .write()
             .unwrap_or_else(|e| e.into_inner());
-        if handlers.get(&channel).is_some_and(|tx| !tx.is_closed()) {
+        if handlers.get(&channel).is_some_and(|h| !h.is_closed()) {
             return Err(RegisterError::AlreadyRegistered(channel));
         }
         let (tx, rx) = mpsc::channel(capacity.max(1));
-        handlers.insert(channel, tx);
+        handlers.insert(channel, Handler::Queue(tx));
         Ok(rx)
+    }
+
+    /// Registers `handler` to be called for each inbound message of
+    /// `channel`, on the reader task of the connection it arrived on, in
+    /// arrival order — no queue and no task hop in between. The handler must
+    /// not block: it runs between two reads of that connection. Remove it
+    /// with [`unregister`](Self::unregister).
+    pub fn register_inline(
+        &self,
+        channel: Channel,
+        handler: impl Fn(Incoming) + Send + Sync + 'static,
+    ) -> Result<(), RegisterError> {
+        let mut handlers = self
+            .shared
+            .handlers
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
+        if handlers.get(&channel).is_some_and(|h| !h.is_closed()) {
+            return Err(RegisterError::AlreadyRegistered(channel));
+        }
+        handlers.insert(channel, Handler::Inline(Arc::new(handler)));
+        Ok(())
+    }
+
+    /// Removes the receiver or handler of `channel`, if any.
+    pub fn unregister(&self, channel: Channel) {
+        self.shared
+            .handlers
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&channel);
     }
 
     /// A new subscription to connection events, starting now. See
@@ -579,7 +627,13 @@ impl Shared {
         let channel = incoming.channel;
         let refused = match handlers.get(&channel) {
             None => Some((incoming, RemoteFailure::NoHandler(channel))),
-            Some(tx) => match tx.try_send(incoming) {
+            Some(Handler::Inline(handler)) => {
+                let handler = handler.clone();
+                drop(handlers);
+                handler(incoming);
+                return;
+            }
+            Some(Handler::Queue(tx)) => match tx.try_send(incoming) {
                 Ok(()) => None,
                 Err(mpsc::error::TrySendError::Full(inc)) => {
                     self.stats.overflow.fetch_add(1, Ordering::Relaxed);
