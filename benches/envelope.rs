@@ -1,0 +1,54 @@
+//! The remote-envelope path (divan): what one message to an entity on
+//! another node costs in encoding and decoding, beside the message itself.
+//!
+//! * `encode_message`: the W1 `Ping` alone (CBOR through serde).
+//! * `encode_envelope`: the data-channel envelope around it (type name,
+//!   fingerprint, shard, generation, entity id, index, hops, reply target,
+//!   payload), as `Remote::forward` writes it.
+//! * `decode_envelope`: the inbound path's decode of that envelope.
+//!
+//! Run: `cargo bench --bench envelope`.
+
+use datum_cluster_sharding::__private::bench;
+use serde::Serialize;
+
+#[derive(Serialize)]
+struct Ping {
+    driver: u32,
+    seq: u64,
+}
+
+fn main() {
+    divan::main();
+}
+
+fn ping_bytes() -> Vec<u8> {
+    let mut out = Vec::new();
+    ciborium::into_writer(
+        &Ping {
+            driver: 1,
+            seq: 123_456,
+        },
+        &mut out,
+    )
+    .expect("encodes");
+    out
+}
+
+#[divan::bench]
+fn encode_message() -> Vec<u8> {
+    ping_bytes()
+}
+
+#[divan::bench]
+fn encode_envelope(bencher: divan::Bencher) {
+    let payload = ping_bytes();
+    bencher.bench(|| bench::encode_envelope(divan::black_box("entity-123"), &payload));
+}
+
+#[divan::bench]
+fn decode_envelope(bencher: divan::Bencher) {
+    let bytes = bench::encode_envelope("entity-123", &ping_bytes());
+    assert!(bench::decode_envelope(&bytes) > 0);
+    bencher.bench(|| bench::decode_envelope(divan::black_box(&bytes)));
+}
