@@ -454,6 +454,56 @@ mod tests {
         assert_eq!(msg.encode(), hex(spec));
     }
 
+    /// The `UniqueAddress` of [`origin`], as SPEC §9.1 encodes it.
+    const ORIGIN: &str = "
+        a3 64 61 64 64 72 a1 62 56 34 82 84 18 7f 00 00 01 19 1c bb
+        67 6e 6f 64 65 5f 69 64 1b 01 23 45 67 89 ab cd ef
+        6b 69 6e 63 61 72 6e 61 74 69 6f 6e 1b 00 06 0a 24 18 1e 40 00
+    ";
+
+    #[test]
+    fn spec_control_example_bytes() {
+        let get_home = ControlMsg::GetHome {
+            type_name: "tally".into(),
+            shard: 5,
+        };
+        let spec = "
+            a1 67 47 65 74 48 6f 6d 65
+            a2 69 74 79 70 65 5f 6e 61 6d 65 65 74 61 6c 6c 79
+            65 73 68 61 72 64 05
+        ";
+        assert_eq!(get_home.encode(), hex(spec));
+        let home = ControlMsg::Home {
+            type_name: "tally".into(),
+            shard: 5,
+            owner: origin(),
+            generation: 3,
+        };
+        let spec = format!(
+            "a1 64 48 6f 6d 65
+             a4 69 74 79 70 65 5f 6e 61 6d 65 65 74 61 6c 6c 79
+             65 73 68 61 72 64 05
+             65 6f 77 6e 65 72 {ORIGIN}
+             6a 67 65 6e 65 72 61 74 69 6f 6e 03"
+        );
+        assert_eq!(home.encode(), hex(&spec));
+        // A home in a table or registration is an array [shard, owner, generation].
+        let table = ControlMsg::Table {
+            type_name: "tally".into(),
+            homes: vec![(5, origin(), 3)],
+        };
+        let spec = format!(
+            "a1 65 54 61 62 6c 65
+             a2 69 74 79 70 65 5f 6e 61 6d 65 65 74 61 6c 6c 79
+             65 68 6f 6d 65 73 81 83 05 {ORIGIN} 03"
+        );
+        assert_eq!(table.encode(), hex(&spec));
+        for msg in [get_home, home, table] {
+            let back: ControlMsg = ciborium::from_reader(&msg.encode()[..]).expect("decodes");
+            assert_eq!(back, msg);
+        }
+    }
+
     #[test]
     fn what_data_msg_out_encodes_data_msg_decodes() {
         let decode = |bytes: Vec<u8>| -> DataMsg {
