@@ -603,6 +603,17 @@ mod tests {
     }
 
     #[test]
+    fn spec_payload_forms() {
+        // SPEC §13.4: a unit struct message is CBOR null, a newtype struct its value.
+        let mut bytes = Vec::new();
+        ciborium::into_writer(&Home, &mut bytes).expect("encodes");
+        assert_eq!(bytes, [0xf6]);
+        let mut bytes = Vec::new();
+        ciborium::into_writer(&Push(7), &mut bytes).expect("encodes");
+        assert_eq!(bytes, [0x07]);
+    }
+
+    #[test]
     fn wire_names() {
         assert!(valid_wire_name("tally"));
         assert!(valid_wire_name("A.z_0-9"));
