@@ -390,4 +390,73 @@
 /// protocol! { pub protocol Good = "good" { tell Add; ask Get -> u64; } }
 /// # fn main() {}
 /// ```
+///
+/// ## Calling the macro's internal arms
+///
+/// `protocol!` has one public arm; its internal steps live in the hidden
+/// `__protocol_impl!`. A caller cannot reach them through `protocol!` to
+/// forge messages of a protocol declared normally (here: make `Stray` a tell
+/// and `Peek` an ask of `Counter` without them being in its protocol, so
+/// without a decoder, fingerprint line or `Dispatch` arm). Error: ``no rules
+/// expected `@` `` (a macro error, which has no code). Code that
+/// names `__protocol_impl!` itself can still forge; see `SPEC.md`.
+///
+/// ```compile_fail
+/// # use datum_cluster_sharding::prelude::*;
+/// # #[derive(Serialize, Deserialize)] pub struct Add(pub u64);
+/// # #[derive(Serialize, Deserialize)] pub struct Get;
+/// protocol! { pub protocol Counter = "counter" { tell Add; ask Get -> u64; } }
+/// #[derive(Serialize, Deserialize)] pub struct Stray;
+/// #[derive(Serialize, Deserialize)] pub struct Peek;
+/// datum_cluster_sharding::protocol!(@messages Counter, 0u16, tell Stray; ask Peek -> String;);
+/// # fn main() {}
+/// ```
+///
+/// Its twin, which compiles: the same messages, declared in a protocol.
+///
+/// ```
+/// # use datum_cluster_sharding::prelude::*;
+/// # #[derive(Serialize, Deserialize)] pub struct Add(pub u64);
+/// # #[derive(Serialize, Deserialize)] pub struct Get;
+/// protocol! { pub protocol Counter = "counter" { tell Add; ask Get -> u64; } }
+/// #[derive(Serialize, Deserialize)] pub struct Stray;
+/// #[derive(Serialize, Deserialize)] pub struct Peek;
+/// protocol! { pub protocol Other = "other" { tell Stray; ask Peek -> String; } }
+/// # fn main() {}
+/// ```
+///
+/// ## A wire name that is empty or malformed
+///
+/// A protocol's wire name must be 1 to 64 characters of `A-Z a-z 0-9 . _ -`,
+/// checked at compile time by a constant assertion. Error: E0080,
+/// ``evaluation panicked: a protocol's wire name must be 1 to 64 characters
+/// of A-Z, a-z, 0-9, `.`, `_` and `-` `` (rustc 1.95's wording for a failed
+/// constant evaluation).
+///
+/// Rejected (`E0080`), empty:
+///
+/// ```compile_fail,E0080
+/// # use datum_cluster_sharding::prelude::*;
+/// # #[derive(Serialize, Deserialize)] pub struct Add(pub u64);
+/// protocol! { pub protocol Bad = "" { tell Add; } }
+/// # fn main() {}
+/// ```
+///
+/// Rejected (`E0080`), a space:
+///
+/// ```compile_fail,E0080
+/// # use datum_cluster_sharding::prelude::*;
+/// # #[derive(Serialize, Deserialize)] pub struct Add(pub u64);
+/// protocol! { pub protocol Bad = "has space" { tell Add; } }
+/// # fn main() {}
+/// ```
+///
+/// Their twin, which compiles:
+///
+/// ```
+/// # use datum_cluster_sharding::prelude::*;
+/// # #[derive(Serialize, Deserialize)] pub struct Add(pub u64);
+/// protocol! { pub protocol Good = "has-no.space_1" { tell Add; } }
+/// # fn main() {}
+/// ```
 pub enum Guarantees {}

@@ -586,4 +586,81 @@ pub mod bench {
             _ => 0,
         }
     }
+
+#[cfg(test)]
+mod tests {
+    use super::{fingerprint, valid_wire_name};
+    use crate::protocol::Protocol;
+    use serde::{Deserialize, Serialize};
+
+    #[derive(Serialize, Deserialize)]
+    pub struct Push(pub u64);
+    #[derive(Serialize, Deserialize)]
+    pub struct Home;
+
+    crate::protocol! {
+        /// SPEC §13's example protocol.
+        pub protocol Tally = "tally" {
+            tell Push;
+            ask Home -> String;
+        }
+    }
+
+    mod msgs {
+        use serde::{Deserialize, Serialize};
+        #[derive(Serialize, Deserialize)]
+        pub struct Get;
+    }
+
+    crate::protocol! {
+        pub protocol Paths = "paths" {
+            ask msgs::Get -> Vec<u64>;
+        }
+    }
+
+    #[test]
+    fn spec_fingerprint_test_vector() {
+        // SPEC §13.6: FNV-1a 64 over "tally" ff "tell Push" ff "ask Home -> String" ff.
+        assert_eq!(fingerprint(&[]), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(
+            fingerprint(&["tally", "tell Push", "ask Home -> String"]),
+            0x10f4_3ecc_488b_4809
+        );
+        assert_eq!(<Tally as Protocol>::FINGERPRINT, 0x10f4_3ecc_488b_4809);
+    }
+
+    #[test]
+    fn fingerprint_lines_are_stringified_as_rustc_prints_them() {
+        // The message path is stringified token by token (rustc 1.95 puts
+        // spaces around `::`); the reply, a `ty` fragment, is printed as a
+        // type (no spaces around `<>`). SPEC §13.6 pins both.
+        assert_eq!(<Paths as Protocol>::MESSAGES[0].name, "msgs :: Get");
+        assert_eq!(
+            <Paths as Protocol>::FINGERPRINT,
+            fingerprint(&["paths", "ask msgs :: Get -> Vec<u64>"])
+        );
+    }
+
+    #[test]
+    fn spec_payload_forms() {
+        // SPEC §13.4: a unit struct message is CBOR null, a newtype struct its value.
+        let mut bytes = Vec::new();
+        ciborium::into_writer(&Home, &mut bytes).expect("encodes");
+        assert_eq!(bytes, [0xf6]);
+        let mut bytes = Vec::new();
+        ciborium::into_writer(&Push(7), &mut bytes).expect("encodes");
+        assert_eq!(bytes, [0x07]);
+    }
+
+    #[test]
+    fn wire_names() {
+        assert!(valid_wire_name("tally"));
+        assert!(valid_wire_name("A.z_0-9"));
+        assert!(valid_wire_name(&"x".repeat(64)));
+        assert!(!valid_wire_name(&"x".repeat(65)));
+        assert!(!valid_wire_name(""));
+        assert!(!valid_wire_name("has space"));
+        assert!(!valid_wire_name("café"));
+        assert!(!valid_wire_name("a/b"));
+    }
 }

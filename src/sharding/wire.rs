@@ -327,3 +327,297 @@ impl RemoteError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::NodeId;
+
+    /// Hex bytes written in rows, as SPEC prints them.
+    fn hex(rows: &str) -> Vec<u8> {
+        rows.split_whitespace()
+            .map(|b| u8::from_str_radix(b, 16).expect("hex byte"))
+            .collect()
+    }
+
+    fn origin() -> UniqueAddress {
+        UniqueAddress {
+            addr: "127.0.0.1:7355".parse().expect("literal address"),
+            node_id: NodeId(0x0123_4567_89ab_cdef),
+            incarnation: 1_700_000_000_000_000,
+        }
+    }
+
+    /// The fingerprint of `Tally = "tally" { tell Push; ask Home -> String; }`
+    /// (SPEC §13, and `private::tests`).
+    const TALLY_FINGERPRINT: u64 = 0x10f4_3ecc_488b_4809;
+
+    /// The `Home` message of that protocol, a unit struct: CBOR `null`.
+    const HOME_PAYLOAD: [u8; 1] = [0xf6];
+
+    fn example_envelope() -> DataMsgOut<'static> {
+        DataMsgOut::Envelope(EnvelopeOut {
+            type_name: "tally",
+            fingerprint: TALLY_FINGERPRINT,
+            shard: 5,
+            generation: 3,
+            entity_id: "tally-1",
+            index: 1,
+            hops: 0,
+            reply_to: Some(ReplyTarget {
+                origin: origin(),
+                ask_id: 7,
+            }),
+            payload: &HOME_PAYLOAD,
+        })
+    }
+
+    #[test]
+    fn spec_envelope_example_bytes() {
+        // As printed in SPEC §13.4, row by row.
+        let spec = "
+            a1 68 45 6e 76 65 6c 6f 70 65
+            a9 69 74 79 70 65 5f 6e 61 6d 65 65 74 61 6c 6c 79
+            6b 66 69 6e 67 65 72 70 72 69 6e 74 1b 10 f4 3e cc 48 8b 48 09
+            65 73 68 61 72 64 05
+            6a 67 65 6e 65 72 61 74 69 6f 6e 03
+            69 65 6e 74 69 74 79 5f 69 64 67 74 61 6c 6c 79 2d 31
+            65 69 6e 64 65 78 01
+            64 68 6f 70 73 00
+            68 72 65 70 6c 79 5f 74 6f a2
+            66 6f 72 69 67 69 6e a3
+            64 61 64 64 72 a1 62 56 34 82 84 18 7f 00 00 01 19 1c bb
+            67 6e 6f 64 65 5f 69 64 1b 01 23 45 67 89 ab cd ef
+            6b 69 6e 63 61 72 6e 61 74 69 6f 6e 1b 00 06 0a 24 18 1e 40 00
+            66 61 73 6b 5f 69 64 07
+            67 70 61 79 6c 6f 61 64 41 f6
+        ";
+        let bytes = example_envelope().encode();
+        assert_eq!(bytes, hex(spec));
+        assert_eq!(bytes.len(), 191);
+    }
+
+    #[test]
+    fn spec_reply_example_bytes() {
+        // The reply `"n1"` (a String: CBOR text 62 6e 31) to ask 7.
+        let reply_value: &[u8] = &[0x62, 0x6e, 0x31];
+        let msg = DataMsgOut::Reply {
+            ask_id: 7,
+            result: ReplyBodyOut::Ok(reply_value),
+        };
+        let spec = "
+            a1 65 52 65 70 6c 79
+            a2 66 61 73 6b 5f 69 64 07
+            66 72 65 73 75 6c 74 a1 62 4f 6b 43 62 6e 31
+        ";
+        assert_eq!(msg.encode(), hex(spec));
+    }
+
+    #[test]
+    fn spec_error_and_passivate_bytes() {
+        // An error reply: {"Reply": {"ask_id": 9, "result": {"Err": "EntityStopped"}}}.
+        let stopped = RemoteError::EntityStopped;
+        let msg = DataMsgOut::Reply {
+            ask_id: 9,
+            result: ReplyBodyOut::Err(&stopped),
+        };
+        let spec = "
+            a1 65 52 65 70 6c 79
+            a2 66 61 73 6b 5f 69 64 09
+            66 72 65 73 75 6c 74 a1 63 45 72 72
+            6d 45 6e 74 69 74 79 53 74 6f 70 70 65 64
+        ";
+        assert_eq!(msg.encode(), hex(spec));
+        // A struct variant: {"TooManyHops": {"hops": 4}}.
+        let mut bytes = Vec::new();
+        ciborium::into_writer(&RemoteError::TooManyHops { hops: 4 }, &mut bytes).expect("encodes");
+        assert_eq!(
+            bytes,
+            hex("a1 6b 54 6f 6f 4d 61 6e 79 48 6f 70 73 a1 64 68 6f 70 73 04")
+        );
+        // A newtype variant: {"Handler": "no"}.
+        let mut bytes = Vec::new();
+        ciborium::into_writer(&RemoteError::Handler("no".into()), &mut bytes).expect("encodes");
+        assert_eq!(bytes, hex("a1 67 48 61 6e 64 6c 65 72 62 6e 6f"));
+        // {"Passivate": {"type_name": "tally", "shard": 5, "entity_id": "tally-1"}}.
+        let msg = DataMsgOut::Passivate {
+            type_name: "tally",
+            shard: 5,
+            entity_id: "tally-1",
+        };
+        let spec = "
+            a1 69 50 61 73 73 69 76 61 74 65
+            a3 69 74 79 70 65 5f 6e 61 6d 65 65 74 61 6c 6c 79
+            65 73 68 61 72 64 05
+            69 65 6e 74 69 74 79 5f 69 64 67 74 61 6c 6c 79 2d 31
+        ";
+        assert_eq!(msg.encode(), hex(spec));
+    }
+
+    /// The `UniqueAddress` of [`origin`], as SPEC §9.1 encodes it.
+    const ORIGIN: &str = "
+        a3 64 61 64 64 72 a1 62 56 34 82 84 18 7f 00 00 01 19 1c bb
+        67 6e 6f 64 65 5f 69 64 1b 01 23 45 67 89 ab cd ef
+        6b 69 6e 63 61 72 6e 61 74 69 6f 6e 1b 00 06 0a 24 18 1e 40 00
+    ";
+
+    #[test]
+    fn spec_control_example_bytes() {
+        let get_home = ControlMsg::GetHome {
+            type_name: "tally".into(),
+            shard: 5,
+        };
+        let spec = "
+            a1 67 47 65 74 48 6f 6d 65
+            a2 69 74 79 70 65 5f 6e 61 6d 65 65 74 61 6c 6c 79
+            65 73 68 61 72 64 05
+        ";
+        assert_eq!(get_home.encode(), hex(spec));
+        let home = ControlMsg::Home {
+            type_name: "tally".into(),
+            shard: 5,
+            owner: origin(),
+            generation: 3,
+        };
+        let spec = format!(
+            "a1 64 48 6f 6d 65
+             a4 69 74 79 70 65 5f 6e 61 6d 65 65 74 61 6c 6c 79
+             65 73 68 61 72 64 05
+             65 6f 77 6e 65 72 {ORIGIN}
+             6a 67 65 6e 65 72 61 74 69 6f 6e 03"
+        );
+        assert_eq!(home.encode(), hex(&spec));
+        // A home in a table or registration is an array [shard, owner, generation].
+        let table = ControlMsg::Table {
+            type_name: "tally".into(),
+            homes: vec![(5, origin(), 3)],
+        };
+        let spec = format!(
+            "a1 65 54 61 62 6c 65
+             a2 69 74 79 70 65 5f 6e 61 6d 65 65 74 61 6c 6c 79
+             65 68 6f 6d 65 73 81 83 05 {ORIGIN} 03"
+        );
+        assert_eq!(table.encode(), hex(&spec));
+        for msg in [get_home, home, table] {
+            let back: ControlMsg = ciborium::from_reader(&msg.encode()[..]).expect("decodes");
+            assert_eq!(back, msg);
+        }
+    }
+
+    #[test]
+    fn what_data_msg_out_encodes_data_msg_decodes() {
+        let decode = |bytes: Vec<u8>| -> DataMsg {
+            ciborium::from_reader(&bytes[..]).expect("decodes")
+        };
+        let DataMsg::Envelope(envelope) = decode(example_envelope().encode()) else {
+            panic!("not an envelope")
+        };
+        assert_eq!(envelope.type_name, "tally");
+        assert_eq!(envelope.fingerprint, TALLY_FINGERPRINT);
+        assert_eq!(envelope.shard, 5);
+        assert_eq!(envelope.generation, 3);
+        assert_eq!(envelope.entity_id, "tally-1");
+        assert_eq!(envelope.index, 1);
+        assert_eq!(envelope.hops, 0);
+        assert_eq!(
+            envelope.reply_to,
+            Some(ReplyTarget {
+                origin: origin(),
+                ask_id: 7
+            })
+        );
+        assert_eq!(&envelope.payload[..], &HOME_PAYLOAD);
+
+        // A tell: no reply target (CBOR null), an empty payload.
+        let tell = DataMsgOut::Envelope(EnvelopeOut {
+            type_name: "tally",
+            fingerprint: 1,
+            shard: u32::MAX,
+            generation: u64::MAX,
+            entity_id: "",
+            index: u16::MAX,
+            hops: u8::MAX,
+            reply_to: None,
+            payload: &[],
+        });
+        let DataMsg::Envelope(envelope) = decode(tell.encode()) else {
+            panic!("not an envelope")
+        };
+        assert_eq!(
+            (envelope.shard, envelope.generation, envelope.index, envelope.hops),
+            (u32::MAX, u64::MAX, u16::MAX, u8::MAX)
+        );
+        assert_eq!(envelope.reply_to, None);
+        assert!(envelope.payload.is_empty());
+
+        let passivate = DataMsgOut::Passivate {
+            type_name: "tally",
+            shard: 5,
+            entity_id: "tally-1",
+        };
+        let DataMsg::Passivate {
+            type_name,
+            shard,
+            entity_id,
+        } = decode(passivate.encode())
+        else {
+            panic!("not a passivation")
+        };
+        assert_eq!((type_name.as_str(), shard, entity_id.as_str()), ("tally", 5, "tally-1"));
+
+        let ok = DataMsgOut::Reply {
+            ask_id: 7,
+            result: ReplyBodyOut::Ok(&[0x62, 0x6e, 0x31]),
+        };
+        let DataMsg::Reply {
+            ask_id: 7,
+            result: ReplyBody::Ok(bytes),
+        } = decode(ok.encode())
+        else {
+            panic!("not an Ok reply to ask 7")
+        };
+        assert_eq!(&bytes[..], &[0x62, 0x6e, 0x31]);
+
+        let errors = [
+            RemoteError::BufferOverflow { shard: 3 },
+            RemoteError::EntityPanicked { panic: "p".into() },
+            RemoteError::EntityStopped,
+            RemoteError::Handler("h".into()),
+            RemoteError::ShuttingDown,
+            RemoteError::NotRegistered,
+            RemoteError::InvalidShard {
+                shard: 40,
+                num_shards: 32,
+            },
+            RemoteError::RememberEntities {
+                shard: 1,
+                message: "m".into(),
+            },
+            RemoteError::ProtocolMismatch {
+                receiver: 1,
+                sender: 2,
+            },
+            RemoteError::Undecodable {
+                what: "w".into(),
+                error: "e".into(),
+            },
+            RemoteError::TooManyHops { hops: 4 },
+            RemoteError::PeerLost { node: "n".into() },
+            RemoteError::Other("o".into()),
+        ];
+        for error in errors {
+            let msg = DataMsgOut::Reply {
+                ask_id: 1,
+                result: ReplyBodyOut::Err(&error),
+            };
+            let DataMsg::Reply {
+                ask_id: 1,
+                result: ReplyBody::Err(back),
+            } = decode(msg.encode())
+            else {
+                panic!("not an Err reply")
+            };
+            assert_eq!(back, error);
+        }
+    }
+}
