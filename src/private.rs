@@ -586,6 +586,7 @@ pub mod bench {
             _ => 0,
         }
     }
+}
 
 #[cfg(test)]
 mod tests {
