@@ -79,8 +79,10 @@ pub struct LocalEnvelope {
 
 /// Encodes an envelope's message and splits off its reply route, or gives the
 /// body back with the reason it could not be encoded.
-type IntoRemote =
-    fn(Box<dyn Any + Send>) -> Result<(Vec<u8>, Route), (ShardingError, Box<dyn Any + Send>)>;
+type IntoRemote = fn(
+    Box<dyn Any + Send>,
+    &mut Vec<u8>,
+) -> Result<Route, (ShardingError, Box<dyn Any + Send>)>;
 
 impl std::fmt::Debug for LocalEnvelope {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -140,9 +142,13 @@ impl LocalEnvelope {
         (self.fail)(self.body, error)
     }
 
-    /// Encodes the message for another node and splits off where its reply
-    /// goes. On error (the message does not serialize) the envelope comes back.
-    pub(crate) fn into_remote(self) -> Result<RemoteParts, (ShardingError, LocalEnvelope)> {
+    /// Encodes the message (CBOR) onto `payload` for another node and splits
+    /// off where its reply goes. On error (the message does not serialize)
+    /// the envelope comes back.
+    pub(crate) fn into_remote(
+        self,
+        payload: &mut Vec<u8>,
+    ) -> Result<RemoteParts, (ShardingError, LocalEnvelope)> {
         let LocalEnvelope {
             index,
             hops,
@@ -151,13 +157,8 @@ impl LocalEnvelope {
             fail,
             into_remote,
         } = self;
-        match into_remote(body) {
-            Ok((payload, route)) => Ok(RemoteParts {
-                index,
-                hops,
-                payload,
-                route,
-            }),
+        match into_remote(body, payload) {
+            Ok(route) => Ok(RemoteParts { index, hops, route }),
             Err((error, body)) => Err((
                 error,
                 LocalEnvelope {
@@ -177,8 +178,6 @@ impl LocalEnvelope {
 pub(crate) struct RemoteParts {
     pub(crate) index: u16,
     pub(crate) hops: u8,
-    /// The message, CBOR-encoded.
-    pub(crate) payload: Vec<u8>,
     pub(crate) route: Route,
 }
 
@@ -231,7 +230,8 @@ fn fail_typed<M: 'static, R: 'static>(body: Box<dyn Any + Send>, error: Sharding
 
 fn into_remote_typed<M, R>(
     body: Box<dyn Any + Send>,
-) -> Result<(Vec<u8>, Route), (ShardingError, Box<dyn Any + Send>)>
+    payload: &mut Vec<u8>,
+) -> Result<Route, (ShardingError, Box<dyn Any + Send>)>
 where
     M: Serialize + Send + 'static,
     R: DeserializeOwned + Send + 'static,
@@ -243,8 +243,7 @@ where
             return Err((error, body));
         }
     };
-    let mut payload = Vec::with_capacity(32);
-    if let Err(error) = ciborium::into_writer(&typed.msg, &mut payload) {
+    if let Err(error) = ciborium::into_writer(&typed.msg, &mut *payload) {
         let error = ShardingError::Bug(format!("message does not serialize: {error}"));
         return Err((error, typed));
     }
@@ -257,7 +256,7 @@ where
         }),
         ReplyTo::Remote(remote) => Route::Remote(remote),
     };
-    Ok((payload, route))
+    Ok(route)
 }
 
 fn complete_typed<R: DeserializeOwned + 'static>(
@@ -294,7 +293,29 @@ pub struct ReplyTarget {
 /// Sends encoded replies to remote askers (the sharding layer's pipes).
 pub(crate) trait ReplySink: Send + Sync + 'static {
     /// Sends one reply: the CBOR-encoded reply value, or why there is none.
-    fn send_reply(&self, target: ReplyTarget, result: Result<Vec<u8>, RemoteError>);
+    fn send_reply(&self, target: ReplyTarget, result: Result<&[u8], RemoteError>);
+}
+
+thread_local! {
+    /// A buffer to encode one message or reply into before it is framed, so
+    /// the hot path does not allocate for it.
+    static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` with this thread's scratch buffer, emptied (a fresh buffer when
+/// `f` is re-entered).
+pub(crate) fn with_scratch<T>(f: impl FnOnce(&mut Vec<u8>) -> T) -> T {
+    SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut buf) => {
+            buf.clear();
+            let out = f(&mut buf);
+            if buf.capacity() > 64 * 1024 {
+                *buf = Vec::new();
+            }
+            out
+        }
+        Err(_) => f(&mut Vec::new()),
+    })
 }
 
 /// The reply slot of a message that came from another node. Answered once;
@@ -329,19 +350,19 @@ impl RemoteReply {
     /// Encodes and sends the handler's result.
     fn send<R: Serialize>(mut self, result: ShardingResult<R>) {
         let Some(sink) = self.sink.take() else { return };
-        let encoded = match result {
-            Ok(reply) => {
-                let mut bytes = Vec::with_capacity(16);
-                match ciborium::into_writer(&reply, &mut bytes) {
-                    Ok(()) => Ok(bytes),
-                    Err(error) => Err(RemoteError::Other(format!(
-                        "BUG: reply does not serialize: {error}"
-                    ))),
-                }
-            }
-            Err(error) => Err(RemoteError::from(&error)),
+        let reply = match result {
+            Ok(reply) => reply,
+            Err(error) => return sink.send_reply(self.target, Err(RemoteError::from(&error))),
         };
-        sink.send_reply(self.target, encoded);
+        with_scratch(|bytes| match ciborium::into_writer(&reply, &mut *bytes) {
+            Ok(()) => sink.send_reply(self.target, Ok(bytes)),
+            Err(error) => sink.send_reply(
+                self.target,
+                Err(RemoteError::Other(format!(
+                    "BUG: reply does not serialize: {error}"
+                ))),
+            ),
+        });
     }
 
     /// Answers with `error`.

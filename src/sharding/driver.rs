@@ -39,7 +39,13 @@ use crate::sharding::coordinator::{
     ShardAllocationStrategy, ShardHome,
 };
 use crate::sharding::remote::Remote;
-use crate::sharding::wire::{ControlMsg, DataMsg, Envelope, RemoteError, TypeRegistration};
+use crate::sharding::fast::{self, DataRef, EnvelopeRef};
+use crate::sharding::wire::{ControlMsg, DataMsg, RemoteError, ReplyBody, TypeRegistration};
+use crate::warn_limit::{WarnLimit, warn_limited};
+
+/// Warnings about undecodable data messages from authenticated peers, at
+/// most ten per ten seconds in this process (the rest at debug).
+static BAD_DATA: WarnLimit = WarnLimit::new(10, Duration::from_secs(10));
 use crate::system::Shared;
 use crate::transport::Incoming;
 use crate::wire::channels::{SHARDING_CONTROL, SHARDING_DATA};
@@ -189,16 +195,42 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// The inbound data path: decode, check, deliver. Runs on a reader task.
 fn handle_data(shared: &Shared, remote: &Arc<Remote>, incoming: Incoming) {
+    // The hot messages in their canonical form, read in place.
+    match fast::decode(&incoming.payload) {
+        Some(DataRef::Envelope(envelope)) => {
+            return deliver_envelope(shared, remote, &incoming.from, envelope);
+        }
+        Some(DataRef::ReplyOk { ask_id, value }) => {
+            return remote.complete(&incoming.from, ask_id, Ok(value));
+        }
+        None => {}
+    }
     let msg: DataMsg = match ciborium::from_reader(&incoming.payload[..]) {
         Ok(msg) => msg,
         Err(error) => {
-            tracing::debug!(from = %incoming.from, %error, "undecodable sharding data message dropped");
+            warn_limited!(BAD_DATA, "undecodable sharding data message dropped"; from = %incoming.from, %error);
             return;
         }
     };
     match msg {
-        DataMsg::Reply { ask_id, result } => remote.complete(&incoming.from, ask_id, result),
-        DataMsg::Envelope(envelope) => deliver_envelope(shared, remote, &incoming.from, envelope),
+        DataMsg::Reply { ask_id, result } => match result {
+            ReplyBody::Ok(bytes) => remote.complete(&incoming.from, ask_id, Ok(&bytes)),
+            ReplyBody::Err(error) => remote.complete(&incoming.from, ask_id, Err(error)),
+        },
+        DataMsg::Envelope(e) => {
+            let envelope = EnvelopeRef {
+                type_name: &e.type_name,
+                fingerprint: e.fingerprint,
+                shard: e.shard,
+                generation: e.generation,
+                entity_id: &e.entity_id,
+                index: e.index,
+                hops: e.hops,
+                reply_to: e.reply_to,
+                payload: &e.payload,
+            };
+            deliver_envelope(shared, remote, &incoming.from, envelope);
+        }
         DataMsg::Passivate {
             type_name,
             shard,
@@ -220,19 +252,17 @@ fn deliver_envelope(
     shared: &Shared,
     remote: &Arc<Remote>,
     from: &UniqueAddress,
-    envelope: Envelope,
+    envelope: EnvelopeRef<'_>,
 ) {
     let sink: Arc<dyn ReplySink> = remote.clone();
-    let reply = envelope
-        .reply_to
-        .map(|target| RemoteReply::new(target, sink));
+    let reply = envelope.reply_to.map(|target| RemoteReply::new(target, sink));
     let refuse = |reply: Option<RemoteReply>, error: RemoteError| {
         tracing::debug!(%from, type_name = %envelope.type_name, ?error, "remote envelope refused");
         if let Some(reply) = reply {
             reply.fail_remote(error);
         }
     };
-    let Some(region) = shared.region(&envelope.type_name) else {
+    let Some(region) = shared.region(envelope.type_name) else {
         return refuse(reply, RemoteError::NotRegistered);
     };
     if region.fingerprint != envelope.fingerprint {
@@ -254,7 +284,7 @@ fn deliver_envelope(
         );
     }
     let hops = envelope.hops.saturating_add(1);
-    match (region.decode)(envelope.index, &envelope.payload, reply, hops) {
+    match (region.decode)(envelope.index, envelope.payload, reply, hops) {
         Ok(mut local) => {
             local.set_routed_under(envelope.generation);
             let entity_id: Arc<str> = envelope.entity_id.into();

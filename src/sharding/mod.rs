@@ -26,6 +26,7 @@
 
 pub mod coordinator;
 pub(crate) mod driver;
+pub(crate) mod fast;
 pub(crate) mod remote;
 pub(crate) mod wire;
 

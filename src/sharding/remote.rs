@@ -24,10 +24,11 @@ use bytes::Bytes;
 use crate::error::{ShardingError, ShardingResult};
 use crate::extractor::ShardId;
 use crate::identity::UniqueAddress;
-use crate::private::{LocalEnvelope, PendingReply, ReplySink, ReplyTarget, Route};
+use crate::private::{LocalEnvelope, PendingReply, ReplySink, ReplyTarget, Route, with_scratch};
 use crate::runtime::region::Region;
 use crate::sharding::coordinator::ShardHome;
-use crate::sharding::wire::{DataMsgOut, EnvelopeOut, RemoteError, ReplyBody, ReplyBodyOut};
+use crate::sharding::fast::{self, EnvelopeRef};
+use crate::sharding::wire::{DataMsgOut, RemoteError, ReplyBodyOut};
 use crate::transport::{SendFailure, Transport};
 use crate::wire::channels::SHARDING_DATA;
 
@@ -88,7 +89,6 @@ impl Remote {
         entity_id: &Arc<str>,
         envelope: LocalEnvelope,
     ) -> ShardingResult<()> {
-        let owner = home.owner;
         if envelope.hops() >= MAX_HOPS {
             let error = ShardingError::TooManyHops {
                 type_name: region.type_name,
@@ -98,7 +98,20 @@ impl Remote {
             envelope.fail(error.clone());
             return Err(error);
         }
-        let parts = match envelope.into_remote() {
+        with_scratch(|payload| self.forward_encoded(home, region, shard, entity_id, envelope, payload))
+    }
+
+    fn forward_encoded(
+        self: &Arc<Self>,
+        home: ShardHome,
+        region: &Region,
+        shard: ShardId,
+        entity_id: &Arc<str>,
+        envelope: LocalEnvelope,
+        payload: &mut Vec<u8>,
+    ) -> ShardingResult<()> {
+        let owner = home.owner;
+        let parts = match envelope.into_remote(payload) {
             Ok(parts) => parts,
             Err((error, envelope)) => {
                 envelope.fail(error.clone());
@@ -126,21 +139,22 @@ impl Remote {
                 (Some(target), Some(ask_id))
             }
         };
-        let msg = DataMsgOut::Envelope(EnvelopeOut {
-            type_name: region.type_name,
-            fingerprint: region.fingerprint,
-            shard: shard.0,
-            generation: home.generation,
-            entity_id,
-            index: parts.index,
-            hops: parts.hops,
-            reply_to,
-            payload: &parts.payload,
-        });
-        match self
-            .transport
-            .send(&owner, SHARDING_DATA, Bytes::from(msg.encode()))
-        {
+        let mut frame = Vec::new();
+        fast::encode_envelope(
+            &mut frame,
+            &EnvelopeRef {
+                type_name: region.type_name,
+                fingerprint: region.fingerprint,
+                shard: shard.0,
+                generation: home.generation,
+                entity_id,
+                index: parts.index,
+                hops: parts.hops,
+                reply_to,
+                payload,
+            },
+        );
+        match self.transport.send(&owner, SHARDING_DATA, Bytes::from(frame)) {
             Ok(()) => Ok(()),
             Err(error) => {
                 let error = send_error(region.type_name, shard, entity_id, &owner, &error.reason);
@@ -176,15 +190,21 @@ impl Remote {
             .map_err(|e| send_error(type_name, shard, entity_id, &owner, &e.reason))
     }
 
-    /// A reply arrived from `from` for ask `ask_id`.
-    pub(crate) fn complete(&self, from: &UniqueAddress, ask_id: u64, body: ReplyBody) {
+    /// A reply arrived from `from` for ask `ask_id`: the encoded value, or
+    /// the remote error.
+    pub(crate) fn complete(
+        &self,
+        from: &UniqueAddress,
+        ask_id: u64,
+        result: Result<&[u8], RemoteError>,
+    ) {
         let Some(pending) = lock(self.stripe(ask_id)).remove(&ask_id) else {
             // The asker gave up and was swept, or its node was lost meanwhile.
             return;
         };
-        match body {
-            ReplyBody::Ok(bytes) => pending.reply.complete(Ok(&bytes)),
-            ReplyBody::Err(error) => {
+        match result {
+            Ok(bytes) => pending.reply.complete(Ok(bytes)),
+            Err(error) => {
                 let error = error.into_error(pending.type_name, &pending.entity_id, from);
                 pending.reply.complete(Err(error));
             }
@@ -248,27 +268,27 @@ impl Remote {
 }
 
 impl ReplySink for Remote {
-    fn send_reply(&self, target: ReplyTarget, result: Result<Vec<u8>, RemoteError>) {
+    fn send_reply(&self, target: ReplyTarget, result: Result<&[u8], RemoteError>) {
         if target.origin == self.me {
             // Forwarded away and back: the asker is here.
-            let body = match result {
-                Ok(bytes) => ReplyBody::Ok(Bytes::from(bytes)),
-                Err(error) => ReplyBody::Err(error),
-            };
-            self.complete(&self.me, target.ask_id, body);
+            self.complete(&self.me, target.ask_id, result);
             return;
         }
-        let result = match &result {
-            Ok(bytes) => ReplyBodyOut::Ok(bytes),
-            Err(error) => ReplyBodyOut::Err(error),
+        let frame = match &result {
+            Ok(bytes) => {
+                let mut frame = Vec::new();
+                fast::encode_reply_ok(&mut frame, target.ask_id, bytes);
+                frame
+            }
+            Err(error) => DataMsgOut::Reply {
+                ask_id: target.ask_id,
+                result: ReplyBodyOut::Err(error),
+            }
+            .encode(),
         };
-        let msg = DataMsgOut::Reply {
-            ask_id: target.ask_id,
-            result,
-        };
-        if let Err(error) =
-            self.transport
-                .send(&target.origin, SHARDING_DATA, Bytes::from(msg.encode()))
+        if let Err(error) = self
+            .transport
+            .send(&target.origin, SHARDING_DATA, Bytes::from(frame))
         {
             tracing::debug!(origin = %target.origin, reason = %error.reason, "reply to a remote ask not sent");
         }

@@ -1,0 +1,496 @@
+//! Hand-written encoding of the hot data-channel messages, byte-identical to
+//! serde's (SPEC §13.4), as `wire/fast.rs` does for frames.
+//!
+//! An envelope and a reply cross the wire for every remote ask. Through
+//! serde and ciborium, their decode alone took about a tenth of a node's CPU
+//! under W1 (a header parse, an identifier match and a `String` per field).
+//! These functions write exactly the canonical bytes ciborium produces
+//! (definite lengths, shortest heads, declaration order) and read them back
+//! borrowing from the body, with no allocation. The decoder accepts only
+//! that form — an `Ok` reply, an envelope whose reply target is absent or
+//! has an IPv4 or IPv6 origin — and returns `None` for anything else, which
+//! the caller hands to serde: the fast path changes speed, never meaning
+//! (a tested property).
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+use crate::identity::{NodeId, UniqueAddress};
+use crate::private::ReplyTarget;
+
+const MAJOR_UINT: u8 = 0;
+const MAJOR_BYTES: u8 = 2;
+const MAJOR_TEXT: u8 = 3;
+const MAJOR_ARRAY: u8 = 4;
+const MAJOR_MAP: u8 = 5;
+const NULL: u8 = 0xf6;
+
+fn put_head(out: &mut Vec<u8>, major: u8, arg: u64) {
+    let m = major << 5;
+    if arg < 24 {
+        out.push(m | arg as u8);
+    } else if let Ok(a) = u8::try_from(arg) {
+        out.extend_from_slice(&[m | 24, a]);
+    } else if let Ok(a) = u16::try_from(arg) {
+        out.push(m | 25);
+        out.extend_from_slice(&a.to_be_bytes());
+    } else if let Ok(a) = u32::try_from(arg) {
+        out.push(m | 26);
+        out.extend_from_slice(&a.to_be_bytes());
+    } else {
+        out.push(m | 27);
+        out.extend_from_slice(&arg.to_be_bytes());
+    }
+}
+
+fn put_text(out: &mut Vec<u8>, s: &str) {
+    put_head(out, MAJOR_TEXT, s.len() as u64);
+    out.extend_from_slice(s.as_bytes());
+}
+
+fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
+    put_head(out, MAJOR_BYTES, b.len() as u64);
+    out.extend_from_slice(b);
+}
+
+fn put_uint(out: &mut Vec<u8>, v: u64) {
+    put_head(out, MAJOR_UINT, v);
+}
+
+fn put_address(out: &mut Vec<u8>, a: &UniqueAddress) {
+    put_head(out, MAJOR_MAP, 3);
+    put_text(out, "addr");
+    put_head(out, MAJOR_MAP, 1);
+    match a.addr.ip() {
+        IpAddr::V4(ip) => put_ip(out, "V4", &ip.octets(), a.addr.port()),
+        IpAddr::V6(ip) => put_ip(out, "V6", &ip.octets(), a.addr.port()),
+    }
+    put_text(out, "node_id");
+    put_uint(out, a.node_id.0);
+    put_text(out, "incarnation");
+    put_uint(out, a.incarnation);
+}
+
+/// serde's non-human-readable `SocketAddr`: `{family: [[octets..], port]}`.
+fn put_ip(out: &mut Vec<u8>, family: &str, octets: &[u8], port: u16) {
+    put_text(out, family);
+    put_head(out, MAJOR_ARRAY, 2);
+    put_head(out, MAJOR_ARRAY, octets.len() as u64);
+    for b in octets {
+        put_uint(out, u64::from(*b));
+    }
+    put_uint(out, u64::from(port));
+}
+
+/// The fields of an envelope, borrowed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct EnvelopeRef<'a> {
+    pub(crate) type_name: &'a str,
+    pub(crate) fingerprint: u64,
+    pub(crate) shard: u32,
+    pub(crate) generation: u64,
+    pub(crate) entity_id: &'a str,
+    pub(crate) index: u16,
+    pub(crate) hops: u8,
+    pub(crate) reply_to: Option<ReplyTarget>,
+    pub(crate) payload: &'a [u8],
+}
+
+/// Appends the canonical CBOR of `DataMsg::Envelope(e)` to `out`.
+pub(crate) fn encode_envelope(out: &mut Vec<u8>, e: &EnvelopeRef<'_>) {
+    out.reserve(160 + e.type_name.len() + e.entity_id.len() + e.payload.len());
+    put_head(out, MAJOR_MAP, 1);
+    put_text(out, "Envelope");
+    put_head(out, MAJOR_MAP, 9);
+    put_text(out, "type_name");
+    put_text(out, e.type_name);
+    put_text(out, "fingerprint");
+    put_uint(out, e.fingerprint);
+    put_text(out, "shard");
+    put_uint(out, u64::from(e.shard));
+    put_text(out, "generation");
+    put_uint(out, e.generation);
+    put_text(out, "entity_id");
+    put_text(out, e.entity_id);
+    put_text(out, "index");
+    put_uint(out, u64::from(e.index));
+    put_text(out, "hops");
+    put_uint(out, u64::from(e.hops));
+    put_text(out, "reply_to");
+    match &e.reply_to {
+        None => out.push(NULL),
+        Some(target) => {
+            put_head(out, MAJOR_MAP, 2);
+            put_text(out, "origin");
+            put_address(out, &target.origin);
+            put_text(out, "ask_id");
+            put_uint(out, target.ask_id);
+        }
+    }
+    put_text(out, "payload");
+    put_bytes(out, e.payload);
+}
+
+/// Appends the canonical CBOR of `DataMsg::Reply { ask_id, result: Ok(value) }`.
+pub(crate) fn encode_reply_ok(out: &mut Vec<u8>, ask_id: u64, value: &[u8]) {
+    out.reserve(32 + value.len());
+    put_head(out, MAJOR_MAP, 1);
+    put_text(out, "Reply");
+    put_head(out, MAJOR_MAP, 2);
+    put_text(out, "ask_id");
+    put_uint(out, ask_id);
+    put_text(out, "result");
+    put_head(out, MAJOR_MAP, 1);
+    put_text(out, "Ok");
+    put_bytes(out, value);
+}
+
+/// A hot data message decoded in place.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum DataRef<'a> {
+    Envelope(EnvelopeRef<'a>),
+    ReplyOk { ask_id: u64, value: &'a [u8] },
+}
+
+struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let end = self.pos.checked_add(n)?;
+        let s = self.buf.get(self.pos..end)?;
+        self.pos = end;
+        Some(s)
+    }
+
+    fn peek(&self) -> Option<u8> {
+        self.buf.get(self.pos).copied()
+    }
+
+    /// A head with a definite, shortest-form argument.
+    fn head(&mut self) -> Option<(u8, u64)> {
+        let b = *self.take(1)?.first()?;
+        let (major, info) = (b >> 5, b & 0x1f);
+        let arg = match info {
+            0..=23 => u64::from(info),
+            24..=27 => {
+                let width = 1usize << (info - 24);
+                let mut a = [0u8; 8];
+                a.get_mut(8 - width..)?.copy_from_slice(self.take(width)?);
+                let v = u64::from_be_bytes(a);
+                let floor = if width == 1 { 24 } else { 1u64 << (4 * width) };
+                if v < floor {
+                    return None;
+                }
+                v
+            }
+            _ => return None,
+        };
+        Some((major, arg))
+    }
+
+    fn expect(&mut self, major: u8, arg: u64) -> Option<()> {
+        (self.head()? == (major, arg)).then_some(())
+    }
+
+    fn key(&mut self, name: &str) -> Option<()> {
+        self.expect(MAJOR_TEXT, name.len() as u64)?;
+        (self.take(name.len())? == name.as_bytes()).then_some(())
+    }
+
+    fn text(&mut self) -> Option<&'a str> {
+        let (major, len) = self.head()?;
+        if major != MAJOR_TEXT {
+            return None;
+        }
+        std::str::from_utf8(self.take(usize::try_from(len).ok()?)?).ok()
+    }
+
+    fn uint(&mut self) -> Option<u64> {
+        let (major, v) = self.head()?;
+        (major == MAJOR_UINT).then_some(v)
+    }
+
+    fn bytes(&mut self) -> Option<&'a [u8]> {
+        let (major, len) = self.head()?;
+        if major != MAJOR_BYTES {
+            return None;
+        }
+        self.take(usize::try_from(len).ok()?)
+    }
+
+    fn address(&mut self) -> Option<UniqueAddress> {
+        self.expect(MAJOR_MAP, 3)?;
+        self.key("addr")?;
+        self.expect(MAJOR_MAP, 1)?;
+        let family = self.text()?;
+        self.expect(MAJOR_ARRAY, 2)?;
+        let ip = match family {
+            "V4" => {
+                self.expect(MAJOR_ARRAY, 4)?;
+                let mut o = [0u8; 4];
+                for b in &mut o {
+                    *b = u8::try_from(self.uint()?).ok()?;
+                }
+                IpAddr::V4(Ipv4Addr::from(o))
+            }
+            "V6" => {
+                self.expect(MAJOR_ARRAY, 16)?;
+                let mut o = [0u8; 16];
+                for b in &mut o {
+                    *b = u8::try_from(self.uint()?).ok()?;
+                }
+                IpAddr::V6(Ipv6Addr::from(o))
+            }
+            _ => return None,
+        };
+        let port = u16::try_from(self.uint()?).ok()?;
+        self.key("node_id")?;
+        let node_id = NodeId(self.uint()?);
+        self.key("incarnation")?;
+        let incarnation = self.uint()?;
+        Some(UniqueAddress {
+            addr: SocketAddr::new(ip, port),
+            node_id,
+            incarnation,
+        })
+    }
+}
+
+/// Decodes an envelope or an `Ok` reply in canonical form; `None` for
+/// anything else (which serde then decodes, or refuses).
+pub(crate) fn decode(body: &[u8]) -> Option<DataRef<'_>> {
+    let mut r = Reader { buf: body, pos: 0 };
+    r.expect(MAJOR_MAP, 1)?;
+    let msg = match r.text()? {
+        "Envelope" => {
+            r.expect(MAJOR_MAP, 9)?;
+            r.key("type_name")?;
+            let type_name = r.text()?;
+            r.key("fingerprint")?;
+            let fingerprint = r.uint()?;
+            r.key("shard")?;
+            let shard = u32::try_from(r.uint()?).ok()?;
+            r.key("generation")?;
+            let generation = r.uint()?;
+            r.key("entity_id")?;
+            let entity_id = r.text()?;
+            r.key("index")?;
+            let index = u16::try_from(r.uint()?).ok()?;
+            r.key("hops")?;
+            let hops = u8::try_from(r.uint()?).ok()?;
+            r.key("reply_to")?;
+            let reply_to = if r.peek()? == NULL {
+                r.take(1)?;
+                None
+            } else {
+                r.expect(MAJOR_MAP, 2)?;
+                r.key("origin")?;
+                let origin = r.address()?;
+                r.key("ask_id")?;
+                let ask_id = r.uint()?;
+                Some(ReplyTarget { origin, ask_id })
+            };
+            r.key("payload")?;
+            let payload = r.bytes()?;
+            DataRef::Envelope(EnvelopeRef {
+                type_name,
+                fingerprint,
+                shard,
+                generation,
+                entity_id,
+                index,
+                hops,
+                reply_to,
+                payload,
+            })
+        }
+        "Reply" => {
+            r.expect(MAJOR_MAP, 2)?;
+            r.key("ask_id")?;
+            let ask_id = r.uint()?;
+            r.key("result")?;
+            r.expect(MAJOR_MAP, 1)?;
+            r.key("Ok")?;
+            DataRef::ReplyOk {
+                ask_id,
+                value: r.bytes()?,
+            }
+        }
+        _ => return None,
+    };
+    (r.pos == body.len()).then_some(msg)
+}
+
+#[cfg(test)]
+mod tests {
+    use quickcheck::{Arbitrary, Gen, QuickCheck};
+
+    use super::*;
+    use crate::sharding::wire::{DataMsg, DataMsgOut, EnvelopeOut, ReplyBody, ReplyBodyOut};
+
+    #[derive(Clone, Debug)]
+    struct Case {
+        type_name: String,
+        fingerprint: u64,
+        shard: u32,
+        generation: u64,
+        entity_id: String,
+        index: u16,
+        hops: u8,
+        reply_to: Option<(bool, [u8; 16], u16, u64, u64, u64)>,
+        payload: Vec<u8>,
+    }
+
+    impl Arbitrary for Case {
+        fn arbitrary(g: &mut Gen) -> Self {
+            let mut ip = [0u8; 16];
+            for b in &mut ip {
+                *b = u8::arbitrary(g);
+            }
+            Case {
+                type_name: String::arbitrary(g),
+                fingerprint: u64::arbitrary(g),
+                shard: u32::arbitrary(g),
+                generation: u64::arbitrary(g),
+                entity_id: String::arbitrary(g),
+                index: u16::arbitrary(g),
+                hops: u8::arbitrary(g),
+                reply_to: Option::<(bool, u16, u64, u64, u64)>::arbitrary(g)
+                    .map(|(v6, port, id, inc, ask)| (v6, ip, port, id, inc, ask)),
+                payload: Vec::arbitrary(g),
+            }
+        }
+    }
+
+    impl Case {
+        fn target(&self) -> Option<ReplyTarget> {
+            self.reply_to.map(|(v6, ip, port, id, inc, ask)| {
+                let ip = if v6 {
+                    IpAddr::V6(Ipv6Addr::from(ip))
+                } else {
+                    IpAddr::V4(Ipv4Addr::new(ip[0], ip[1], ip[2], ip[3]))
+                };
+                ReplyTarget {
+                    origin: UniqueAddress {
+                        addr: SocketAddr::new(ip, port),
+                        node_id: NodeId(id),
+                        incarnation: inc,
+                    },
+                    ask_id: ask,
+                }
+            })
+        }
+
+        fn as_ref(&self) -> EnvelopeRef<'_> {
+            EnvelopeRef {
+                type_name: &self.type_name,
+                fingerprint: self.fingerprint,
+                shard: self.shard,
+                generation: self.generation,
+                entity_id: &self.entity_id,
+                index: self.index,
+                hops: self.hops,
+                reply_to: self.target(),
+                payload: &self.payload,
+            }
+        }
+    }
+
+    fn serde_bytes(c: &Case) -> Vec<u8> {
+        DataMsgOut::Envelope(EnvelopeOut {
+            type_name: &c.type_name,
+            fingerprint: c.fingerprint,
+            shard: c.shard,
+            generation: c.generation,
+            entity_id: &c.entity_id,
+            index: c.index,
+            hops: c.hops,
+            reply_to: c.target(),
+            payload: &c.payload,
+        })
+        .encode()
+    }
+
+    fn envelope_agrees(c: Case) -> bool {
+        let mut fast = Vec::new();
+        encode_envelope(&mut fast, &c.as_ref());
+        let same_bytes = fast == serde_bytes(&c);
+        let decoded = decode(&fast) == Some(DataRef::Envelope(c.as_ref()));
+        let serde_reads = match ciborium::from_reader::<DataMsg, _>(&fast[..]) {
+            Ok(DataMsg::Envelope(e)) => {
+                e.type_name == c.type_name
+                    && e.entity_id == c.entity_id
+                    && e.payload[..] == c.payload[..]
+                    && e.reply_to == c.target()
+                    && e.generation == c.generation
+            }
+            _ => false,
+        };
+        same_bytes && decoded && serde_reads
+    }
+
+    fn reply_agrees(ask_id: u64, value: Vec<u8>) -> bool {
+        let mut fast = Vec::new();
+        encode_reply_ok(&mut fast, ask_id, &value);
+        let serde = DataMsgOut::Reply {
+            ask_id,
+            result: ReplyBodyOut::Ok(&value),
+        }
+        .encode();
+        let serde_reads = matches!(
+            ciborium::from_reader::<DataMsg, _>(&fast[..]),
+            Ok(DataMsg::Reply { ask_id: a, result: ReplyBody::Ok(v) }) if a == ask_id && v[..] == value[..]
+        );
+        fast == serde && decode(&fast) == Some(DataRef::ReplyOk { ask_id, value: &value }) && serde_reads
+    }
+
+    /// Whatever the fast decoder accepts (of mutated valid bodies), serde
+    /// decodes to the same message.
+    fn mutated_agrees(c: Case, flips: Vec<(usize, u8)>) -> bool {
+        let mut bytes = Vec::new();
+        encode_envelope(&mut bytes, &c.as_ref());
+        for (at, x) in flips {
+            if !bytes.is_empty() {
+                let i = at % bytes.len();
+                bytes[i] ^= x;
+            }
+        }
+        match decode(&bytes) {
+            None => true,
+            Some(DataRef::Envelope(e)) => matches!(
+                ciborium::from_reader::<DataMsg, _>(&bytes[..]),
+                Ok(DataMsg::Envelope(s)) if s.type_name == e.type_name && s.entity_id == e.entity_id
+                    && s.payload[..] == *e.payload && s.reply_to == e.reply_to && s.shard == e.shard
+                    && s.fingerprint == e.fingerprint && s.generation == e.generation
+                    && s.index == e.index && s.hops == e.hops
+            ),
+            Some(DataRef::ReplyOk { ask_id, value }) => matches!(
+                ciborium::from_reader::<DataMsg, _>(&bytes[..]),
+                Ok(DataMsg::Reply { ask_id: a, result: ReplyBody::Ok(v) }) if a == ask_id && v[..] == *value
+            ),
+        }
+    }
+
+    #[test]
+    fn fast_envelopes_are_serdes_bytes() {
+        QuickCheck::new()
+            .tests(2000)
+            .quickcheck(envelope_agrees as fn(Case) -> bool);
+    }
+
+    #[test]
+    fn fast_replies_are_serdes_bytes() {
+        QuickCheck::new()
+            .tests(1000)
+            .quickcheck(reply_agrees as fn(u64, Vec<u8>) -> bool);
+    }
+
+    #[test]
+    fn fast_decoder_never_disagrees_with_serde() {
+        QuickCheck::new()
+            .tests(3000)
+            .quickcheck(mutated_agrees as fn(Case, Vec<(usize, u8)>) -> bool);
+    }
+}
