@@ -79,10 +79,8 @@ pub struct LocalEnvelope {
 
 /// Encodes an envelope's message and splits off its reply route, or gives the
 /// body back with the reason it could not be encoded.
-type IntoRemote = fn(
-    Box<dyn Any + Send>,
-    &mut Vec<u8>,
-) -> Result<Route, (ShardingError, Box<dyn Any + Send>)>;
+type IntoRemote =
+    fn(Box<dyn Any + Send>, &mut Vec<u8>) -> Result<Route, (ShardingError, Box<dyn Any + Send>)>;
 
 impl std::fmt::Debug for LocalEnvelope {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -264,6 +264,10 @@ impl<S> ShardedSystem<S> {
             id: TypeId::of::<E::Protocol>(),
             fingerprint: <E::Protocol as Protocol>::FINGERPRINT,
             decode: <E::Protocol as SealedProtocol>::decode,
+            extract: |entity_id, num_shards| {
+                <<E::Protocol as Protocol>::Extractor as Default>::default()
+                    .shard_id(entity_id, num_shards)
+            },
         };
         let cluster = self.shared.cluster.as_ref().map(|link| RegionCluster {
             me: link.remote.me(),

@@ -485,36 +485,17 @@ async fn bad_envelopes_are_answered_with_errors_and_the_node_keeps_serving() {
     let me = client.local();
     let good_payload = cbor(&Home);
     let fp = <Tally as Protocol>::FINGERPRINT;
+    let right = nodes[1].system.entity_ref::<Tally>("tally-1").shard_id().0;
+    let wrong = (right + 1) % SHARDS;
+    #[rustfmt::skip]
     let cases: Vec<(u64, &str, u64, u32, u16, Vec<u8>, &str)> = vec![
-        (
-            1,
-            "no-such-type",
-            fp,
-            0,
-            2,
-            good_payload.clone(),
-            "NotRegistered",
-        ),
-        (
-            2,
-            "tally",
-            fp ^ 1,
-            0,
-            2,
-            good_payload.clone(),
-            "ProtocolMismatch",
-        ),
-        (
-            3,
-            "tally",
-            fp,
-            SHARDS + 7,
-            2,
-            good_payload.clone(),
-            "InvalidShard",
-        ),
-        (4, "tally", fp, 0, 99, good_payload.clone(), "Undecodable"),
-        (5, "tally", fp, 0, 0, vec![0xff, 0x00, 0x13], "Undecodable"),
+        (1, "no-such-type", fp, right, 2, good_payload.clone(), "NotRegistered"),
+        (2, "tally", fp ^ 1, right, 2, good_payload.clone(), "ProtocolMismatch"),
+        (3, "tally", fp, SHARDS + 7, 2, good_payload.clone(), "InvalidShard"),
+        (4, "tally", fp, right, 99, good_payload.clone(), "Undecodable"),
+        (5, "tally", fp, right, 0, vec![0xff, 0x00, 0x13], "Undecodable"),
+        // A shard this node's extractor would not put the entity in.
+        (6, "tally", fp, wrong, 2, good_payload.clone(), "InvalidShard"),
     ];
     for (ask_id, type_name, fingerprint, shard, index, payload, _) in &cases {
         let msg = DataOut::Envelope(EnvelopeOut {

@@ -88,8 +88,10 @@ impl Slot {
 /// What applying a shard's home did.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum HomeChange {
-    /// Nothing to do: known already, or older than what the region holds.
+    /// Nothing to do: known already.
     Unchanged,
+    /// Older than what the region holds: ignored.
+    Stale,
     /// Now routed to another node.
     Remote,
     /// This node is the new home: the region actor must start the shard
@@ -131,6 +133,8 @@ pub(crate) struct Region {
     pub(crate) fingerprint: u64,
     /// The protocol's decoder for remote envelopes.
     pub(crate) decode: DecodeFn,
+    /// The protocol's extractor, to check the shard a remote envelope names.
+    pub(crate) extract: ExtractFn,
     cluster: Option<RegionCluster>,
     buffer_cap: usize,
     slots: Box<[Mutex<Slot>]>,
@@ -147,7 +151,11 @@ pub(crate) struct RegionProtocol {
     pub(crate) id: std::any::TypeId,
     pub(crate) fingerprint: u64,
     pub(crate) decode: DecodeFn,
+    pub(crate) extract: ExtractFn,
 }
+
+/// The protocol's shard extractor: entity id and shard count to shard.
+pub(crate) type ExtractFn = fn(&str, u32) -> ShardId;
 
 /// Locks a slot. No code panics while holding it, so a poisoned lock (a
 /// panic elsewhere in the thread) still guards consistent data.
@@ -173,6 +181,7 @@ impl Region {
             protocol: protocol.id,
             fingerprint: protocol.fingerprint,
             decode: protocol.decode,
+            extract: protocol.extract,
             cluster,
             buffer_cap,
             slots,
@@ -213,8 +222,9 @@ impl Region {
             Slot::Remote(home) if envelope.routed_under() > home.generation => {
                 // The sender knows a newer allocation than this node (the
                 // coordinator's word on it is on its way here): wait for it
-                // rather than forward along an older table.
-                let generation = home.generation;
+                // rather than forward along an older table. An older home
+                // arriving meanwhile is then ignored as stale.
+                let generation = envelope.routed_under();
                 let requested = self.request_allocation(shard);
                 *guard = Slot::Unallocated {
                     buffer: vec![Buffered::Message(entity_id.clone(), envelope)],
@@ -440,6 +450,19 @@ impl Region {
         entity_id: &Arc<str>,
         incarnation: Option<u64>,
     ) -> ShardingResult<()> {
+        self.passivate_from(shard, entity_id, incarnation, false)
+    }
+
+    /// [`passivate`](Self::passivate); a request `from_remote` (another node
+    /// sent it here) is not sent on again when the shard is not hosted here,
+    /// so two disagreeing tables cannot bounce it between them.
+    pub(crate) fn passivate_from(
+        &self,
+        shard: ShardId,
+        entity_id: &Arc<str>,
+        incarnation: Option<u64>,
+        from_remote: bool,
+    ) -> ShardingResult<()> {
         let mut guard = lock(&self.slots[shard.0 as usize]);
         let (result, undelivered) = match &mut *guard {
             Slot::Unallocated { buffer, .. } => {
@@ -457,6 +480,7 @@ impl Region {
                 (result, Vec::new())
             }
             Slot::Local(local) => self.passivate_in(local, shard, entity_id, incarnation),
+            Slot::Remote(_) if from_remote => (Ok(()), Vec::new()),
             Slot::Remote(home) => {
                 // A request from an entity's own incarnation is always local.
                 let result = match (&self.cluster, incarnation) {
@@ -600,8 +624,11 @@ impl Region {
             return HomeChange::Unchanged;
         };
         let mut guard = lock(&self.slots[shard.0 as usize]);
-        if matches!(*guard, Slot::Stopped) || home.generation < guard.generation() {
+        if matches!(*guard, Slot::Stopped) {
             return HomeChange::Unchanged;
+        }
+        if home.generation < guard.generation() {
+            return HomeChange::Stale;
         }
         if home.owner == cluster.me {
             return match &mut *guard {
@@ -668,6 +695,17 @@ impl Region {
         stopping.stop_all();
         fail_undelivered(undelivered);
         HomeChange::Remote
+    }
+
+    /// The highest allocation generation this region has seen for `shard`.
+    pub(crate) fn generation_of(&self, shard: ShardId) -> u64 {
+        match self.slots.get(shard.0 as usize) {
+            Some(slot) => match &*lock(slot) {
+                Slot::Stopped => 0,
+                other => other.generation(),
+            },
+            None => 0,
+        }
     }
 
     /// `node` is gone (downed, exited, removed): shards routed to it wait

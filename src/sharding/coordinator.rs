@@ -304,6 +304,12 @@ impl CoordinatorCore {
         if should_be_active && !self.active {
             self.active = true;
             self.settling_until = Some(now + self.config.settle);
+            // Registrations from an earlier term, or sent before this node
+            // saw itself coordinator, may miss what moved since: settle on
+            // fresh ones (regions register with every new coordinator and
+            // again until they hear its table).
+            let me = self.me;
+            self.registered.retain(|m| *m == me);
         } else if !should_be_active && self.active {
             self.active = false;
             self.settling_until = None;
@@ -348,6 +354,22 @@ impl CoordinatorCore {
         let mut out = Vec::new();
         self.registered.insert(from);
         for reg in types {
+            if reg.num_shards == 0 || reg.num_shards > crate::config::MAX_SHARDS {
+                if self.active {
+                    out.push(Command::Send {
+                        to: from,
+                        msg: ControlMsg::Refused {
+                            type_name: reg.type_name.clone(),
+                            reason: format!(
+                                "num_shards {} is outside 1..={}",
+                                reg.num_shards,
+                                crate::config::MAX_SHARDS
+                            ),
+                        },
+                    });
+                }
+                continue;
+            }
             let table = self
                 .types
                 .entry(reg.type_name.clone())
@@ -405,13 +427,15 @@ impl CoordinatorCore {
         out
     }
 
-    /// A region asks where `shard` of `type_name` lives.
+    /// A region asks where `shard` of `type_name` lives; it has seen the
+    /// shard under `generation` at most.
     pub(crate) fn get_home(
         &mut self,
         now: Instant,
         from: UniqueAddress,
         type_name: &str,
         shard: u32,
+        generation: u64,
     ) -> Vec<Command> {
         if !self.active {
             return Vec::new();
@@ -419,8 +443,19 @@ impl CoordinatorCore {
         let Some(table) = self.types.get_mut(type_name) else {
             return Vec::new();
         };
-        if shard >= table.num_shards {
+        if shard >= table.num_shards || !table.regions.contains(&from) {
+            // Unknown shard, or a region that has not registered (its
+            // registration was lost or refused): no answer; a region
+            // registers again until it hears this coordinator's table.
             return Vec::new();
+        }
+        let i = shard as usize;
+        if generation > table.generations[i] {
+            // The asker saw an allocation this core does not know of (its
+            // knowledge was lost with an earlier coordinator): what this
+            // core holds is older, so the shard is allocated anew above it.
+            table.generations[i] = generation;
+            table.homes[i] = None;
         }
         if let Some(home) = table.homes[shard as usize]
             && self.members.contains_key(&home.owner)
@@ -579,7 +614,14 @@ impl CoordinatorCore {
             return None;
         };
         let table = self.types.get_mut(type_name)?;
-        let generation = table.generations[shard as usize] + 1;
+        let Some(generation) = table.generations[shard as usize].checked_add(1) else {
+            tracing::error!(
+                type_name,
+                shard,
+                "shard generation exhausted; shard stays unallocated"
+            );
+            return None;
+        };
         let home = ShardHome { owner, generation };
         table.generations[shard as usize] = generation;
         table.homes[shard as usize] = Some(home);

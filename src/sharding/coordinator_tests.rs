@@ -90,18 +90,19 @@ fn settled(n: u16, num_shards: u32) -> (CoordinatorCore, Instant, Vec<UniqueAddr
     let t0 = Instant::now();
     let nodes: Vec<UniqueAddress> = (1..=n).map(node).collect();
     let mut c = core(nodes[0]);
+    c.set_membership(t0, &view(nodes[0], &nodes, &[], &[]));
+    assert!(c.is_active());
     for a in &nodes {
         c.register(t0, *a, &reg(num_shards, vec![]));
     }
-    c.set_membership(t0, &view(nodes[0], &nodes, &[], &[]));
-    assert!(c.is_active());
+    assert_eq!(c.poll_timeout(), None, "settled: every member registered");
     (c, t0, nodes)
 }
 
 #[test]
 fn first_request_allocates_to_least_loaded_and_tells_every_region() {
     let (mut c, t0, n) = settled(3, 8);
-    let out = c.get_home(t0, n[1], TYPE, 5);
+    let out = c.get_home(t0, n[1], TYPE, 5, 0);
     // All counts are 0: the oldest member wins the tie.
     assert_eq!(
         out,
@@ -112,9 +113,12 @@ fn first_request_allocates_to_least_loaded_and_tells_every_region() {
         ]
     );
     // Known now: only the asker hears it again.
-    assert_eq!(c.get_home(t0, n[2], TYPE, 5), vec![home(n[2], 5, n[0], 1)]);
+    assert_eq!(
+        c.get_home(t0, n[2], TYPE, 5, 0),
+        vec![home(n[2], 5, n[0], 1)]
+    );
     // The next shard goes to a member with fewer shards.
-    let out = c.get_home(t0, n[2], TYPE, 6);
+    let out = c.get_home(t0, n[2], TYPE, 6, 0);
     assert_eq!(out[0], home(n[0], 6, n[1], 1));
 }
 
@@ -122,7 +126,7 @@ fn first_request_allocates_to_least_loaded_and_tells_every_region() {
 fn least_shards_keeps_counts_within_one() {
     let (mut c, t0, n) = settled(3, 64);
     for shard in 0..64 {
-        c.get_home(t0, n[shard as usize % 3], TYPE, shard);
+        c.get_home(t0, n[shard as usize % 3], TYPE, shard, 0);
     }
     let mut counts = BTreeMap::new();
     for shard in 0..64 {
@@ -141,7 +145,7 @@ fn least_shards_keeps_counts_within_one() {
 fn a_downed_owner_loses_all_its_shards_at_once_as_dead_owner_moves() {
     let (mut c, t0, n) = settled(3, 30);
     for shard in 0..30 {
-        c.get_home(t0, n[0], TYPE, shard);
+        c.get_home(t0, n[0], TYPE, shard, 0);
     }
     let owned_by_2: Vec<u32> = (0..30)
         .filter(|s| c.home(TYPE, *s).unwrap().owner == n[2])
@@ -166,16 +170,16 @@ fn a_downed_owner_loses_all_its_shards_at_once_as_dead_owner_moves() {
 #[test]
 fn an_unreachable_owner_keeps_its_shards_but_gets_no_new_ones() {
     let (mut c, t0, n) = settled(2, 4);
-    c.get_home(t0, n[0], TYPE, 0);
-    c.get_home(t0, n[0], TYPE, 1);
+    c.get_home(t0, n[0], TYPE, 0, 0);
+    c.get_home(t0, n[0], TYPE, 1, 0);
     assert_eq!(c.home(TYPE, 1).unwrap().owner, n[1]);
     assert!(
         c.set_membership(t0, &view(n[0], &n, &[], &n[1..]))
             .is_empty()
     );
     assert_eq!(c.home(TYPE, 1).unwrap().owner, n[1]);
-    c.get_home(t0, n[0], TYPE, 2);
-    c.get_home(t0, n[0], TYPE, 3);
+    c.get_home(t0, n[0], TYPE, 2, 0);
+    c.get_home(t0, n[0], TYPE, 3, 0);
     assert_eq!(c.home(TYPE, 2).unwrap().owner, n[0]);
     assert_eq!(c.home(TYPE, 3).unwrap().owner, n[0]);
 }
@@ -185,12 +189,14 @@ fn only_members_with_a_region_of_the_type_get_its_shards() {
     let t0 = Instant::now();
     let n: Vec<UniqueAddress> = (1..=3).map(node).collect();
     let mut c = core(n[0]);
+    c.set_membership(t0, &view(n[0], &n, &[], &[]));
     c.register(t0, n[1], &reg(4, vec![]));
     c.register(t0, n[0], &[]);
     c.register(t0, n[2], &[]);
-    c.set_membership(t0, &view(n[0], &n, &[], &[]));
     for shard in 0..4 {
-        c.get_home(t0, n[0], TYPE, shard);
+        // A node without a region of the type gets no answer.
+        assert!(c.get_home(t0, n[0], TYPE, shard, 0).is_empty());
+        c.get_home(t0, n[1], TYPE, shard, 0);
         assert_eq!(c.home(TYPE, shard).unwrap().owner, n[1]);
     }
 }
@@ -204,7 +210,7 @@ fn a_request_without_any_candidate_waits_for_one() {
     c.register(t0, n[0], &[]);
     c.register(t0, n[1], &reg(4, vec![]));
     c.set_membership(t0, &view(n[0], &n, &[], &n[1..]));
-    assert!(c.get_home(t0, n[1], TYPE, 0).is_empty());
+    assert!(c.get_home(t0, n[1], TYPE, 0, 0).is_empty());
     // Reachable again: the waiting shard goes there, and its region hears.
     let out = c.set_membership(t0, &view(n[0], &n, &[], &[]));
     assert_eq!(out, vec![home(n[1], 0, n[1], 1)]);
@@ -285,7 +291,7 @@ fn takeover_keeps_the_highest_generation_and_waits_to_settle() {
     let out = c.set_membership(t0, &view(n[1], &alive, &n[..1], &[]));
     assert!(out.is_empty(), "settling: nothing reallocated yet: {out:?}");
     // A request for an unknown shard waits while settling.
-    assert!(c.get_home(t0, n[2], TYPE, 2).is_empty());
+    assert!(c.get_home(t0, n[1], TYPE, 2, 0).is_empty());
     // Node 3 registers its shard 0 with the higher generation.
     let out = c.register(t0, n[2], &reg(4, vec![(0, n[2], 4)]));
     assert!(matches!(
@@ -326,7 +332,7 @@ fn settle_ends_after_the_timeout_without_every_registration() {
     let mut c = core(n[0]);
     c.register(t0, n[0], &reg(2, vec![]));
     c.set_membership(t0, &view(n[0], &n, &[], &[]));
-    assert!(c.get_home(t0, n[0], TYPE, 0).is_empty());
+    assert!(c.get_home(t0, n[0], TYPE, 0, 0).is_empty());
     let deadline = c.poll_timeout().expect("settling");
     assert_eq!(deadline, t0 + CoordinatorConfig::default().settle);
     assert!(c.tick(deadline - Duration::from_millis(1)).is_empty());
@@ -343,7 +349,7 @@ fn an_inactive_core_records_but_answers_nothing() {
     c.set_membership(t0, &view(n[1], &n, &[], &[]));
     assert!(!c.is_active());
     assert!(c.register(t0, n[0], &reg(2, vec![(0, n[0], 1)])).is_empty());
-    assert!(c.get_home(t0, n[0], TYPE, 1).is_empty());
+    assert!(c.get_home(t0, n[0], TYPE, 1, 0).is_empty());
     assert_eq!(
         c.home(TYPE, 0),
         Some(ShardHome {
@@ -474,7 +480,11 @@ fn check_history(ops: Vec<Op>) -> Result<(), String> {
             Op::Ask(i, shard)
                 if alive.contains(&(i as usize)) && registered.contains(&(i as usize)) =>
             {
-                commands.extend(c.get_home(now, nodes[i as usize], TYPE, u32::from(shard)));
+                let seen = known
+                    .get(&(i as usize))
+                    .and_then(|k| k.get(&u32::from(shard)))
+                    .map_or(0, |(_, g)| *g);
+                commands.extend(c.get_home(now, nodes[i as usize], TYPE, u32::from(shard), seen));
             }
             _ => commands.extend(c.tick(now)),
         }
@@ -622,6 +632,70 @@ fn regression_only_regions_ask_and_remember() {
         Advance(1471),
     ];
     assert_eq!(check_history(ops), Ok(()));
+}
+
+#[test]
+fn a_region_that_saw_a_newer_generation_gets_a_home_above_it() {
+    let (mut c, t0, n) = settled(2, 4);
+    c.get_home(t0, n[0], TYPE, 0, 0);
+    assert_eq!(c.home(TYPE, 0).unwrap().generation, 1);
+    // Node 2 saw generation 5 (from a coordinator whose knowledge is lost).
+    let out = c.get_home(t0, n[1], TYPE, 0, 5);
+    let h = c.home(TYPE, 0).unwrap();
+    assert_eq!(h.generation, 6);
+    assert!(out.contains(&home(n[1], 0, h.owner, 6)), "{out:?}");
+}
+
+#[test]
+fn a_returning_coordinator_settles_on_fresh_registrations() {
+    let t0 = Instant::now();
+    let n: Vec<UniqueAddress> = (1..=3).map(node).collect();
+    let mut c = core(n[0]);
+    c.set_membership(t0, &view(n[0], &n, &[], &[]));
+    for a in &n {
+        c.register(t0, *a, &reg(4, vec![]));
+    }
+    assert_eq!(c.poll_timeout(), None, "everyone registered: settled");
+    // Node 1 is unreachable for a while (node 2 coordinates), then returns.
+    c.set_membership(t0, &view(n[0], &n, &[], &n[..1]));
+    assert!(!c.is_active());
+    c.set_membership(t0, &view(n[0], &n, &[], &[]));
+    assert!(c.is_active());
+    assert!(
+        c.get_home(t0, n[1], TYPE, 0, 0).is_empty(),
+        "settling again"
+    );
+    c.register(t0, n[1], &reg(4, vec![]));
+    let out = c.register(t0, n[2], &reg(4, vec![]));
+    assert!(
+        out.iter().any(|cmd| matches!(
+            cmd,
+            Command::Send {
+                msg: ControlMsg::Home { shard: 0, .. },
+                ..
+            }
+        )),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn an_absurd_shard_count_is_refused_without_allocating_it() {
+    let (mut c, t0, n) = settled(2, 4);
+    let mut bad = reg(4, vec![]);
+    bad[0].type_name = "huge".into();
+    bad[0].num_shards = u32::MAX;
+    let out = c.register(t0, n[1], &bad);
+    assert!(
+        matches!(
+            &out[..],
+            [Command::Send {
+                msg: ControlMsg::Refused { .. },
+                ..
+            }]
+        ),
+        "{out:?}"
+    );
 }
 
 #[test]

@@ -38,8 +38,8 @@ use crate::sharding::coordinator::{
     Command, CoordinatorConfig, CoordinatorCore, LeastShardAllocation, RebalanceRound,
     ShardAllocationStrategy, ShardHome,
 };
-use crate::sharding::remote::Remote;
 use crate::sharding::fast::{self, DataRef, EnvelopeRef};
+use crate::sharding::remote::Remote;
 use crate::sharding::wire::{ControlMsg, DataMsg, RemoteError, ReplyBody, TypeRegistration};
 use crate::warn_limit::{WarnLimit, warn_limited};
 
@@ -56,6 +56,9 @@ const CONTROL_CAPACITY: usize = 4_096;
 const TICK: Duration = Duration::from_millis(100);
 /// An unanswered allocation request is sent again after this long.
 const RETRY_GET_HOME: Duration = Duration::from_millis(300);
+/// A registration the coordinator has not answered with its table is sent
+/// again after this long.
+const REREGISTER_AFTER: Duration = Duration::from_millis(500);
 /// How often asks whose caller gave up are swept.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
@@ -155,6 +158,8 @@ impl ClusterLink {
             lost: BTreeSet::new(),
             seen: BTreeSet::new(),
             coordinator: None,
+            heard_from: None,
+            registered_at: None,
             waiting: BTreeMap::new(),
             rounds: self.rounds.clone(),
             remote: self.remote.clone(),
@@ -238,7 +243,8 @@ fn handle_data(shared: &Shared, remote: &Arc<Remote>, incoming: Incoming) {
         } => {
             if let Some(region) = shared.region(&type_name)
                 && shard < region.num_shards()
-                && let Err(error) = region.passivate(ShardId(shard), &entity_id.into(), None)
+                && let Err(error) =
+                    region.passivate_from(ShardId(shard), &entity_id.into(), None, true)
             {
                 tracing::debug!(from = %incoming.from, %error, "remote passivation request dropped");
             }
@@ -255,7 +261,9 @@ fn deliver_envelope(
     envelope: EnvelopeRef<'_>,
 ) {
     let sink: Arc<dyn ReplySink> = remote.clone();
-    let reply = envelope.reply_to.map(|target| RemoteReply::new(target, sink));
+    let reply = envelope
+        .reply_to
+        .map(|target| RemoteReply::new(target, sink));
     let refuse = |reply: Option<RemoteReply>, error: RemoteError| {
         tracing::debug!(%from, type_name = %envelope.type_name, ?error, "remote envelope refused");
         if let Some(reply) = reply {
@@ -274,7 +282,12 @@ fn deliver_envelope(
             },
         );
     }
-    if envelope.shard >= region.num_shards() {
+    if envelope.shard >= region.num_shards()
+        || (region.extract)(envelope.entity_id, region.num_shards()) != ShardId(envelope.shard)
+    {
+        // Out of range, or not the shard this node's extractor and shard
+        // count put the entity in (a node configured differently): refused,
+        // so one entity never lives in two shards.
         return refuse(
             reply,
             RemoteError::InvalidShard {
@@ -313,8 +326,12 @@ struct Control {
     lost: BTreeSet<UniqueAddress>,
     /// Every member seen in a view.
     seen: BTreeSet<UniqueAddress>,
-    /// The coordinator this node registered with last.
+    /// The coordinator in this node's view.
     coordinator: Option<UniqueAddress>,
+    /// The coordinator whose table this node has heard since registering,
+    /// and when this node last sent it a registration.
+    heard_from: Option<UniqueAddress>,
+    registered_at: Option<Instant>,
     /// Shards asked for and not yet given a home, with when they were asked.
     waiting: BTreeMap<(&'static str, u32), Instant>,
     rounds: Arc<Mutex<Vec<RebalanceRound>>>,
@@ -355,6 +372,7 @@ impl Control {
                     let commands = self.core.tick(now);
                     self.execute(commands);
                     self.retry(now);
+                    self.reregister(now);
                     if now.duration_since(last_sweep) >= SWEEP_EVERY {
                         last_sweep = now;
                         self.remote.sweep();
@@ -398,17 +416,42 @@ impl Control {
             let msg = ControlMsg::Register {
                 types: self.registrations(),
             };
+            self.heard_from = None;
+            self.registered_at = Some(Instant::now());
             self.send(coordinator, msg);
+        }
+    }
+
+    /// Registers again while the coordinator's table has not come (a lost
+    /// message, or a coordinator that did not know this node yet).
+    fn reregister(&mut self, now: Instant) {
+        let types = self.regions().len();
+        if types == 0 || self.coordinator.is_none() || self.heard_from == self.coordinator {
+            return;
+        }
+        if self
+            .registered_at
+            .is_none_or(|at| now.duration_since(at) >= REREGISTER_AFTER)
+        {
+            self.register();
+        }
+    }
+
+    fn get_home_msg(&self, type_name: &'static str, shard: u32) -> ControlMsg {
+        let generation = self
+            .region(type_name)
+            .map_or(0, |r| r.generation_of(ShardId(shard)));
+        ControlMsg::GetHome {
+            type_name: type_name.to_owned(),
+            shard,
+            generation,
         }
     }
 
     fn ask_home(&mut self, type_name: &'static str, shard: u32) {
         self.waiting.insert((type_name, shard), Instant::now());
         if let Some(coordinator) = self.coordinator {
-            let msg = ControlMsg::GetHome {
-                type_name: type_name.to_owned(),
-                shard,
-            };
+            let msg = self.get_home_msg(type_name, shard);
             self.send(coordinator, msg);
         }
     }
@@ -426,29 +469,22 @@ impl Control {
             .collect();
         for (type_name, shard) in due {
             self.waiting.insert((type_name, shard), now);
-            let msg = ControlMsg::GetHome {
-                type_name: type_name.to_owned(),
-                shard,
-            };
+            let msg = self.get_home_msg(type_name, shard);
             self.send(coordinator, msg);
         }
     }
 
     fn membership(&mut self, state: MembershipState) {
         let now = Instant::now();
-        // Members that are gone (downed, exiting, or removed — a removed
-        // member drops out of the view, and a watch may skip the states in
-        // between): their asks fail now, their shards wait.
+        // Members that are gone (downed or removed — a removed member drops
+        // out of the view, and a watch may skip the states in between):
+        // their asks fail now, their shards wait. An Exiting member still
+        // serves until it is removed.
         let present: BTreeSet<UniqueAddress> = state.members.iter().map(|m| m.address).collect();
         let mut gone: Vec<UniqueAddress> = state
             .members
             .iter()
-            .filter(|m| {
-                matches!(
-                    m.status,
-                    MemberStatus::Exiting | MemberStatus::Down | MemberStatus::Removed
-                )
-            })
+            .filter(|m| matches!(m.status, MemberStatus::Down | MemberStatus::Removed))
             .map(|m| m.address)
             .collect();
         gone.extend(self.seen.difference(&present).copied());
@@ -500,8 +536,16 @@ impl Control {
             let now = Instant::now();
             let commands = match msg {
                 ControlMsg::Register { types } => self.core.register(now, from, &types),
-                ControlMsg::GetHome { type_name, shard } => {
-                    self.core.get_home(now, from, &type_name, shard)
+                ControlMsg::GetHome {
+                    type_name,
+                    shard,
+                    generation,
+                } => self.core.get_home(now, from, &type_name, shard, generation),
+                ControlMsg::Home { .. } | ControlMsg::Table { .. }
+                    if from != self.me && Some(from) != self.coordinator =>
+                {
+                    tracing::debug!(node = %self.me, %from, "a home from a node that is not the coordinator here: ignored");
+                    Vec::new()
                 }
                 ControlMsg::Home {
                     type_name,
@@ -513,6 +557,7 @@ impl Control {
                     Vec::new()
                 }
                 ControlMsg::Table { type_name, homes } => {
+                    self.heard_from = Some(from);
                     for (shard, owner, generation) in homes {
                         self.apply_home(&type_name, shard, ShardHome { owner, generation });
                     }
@@ -540,11 +585,19 @@ impl Control {
         if shard >= region.num_shards() || self.lost.contains(&home.owner) {
             return;
         }
-        self.waiting.remove(&(region.type_name, shard));
-        if region.set_home(ShardId(shard), home) == HomeChange::HostHere
-            && let Some(actor) = region.region_actor.get()
-        {
-            let _ = actor.cast(RegionMsg::Host(ShardId(shard), home.generation));
+        match region.set_home(ShardId(shard), home) {
+            HomeChange::HostHere => {
+                self.waiting.remove(&(region.type_name, shard));
+                if let Some(actor) = region.region_actor.get() {
+                    let _ = actor.cast(RegionMsg::Host(ShardId(shard), home.generation));
+                }
+            }
+            HomeChange::Remote | HomeChange::Unchanged => {
+                self.waiting.remove(&(region.type_name, shard));
+            }
+            // Older than what the region holds: keep asking (with the
+            // region's generation, so the coordinator allocates above it).
+            HomeChange::Stale => {}
         }
     }
 

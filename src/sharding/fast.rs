@@ -443,7 +443,13 @@ mod tests {
             ciborium::from_reader::<DataMsg, _>(&fast[..]),
             Ok(DataMsg::Reply { ask_id: a, result: ReplyBody::Ok(v) }) if a == ask_id && v[..] == value[..]
         );
-        fast == serde && decode(&fast) == Some(DataRef::ReplyOk { ask_id, value: &value }) && serde_reads
+        fast == serde
+            && decode(&fast)
+                == Some(DataRef::ReplyOk {
+                    ask_id,
+                    value: &value,
+                })
+            && serde_reads
     }
 
     /// Whatever the fast decoder accepts (of mutated valid bodies), serde

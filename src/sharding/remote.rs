@@ -65,7 +65,9 @@ impl Remote {
         Arc::new(Remote {
             transport,
             me,
-            next_ask: AtomicU64::new(1),
+            // A random start, so a reply meant for an earlier system on the
+            // same node (a restart) does not complete a new ask.
+            next_ask: AtomicU64::new(random_start()),
             pending: std::array::from_fn(|_| Mutex::new(HashMap::new())),
         })
     }
@@ -98,7 +100,9 @@ impl Remote {
             envelope.fail(error.clone());
             return Err(error);
         }
-        with_scratch(|payload| self.forward_encoded(home, region, shard, entity_id, envelope, payload))
+        with_scratch(|payload| {
+            self.forward_encoded(home, region, shard, entity_id, envelope, payload)
+        })
     }
 
     fn forward_encoded(
@@ -154,7 +158,10 @@ impl Remote {
                 payload,
             },
         );
-        match self.transport.send(&owner, SHARDING_DATA, Bytes::from(frame)) {
+        match self
+            .transport
+            .send(&owner, SHARDING_DATA, Bytes::from(frame))
+        {
             Ok(()) => Ok(()),
             Err(error) => {
                 let error = send_error(region.type_name, shard, entity_id, &owner, &error.reason);
@@ -292,6 +299,16 @@ impl ReplySink for Remote {
         {
             tracing::debug!(origin = %target.origin, reason = %error.reason, "reply to a remote ask not sent");
         }
+    }
+}
+
+/// A random ask id in the lower half of `u64` (room to count up), or 1 when
+/// the operating system's generator fails.
+fn random_start() -> u64 {
+    let mut bytes = [0u8; 8];
+    match getrandom::fill(&mut bytes) {
+        Ok(()) => (u64::from_le_bytes(bytes) >> 1).max(1),
+        Err(_) => 1,
     }
 }
 

@@ -141,7 +141,12 @@ pub(crate) enum ControlMsg {
     Register { types: Vec<TypeRegistration> },
     /// Region → coordinator: where does this shard live? (Its messages wait
     /// in the region's buffer meanwhile.)
-    GetHome { type_name: String, shard: u32 },
+    GetHome {
+        type_name: String,
+        shard: u32,
+        /// The highest generation the asking region has seen for the shard.
+        generation: u64,
+    },
     /// Coordinator → regions: the shard's home, with its allocation generation.
     Home {
         type_name: String,
@@ -469,11 +474,13 @@ mod tests {
         let get_home = ControlMsg::GetHome {
             type_name: "tally".into(),
             shard: 5,
+            generation: 2,
         };
         let spec = "
             a1 67 47 65 74 48 6f 6d 65
-            a2 69 74 79 70 65 5f 6e 61 6d 65 65 74 61 6c 6c 79
+            a3 69 74 79 70 65 5f 6e 61 6d 65 65 74 61 6c 6c 79
             65 73 68 61 72 64 05
+            6a 67 65 6e 65 72 61 74 69 6f 6e 02
         ";
         assert_eq!(get_home.encode(), hex(spec));
         let home = ControlMsg::Home {
@@ -509,9 +516,8 @@ mod tests {
 
     #[test]
     fn what_data_msg_out_encodes_data_msg_decodes() {
-        let decode = |bytes: Vec<u8>| -> DataMsg {
-            ciborium::from_reader(&bytes[..]).expect("decodes")
-        };
+        let decode =
+            |bytes: Vec<u8>| -> DataMsg { ciborium::from_reader(&bytes[..]).expect("decodes") };
         let DataMsg::Envelope(envelope) = decode(example_envelope().encode()) else {
             panic!("not an envelope")
         };
@@ -547,7 +553,12 @@ mod tests {
             panic!("not an envelope")
         };
         assert_eq!(
-            (envelope.shard, envelope.generation, envelope.index, envelope.hops),
+            (
+                envelope.shard,
+                envelope.generation,
+                envelope.index,
+                envelope.hops
+            ),
             (u32::MAX, u64::MAX, u16::MAX, u8::MAX)
         );
         assert_eq!(envelope.reply_to, None);
@@ -566,7 +577,10 @@ mod tests {
         else {
             panic!("not a passivation")
         };
-        assert_eq!((type_name.as_str(), shard, entity_id.as_str()), ("tally", 5, "tally-1"));
+        assert_eq!(
+            (type_name.as_str(), shard, entity_id.as_str()),
+            ("tally", 5, "tally-1")
+        );
 
         let ok = DataMsgOut::Reply {
             ask_id: 7,
