@@ -700,6 +700,10 @@ async fn a_full_passivation_buffer_overflows_without_losing_what_it_holds() {
     ));
     probes.gate.add_permits(1);
     holder.await.unwrap().unwrap();
+    // The Hold reply comes before the passivation completes: wait for the
+    // next incarnation (built while the buffer is replayed) before asking,
+    // or the ask could meet the still-full buffer.
+    expect_event(&mut events, Event::Started("full".into(), 2), LONG).await;
     r.ask(Total, LONG).await.unwrap();
     assert_eq!(
         probes
