@@ -63,11 +63,11 @@ fn entity_id(k: u64) -> String {
     format!("entity-{k}")
 }
 
-/// When each entity first answered after `since` (the kill phase).
+/// When each entity (by number) first answered after `since` (the kill phase).
 #[derive(Default)]
 struct Answered {
     since: Option<Instant>,
-    first: HashMap<String, Duration>,
+    first: HashMap<u64, Duration>,
 }
 
 struct DriverReport {
@@ -92,13 +92,19 @@ async fn drive(
         acks: 0,
         retries: 0,
     };
+    // A user holds its refs: one per entity, made once.
+    let refs: Arc<Vec<EntityRef<Pinger>>> = Arc::new(
+        (0..ENTITIES)
+            .map(|k| system.entity_ref::<Pinger>(entity_id(k)))
+            .collect(),
+    );
     let asks = futures_util::stream::iter(0..count).map(|k| {
-        let system = system.clone();
+        let refs = refs.clone();
         let answered = answered.clone();
         async move {
             let ping = Ping { driver: d, seq: k };
-            let id = entity_id((stride * k + u64::from(d)) % ENTITIES);
-            let entity = system.entity_ref::<Pinger>(id.as_str());
+            let id = (stride * k + u64::from(d)) % ENTITIES;
+            let entity = &refs[id as usize];
             let mut latencies = Vec::with_capacity(1);
             loop {
                 let start = Instant::now();
@@ -301,10 +307,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
 
     // Phase 2: the drivers on nodes 0 and 1 keep going; node 2 is killed.
-    let affected: Vec<String> = (0..ENTITIES)
-        .map(entity_id)
-        .filter(|id| {
-            let shard = nodes[0].system.entity_ref::<Pinger>(id.as_str()).shard_id();
+    let affected: Vec<u64> = (0..ENTITIES)
+        .filter(|k| {
+            let shard = nodes[0].system.entity_ref::<Pinger>(entity_id(*k)).shard_id();
             // Where the entity lives now: the node whose region hosts its shard.
             nodes[2].system.live_entities::<Pinger>(shard) > 0
         })

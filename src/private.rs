@@ -298,12 +298,31 @@ thread_local! {
     /// A buffer to encode one message or reply into before it is framed, so
     /// the hot path does not allocate for it.
     static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// A buffer to frame one data message in, before it is copied out at its
+    /// exact size.
+    static FRAME: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Runs `f` with this thread's scratch buffer, emptied (a fresh buffer when
 /// `f` is re-entered).
 pub(crate) fn with_scratch<T>(f: impl FnOnce(&mut Vec<u8>) -> T) -> T {
-    SCRATCH.with(|cell| match cell.try_borrow_mut() {
+    with_buffer(&SCRATCH, f)
+}
+
+/// Builds a payload in this thread's frame buffer and returns it as one
+/// exactly sized allocation.
+pub(crate) fn framed(f: impl FnOnce(&mut Vec<u8>)) -> bytes::Bytes {
+    with_buffer(&FRAME, |buf| {
+        f(buf);
+        bytes::Bytes::copy_from_slice(buf)
+    })
+}
+
+fn with_buffer<T>(
+    key: &'static std::thread::LocalKey<std::cell::RefCell<Vec<u8>>>,
+    f: impl FnOnce(&mut Vec<u8>) -> T,
+) -> T {
+    key.with(|cell| match cell.try_borrow_mut() {
         Ok(mut buf) => {
             buf.clear();
             let out = f(&mut buf);

@@ -24,7 +24,7 @@ use bytes::Bytes;
 use crate::error::{ShardingError, ShardingResult};
 use crate::extractor::ShardId;
 use crate::identity::UniqueAddress;
-use crate::private::{LocalEnvelope, PendingReply, ReplySink, ReplyTarget, Route, with_scratch};
+use crate::private::{LocalEnvelope, PendingReply, ReplySink, ReplyTarget, Route, framed, with_scratch};
 use crate::runtime::region::Region;
 use crate::sharding::coordinator::ShardHome;
 use crate::sharding::fast::{self, EnvelopeRef};
@@ -143,24 +143,25 @@ impl Remote {
                 (Some(target), Some(ask_id))
             }
         };
-        let mut frame = Vec::new();
-        fast::encode_envelope(
-            &mut frame,
-            &EnvelopeRef {
-                type_name: region.type_name,
-                fingerprint: region.fingerprint,
-                shard: shard.0,
-                generation: home.generation,
-                entity_id,
-                index: parts.index,
-                hops: parts.hops,
-                reply_to,
-                payload,
-            },
-        );
+        let frame = framed(|frame| {
+            fast::encode_envelope(
+                frame,
+                &EnvelopeRef {
+                    type_name: region.type_name,
+                    fingerprint: region.fingerprint,
+                    shard: shard.0,
+                    generation: home.generation,
+                    entity_id,
+                    index: parts.index,
+                    hops: parts.hops,
+                    reply_to,
+                    payload,
+                },
+            )
+        });
         match self
             .transport
-            .send(&owner, SHARDING_DATA, Bytes::from(frame))
+            .send(&owner, SHARDING_DATA, frame)
         {
             Ok(()) => Ok(()),
             Err(error) => {
@@ -282,20 +283,18 @@ impl ReplySink for Remote {
             return;
         }
         let frame = match &result {
-            Ok(bytes) => {
-                let mut frame = Vec::new();
-                fast::encode_reply_ok(&mut frame, target.ask_id, bytes);
-                frame
-            }
-            Err(error) => DataMsgOut::Reply {
-                ask_id: target.ask_id,
-                result: ReplyBodyOut::Err(error),
-            }
-            .encode(),
+            Ok(bytes) => framed(|frame| fast::encode_reply_ok(frame, target.ask_id, bytes)),
+            Err(error) => Bytes::from(
+                DataMsgOut::Reply {
+                    ask_id: target.ask_id,
+                    result: ReplyBodyOut::Err(error),
+                }
+                .encode(),
+            ),
         };
         if let Err(error) = self
             .transport
-            .send(&target.origin, SHARDING_DATA, Bytes::from(frame))
+            .send(&target.origin, SHARDING_DATA, frame)
         {
             tracing::debug!(origin = %target.origin, reason = %error.reason, "reply to a remote ask not sent");
         }
