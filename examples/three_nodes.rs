@@ -309,7 +309,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Phase 2: the drivers on nodes 0 and 1 keep going; node 2 is killed.
     let affected: Vec<u64> = (0..ENTITIES)
         .filter(|k| {
-            let shard = nodes[0].system.entity_ref::<Pinger>(entity_id(*k)).shard_id();
+            let shard = nodes[0]
+                .system
+                .entity_ref::<Pinger>(entity_id(*k))
+                .shard_id();
             // Where the entity lives now: the node whose region hosts its shard.
             nodes[2].system.live_entities::<Pinger>(shard) > 0
         })

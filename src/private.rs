@@ -245,23 +245,30 @@ where
         let error = ShardingError::Bug(format!("message does not serialize: {error}"));
         return Err((error, typed));
     }
-    let route = match typed.reply {
-        ReplyTo::Nobody => Route::Nobody,
-        ReplyTo::Local(sender) => Route::Local(PendingReply {
-            sender: Box::new(sender),
-            complete: complete_typed::<R>,
-            is_abandoned: is_abandoned_typed::<R>,
-        }),
+    if matches!(typed.reply, ReplyTo::Local(_)) {
+        // The envelope's own allocation waits for the reply: no new one.
+        return Ok(Route::Local(PendingReply {
+            sender: typed,
+            complete: complete_typed::<M, R>,
+            is_abandoned: is_abandoned_typed::<M, R>,
+        }));
+    }
+    Ok(match typed.reply {
         ReplyTo::Remote(remote) => Route::Remote(remote),
-    };
-    Ok(route)
+        ReplyTo::Nobody | ReplyTo::Local(_) => Route::Nobody,
+    })
 }
 
-fn complete_typed<R: DeserializeOwned + 'static>(
-    sender: Box<dyn Any + Send>,
+/// Completes the asker waiting in a `Typed<M, R>` whose message was sent
+/// away: decodes the reply (or takes the error) and hands it over.
+fn complete_typed<M: 'static, R: DeserializeOwned + 'static>(
+    pending: Box<dyn Any + Send>,
     result: Result<&[u8], ShardingError>,
 ) {
-    let Ok(sender) = sender.downcast::<oneshot::Sender<ShardingResult<R>>>() else {
+    let Ok(typed) = pending.downcast::<Typed<M, R>>() else {
+        return;
+    };
+    let ReplyTo::Local(sender) = typed.reply else {
         return;
     };
     let result = result.and_then(|bytes| {
@@ -273,10 +280,14 @@ fn complete_typed<R: DeserializeOwned + 'static>(
     let _ = sender.send(result);
 }
 
-fn is_abandoned_typed<R: 'static>(sender: &(dyn Any + Send)) -> bool {
-    sender
-        .downcast_ref::<oneshot::Sender<ShardingResult<R>>>()
-        .is_none_or(|s| s.is_closed())
+fn is_abandoned_typed<M: 'static, R: 'static>(pending: &(dyn Any + Send)) -> bool {
+    match pending.downcast_ref::<Typed<M, R>>() {
+        Some(Typed {
+            reply: ReplyTo::Local(sender),
+            ..
+        }) => sender.is_closed(),
+        _ => true,
+    }
 }
 
 /// Where a remote asker waits: its node and its ask id.

@@ -258,6 +258,32 @@ impl Region {
         })
     }
 
+    /// [`deliver`](Self::deliver) for an entity id that is not yet an
+    /// `Arc<str>` (a remote envelope's): the common case — a live entity of
+    /// a hosted shard — allocates nothing; anything else goes the general way.
+    pub(crate) fn deliver_str(
+        &self,
+        shard: ShardId,
+        entity_id: &str,
+        envelope: LocalEnvelope,
+    ) -> ShardingResult<()> {
+        let envelope = {
+            let guard = lock(&self.slots[shard.0 as usize]);
+            match &*guard {
+                Slot::Local(local) => match local.entities.get(entity_id) {
+                    Some(Entry::Live(live)) => match send_to(&live.actor, envelope) {
+                        Ok(()) => return Ok(()),
+                        Err(Some(envelope)) => envelope,
+                        Err(None) => return Err(refused()),
+                    },
+                    _ => envelope,
+                },
+                _ => envelope,
+            }
+        };
+        self.deliver(shard, &Arc::from(entity_id), envelope)
+    }
+
     /// Sends an envelope to the node hosting its shard. On error the
     /// envelope has been answered already.
     fn forward(

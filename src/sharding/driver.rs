@@ -300,9 +300,8 @@ fn deliver_envelope(
     match (region.decode)(envelope.index, envelope.payload, reply, hops) {
         Ok(mut local) => {
             local.set_routed_under(envelope.generation);
-            let entity_id: Arc<str> = envelope.entity_id.into();
             // On error the envelope has been answered inside `deliver`.
-            let _ = region.deliver(ShardId(envelope.shard), &entity_id, local);
+            let _ = region.deliver_str(ShardId(envelope.shard), envelope.entity_id, local);
         }
         Err(undecodable) => {
             tracing::debug!(%from, error = %undecodable.error, "remote envelope does not decode");

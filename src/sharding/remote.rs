@@ -24,7 +24,9 @@ use bytes::Bytes;
 use crate::error::{ShardingError, ShardingResult};
 use crate::extractor::ShardId;
 use crate::identity::UniqueAddress;
-use crate::private::{LocalEnvelope, PendingReply, ReplySink, ReplyTarget, Route, framed, with_scratch};
+use crate::private::{
+    LocalEnvelope, PendingReply, ReplySink, ReplyTarget, Route, framed, with_scratch,
+};
 use crate::runtime::region::Region;
 use crate::sharding::coordinator::ShardHome;
 use crate::sharding::fast::{self, EnvelopeRef};
@@ -159,10 +161,7 @@ impl Remote {
                 },
             )
         });
-        match self
-            .transport
-            .send(&owner, SHARDING_DATA, frame)
-        {
+        match self.transport.send(&owner, SHARDING_DATA, frame) {
             Ok(()) => Ok(()),
             Err(error) => {
                 let error = send_error(region.type_name, shard, entity_id, &owner, &error.reason);
@@ -292,10 +291,7 @@ impl ReplySink for Remote {
                 .encode(),
             ),
         };
-        if let Err(error) = self
-            .transport
-            .send(&target.origin, SHARDING_DATA, frame)
-        {
+        if let Err(error) = self.transport.send(&target.origin, SHARDING_DATA, frame) {
             tracing::debug!(origin = %target.origin, reason = %error.reason, "reply to a remote ask not sent");
         }
     }

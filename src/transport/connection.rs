@@ -77,7 +77,8 @@ pub(crate) struct Conn {
     cancel: CancellationToken,
     /// Stop dispatching, flush what is queued, then close (see `close_after_flush`).
     closing: CancellationToken,
-    /// When `closing` was first asked for.
+    /// When `closing` was first asked for; set before `closing` is
+    /// cancelled, and only then.
     closing_at: OnceLock<Instant>,
     /// The reader task has ended.
     reader_done: CancellationToken,
@@ -150,9 +151,11 @@ impl Conn {
         }
     }
 
-    /// Whether `close_after_flush` was called.
+    /// Whether `close_after_flush` was called. An atomic load (the
+    /// token's own `is_cancelled` takes a lock), so the read and write loops
+    /// can check it for every frame and batch.
     pub(crate) fn is_closing(&self) -> bool {
-        self.closing.is_cancelled()
+        self.closing_at.get().is_some()
     }
 
     /// By when a closing connection must have written its queued frames and
@@ -448,7 +451,7 @@ pub(crate) async fn write_loop(
         tracing::warn!(peer = %conn.peer, "first frame cannot be encoded");
     }
     loop {
-        if conn.closing.is_cancelled() {
+        if conn.is_closing() {
             return close_flush(&conn, &mut w, &mut buf, io).await;
         }
         if buf.is_empty() && !w.has_head() {
@@ -548,7 +551,7 @@ pub(crate) async fn read_loop(
     let mut codec = shared.codec;
     let reason = 'conn: loop {
         loop {
-            if conn.closing.is_cancelled() {
+            if conn.is_closing() {
                 break 'conn discard_until_closed(&conn, &mut io, buf).await;
             }
             match codec.decode(&mut buf) {
