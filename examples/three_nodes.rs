@@ -251,6 +251,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let shares: Vec<u64> = (0..NODES as u64)
         .map(|d| args.messages / 3 + u64::from(d < args.messages % 3))
         .collect();
+    let stats_before: Vec<_> = nodes
+        .iter()
+        .map(|n| n.cluster.transport().stats())
+        .collect();
     let cpu_before = cpu_time();
     let start = Instant::now();
     let drivers: Vec<_> = (0..NODES)
@@ -262,6 +266,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (latency, acks, retries) = join_reports(drivers).await?;
     let wall = start.elapsed();
     let cpu = cpu_time().saturating_sub(cpu_before);
+    let (frames, writes) = nodes.iter().zip(&stats_before).fold((0, 0), |(f, w), (n, b)| {
+        let s = n.cluster.transport().stats();
+        (f + s.frames_written - b.frames_written, w + s.writes - b.writes)
+    });
 
     println!("three-node cluster, W1 through EntityRef (coordinator-placed shards)");
     println!(
@@ -304,6 +312,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!(
         "  peak RSS (process)     {:>10.1} MiB",
         peak_rss_kib() as f64 / 1024.0
+    );
+    println!(
+        "  pipe batching          {:>10.1} frames per write ({frames} frames)",
+        frames as f64 / writes.max(1) as f64
     );
 
     // Phase 2: the drivers on nodes 0 and 1 keep going; node 2 is killed.

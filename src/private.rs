@@ -272,7 +272,7 @@ fn complete_typed<M: 'static, R: DeserializeOwned + 'static>(
         return;
     };
     let result = result.and_then(|bytes| {
-        ciborium::from_reader::<R, _>(bytes).map_err(|error| ShardingError::Undecodable {
+        from_cbor::<R>(bytes).map_err(|error| ShardingError::Undecodable {
             what: "reply".into(),
             error: error.to_string(),
         })
@@ -443,7 +443,7 @@ pub fn decode_as<P: Protocol, M: Message<P>>(
     reply: Option<RemoteReply>,
     hops: u8,
 ) -> Result<LocalEnvelope, Undecodable> {
-    match ciborium::from_reader::<M, _>(bytes) {
+    match from_cbor::<M>(bytes) {
         Ok(msg) => {
             let reply = match reply {
                 Some(remote) => ReplyTo::Remote(remote),
@@ -459,6 +459,17 @@ pub fn decode_as<P: Protocol, M: Message<P>>(
             reply,
         }),
     }
+}
+
+/// Decodes one CBOR value. `ciborium::from_reader` zeroes a 4 KiB scratch
+/// buffer on every call, which costs more than decoding a small message;
+/// 256 bytes hold any field name and short text, and longer ones are read in
+/// chunks, so any input decodes the same.
+pub(crate) fn from_cbor<T: DeserializeOwned>(
+    bytes: &[u8],
+) -> Result<T, ciborium::de::Error<std::io::Error>> {
+    let mut scratch = [0u8; 256];
+    ciborium::de::from_reader_with_buffer(bytes, &mut scratch)
 }
 
 /// FNV-1a 64 over `parts`, each followed by the byte 0xff (which no UTF-8
