@@ -2,10 +2,12 @@
 //! another node costs in encoding and decoding, beside the message itself.
 //!
 //! * `encode_message`: the W1 `Ping` alone (CBOR through serde).
-//! * `encode_envelope`: the data-channel envelope around it (type name,
+//! * `encode_envelope_*`: the data-channel envelope around it (type name,
 //!   fingerprint, shard, generation, entity id, index, hops, reply target,
-//!   payload), as `Remote::forward` writes it.
-//! * `decode_envelope`: the inbound path's decode of that envelope.
+//!   payload), through serde and by hand as `Remote::forward` writes it
+//!   (the same bytes).
+//! * `decode_envelope_*`: the inbound path's decode of that envelope,
+//!   through serde and by hand, in place.
 //!
 //! Run: `cargo bench --bench envelope`.
 
@@ -24,14 +26,7 @@ fn main() {
 
 fn ping_bytes() -> Vec<u8> {
     let mut out = Vec::new();
-    ciborium::into_writer(
-        &Ping {
-            driver: 1,
-            seq: 123_456,
-        },
-        &mut out,
-    )
-    .expect("encodes");
+    ciborium::into_writer(&Ping { driver: 1, seq: 123_456 }, &mut out).expect("encodes");
     out
 }
 
@@ -41,14 +36,31 @@ fn encode_message() -> Vec<u8> {
 }
 
 #[divan::bench]
-fn encode_envelope(bencher: divan::Bencher) {
+fn encode_envelope_serde(bencher: divan::Bencher) {
     let payload = ping_bytes();
-    bencher.bench(|| bench::encode_envelope(divan::black_box("entity-123"), &payload));
+    bencher.bench(|| bench::encode_envelope_serde(divan::black_box("entity-123"), &payload));
 }
 
 #[divan::bench]
-fn decode_envelope(bencher: divan::Bencher) {
-    let bytes = bench::encode_envelope("entity-123", &ping_bytes());
-    assert!(bench::decode_envelope(&bytes) > 0);
-    bencher.bench(|| bench::decode_envelope(divan::black_box(&bytes)));
+fn encode_envelope_fast(bencher: divan::Bencher) {
+    let payload = ping_bytes();
+    assert_eq!(
+        bench::encode_envelope_fast("entity-123", &payload),
+        bench::encode_envelope_serde("entity-123", &payload)
+    );
+    bencher.bench(|| bench::encode_envelope_fast(divan::black_box("entity-123"), &payload));
+}
+
+#[divan::bench]
+fn decode_envelope_serde(bencher: divan::Bencher) {
+    let bytes = bench::encode_envelope_serde("entity-123", &ping_bytes());
+    assert!(bench::decode_envelope_serde(&bytes) > 0);
+    bencher.bench(|| bench::decode_envelope_serde(divan::black_box(&bytes)));
+}
+
+#[divan::bench]
+fn decode_envelope_fast(bencher: divan::Bencher) {
+    let bytes = bench::encode_envelope_serde("entity-123", &ping_bytes());
+    assert!(bench::decode_envelope_fast(&bytes) > 0);
+    bencher.bench(|| bench::decode_envelope_fast(divan::black_box(&bytes)));
 }

@@ -612,15 +612,22 @@ pub(crate) fn panic_message(payload: &(dyn Any + Send)) -> String {
 pub mod bench {
     use crate::identity::{NodeId, UniqueAddress};
     use crate::private::ReplyTarget;
+    use crate::sharding::fast::{self, DataRef, EnvelopeRef};
     use crate::sharding::wire::{DataMsg, DataMsgOut, EnvelopeOut};
 
-    /// Encodes one data-channel envelope as `Remote::forward` does.
-    pub fn encode_envelope(entity_id: &str, payload: &[u8]) -> Vec<u8> {
-        let origin = UniqueAddress {
-            addr: std::net::SocketAddr::from(([127, 0, 0, 1], 7355)),
-            node_id: NodeId(0x1234_5678_9abc_def0),
-            incarnation: 1_796_000_000_000_000,
-        };
+    fn target() -> ReplyTarget {
+        ReplyTarget {
+            origin: UniqueAddress {
+                addr: std::net::SocketAddr::from(([127, 0, 0, 1], 7355)),
+                node_id: NodeId(0x1234_5678_9abc_def0),
+                incarnation: 1_796_000_000_000_000,
+            },
+            ask_id: 1_000_000,
+        }
+    }
+
+    /// Encodes one data-channel envelope through serde.
+    pub fn encode_envelope_serde(entity_id: &str, payload: &[u8]) -> Vec<u8> {
         DataMsgOut::Envelope(EnvelopeOut {
             type_name: "pinger",
             fingerprint: 0x0123_4567_89ab_cdef,
@@ -629,20 +636,45 @@ pub mod bench {
             entity_id,
             index: 0,
             hops: 0,
-            reply_to: Some(ReplyTarget {
-                origin,
-                ask_id: 1_000_000,
-            }),
+            reply_to: Some(target()),
             payload,
         })
         .encode()
     }
 
-    /// Decodes a data-channel message as the inbound path does; returns the
-    /// payload length of an envelope (0 for anything else).
-    pub fn decode_envelope(bytes: &[u8]) -> usize {
+    /// Encodes the same envelope as `Remote::forward` does (by hand).
+    pub fn encode_envelope_fast(entity_id: &str, payload: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        fast::encode_envelope(
+            &mut out,
+            &EnvelopeRef {
+                type_name: "pinger",
+                fingerprint: 0x0123_4567_89ab_cdef,
+                shard: 42,
+                generation: 3,
+                entity_id,
+                index: 0,
+                hops: 0,
+                reply_to: Some(target()),
+                payload,
+            },
+        );
+        out
+    }
+
+    /// Decodes a data-channel message through serde; the payload length of
+    /// an envelope (0 for anything else).
+    pub fn decode_envelope_serde(bytes: &[u8]) -> usize {
         match ciborium::from_reader::<DataMsg, _>(bytes) {
             Ok(DataMsg::Envelope(envelope)) => envelope.payload.len(),
+            _ => 0,
+        }
+    }
+
+    /// Decodes it as the inbound path does (by hand, in place).
+    pub fn decode_envelope_fast(bytes: &[u8]) -> usize {
+        match fast::decode(bytes) {
+            Some(DataRef::Envelope(envelope)) => envelope.payload.len(),
             _ => 0,
         }
     }
