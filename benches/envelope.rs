@@ -26,7 +26,14 @@ fn main() {
 
 fn ping_bytes() -> Vec<u8> {
     let mut out = Vec::new();
-    ciborium::into_writer(&Ping { driver: 1, seq: 123_456 }, &mut out).expect("encodes");
+    ciborium::into_writer(
+        &Ping {
+            driver: 1,
+            seq: 123_456,
+        },
+        &mut out,
+    )
+    .expect("encodes");
     out
 }
 

@@ -266,10 +266,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (latency, acks, retries) = join_reports(drivers).await?;
     let wall = start.elapsed();
     let cpu = cpu_time().saturating_sub(cpu_before);
-    let (frames, writes) = nodes.iter().zip(&stats_before).fold((0, 0), |(f, w), (n, b)| {
-        let s = n.cluster.transport().stats();
-        (f + s.frames_written - b.frames_written, w + s.writes - b.writes)
-    });
+    let (frames, writes) = nodes
+        .iter()
+        .zip(&stats_before)
+        .fold((0, 0), |(f, w), (n, b)| {
+            let s = n.cluster.transport().stats();
+            (
+                f + s.frames_written - b.frames_written,
+                w + s.writes - b.writes,
+            )
+        });
 
     println!("three-node cluster, W1 through EntityRef (coordinator-placed shards)");
     println!(

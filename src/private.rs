@@ -613,7 +613,7 @@ pub mod bench {
     use crate::identity::{NodeId, UniqueAddress};
     use crate::private::ReplyTarget;
     use crate::sharding::fast::{self, DataRef, EnvelopeRef};
-    use crate::sharding::wire::{DataMsg, DataMsgOut, EnvelopeOut};
+    use crate::sharding::wire::{DataMsg, DataMsgOut};
 
     fn target() -> ReplyTarget {
         ReplyTarget {
@@ -626,9 +626,8 @@ pub mod bench {
         }
     }
 
-    /// Encodes one data-channel envelope through serde.
-    pub fn encode_envelope_serde(entity_id: &str, payload: &[u8]) -> Vec<u8> {
-        DataMsgOut::Envelope(EnvelopeOut {
+    fn envelope<'a>(entity_id: &'a str, payload: &'a [u8]) -> EnvelopeRef<'a> {
+        EnvelopeRef {
             type_name: "pinger",
             fingerprint: 0x0123_4567_89ab_cdef,
             shard: 42,
@@ -638,27 +637,18 @@ pub mod bench {
             hops: 0,
             reply_to: Some(target()),
             payload,
-        })
-        .encode()
+        }
+    }
+
+    /// Encodes one data-channel envelope through serde.
+    pub fn encode_envelope_serde(entity_id: &str, payload: &[u8]) -> Vec<u8> {
+        DataMsgOut::Envelope(envelope(entity_id, payload)).encode()
     }
 
     /// Encodes the same envelope as `Remote::forward` does (by hand).
     pub fn encode_envelope_fast(entity_id: &str, payload: &[u8]) -> Vec<u8> {
         let mut out = Vec::new();
-        fast::encode_envelope(
-            &mut out,
-            &EnvelopeRef {
-                type_name: "pinger",
-                fingerprint: 0x0123_4567_89ab_cdef,
-                shard: 42,
-                generation: 3,
-                entity_id,
-                index: 0,
-                hops: 0,
-                reply_to: Some(target()),
-                payload,
-            },
-        );
+        fast::encode_envelope(&mut out, &envelope(entity_id, payload));
         out
     }
 

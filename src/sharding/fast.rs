@@ -17,44 +17,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use crate::identity::{NodeId, UniqueAddress};
 use crate::private::ReplyTarget;
 
-const MAJOR_UINT: u8 = 0;
-const MAJOR_BYTES: u8 = 2;
-const MAJOR_TEXT: u8 = 3;
-const MAJOR_ARRAY: u8 = 4;
-const MAJOR_MAP: u8 = 5;
-const NULL: u8 = 0xf6;
-
-fn put_head(out: &mut Vec<u8>, major: u8, arg: u64) {
-    let m = major << 5;
-    if arg < 24 {
-        out.push(m | arg as u8);
-    } else if let Ok(a) = u8::try_from(arg) {
-        out.extend_from_slice(&[m | 24, a]);
-    } else if let Ok(a) = u16::try_from(arg) {
-        out.push(m | 25);
-        out.extend_from_slice(&a.to_be_bytes());
-    } else if let Ok(a) = u32::try_from(arg) {
-        out.push(m | 26);
-        out.extend_from_slice(&a.to_be_bytes());
-    } else {
-        out.push(m | 27);
-        out.extend_from_slice(&arg.to_be_bytes());
-    }
-}
-
-fn put_text(out: &mut Vec<u8>, s: &str) {
-    put_head(out, MAJOR_TEXT, s.len() as u64);
-    out.extend_from_slice(s.as_bytes());
-}
-
-fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
-    put_head(out, MAJOR_BYTES, b.len() as u64);
-    out.extend_from_slice(b);
-}
-
-fn put_uint(out: &mut Vec<u8>, v: u64) {
-    put_head(out, MAJOR_UINT, v);
-}
+use crate::wire::cbor::{
+    MAJOR_ARRAY, MAJOR_MAP, NULL, Reader, put_bytes, put_head, put_text, put_uint,
+};
 
 fn put_address(out: &mut Vec<u8>, a: &UniqueAddress) {
     put_head(out, MAJOR_MAP, 3);
@@ -81,8 +46,10 @@ fn put_ip(out: &mut Vec<u8>, family: &str, octets: &[u8], port: u16) {
     put_uint(out, u64::from(port));
 }
 
-/// The fields of an envelope, borrowed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The fields of an envelope, borrowed: what the hand codec writes and
+/// reads, and (through serde) the encoding side of
+/// [`Envelope`](crate::sharding::wire::Envelope).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub(crate) struct EnvelopeRef<'a> {
     pub(crate) type_name: &'a str,
     pub(crate) fingerprint: u64,
@@ -92,6 +59,7 @@ pub(crate) struct EnvelopeRef<'a> {
     pub(crate) index: u16,
     pub(crate) hops: u8,
     pub(crate) reply_to: Option<ReplyTarget>,
+    #[serde(with = "crate::sharding::wire::bytes_ref")]
     pub(crate) payload: &'a [u8],
 }
 
@@ -151,117 +119,43 @@ pub(crate) enum DataRef<'a> {
     ReplyOk { ask_id: u64, value: &'a [u8] },
 }
 
-struct Reader<'a> {
-    buf: &'a [u8],
-    pos: usize,
+/// Reads a `UniqueAddress` in serde's form (see [`put_address`]).
+fn address(r: &mut Reader<'_>) -> Option<UniqueAddress> {
+    r.expect(MAJOR_MAP, 3)?;
+    r.key("addr")?;
+    r.expect(MAJOR_MAP, 1)?;
+    let family = r.text()?;
+    r.expect(MAJOR_ARRAY, 2)?;
+    let ip = match family {
+        "V4" => IpAddr::V4(Ipv4Addr::from(octets::<4>(r)?)),
+        "V6" => IpAddr::V6(Ipv6Addr::from(octets::<16>(r)?)),
+        _ => return None,
+    };
+    let port = u16::try_from(r.uint()?).ok()?;
+    r.key("node_id")?;
+    let node_id = NodeId(r.uint()?);
+    r.key("incarnation")?;
+    let incarnation = r.uint()?;
+    Some(UniqueAddress {
+        addr: SocketAddr::new(ip, port),
+        node_id,
+        incarnation,
+    })
 }
 
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
-        let end = self.pos.checked_add(n)?;
-        let s = self.buf.get(self.pos..end)?;
-        self.pos = end;
-        Some(s)
+fn octets<const N: usize>(r: &mut Reader<'_>) -> Option<[u8; N]> {
+    r.expect(MAJOR_ARRAY, N as u64)?;
+    let mut o = [0u8; N];
+    for b in &mut o {
+        *b = u8::try_from(r.uint()?).ok()?;
     }
-
-    fn peek(&self) -> Option<u8> {
-        self.buf.get(self.pos).copied()
-    }
-
-    /// A head with a definite, shortest-form argument.
-    fn head(&mut self) -> Option<(u8, u64)> {
-        let b = *self.take(1)?.first()?;
-        let (major, info) = (b >> 5, b & 0x1f);
-        let arg = match info {
-            0..=23 => u64::from(info),
-            24..=27 => {
-                let width = 1usize << (info - 24);
-                let mut a = [0u8; 8];
-                a.get_mut(8 - width..)?.copy_from_slice(self.take(width)?);
-                let v = u64::from_be_bytes(a);
-                let floor = if width == 1 { 24 } else { 1u64 << (4 * width) };
-                if v < floor {
-                    return None;
-                }
-                v
-            }
-            _ => return None,
-        };
-        Some((major, arg))
-    }
-
-    fn expect(&mut self, major: u8, arg: u64) -> Option<()> {
-        (self.head()? == (major, arg)).then_some(())
-    }
-
-    fn key(&mut self, name: &str) -> Option<()> {
-        self.expect(MAJOR_TEXT, name.len() as u64)?;
-        (self.take(name.len())? == name.as_bytes()).then_some(())
-    }
-
-    fn text(&mut self) -> Option<&'a str> {
-        let (major, len) = self.head()?;
-        if major != MAJOR_TEXT {
-            return None;
-        }
-        std::str::from_utf8(self.take(usize::try_from(len).ok()?)?).ok()
-    }
-
-    fn uint(&mut self) -> Option<u64> {
-        let (major, v) = self.head()?;
-        (major == MAJOR_UINT).then_some(v)
-    }
-
-    fn bytes(&mut self) -> Option<&'a [u8]> {
-        let (major, len) = self.head()?;
-        if major != MAJOR_BYTES {
-            return None;
-        }
-        self.take(usize::try_from(len).ok()?)
-    }
-
-    fn address(&mut self) -> Option<UniqueAddress> {
-        self.expect(MAJOR_MAP, 3)?;
-        self.key("addr")?;
-        self.expect(MAJOR_MAP, 1)?;
-        let family = self.text()?;
-        self.expect(MAJOR_ARRAY, 2)?;
-        let ip = match family {
-            "V4" => {
-                self.expect(MAJOR_ARRAY, 4)?;
-                let mut o = [0u8; 4];
-                for b in &mut o {
-                    *b = u8::try_from(self.uint()?).ok()?;
-                }
-                IpAddr::V4(Ipv4Addr::from(o))
-            }
-            "V6" => {
-                self.expect(MAJOR_ARRAY, 16)?;
-                let mut o = [0u8; 16];
-                for b in &mut o {
-                    *b = u8::try_from(self.uint()?).ok()?;
-                }
-                IpAddr::V6(Ipv6Addr::from(o))
-            }
-            _ => return None,
-        };
-        let port = u16::try_from(self.uint()?).ok()?;
-        self.key("node_id")?;
-        let node_id = NodeId(self.uint()?);
-        self.key("incarnation")?;
-        let incarnation = self.uint()?;
-        Some(UniqueAddress {
-            addr: SocketAddr::new(ip, port),
-            node_id,
-            incarnation,
-        })
-    }
+    Some(o)
 }
 
 /// Decodes an envelope or an `Ok` reply in canonical form; `None` for
 /// anything else (which serde then decodes, or refuses).
 pub(crate) fn decode(body: &[u8]) -> Option<DataRef<'_>> {
-    let mut r = Reader { buf: body, pos: 0 };
+    let mut r = Reader::new(body);
     r.expect(MAJOR_MAP, 1)?;
     let msg = match r.text()? {
         "Envelope" => {
@@ -287,7 +181,7 @@ pub(crate) fn decode(body: &[u8]) -> Option<DataRef<'_>> {
             } else {
                 r.expect(MAJOR_MAP, 2)?;
                 r.key("origin")?;
-                let origin = r.address()?;
+                let origin = address(&mut r)?;
                 r.key("ask_id")?;
                 let ask_id = r.uint()?;
                 Some(ReplyTarget { origin, ask_id })
@@ -320,7 +214,7 @@ pub(crate) fn decode(body: &[u8]) -> Option<DataRef<'_>> {
         }
         _ => return None,
     };
-    (r.pos == body.len()).then_some(msg)
+    r.at_end().then_some(msg)
 }
 
 #[cfg(test)]
@@ -328,7 +222,7 @@ mod tests {
     use quickcheck::{Arbitrary, Gen, QuickCheck};
 
     use super::*;
-    use crate::sharding::wire::{DataMsg, DataMsgOut, EnvelopeOut, ReplyBody, ReplyBodyOut};
+    use crate::sharding::wire::{DataMsg, DataMsgOut, ReplyBody, ReplyBodyOut};
 
     #[derive(Clone, Debug)]
     struct Case {
@@ -399,18 +293,7 @@ mod tests {
     }
 
     fn serde_bytes(c: &Case) -> Vec<u8> {
-        DataMsgOut::Envelope(EnvelopeOut {
-            type_name: &c.type_name,
-            fingerprint: c.fingerprint,
-            shard: c.shard,
-            generation: c.generation,
-            entity_id: &c.entity_id,
-            index: c.index,
-            hops: c.hops,
-            reply_to: c.target(),
-            payload: &c.payload,
-        })
-        .encode()
+        DataMsgOut::Envelope(c.as_ref()).encode()
     }
 
     fn envelope_agrees(c: Case) -> bool {

@@ -12,11 +12,12 @@ use serde::{Deserialize, Serialize};
 use crate::error::ShardingError;
 use crate::identity::UniqueAddress;
 use crate::private::ReplyTarget;
+pub(crate) use crate::sharding::fast::EnvelopeRef;
 use crate::wire::payload;
 
 /// Borrowed serde helper for a byte-string field (the encoding side of
 /// [`payload`]).
-mod bytes_ref {
+pub(crate) mod bytes_ref {
     use serde::Serializer;
 
     pub(crate) fn serialize<S: Serializer>(bytes: &&[u8], s: S) -> Result<S::Ok, S::Error> {
@@ -65,7 +66,7 @@ pub(crate) struct Envelope {
 /// The encoding side of [`DataMsg`]: the same shape, borrowing its fields.
 #[derive(Debug, Serialize)]
 pub(crate) enum DataMsgOut<'a> {
-    Envelope(EnvelopeOut<'a>),
+    Envelope(EnvelopeRef<'a>),
     Passivate {
         type_name: &'a str,
         shard: u32,
@@ -75,21 +76,6 @@ pub(crate) enum DataMsgOut<'a> {
         ask_id: u64,
         result: ReplyBodyOut<'a>,
     },
-}
-
-/// The encoding side of [`Envelope`].
-#[derive(Debug, Serialize)]
-pub(crate) struct EnvelopeOut<'a> {
-    pub(crate) type_name: &'a str,
-    pub(crate) fingerprint: u64,
-    pub(crate) shard: u32,
-    pub(crate) generation: u64,
-    pub(crate) entity_id: &'a str,
-    pub(crate) index: u16,
-    pub(crate) hops: u8,
-    pub(crate) reply_to: Option<ReplyTarget>,
-    #[serde(with = "bytes_ref")]
-    pub(crate) payload: &'a [u8],
 }
 
 /// A reply's body: the CBOR-encoded reply value, or an error.
@@ -364,7 +350,7 @@ mod tests {
     const HOME_PAYLOAD: [u8; 1] = [0xf6];
 
     fn example_envelope() -> DataMsgOut<'static> {
-        DataMsgOut::Envelope(EnvelopeOut {
+        DataMsgOut::Envelope(EnvelopeRef {
             type_name: "tally",
             fingerprint: TALLY_FINGERPRINT,
             shard: 5,
@@ -538,7 +524,7 @@ mod tests {
         assert_eq!(&envelope.payload[..], &HOME_PAYLOAD);
 
         // A tell: no reply target (CBOR null), an empty payload.
-        let tell = DataMsgOut::Envelope(EnvelopeOut {
+        let tell = DataMsgOut::Envelope(EnvelopeRef {
             type_name: "tally",
             fingerprint: 1,
             shard: u32::MAX,

@@ -18,44 +18,11 @@
 //! So the fast path changes speed, never meaning: a tested property is that
 //! whenever it decodes a body, serde decodes the same frame from it.
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 
 use super::frame::{Frame, ReplyResult};
 
-const MAJOR_UINT: u8 = 0;
-const MAJOR_BYTES: u8 = 2;
-const MAJOR_TEXT: u8 = 3;
-const MAJOR_MAP: u8 = 5;
-
-/// Writes a CBOR head with the shortest argument encoding.
-fn put_head(dst: &mut BytesMut, major: u8, arg: u64) {
-    let m = major << 5;
-    if arg < 24 {
-        dst.put_u8(m | arg as u8);
-    } else if let Ok(a) = u8::try_from(arg) {
-        dst.put_u8(m | 24);
-        dst.put_u8(a);
-    } else if let Ok(a) = u16::try_from(arg) {
-        dst.put_u8(m | 25);
-        dst.put_u16(a);
-    } else if let Ok(a) = u32::try_from(arg) {
-        dst.put_u8(m | 26);
-        dst.put_u32(a);
-    } else {
-        dst.put_u8(m | 27);
-        dst.put_u64(arg);
-    }
-}
-
-fn put_text(dst: &mut BytesMut, s: &str) {
-    put_head(dst, MAJOR_TEXT, s.len() as u64);
-    dst.put_slice(s.as_bytes());
-}
-
-fn put_bytes(dst: &mut BytesMut, b: &[u8]) {
-    put_head(dst, MAJOR_BYTES, b.len() as u64);
-    dst.put_slice(b);
-}
+use super::cbor::{MAJOR_MAP, MAJOR_UINT, Reader, put_bytes, put_head, put_text};
 
 /// Encodes a hot frame's body; `false` (nothing written) for other frames.
 pub(crate) fn encode(frame: &Frame, dst: &mut BytesMut) -> bool {
@@ -113,78 +80,14 @@ pub(crate) fn encode(frame: &Frame, dst: &mut BytesMut) -> bool {
 /// read buffer it came from alive for as long as an upper layer holds it.
 pub(crate) const SLICE_MIN: usize = 16 * 1024;
 
-/// A cursor over a body that only reads canonical heads.
-struct Reader<'a> {
-    buf: &'a [u8],
-    pos: usize,
-    /// The same bytes as `buf`, shared, when the caller has them so.
-    shared: Option<&'a Bytes>,
-}
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
-        let end = self.pos.checked_add(n)?;
-        let s = self.buf.get(self.pos..end)?;
-        self.pos = end;
-        Some(s)
-    }
-
-    /// A head with a definite, shortest-form argument.
-    fn head(&mut self) -> Option<(u8, u64)> {
-        let b = *self.take(1)?.first()?;
-        let (major, info) = (b >> 5, b & 0x1f);
-        let arg = match info {
-            0..=23 => u64::from(info),
-            24..=27 => {
-                let width = 1usize << (info - 24);
-                let mut a = [0u8; 8];
-                a.get_mut(8 - width..)?.copy_from_slice(self.take(width)?);
-                let v = u64::from_be_bytes(a);
-                // Shortest form only: anything else goes to the general decoder.
-                let floor = if width == 1 { 24 } else { 1u64 << (4 * width) };
-                if v < floor {
-                    return None;
-                }
-                v
-            }
-            _ => return None,
-        };
-        Some((major, arg))
-    }
-
-    fn expect(&mut self, major: u8, arg: u64) -> Option<()> {
-        (self.head()? == (major, arg)).then_some(())
-    }
-
-    fn key(&mut self, name: &str) -> Option<()> {
-        self.expect(MAJOR_TEXT, name.len() as u64)?;
-        (self.take(name.len())? == name.as_bytes()).then_some(())
-    }
-
-    fn text(&mut self) -> Option<&'a [u8]> {
-        let (major, len) = self.head()?;
-        if major != MAJOR_TEXT {
-            return None;
-        }
-        self.take(usize::try_from(len).ok()?)
-    }
-
-    fn uint(&mut self) -> Option<u64> {
-        let (major, v) = self.head()?;
-        (major == MAJOR_UINT).then_some(v)
-    }
-
-    fn bytes(&mut self) -> Option<Bytes> {
-        let (major, len) = self.head()?;
-        if major != MAJOR_BYTES {
-            return None;
-        }
-        let start = self.pos;
-        let s = self.take(usize::try_from(len).ok()?)?;
-        match self.shared {
-            Some(b) if s.len() >= SLICE_MIN => Some(b.slice(start..self.pos)),
-            _ => Some(Bytes::copy_from_slice(s)),
-        }
+/// A payload read from `body`: sliced out of `shared` (the same bytes) when
+/// large enough, copied otherwise.
+fn payload(r: &mut Reader<'_>, shared: Option<&Bytes>) -> Option<Bytes> {
+    let s = r.bytes()?;
+    let end = r.pos();
+    match shared {
+        Some(b) if s.len() >= SLICE_MIN => Some(b.slice(end - s.len()..end)),
+        _ => Some(Bytes::copy_from_slice(s)),
     }
 }
 
@@ -192,13 +95,9 @@ impl<'a> Reader<'a> {
 /// `shared`, when given, holds the same bytes as `body`: large payloads are
 /// then sliced from it without a copy.
 pub(crate) fn decode(body: &[u8], shared: Option<&Bytes>) -> Option<Frame> {
-    let mut r = Reader {
-        buf: body,
-        pos: 0,
-        shared,
-    };
+    let mut r = Reader::new(body);
     r.expect(MAJOR_MAP, 1)?;
-    let frame = match r.text()? {
+    let frame = match r.text_bytes()? {
         b"Oneway" => {
             r.expect(MAJOR_MAP, 2)?;
             r.key("channel")?;
@@ -206,7 +105,7 @@ pub(crate) fn decode(body: &[u8], shared: Option<&Bytes>) -> Option<Frame> {
             r.key("payload")?;
             Frame::Oneway {
                 channel,
-                payload: r.bytes()?,
+                payload: payload(&mut r, shared)?,
             }
         }
         b"Request" => {
@@ -219,7 +118,7 @@ pub(crate) fn decode(body: &[u8], shared: Option<&Bytes>) -> Option<Frame> {
             Frame::Request {
                 corr,
                 channel,
-                payload: r.bytes()?,
+                payload: payload(&mut r, shared)?,
             }
         }
         b"Reply" => {
@@ -231,10 +130,10 @@ pub(crate) fn decode(body: &[u8], shared: Option<&Bytes>) -> Option<Frame> {
             r.key("Ok")?;
             Frame::Reply {
                 corr,
-                result: ReplyResult::Ok(r.bytes()?),
+                result: ReplyResult::Ok(payload(&mut r, shared)?),
             }
         }
         _ => return None,
     };
-    (r.pos == body.len()).then_some(frame)
+    r.at_end().then_some(frame)
 }

@@ -40,6 +40,7 @@
 //! assert!(buf.is_empty());
 //! ```
 
+pub(crate) mod cbor;
 pub mod channels;
 mod codec;
 mod fast;
