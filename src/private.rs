@@ -27,7 +27,7 @@ pub trait SealedProtocol {
         bytes: &[u8],
         reply: Option<RemoteReply>,
         hops: u8,
-    ) -> Result<LocalEnvelope, Undecodable>;
+    ) -> Result<LocalEnvelope, Box<Undecodable>>;
 }
 /// Seal of [`Message`].
 pub trait SealedMessage<P> {}
@@ -189,10 +189,13 @@ pub(crate) enum Route {
     Remote(RemoteReply),
 }
 
+/// Hands an encoded reply (or an error) to the asker waiting in the box.
+type CompleteFn = fn(Box<dyn Any + Send>, Result<&[u8], ShardingError>);
+
 /// A local asker waiting for a reply that will arrive encoded.
 pub(crate) struct PendingReply {
     sender: Box<dyn Any + Send>,
-    complete: fn(Box<dyn Any + Send>, Result<&[u8], ShardingError>),
+    complete: CompleteFn,
     is_abandoned: fn(&(dyn Any + Send)) -> bool,
 }
 
@@ -425,14 +428,14 @@ pub struct Undecodable {
 
 impl Undecodable {
     /// The index names no message of the protocol.
-    pub fn unknown_index(index: u16, reply: Option<RemoteReply>) -> Self {
-        Undecodable {
+    pub fn unknown_index(index: u16, reply: Option<RemoteReply>) -> Box<Self> {
+        Box::new(Undecodable {
             error: ShardingError::Undecodable {
                 what: "message".into(),
                 error: format!("index {index} names no message of the protocol"),
             },
             reply,
-        }
+        })
     }
 }
 
@@ -442,7 +445,7 @@ pub fn decode_as<P: Protocol, M: Message<P>>(
     bytes: &[u8],
     reply: Option<RemoteReply>,
     hops: u8,
-) -> Result<LocalEnvelope, Undecodable> {
+) -> Result<LocalEnvelope, Box<Undecodable>> {
     match from_cbor::<M>(bytes) {
         Ok(msg) => {
             let reply = match reply {
@@ -451,13 +454,13 @@ pub fn decode_as<P: Protocol, M: Message<P>>(
             };
             Ok(LocalEnvelope::build::<P, M>(msg, reply, hops))
         }
-        Err(error) => Err(Undecodable {
+        Err(error) => Err(Box::new(Undecodable {
             error: ShardingError::Undecodable {
                 what: format!("message {} of `{}`", M::INDEX, P::TYPE_NAME),
                 error: error.to_string(),
             },
             reply,
-        }),
+        })),
     }
 }
 

@@ -142,7 +142,10 @@ macro_rules! protocol {
                 bytes: &[u8],
                 reply: ::core::option::Option<$crate::__private::RemoteReply>,
                 hops: u8,
-            ) -> ::core::result::Result<$crate::__private::LocalEnvelope, $crate::__private::Undecodable> {
+            ) -> ::core::result::Result<
+                $crate::__private::LocalEnvelope,
+                ::std::boxed::Box<$crate::__private::Undecodable>,
+            > {
                 $(
                     if index == <$($msg)::+ as $crate::Message<$name>>::INDEX {
                         return $crate::__private::decode_as::<$name, $($msg)::+>(bytes, reply, hops);

@@ -487,8 +487,10 @@ async fn bad_envelopes_are_answered_with_errors_and_the_node_keeps_serving() {
     let fp = <Tally as Protocol>::FINGERPRINT;
     let right = nodes[1].system.entity_ref::<Tally>("tally-1").shard_id().0;
     let wrong = (right + 1) % SHARDS;
+    // (ask id, type name, fingerprint, shard, index, payload, expected error)
+    type Case<'a> = (u64, &'a str, u64, u32, u16, Vec<u8>, &'a str);
     #[rustfmt::skip]
-    let cases: Vec<(u64, &str, u64, u32, u16, Vec<u8>, &str)> = vec![
+    let cases: Vec<Case> = vec![
         (1, "no-such-type", fp, right, 2, good_payload.clone(), "NotRegistered"),
         (2, "tally", fp ^ 1, right, 2, good_payload.clone(), "ProtocolMismatch"),
         (3, "tally", fp, SHARDS + 7, 2, good_payload.clone(), "InvalidShard"),

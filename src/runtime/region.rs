@@ -37,7 +37,7 @@ pub(crate) enum Buffered {
 
 /// Decodes one message of the region's protocol that came from another node.
 pub(crate) type DecodeFn =
-    fn(u16, &[u8], Option<RemoteReply>, u8) -> Result<LocalEnvelope, Undecodable>;
+    fn(u16, &[u8], Option<RemoteReply>, u8) -> Result<LocalEnvelope, Box<Undecodable>>;
 
 /// A region's link to the cluster, when its system runs on one.
 pub(crate) struct RegionCluster {
