@@ -64,6 +64,78 @@ where
     ) -> impl Future<Output = ShardingResult<M::Reply>> + Send;
 }
 
+/// Handling of one message `M` declared `defer M -> R;`: the handler gets the
+/// reply's [`ReplyPort`] and answers when it likes — at once, from a task it
+/// spawns, or from a later message once it has what the reply needs.
+///
+/// ```
+/// # use std::time::Duration;
+/// # use datum_cluster_sharding::prelude::*;
+/// #[derive(Serialize, Deserialize)] pub struct Slow(pub u64);
+/// protocol! { pub protocol Echo = "echo" { defer Slow -> u64; } }
+/// struct EchoEntity;
+/// impl Entity for EchoEntity { type Protocol = Echo; }
+/// impl DeferredHandler<Slow> for EchoEntity {
+///     async fn handle(&mut self, msg: Slow, reply: ReplyPort<u64>, _: &EntityContext) -> ShardingResult<()> {
+///         tokio::spawn(async move {
+///             tokio::time::sleep(Duration::from_millis(5)).await;
+///             reply.send(msg.0 * 2);
+///         });
+///         Ok(()) // the entity takes its next message meanwhile
+///     }
+/// }
+/// # #[tokio::main] async fn main() -> ShardingResult<()> {
+/// let system = ShardedSystem::builder().start().await?;
+/// system.register::<EchoEntity>(|_| EchoEntity).await?;
+/// assert_eq!(system.entity_ref::<Echo>("e").ask(Slow(21), Duration::from_secs(5)).await?, 42);
+/// # system.shutdown().await; Ok(()) }
+/// ```
+pub trait DeferredHandler<M>: Entity
+where
+    M: Message<Self::Protocol>,
+{
+    /// Handles one message; `reply` answers the asker (once). A port
+    /// dropped unanswered — or lost with a panicking handler — answers
+    /// [`ShardingError::EntityStopped`](crate::ShardingError::EntityStopped).
+    /// An `Err` returned here is logged, not sent.
+    fn handle(
+        &mut self,
+        msg: M,
+        reply: ReplyPort<M::Reply>,
+        ctx: &EntityContext,
+    ) -> impl Future<Output = ShardingResult<()>> + Send;
+}
+
+/// The reply slot of one ask, for a [`DeferredHandler`]: answer it once, from
+/// anywhere (it is `Send`), whether the asker is on this node or another.
+/// It cannot be sent inside a message.
+#[must_use = "dropping a ReplyPort answers the asker with EntityStopped"]
+pub struct ReplyPort<R> {
+    reply: crate::private::ReplyTo<R>,
+}
+
+impl<R> std::fmt::Debug for ReplyPort<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReplyPort").finish_non_exhaustive()
+    }
+}
+
+impl<R: serde::Serialize + Send + 'static> ReplyPort<R> {
+    pub(crate) fn new(reply: crate::private::ReplyTo<R>) -> Self {
+        ReplyPort { reply }
+    }
+
+    /// Sends the reply.
+    pub fn send(self, reply: R) {
+        crate::private::answer(self.reply, Ok(reply));
+    }
+
+    /// Answers with an error instead (for example `ShardingError::Handler`).
+    pub fn fail(self, error: crate::ShardingError) {
+        crate::private::answer(self.reply, Err(error));
+    }
+}
+
 /// Where an entity lives, given to its factory and to every handler.
 #[derive(Debug)]
 pub struct EntityContext {

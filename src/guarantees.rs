@@ -258,6 +258,47 @@
 /// }
 /// ```
 ///
+/// ## Answering a `defer` line without a `ReplyPort`
+///
+/// A `defer` line is answered through a [`ReplyPort`](crate::ReplyPort), so the entity must implement `DeferredHandler` for it; a plain `Handler` does not count. Error: ``the trait bound `Waiter: DeferredHandler<Slow>` is not satisfied``.
+///
+/// Rejected (`E0277`):
+///
+/// ```compile_fail,E0277
+/// # use datum_cluster_sharding::prelude::*;
+/// # #[derive(Serialize, Deserialize)] pub struct Slow;
+/// # protocol! { pub protocol Later = "later" { defer Slow -> u64; } }
+/// # fn main() {}
+/// struct Waiter;
+/// impl Entity for Waiter { type Protocol = Later; }
+/// impl Handler<Slow> for Waiter {
+///     async fn handle(&mut self, _: Slow, _: &EntityContext) -> ShardingResult<u64> { Ok(1) }
+/// }
+/// async fn demo(system: ShardedSystem) -> ShardingResult<()> {
+///     system.register::<Waiter>(|_| Waiter).await
+/// }
+/// ```
+///
+/// Its twin, which compiles:
+///
+/// ```
+/// # use datum_cluster_sharding::prelude::*;
+/// # #[derive(Serialize, Deserialize)] pub struct Slow;
+/// # protocol! { pub protocol Later = "later" { defer Slow -> u64; } }
+/// # fn main() {}
+/// struct Waiter;
+/// impl Entity for Waiter { type Protocol = Later; }
+/// impl DeferredHandler<Slow> for Waiter {
+///     async fn handle(&mut self, _: Slow, reply: ReplyPort<u64>, _: &EntityContext) -> ShardingResult<()> {
+///         reply.send(1);
+///         Ok(())
+///     }
+/// }
+/// async fn demo(system: ShardedSystem) -> ShardingResult<()> {
+///     system.register::<Waiter>(|_| Waiter).await
+/// }
+/// ```
+///
 /// ## Implementing `Tell` or `Ask` by hand
 ///
 /// The family is sealed by hidden supertraits that only `protocol!` implements: making the tell `Add` an ask by hand is refused. Error: ``the trait bound `Add: SealedAsk<Counter>` is not satisfied``. (Code that names the hidden `__private` module can still forge the seal; see `SPEC.md`.)

@@ -76,7 +76,7 @@ pub mod wire;
 pub(crate) use __private as private;
 
 pub use config::{MAX_SHARDS, ShardingConfig};
-pub use entity::{Entity, EntityContext, Handler};
+pub use entity::{DeferredHandler, Entity, EntityContext, Handler, ReplyPort};
 pub use error::{ShardingError, ShardingResult};
 pub use extractor::{DefaultShardExtractor, ShardExtractor, ShardId, fnv1a_64};
 pub use protocol::{Ask, Message, MessageInfo, MessageKind, Protocol, Tell};
@@ -86,9 +86,10 @@ pub use system::{EntityRef, ShardedSystem, ShardedSystemBuilder};
 /// Everything a user of the typed façade needs, plus serde's derives.
 pub mod prelude {
     pub use crate::{
-        Ask, DefaultShardExtractor, Entity, EntityContext, EntityRef, Handler, InMemoryStore,
-        Message, NoStore, Protocol, RememberEntitiesStore, ShardExtractor, ShardId, ShardedSystem,
-        ShardingConfig, ShardingError, ShardingResult, Tell, protocol,
+        Ask, DefaultShardExtractor, DeferredHandler, Entity, EntityContext, EntityRef, Handler,
+        InMemoryStore, Message, NoStore, Protocol, RememberEntitiesStore, ReplyPort,
+        ShardExtractor, ShardId, ShardedSystem, ShardingConfig, ShardingError, ShardingResult,
+        Tell, protocol,
     };
     pub use serde::{Deserialize, Serialize};
 }

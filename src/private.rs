@@ -13,7 +13,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 
-use crate::entity::{Entity, EntityContext, Handler};
+use crate::entity::{DeferredHandler, Entity, EntityContext, Handler, ReplyPort};
 use crate::error::{ShardingError, ShardingResult};
 use crate::identity::UniqueAddress;
 use crate::protocol::{Message, Protocol};
@@ -536,6 +536,109 @@ impl Outcome {
             "message index {index} is not in the protocol"
         )));
         Outcome(OutcomeKind::Unknown)
+    }
+}
+
+/// The line style of a `tell`/`ask` message: the handler's return value is
+/// the reply.
+pub enum Direct {}
+/// The line style of a `defer` message: the handler gets a [`ReplyPort`].
+pub enum Deferred {}
+
+/// How entity `Self` handles message `M` of style `S` (`Direct` or
+/// `Deferred`): what `protocol!`'s dispatch requires of an entity for each
+/// line, implemented for every entity with the matching handler.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` does not handle `{M}` as its protocol declares",
+    label = "missing a handler",
+    note = "an entity implements `Handler<{M}>` for a `tell` or `ask` line, `DeferredHandler<{M}>` for a `defer` line"
+)]
+pub trait Handles<M, S>: Entity
+where
+    M: Message<Self::Protocol>,
+{
+    /// Runs the handler on one envelope known to carry `M`.
+    fn run(
+        &mut self,
+        envelope: LocalEnvelope,
+        ctx: &EntityContext,
+    ) -> impl Future<Output = Outcome> + Send;
+}
+
+impl<E, M> Handles<M, Direct> for E
+where
+    E: Handler<M>,
+    M: Message<E::Protocol>,
+{
+    fn run(
+        &mut self,
+        envelope: LocalEnvelope,
+        ctx: &EntityContext,
+    ) -> impl Future<Output = Outcome> + Send {
+        handle_local::<E::Protocol, E, M>(self, envelope, ctx)
+    }
+}
+
+impl<E, M> Handles<M, Deferred> for E
+where
+    E: DeferredHandler<M>,
+    M: Message<E::Protocol>,
+{
+    fn run(
+        &mut self,
+        envelope: LocalEnvelope,
+        ctx: &EntityContext,
+    ) -> impl Future<Output = Outcome> + Send {
+        handle_deferred::<E::Protocol, E, M>(self, envelope, ctx)
+    }
+}
+
+/// Handles one envelope of a `defer` line: the reply slot becomes the
+/// handler's `ReplyPort`.
+async fn handle_deferred<P, E, M>(
+    entity: &mut E,
+    envelope: LocalEnvelope,
+    ctx: &EntityContext,
+) -> Outcome
+where
+    P: Protocol,
+    E: Entity<Protocol = P> + DeferredHandler<M>,
+    M: Message<P>,
+{
+    let typed = match envelope.body.downcast::<Typed<M, M::Reply>>() {
+        Ok(typed) => *typed,
+        Err(body) => {
+            (envelope.fail)(
+                body,
+                ShardingError::Bug("envelope type does not match its index".into()),
+            );
+            return Outcome(OutcomeKind::Unknown);
+        }
+    };
+    let Typed { msg, reply } = typed;
+    let port = ReplyPort::new(reply);
+    match AssertUnwindSafe(async move { entity.handle(msg, port, ctx).await })
+        .catch_unwind()
+        .await
+    {
+        Ok(Ok(())) => Outcome(OutcomeKind::Handled),
+        Ok(Err(error)) => {
+            tracing::warn!(type_name = ctx.type_name(), entity_id = ctx.entity_id(), %error, "deferred handler failed");
+            Outcome(OutcomeKind::Handled)
+        }
+        // The port went down with the handler: its asker hears the entity stopped.
+        Err(payload) => Outcome(OutcomeKind::Panicked(panic_message(payload.as_ref()))),
+    }
+}
+
+/// Answers through a reply slot (a deferred handler's port).
+pub(crate) fn answer<R: Serialize>(reply: ReplyTo<R>, result: ShardingResult<R>) {
+    match reply {
+        ReplyTo::Local(sender) => {
+            let _ = sender.send(result);
+        }
+        ReplyTo::Remote(remote) => remote.send(result),
+        ReplyTo::Nobody => {}
     }
 }
 

@@ -107,9 +107,15 @@ pub trait Ask<P: Protocol>: Message<P> + crate::__private::SealedAsk<P> {}
 ///     pub protocol Name = "wire-name" {
 ///         tell MessageType;
 ///         ask OtherType -> ReplyType;
+///         defer LaterType -> ReplyType;
 ///     }
 /// }
 /// ```
+///
+/// A `defer` line is an ask (senders `ask` it and get its reply type) that
+/// the entity answers through a [`ReplyPort`](crate::ReplyPort) given to its
+/// [`DeferredHandler`](crate::DeferredHandler), when it likes: from a task
+/// it spawns, or after other messages.
 ///
 /// An optional `(extractor = Type)` after the wire name sets the protocol's
 /// [`ShardExtractor`](crate::ShardExtractor) (default: [`DefaultShardExtractor`](crate::DefaultShardExtractor)):
@@ -171,7 +177,8 @@ macro_rules! protocol {
 
         impl<E> $crate::__private::Dispatch<E> for $name
         where
-            E: $crate::Entity<Protocol = $name> $( + $crate::Handler<$($msg)::+> )*,
+            E: $crate::Entity<Protocol = $name>
+                $( + $crate::__private::Handles<$($msg)::+, $crate::__protocol_impl!(@style $kind)> )*,
         {
             async fn dispatch(
                 entity: &mut E,
@@ -181,9 +188,10 @@ macro_rules! protocol {
                 let index = envelope.index();
                 $(
                     if index == <$($msg)::+ as $crate::Message<$name>>::INDEX {
-                        return $crate::__private::handle_local::<$name, E, $($msg)::+>(
-                            entity, envelope, ctx,
-                        )
+                        return <E as $crate::__private::Handles<
+                            $($msg)::+,
+                            $crate::__protocol_impl!(@style $kind),
+                        >>::run(entity, envelope, ctx)
                         .await;
                     }
                 )*
@@ -208,11 +216,23 @@ macro_rules! __protocol_impl {
     (@info ask $($msg:ident)::+) => {
         $crate::MessageInfo { name: stringify!($($msg)::+), kind: $crate::MessageKind::Ask }
     };
+    (@info defer $($msg:ident)::+) => {
+        $crate::MessageInfo { name: stringify!($($msg)::+), kind: $crate::MessageKind::Ask }
+    };
     (@info $kind:ident $($msg:ident)::+) => { $crate::MessageInfo { name: "", kind: $crate::MessageKind::Tell } };
+
+    // How an entity answers a line: `tell` and `ask` through `Handler` (the
+    // reply is the return value), `defer` through `DeferredHandler` (a
+    // `ReplyPort`). Anything else is reported by `@messages`.
+    (@style defer) => { $crate::__private::Deferred };
+    (@style $kind:ident) => { $crate::__private::Direct };
 
     (@signature tell $($msg:ident)::+) => { concat!("tell ", stringify!($($msg)::+)) };
     (@signature ask $($msg:ident)::+ -> $reply:ty) => {
         concat!("ask ", stringify!($($msg)::+), " -> ", stringify!($reply))
+    };
+    (@signature defer $($msg:ident)::+ -> $reply:ty) => {
+        concat!("defer ", stringify!($($msg)::+), " -> ", stringify!($reply))
     };
     // Malformed lines: `@messages` reports them; no second error here.
     (@signature $($rest:tt)*) => { "" };
@@ -238,6 +258,12 @@ macro_rules! __protocol_impl {
         impl $crate::Ask<$p> for $($msg)::+ {}
         $crate::__protocol_impl!(@messages $p, $idx + 1, $($rest)*);
     };
+    (@messages $p:ident, $idx:expr, defer $($msg:ident)::+ -> $reply:ty ; $($rest:tt)*) => {
+        $crate::__protocol_impl!(@messages $p, $idx, ask $($msg)::+ -> $reply ; $($rest)*);
+    };
+    (@messages $p:ident, $idx:expr, defer $($msg:ident)::+ ; $($rest:tt)*) => {
+        compile_error!("a `defer` message needs its reply type: `defer Message -> Reply;`");
+    };
     (@messages $p:ident, $idx:expr, tell $($msg:ident)::+ -> $reply:ty ; $($rest:tt)*) => {
         compile_error!("a `tell` message has no reply: write `ask Message -> Reply;` to ask it");
     };
@@ -245,6 +271,6 @@ macro_rules! __protocol_impl {
         compile_error!("an `ask` message needs its reply type: `ask Message -> Reply;`");
     };
     (@messages $p:ident, $idx:expr, $kind:ident $($rest:tt)*) => {
-        compile_error!(concat!("a protocol line starts with `tell` or `ask`, not `", stringify!($kind), "`"));
+        compile_error!(concat!("a protocol line starts with `tell`, `ask` or `defer`, not `", stringify!($kind), "`"));
     };
 }

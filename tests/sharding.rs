@@ -25,6 +25,10 @@ pub struct Home;
 pub struct Fail;
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Boom;
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Later(pub u64);
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Forget;
 
 protocol! {
     /// An entity that logs what it is told and says where it lives.
@@ -34,6 +38,8 @@ protocol! {
         ask Home -> String;
         ask Fail -> u64;
         ask Boom -> ();
+        defer Later -> u64;
+        defer Forget -> u64;
     }
 }
 
@@ -69,6 +75,33 @@ impl Handler<Fail> for TallyEntity {
 impl Handler<Boom> for TallyEntity {
     async fn handle(&mut self, _: Boom, _: &EntityContext) -> ShardingResult<()> {
         panic!("boom on purpose")
+    }
+}
+
+impl DeferredHandler<Later> for TallyEntity {
+    async fn handle(
+        &mut self,
+        msg: Later,
+        reply: ReplyPort<u64>,
+        _: &EntityContext,
+    ) -> ShardingResult<()> {
+        // Answered from another task, after this handler has returned.
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            reply.send(msg.0 + 1);
+        });
+        Ok(())
+    }
+}
+impl DeferredHandler<Forget> for TallyEntity {
+    async fn handle(
+        &mut self,
+        _: Forget,
+        reply: ReplyPort<u64>,
+        _: &EntityContext,
+    ) -> ShardingResult<()> {
+        drop(reply);
+        Ok(())
     }
 }
 
@@ -223,6 +256,21 @@ async fn every_entity_is_reachable_from_every_node_with_typed_replies() {
         r.ask(Log, ASK).await.expect("log after panic"),
         Vec::<u64>::new()
     );
+    // Deferred replies through a ReplyPort, from a remote entity and a local one.
+    assert_eq!(r.ask(Later(41), ASK).await, Ok(42));
+    let local_id = ids
+        .iter()
+        .find(|id| homes[*id] == "node-0")
+        .expect("a local entity");
+    let local = nodes[0].system.entity_ref::<Tally>(local_id.as_str());
+    assert_eq!(local.ask(Later(1), ASK).await, Ok(2));
+    // A port dropped unanswered answers EntityStopped, on both paths.
+    for (entity, id) in [(&r, remote_id), (&local, local_id)] {
+        match entity.ask(Forget, ASK).await {
+            Err(ShardingError::EntityStopped { entity_id, .. }) => assert_eq!(&entity_id, id),
+            other => panic!("expected EntityStopped for {id}, got {other:?}"),
+        }
+    }
     for n in &nodes {
         assert_eq!(n.system.pending_remote_asks(), 0);
     }
