@@ -328,13 +328,17 @@ impl<S> ShardedSystem<S> {
 
     /// Stops every entity, fails buffered and pending messages with
     /// [`ShardingError::ShuttingDown`], and waits for the actors to stop.
+    ///
+    /// On a cluster, the coordinator is told first that this node's regions
+    /// stop, so their shards are reallocated to the other members at once;
+    /// messages that still reach this node are answered `ShuttingDown`.
     pub async fn shutdown(&self) {
         self.shared.stopped.store(true, Ordering::Release);
-        let regions: Vec<Arc<Region>> = self.regions().values().cloned().collect();
-        futures_util::future::join_all(regions.iter().map(|r| r.shutdown())).await;
         if let Some(link) = &self.shared.cluster {
             link.stop().await;
         }
+        let regions: Vec<Arc<Region>> = self.regions().values().cloned().collect();
+        futures_util::future::join_all(regions.iter().map(|r| r.shutdown())).await;
     }
 
     /// The cluster node this system runs on, if it was built with one.

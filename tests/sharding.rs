@@ -446,6 +446,60 @@ async fn a_killed_nodes_shards_move_to_the_survivors() {
     stop(nodes).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_system_shut_down_on_a_live_node_hands_its_shards_to_the_others() {
+    let nodes = three().await;
+    let ids: Vec<String> = (0..60).map(|k| format!("leaver-{k}")).collect();
+    let mut before = BTreeMap::new();
+    for id in &ids {
+        let home = nodes[0]
+            .system
+            .entity_ref::<Tally>(id.as_str())
+            .ask(Home, ASK)
+            .await
+            .expect("ask");
+        before.insert(id.clone(), home);
+    }
+    // Node 2's sharded system stops; its cluster node stays Up.
+    let stopped = Instant::now();
+    nodes[2].system.shutdown().await;
+    for id in ids.iter().filter(|id| before[*id] == "node-2") {
+        let (home, errors) = ask_retrying(&nodes[0].system, id).await;
+        assert_ne!(home, "node-2");
+        for e in &errors {
+            assert!(
+                matches!(
+                    e,
+                    ShardingError::ShuttingDown | ShardingError::PeerLost { .. }
+                ),
+                "{id}: unexpected {e:?}"
+            );
+        }
+    }
+    let moved = stopped.elapsed();
+    assert!(
+        moved < Duration::from_secs(5),
+        "the shards moved at once, not when the node left: {moved:?}"
+    );
+    assert_eq!(nodes[2].system.hosted_shards::<Tally>(), 0);
+    let hosted: usize = nodes[..2]
+        .iter()
+        .map(|n| n.system.hosted_shards::<Tally>())
+        .sum();
+    let shards: BTreeSet<u32> = ids
+        .iter()
+        .map(|id| {
+            nodes[0]
+                .system
+                .entity_ref::<Tally>(id.as_str())
+                .shard_id()
+                .0
+        })
+        .collect();
+    assert!(hosted >= shards.len());
+    stop(nodes).await;
+}
+
 // ---- bad input from an authenticated peer, spoken from SPEC's wire form ----
 
 #[derive(Serialize)]

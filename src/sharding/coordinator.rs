@@ -21,8 +21,10 @@
 //!   have registered a region of that type. Down, Exiting and Removed
 //!   members (and members gone from the view) are *gone*: their shards are
 //!   reallocated at once, as [`RebalanceReason::DeadOwner`] moves, never
-//!   capped. Other members (Joining, Leaving, unreachable) keep what they
-//!   own but get nothing new.
+//!   capped; so are the shards of a member whose region of the type stopped
+//!   (`Unregister`), or that is Up and reachable but, once settled, has no
+//!   region of the type registered here. Other members (Joining, Leaving,
+//!   unreachable) keep what they own but get nothing new.
 //! * **Allocation** goes through a [`ShardAllocationStrategy`];
 //!   [`LeastShardAllocation`] is the default.
 //! * **Generations.** Every allocation of a shard gets a generation one
@@ -57,8 +59,8 @@ pub struct ShardHome {
 /// Why a shard moved.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RebalanceReason {
-    /// Its owner is no longer an eligible member (downed, exited, removed).
-    /// Never throttled.
+    /// Its owner is no longer an eligible member (downed, exited, removed),
+    /// or its owner's sharded system stopped. Never throttled.
     DeadOwner,
     /// Moved to spread load after a node joined (capped per round). Not
     /// produced yet: graceful rebalance comes with the handoff protocol.
@@ -152,6 +154,9 @@ struct TypeTable {
     /// The highest generation seen per shard, even when it has no home now.
     generations: Vec<u64>,
     regions: BTreeSet<UniqueAddress>,
+    /// Members whose region of the type stopped (unregistered) and has not
+    /// registered again: their shards are orphans, though they are members.
+    departed: BTreeSet<UniqueAddress>,
     /// Shards asked for that have no home yet, and who asked.
     waiting: BTreeMap<u32, BTreeSet<UniqueAddress>>,
 }
@@ -164,6 +169,7 @@ impl TypeTable {
             homes: vec![None; num_shards as usize],
             generations: vec![0; num_shards as usize],
             regions: BTreeSet::new(),
+            departed: BTreeSet::new(),
             waiting: BTreeMap::new(),
         }
     }
@@ -310,6 +316,9 @@ impl CoordinatorCore {
             // again until they hear its table).
             let me = self.me;
             self.registered.retain(|m| *m == me);
+            for table in self.types.values_mut() {
+                table.regions.retain(|m| *m == me);
+            }
         } else if !should_be_active && self.active {
             self.active = false;
             self.settling_until = None;
@@ -402,6 +411,7 @@ impl CoordinatorCore {
                 continue;
             }
             table.regions.insert(from);
+            table.departed.remove(&from);
             for &(shard, owner, generation) in &reg.homes {
                 if shard < table.num_shards {
                     table.learn(shard, ShardHome { owner, generation });
@@ -425,6 +435,24 @@ impl CoordinatorCore {
         }
         out.extend(self.act(now));
         out
+    }
+
+    /// A region's types stop on `from` (its system shuts down): it is no
+    /// longer a region of them, and the shards it owns are reallocated at
+    /// once, as dead-owner moves (there is no handoff yet).
+    pub(crate) fn unregister(
+        &mut self,
+        now: Instant,
+        from: UniqueAddress,
+        types: &[String],
+    ) -> Vec<Command> {
+        for type_name in types {
+            if let Some(table) = self.types.get_mut(type_name) {
+                table.regions.remove(&from);
+                table.departed.insert(from);
+            }
+        }
+        self.act(now)
     }
 
     /// A region asks where `shard` of `type_name` lives; it has seen the
@@ -459,6 +487,7 @@ impl CoordinatorCore {
         }
         if let Some(home) = table.homes[shard as usize]
             && self.members.contains_key(&home.owner)
+            && !table.departed.contains(&home.owner)
         {
             return vec![Command::Send {
                 to: from,
@@ -507,8 +536,19 @@ impl CoordinatorCore {
                 .iter()
                 .enumerate()
                 .filter_map(|(shard, home)| {
-                    home.filter(|h| !self.members.contains_key(&h.owner))
-                        .map(|h| (shard as u32, h.owner))
+                    home.filter(|h| match self.members.get(&h.owner) {
+                        // Gone from the cluster.
+                        None => true,
+                        // Its region stopped, or (settled, so it had its
+                        // chance to register, and reachable, so it could
+                        // have) it has no region of the type at all.
+                        Some(standing) => {
+                            table.departed.contains(&h.owner)
+                                || (*standing == Standing::Eligible
+                                    && !table.regions.contains(&h.owner))
+                        }
+                    })
+                    .map(|h| (shard as u32, h.owner))
                 })
                 .collect();
             for (shard, previous) in orphaned {

@@ -207,9 +207,9 @@ fn a_request_without_any_candidate_waits_for_one() {
     let n: Vec<UniqueAddress> = (1..=2).map(node).collect();
     let mut c = core(n[0]);
     // Only node 2 has a region of the type, and it is unreachable.
+    c.set_membership(t0, &view(n[0], &n, &[], &n[1..]));
     c.register(t0, n[0], &[]);
     c.register(t0, n[1], &reg(4, vec![]));
-    c.set_membership(t0, &view(n[0], &n, &[], &n[1..]));
     assert!(c.get_home(t0, n[1], TYPE, 0, 0).is_empty());
     // Reachable again: the waiting shard goes there, and its region hears.
     let out = c.set_membership(t0, &view(n[0], &n, &[], &[]));
@@ -368,6 +368,7 @@ enum Op {
     Unreachable(u8),
     Heal(u8),
     Register(u8),
+    Unregister(u8),
     Ask(u8, u8),
     Advance(u16),
 }
@@ -375,7 +376,8 @@ enum Op {
 impl Arbitrary for Op {
     fn arbitrary(g: &mut Gen) -> Self {
         let n = |g: &mut Gen| u8::arbitrary(g) % 6;
-        match u8::arbitrary(g) % 10 {
+        match u8::arbitrary(g) % 11 {
+            10 => Op::Unregister(n(g)),
             0 => Op::Join(n(g)),
             1 => Op::Crash(n(g)),
             2 => Op::Unreachable(n(g)),
@@ -409,6 +411,7 @@ fn check_history(ops: Vec<Op>) -> Result<(), String> {
     let mut dead: BTreeSet<usize> = BTreeSet::new();
     let mut unreachable: BTreeSet<usize> = BTreeSet::new();
     let mut registered: BTreeSet<usize> = BTreeSet::new();
+    let mut departed: BTreeSet<usize> = BTreeSet::new();
     // What each node's region knows, as it would report it: the homes it
     // was sent.
     let mut known: BTreeMap<usize, BTreeMap<u32, (UniqueAddress, u64)>> = BTreeMap::new();
@@ -445,6 +448,20 @@ fn check_history(ops: Vec<Op>) -> Result<(), String> {
             Op::Register(i) => {
                 if alive.contains(&(i as usize)) {
                     registered.insert(i as usize);
+                    departed.remove(&(i as usize));
+                }
+            }
+            Op::Unregister(i) => {
+                // Its system stops: it forgets what it knew, as a new system
+                // on that node would.
+                if registered.remove(&(i as usize)) {
+                    departed.insert(i as usize);
+                    known.remove(&(i as usize));
+                }
+                // Its coordinator core stops with it (a new one starts with
+                // a new system there).
+                if cores.remove(&(i as usize)).is_some() && last_coordinator == Some(i as usize) {
+                    last_coordinator = None;
                 }
             }
             Op::Ask(_, _) | Op::Advance(_) => {}
@@ -475,6 +492,9 @@ fn check_history(ops: Vec<Op>) -> Result<(), String> {
             Op::Register(i) if alive.contains(&(i as usize)) => {
                 let i = i as usize;
                 commands.extend(c.register(now, nodes[i], &reg(SHARDS, replica(&known, i))));
+            }
+            Op::Unregister(i) if departed.contains(&(i as usize)) && ci != i as usize => {
+                commands.extend(c.unregister(now, nodes[i as usize], &[TYPE.to_owned()]));
             }
             // Only a node with a region of the type asks for its shards.
             Op::Ask(i, shard)
@@ -540,10 +560,15 @@ fn check_history(ops: Vec<Op>) -> Result<(), String> {
                 .any(|i| registered.contains(i) && !unreachable.contains(i));
             for shard in 0..SHARDS {
                 if let Some(h) = c.home(TYPE, shard)
-                    && dead.contains(&index_of(&h.owner))
+                    && (dead.contains(&index_of(&h.owner))
+                        || (departed.contains(&index_of(&h.owner))
+                            && !unreachable.contains(&index_of(&h.owner))))
                     && candidates
                 {
-                    return Err(format!("shard {shard} still at dead {}", h.owner));
+                    return Err(format!(
+                        "shard {shard} still at dead or departed {}",
+                        h.owner
+                    ));
                 }
             }
         }
@@ -661,11 +686,14 @@ fn a_returning_coordinator_settles_on_fresh_registrations() {
     assert!(!c.is_active());
     c.set_membership(t0, &view(n[0], &n, &[], &[]));
     assert!(c.is_active());
+    // Registrations from the earlier term do not count: node 2 is not a
+    // region here until it registers again.
+    assert!(c.get_home(t0, n[1], TYPE, 0, 0).is_empty());
+    c.register(t0, n[1], &reg(4, vec![]));
     assert!(
         c.get_home(t0, n[1], TYPE, 0, 0).is_empty(),
         "settling again"
     );
-    c.register(t0, n[1], &reg(4, vec![]));
     let out = c.register(t0, n[2], &reg(4, vec![]));
     assert!(
         out.iter().any(|cmd| matches!(
@@ -696,6 +724,92 @@ fn an_absurd_shard_count_is_refused_without_allocating_it() {
         ),
         "{out:?}"
     );
+}
+
+#[test]
+fn an_unregistered_region_loses_its_shards_and_gets_no_new_ones() {
+    let (mut c, t0, n) = settled(3, 9);
+    for shard in 0..9 {
+        c.get_home(t0, n[0], TYPE, shard, 0);
+    }
+    let owned: Vec<u32> = (0..9)
+        .filter(|s| c.home(TYPE, *s).unwrap().owner == n[2])
+        .collect();
+    assert_eq!(owned.len(), 3);
+    let out = c.unregister(t0, n[2], &[TYPE.to_owned()]);
+    // Each moved shard is told to the two remaining regions.
+    assert_eq!(out.len(), 2 * owned.len(), "{out:?}");
+    for shard in &owned {
+        assert_ne!(c.home(TYPE, *shard).unwrap().owner, n[2]);
+    }
+    assert_eq!(c.rounds().last().unwrap().moves.len(), 3);
+    // Registering again makes it a region (and a candidate) once more.
+    c.register(t0, n[2], &reg(9, vec![]));
+    assert!(c.get_home(t0, n[2], TYPE, 0, 0).len() == 1);
+}
+
+#[test]
+fn regression_a_stopped_region_unknown_to_the_next_coordinator() {
+    use Op::*;
+    let ops = vec![
+        Join(1),
+        Register(0),
+        Register(1),
+        Unreachable(1),
+        Ask(1, 3),
+        Unregister(0),
+        Unreachable(0),
+        Heal(1),
+        Heal(0),
+    ];
+    assert_eq!(check_history(ops), Ok(()));
+}
+
+#[test]
+fn regression_a_stopped_system_takes_its_core_along() {
+    use Op::*;
+    let ops = vec![
+        Join(2),
+        Register(0),
+        Unreachable(0),
+        Unregister(0),
+        Heal(0),
+        Register(2),
+        Ask(2, 6),
+    ];
+    assert_eq!(check_history(ops), Ok(()));
+}
+
+#[test]
+fn regression_settle_by_timeout_reallocates_a_stopped_coordinators_shards() {
+    use Op::*;
+    let ops = vec![
+        Register(0),
+        Join(3),
+        Register(3),
+        Unreachable(0),
+        Ask(0, 4),
+        Unregister(3),
+        Heal(0),
+        Advance(907),
+        Advance(183),
+    ];
+    assert_eq!(check_history(ops), Ok(()));
+}
+
+#[test]
+fn regression_an_unregistration_that_reached_no_coordinator() {
+    use Op::*;
+    let ops = vec![
+        Register(0),
+        Unreachable(0),
+        Unregister(0),
+        Heal(0),
+        Join(5),
+        Register(5),
+        Ask(5, 1),
+    ];
+    assert_eq!(check_history(ops), Ok(()));
 }
 
 #[test]

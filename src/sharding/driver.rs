@@ -59,6 +59,8 @@ const RETRY_GET_HOME: Duration = Duration::from_millis(300);
 /// A registration the coordinator has not answered with its table is sent
 /// again after this long.
 const REREGISTER_AFTER: Duration = Duration::from_millis(500);
+/// How long `stop` waits for the control task to send its goodbye.
+const STOP_WAIT: Duration = Duration::from_secs(1);
 /// How often asks whose caller gave up are swept.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
@@ -169,16 +171,22 @@ impl ClusterLink {
     }
 
     /// Stops the tasks and fails the asks still waiting on other nodes.
+    ///
+    /// The control task first tells the coordinator this node's regions are
+    /// going (`Unregister`), so their shards get new homes now rather than
+    /// when the node leaves the cluster. The data handler stays registered
+    /// until the link is dropped: envelopes that still arrive are answered
+    /// `ShuttingDown` by the stopped regions instead of vanishing.
     pub(crate) async fn stop(&self) {
-        let transport = self.node.transport();
-        transport.unregister(SHARDING_DATA);
-        transport.unregister(SHARDING_CONTROL);
         let _ = self.driver.send(DriverMsg::Stop);
         let tasks: Vec<JoinHandle<()>> = lock(&self.tasks).drain(..).collect();
-        for task in tasks {
-            task.abort();
-            let _ = task.await;
+        for mut task in tasks {
+            if tokio::time::timeout(STOP_WAIT, &mut task).await.is_err() {
+                task.abort();
+                let _ = task.await;
+            }
         }
+        self.node.transport().unregister(SHARDING_CONTROL);
         self.remote.fail_all(&ShardingError::ShuttingDown);
     }
 }
@@ -347,7 +355,11 @@ impl Control {
         loop {
             tokio::select! {
                 msg = self.rx.recv() => match msg {
-                    None | Some(DriverMsg::Stop) => break,
+                    None => break,
+                    Some(DriverMsg::Stop) => {
+                        self.unregister();
+                        break;
+                    }
                     Some(DriverMsg::Allocate { type_name, shard }) => self.ask_home(type_name, shard.0),
                     Some(DriverMsg::TypeRegistered) => self.register(),
                 },
@@ -418,6 +430,20 @@ impl Control {
             self.heard_from = None;
             self.registered_at = Some(Instant::now());
             self.send(coordinator, msg);
+        }
+    }
+
+    /// Tells the coordinator this node's regions stop (the system shuts down).
+    fn unregister(&mut self) {
+        let types: Vec<String> = self
+            .regions()
+            .iter()
+            .map(|r| r.type_name.to_owned())
+            .collect();
+        if let Some(coordinator) = self.coordinator
+            && !types.is_empty()
+        {
+            self.send(coordinator, ControlMsg::Unregister { types });
         }
     }
 
@@ -535,6 +561,7 @@ impl Control {
             let now = Instant::now();
             let commands = match msg {
                 ControlMsg::Register { types } => self.core.register(now, from, &types),
+                ControlMsg::Unregister { types } => self.core.unregister(now, from, &types),
                 ControlMsg::GetHome {
                     type_name,
                     shard,

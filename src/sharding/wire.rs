@@ -125,6 +125,9 @@ pub(crate) enum ControlMsg {
     /// what it hosts. Sent when a type is registered and to every new
     /// coordinator; idempotent.
     Register { types: Vec<TypeRegistration> },
+    /// Region → coordinator: this node's regions of these types stop (its
+    /// sharded system shuts down); their shards need new homes.
+    Unregister { types: Vec<String> },
     /// Region → coordinator: where does this shard live? (Its messages wait
     /// in the region's buffer meanwhile.)
     GetHome {
