@@ -80,7 +80,9 @@ pub use entity::{DeferredHandler, Entity, EntityContext, Handler, ReplyPort};
 pub use error::{ShardingError, ShardingResult};
 pub use extractor::{DefaultShardExtractor, ShardExtractor, ShardId, fnv1a_64};
 pub use protocol::{Ask, Message, MessageInfo, MessageKind, Protocol, Tell};
-pub use store::{InMemoryStore, NoStore, RememberEntitiesStore, StoreError};
+pub use store::{
+    FileStore, FileStoreFsyncPolicy, InMemoryStore, NoStore, RememberEntitiesStore, StoreError,
+};
 pub use system::{EntityRef, ShardedSystem, ShardedSystemBuilder};
 
 /// Everything a user of the typed façade needs, plus serde's derives.

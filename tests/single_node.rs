@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use datum_cluster_sharding::prelude::*;
+use datum_cluster_sharding::{FileStore, FileStoreFsyncPolicy};
 
 #[allow(dead_code)]
 #[path = "../protocols/counter.rs"]
@@ -617,6 +618,53 @@ async fn remembered_entities_respawn_when_their_shard_starts() {
     }
     started.sort();
     assert_eq!(started, vec!["r-1".to_string(), "r-2".to_string()]);
+    system.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_store_ids_survive_into_a_new_store_on_the_same_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let open = || FileStore::open(dir.path(), FileStoreFsyncPolicy::Always).unwrap();
+    {
+        let system = ShardedSystem::builder()
+            .config(no_idle())
+            .store(open())
+            .start()
+            .await
+            .unwrap();
+        let (probes, _events) = Probes::new();
+        system
+            .register_remembered::<ProbeEntity>(probes.factory())
+            .await
+            .unwrap();
+        for id in ["f-1", "f-2", "f-3"] {
+            let r = system.entity_ref::<Probe>(id);
+            r.tell(Record(0)).await.unwrap();
+            r.ask(Total, LONG).await.unwrap();
+        }
+        system.entity_ref::<Probe>("f-2").passivate().await.unwrap();
+        system.shutdown().await;
+    }
+    // A new process would open a new store on the same directory.
+    let system = ShardedSystem::builder()
+        .config(no_idle())
+        .store(open())
+        .start()
+        .await
+        .unwrap();
+    let (probes, mut events) = Probes::new();
+    system
+        .register_remembered::<ProbeEntity>(probes.factory())
+        .await
+        .unwrap();
+    let mut started = Vec::new();
+    while started.len() < 2 {
+        if let Event::Started(id, _) = next_event(&mut events, LONG).await {
+            started.push(id);
+        }
+    }
+    started.sort();
+    assert_eq!(started, vec!["f-1".to_string(), "f-3".to_string()]);
     system.shutdown().await;
 }
 

@@ -14,6 +14,9 @@ use std::sync::{Arc, Mutex};
 
 use crate::extractor::ShardId;
 
+mod file;
+pub use file::{FileStore, FileStoreFsyncPolicy};
+
 /// The marker for a system built without a remember-entities store.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct NoStore;

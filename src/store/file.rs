@@ -1,0 +1,425 @@
+//! `FileStore`: remember-entities in per-shard append logs that survive a
+//! node restart.
+//!
+//! ```text
+//!   <dir>/<hex(type name)>/<shard as 8 hex digits>.log
+//!
+//!   log    = header record*
+//!   header = "DCSR" version:u8                      (5 bytes; version 1)
+//!   record = len:u32 BE  crc:u32 BE  body[len]      (crc = CRC-32/IEEE of body)
+//!   body   = op:u8 (1 = started, 2 = stopped)  entity id (UTF-8, len - 1 bytes)
+//! ```
+//!
+//! A start appends one record. A stop rewrites the log with only the live
+//! ids (compaction: a temporary file beside it, then an atomic rename, then
+//! the directory synced), so a log never holds more than its live ids plus
+//! the starts since its last compaction. Names are hex-encoded, so no type
+//! name (`../`, `/`, NUL, …) can reach outside `<dir>`.
+//!
+//! On load, a torn last record (a power cut mid-append: too short, or its
+//! checksum wrong at the very end) is dropped, reported with a warning, and
+//! cut off the file, so the next append does not land behind garbage. A bad
+//! header, a record that fails its checksum with more after it, or a body
+//! that is not a known op with a UTF-8 id is an error: the log is left as it
+//! is. A log from a newer format version is refused with an error saying so.
+
+use std::collections::{BTreeSet, HashMap};
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use super::{RememberEntitiesStore, StoreError};
+use crate::extractor::ShardId;
+
+const MAGIC: &[u8; 4] = b"DCSR";
+/// The log format this build writes and reads.
+pub const FILE_STORE_VERSION: u8 = 1;
+const HEADER_LEN: usize = 5;
+const RECORD_HEAD: usize = 8;
+const OP_STARTED: u8 = 1;
+const OP_STOPPED: u8 = 2;
+/// The longest type name the store accepts: its hex form is one directory
+/// name, which file systems limit to 255 bytes.
+pub const MAX_TYPE_NAME: usize = 120;
+/// The longest entity id the store records (one record).
+pub const MAX_ENTITY_ID: usize = 64 * 1024;
+
+/// When the file store calls `fsync`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FileStoreFsyncPolicy {
+    /// After every append and every compaction (and the directory after each
+    /// rename). The default: a recorded id survives a power cut.
+    #[default]
+    Always,
+    /// Only compactions are synced; an append survives a process crash (it
+    /// is in the kernel) but may be lost with a power cut.
+    OnCompaction,
+    /// Never; the kernel writes back when it likes.
+    Never,
+}
+
+/// A remember-entities store of per-shard append logs under one directory.
+/// See the module documentation for the format and its guarantees.
+///
+/// ```
+/// use datum_cluster_sharding::{FileStore, FileStoreFsyncPolicy, RememberEntitiesStore, ShardId};
+/// let dir = std::env::temp_dir().join(format!("doc-file-store-{}", std::process::id()));
+/// let store = FileStore::open(&dir, FileStoreFsyncPolicy::Always).unwrap();
+/// store.record_entity_started("counter", ShardId(7), "cart-42").unwrap();
+/// let again = FileStore::open(&dir, FileStoreFsyncPolicy::Always).unwrap();
+/// assert_eq!(again.list_entities_for_shard("counter", ShardId(7)).unwrap(), vec!["cart-42"]);
+/// # std::fs::remove_dir_all(&dir).unwrap();
+/// ```
+#[derive(Debug)]
+pub struct FileStore {
+    dir: PathBuf,
+    fsync: FileStoreFsyncPolicy,
+    /// The live ids of each shard whose log has been read.
+    shards: Mutex<HashMap<(String, ShardId), BTreeSet<String>>>,
+}
+
+impl FileStore {
+    /// A store under `dir` (created if missing) with the given fsync policy.
+    pub fn open(dir: impl AsRef<Path>, fsync: FileStoreFsyncPolicy) -> Result<Self, StoreError> {
+        let dir = dir.as_ref().to_path_buf();
+        fs::create_dir_all(&dir).map_err(|e| io_error("create", &dir, &e))?;
+        Ok(FileStore {
+            dir,
+            fsync,
+            shards: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The directory the store writes under.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn type_dir(&self, type_name: &str) -> Result<PathBuf, StoreError> {
+        if type_name.len() > MAX_TYPE_NAME {
+            return Err(StoreError(format!(
+                "type name of {} bytes is longer than the file store's {MAX_TYPE_NAME}",
+                type_name.len()
+            )));
+        }
+        Ok(self.dir.join(hex(type_name.as_bytes())))
+    }
+
+    fn log_path(&self, type_name: &str, shard: ShardId) -> Result<PathBuf, StoreError> {
+        Ok(self
+            .type_dir(type_name)?
+            .join(format!("{:08x}.log", shard.0)))
+    }
+
+    /// Runs `f` on the live ids of a shard, loading its log first if needed.
+    fn with_shard<T>(
+        &self,
+        type_name: &str,
+        shard: ShardId,
+        f: impl FnOnce(&Path, &mut BTreeSet<String>) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let path = self.log_path(type_name, shard)?;
+        let mut shards = self.shards.lock().unwrap_or_else(|p| p.into_inner());
+        let key = (type_name.to_owned(), shard);
+        if !shards.contains_key(&key) {
+            let ids = load(&path, self.fsync)?;
+            shards.insert(key.clone(), ids);
+        }
+        let ids = shards
+            .get_mut(&key)
+            .ok_or_else(|| StoreError("BUG: shard vanished from the cache".into()))?;
+        f(&path, ids)
+    }
+
+    fn sync_dir(&self, dir: &Path) -> Result<(), StoreError> {
+        if self.fsync == FileStoreFsyncPolicy::Never {
+            return Ok(());
+        }
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| io_error("sync", dir, &e))
+    }
+
+    fn append(&self, path: &Path, op: u8, entity_id: &str) -> Result<(), StoreError> {
+        let dir = path
+            .parent()
+            .ok_or_else(|| StoreError("BUG: a log path without a directory".into()))?;
+        let created = !path.exists();
+        if created {
+            fs::create_dir_all(dir).map_err(|e| io_error("create", dir, &e))?;
+        }
+        let mut file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| io_error("open", path, &e))?;
+        let mut bytes = Vec::with_capacity(HEADER_LEN + RECORD_HEAD + 1 + entity_id.len());
+        if file.metadata().map(|m| m.len()).unwrap_or(0) == 0 {
+            bytes.extend_from_slice(&header());
+        }
+        put_record(&mut bytes, op, entity_id);
+        file.write_all(&bytes)
+            .map_err(|e| io_error("append to", path, &e))?;
+        if self.fsync == FileStoreFsyncPolicy::Always {
+            file.sync_data().map_err(|e| io_error("sync", path, &e))?;
+            if created {
+                self.sync_dir(dir)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Rewrites the log with exactly `ids`: a temporary file, synced unless
+    /// the policy is `Never`, renamed over the log, then the directory synced.
+    fn compact(&self, path: &Path, ids: &BTreeSet<String>) -> Result<(), StoreError> {
+        let dir = path
+            .parent()
+            .ok_or_else(|| StoreError("BUG: a log path without a directory".into()))?;
+        if ids.is_empty() {
+            match fs::remove_file(path) {
+                Ok(()) => return self.sync_dir(dir),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+                Err(e) => return Err(io_error("remove", path, &e)),
+            }
+        }
+        let mut bytes = header().to_vec();
+        for id in ids {
+            put_record(&mut bytes, OP_STARTED, id);
+        }
+        let tmp = path.with_extension("log.tmp");
+        let mut file = File::create(&tmp).map_err(|e| io_error("create", &tmp, &e))?;
+        file.write_all(&bytes)
+            .map_err(|e| io_error("write", &tmp, &e))?;
+        if self.fsync != FileStoreFsyncPolicy::Never {
+            file.sync_all().map_err(|e| io_error("sync", &tmp, &e))?;
+        }
+        drop(file);
+        fs::rename(&tmp, path).map_err(|e| io_error("rename over", path, &e))?;
+        self.sync_dir(dir)
+    }
+}
+
+impl RememberEntitiesStore for FileStore {
+    fn record_entity_started(
+        &self,
+        type_name: &str,
+        shard_id: ShardId,
+        entity_id: &str,
+    ) -> Result<(), StoreError> {
+        check_id(entity_id)?;
+        self.with_shard(type_name, shard_id, |path, ids| {
+            if ids.contains(entity_id) {
+                return Ok(());
+            }
+            self.append(path, OP_STARTED, entity_id)?;
+            ids.insert(entity_id.to_owned());
+            Ok(())
+        })
+    }
+
+    fn record_entity_stopped(
+        &self,
+        type_name: &str,
+        shard_id: ShardId,
+        entity_id: &str,
+    ) -> Result<(), StoreError> {
+        self.with_shard(type_name, shard_id, |path, ids| {
+            if !ids.contains(entity_id) {
+                return Ok(());
+            }
+            let mut live = ids.clone();
+            live.remove(entity_id);
+            self.compact(path, &live)?;
+            *ids = live;
+            Ok(())
+        })
+    }
+
+    fn list_entities_for_shard(
+        &self,
+        type_name: &str,
+        shard_id: ShardId,
+    ) -> Result<Vec<String>, StoreError> {
+        self.with_shard(type_name, shard_id, |_, ids| {
+            Ok(ids.iter().cloned().collect())
+        })
+    }
+
+    fn list_shards(&self, type_name: &str) -> Result<Vec<ShardId>, StoreError> {
+        let dir = self.type_dir(type_name)?;
+        let entries = match fs::read_dir(&dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(io_error("list", &dir, &e)),
+        };
+        let mut shards = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(|e| io_error("list", &dir, &e))?;
+            let name = entry.file_name();
+            let Some(stem) = name.to_str().and_then(|n| n.strip_suffix(".log")) else {
+                continue;
+            };
+            if stem.len() == 8
+                && let Ok(shard) = u32::from_str_radix(stem, 16)
+            {
+                shards.push(ShardId(shard));
+            }
+        }
+        shards.sort();
+        // A shard whose log holds no live id is not worth starting.
+        let mut live = Vec::new();
+        for shard in shards {
+            if !self.list_entities_for_shard(type_name, shard)?.is_empty() {
+                live.push(shard);
+            }
+        }
+        Ok(live)
+    }
+}
+
+fn header() -> [u8; HEADER_LEN] {
+    [MAGIC[0], MAGIC[1], MAGIC[2], MAGIC[3], FILE_STORE_VERSION]
+}
+
+fn put_record(out: &mut Vec<u8>, op: u8, entity_id: &str) {
+    let mut body = Vec::with_capacity(1 + entity_id.len());
+    body.push(op);
+    body.extend_from_slice(entity_id.as_bytes());
+    out.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    out.extend_from_slice(&crc32fast::hash(&body).to_be_bytes());
+    out.extend_from_slice(&body);
+}
+
+fn check_id(entity_id: &str) -> Result<(), StoreError> {
+    if entity_id.len() > MAX_ENTITY_ID {
+        return Err(StoreError(format!(
+            "entity id of {} bytes is longer than the file store's {MAX_ENTITY_ID}",
+            entity_id.len()
+        )));
+    }
+    Ok(())
+}
+
+/// What a log's bytes say: the live ids, and where the valid part ends if a
+/// torn tail follows it.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Parsed {
+    pub(crate) ids: BTreeSet<String>,
+    pub(crate) torn_at: Option<usize>,
+}
+
+/// Parses a whole log. Errors name what is wrong and where.
+pub(crate) fn parse(bytes: &[u8]) -> Result<Parsed, String> {
+    if bytes.len() < HEADER_LEN {
+        // A log cut inside its header by a crash on its first append.
+        return if MAGIC.starts_with(&bytes[..bytes.len().min(4)]) {
+            Ok(Parsed {
+                ids: BTreeSet::new(),
+                torn_at: Some(0),
+            })
+        } else {
+            Err("not a remember-entities log (no header)".into())
+        };
+    }
+    if &bytes[..4] != MAGIC {
+        return Err("not a remember-entities log (bad magic)".into());
+    }
+    let version = bytes[4];
+    if version > FILE_STORE_VERSION {
+        return Err(format!(
+            "log format version {version} is newer than this build's {FILE_STORE_VERSION}"
+        ));
+    }
+    if version == 0 {
+        return Err("log format version 0 does not exist".into());
+    }
+    let mut ids = BTreeSet::new();
+    let mut pos = HEADER_LEN;
+    while pos < bytes.len() {
+        let rest = &bytes[pos..];
+        let torn = Ok(Parsed {
+            ids: ids.clone(),
+            torn_at: Some(pos),
+        });
+        if rest.len() < RECORD_HEAD {
+            return torn;
+        }
+        let len = u32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+        let crc = u32::from_be_bytes([rest[4], rest[5], rest[6], rest[7]]);
+        let Some(body) = rest.get(RECORD_HEAD..RECORD_HEAD.saturating_add(len)) else {
+            // The record runs past the end: the last append was cut short.
+            return torn;
+        };
+        let end = pos + RECORD_HEAD + len;
+        if crc32fast::hash(body) != crc {
+            if end == bytes.len() {
+                return torn;
+            }
+            return Err(format!("record at byte {pos} fails its checksum"));
+        }
+        let Some((&op, id)) = body.split_first() else {
+            return Err(format!("empty record at byte {pos}"));
+        };
+        let id = std::str::from_utf8(id)
+            .map_err(|_| format!("record at byte {pos} holds an id that is not UTF-8"))?;
+        match op {
+            OP_STARTED => {
+                ids.insert(id.to_owned());
+            }
+            OP_STOPPED => {
+                ids.remove(id);
+            }
+            other => return Err(format!("record at byte {pos} has unknown op {other}")),
+        }
+        pos = end;
+    }
+    Ok(Parsed { ids, torn_at: None })
+}
+
+/// Reads a log (a missing one is empty); a torn tail is cut off the file.
+fn load(path: &Path, fsync: FileStoreFsyncPolicy) -> Result<BTreeSet<String>, StoreError> {
+    let mut bytes = Vec::new();
+    match File::open(path) {
+        Ok(mut file) => {
+            file.read_to_end(&mut bytes)
+                .map_err(|e| io_error("read", path, &e))?;
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(BTreeSet::new()),
+        Err(e) => return Err(io_error("open", path, &e)),
+    }
+    let parsed = parse(&bytes).map_err(|e| StoreError(format!("{}: {e}", path.display())))?;
+    if let Some(at) = parsed.torn_at {
+        tracing::warn!(path = %path.display(), dropped_bytes = bytes.len() - at, "remember-entities log ends in a torn record; it was dropped");
+        let file = OpenOptions::new()
+            .write(true)
+            .open(path)
+            .map_err(|e| io_error("open", path, &e))?;
+        // Cut inside the header: start the log over.
+        let keep = if at < HEADER_LEN { 0 } else { at };
+        file.set_len(keep as u64)
+            .map_err(|e| io_error("truncate", path, &e))?;
+        if fsync != FileStoreFsyncPolicy::Never {
+            file.sync_all().map_err(|e| io_error("sync", path, &e))?;
+        }
+    }
+    Ok(parsed.ids)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        out.push(DIGITS[(b >> 4) as usize] as char);
+        out.push(DIGITS[(b & 0xf) as usize] as char);
+    }
+    out
+}
+
+fn io_error(what: &str, path: &Path, error: &std::io::Error) -> StoreError {
+    StoreError(format!("could not {what} {}: {error}", path.display()))
+}
+
+#[cfg(test)]
+#[path = "file_tests.rs"]
+mod tests;

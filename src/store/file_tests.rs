@@ -1,0 +1,310 @@
+//! The file store: layout, compaction, fsync policies, torn tails, garbage,
+//! versions, hostile names, and random histories reloaded.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use quickcheck::{Arbitrary, Gen, QuickCheck};
+
+use super::*;
+
+const POLICIES: [FileStoreFsyncPolicy; 3] = [
+    FileStoreFsyncPolicy::Always,
+    FileStoreFsyncPolicy::OnCompaction,
+    FileStoreFsyncPolicy::Never,
+];
+
+fn ids(store: &FileStore, type_name: &str, shard: u32) -> Vec<String> {
+    store
+        .list_entities_for_shard(type_name, ShardId(shard))
+        .expect("lists")
+}
+
+/// Every file and directory below `dir`, relative to it.
+fn tree(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for entry in fs::read_dir(&d).expect("readable") {
+            let path = entry.expect("entry").path();
+            out.push(path.strip_prefix(dir).expect("inside").to_path_buf());
+            if path.is_dir() {
+                todo.push(path);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn layout_is_hex_type_then_hex_shard() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = FileStore::open(dir.path(), FileStoreFsyncPolicy::Always).expect("opens");
+    store
+        .record_entity_started("counter", ShardId(42), "cart-1")
+        .expect("records");
+    assert_eq!(
+        tree(dir.path()),
+        vec![
+            PathBuf::from("636f756e746572"),
+            PathBuf::from("636f756e746572/0000002a.log"),
+        ]
+    );
+    let bytes = fs::read(dir.path().join("636f756e746572/0000002a.log")).expect("log");
+    // header, then one record: len 7 (op + "cart-1"), crc, op 1, id.
+    let mut expected = b"DCSR\x01".to_vec();
+    expected.extend_from_slice(&7u32.to_be_bytes());
+    expected.extend_from_slice(&crc32fast::hash(b"\x01cart-1").to_be_bytes());
+    expected.extend_from_slice(b"\x01cart-1");
+    assert_eq!(bytes, expected);
+}
+
+#[test]
+fn a_stop_compacts_the_log_to_the_live_ids() {
+    for policy in POLICIES {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = FileStore::open(dir.path(), policy).expect("opens");
+        for id in ["a", "b", "c"] {
+            store
+                .record_entity_started("t", ShardId(1), id)
+                .expect("start");
+        }
+        store
+            .record_entity_stopped("t", ShardId(1), "b")
+            .expect("stop");
+        let path = store.log_path("t", ShardId(1)).expect("path");
+        let bytes = fs::read(&path).expect("log");
+        let parsed = parse(&bytes).expect("parses");
+        assert_eq!(parsed.ids, BTreeSet::from(["a".to_owned(), "c".to_owned()]));
+        // Exactly two start records: the stop left no tombstone behind.
+        assert_eq!(
+            bytes.len(),
+            HEADER_LEN + 2 * (RECORD_HEAD + 2),
+            "{policy:?}"
+        );
+        assert!(!path.with_extension("log.tmp").exists());
+        // A new store on the same directory sees the same.
+        let again = FileStore::open(dir.path(), policy).expect("reopens");
+        assert_eq!(ids(&again, "t", 1), vec!["a", "c"], "{policy:?}");
+        assert_eq!(again.list_shards("t").expect("shards"), vec![ShardId(1)]);
+        // The last stop removes the log.
+        again
+            .record_entity_stopped("t", ShardId(1), "a")
+            .expect("stop");
+        again
+            .record_entity_stopped("t", ShardId(1), "c")
+            .expect("stop");
+        assert!(!path.exists());
+        assert!(again.list_shards("t").expect("shards").is_empty());
+    }
+}
+
+#[test]
+fn a_torn_last_record_is_dropped_and_cut_off() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = FileStore::open(dir.path(), FileStoreFsyncPolicy::Always).expect("opens");
+    for id in ["one", "two", "three"] {
+        store
+            .record_entity_started("t", ShardId(0), id)
+            .expect("start");
+    }
+    let path = store.log_path("t", ShardId(0)).expect("path");
+    let len = fs::metadata(&path).expect("meta").len();
+    // Cut the last record in the middle, as a power cut would.
+    OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .expect("open")
+        .set_len(len - 3)
+        .expect("cut");
+    let again = FileStore::open(dir.path(), FileStoreFsyncPolicy::Always).expect("reopens");
+    assert_eq!(ids(&again, "t", 0), vec!["one", "two"]);
+    // The tail was cut off the file: a new append lands behind good records.
+    again
+        .record_entity_started("t", ShardId(0), "four")
+        .expect("start");
+    let third = FileStore::open(dir.path(), FileStoreFsyncPolicy::Always).expect("reopens");
+    assert_eq!(ids(&third, "t", 0), vec!["four", "one", "two"]);
+}
+
+#[test]
+fn a_last_record_with_a_bad_checksum_is_torn_but_one_in_the_middle_is_an_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = FileStore::open(dir.path(), FileStoreFsyncPolicy::Never).expect("opens");
+    for id in ["x", "y"] {
+        store
+            .record_entity_started("t", ShardId(3), id)
+            .expect("start");
+    }
+    let path = store.log_path("t", ShardId(3)).expect("path");
+    let mut bytes = fs::read(&path).expect("log");
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    fs::write(&path, &bytes).expect("write");
+    let again = FileStore::open(dir.path(), FileStoreFsyncPolicy::Never).expect("reopens");
+    assert_eq!(ids(&again, "t", 3), vec!["x"]);
+    // Now corrupt the first record's body, with a good record after it.
+    let mut bytes = fs::read(&path).expect("log");
+    bytes.extend_from_slice(&bytes[HEADER_LEN..].to_vec());
+    bytes[HEADER_LEN + RECORD_HEAD] ^= 0x40;
+    fs::write(&path, &bytes).expect("write");
+    let third = FileStore::open(dir.path(), FileStoreFsyncPolicy::Never).expect("reopens");
+    let error = third
+        .list_entities_for_shard("t", ShardId(3))
+        .expect_err("a checksum error in the middle is not a torn tail");
+    assert!(error.0.contains("fails its checksum"), "{error}");
+    // The log was left as it was, for someone to look at.
+    assert_eq!(fs::read(&path).expect("log"), bytes);
+}
+
+#[test]
+fn garbage_and_newer_versions_are_refused_clearly() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = FileStore::open(dir.path(), FileStoreFsyncPolicy::Always).expect("opens");
+    let path = store.log_path("t", ShardId(9)).expect("path");
+    fs::create_dir_all(path.parent().unwrap()).expect("dir");
+    fs::write(&path, b"this is not a log at all").expect("write");
+    let error = store
+        .list_entities_for_shard("t", ShardId(9))
+        .expect_err("garbage");
+    assert!(error.0.contains("not a remember-entities log"), "{error}");
+    let path = store.log_path("t", ShardId(10)).expect("path");
+    fs::write(&path, b"DCSR\x02").expect("write");
+    let error = store
+        .list_entities_for_shard("t", ShardId(10))
+        .expect_err("newer");
+    assert!(
+        error.0.contains("version 2 is newer than this build's 1"),
+        "{error}"
+    );
+}
+
+#[test]
+fn hostile_names_stay_inside_the_directory() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let dir = root.path().join("store");
+    let store = FileStore::open(&dir, FileStoreFsyncPolicy::Never).expect("opens");
+    let long = "x".repeat(10 * 1024);
+    let names = [
+        "../escape",
+        "/etc/passwd",
+        "a/../../b",
+        "nul\0byte",
+        "..",
+        ".",
+    ];
+    for name in names {
+        store
+            .record_entity_started(name, ShardId(1), "../../id")
+            .expect("records");
+        assert_eq!(ids(&store, name, 1), vec!["../../id"]);
+    }
+    // Too long for one directory name: a clear error, nothing written.
+    let error = store
+        .record_entity_started(&long, ShardId(1), "id")
+        .expect_err("too long");
+    assert!(error.0.contains("longer than"), "{error}");
+    // Only the store's directory exists under the root, and under it only
+    // hex-named directories holding hex-named logs.
+    assert_eq!(tree(root.path())[0], PathBuf::from("store"));
+    for path in tree(&dir) {
+        let text = path.to_str().expect("utf-8");
+        assert!(
+            text.chars()
+                .all(|c| c.is_ascii_hexdigit() || c == '/' || c == '.' || c.is_ascii_lowercase()),
+            "{text}"
+        );
+        assert!(!text.contains(".."), "{text}");
+    }
+    assert_eq!(tree(&dir).len(), 2 * names.len());
+}
+
+// ---- random histories ----
+
+#[derive(Clone, Debug)]
+enum Op {
+    Start(u8),
+    Stop(u8),
+    /// A crash: the store is reopened on the same directory.
+    Reopen,
+    /// A power cut in the middle of the last append: `n` bytes of it lost.
+    Tear(u8),
+}
+
+impl Arbitrary for Op {
+    fn arbitrary(g: &mut Gen) -> Self {
+        match u8::arbitrary(g) % 8 {
+            0..=3 => Op::Start(u8::arbitrary(g) % 12),
+            4 | 5 => Op::Stop(u8::arbitrary(g) % 12),
+            6 => Op::Reopen,
+            _ => Op::Tear(u8::arbitrary(g) % 12 + 1),
+        }
+    }
+}
+
+/// Any sequence of starts, stops (compactions), reopenings and torn last
+/// appends: a reload lists exactly the ids that were live and durable.
+fn reload_lists_the_durable_live_ids(ops: Vec<Op>) -> bool {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut store = FileStore::open(dir.path(), FileStoreFsyncPolicy::Never).expect("opens");
+    let mut live: BTreeSet<String> = BTreeSet::new();
+    // The id of the last record appended, if nothing was written after it.
+    let mut last_append: Option<String> = None;
+    for op in ops {
+        match op {
+            Op::Start(i) => {
+                let id = format!("entity-{i}");
+                let fresh = !live.contains(&id);
+                store
+                    .record_entity_started("t", ShardId(0), &id)
+                    .expect("start");
+                if fresh {
+                    last_append = Some(id.clone());
+                }
+                live.insert(id);
+            }
+            Op::Stop(i) => {
+                let id = format!("entity-{i}");
+                store
+                    .record_entity_stopped("t", ShardId(0), &id)
+                    .expect("stop");
+                if live.remove(&id) {
+                    last_append = None; // a compaction rewrote the log
+                }
+            }
+            Op::Reopen => {
+                store = FileStore::open(dir.path(), FileStoreFsyncPolicy::Never).expect("reopens");
+                last_append = None;
+            }
+            Op::Tear(n) => {
+                let Some(id) = last_append.take() else {
+                    continue;
+                };
+                let path = store.log_path("t", ShardId(0)).expect("path");
+                let len = fs::metadata(&path).expect("meta").len();
+                let record = (RECORD_HEAD + 1 + id.len()) as u64;
+                let cut = u64::from(n).min(record);
+                OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .expect("open")
+                    .set_len(len - cut)
+                    .expect("cut");
+                // The torn record's id is lost; the rest survives a reopen.
+                live.remove(&id);
+                store = FileStore::open(dir.path(), FileStoreFsyncPolicy::Never).expect("reopens");
+            }
+        }
+    }
+    let reloaded = FileStore::open(dir.path(), FileStoreFsyncPolicy::Never).expect("reopens");
+    let listed: BTreeSet<String> = ids(&reloaded, "t", 0).into_iter().collect();
+    listed == live
+}
+
+#[test]
+fn random_histories_reload_exactly_the_durable_live_ids() {
+    QuickCheck::new()
+        .tests(300)
+        .quickcheck(reload_lists_the_durable_live_ids as fn(Vec<Op>) -> bool);
+}
