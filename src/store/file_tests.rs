@@ -146,7 +146,7 @@ fn a_last_record_with_a_bad_checksum_is_torn_but_one_in_the_middle_is_an_error()
     assert_eq!(ids(&again, "t", 3), vec!["x"]);
     // Now corrupt the first record's body, with a good record after it.
     let mut bytes = fs::read(&path).expect("log");
-    bytes.extend_from_slice(&bytes[HEADER_LEN..].to_vec());
+    bytes.extend_from_within(HEADER_LEN..);
     bytes[HEADER_LEN + RECORD_HEAD] ^= 0x40;
     fs::write(&path, &bytes).expect("write");
     let third = FileStore::open(dir.path(), FileStoreFsyncPolicy::Never).expect("reopens");
