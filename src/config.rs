@@ -46,6 +46,55 @@ pub struct ShardingConfig {
     /// How long `shutdown()` lets entities finish the message in hand.
     #[builder(default = Duration::from_secs(5))]
     pub shutdown_timeout: Duration,
+    /// The remember-entities write-behind queue and failure policy (used by
+    /// types registered with `register_remembered`).
+    #[builder(default)]
+    pub remember_entities: RememberEntitiesConfig,
+}
+
+/// What a remember-entities store failure does to routing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RememberEntitiesFailurePolicy {
+    /// Keep routing; publish the failure as an event (the default).
+    #[default]
+    FailOpen,
+    /// Mark the shard failed: its messages fail with
+    /// `ShardingError::RememberEntities` from then on; publish the event.
+    FailClosed,
+}
+
+/// Remember-entities settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RememberEntitiesConfig {
+    /// Records waiting for the store at most; a record that finds the queue
+    /// full is a failure, handled by `failure_policy`.
+    pub queue_capacity: usize,
+    /// What a failed (or dropped) record does.
+    pub failure_policy: RememberEntitiesFailurePolicy,
+}
+
+impl Default for RememberEntitiesConfig {
+    fn default() -> Self {
+        RememberEntitiesConfig {
+            queue_capacity: 10_000,
+            failure_policy: RememberEntitiesFailurePolicy::FailOpen,
+        }
+    }
+}
+
+impl RememberEntitiesConfig {
+    /// The defaults with another queue capacity.
+    pub fn with_queue_capacity(mut self, queue_capacity: usize) -> Self {
+        self.queue_capacity = queue_capacity;
+        self
+    }
+
+    /// The defaults with another failure policy.
+    pub fn with_failure_policy(mut self, failure_policy: RememberEntitiesFailurePolicy) -> Self {
+        self.failure_policy = failure_policy;
+        self
+    }
 }
 
 impl Default for ShardingConfig {
@@ -67,6 +116,11 @@ impl ShardingConfig {
             return Err(ShardingError::InvalidConfig(
                 "allocation_buffer must be at least 1: the first message to a shard waits in it"
                     .into(),
+            ));
+        }
+        if self.remember_entities.queue_capacity == 0 {
+            return Err(ShardingError::InvalidConfig(
+                "remember_entities.queue_capacity must be at least 1".into(),
             ));
         }
         if self.passivation_idle_timeout == Some(Duration::ZERO) {

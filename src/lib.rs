@@ -75,13 +75,16 @@ pub mod wire;
 
 pub(crate) use __private as private;
 
-pub use config::{MAX_SHARDS, ShardingConfig};
+pub use config::{
+    MAX_SHARDS, RememberEntitiesConfig, RememberEntitiesFailurePolicy, ShardingConfig,
+};
 pub use entity::{DeferredHandler, Entity, EntityContext, Handler, ReplyPort};
 pub use error::{ShardingError, ShardingResult};
 pub use extractor::{DefaultShardExtractor, ShardExtractor, ShardId, fnv1a_64};
 pub use protocol::{Ask, Message, MessageInfo, MessageKind, Protocol, Tell};
 pub use store::{
-    FileStore, FileStoreFsyncPolicy, InMemoryStore, NoStore, RememberEntitiesStore, StoreError,
+    FileStore, FileStoreFsyncPolicy, InMemoryStore, NoStore, RememberEntitiesEvent,
+    RememberEntitiesOperation, RememberEntitiesStore, StoreError,
 };
 pub use system::{EntityRef, ShardedSystem, ShardedSystemBuilder};
 

@@ -28,7 +28,7 @@ use std::any::TypeId;
 use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
 use ractor::Actor;
@@ -46,7 +46,8 @@ use crate::runtime::region::{Region, RegionCluster, RegionProtocol, Spawner};
 use crate::runtime::region_actor::RegionActor;
 use crate::sharding::coordinator::{RebalanceRound, ShardAllocationStrategy};
 use crate::sharding::driver::{ClusterLink, DriverMsg};
-use crate::store::{NoStore, RememberEntitiesStore};
+use crate::store::writer::Remember;
+use crate::store::{NoStore, RememberEntitiesEvent, RememberEntitiesStore};
 
 /// A running sharded system on this node. `S` is its remember-entities store
 /// ([`NoStore`] when built without one).
@@ -65,6 +66,8 @@ pub(crate) struct Shared {
     stopped: AtomicBool,
     /// The link to the cluster node, for a system built with `node`.
     cluster: Option<ClusterLink>,
+    /// The remember-entities write-behind queue, started on first use.
+    remember: Mutex<Option<Arc<Remember>>>,
 }
 
 impl Shared {
@@ -188,6 +191,7 @@ impl<S> ShardedSystemBuilder<S> {
             regions: RwLock::new(HashMap::new()),
             stopped: AtomicBool::new(false),
             cluster,
+            remember: Mutex::new(None),
         });
         if let Some(link) = &shared.cluster {
             link.spawn(Arc::downgrade(&shared));
@@ -222,7 +226,7 @@ impl<S> ShardedSystem<S> {
     async fn register_with<E>(
         &self,
         factory: Factory<E>,
-        remember: Option<Arc<dyn RememberEntitiesStore>>,
+        remember: Option<Arc<Remember>>,
     ) -> ShardingResult<()>
     where
         E: Entity,
@@ -339,6 +343,25 @@ impl<S> ShardedSystem<S> {
         }
         let regions: Vec<Arc<Region>> = self.regions().values().cloned().collect();
         futures_util::future::join_all(regions.iter().map(|r| r.shutdown())).await;
+        // What was recorded reaches the store before shutdown returns.
+        let remember = self
+            .shared
+            .remember
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if let Some(remember) = remember {
+            let timeout = self.shared.config.shutdown_timeout;
+            if tokio::time::timeout(timeout, remember.flush())
+                .await
+                .is_err()
+            {
+                tracing::warn!(
+                    ?timeout,
+                    "remember-entities records not all written at shutdown"
+                );
+            }
+        }
     }
 
     /// The cluster node this system runs on, if it was built with one.
@@ -407,9 +430,43 @@ impl<S: RememberEntitiesStore> ShardedSystem<S> {
         E: Entity,
         E::Protocol: Dispatch<E>,
     {
-        let store: Arc<dyn RememberEntitiesStore> = self.store.clone();
-        self.register_with::<E>(Arc::new(factory), Some(store))
+        let remember = self.remember()?;
+        self.register_with::<E>(Arc::new(factory), Some(remember))
             .await
+    }
+
+    /// The write-behind queue, started on first use.
+    fn remember(&self) -> ShardingResult<Arc<Remember>> {
+        let mut slot = self
+            .shared
+            .remember
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(remember) = &*slot {
+            return Ok(remember.clone());
+        }
+        let store: Arc<dyn RememberEntitiesStore> = self.store.clone();
+        let remember = Remember::start(store, &self.shared.config.remember_entities)?;
+        *slot = Some(remember.clone());
+        Ok(remember)
+    }
+
+    /// Waits until every remember-entities record queued before this call
+    /// has reached the store — and so is as durable as the store makes it
+    /// (for `FileStore` with `FileStoreFsyncPolicy::Always`: on disk).
+    /// Messages are acknowledged before their entity's record is durable;
+    /// this is the barrier, for example before a planned shutdown.
+    pub async fn flush_remember_entities(&self) -> ShardingResult<()> {
+        self.remember()?.flush().await
+    }
+
+    /// Remember-entities store failures from now on (each with the policy
+    /// that was applied). A subscriber more than 1,024 events behind misses
+    /// the oldest.
+    pub fn subscribe_remember_entities_events(
+        &self,
+    ) -> ShardingResult<tokio::sync::broadcast::Receiver<RememberEntitiesEvent>> {
+        Ok(self.remember()?.subscribe())
     }
 
     /// The system's store.

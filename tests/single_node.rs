@@ -579,6 +579,8 @@ async fn remembered_entities_respawn_when_their_shard_starts() {
         let r3 = system.entity_ref::<Probe>("r-3");
         r3.ask(Total, LONG).await.unwrap();
         r3.passivate().await.unwrap();
+        // Records reach the store behind a write-behind queue.
+        system.flush_remember_entities().await.unwrap();
         let shard = r3.shard_id();
         assert!(
             !store

@@ -18,7 +18,8 @@ use crate::runtime::shard_actor::ShardMsg;
 use crate::sharding::coordinator::ShardHome;
 use crate::sharding::driver::DriverMsg;
 use crate::sharding::remote::Remote;
-use crate::store::RememberEntitiesStore;
+use crate::store::RememberEntitiesOperation;
+use crate::store::writer::Remember;
 
 /// Spawns one entity actor (type-erased over the entity type): its context,
 /// its incarnation number, and the shard actor to notify.
@@ -141,7 +142,7 @@ pub(crate) struct Region {
     spawner: Spawner,
     pub(crate) region_actor: OnceLock<ActorRef<RegionMsg>>,
     stopped: AtomicBool,
-    remember: Option<Arc<dyn RememberEntitiesStore>>,
+    remember: Option<Arc<Remember>>,
     shutdown_timeout: Duration,
 }
 
@@ -169,7 +170,7 @@ impl Region {
         num_shards: u32,
         buffer_cap: usize,
         spawner: Spawner,
-        remember: Option<Arc<dyn RememberEntitiesStore>>,
+        remember: Option<Arc<Remember>>,
         shutdown_timeout: Duration,
         cluster: Option<RegionCluster>,
     ) -> Self {
@@ -270,14 +271,18 @@ impl Region {
         let envelope = {
             let guard = lock(&self.slots[shard.0 as usize]);
             match &*guard {
-                Slot::Local(local) => match local.entities.get(entity_id) {
-                    Some(Entry::Live(live)) => match send_to(&live.actor, envelope) {
-                        Ok(()) => return Ok(()),
-                        Err(Some(envelope)) => envelope,
-                        Err(None) => return Err(refused()),
-                    },
-                    _ => envelope,
-                },
+                // (A remembered type takes the general way: it checks its
+                // shard's failure state there.)
+                Slot::Local(local) if self.remember.is_none() => {
+                    match local.entities.get(entity_id) {
+                        Some(Entry::Live(live)) => match send_to(&live.actor, envelope) {
+                            Ok(()) => return Ok(()),
+                            Err(Some(envelope)) => envelope,
+                            Err(None) => return Err(refused()),
+                        },
+                        _ => envelope,
+                    }
+                }
                 _ => envelope,
             }
         };
@@ -315,6 +320,11 @@ impl Region {
         entity_id: &Arc<str>,
         envelope: LocalEnvelope,
     ) -> Result<(), (ShardingError, Option<LocalEnvelope>)> {
+        if let Some(remember) = &self.remember
+            && let Err(error) = remember.check(self.type_name, shard)
+        {
+            return Err((error, Some(envelope)));
+        }
         let envelope = match local.entities.get_mut(entity_id) {
             Some(Entry::Live(live)) => match send_to(&live.actor, envelope) {
                 Ok(()) => return Ok(()),
@@ -361,10 +371,13 @@ impl Region {
                 incarnation,
             }),
         );
-        if let Some(store) = &self.remember
-            && let Err(error) = store.record_entity_started(self.type_name, shard, entity_id)
-        {
-            tracing::warn!(type_name = self.type_name, %shard, entity_id = &**entity_id, %error, "remember-entities: recording a start failed");
+        if let Some(remember) = &self.remember {
+            remember.record(
+                self.type_name,
+                shard,
+                entity_id,
+                RememberEntitiesOperation::RecordStarted,
+            );
         }
         Ok(actor)
     }
@@ -428,8 +441,13 @@ impl Region {
     }
 
     fn spawn_remembered(&self, local: &mut LocalShard, shard: ShardId) {
-        let Some(store) = &self.remember else { return };
-        match store.list_entities_for_shard(self.type_name, shard) {
+        let Some(remember) = &self.remember else {
+            return;
+        };
+        match remember
+            .store()
+            .list_entities_for_shard(self.type_name, shard)
+        {
             Ok(ids) => {
                 for id in ids {
                     let id: Arc<str> = id.into();
@@ -440,16 +458,22 @@ impl Region {
                     }
                 }
             }
-            Err(error) => {
-                tracing::warn!(type_name = self.type_name, %shard, %error, "remember-entities: listing the shard failed")
-            }
+            Err(error) => remember.failure(
+                self.type_name,
+                Some(shard),
+                None,
+                RememberEntitiesOperation::ListEntities,
+                &error.0,
+            ),
         }
     }
 
     /// Starts shards that have remembered entities (used at registration).
     pub(crate) fn start_remembered_shards(&self) {
-        let Some(store) = &self.remember else { return };
-        match store.list_shards(self.type_name) {
+        let Some(remember) = &self.remember else {
+            return;
+        };
+        match remember.store().list_shards(self.type_name) {
             Ok(shards) => {
                 for shard in shards.into_iter().filter(|s| s.0 < self.num_shards()) {
                     if let Slot::Unallocated { requested, .. } =
@@ -460,9 +484,13 @@ impl Region {
                     }
                 }
             }
-            Err(error) => {
-                tracing::warn!(type_name = self.type_name, %error, "remember-entities: listing shards failed")
-            }
+            Err(error) => remember.failure(
+                self.type_name,
+                None,
+                None,
+                RememberEntitiesOperation::ListShards,
+                &error.0,
+            ),
         }
     }
 
@@ -557,10 +585,13 @@ impl Region {
             }
             None => return (Ok(()), Vec::new()),
         };
-        if let Some(store) = &self.remember
-            && let Err(error) = store.record_entity_stopped(self.type_name, shard, entity_id)
-        {
-            tracing::warn!(type_name = self.type_name, %shard, %error, "remember-entities: recording a stop failed");
+        if let Some(remember) = &self.remember {
+            remember.record(
+                self.type_name,
+                shard,
+                entity_id,
+                RememberEntitiesOperation::RecordStopped,
+            );
         }
         // Stop after what is queued. Not ractor's `drain`: draining an actor
         // whose `pre_start` has not run yet makes ractor refuse to start it,

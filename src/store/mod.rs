@@ -15,7 +15,9 @@ use std::sync::{Arc, Mutex};
 use crate::extractor::ShardId;
 
 mod file;
+pub(crate) mod writer;
 pub use file::{FileStore, FileStoreFsyncPolicy};
+pub use writer::{RememberEntitiesEvent, RememberEntitiesOperation};
 
 /// The marker for a system built without a remember-entities store.
 #[derive(Debug, Clone, Copy, Default)]

@@ -1,0 +1,263 @@
+//! The write-behind queue between the regions and a remember-entities store.
+//!
+//! ```text
+//!   region (under a shard lock) ── try_send ──► bounded queue ──► writer thread ──► store
+//!        never waits                               FIFO             (fsync here)
+//!   flush_remember_entities() ── Flush marker ──► answered when every write
+//!                                                  queued before it is done
+//! ```
+//!
+//! Recording an id never blocks the message hot path or holds a shard lock
+//! across a store call: the region only enqueues. One writer thread per
+//! system applies the writes in order, so a start and a later stop of one id
+//! reach the store in that order. What a failure does is the
+//! [`RememberEntitiesFailurePolicy`]'s choice: `FailOpen` keeps routing and
+//! publishes a [`RememberEntitiesEvent`]; `FailClosed` also marks the shard
+//! failed, and its messages then fail with
+//! [`ShardingError::RememberEntities`](crate::ShardingError::RememberEntities).
+//! A full queue is such a failure of the write that did not fit.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::{broadcast, oneshot};
+
+use super::RememberEntitiesStore;
+use crate::config::{RememberEntitiesConfig, RememberEntitiesFailurePolicy};
+use crate::error::{ShardingError, ShardingResult};
+use crate::extractor::ShardId;
+
+/// What a remember-entities event is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RememberEntitiesOperation {
+    /// Recording that an entity started.
+    RecordStarted,
+    /// Recording that an entity stopped (passivated).
+    RecordStopped,
+    /// Listing a shard's ids when it starts.
+    ListEntities,
+    /// Listing a type's shards at registration.
+    ListShards,
+}
+
+/// A remember-entities store failure, as published to subscribers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RememberEntitiesEvent {
+    /// The entity type.
+    pub type_name: String,
+    /// The shard (`None` for a failed `ListShards`).
+    pub shard_id: Option<ShardId>,
+    /// The entity, for a record.
+    pub entity_id: Option<String>,
+    /// What failed.
+    pub operation: RememberEntitiesOperation,
+    /// The policy that was applied.
+    pub policy: RememberEntitiesFailurePolicy,
+    /// What went wrong.
+    pub error: String,
+}
+
+enum Job {
+    Write {
+        type_name: &'static str,
+        shard: ShardId,
+        entity_id: Arc<str>,
+        operation: RememberEntitiesOperation,
+    },
+    Flush(oneshot::Sender<()>),
+}
+
+/// How many events a slow subscriber may lag behind.
+const EVENT_CAPACITY: usize = 1_024;
+
+/// A system's write-behind queue and its failure bookkeeping.
+pub(crate) struct Remember {
+    store: Arc<dyn RememberEntitiesStore>,
+    tx: SyncSender<Job>,
+    policy: RememberEntitiesFailurePolicy,
+    events: broadcast::Sender<RememberEntitiesEvent>,
+    failed: Failed,
+}
+
+/// Shards marked failed under `FailClosed`; checked on every message of a
+/// remembered type, so the common "none failed" answer is one atomic load.
+#[derive(Default)]
+struct Failed {
+    any: AtomicBool,
+    shards: Mutex<HashSet<(&'static str, ShardId)>>,
+}
+
+impl Failed {
+    fn mark(&self, type_name: &'static str, shard: ShardId) {
+        self.shards
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert((type_name, shard));
+        self.any.store(true, Ordering::Release);
+    }
+
+    fn contains(&self, type_name: &'static str, shard: ShardId) -> bool {
+        self.any.load(Ordering::Acquire)
+            && self
+                .shards
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains(&(type_name, shard))
+    }
+}
+
+impl Remember {
+    /// Starts the writer thread over `store`.
+    pub(crate) fn start(
+        store: Arc<dyn RememberEntitiesStore>,
+        config: &RememberEntitiesConfig,
+    ) -> ShardingResult<Arc<Self>> {
+        let (tx, rx) = mpsc::sync_channel::<Job>(config.queue_capacity);
+        let (events, _) = broadcast::channel(EVENT_CAPACITY);
+        let remember = Arc::new(Remember {
+            store,
+            tx,
+            policy: config.failure_policy,
+            events,
+            failed: Failed::default(),
+        });
+        let writer = Arc::downgrade(&remember);
+        let store = remember.store.clone();
+        std::thread::Builder::new()
+            .name("remember-entities".into())
+            .spawn(move || {
+                // Ends when every sender (the `Remember`) is gone.
+                while let Ok(job) = rx.recv() {
+                    match job {
+                        Job::Flush(done) => {
+                            let _ = done.send(());
+                        }
+                        Job::Write {
+                            type_name,
+                            shard,
+                            entity_id,
+                            operation,
+                        } => {
+                            let result = match operation {
+                                RememberEntitiesOperation::RecordStopped => {
+                                    store.record_entity_stopped(type_name, shard, &entity_id)
+                                }
+                                _ => store.record_entity_started(type_name, shard, &entity_id),
+                            };
+                            if let Err(error) = result
+                                && let Some(remember) = writer.upgrade()
+                            {
+                                remember.failure(
+                                    type_name,
+                                    Some(shard),
+                                    Some(&entity_id),
+                                    operation,
+                                    &error.0,
+                                );
+                            }
+                        }
+                    }
+                }
+            })
+            .map_err(|e| ShardingError::Spawn(format!("remember-entities writer: {e}")))?;
+        Ok(remember)
+    }
+
+    /// The store, for reads (listing ids when a shard starts).
+    pub(crate) fn store(&self) -> &Arc<dyn RememberEntitiesStore> {
+        &self.store
+    }
+
+    /// Queues a record; never waits. A full queue is a failure of this write.
+    pub(crate) fn record(
+        &self,
+        type_name: &'static str,
+        shard: ShardId,
+        entity_id: &Arc<str>,
+        operation: RememberEntitiesOperation,
+    ) {
+        let job = Job::Write {
+            type_name,
+            shard,
+            entity_id: entity_id.clone(),
+            operation,
+        };
+        match self.tx.try_send(job) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => self.failure(
+                type_name,
+                Some(shard),
+                Some(entity_id),
+                operation,
+                "the write-behind queue is full; the record was dropped",
+            ),
+            Err(TrySendError::Disconnected(_)) => self.failure(
+                type_name,
+                Some(shard),
+                Some(entity_id),
+                operation,
+                "the remember-entities writer has stopped",
+            ),
+        }
+    }
+
+    /// Applies the policy to a failure and publishes it.
+    pub(crate) fn failure(
+        &self,
+        type_name: &'static str,
+        shard: Option<ShardId>,
+        entity_id: Option<&str>,
+        operation: RememberEntitiesOperation,
+        error: &str,
+    ) {
+        tracing::warn!(type_name, ?shard, entity_id, ?operation, policy = ?self.policy, error, "remember-entities store failed");
+        if self.policy == RememberEntitiesFailurePolicy::FailClosed
+            && let Some(shard) = shard
+        {
+            self.failed.mark(type_name, shard);
+        }
+        let _ = self.events.send(RememberEntitiesEvent {
+            type_name: type_name.to_owned(),
+            shard_id: shard,
+            entity_id: entity_id.map(str::to_owned),
+            operation,
+            policy: self.policy,
+            error: error.to_owned(),
+        });
+    }
+
+    /// Whether `shard` was marked failed (`FailClosed`): if so, the error its
+    /// messages fail with.
+    pub(crate) fn check(&self, type_name: &'static str, shard: ShardId) -> ShardingResult<()> {
+        if self.failed.contains(type_name, shard) {
+            Err(ShardingError::RememberEntities {
+                type_name,
+                shard_id: shard,
+                message: "the shard's remember-entities store failed (FailClosed)".into(),
+            })
+        } else {
+            Ok(())
+        }
+    }
+
+    /// New subscription to failure events.
+    pub(crate) fn subscribe(&self) -> broadcast::Receiver<RememberEntitiesEvent> {
+        self.events.subscribe()
+    }
+
+    /// Waits until every write queued before this call has been applied to
+    /// the store (and so is durable as its fsync policy makes it).
+    pub(crate) async fn flush(&self) -> ShardingResult<()> {
+        let (done, flushed) = oneshot::channel();
+        let tx = self.tx.clone();
+        // The marker waits for room in the queue, off the runtime's threads.
+        tokio::task::spawn_blocking(move || tx.send(Job::Flush(done)))
+            .await
+            .map_err(|e| ShardingError::Bug(format!("flush task failed: {e}")))?
+            .map_err(|_| ShardingError::ShuttingDown)?;
+        flushed.await.map_err(|_| ShardingError::ShuttingDown)
+    }
+}

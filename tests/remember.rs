@@ -1,0 +1,258 @@
+//! Remember-entities behind the write-behind queue: flush as a durability
+//! barrier, and both failure policies driven by a fault-injecting store.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use datum_cluster_sharding::prelude::*;
+use datum_cluster_sharding::{
+    FileStore, FileStoreFsyncPolicy, RememberEntitiesConfig, RememberEntitiesEvent,
+    RememberEntitiesFailurePolicy, RememberEntitiesOperation, StoreError,
+};
+
+const LONG: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Hello;
+
+protocol! {
+    /// Answers 7.
+    pub protocol Greeter = "greeter" {
+        ask Hello -> u64;
+    }
+}
+
+struct GreeterEntity;
+impl Entity for GreeterEntity {
+    type Protocol = Greeter;
+}
+impl Handler<Hello> for GreeterEntity {
+    async fn handle(&mut self, _: Hello, _: &EntityContext) -> ShardingResult<u64> {
+        Ok(7)
+    }
+}
+
+/// An in-memory store that fails on demand, or holds every write until
+/// released.
+#[derive(Default)]
+struct FaultyStore {
+    inner: InMemoryStore,
+    fail: AtomicBool,
+    held: Mutex<bool>,
+    release: Condvar,
+}
+
+impl FaultyStore {
+    fn hold(&self) {
+        *self.held.lock().unwrap() = true;
+    }
+
+    fn release(&self) {
+        *self.held.lock().unwrap() = false;
+        self.release.notify_all();
+    }
+
+    fn wait_while_held(&self) {
+        let mut held = self.held.lock().unwrap();
+        while *held {
+            held = self.release.wait(held).unwrap();
+        }
+    }
+}
+
+/// The shared handle the system owns (a store is moved into the builder).
+#[derive(Clone, Default)]
+struct Faulty(Arc<FaultyStore>);
+
+impl RememberEntitiesStore for Faulty {
+    fn record_entity_started(
+        &self,
+        type_name: &str,
+        shard_id: ShardId,
+        entity_id: &str,
+    ) -> Result<(), StoreError> {
+        self.0.wait_while_held();
+        if self.0.fail.load(Ordering::SeqCst) {
+            return Err(StoreError("disk on fire".into()));
+        }
+        self.0
+            .inner
+            .record_entity_started(type_name, shard_id, entity_id)
+    }
+    fn record_entity_stopped(
+        &self,
+        type_name: &str,
+        shard_id: ShardId,
+        entity_id: &str,
+    ) -> Result<(), StoreError> {
+        self.0.wait_while_held();
+        self.0
+            .inner
+            .record_entity_stopped(type_name, shard_id, entity_id)
+    }
+    fn list_entities_for_shard(
+        &self,
+        type_name: &str,
+        shard_id: ShardId,
+    ) -> Result<Vec<String>, StoreError> {
+        self.0.inner.list_entities_for_shard(type_name, shard_id)
+    }
+    fn list_shards(&self, type_name: &str) -> Result<Vec<ShardId>, StoreError> {
+        self.0.inner.list_shards(type_name)
+    }
+}
+
+async fn system_with(
+    store: Faulty,
+    policy: RememberEntitiesFailurePolicy,
+    capacity: usize,
+) -> ShardedSystem<Faulty> {
+    let config = ShardingConfig::builder()
+        .num_shards(16)
+        .passivation_idle_timeout(None)
+        .remember_entities(
+            RememberEntitiesConfig::default()
+                .with_failure_policy(policy)
+                .with_queue_capacity(capacity),
+        )
+        .build();
+    let system = ShardedSystem::builder()
+        .config(config)
+        .store(store)
+        .start()
+        .await
+        .unwrap();
+    system
+        .register_remembered::<GreeterEntity>(|_| GreeterEntity)
+        .await
+        .unwrap();
+    system
+}
+
+async fn next(
+    events: &mut tokio::sync::broadcast::Receiver<RememberEntitiesEvent>,
+) -> RememberEntitiesEvent {
+    tokio::time::timeout(LONG, events.recv())
+        .await
+        .expect("an event in time")
+        .expect("events open")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flush_is_a_durability_barrier_for_the_file_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = FileStore::open(dir.path(), FileStoreFsyncPolicy::Always).unwrap();
+    let system = ShardedSystem::builder()
+        .num_shards(16)
+        .store(store)
+        .start()
+        .await
+        .unwrap();
+    system
+        .register_remembered::<GreeterEntity>(|_| GreeterEntity)
+        .await
+        .unwrap();
+    let ids: BTreeSet<String> = (0..50).map(|k| format!("g-{k}")).collect();
+    for id in &ids {
+        assert_eq!(
+            system
+                .entity_ref::<Greeter>(id.as_str())
+                .ask(Hello, LONG)
+                .await,
+            Ok(7)
+        );
+    }
+    system.flush_remember_entities().await.unwrap();
+    // Another store on the same directory (as a restarted process would
+    // open) sees every id recorded before the flush.
+    let other = FileStore::open(dir.path(), FileStoreFsyncPolicy::Always).unwrap();
+    let mut found = BTreeSet::new();
+    for shard in other.list_shards("greeter").unwrap() {
+        found.extend(other.list_entities_for_shard("greeter", shard).unwrap());
+    }
+    assert_eq!(found, ids);
+    system.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_open_keeps_routing_and_reports_the_failure() {
+    let store = Faulty::default();
+    store.0.fail.store(true, Ordering::SeqCst);
+    let system = system_with(store.clone(), RememberEntitiesFailurePolicy::FailOpen, 100).await;
+    let mut events = system.subscribe_remember_entities_events().unwrap();
+    let r = system.entity_ref::<Greeter>("open-1");
+    assert_eq!(r.ask(Hello, LONG).await, Ok(7));
+    let event = next(&mut events).await;
+    assert_eq!(event.type_name, "greeter");
+    assert_eq!(event.shard_id, Some(r.shard_id()));
+    assert_eq!(event.entity_id.as_deref(), Some("open-1"));
+    assert_eq!(event.operation, RememberEntitiesOperation::RecordStarted);
+    assert_eq!(event.policy, RememberEntitiesFailurePolicy::FailOpen);
+    assert!(event.error.contains("disk on fire"), "{}", event.error);
+    // Still routed.
+    assert_eq!(r.ask(Hello, LONG).await, Ok(7));
+    system.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_closed_fails_the_shard_and_only_that_shard() {
+    let store = Faulty::default();
+    let system = system_with(
+        store.clone(),
+        RememberEntitiesFailurePolicy::FailClosed,
+        100,
+    )
+    .await;
+    let mut events = system.subscribe_remember_entities_events().unwrap();
+    // One entity recorded fine first, in another shard than the next one.
+    let healthy = system.entity_ref::<Greeter>("closed-ok");
+    assert_eq!(healthy.ask(Hello, LONG).await, Ok(7));
+    let doomed = (0..)
+        .map(|k| system.entity_ref::<Greeter>(format!("closed-{k}")))
+        .find(|r| r.shard_id() != healthy.shard_id())
+        .unwrap();
+    store.0.fail.store(true, Ordering::SeqCst);
+    // The first message is accepted (the record is written behind it)...
+    assert_eq!(doomed.ask(Hello, LONG).await, Ok(7));
+    let event = next(&mut events).await;
+    assert_eq!(event.policy, RememberEntitiesFailurePolicy::FailClosed);
+    assert_eq!(event.shard_id, Some(doomed.shard_id()));
+    // ...and once the failure is known, the shard refuses messages.
+    match doomed.ask(Hello, LONG).await {
+        Err(ShardingError::RememberEntities {
+            type_name,
+            shard_id,
+            ..
+        }) => {
+            assert_eq!(type_name, "greeter");
+            assert_eq!(shard_id, doomed.shard_id());
+        }
+        other => panic!("expected RememberEntities, got {other:?}"),
+    }
+    // Other shards are not disturbed.
+    store.0.fail.store(false, Ordering::SeqCst);
+    assert_eq!(healthy.ask(Hello, LONG).await, Ok(7));
+    system.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_never_blocks_a_sender_and_is_reported() {
+    let store = Faulty::default();
+    store.0.hold();
+    let system = system_with(store.clone(), RememberEntitiesFailurePolicy::FailOpen, 1).await;
+    let mut events = system.subscribe_remember_entities_events().unwrap();
+    // The writer is stuck in the store; one record fits in the queue; the
+    // rest find it full. Every ask is still answered at once.
+    for k in 0..4 {
+        let r = system.entity_ref::<Greeter>(format!("q-{k}"));
+        assert_eq!(r.ask(Hello, LONG).await, Ok(7));
+    }
+    let event = next(&mut events).await;
+    assert!(event.error.contains("queue is full"), "{}", event.error);
+    assert_eq!(event.operation, RememberEntitiesOperation::RecordStarted);
+    store.0.release();
+    system.flush_remember_entities().await.unwrap();
+    system.shutdown().await;
+}
