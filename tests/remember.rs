@@ -209,6 +209,7 @@ async fn fail_closed_fails_the_shard_and_only_that_shard() {
     // One entity recorded fine first, in another shard than the next one.
     let healthy = system.entity_ref::<Greeter>("closed-ok");
     assert_eq!(healthy.ask(Hello, LONG).await, Ok(7));
+    system.flush_remember_entities().await.unwrap();
     let doomed = (0..)
         .map(|k| system.entity_ref::<Greeter>(format!("closed-{k}")))
         .find(|r| r.shard_id() != healthy.shard_id())
@@ -255,4 +256,105 @@ async fn a_full_queue_never_blocks_a_sender_and_is_reported() {
     store.0.release();
     system.flush_remember_entities().await.unwrap();
     system.shutdown().await;
+}
+
+/// The child half of `flushed_ids_survive_a_sigkill`: run only when the
+/// parent starts this test binary with `REMEMBER_CHILD_DIR` set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn child_records_flushes_and_waits_to_be_killed() {
+    let Some(dir) = std::env::var_os("REMEMBER_CHILD_DIR") else {
+        return; // Not the child: nothing to do here.
+    };
+    let store = FileStore::open(&dir, FileStoreFsyncPolicy::Always).unwrap();
+    let system = ShardedSystem::builder()
+        .num_shards(16)
+        .store(store)
+        .start()
+        .await
+        .unwrap();
+    system
+        .register_remembered::<GreeterEntity>(|_| GreeterEntity)
+        .await
+        .unwrap();
+    for k in 0..30 {
+        let r = system.entity_ref::<Greeter>(format!("k-{k}"));
+        assert_eq!(r.ask(Hello, LONG).await, Ok(7));
+    }
+    system.flush_remember_entities().await.unwrap();
+    println!("FLUSHED");
+    use std::io::Write as _;
+    std::io::stdout().flush().unwrap();
+    // Keep recording after the flush: whatever of this lands or not, the
+    // flushed ids must survive the kill.
+    // Bounded in count and time, should the parent never kill it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    for k in 30..1_000_000 {
+        if std::time::Instant::now() > deadline {
+            break;
+        }
+        let r = system.entity_ref::<Greeter>(format!("k-{k}"));
+        let _ = r.ask(Hello, LONG).await;
+    }
+}
+
+#[test]
+fn flushed_ids_survive_a_sigkill() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child_records_flushes_and_waits_to_be_killed",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("REMEMBER_CHILD_DIR", dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let flushed = BufReader::new(stdout)
+        .lines()
+        .map_while(Result::ok)
+        .any(|line| line.contains("FLUSHED"));
+    assert!(flushed, "the child never flushed");
+    // No goodbye: SIGKILL.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // A new process's view: every id flushed before the kill is there.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let store = FileStore::open(dir.path(), FileStoreFsyncPolicy::Always).unwrap();
+        let system = ShardedSystem::builder()
+            .num_shards(16)
+            .store(store)
+            .start()
+            .await
+            .unwrap();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        system
+            .register_remembered::<GreeterEntity>(move |ctx| {
+                let _ = tx.send(ctx.entity_id().to_owned());
+                GreeterEntity
+            })
+            .await
+            .unwrap();
+        // They are respawned with no message sent.
+        let wanted: BTreeSet<String> = (0..30).map(|k| format!("k-{k}")).collect();
+        let mut started = BTreeSet::new();
+        while !wanted.is_subset(&started) {
+            let id = tokio::time::timeout(LONG, rx.recv())
+                .await
+                .expect("respawned in time")
+                .expect("factory alive");
+            started.insert(id);
+        }
+        system.shutdown().await;
+    });
 }
