@@ -72,6 +72,11 @@ pub struct RememberEntitiesConfig {
     pub queue_capacity: usize,
     /// What a failed (or dropped) record does.
     pub failure_policy: RememberEntitiesFailurePolicy,
+    /// When a shard starts, how many of its remembered ids are respawned at
+    /// once; the next as many follow every `respawn_interval`.
+    pub respawn_batch: usize,
+    /// The pause between two respawn batches of one shard.
+    pub respawn_interval: Duration,
 }
 
 impl Default for RememberEntitiesConfig {
@@ -79,6 +84,8 @@ impl Default for RememberEntitiesConfig {
         RememberEntitiesConfig {
             queue_capacity: 10_000,
             failure_policy: RememberEntitiesFailurePolicy::FailOpen,
+            respawn_batch: 1_000,
+            respawn_interval: Duration::from_millis(100),
         }
     }
 }
@@ -87,6 +94,13 @@ impl RememberEntitiesConfig {
     /// The defaults with another queue capacity.
     pub fn with_queue_capacity(mut self, queue_capacity: usize) -> Self {
         self.queue_capacity = queue_capacity;
+        self
+    }
+
+    /// With another respawn rate: `batch` ids per `interval` per shard.
+    pub fn with_respawn_rate(mut self, batch: usize, interval: Duration) -> Self {
+        self.respawn_batch = batch;
+        self.respawn_interval = interval;
         self
     }
 
@@ -116,6 +130,11 @@ impl ShardingConfig {
             return Err(ShardingError::InvalidConfig(
                 "allocation_buffer must be at least 1: the first message to a shard waits in it"
                     .into(),
+            ));
+        }
+        if self.remember_entities.respawn_batch == 0 {
+            return Err(ShardingError::InvalidConfig(
+                "remember_entities.respawn_batch must be at least 1".into(),
             ));
         }
         if self.remember_entities.queue_capacity == 0 {

@@ -358,3 +358,97 @@ fn flushed_ids_survive_a_sigkill() {
         system.shutdown().await;
     });
 }
+
+/// `count` ids that the default extractor puts in `shard` of 16.
+fn ids_in_shard(shard: u32, count: usize) -> Vec<String> {
+    use datum_cluster_sharding::DefaultShardExtractor;
+    (0..)
+        .map(|k| format!("many-{k}"))
+        .filter(|id| DefaultShardExtractor.shard_id(id, 16) == ShardId(shard))
+        .take(count)
+        .collect()
+}
+
+async fn respawning_system(
+    store: InMemoryStore,
+    batch: usize,
+    interval: Duration,
+) -> (
+    ShardedSystem<InMemoryStore>,
+    tokio::sync::mpsc::UnboundedReceiver<String>,
+) {
+    let config = ShardingConfig::builder()
+        .num_shards(16)
+        .remember_entities(RememberEntitiesConfig::default().with_respawn_rate(batch, interval))
+        .build();
+    let system = ShardedSystem::builder()
+        .config(config)
+        .store(store)
+        .start()
+        .await
+        .unwrap();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    system
+        .register_remembered::<GreeterEntity>(move |ctx| {
+            let _ = tx.send(ctx.entity_id().to_owned());
+            GreeterEntity
+        })
+        .await
+        .unwrap();
+    (system, rx)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn respawn_runs_at_a_bounded_rate_and_a_message_does_not_wait_for_it() {
+    let store = InMemoryStore::new();
+    let ids = ids_in_shard(3, 250);
+    for id in &ids {
+        store
+            .record_entity_started("greeter", ShardId(3), id)
+            .unwrap();
+    }
+    // A long interval: only the first batch comes for now.
+    let (system, mut started) =
+        respawning_system(store.clone(), 100, Duration::from_secs(30)).await;
+    let mut seen = BTreeSet::new();
+    while seen.len() < 100 {
+        let id = tokio::time::timeout(LONG, started.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        seen.insert(id);
+    }
+    let more = tokio::time::timeout(Duration::from_millis(300), started.recv()).await;
+    assert!(
+        more.is_err(),
+        "more than one batch respawned at once: {more:?}"
+    );
+    // An id still waiting for its batch is spawned by its first message.
+    let waiting = ids.iter().find(|id| !seen.contains(*id)).unwrap();
+    assert_eq!(
+        system
+            .entity_ref::<Greeter>(waiting.as_str())
+            .ask(Hello, LONG)
+            .await,
+        Ok(7)
+    );
+    let id = tokio::time::timeout(LONG, started.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&id, waiting);
+    system.shutdown().await;
+
+    // A short interval: every id comes back, batch after batch.
+    let (system, mut started) = respawning_system(store, 100, Duration::from_millis(10)).await;
+    let mut seen = BTreeSet::new();
+    while seen.len() < ids.len() {
+        let id = tokio::time::timeout(LONG, started.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        seen.insert(id);
+    }
+    assert_eq!(seen, ids.iter().cloned().collect());
+    system.shutdown().await;
+}

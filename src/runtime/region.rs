@@ -448,16 +448,7 @@ impl Region {
             .store()
             .list_entities_for_shard(self.type_name, shard)
         {
-            Ok(ids) => {
-                for id in ids {
-                    let id: Arc<str> = id.into();
-                    if !local.entities.contains_key(&id)
-                        && let Err(error) = self.spawn_entity(local, shard, &id)
-                    {
-                        tracing::warn!(type_name = self.type_name, %shard, %error, "remember-entities: respawn failed");
-                    }
-                }
-            }
+            Ok(ids) => self.respawn_some(local, shard, ids),
             Err(error) => remember.failure(
                 self.type_name,
                 Some(shard),
@@ -465,6 +456,49 @@ impl Region {
                 RememberEntitiesOperation::ListEntities,
                 &error.0,
             ),
+        }
+    }
+
+    /// Respawns the first `respawn_batch` of `ids` that are not live, and
+    /// has the region actor come back with the rest after `respawn_interval`
+    /// (Akka's constant-rate recovery), so a shard with very many remembered
+    /// ids does not stampede. A message for an id not respawned yet spawns
+    /// it at once, as any message does.
+    fn respawn_some(&self, local: &mut LocalShard, shard: ShardId, mut ids: Vec<String>) {
+        let Some(remember) = &self.remember else {
+            return;
+        };
+        let (batch, interval) = remember.respawn_rate();
+        let rest = ids.split_off(ids.len().min(batch));
+        for id in ids {
+            let id: Arc<str> = id.into();
+            if !local.entities.contains_key(&id)
+                && let Err(error) = self.spawn_entity(local, shard, &id)
+            {
+                tracing::warn!(type_name = self.type_name, %shard, %error, "remember-entities: respawn failed");
+            }
+        }
+        if !rest.is_empty()
+            && let Some(actor) = self.region_actor.get()
+        {
+            let generation = local.generation;
+            let mut rest = Some(rest);
+            actor.send_after(interval, move || RegionMsg::Respawn {
+                shard,
+                generation,
+                ids: rest.take().unwrap_or_default(),
+            });
+        }
+    }
+
+    /// The region actor's turn to respawn more remembered ids of `shard`,
+    /// if it is still hosted here under the same allocation.
+    pub(crate) fn respawn_more(&self, shard: ShardId, generation: u64, ids: Vec<String>) {
+        let mut guard = lock(&self.slots[shard.0 as usize]);
+        if let Slot::Local(local) = &mut *guard
+            && local.generation == generation
+        {
+            self.respawn_some(local, shard, ids);
         }
     }
 

@@ -17,6 +17,12 @@ pub(crate) enum RegionMsg {
     Allocate(ShardId),
     /// The coordinator made this node the shard's home under `generation`.
     Host(ShardId, u64),
+    /// Respawn the next remembered ids of a shard (a bounded-rate recovery).
+    Respawn {
+        shard: ShardId,
+        generation: u64,
+        ids: Vec<String>,
+    },
 }
 
 pub(crate) struct RegionActor;
@@ -43,6 +49,14 @@ impl Actor for RegionActor {
         let (shard, generation) = match msg {
             RegionMsg::Allocate(shard) => (shard, 0),
             RegionMsg::Host(shard, generation) => (shard, generation),
+            RegionMsg::Respawn {
+                shard,
+                generation,
+                ids,
+            } => {
+                region.respawn_more(shard, generation, ids);
+                return Ok(());
+            }
         };
         if region.is_stopped() {
             return Ok(());

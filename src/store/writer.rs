@@ -76,6 +76,7 @@ const EVENT_CAPACITY: usize = 1_024;
 /// A system's write-behind queue and its failure bookkeeping.
 pub(crate) struct Remember {
     store: Arc<dyn RememberEntitiesStore>,
+    respawn: (usize, std::time::Duration),
     tx: SyncSender<Job>,
     policy: RememberEntitiesFailurePolicy,
     events: broadcast::Sender<RememberEntitiesEvent>,
@@ -119,6 +120,7 @@ impl Remember {
         let (events, _) = broadcast::channel(EVENT_CAPACITY);
         let remember = Arc::new(Remember {
             store,
+            respawn: (config.respawn_batch, config.respawn_interval),
             tx,
             policy: config.failure_policy,
             events,
@@ -164,6 +166,12 @@ impl Remember {
             })
             .map_err(|e| ShardingError::Spawn(format!("remember-entities writer: {e}")))?;
         Ok(remember)
+    }
+
+    /// How many remembered ids a shard respawns at once, and how long it
+    /// waits before the next batch.
+    pub(crate) fn respawn_rate(&self) -> (usize, std::time::Duration) {
+        self.respawn
     }
 
     /// The store, for reads (listing ids when a shard starts).
