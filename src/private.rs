@@ -767,6 +767,60 @@ pub mod bench {
         }
     }
 
+    /// A write-behind queue over a store that does nothing, for timing
+    /// what recording one id costs the region (the push only).
+    pub struct RememberQueue(std::sync::Arc<crate::store::writer::Remember>);
+
+    #[derive(Debug, Default)]
+    struct Noop;
+
+    impl crate::RememberEntitiesStore for Noop {
+        fn record_entity_started(
+            &self,
+            _: &str,
+            _: crate::ShardId,
+            _: &str,
+        ) -> Result<(), crate::StoreError> {
+            Ok(())
+        }
+        fn record_entity_stopped(
+            &self,
+            _: &str,
+            _: crate::ShardId,
+            _: &str,
+        ) -> Result<(), crate::StoreError> {
+            Ok(())
+        }
+        fn list_entities_for_shard(
+            &self,
+            _: &str,
+            _: crate::ShardId,
+        ) -> Result<Vec<String>, crate::StoreError> {
+            Ok(Vec::new())
+        }
+    }
+
+    impl RememberQueue {
+        /// A queue of `capacity` records in front of a no-op store.
+        pub fn new(capacity: usize) -> Self {
+            let config = crate::RememberEntitiesConfig::default().with_queue_capacity(capacity);
+            RememberQueue(
+                crate::store::writer::Remember::start(std::sync::Arc::new(Noop), &config)
+                    .expect("writer thread"),
+            )
+        }
+
+        /// Queues one start record, as a region does when it spawns an entity.
+        pub fn push(&self, entity_id: &std::sync::Arc<str>) {
+            self.0.record(
+                "bench",
+                crate::ShardId(1),
+                entity_id,
+                crate::RememberEntitiesOperation::RecordStarted,
+            );
+        }
+    }
+
     /// Decodes it as the inbound path does (by hand, in place).
     pub fn decode_envelope_fast(bytes: &[u8]) -> usize {
         match fast::decode(bytes) {
