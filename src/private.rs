@@ -464,15 +464,23 @@ pub fn decode_as<P: Protocol, M: Message<P>>(
     }
 }
 
-/// Decodes one CBOR value. `ciborium::from_reader` zeroes a 4 KiB scratch
-/// buffer on every call, which costs more than decoding a small message;
-/// 256 bytes hold any field name and short text, and longer ones are read in
-/// chunks, so any input decodes the same.
+thread_local! {
+    /// ciborium's decode scratch (4 KiB, as `from_reader` uses), zeroed once
+    /// per thread instead of on every call.
+    static CBOR_SCRATCH: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0; 4096]);
+}
+
+/// Decodes one CBOR value exactly as `ciborium::from_reader` does, without
+/// zeroing its 4 KiB scratch buffer on every call (which costs more than
+/// decoding a small message).
 pub(crate) fn from_cbor<T: DeserializeOwned>(
     bytes: &[u8],
 ) -> Result<T, ciborium::de::Error<std::io::Error>> {
-    let mut scratch = [0u8; 256];
-    ciborium::de::from_reader_with_buffer(bytes, &mut scratch)
+    CBOR_SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut scratch) => ciborium::de::from_reader_with_buffer(bytes, &mut scratch[..]),
+        // Re-entered (a `Deserialize` impl that decodes CBOR itself).
+        Err(_) => ciborium::from_reader(bytes),
+    })
 }
 
 /// FNV-1a 64 over `parts`, each followed by the byte 0xff (which no UTF-8

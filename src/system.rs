@@ -338,11 +338,20 @@ impl<S> ShardedSystem<S> {
     /// messages that still reach this node are answered `ShuttingDown`.
     pub async fn shutdown(&self) {
         self.shared.stopped.store(true, Ordering::Release);
+        let regions: Vec<Arc<Region>> = self.regions().values().cloned().collect();
+        // No new message is accepted from here on (senders see ShuttingDown)...
+        for region in &regions {
+            region.stop_accepting();
+        }
+        // ...the coordinator hears the regions go...
         if let Some(link) = &self.shared.cluster {
             link.stop().await;
         }
-        let regions: Vec<Arc<Region>> = self.regions().values().cloned().collect();
+        // ...and what they hold stops.
         futures_util::future::join_all(regions.iter().map(|r| r.shutdown())).await;
+        if let Some(link) = &self.shared.cluster {
+            link.remote.fail_all(&ShardingError::ShuttingDown);
+        }
         // What was recorded reaches the store before shutdown returns.
         let remember = self
             .shared

@@ -501,6 +501,40 @@ async fn a_system_shut_down_on_a_live_node_hands_its_shards_to_the_others() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_coordinators_system_shut_down_the_others_still_get_homes() {
+    let nodes = three().await;
+    // Node 0 is the oldest: the coordinator. Its system stops, its node stays.
+    let before: Vec<String> = (0..30).map(|k| format!("early-{k}")).collect();
+    for id in &before {
+        nodes[1]
+            .system
+            .entity_ref::<Tally>(id.as_str())
+            .ask(Home, ASK)
+            .await
+            .expect("ask");
+    }
+    nodes[0].system.shutdown().await;
+    // Entities on node 0 move to 1 and 2; shards never used before are
+    // still allocated (the stopped system's core goes on coordinating).
+    let fresh: Vec<String> = (0..30).map(|k| format!("late-{k}")).collect();
+    for id in before.iter().chain(&fresh) {
+        let (home, errors) = ask_retrying(&nodes[1].system, id).await;
+        assert_ne!(home, "node-0", "{id} on the stopped system");
+        for e in &errors {
+            assert!(
+                matches!(
+                    e,
+                    ShardingError::ShuttingDown | ShardingError::PeerLost { .. }
+                ),
+                "{id}: unexpected {e:?}"
+            );
+        }
+    }
+    assert_eq!(nodes[0].system.hosted_shards::<Tally>(), 0);
+    stop(nodes).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn remembered_entities_come_back_on_the_new_owner_after_a_kill() {
     // One store shared by the three systems (as a shared database would be).
     let store = InMemoryStore::new();

@@ -124,6 +124,10 @@ enum Entry {
     Passivating { live: Live, buffer: Vec<Buffered> },
 }
 
+/// How far ahead of a slot's generation an envelope's may be and still be
+/// believed (allocations are one generation each; a real lead is small).
+const MAX_GENERATION_LEAD: u64 = 1 << 20;
+
 /// Messages that could not be delivered, to be failed once the lock is released.
 type Undelivered = Vec<(ShardingError, LocalEnvelope)>;
 
@@ -217,10 +221,19 @@ impl Region {
         entity_id: &Arc<str>,
         envelope: LocalEnvelope,
     ) -> ShardingResult<()> {
+        if self.is_stopped() {
+            envelope.fail(ShardingError::ShuttingDown);
+            return Err(ShardingError::ShuttingDown);
+        }
         let mut guard = lock(&self.slots[shard.0 as usize]);
         let result = match &mut *guard {
             Slot::Local(local) => self.deliver_local(local, shard, entity_id, envelope),
-            Slot::Remote(home) if envelope.routed_under() > home.generation => {
+            // (A generation absurdly far ahead is a sender's bug, not news:
+            // it is forwarded as usual rather than stall the shard.)
+            Slot::Remote(home)
+                if envelope.routed_under() > home.generation
+                    && envelope.routed_under() - home.generation <= MAX_GENERATION_LEAD =>
+            {
                 // The sender knows a newer allocation than this node (the
                 // coordinator's word on it is on its way here): wait for it
                 // rather than forward along an older table. An older home
@@ -852,6 +865,12 @@ impl Region {
                 .count(),
             _ => 0,
         }
+    }
+
+    /// Refuses new messages from now on (`ShuttingDown`), before the
+    /// actors are stopped by [`shutdown`](Self::shutdown).
+    pub(crate) fn stop_accepting(&self) {
+        self.stopped.store(true, Ordering::Release);
     }
 
     /// Stops routing, fails every buffered message with `ShuttingDown`, and

@@ -22,9 +22,8 @@
 //!   members (and members gone from the view) are *gone*: their shards are
 //!   reallocated at once, as [`RebalanceReason::DeadOwner`] moves, never
 //!   capped; so are the shards of a member whose region of the type stopped
-//!   (`Unregister`), or that is Up and reachable but, once settled, has no
-//!   region of the type registered here. Other members (Joining, Leaving,
-//!   unreachable) keep what they own but get nothing new.
+//!   (`Unregister`). Other members (Joining, Leaving, unreachable) keep what
+//!   they own but get nothing new.
 //! * **Allocation** goes through a [`ShardAllocationStrategy`];
 //!   [`LeastShardAllocation`] is the default.
 //! * **Generations.** Every allocation of a shard gets a generation one
@@ -231,6 +230,8 @@ pub(crate) struct CoordinatorCore {
     /// Members that registered with this core (any type).
     registered: BTreeSet<UniqueAddress>,
     types: BTreeMap<String, TypeTable>,
+    /// Unregistrations of types this core has no table of yet.
+    early_departures: BTreeMap<String, BTreeSet<UniqueAddress>>,
     rounds: Vec<RebalanceRound>,
 }
 
@@ -249,6 +250,7 @@ impl CoordinatorCore {
             members: BTreeMap::new(),
             registered: BTreeSet::new(),
             types: BTreeMap::new(),
+            early_departures: BTreeMap::new(),
             rounds: Vec::new(),
         }
     }
@@ -313,12 +315,12 @@ impl CoordinatorCore {
             // Registrations from an earlier term, or sent before this node
             // saw itself coordinator, may miss what moved since: settle on
             // fresh ones (regions register with every new coordinator and
-            // again until they hear its table).
+            // again until they hear its table), or on the timeout for
+            // regions whose view never saw the coordinator change. Which
+            // members are regions is kept: a region that stopped tells
+            // every coordinator it sees (`Unregister`).
             let me = self.me;
             self.registered.retain(|m| *m == me);
-            for table in self.types.values_mut() {
-                table.regions.retain(|m| *m == me);
-            }
         } else if !should_be_active && self.active {
             self.active = false;
             self.settling_until = None;
@@ -342,6 +344,9 @@ impl CoordinatorCore {
             .types
             .entry(type_name.to_owned())
             .or_insert_with(|| TypeTable::new(fingerprint, num_shards));
+        if let Some(departed) = self.early_departures.remove(type_name) {
+            table.departed.extend(departed);
+        }
         if table.fingerprint != fingerprint || table.num_shards != num_shards {
             return;
         }
@@ -383,12 +388,21 @@ impl CoordinatorCore {
                 .types
                 .entry(reg.type_name.clone())
                 .or_insert_with(|| TypeTable::new(reg.fingerprint, reg.num_shards));
+            if let Some(departed) = self.early_departures.remove(&reg.type_name) {
+                table.departed.extend(departed);
+            }
             if table.regions.is_empty()
                 && table.homes.iter().all(Option::is_none)
                 && (table.fingerprint, table.num_shards) != (reg.fingerprint, reg.num_shards)
             {
-                // Nobody holds this type's table yet: the first region decides it.
-                *table = TypeTable::new(reg.fingerprint, reg.num_shards);
+                // Nobody holds this type's table yet: the first region decides
+                // it (generations seen so far are kept where shards remain).
+                let mut fresh = TypeTable::new(reg.fingerprint, reg.num_shards);
+                for (g, old) in fresh.generations.iter_mut().zip(&table.generations) {
+                    *g = *old;
+                }
+                fresh.departed = std::mem::take(&mut table.departed);
+                *table = fresh;
             }
             if table.fingerprint != reg.fingerprint || table.num_shards != reg.num_shards {
                 if self.active {
@@ -412,6 +426,9 @@ impl CoordinatorCore {
             }
             table.regions.insert(from);
             table.departed.remove(&from);
+            if let Some(early) = self.early_departures.get_mut(&reg.type_name) {
+                early.remove(&from);
+            }
             for &(shard, owner, generation) in &reg.homes {
                 if shard < table.num_shards {
                     table.learn(shard, ShardHome { owner, generation });
@@ -447,9 +464,19 @@ impl CoordinatorCore {
         types: &[String],
     ) -> Vec<Command> {
         for type_name in types {
-            if let Some(table) = self.types.get_mut(type_name) {
-                table.regions.remove(&from);
-                table.departed.insert(from);
+            match self.types.get_mut(type_name) {
+                Some(table) => {
+                    table.regions.remove(&from);
+                    table.departed.insert(from);
+                }
+                // No table of the type here yet: remembered for when one
+                // is made (a registration may bring homes on `from`).
+                None => {
+                    self.early_departures
+                        .entry(type_name.clone())
+                        .or_default()
+                        .insert(from);
+                }
             }
         }
         self.act(now)
@@ -478,7 +505,7 @@ impl CoordinatorCore {
             return Vec::new();
         }
         let i = shard as usize;
-        if generation > table.generations[i] {
+        if generation > table.generations[i] && generation.checked_add(1).is_some() {
             // The asker saw an allocation this core does not know of (its
             // knowledge was lost with an earlier coordinator): what this
             // core holds is older, so the shard is allocated anew above it.
@@ -536,17 +563,9 @@ impl CoordinatorCore {
                 .iter()
                 .enumerate()
                 .filter_map(|(shard, home)| {
-                    home.filter(|h| match self.members.get(&h.owner) {
-                        // Gone from the cluster.
-                        None => true,
-                        // Its region stopped, or (settled, so it had its
-                        // chance to register, and reachable, so it could
-                        // have) it has no region of the type at all.
-                        Some(standing) => {
-                            table.departed.contains(&h.owner)
-                                || (*standing == Standing::Eligible
-                                    && !table.regions.contains(&h.owner))
-                        }
+                    home.filter(|h| {
+                        // Gone from the cluster, or its region stopped.
+                        !self.members.contains_key(&h.owner) || table.departed.contains(&h.owner)
                     })
                     .map(|h| (shard as u32, h.owner))
                 })
@@ -574,11 +593,11 @@ impl CoordinatorCore {
                 let known = self.types[type_name].homes[shard as usize];
                 match known {
                     Some(home) => {
-                        // Allocated meanwhile (by the loop above): the askers
-                        // are regions and have had the broadcast, unless
-                        // they registered no region of the type.
+                        // Known meanwhile (allocated by the loop above, or
+                        // learned from a registration, which is not
+                        // broadcast): every asker hears it.
                         let table = &self.types[type_name];
-                        for asker in askers.iter().filter(|a| !table.regions.contains(a)) {
+                        for asker in &askers {
                             out.push(Command::Send {
                                 to: *asker,
                                 msg: table.home_msg(type_name, shard, home),

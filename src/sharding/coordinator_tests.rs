@@ -458,11 +458,8 @@ fn check_history(ops: Vec<Op>) -> Result<(), String> {
                     departed.insert(i as usize);
                     known.remove(&(i as usize));
                 }
-                // Its coordinator core stops with it (a new one starts with
-                // a new system there).
-                if cores.remove(&(i as usize)).is_some() && last_coordinator == Some(i as usize) {
-                    last_coordinator = None;
-                }
+                // Its coordinator core goes on (a stopped system still
+                // coordinates), and it tells every coordinator it sees.
             }
             Op::Ask(_, _) | Op::Advance(_) => {}
         }
@@ -474,6 +471,8 @@ fn check_history(ops: Vec<Op>) -> Result<(), String> {
         let unr: Vec<UniqueAddress> = unreachable.iter().map(|i| nodes[*i]).collect();
         let probe = view(nodes[0], &up, &down, &unr);
         let Some(coord) = probe.coordinator else {
+            // No coordinator: the next one is a change for every node.
+            last_coordinator = None;
             continue;
         };
         let ci = index_of(&coord);
@@ -482,6 +481,12 @@ fn check_history(ops: Vec<Op>) -> Result<(), String> {
         last_coordinator = Some(ci);
         let c = cores.entry(ci).or_insert_with(|| core(coord));
         if changed {
+            // A stopped region tells every new coordinator.
+            for d in &departed {
+                if alive.contains(d) {
+                    commands.extend(c.unregister(now, nodes[*d], &[TYPE.to_owned()]));
+                }
+            }
             // Every region registers with a new coordinator.
             for r in &registered {
                 commands.extend(c.register(now, nodes[*r], &reg(SHARDS, replica(&known, *r))));
@@ -493,7 +498,7 @@ fn check_history(ops: Vec<Op>) -> Result<(), String> {
                 let i = i as usize;
                 commands.extend(c.register(now, nodes[i], &reg(SHARDS, replica(&known, i))));
             }
-            Op::Unregister(i) if departed.contains(&(i as usize)) && ci != i as usize => {
+            Op::Unregister(i) if departed.contains(&(i as usize)) => {
                 commands.extend(c.unregister(now, nodes[i as usize], &[TYPE.to_owned()]));
             }
             // Only a node with a region of the type asks for its shards.
@@ -808,6 +813,22 @@ fn regression_an_unregistration_that_reached_no_coordinator() {
         Join(5),
         Register(5),
         Ask(5, 1),
+    ];
+    assert_eq!(check_history(ops), Ok(()));
+}
+
+#[test]
+fn regression_a_coordinator_that_unregistered_itself_hands_over() {
+    use Op::*;
+    let ops = vec![
+        Join(1),
+        Unreachable(0),
+        Register(1),
+        Ask(1, 5),
+        Register(0),
+        Unregister(1),
+        Heal(0),
+        Advance(1067),
     ];
     assert_eq!(check_history(ops), Ok(()));
 }

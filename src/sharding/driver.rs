@@ -74,8 +74,13 @@ pub(crate) enum DriverMsg {
     },
     /// An entity type was registered here: tell the coordinator.
     TypeRegistered,
-    /// The system is shutting down.
-    Stop,
+    /// Answered once everything sent before it is handled.
+    Barrier(tokio::sync::oneshot::Sender<()>),
+    /// The system shut down: its regions are gone. The task goes on as a
+    /// coordinator core for the cluster (the node may still be the oldest
+    /// member) and tells every coordinator it sees that this node hosts
+    /// nothing any more.
+    Retire,
 }
 
 /// A system's link to its cluster node, held by the system.
@@ -162,6 +167,7 @@ impl ClusterLink {
             coordinator: None,
             heard_from: None,
             registered_at: None,
+            retired: Vec::new(),
             waiting: BTreeMap::new(),
             rounds: self.rounds.clone(),
             remote: self.remote.clone(),
@@ -178,15 +184,10 @@ impl ClusterLink {
     /// until the link is dropped: envelopes that still arrive are answered
     /// `ShuttingDown` by the stopped regions instead of vanishing.
     pub(crate) async fn stop(&self) {
-        let _ = self.driver.send(DriverMsg::Stop);
-        let tasks: Vec<JoinHandle<()>> = lock(&self.tasks).drain(..).collect();
-        for mut task in tasks {
-            if tokio::time::timeout(STOP_WAIT, &mut task).await.is_err() {
-                task.abort();
-                let _ = task.await;
-            }
-        }
-        self.node.transport().unregister(SHARDING_CONTROL);
+        let (done, retired) = tokio::sync::oneshot::channel();
+        let _ = self.driver.send(DriverMsg::Retire);
+        let _ = self.driver.send(DriverMsg::Barrier(done));
+        let _ = tokio::time::timeout(STOP_WAIT, retired).await;
         self.remote.fail_all(&ShardingError::ShuttingDown);
     }
 }
@@ -339,6 +340,9 @@ struct Control {
     /// and when this node last sent it a registration.
     heard_from: Option<UniqueAddress>,
     registered_at: Option<Instant>,
+    /// The types this node hosted before its system shut down (empty while
+    /// it runs).
+    retired: Vec<String>,
     /// Shards asked for and not yet given a home, with when they were asked.
     waiting: BTreeMap<(&'static str, u32), Instant>,
     rounds: Arc<Mutex<Vec<RebalanceRound>>>,
@@ -356,9 +360,12 @@ impl Control {
             tokio::select! {
                 msg = self.rx.recv() => match msg {
                     None => break,
-                    Some(DriverMsg::Stop) => {
+                    Some(DriverMsg::Retire) => {
+                        self.retired = self.regions().iter().map(|r| r.type_name.to_owned()).collect();
                         self.unregister();
-                        break;
+                    }
+                    Some(DriverMsg::Barrier(done)) => {
+                        let _ = done.send(());
                     }
                     Some(DriverMsg::Allocate { type_name, shard }) => self.ask_home(type_name, shard.0),
                     Some(DriverMsg::TypeRegistered) => self.register(),
@@ -423,6 +430,9 @@ impl Control {
 
     /// Registers this node's types with the coordinator it knows.
     fn register(&mut self) {
+        if !self.retired.is_empty() {
+            return self.unregister();
+        }
         if let Some(coordinator) = self.coordinator {
             let msg = ControlMsg::Register {
                 types: self.registrations(),
@@ -433,16 +443,16 @@ impl Control {
         }
     }
 
-    /// Tells the coordinator this node's regions stop (the system shuts down).
+    /// Tells the coordinator this node's regions stopped (the system shut
+    /// down). Sent at shutdown, to every new coordinator, and again every
+    /// `REREGISTER_AFTER` × 4 (it is idempotent; a lost one would leave
+    /// peers routing to regions that no longer exist).
     fn unregister(&mut self) {
-        let types: Vec<String> = self
-            .regions()
-            .iter()
-            .map(|r| r.type_name.to_owned())
-            .collect();
         if let Some(coordinator) = self.coordinator
-            && !types.is_empty()
+            && !self.retired.is_empty()
         {
+            self.registered_at = Some(Instant::now());
+            let types = self.retired.clone();
             self.send(coordinator, ControlMsg::Unregister { types });
         }
     }
@@ -450,6 +460,15 @@ impl Control {
     /// Registers again while the coordinator's table has not come (a lost
     /// message, or a coordinator that did not know this node yet).
     fn reregister(&mut self, now: Instant) {
+        if !self.retired.is_empty() {
+            if self
+                .registered_at
+                .is_none_or(|at| now.duration_since(at) >= REREGISTER_AFTER * 4)
+            {
+                self.unregister();
+            }
+            return;
+        }
         let types = self.regions().len();
         if types == 0 || self.coordinator.is_none() || self.heard_from == self.coordinator {
             return;
@@ -591,6 +610,8 @@ impl Control {
                 }
                 ControlMsg::Refused { type_name, reason } => {
                     tracing::error!(node = %self.me, %type_name, %reason, "the coordinator refused this node's region");
+                    // Heard: registering again would be refused again.
+                    self.heard_from = Some(from);
                     Vec::new()
                 }
             };

@@ -630,7 +630,14 @@ impl Shared {
             Some(Handler::Inline(handler)) => {
                 let handler = handler.clone();
                 drop(handlers);
-                handler(incoming);
+                // A panic in an upper layer's handler must not end this
+                // pipe's reader (nothing more would be read from the peer).
+                let from = incoming.from;
+                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler(incoming)))
+                    .is_err()
+                {
+                    warn_limited!(self.bad_input, "an inline channel handler panicked; the message was dropped"; %from, channel);
+                }
                 return;
             }
             Some(Handler::Queue(tx)) => match tx.try_send(incoming) {
