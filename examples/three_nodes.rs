@@ -18,27 +18,25 @@
 //!
 //! Run: `cargo run --release --example three_nodes [-- --messages N --in-flight W]`
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use datum_cluster_sharding::cluster::{ClusterConfig, ClusterNode};
 use datum_cluster_sharding::membership::MembershipEvent;
 use datum_cluster_sharding::prelude::*;
-use futures_util::StreamExt;
 use hdrhistogram::Histogram;
 use tokio::sync::Mutex;
 
+#[path = "../protocols/harness.rs"]
+mod harness;
 #[path = "../protocols/ping.rs"]
 mod ping;
-use ping::{Ack, Checks, Ping, PingEntity, Pinger};
-
-const ENTITIES: u64 = 1_000;
-const NODES: usize = 3;
-const SHARDS: u32 = 128;
-const ASK_TIMEOUT: Duration = Duration::from_secs(5);
+use harness::{
+    Answered, ENTITIES, Node, cpu_time, drive, entity_id, form_cluster, join_reports, peak_rss_kib,
+    ping_factory, sharding_config, shares, warm_up,
+};
+use ping::{Checks, Pinger};
 
 #[derive(Parser, Debug)]
 #[command(about = "A three-node cluster doing W1 through the library, then losing a node")]
@@ -54,129 +52,11 @@ struct Args {
     kill_messages: u64,
 }
 
-struct Node {
-    cluster: ClusterNode,
-    system: ShardedSystem,
-}
-
-fn entity_id(k: u64) -> String {
-    format!("entity-{k}")
-}
-
-/// When each entity (by number) first answered after `since` (the kill phase).
-#[derive(Default)]
-struct Answered {
-    since: Option<Instant>,
-    first: HashMap<u64, Duration>,
-}
-
-struct DriverReport {
-    latency: Histogram<u64>,
-    acks: u64,
-    retries: u64,
-}
-
-/// Driver `d` on `system`: its share of the messages, issued in `seq` order
-/// with at most `in_flight` asks outstanding (so an entity sees one driver's
-/// seqs in order); a failed ask is retried with the same `(driver, seq)`.
-async fn drive(
-    system: ShardedSystem,
-    d: u32,
-    stride: u64,
-    count: u64,
-    in_flight: usize,
-    answered: Option<Arc<Mutex<Answered>>>,
-) -> DriverReport {
-    let mut report = DriverReport {
-        latency: Histogram::new_with_bounds(1, 60_000_000, 3).expect("histogram"),
-        acks: 0,
-        retries: 0,
-    };
-    // A user holds its refs: one per entity, made once.
-    let refs: Arc<Vec<EntityRef<Pinger>>> = Arc::new(
-        (0..ENTITIES)
-            .map(|k| system.entity_ref::<Pinger>(entity_id(k)))
-            .collect(),
-    );
-    let asks = futures_util::stream::iter(0..count).map(|k| {
-        let refs = refs.clone();
-        let answered = answered.clone();
-        async move {
-            let ping = Ping { driver: d, seq: k };
-            let id = (stride * k + u64::from(d)) % ENTITIES;
-            let entity = &refs[id as usize];
-            let mut latencies = Vec::with_capacity(1);
-            loop {
-                let start = Instant::now();
-                let result = entity.ask(ping, ASK_TIMEOUT).await;
-                latencies.push((start.elapsed().as_micros() as u64).max(1));
-                match result {
-                    Ok(ack) if ack == Ack { driver: d, seq: k } => break,
-                    Ok(ack) => panic!("wrong ack {ack:?} for {ping:?}"),
-                    Err(_) => tokio::time::sleep(Duration::from_millis(1)).await,
-                }
-            }
-            if let Some(answered) = answered {
-                let mut answered = answered.lock().await;
-                if let Some(since) = answered.since {
-                    let at = since.elapsed();
-                    answered.first.entry(id).or_insert(at);
-                }
-            }
-            latencies
-        }
-    });
-    let mut done = asks.buffer_unordered(in_flight);
-    while let Some(latencies) = done.next().await {
-        report.retries += latencies.len() as u64 - 1;
-        for micros in latencies {
-            report.latency.saturating_record(micros);
-        }
-        report.acks += 1;
-    }
-    report
-}
-
-/// User + system CPU of this process, from /proc (Linux).
-fn cpu_time() -> Duration {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let after_name = stat.rsplit(')').next().unwrap_or("");
-    let fields: Vec<&str> = after_name.split_whitespace().collect();
-    let ticks: u64 = fields
-        .get(11..13)
-        .map(|f| f.iter().filter_map(|v| v.parse::<u64>().ok()).sum())
-        .unwrap_or(0);
-    Duration::from_millis(ticks * 10) // USER_HZ is 100 on Linux
-}
-
-fn peak_rss_kib() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
-}
-
 fn shards_per_node(nodes: &[Node]) -> Vec<usize> {
     nodes
         .iter()
         .map(|n| n.system.hosted_shards::<Pinger>())
         .collect()
-}
-
-async fn join_reports(
-    drivers: Vec<tokio::task::JoinHandle<DriverReport>>,
-) -> Result<(Histogram<u64>, u64, u64), Box<dyn std::error::Error>> {
-    let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
-    let (mut acks, mut retries) = (0, 0);
-    for driver in drivers {
-        let report = driver.await?;
-        latency.add(&report.latency)?;
-        acks += report.acks;
-        retries += report.retries;
-    }
-    Ok((latency, acks, retries))
 }
 
 fn print_latency(latency: &Histogram<u64>) {
@@ -192,72 +72,35 @@ fn print_latency(latency: &Histogram<u64>) {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
-    let config = |seeds| {
-        ClusterConfig::builder()
-            .cluster_name("three-nodes")
-            .secret("demo-secret")
-            .seed_nodes(seeds)
-            .build()
-    };
-
-    let formed = Instant::now();
-    let first = ClusterNode::start(config(vec![])).await?;
-    let mut clusters = vec![first.clone()];
-    for _ in 1..NODES {
-        clusters.push(ClusterNode::start(config(vec![first.bound_addr()])).await?);
-    }
-    for c in &clusters {
-        c.wait_until(|s| s.up_members().count() == NODES, Duration::from_secs(30))
-            .await?;
-    }
-    let formed = formed.elapsed();
-
+    let (clusters, formed) = form_cluster("three-nodes").await?;
     let checks = Arc::new(Checks::default());
     let mut nodes = Vec::new();
     for cluster in clusters {
-        let sharding = ShardingConfig::builder()
-            .num_shards(SHARDS)
-            .passivation_idle_timeout(None)
-            .build();
         let system = ShardedSystem::builder()
-            .config(sharding)
+            .config(sharding_config())
             .node(cluster.clone())
             .start()
             .await?;
-        let node_checks = checks.clone();
         system
-            .register::<PingEntity>(move |_| PingEntity::checked(node_checks.clone()))
+            .register::<ping::PingEntity>(ping_factory(checks.clone()))
             .await?;
         nodes.push(Node { cluster, system });
     }
 
     // Warm-up, not counted: one ask per entity from each node, which
     // allocates every shard and spawns every entity.
-    let warm = Instant::now();
-    for (i, n) in nodes.iter().enumerate() {
-        for k in 0..ENTITIES {
-            let entity = n.system.entity_ref::<Pinger>(entity_id(k));
-            let ping = Ping {
-                driver: 90 + i as u32,
-                seq: k,
-            };
-            entity.ask(ping, ASK_TIMEOUT).await?;
-        }
-    }
-    let warm = warm.elapsed();
+    let warm = warm_up(&nodes).await?;
     let before = shards_per_node(&nodes);
 
     // Phase 1: W1.
-    let shares: Vec<u64> = (0..NODES as u64)
-        .map(|d| args.messages / 3 + u64::from(d < args.messages % 3))
-        .collect();
+    let shares = shares(args.messages);
     let stats_before: Vec<_> = nodes
         .iter()
         .map(|n| n.cluster.transport().stats())
         .collect();
     let cpu_before = cpu_time();
     let start = Instant::now();
-    let drivers: Vec<_> = (0..NODES)
+    let drivers: Vec<_> = (0..3)
         .map(|d| {
             let system = nodes[d].system.clone();
             tokio::spawn(drive(system, d as u32, 3, shares[d], args.in_flight, None))

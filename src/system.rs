@@ -53,10 +53,18 @@ use crate::store::{NoStore, RememberEntitiesEvent, RememberEntitiesStore};
 /// ([`NoStore`] when built without one).
 ///
 /// Cheap to clone; clones share the system.
-#[derive(Clone)]
 pub struct ShardedSystem<S = NoStore> {
     shared: Arc<Shared>,
     store: Arc<S>,
+}
+
+impl<S> Clone for ShardedSystem<S> {
+    fn clone(&self) -> Self {
+        ShardedSystem {
+            shared: self.shared.clone(),
+            store: self.store.clone(),
+        }
+    }
 }
 
 /// The state every clone of a system and its tasks share.

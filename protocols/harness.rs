@@ -1,0 +1,213 @@
+//! The W1 harness (BENCHMARK.md) shared by the main job and the benchmark
+//! runner: three in-process nodes, the ping entity, drivers that issue
+//! `(driver, seq)` asks in seq order with a window, and process figures.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use datum_cluster_sharding::cluster::{ClusterConfig, ClusterNode};
+use datum_cluster_sharding::prelude::*;
+use futures_util::StreamExt;
+use hdrhistogram::Histogram;
+use tokio::sync::Mutex;
+
+use super::ping::{Ack, Checks, Ping, PingEntity, Pinger};
+
+/// W1's entity count.
+pub const ENTITIES: u64 = 1_000;
+/// W1's shard count.
+pub const SHARDS: u32 = 128;
+/// W1's ask timeout.
+pub const ASK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// One node: its cluster membership and its sharded system.
+pub struct Node<S = NoStore> {
+    pub cluster: ClusterNode,
+    pub system: ShardedSystem<S>,
+}
+
+/// `entity-{k}`.
+pub fn entity_id(k: u64) -> String {
+    format!("entity-{k}")
+}
+
+/// Three cluster nodes on 127.0.0.1, all Up; returns them with the time it took.
+pub async fn form_cluster(
+    name: &str,
+) -> Result<(Vec<ClusterNode>, Duration), Box<dyn std::error::Error>> {
+    let config = |seeds| {
+        ClusterConfig::builder()
+            .cluster_name(name)
+            .secret("demo-secret")
+            .seed_nodes(seeds)
+            .build()
+    };
+    let formed = Instant::now();
+    let first = ClusterNode::start(config(vec![])).await?;
+    let mut clusters = vec![first.clone()];
+    for _ in 1..3 {
+        clusters.push(ClusterNode::start(config(vec![first.bound_addr()])).await?);
+    }
+    for c in &clusters {
+        c.wait_until(|s| s.up_members().count() == 3, Duration::from_secs(30))
+            .await?;
+    }
+    Ok((clusters, formed.elapsed()))
+}
+
+/// W1's sharding settings: 128 shards, no idle passivation.
+pub fn sharding_config() -> ShardingConfig {
+    ShardingConfig::builder()
+        .num_shards(SHARDS)
+        .passivation_idle_timeout(None)
+        .build()
+}
+
+/// One ask per entity from each node: every shard allocated and every
+/// entity spawned before the clock starts. Driver ids 90.. are used.
+pub async fn warm_up<S>(nodes: &[Node<S>]) -> Result<Duration, ShardingError> {
+    let warm = Instant::now();
+    for (i, n) in nodes.iter().enumerate() {
+        for k in 0..ENTITIES {
+            let ping = Ping {
+                driver: 90 + i as u32,
+                seq: k,
+            };
+            n.system
+                .entity_ref::<Pinger>(entity_id(k))
+                .ask(ping, ASK_TIMEOUT)
+                .await?;
+        }
+    }
+    Ok(warm.elapsed())
+}
+
+/// The factory of the checked ping entity.
+pub fn ping_factory(
+    checks: Arc<Checks>,
+) -> impl Fn(&EntityContext) -> PingEntity + Send + Sync + 'static {
+    move |_| PingEntity::checked(checks.clone())
+}
+
+/// When each entity (by number) first answered after `since`.
+#[derive(Default)]
+pub struct Answered {
+    pub since: Option<Instant>,
+    pub first: HashMap<u64, Duration>,
+}
+
+/// What one driver saw.
+pub struct DriverReport {
+    pub latency: Histogram<u64>,
+    pub acks: u64,
+    pub retries: u64,
+}
+
+/// Driver `d` on `system`: its share of the messages, issued in `seq` order
+/// with at most `in_flight` asks outstanding (so an entity sees one driver's
+/// seqs in order); a failed ask is retried with the same `(driver, seq)`.
+/// Entity `k`'s ask goes to `entity-{(stride * k + d) mod 1000}`.
+pub async fn drive<S>(
+    system: ShardedSystem<S>,
+    d: u32,
+    stride: u64,
+    count: u64,
+    in_flight: usize,
+    answered: Option<Arc<Mutex<Answered>>>,
+) -> DriverReport {
+    let mut report = DriverReport {
+        latency: Histogram::new_with_bounds(1, 60_000_000, 3).expect("histogram"),
+        acks: 0,
+        retries: 0,
+    };
+    // A user holds its refs: one per entity, made once.
+    let refs: Arc<Vec<EntityRef<Pinger>>> = Arc::new(
+        (0..ENTITIES)
+            .map(|k| system.entity_ref::<Pinger>(entity_id(k)))
+            .collect(),
+    );
+    let asks = futures_util::stream::iter(0..count).map(|k| {
+        let refs = refs.clone();
+        let answered = answered.clone();
+        async move {
+            let ping = Ping { driver: d, seq: k };
+            let id = (stride * k + u64::from(d)) % ENTITIES;
+            let entity = &refs[id as usize];
+            let mut latencies = Vec::with_capacity(1);
+            loop {
+                let start = Instant::now();
+                let result = entity.ask(ping, ASK_TIMEOUT).await;
+                latencies.push((start.elapsed().as_micros() as u64).max(1));
+                match result {
+                    Ok(ack) if ack == Ack { driver: d, seq: k } => break,
+                    Ok(ack) => panic!("wrong ack {ack:?} for {ping:?}"),
+                    Err(_) => tokio::time::sleep(Duration::from_millis(1)).await,
+                }
+            }
+            if let Some(answered) = answered {
+                let mut answered = answered.lock().await;
+                if let Some(since) = answered.since {
+                    let at = since.elapsed();
+                    answered.first.entry(id).or_insert(at);
+                }
+            }
+            latencies
+        }
+    });
+    let mut done = asks.buffer_unordered(in_flight);
+    while let Some(latencies) = done.next().await {
+        report.retries += latencies.len() as u64 - 1;
+        for micros in latencies {
+            report.latency.saturating_record(micros);
+        }
+        report.acks += 1;
+    }
+    report
+}
+
+/// The drivers' reports merged: latency histogram, acks, retries.
+pub async fn join_reports(
+    drivers: Vec<tokio::task::JoinHandle<DriverReport>>,
+) -> Result<(Histogram<u64>, u64, u64), Box<dyn std::error::Error>> {
+    let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    let (mut acks, mut retries) = (0, 0);
+    for driver in drivers {
+        let report = driver.await?;
+        latency.add(&report.latency)?;
+        acks += report.acks;
+        retries += report.retries;
+    }
+    Ok((latency, acks, retries))
+}
+
+/// W1's split of `messages` over three drivers.
+pub fn shares(messages: u64) -> Vec<u64> {
+    (0..3u64)
+        .map(|d| messages / 3 + u64::from(d < messages % 3))
+        .collect()
+}
+
+/// User + system CPU of this process, from /proc (Linux).
+pub fn cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after_name = stat.rsplit(')').next().unwrap_or("");
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    let ticks: u64 = fields
+        .get(11..13)
+        .map(|f| f.iter().filter_map(|v| v.parse::<u64>().ok()).sum())
+        .unwrap_or(0);
+    Duration::from_millis(ticks * 10) // USER_HZ is 100 on Linux
+}
+
+/// The process's peak resident set, from /proc (Linux).
+pub fn peak_rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}

@@ -1,0 +1,442 @@
+//! `shard-bench`: the workloads of BENCHMARK.md (W1, W1-sat, W2, W3) through
+//! the public `EntityRef` API, three nodes in one process.
+//!
+//! Prints a table for people, then one JSON object on the last line for
+//! machines; exits 1 when `missing_acks` is not 0 or a correctness counter
+//! is off (duplicate processings or order violations in a run without
+//! retries). The multi-process mode, the interleaved anchors and W2's chart
+//! are not built yet.
+//!
+//! Run: `cargo run --release --bin shard-bench -- w1 [--messages N]`
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, ValueEnum};
+use datum_cluster_sharding::membership::MembershipEvent;
+use datum_cluster_sharding::prelude::*;
+use datum_cluster_sharding::{FileStore, FileStoreFsyncPolicy};
+use hdrhistogram::Histogram;
+use serde_json::json;
+use tokio::sync::Mutex;
+
+#[path = "../../protocols/harness.rs"]
+mod harness;
+#[path = "../../protocols/ping.rs"]
+mod ping;
+use harness::{
+    Answered, ENTITIES, Node, cpu_time, drive, entity_id, form_cluster, join_reports, peak_rss_kib,
+    ping_factory, sharding_config, shares, warm_up,
+};
+use ping::{Checks, PingEntity, Pinger};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Workload {
+    /// 16 asks in flight per driver.
+    W1,
+    /// 256 asks in flight per driver.
+    W1Sat,
+    /// Kill one node at 30% of the acks.
+    W2,
+    /// W1 without a store, with the in-memory store, with the file store.
+    W3,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Mode {
+    /// Three nodes in this process.
+    InProcess,
+}
+
+#[derive(Parser, Debug)]
+#[command(about = "The sharding workloads W1, W1-sat, W2 and W3 (BENCHMARK.md)")]
+struct Args {
+    /// Which workload.
+    workload: Workload,
+    /// Messages in all (BENCHMARK.md: 1,000,000).
+    #[arg(long, default_value_t = 1_000_000)]
+    messages: u64,
+    /// How the three nodes run.
+    #[arg(long, value_enum, default_value_t = Mode::InProcess)]
+    mode: Mode,
+}
+
+/// One run's figures.
+struct Run {
+    acks: u64,
+    expected: u64,
+    retries: u64,
+    wall: Duration,
+    cpu: Duration,
+    latency: Histogram<u64>,
+    checks: Arc<Checks>,
+}
+
+impl Run {
+    fn json(&self) -> serde_json::Value {
+        json!({
+            "expected_acks": self.expected,
+            "unique_acks": self.acks,
+            "missing_acks": self.expected - self.acks,
+            "duplicate_processings": self.checks.duplicate_processings.load(Ordering::Relaxed),
+            "order_violations": self.checks.order_violations.load(Ordering::Relaxed),
+            "retries": self.retries,
+            "wall_ms": self.wall.as_secs_f64() * 1e3,
+            "msgs_per_sec": self.acks as f64 / self.wall.as_secs_f64(),
+            "p50_us": self.latency.value_at_quantile(0.50),
+            "p99_us": self.latency.value_at_quantile(0.99),
+            "p999_us": self.latency.value_at_quantile(0.999),
+            "max_us": self.latency.max(),
+            "cpu_ms": self.cpu.as_secs_f64() * 1e3,
+            "cpu_us_per_msg": self.cpu.as_secs_f64() * 1e6 / self.acks.max(1) as f64,
+        })
+    }
+
+    fn print(&self, label: &str) {
+        println!(
+            "{label:<14} {:>9} acks · missing {} · dup {} · order {} · retries {} · {:>8.0} msg/s · {:.2} µs CPU/msg · p50 {} p99 {} p99.9 {} max {} µs",
+            self.acks,
+            self.expected - self.acks,
+            self.checks.duplicate_processings.load(Ordering::Relaxed),
+            self.checks.order_violations.load(Ordering::Relaxed),
+            self.retries,
+            self.acks as f64 / self.wall.as_secs_f64(),
+            self.cpu.as_secs_f64() * 1e6 / self.acks.max(1) as f64,
+            self.latency.value_at_quantile(0.50),
+            self.latency.value_at_quantile(0.99),
+            self.latency.value_at_quantile(0.999),
+            self.latency.max(),
+        );
+    }
+
+    /// Whether the correctness counters hold (order and duplicates only
+    /// where nothing was retried, as BENCHMARK.md counts them).
+    fn correct(&self) -> bool {
+        self.acks == self.expected
+            && (self.retries > 0
+                || (self.checks.duplicate_processings.load(Ordering::Relaxed) == 0
+                    && self.checks.order_violations.load(Ordering::Relaxed) == 0))
+    }
+}
+
+/// Three nodes with the ping entity registered (remembered when a store is
+/// given), warmed up.
+async fn cluster<S: RememberEntitiesStore + Clone>(
+    name: &str,
+    store: Option<S>,
+    checks: &Arc<Checks>,
+) -> Result<Vec<Node<S>>, Box<dyn std::error::Error>>
+where
+    S: Default,
+{
+    let (clusters, _) = form_cluster(name).await?;
+    let mut nodes = Vec::new();
+    for cluster in clusters {
+        let builder = ShardedSystem::builder()
+            .config(sharding_config())
+            .node(cluster.clone());
+        let system = builder
+            .store(store.clone().unwrap_or_default())
+            .start()
+            .await?;
+        if store.is_some() {
+            system
+                .register_remembered::<PingEntity>(ping_factory(checks.clone()))
+                .await?;
+        } else {
+            system
+                .register::<PingEntity>(ping_factory(checks.clone()))
+                .await?;
+        }
+        nodes.push(Node { cluster, system });
+    }
+    warm_up(&nodes).await?;
+    Ok(nodes)
+}
+
+async fn stop<S>(nodes: Vec<Node<S>>) {
+    for n in &nodes {
+        n.system.shutdown().await;
+    }
+    for n in &nodes {
+        let _ = n.cluster.shutdown().await;
+    }
+}
+
+/// W1's drivers on every node.
+async fn w1<S: Send + Sync + 'static>(
+    nodes: &[Node<S>],
+    messages: u64,
+    in_flight: usize,
+    checks: Arc<Checks>,
+) -> Result<Run, Box<dyn std::error::Error>> {
+    let shares = shares(messages);
+    let cpu_before = cpu_time();
+    let start = Instant::now();
+    let drivers: Vec<_> = (0..3)
+        .map(|d| {
+            let system = nodes[d].system.clone();
+            tokio::spawn(drive(system, d as u32, 3, shares[d], in_flight, None))
+        })
+        .collect();
+    let (latency, acks, retries) = join_reports(drivers).await?;
+    Ok(Run {
+        acks,
+        expected: messages,
+        retries,
+        wall: start.elapsed(),
+        cpu: cpu_time().saturating_sub(cpu_before),
+        latency,
+        checks,
+    })
+}
+
+/// A store that remembers nothing, for W3's baseline and W1.
+#[derive(Clone, Default)]
+struct Forget;
+
+impl RememberEntitiesStore for Forget {
+    fn record_entity_started(
+        &self,
+        _: &str,
+        _: ShardId,
+        _: &str,
+    ) -> Result<(), datum_cluster_sharding::StoreError> {
+        Ok(())
+    }
+    fn record_entity_stopped(
+        &self,
+        _: &str,
+        _: ShardId,
+        _: &str,
+    ) -> Result<(), datum_cluster_sharding::StoreError> {
+        Ok(())
+    }
+    fn list_entities_for_shard(
+        &self,
+        _: &str,
+        _: ShardId,
+    ) -> Result<Vec<String>, datum_cluster_sharding::StoreError> {
+        Ok(Vec::new())
+    }
+}
+
+/// The file store of W3, one directory per run (removed afterwards).
+#[derive(Clone)]
+struct SharedFileStore(Arc<FileStore>);
+
+impl Default for SharedFileStore {
+    fn default() -> Self {
+        let dir = std::env::temp_dir().join(format!("shard-bench-w3-{}", std::process::id()));
+        SharedFileStore(Arc::new(
+            FileStore::open(dir, FileStoreFsyncPolicy::Always).expect("file store opens"),
+        ))
+    }
+}
+
+impl RememberEntitiesStore for SharedFileStore {
+    fn record_entity_started(
+        &self,
+        t: &str,
+        s: ShardId,
+        e: &str,
+    ) -> Result<(), datum_cluster_sharding::StoreError> {
+        self.0.record_entity_started(t, s, e)
+    }
+    fn record_entity_stopped(
+        &self,
+        t: &str,
+        s: ShardId,
+        e: &str,
+    ) -> Result<(), datum_cluster_sharding::StoreError> {
+        self.0.record_entity_stopped(t, s, e)
+    }
+    fn list_entities_for_shard(
+        &self,
+        t: &str,
+        s: ShardId,
+    ) -> Result<Vec<String>, datum_cluster_sharding::StoreError> {
+        self.0.list_entities_for_shard(t, s)
+    }
+    fn list_shards(&self, t: &str) -> Result<Vec<ShardId>, datum_cluster_sharding::StoreError> {
+        self.0.list_shards(t)
+    }
+}
+
+async fn run_w1(
+    messages: u64,
+    in_flight: usize,
+    label: &str,
+) -> Result<(serde_json::Value, bool), Box<dyn std::error::Error>> {
+    let checks = Arc::new(Checks::default());
+    let nodes = cluster::<Forget>("shard-bench", None, &checks).await?;
+    let run = w1(&nodes, messages, in_flight, checks).await?;
+    run.print(label);
+    stop(nodes).await;
+    let mut json = run.json();
+    json["workload"] = label.into();
+    json["in_flight_per_driver"] = in_flight.into();
+    json["peak_rss_kib"] = peak_rss_kib().into();
+    Ok((json, run.correct()))
+}
+
+async fn run_w3(messages: u64) -> Result<(serde_json::Value, bool), Box<dyn std::error::Error>> {
+    let mut results = Vec::new();
+    let mut ok = true;
+    {
+        let checks = Arc::new(Checks::default());
+        let nodes = cluster::<Forget>("shard-bench-w3a", None, &checks).await?;
+        let run = w1(&nodes, messages, 16, checks).await?;
+        run.print("no store");
+        ok &= run.correct();
+        results.push(("none", run));
+        stop(nodes).await;
+    }
+    {
+        let checks = Arc::new(Checks::default());
+        let nodes = cluster("shard-bench-w3b", Some(InMemoryStore::new()), &checks).await?;
+        let run = w1(&nodes, messages, 16, checks).await?;
+        run.print("in-memory");
+        ok &= run.correct();
+        results.push(("in_memory", run));
+        stop(nodes).await;
+    }
+    {
+        let checks = Arc::new(Checks::default());
+        let store = SharedFileStore::default();
+        let dir = store.0.dir().to_path_buf();
+        let nodes = cluster("shard-bench-w3c", Some(store), &checks).await?;
+        let run = w1(&nodes, messages, 16, checks).await?;
+        run.print("file (Always)");
+        ok &= run.correct();
+        results.push(("file_always", run));
+        stop(nodes).await;
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    let base = results[0].1.cpu.as_secs_f64() / results[0].1.acks.max(1) as f64;
+    let mut json = json!({ "workload": "w3" });
+    for (name, run) in &results {
+        let per = run.cpu.as_secs_f64() / run.acks.max(1) as f64;
+        let mut r = run.json();
+        r["cpu_increase_pct"] = ((per / base - 1.0) * 100.0).into();
+        json[*name] = r;
+    }
+    Ok((json, ok))
+}
+
+async fn run_w2(messages: u64) -> Result<(serde_json::Value, bool), Box<dyn std::error::Error>> {
+    let checks = Arc::new(Checks::default());
+    let nodes = cluster::<Forget>("shard-bench-w2", None, &checks).await?;
+    // Node 2 is not the coordinator (node 0, the oldest, is).
+    let affected: Vec<u64> = (0..ENTITIES)
+        .filter(|k| {
+            let shard = nodes[0]
+                .system
+                .entity_ref::<Pinger>(entity_id(*k))
+                .shard_id();
+            nodes[2].system.live_entities::<Pinger>(shard) > 0
+        })
+        .collect();
+    let answered = Arc::new(Mutex::new(Answered::default()));
+    let share = messages / 2;
+    let cpu_before = cpu_time();
+    let start = Instant::now();
+    let drivers: Vec<_> = (0..2)
+        .map(|d| {
+            let system = nodes[d].system.clone();
+            let answered = answered.clone();
+            tokio::spawn(drive(system, d as u32, 2, share, 16, Some(answered)))
+        })
+        .collect();
+    // Kill at 30% of the acks: watch the entity-side counter.
+    let target = (2 * share) * 3 / 10;
+    // (The warm-up processed one ask per entity from each of the three nodes.)
+    while checks.processed.load(Ordering::Relaxed) < target + 3 * ENTITIES {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let victim = nodes[2].cluster.self_address();
+    let mut events = nodes[0].cluster.subscribe();
+    let killed = Instant::now();
+    answered.lock().await.since = Some(killed);
+    nodes[2].cluster.crash().await;
+    let downed = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            if let Ok(MembershipEvent::MemberDowned(m)) = events.recv().await
+                && m == victim
+            {
+                return killed.elapsed();
+            }
+        }
+    })
+    .await?;
+    let (latency, acks, retries) = join_reports(drivers).await?;
+    let run = Run {
+        acks,
+        expected: 2 * share,
+        retries,
+        wall: start.elapsed(),
+        cpu: cpu_time().saturating_sub(cpu_before),
+        latency,
+        checks: checks.clone(),
+    };
+    run.print("w2");
+    let answered = answered.lock().await;
+    let rehomed = affected
+        .iter()
+        .filter_map(|k| answered.first.get(k))
+        .max()
+        .copied();
+    let unasked = affected
+        .iter()
+        .filter(|k| !answered.first.contains_key(*k))
+        .count();
+    let first_ack = answered.first.values().min().copied();
+    println!(
+        "w2: {} affected entities, Down after {:.0} ms, all rehomed {} ms after the kill, first ack after the kill {:.3} ms",
+        affected.len(),
+        downed.as_secs_f64() * 1e3,
+        rehomed.map_or("n/a".into(), |t| format!("{:.0}", t.as_secs_f64() * 1e3)),
+        first_ack.map_or(f64::NAN, |t| t.as_secs_f64() * 1e3),
+    );
+    let mut json = run.json();
+    json["workload"] = "w2".into();
+    json["affected_entities"] = affected.len().into();
+    json["affected_not_asked_after_kill"] = unasked.into();
+    json["down_after_kill_ms"] = (downed.as_secs_f64() * 1e3).into();
+    json["rehomed_ms"] = rehomed.map(|t| t.as_secs_f64() * 1e3).into();
+    json["first_ack_after_kill_ms"] = first_ack.map(|t| t.as_secs_f64() * 1e3).into();
+    let mut nodes = nodes;
+    let dead = nodes.pop().expect("three nodes");
+    dead.system.shutdown().await;
+    stop(nodes).await;
+    Ok((json, run.acks == run.expected))
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    let Mode::InProcess = args.mode;
+    let result = match args.workload {
+        Workload::W1 => run_w1(args.messages, 16, "w1").await,
+        Workload::W1Sat => run_w1(args.messages, 256, "w1-sat").await,
+        Workload::W2 => run_w2(args.messages).await,
+        Workload::W3 => run_w3(args.messages).await,
+    };
+    match result {
+        Ok((json, correct)) => {
+            println!("{json}");
+            if correct {
+                ExitCode::SUCCESS
+            } else {
+                eprintln!("shard-bench: a correctness counter is off");
+                ExitCode::from(1)
+            }
+        }
+        Err(error) => {
+            eprintln!("shard-bench: {error}");
+            ExitCode::from(2)
+        }
+    }
+}

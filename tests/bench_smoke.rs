@@ -1,0 +1,55 @@
+//! The benchmark runner at a small size, so a regression in delivery or in
+//! the harness fails CI: every workload exits 0 and its JSON record shows
+//! no missing ack. No timing is asserted.
+
+use std::process::Command;
+
+fn run(workload: &str) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_shard-bench"))
+        .args([workload, "--messages", "20000"])
+        .output()
+        .expect("shard-bench runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{workload} failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let last = stdout.lines().last().expect("a JSON line");
+    serde_json::from_str(last).expect("the last line is JSON")
+}
+
+fn no_missing(record: &serde_json::Value) {
+    assert_eq!(record["missing_acks"], 0, "{record}");
+    assert_eq!(record["unique_acks"], record["expected_acks"], "{record}");
+}
+
+#[test]
+fn w1_and_w1_sat_deliver_every_ack_in_order() {
+    for workload in ["w1", "w1-sat"] {
+        let record = run(workload);
+        no_missing(&record);
+        assert_eq!(record["order_violations"], 0, "{record}");
+        assert_eq!(record["duplicate_processings"], 0, "{record}");
+    }
+}
+
+#[test]
+fn w2_rehomes_every_affected_entity_with_no_missing_ack() {
+    let record = run("w2");
+    no_missing(&record);
+    assert!(
+        record["affected_entities"].as_u64().unwrap() > 0,
+        "{record}"
+    );
+    assert_eq!(record["affected_not_asked_after_kill"], 0, "{record}");
+    assert!(record["rehomed_ms"].is_number(), "{record}");
+}
+
+#[test]
+fn w3_runs_without_store_and_with_both_stores() {
+    let record = run("w3");
+    for store in ["none", "in_memory", "file_always"] {
+        no_missing(&record[store]);
+    }
+}
