@@ -123,14 +123,11 @@ impl Run {
 
 /// Three nodes with the ping entity registered (remembered when a store is
 /// given), warmed up.
-async fn cluster<S: RememberEntitiesStore + Clone>(
+async fn cluster<S: RememberEntitiesStore + Clone + Default>(
     name: &str,
     store: Option<S>,
     checks: &Arc<Checks>,
-) -> Result<Vec<Node<S>>, Box<dyn std::error::Error>>
-where
-    S: Default,
-{
+) -> Result<Vec<Node<S>>, Box<dyn std::error::Error>> {
     let (clusters, _) = form_cluster(name).await?;
     let mut nodes = Vec::new();
     for cluster in clusters {
