@@ -284,9 +284,15 @@ impl Region {
         let envelope = {
             let guard = lock(&self.slots[shard.0 as usize]);
             match &*guard {
-                // (A remembered type takes the general way: it checks its
-                // shard's failure state there.)
-                Slot::Local(local) if self.remember.is_none() => {
+                // (A stopped region, or a shard failed under FailClosed,
+                // takes the general way, which refuses the message.)
+                Slot::Local(local)
+                    if !self.is_stopped()
+                        && self
+                            .remember
+                            .as_ref()
+                            .is_none_or(|r| r.check(self.type_name, shard).is_ok()) =>
+                {
                     match local.entities.get(entity_id) {
                         Some(Entry::Live(live)) => match send_to(&live.actor, envelope) {
                             Ok(()) => return Ok(()),
