@@ -218,16 +218,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (latency, acks, retries) = join_reports(kill_drivers).await?;
     let after = shards_per_node(&nodes[..2]);
     let answered = answered.lock().await;
-    let rehomed = affected
-        .iter()
-        .filter_map(|id| answered.first.get(id))
-        .max()
-        .copied();
-    let unanswered = affected
-        .iter()
-        .filter(|id| !answered.first.contains_key(*id))
-        .count();
-    let first_ack = answered.first.values().min().copied();
+    let (rehomed, unanswered, first_ack) = answered.rehomed(&affected);
     println!(
         "node 2 killed under traffic (two drivers, {} asks)",
         2 * share

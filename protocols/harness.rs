@@ -99,6 +99,23 @@ pub struct Answered {
     pub first: HashMap<u64, Duration>,
 }
 
+impl Answered {
+    /// For the entities `affected`: when the last of them first answered
+    /// after `since`, how many never did, and the first answer of any entity.
+    pub fn rehomed(&self, affected: &[u64]) -> (Option<Duration>, usize, Option<Duration>) {
+        let last = affected
+            .iter()
+            .filter_map(|k| self.first.get(k))
+            .max()
+            .copied();
+        let unasked = affected
+            .iter()
+            .filter(|k| !self.first.contains_key(*k))
+            .count();
+        (last, unasked, self.first.values().min().copied())
+    }
+}
+
 /// What one driver saw.
 pub struct DriverReport {
     pub latency: Histogram<u64>,

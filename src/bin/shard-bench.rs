@@ -380,16 +380,7 @@ async fn run_w2(messages: u64) -> Result<(serde_json::Value, bool), Box<dyn std:
     };
     run.print("w2");
     let answered = answered.lock().await;
-    let rehomed = affected
-        .iter()
-        .filter_map(|k| answered.first.get(k))
-        .max()
-        .copied();
-    let unasked = affected
-        .iter()
-        .filter(|k| !answered.first.contains_key(*k))
-        .count();
-    let first_ack = answered.first.values().min().copied();
+    let (rehomed, unasked, first_ack) = answered.rehomed(&affected);
     println!(
         "w2: {} affected entities, Down after {:.0} ms, all rehomed {} ms after the kill, first ack after the kill {:.3} ms",
         affected.len(),
