@@ -1,7 +1,8 @@
 //! `shard-bench`: the workloads of BENCHMARK.md (W1, W1-sat, W2, W3) through
 //! the public `EntityRef` API, three nodes in one process.
 //!
-//! Prints a table for people, then one JSON object on the last line for
+//! Shows a live line on stderr while it runs (messages handled, rate),
+//! prints a table for people, then one JSON object on the last line for
 //! machines; exits 1 when `missing_acks` is not 0 or a correctness counter
 //! is off (duplicate processings or order violations in a run without
 //! retries). The multi-process mode, the interleaved anchors and W2's chart
@@ -170,6 +171,7 @@ async fn w1<S: Send + Sync + 'static>(
     checks: Arc<Checks>,
 ) -> Result<Run, Box<dyn std::error::Error>> {
     let shares = shares(messages);
+    let _progress = Progress::start("w1", checks.clone());
     let cpu_before = cpu_time();
     let start = Instant::now();
     let drivers: Vec<_> = (0..3)
@@ -338,6 +340,7 @@ async fn run_w2(messages: u64) -> Result<(serde_json::Value, bool), Box<dyn std:
         .collect();
     let answered = Arc::new(Mutex::new(Answered::default()));
     let share = messages / 2;
+    let _progress = Progress::start("w2", checks.clone());
     let cpu_before = cpu_time();
     let start = Instant::now();
     let drivers: Vec<_> = (0..2)
@@ -400,6 +403,33 @@ async fn run_w2(messages: u64) -> Result<(serde_json::Value, bool), Box<dyn std:
     dead.system.shutdown().await;
     stop(nodes).await;
     Ok((json, run.acks == run.expected))
+}
+
+/// A live line on stderr while a run goes: messages the entities have
+/// handled so far and the rate over the last second. Stops when dropped.
+struct Progress(tokio::task::JoinHandle<()>);
+
+impl Progress {
+    fn start(label: &'static str, checks: Arc<Checks>) -> Self {
+        Progress(tokio::spawn(async move {
+            let mut last = checks.processed.load(Ordering::Relaxed);
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let now = checks.processed.load(Ordering::Relaxed);
+                eprint!("\r{label}: {now:>9} handled · {:>8} msg/s   ", now - last);
+                last = now;
+            }
+        }))
+    }
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        self.0.abort();
+        eprintln!();
+    }
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
