@@ -807,6 +807,13 @@ impl Region {
         HomeChange::Remote
     }
 
+    /// Starting `shard` here failed: let its next message ask again.
+    pub(crate) fn allocation_failed(&self, shard: ShardId) {
+        if let Slot::Unallocated { requested, .. } = &mut *lock(&self.slots[shard.0 as usize]) {
+            *requested = false;
+        }
+    }
+
     /// The highest allocation generation this region has seen for `shard`.
     pub(crate) fn generation_of(&self, shard: ShardId) -> u64 {
         match self.slots.get(shard.0 as usize) {

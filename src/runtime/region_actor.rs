@@ -61,7 +61,17 @@ impl Actor for RegionActor {
         if region.is_stopped() {
             return Ok(());
         }
-        let (shard_actor, _) = ShardActor::spawn(None, ShardActor, (region.clone(), shard)).await?;
+        // A shard actor that cannot be spawned must not end this actor (every
+        // later shard of the region would wait for it): the shard stays
+        // unallocated here and its next message asks again.
+        let shard_actor = match ShardActor::spawn(None, ShardActor, (region.clone(), shard)).await {
+            Ok((actor, _)) => actor,
+            Err(error) => {
+                tracing::error!(type_name = region.type_name, %shard, %error, "could not start a shard actor");
+                region.allocation_failed(shard);
+                return Ok(());
+            }
+        };
         if !region.install_local(shard, shard_actor.clone(), generation) {
             shard_actor.stop(None);
         }
