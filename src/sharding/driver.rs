@@ -533,7 +533,10 @@ impl Control {
             .collect();
         gone.extend(self.seen.difference(&present).copied());
         gone.retain(|a| *a != self.me && !self.lost.contains(a));
-        self.seen.extend(present);
+        // `seen` stays as small as the view (a member that left it never
+        // comes back: a restarted node is a new identity); `lost` keeps
+        // every gone identity, so a late home naming one is still ignored.
+        self.seen = present;
         let regions = self.regions();
         for node in gone {
             self.lost.insert(node);
