@@ -137,9 +137,11 @@ impl ShardingConfig {
                 "remember_entities.respawn_batch must be at least 1".into(),
             ));
         }
-        if self.remember_entities.queue_capacity == 0 {
+        if self.remember_entities.queue_capacity == 0
+            || self.remember_entities.queue_capacity > 10_000_000
+        {
             return Err(ShardingError::InvalidConfig(
-                "remember_entities.queue_capacity must be at least 1".into(),
+                "remember_entities.queue_capacity must be in 1..=10,000,000 (the queue is allocated up front)".into(),
             ));
         }
         if self.passivation_idle_timeout == Some(Duration::ZERO) {

@@ -40,6 +40,8 @@ impl Handler<Hello> for GreeterEntity {
 struct FaultyStore {
     inner: InMemoryStore,
     fail: AtomicBool,
+    /// `record_entity_started` calls seen.
+    starts: std::sync::atomic::AtomicUsize,
     held: Mutex<bool>,
     release: Condvar,
 }
@@ -74,6 +76,7 @@ impl RememberEntitiesStore for Faulty {
         entity_id: &str,
     ) -> Result<(), StoreError> {
         self.0.wait_while_held();
+        self.0.starts.fetch_add(1, Ordering::SeqCst);
         if self.0.fail.load(Ordering::SeqCst) {
             return Err(StoreError("disk on fire".into()));
         }
@@ -173,6 +176,117 @@ async fn flush_is_a_durability_barrier_for_the_file_store() {
         found.extend(other.list_entities_for_shard("greeter", shard).unwrap());
     }
     assert_eq!(found, ids);
+    system.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flush_waits_for_the_writes_queued_before_it() {
+    let store = Faulty::default();
+    let system = system_with(store.clone(), RememberEntitiesFailurePolicy::FailOpen, 100).await;
+    store.0.hold();
+    let r = system.entity_ref::<Greeter>("held-1");
+    assert_eq!(r.ask(Hello, LONG).await, Ok(7));
+    let flushing = {
+        let system = system.clone();
+        tokio::spawn(async move { system.flush_remember_entities().await })
+    };
+    // The store holds the write: the flush cannot have finished.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !flushing.is_finished(),
+        "flush returned before the write reached the store"
+    );
+    assert!(
+        store
+            .0
+            .inner
+            .list_entities_for_shard("greeter", r.shard_id())
+            .unwrap()
+            .is_empty()
+    );
+    store.0.release();
+    tokio::time::timeout(LONG, flushing)
+        .await
+        .expect("flush in time")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        store
+            .0
+            .inner
+            .list_entities_for_shard("greeter", r.shard_id())
+            .unwrap(),
+        vec!["held-1"]
+    );
+    system.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn respawned_ids_are_not_recorded_again_and_a_passivated_one_stays_forgotten() {
+    let store = Faulty::default();
+    let ids = ids_in_shard(5, 30);
+    for id in &ids {
+        store
+            .0
+            .inner
+            .record_entity_started("greeter", ShardId(5), id)
+            .unwrap();
+    }
+    // One id per batch, slowly: the test passivates one before its batch.
+    let config = ShardingConfig::builder()
+        .num_shards(16)
+        .passivation_idle_timeout(None)
+        .remember_entities(
+            RememberEntitiesConfig::default().with_respawn_rate(1, Duration::from_millis(50)),
+        )
+        .build();
+    let system = ShardedSystem::builder()
+        .config(config)
+        .store(store.clone())
+        .start()
+        .await
+        .unwrap();
+    let (tx, mut started) = tokio::sync::mpsc::unbounded_channel();
+    system
+        .register_remembered::<GreeterEntity>(move |ctx| {
+            let _ = tx.send(ctx.entity_id().to_owned());
+            GreeterEntity
+        })
+        .await
+        .unwrap();
+    let first = tokio::time::timeout(LONG, started.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    // Pick an id still waiting, wake it with a message, passivate it.
+    let victim = ids.iter().find(|id| **id != first).unwrap().clone();
+    let r = system.entity_ref::<Greeter>(victim.as_str());
+    assert_eq!(r.ask(Hello, LONG).await, Ok(7));
+    r.passivate().await.unwrap();
+    let mut seen = BTreeSet::from([first]);
+    // Every other id comes back; the passivated one ran once, for its message.
+    while seen.len() < ids.len() {
+        let id = tokio::time::timeout(LONG, started.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        seen.insert(id);
+    }
+    let again = tokio::time::timeout(Duration::from_millis(300), started.recv()).await;
+    assert!(again.is_err(), "an id came back twice: {again:?}");
+    system.flush_remember_entities().await.unwrap();
+    let remembered: BTreeSet<String> = store
+        .0
+        .inner
+        .list_entities_for_shard("greeter", ShardId(5))
+        .unwrap()
+        .into_iter()
+        .collect();
+    assert!(!remembered.contains(&victim));
+    assert_eq!(remembered.len(), ids.len() - 1);
+    // The store heard one start: the victim's, spawned by its message.
+    // Respawned ids were not recorded again.
+    assert_eq!(store.0.starts.load(Ordering::SeqCst), 1);
     system.shutdown().await;
 }
 

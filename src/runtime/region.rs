@@ -109,6 +109,12 @@ pub(crate) struct LocalShard {
     /// Numbers the incarnations of this shard's entities; a stop notice or
     /// passivation request names the incarnation it is about.
     last_incarnation: u64,
+    /// Tells this hosting of the shard from a later one (respawn batches
+    /// belong to the hosting that listed them).
+    install: u64,
+    /// Remembered ids listed at start and not respawned yet; an id leaves
+    /// it when a message spawns it or it is passivated.
+    pending_respawn: std::collections::HashSet<Arc<str>>,
 }
 
 /// One incarnation of an entity.
@@ -146,6 +152,8 @@ pub(crate) struct Region {
     spawner: Spawner,
     pub(crate) region_actor: OnceLock<ActorRef<RegionMsg>>,
     stopped: AtomicBool,
+    /// Counts the hostings of shards here (see `LocalShard::install`).
+    installs: std::sync::atomic::AtomicU64,
     remember: Option<Arc<Remember>>,
     shutdown_timeout: Duration,
 }
@@ -193,6 +201,7 @@ impl Region {
             spawner,
             region_actor: OnceLock::new(),
             stopped: AtomicBool::new(false),
+            installs: std::sync::atomic::AtomicU64::new(1),
             remember,
             shutdown_timeout,
         }
@@ -379,6 +388,19 @@ impl Region {
         shard: ShardId,
         entity_id: &Arc<str>,
     ) -> ShardingResult<ActorRef<EntityMsg>> {
+        self.spawn_entity_recording(local, shard, entity_id, true)
+    }
+
+    /// Spawns an incarnation; `record` queues its start for the store (a
+    /// respawned id is there already).
+    fn spawn_entity_recording(
+        &self,
+        local: &mut LocalShard,
+        shard: ShardId,
+        entity_id: &Arc<str>,
+        record: bool,
+    ) -> ShardingResult<ActorRef<EntityMsg>> {
+        local.pending_respawn.remove(entity_id);
         local.last_incarnation += 1;
         let incarnation = local.last_incarnation;
         let ctx = EntityContext::new(self.type_name, entity_id.clone(), shard);
@@ -390,7 +412,7 @@ impl Region {
                 incarnation,
             }),
         );
-        if let Some(remember) = &self.remember {
+        if record && let Some(remember) = &self.remember {
             remember.record(
                 self.type_name,
                 shard,
@@ -450,6 +472,8 @@ impl Region {
             generation,
             entities: HashMap::new(),
             last_incarnation: 0,
+            install: self.installs.fetch_add(1, Ordering::Relaxed),
+            pending_respawn: Default::default(),
         };
         self.spawn_remembered(&mut local, shard);
         let undelivered = self.replay(&mut local, shard, buffer);
@@ -467,7 +491,14 @@ impl Region {
             .store()
             .list_entities_for_shard(self.type_name, shard)
         {
-            Ok(ids) => self.respawn_some(local, shard, ids),
+            Ok(ids) => {
+                local.pending_respawn = ids
+                    .into_iter()
+                    .map(Arc::<str>::from)
+                    .filter(|id| !local.entities.contains_key(id))
+                    .collect();
+                self.respawn_batch(local, shard);
+            }
             Err(error) => remember.failure(
                 self.type_name,
                 Some(shard),
@@ -478,46 +509,42 @@ impl Region {
         }
     }
 
-    /// Respawns the first `respawn_batch` of `ids` that are not live, and
-    /// has the region actor come back with the rest after `respawn_interval`
-    /// (Akka's constant-rate recovery), so a shard with very many remembered
-    /// ids does not stampede. A message for an id not respawned yet spawns
-    /// it at once, as any message does.
-    fn respawn_some(&self, local: &mut LocalShard, shard: ShardId, mut ids: Vec<String>) {
+    /// Respawns up to `respawn_batch` of the shard's pending remembered ids,
+    /// and has the region actor come back for the rest after
+    /// `respawn_interval` (Akka's constant-rate recovery), so a shard with
+    /// very many remembered ids does not stampede. A message for an id not
+    /// respawned yet spawns it at once (and takes it off the pending set),
+    /// as any message does.
+    fn respawn_batch(&self, local: &mut LocalShard, shard: ShardId) {
         let Some(remember) = &self.remember else {
             return;
         };
         let (batch, interval) = remember.respawn_rate();
-        let rest = ids.split_off(ids.len().min(batch));
+        let ids: Vec<Arc<str>> = local.pending_respawn.iter().take(batch).cloned().collect();
         for id in ids {
-            let id: Arc<str> = id.into();
+            local.pending_respawn.remove(&id);
             if !local.entities.contains_key(&id)
-                && let Err(error) = self.spawn_entity(local, shard, &id)
+                && let Err(error) = self.spawn_entity_recording(local, shard, &id, false)
             {
                 tracing::warn!(type_name = self.type_name, %shard, %error, "remember-entities: respawn failed");
             }
         }
-        if !rest.is_empty()
+        if !local.pending_respawn.is_empty()
             && let Some(actor) = self.region_actor.get()
         {
-            let generation = local.generation;
-            let mut rest = Some(rest);
-            actor.send_after(interval, move || RegionMsg::Respawn {
-                shard,
-                generation,
-                ids: rest.take().unwrap_or_default(),
-            });
+            let install = local.install;
+            actor.send_after(interval, move || RegionMsg::Respawn { shard, install });
         }
     }
 
     /// The region actor's turn to respawn more remembered ids of `shard`,
-    /// if it is still hosted here under the same allocation.
-    pub(crate) fn respawn_more(&self, shard: ShardId, generation: u64, ids: Vec<String>) {
+    /// if it is still the same hosting of it.
+    pub(crate) fn respawn_more(&self, shard: ShardId, install: u64) {
         let mut guard = lock(&self.slots[shard.0 as usize]);
         if let Slot::Local(local) = &mut *guard
-            && local.generation == generation
+            && local.install == install
         {
-            self.respawn_some(local, shard, ids);
+            self.respawn_batch(local, shard);
         }
     }
 

@@ -17,12 +17,9 @@ pub(crate) enum RegionMsg {
     Allocate(ShardId),
     /// The coordinator made this node the shard's home under `generation`.
     Host(ShardId, u64),
-    /// Respawn the next remembered ids of a shard (a bounded-rate recovery).
-    Respawn {
-        shard: ShardId,
-        generation: u64,
-        ids: Vec<String>,
-    },
+    /// Respawn the next remembered ids of a shard (a bounded-rate
+    /// recovery), if it is still the same hosting of it.
+    Respawn { shard: ShardId, install: u64 },
 }
 
 pub(crate) struct RegionActor;
@@ -49,12 +46,8 @@ impl Actor for RegionActor {
         let (shard, generation) = match msg {
             RegionMsg::Allocate(shard) => (shard, 0),
             RegionMsg::Host(shard, generation) => (shard, generation),
-            RegionMsg::Respawn {
-                shard,
-                generation,
-                ids,
-            } => {
-                region.respawn_more(shard, generation, ids);
+            RegionMsg::Respawn { shard, install } => {
+                region.respawn_more(shard, install);
                 return Ok(());
             }
         };

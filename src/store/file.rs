@@ -129,7 +129,13 @@ impl FileStore {
         let ids = shards
             .get_mut(&key)
             .ok_or_else(|| StoreError("BUG: shard vanished from the cache".into()))?;
-        f(&path, ids)
+        let result = f(&path, ids);
+        if result.is_err() {
+            // What is on disk after a failed write is not known: read the
+            // log again on next use (which also cuts a torn tail).
+            shards.remove(&key);
+        }
+        result
     }
 
     fn sync_dir(&self, dir: &Path) -> Result<(), StoreError> {
@@ -146,21 +152,33 @@ impl FileStore {
             .parent()
             .ok_or_else(|| StoreError("BUG: a log path without a directory".into()))?;
         let created = !path.exists();
-        if created {
+        if created && !dir.exists() {
             fs::create_dir_all(dir).map_err(|e| io_error("create", dir, &e))?;
+            // The new type directory's entry lives in the store's directory.
+            self.sync_dir(&self.dir)?;
         }
         let mut file = OpenOptions::new()
             .create(true)
             .append(true)
             .open(path)
             .map_err(|e| io_error("open", path, &e))?;
+        let len = file
+            .metadata()
+            .map_err(|e| io_error("inspect", path, &e))?
+            .len();
         let mut bytes = Vec::with_capacity(HEADER_LEN + RECORD_HEAD + 1 + entity_id.len());
-        if file.metadata().map(|m| m.len()).unwrap_or(0) == 0 {
+        if len == 0 {
             bytes.extend_from_slice(&header());
         }
         put_record(&mut bytes, op, entity_id);
-        file.write_all(&bytes)
-            .map_err(|e| io_error("append to", path, &e))?;
+        if let Err(e) = file.write_all(&bytes) {
+            // Take back what part of the record was written, so that the
+            // next append does not land behind a fragment.
+            if let Err(cut) = file.set_len(len) {
+                tracing::warn!(path = %path.display(), error = %cut, "could not cut a failed append back");
+            }
+            return Err(io_error("append to", path, &e));
+        }
         if self.fsync == FileStoreFsyncPolicy::Always {
             file.sync_data().map_err(|e| io_error("sync", path, &e))?;
             if created {
@@ -267,14 +285,9 @@ impl RememberEntitiesStore for FileStore {
             }
         }
         shards.sort();
-        // A shard whose log holds no live id is not worth starting.
-        let mut live = Vec::new();
-        for shard in shards {
-            if !self.list_entities_for_shard(type_name, shard)?.is_empty() {
-                live.push(shard);
-            }
-        }
-        Ok(live)
+        // By file name only: a log that fails to load is reported when its
+        // own shard starts and lists it, not here for every shard.
+        Ok(shards)
     }
 }
 
@@ -345,9 +358,19 @@ pub(crate) fn parse(bytes: &[u8]) -> Result<Parsed, String> {
         if rest.len() < RECORD_HEAD {
             return torn;
         }
+        // A power cut can leave the file longer than what was written,
+        // the rest zeros: that too is the last append, torn.
+        if rest.iter().all(|b| *b == 0) {
+            return torn;
+        }
         let len = u32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
         let crc = u32::from_be_bytes([rest[4], rest[5], rest[6], rest[7]]);
-        let Some(body) = rest.get(RECORD_HEAD..RECORD_HEAD.saturating_add(len)) else {
+        if len == 0 || len > 1 + MAX_ENTITY_ID {
+            return Err(format!(
+                "record at byte {pos} has an impossible length {len}"
+            ));
+        }
+        let Some(body) = rest.get(RECORD_HEAD..RECORD_HEAD + len) else {
             // The record runs past the end: the last append was cut short.
             return torn;
         };

@@ -220,6 +220,27 @@ fn hostile_names_stay_inside_the_directory() {
     assert_eq!(tree(&dir).len(), 2 * names.len());
 }
 
+#[test]
+fn a_zero_filled_tail_is_torn_and_a_corrupt_length_mid_file_is_an_error() {
+    let mut log = header().to_vec();
+    put_record(&mut log, OP_STARTED, "a");
+    let good = log.len();
+    // A power cut left the file longer than written, the rest zeros.
+    let mut zeros = log.clone();
+    zeros.extend_from_slice(&[0u8; 37]);
+    let parsed = parse(&zeros).expect("torn, not garbage");
+    assert_eq!(parsed.torn_at, Some(good));
+    assert_eq!(parsed.ids, BTreeSet::from(["a".to_owned()]));
+    // A length flipped to something no record can have, with records after
+    // it: corruption, reported; not a torn tail to cut (and lose the rest).
+    let mut bad = log.clone();
+    put_record(&mut bad, OP_STARTED, "b");
+    put_record(&mut bad, OP_STARTED, "c");
+    bad[good] = 0x7f;
+    let error = parse(&bad).expect_err("an impossible length");
+    assert!(error.contains("impossible length"), "{error}");
+}
+
 // ---- random histories ----
 
 #[derive(Clone, Debug)]

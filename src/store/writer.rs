@@ -143,12 +143,19 @@ impl Remember {
                             entity_id,
                             operation,
                         } => {
-                            let result = match operation {
-                                RememberEntitiesOperation::RecordStopped => {
-                                    store.record_entity_stopped(type_name, shard, &entity_id)
-                                }
-                                _ => store.record_entity_started(type_name, shard, &entity_id),
-                            };
+                            // A store that panics fails this record, not the writer.
+                            let result =
+                                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                                    match operation {
+                                        RememberEntitiesOperation::RecordStopped => store
+                                            .record_entity_stopped(type_name, shard, &entity_id),
+                                        _ => store
+                                            .record_entity_started(type_name, shard, &entity_id),
+                                    }
+                                }))
+                                .unwrap_or_else(|_| {
+                                    Err(super::StoreError("the store panicked".into()))
+                                });
                             if let Err(error) = result
                                 && let Some(remember) = writer.upgrade()
                             {
@@ -256,8 +263,10 @@ impl Remember {
         self.events.subscribe()
     }
 
-    /// Waits until every write queued before this call has been applied to
-    /// the store (and so is durable as its fsync policy makes it).
+    /// Waits until every write queued before this call has been handled by
+    /// the store (and so is durable as its fsync policy makes it). Records
+    /// that failed or found the queue full are not retried: they were
+    /// reported as events.
     pub(crate) async fn flush(&self) -> ShardingResult<()> {
         let (done, flushed) = oneshot::channel();
         let tx = self.tx.clone();
