@@ -429,10 +429,20 @@ fn flushed_ids_survive_a_sigkill() {
         .spawn()
         .unwrap();
     let stdout = child.stdout.take().unwrap();
-    let flushed = BufReader::new(stdout)
-        .lines()
-        .map_while(Result::ok)
-        .any(|line| line.contains("FLUSHED"));
+    // Read the child's output on a thread, so a child that hangs fails the
+    // test after a generous wait instead of hanging it.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let flushed = BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+            .any(|line| line.contains("FLUSHED"));
+        let _ = tx.send(flushed);
+    });
+    let flushed = rx.recv_timeout(Duration::from_secs(60)).unwrap_or(false);
+    if !flushed {
+        let _ = child.kill();
+    }
     assert!(flushed, "the child never flushed");
     // No goodbye: SIGKILL.
     child.kill().unwrap();

@@ -208,14 +208,18 @@ fn hostile_names_stay_inside_the_directory() {
     // Only the store's directory exists under the root, and under it only
     // hex-named directories holding hex-named logs.
     assert_eq!(tree(root.path())[0], PathBuf::from("store"));
+    let hex = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_hexdigit());
     for path in tree(&dir) {
-        let text = path.to_str().expect("utf-8");
-        assert!(
-            text.chars()
-                .all(|c| c.is_ascii_hexdigit() || c == '/' || c == '.' || c.is_ascii_lowercase()),
-            "{text}"
-        );
-        assert!(!text.contains(".."), "{text}");
+        let parts: Vec<&str> = path.iter().map(|p| p.to_str().expect("utf-8")).collect();
+        match parts.as_slice() {
+            [type_dir] => assert!(hex(type_dir), "{path:?}"),
+            [type_dir, log] => {
+                assert!(hex(type_dir), "{path:?}");
+                let shard = log.strip_suffix(".log").expect("a .log file");
+                assert!(shard.len() == 8 && hex(shard), "{path:?}");
+            }
+            _ => panic!("unexpected depth: {path:?}"),
+        }
     }
     assert_eq!(tree(&dir).len(), 2 * names.len());
 }
