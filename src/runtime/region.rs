@@ -447,8 +447,9 @@ impl Region {
         }
     }
 
-    /// Makes `shard` local with the given shard actor, spawns its remembered
-    /// entities and replays its buffer in order. Returns false (and leaves the
+    /// Makes `shard` local with the given shard actor, starts respawning
+    /// `remembered` (read from the store beforehand, off the lock) and
+    /// replays its buffer in order. Returns false (and leaves the
     /// slot as it was) when the shard is already local or the region stopped;
     /// the caller then stops `shard_actor`.
     pub(crate) fn install_local(
@@ -456,6 +457,7 @@ impl Region {
         shard: ShardId,
         shard_actor: ActorRef<ShardMsg>,
         generation: u64,
+        remembered: Option<Vec<String>>,
     ) -> bool {
         let mut guard = lock(&self.slots[shard.0 as usize]);
         if guard.generation() > generation {
@@ -475,7 +477,10 @@ impl Region {
             install: self.installs.fetch_add(1, Ordering::Relaxed),
             pending_respawn: Default::default(),
         };
-        self.spawn_remembered(&mut local, shard);
+        if let Some(ids) = remembered {
+            local.pending_respawn = ids.into_iter().map(Arc::<str>::from).collect();
+            self.respawn_batch(&mut local, shard);
+        }
         let undelivered = self.replay(&mut local, shard, buffer);
         *guard = Slot::Local(local);
         drop(guard);
@@ -483,29 +488,27 @@ impl Region {
         true
     }
 
-    fn spawn_remembered(&self, local: &mut LocalShard, shard: ShardId) {
-        let Some(remember) = &self.remember else {
-            return;
-        };
+    /// The remembered ids of `shard`, read from the store (never under a
+    /// shard's lock: the region actor calls it before installing the shard).
+    /// `None` for a type that is not remembered, or when the read failed
+    /// (reported through the failure policy).
+    pub(crate) fn remembered_ids(&self, shard: ShardId) -> Option<Vec<String>> {
+        let remember = self.remember.as_ref()?;
         match remember
             .store()
             .list_entities_for_shard(self.type_name, shard)
         {
-            Ok(ids) => {
-                local.pending_respawn = ids
-                    .into_iter()
-                    .map(Arc::<str>::from)
-                    .filter(|id| !local.entities.contains_key(id))
-                    .collect();
-                self.respawn_batch(local, shard);
+            Ok(ids) => Some(ids),
+            Err(error) => {
+                remember.failure(
+                    self.type_name,
+                    Some(shard),
+                    None,
+                    RememberEntitiesOperation::ListEntities,
+                    &error.0,
+                );
+                None
             }
-            Err(error) => remember.failure(
-                self.type_name,
-                Some(shard),
-                None,
-                RememberEntitiesOperation::ListEntities,
-                &error.0,
-            ),
         }
     }
 

@@ -65,7 +65,13 @@ impl Actor for RegionActor {
                 return Ok(());
             }
         };
-        if !region.install_local(shard, shard_actor.clone(), generation) {
+        // The store is read here, off every shard lock and off the runtime's
+        // worker threads (a file store may load and fsync a log).
+        let reader = region.clone();
+        let remembered = tokio::task::spawn_blocking(move || reader.remembered_ids(shard))
+            .await
+            .unwrap_or(None);
+        if !region.install_local(shard, shard_actor.clone(), generation, remembered) {
             shard_actor.stop(None);
         }
         Ok(())
