@@ -5,8 +5,13 @@
 use std::process::Command;
 
 fn run(workload: &str) -> serde_json::Value {
+    run_with(workload, &[])
+}
+
+fn run_with(workload: &str, extra: &[&str]) -> serde_json::Value {
     let out = Command::new(env!("CARGO_BIN_EXE_shard-bench"))
         .args([workload, "--messages", "20000"])
+        .args(extra)
         .output()
         .expect("shard-bench runs");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -51,5 +56,20 @@ fn w3_runs_without_store_and_with_both_stores() {
     let record = run("w3");
     for store in ["none", "in_memory", "file_always"] {
         no_missing(&record[store]);
+    }
+}
+
+#[test]
+fn w1_in_three_processes_reports_every_node() {
+    let record = run_with("w1", &["--mode", "multi-process"]);
+    no_missing(&record);
+    assert_eq!(record["mode"], "multi-process", "{record}");
+    let nodes = record["nodes"].as_array().expect("per-node figures");
+    assert_eq!(nodes.len(), 3, "{record}");
+    for node in nodes {
+        assert!(
+            node["process"]["peak_rss_kib"].as_u64().unwrap() > 0,
+            "{record}"
+        );
     }
 }

@@ -49,6 +49,9 @@ enum Workload {
 enum Mode {
     /// Three nodes in this process.
     InProcess,
+    /// Three OS processes (this binary, started by itself), W1 and W1-sat
+    /// only: CPU and RSS per node as well as in total.
+    MultiProcess,
 }
 
 #[derive(Parser, Debug)]
@@ -62,6 +65,12 @@ struct Args {
     /// How the three nodes run.
     #[arg(long, value_enum, default_value_t = Mode::InProcess)]
     mode: Mode,
+    /// (multi-process, internal) run as node N of the three.
+    #[arg(long, hide = true)]
+    child: Option<usize>,
+    /// (multi-process, internal) the first node's address.
+    #[arg(long, hide = true)]
+    seed: Option<std::net::SocketAddr>,
 }
 
 /// One run's figures.
@@ -432,10 +441,32 @@ impl Drop for Progress {
     }
 }
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let args = Args::parse();
-    let Mode::InProcess = args.mode;
+    let in_flight = if args.workload == Workload::W1Sat {
+        256
+    } else {
+        16
+    };
+    if let Some(index) = args.child {
+        return multi::child(index, args.seed, args.messages, in_flight);
+    }
+    if args.mode == Mode::MultiProcess {
+        if !matches!(args.workload, Workload::W1 | Workload::W1Sat) {
+            eprintln!("shard-bench: multi-process mode runs w1 and w1-sat only (so far)");
+            return ExitCode::from(2);
+        }
+        return multi::parent(&args, in_flight);
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime")
+        .block_on(in_process(args))
+}
+
+async fn in_process(args: Args) -> ExitCode {
     let result = match args.workload {
         Workload::W1 => run_w1(args.messages, 16, "w1").await,
         Workload::W1Sat => run_w1(args.messages, 256, "w1-sat").await,
@@ -456,5 +487,305 @@ async fn main() -> ExitCode {
             eprintln!("shard-bench: {error}");
             ExitCode::from(2)
         }
+    }
+}
+
+/// Multi-process mode: the parent starts three copies of this binary as
+/// nodes, steps them through the run over their stdin and stdout (one word a
+/// line: `ADDR`, `READY`, `WARM`/`WARMED`, `GO`/`DONE`, `STOP`/`FIGURES`), and
+/// adds up what each reports. Each node measures its own CPU (from `GO` to
+/// `STOP`, so serving the others counts) and peak RSS.
+mod multi {
+    use std::io::{BufRead, BufReader, Write};
+    use std::net::SocketAddr;
+    use std::process::{Child, ChildStdin, Command, ExitCode, Stdio};
+    use std::sync::mpsc;
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    const WAIT: Duration = Duration::from_secs(120);
+
+    struct Node {
+        process: Child,
+        stdin: ChildStdin,
+        lines: mpsc::Receiver<String>,
+    }
+
+    impl Node {
+        fn start(index: usize, seed: Option<SocketAddr>, args: &Args) -> Node {
+            let mut command = Command::new(std::env::current_exe().expect("own path"));
+            let workload = if args.workload == Workload::W1Sat {
+                "w1-sat"
+            } else {
+                "w1"
+            };
+            command
+                .args([workload, "--messages", &args.messages.to_string()])
+                .args(["--child", &index.to_string()])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped());
+            if let Some(seed) = seed {
+                command.args(["--seed", &seed.to_string()]);
+            }
+            let mut process = command.spawn().expect("a node process");
+            let stdin = process.stdin.take().expect("stdin");
+            let stdout = process.stdout.take().expect("stdout");
+            let (tx, lines) = mpsc::channel();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                    if tx.send(line).is_err() {
+                        break;
+                    }
+                }
+            });
+            Node {
+                process,
+                stdin,
+                lines,
+            }
+        }
+
+        /// The rest of the next line that starts with `word`.
+        fn expect(&self, word: &str) -> Result<String, String> {
+            let deadline = Instant::now() + WAIT;
+            loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                let line = self
+                    .lines
+                    .recv_timeout(left)
+                    .map_err(|_| format!("a node said no `{word}` in time"))?;
+                if let Some(rest) = line.strip_prefix(word) {
+                    return Ok(rest.trim().to_owned());
+                }
+            }
+        }
+
+        fn say(&mut self, word: &str) {
+            let _ = writeln!(self.stdin, "{word}");
+            let _ = self.stdin.flush();
+        }
+    }
+
+    pub(super) fn parent(args: &Args, in_flight: usize) -> ExitCode {
+        match run_parent(args, in_flight) {
+            Ok(correct) if correct => ExitCode::SUCCESS,
+            Ok(_) => {
+                eprintln!("shard-bench: a correctness counter is off");
+                ExitCode::from(1)
+            }
+            Err(error) => {
+                eprintln!("shard-bench: {error}");
+                ExitCode::from(2)
+            }
+        }
+    }
+
+    fn run_parent(args: &Args, in_flight: usize) -> Result<bool, String> {
+        let mut nodes = vec![Node::start(0, None, args)];
+        let seed: SocketAddr = nodes[0]
+            .expect("ADDR")?
+            .parse()
+            .map_err(|e| format!("node 0's address: {e}"))?;
+        for index in 1..3 {
+            nodes.push(Node::start(index, Some(seed), args));
+        }
+        for n in &nodes {
+            n.expect("READY")?;
+        }
+        for n in &mut nodes {
+            n.say("WARM");
+        }
+        for n in &nodes {
+            n.expect("WARMED")?;
+        }
+        let start = Instant::now();
+        for n in &mut nodes {
+            n.say("GO");
+        }
+        let mut reports = Vec::new();
+        for n in &nodes {
+            let report: serde_json::Value =
+                serde_json::from_str(&n.expect("DONE")?).map_err(|e| e.to_string())?;
+            reports.push(report);
+        }
+        let wall = start.elapsed();
+        for n in &mut nodes {
+            n.say("STOP");
+        }
+        let mut figures = Vec::new();
+        for n in &nodes {
+            let f: serde_json::Value =
+                serde_json::from_str(&n.expect("FIGURES")?).map_err(|e| e.to_string())?;
+            figures.push(f);
+        }
+        for n in &mut nodes {
+            let _ = n.process.wait();
+        }
+        let sum = |v: &[serde_json::Value], key: &str| -> u64 {
+            v.iter().map(|r| r[key].as_u64().unwrap_or(0)).sum()
+        };
+        let acks = sum(&reports, "acks");
+        let retries = sum(&reports, "retries");
+        let duplicates = sum(&figures, "duplicate_processings");
+        let order = sum(&figures, "order_violations");
+        let cpu_ms: f64 = figures
+            .iter()
+            .map(|f| f["cpu_ms"].as_f64().unwrap_or(0.0))
+            .sum();
+        let max_rss = figures
+            .iter()
+            .map(|f| f["peak_rss_kib"].as_u64().unwrap_or(0))
+            .max()
+            .unwrap_or(0);
+        let sum_rss: u64 = sum(&figures, "peak_rss_kib");
+        let p99_max = reports
+            .iter()
+            .map(|r| r["p99_us"].as_u64().unwrap_or(0))
+            .max()
+            .unwrap_or(0);
+        for (i, (r, f)) in reports.iter().zip(&figures).enumerate() {
+            println!(
+                "node {i}: {} acks · p50 {} p99 {} µs · CPU {:.0} ms · peak RSS {:.1} MiB",
+                r["acks"],
+                r["p50_us"],
+                r["p99_us"],
+                f["cpu_ms"].as_f64().unwrap_or(0.0),
+                f["peak_rss_kib"].as_f64().unwrap_or(0.0) / 1024.0
+            );
+        }
+        println!(
+            "total: {acks} acks · missing {} · dup {duplicates} · order {order} · retries {retries} · {:.0} msg/s · {:.2} µs CPU/msg",
+            args.messages - acks,
+            acks as f64 / wall.as_secs_f64(),
+            cpu_ms * 1e3 / acks.max(1) as f64
+        );
+        let record = json!({
+            "workload": if args.workload == Workload::W1Sat { "w1-sat" } else { "w1" },
+            "mode": "multi-process",
+            "in_flight_per_driver": in_flight,
+            "expected_acks": args.messages,
+            "unique_acks": acks,
+            "missing_acks": args.messages - acks,
+            "duplicate_processings": duplicates,
+            "order_violations": order,
+            "retries": retries,
+            "wall_ms": wall.as_secs_f64() * 1e3,
+            "msgs_per_sec": acks as f64 / wall.as_secs_f64(),
+            "p99_us_max_of_nodes": p99_max,
+            "cpu_ms": cpu_ms,
+            "cpu_us_per_msg": cpu_ms * 1e3 / acks.max(1) as f64,
+            "max_rss_kib": max_rss,
+            "sum_rss_kib": sum_rss,
+            "nodes": reports.iter().zip(&figures).map(|(r, f)| json!({"driver": r, "process": f})).collect::<Vec<_>>(),
+        });
+        println!("{record}");
+        Ok(acks == args.messages && (retries > 0 || (duplicates == 0 && order == 0)))
+    }
+
+    /// One node process: joins, serves, drives its third, reports.
+    pub(super) fn child(
+        index: usize,
+        seed: Option<SocketAddr>,
+        messages: u64,
+        in_flight: usize,
+    ) -> ExitCode {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        match runtime.block_on(run_child(index, seed, messages, in_flight)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("shard-bench node {index}: {error}");
+                ExitCode::from(2)
+            }
+        }
+    }
+
+    async fn run_child(
+        index: usize,
+        seed: Option<SocketAddr>,
+        messages: u64,
+        in_flight: usize,
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        use datum_cluster_sharding::cluster::{ClusterConfig, ClusterNode};
+        let (tx, mut commands) = tokio::sync::mpsc::unbounded_channel::<String>();
+        std::thread::spawn(move || {
+            for line in std::io::stdin().lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut wait_for = async |word: &str| -> Result<(), Box<dyn std::error::Error>> {
+            while let Some(line) = commands.recv().await {
+                if line.trim() == word {
+                    return Ok(());
+                }
+            }
+            Err(format!("stdin closed before `{word}`").into())
+        };
+        let config = ClusterConfig::builder()
+            .cluster_name("shard-bench-multi")
+            .secret("demo-secret")
+            .seed_nodes(seed.into_iter().collect())
+            .build();
+        let cluster = ClusterNode::start(config).await?;
+        println!("ADDR {}", cluster.bound_addr());
+        cluster
+            .wait_until(|s| s.up_members().count() == 3, Duration::from_secs(60))
+            .await?;
+        let checks = Arc::new(Checks::default());
+        let system = ShardedSystem::builder()
+            .config(sharding_config())
+            .node(cluster.clone())
+            .start()
+            .await?;
+        system
+            .register::<PingEntity>(ping_factory(checks.clone()))
+            .await?;
+        println!("READY");
+        wait_for("WARM").await?;
+        for k in 0..ENTITIES {
+            let ping = ping::Ping {
+                driver: 90 + index as u32,
+                seq: k,
+            };
+            system
+                .entity_ref::<Pinger>(entity_id(k))
+                .ask(ping, harness::ASK_TIMEOUT)
+                .await?;
+        }
+        println!("WARMED");
+        wait_for("GO").await?;
+        let cpu_before = cpu_time();
+        let share = shares(messages)[index];
+        let report = drive(system.clone(), index as u32, 3, share, in_flight, None).await;
+        println!(
+            "DONE {}",
+            json!({
+                "acks": report.acks,
+                "retries": report.retries,
+                "p50_us": report.latency.value_at_quantile(0.50),
+                "p99_us": report.latency.value_at_quantile(0.99),
+                "max_us": report.latency.max(),
+            })
+        );
+        wait_for("STOP").await?;
+        let cpu = cpu_time().saturating_sub(cpu_before);
+        println!(
+            "FIGURES {}",
+            json!({
+                "cpu_ms": cpu.as_secs_f64() * 1e3,
+                "peak_rss_kib": peak_rss_kib(),
+                "duplicate_processings": checks.duplicate_processings.load(Ordering::Relaxed),
+                "order_violations": checks.order_violations.load(Ordering::Relaxed),
+            })
+        );
+        system.shutdown().await;
+        let _ = cluster.shutdown().await;
+        Ok(())
     }
 }
