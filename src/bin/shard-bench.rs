@@ -324,7 +324,7 @@ async fn run_w3(messages: u64) -> Result<(serde_json::Value, bool), Box<dyn std:
         let _ = std::fs::remove_dir_all(dir);
     }
     let base = results[0].1.cpu.as_secs_f64() / results[0].1.acks.max(1) as f64;
-    let mut json = json!({ "workload": "w3" });
+    let mut json = json!({ "workload": "w3", "peak_rss_kib": peak_rss_kib() });
     for (name, run) in &results {
         let per = run.cpu.as_secs_f64() / run.acks.max(1) as f64;
         let mut r = run.json();
@@ -402,6 +402,7 @@ async fn run_w2(messages: u64) -> Result<(serde_json::Value, bool), Box<dyn std:
     );
     let mut json = run.json();
     json["workload"] = "w2".into();
+    json["peak_rss_kib"] = peak_rss_kib().into();
     json["affected_entities"] = affected.len().into();
     json["affected_not_asked_after_kill"] = unasked.into();
     json["down_after_kill_ms"] = (downed.as_secs_f64() * 1e3).into();
