@@ -33,7 +33,7 @@ mod harness;
 #[path = "../protocols/ping.rs"]
 mod ping;
 use harness::{
-    Answered, ENTITIES, Node, cpu_time, drive, entity_id, form_cluster, join_reports, peak_rss_kib,
+    Answered, Node, cpu_time, drive, entities_hosted_on, form_cluster, join_reports, peak_rss_kib,
     ping_factory, sharding_config, shares, warm_up,
 };
 use ping::{Checks, Pinger};
@@ -168,16 +168,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
 
     // Phase 2: the drivers on nodes 0 and 1 keep going; node 2 is killed.
-    let affected: Vec<u64> = (0..ENTITIES)
-        .filter(|k| {
-            let shard = nodes[0]
-                .system
-                .entity_ref::<Pinger>(entity_id(*k))
-                .shard_id();
-            // Where the entity lives now: the node whose region hosts its shard.
-            nodes[2].system.live_entities::<Pinger>(shard) > 0
-        })
-        .collect();
+    let affected = entities_hosted_on(&nodes, 2);
     let answered = Arc::new(Mutex::new(Answered::default()));
     let share = args.kill_messages / 2;
     let kill_drivers: Vec<_> = (0..2)

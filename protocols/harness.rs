@@ -85,6 +85,19 @@ pub async fn warm_up<S>(nodes: &[Node<S>]) -> Result<Duration, ShardingError> {
     Ok(warm.elapsed())
 }
 
+/// The entities (by number) whose shard node `index` hosts now.
+pub fn entities_hosted_on<S>(nodes: &[Node<S>], index: usize) -> Vec<u64> {
+    (0..ENTITIES)
+        .filter(|k| {
+            let shard = nodes[0]
+                .system
+                .entity_ref::<Pinger>(entity_id(*k))
+                .shard_id();
+            nodes[index].system.live_entities::<Pinger>(shard) > 0
+        })
+        .collect()
+}
+
 /// The factory of the checked ping entity.
 pub fn ping_factory(
     checks: Arc<Checks>,

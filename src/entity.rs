@@ -127,12 +127,12 @@ impl<R: serde::Serialize + Send + 'static> ReplyPort<R> {
 
     /// Sends the reply.
     pub fn send(self, reply: R) {
-        crate::private::answer(self.reply, Ok(reply));
+        self.reply.answer(Ok(reply));
     }
 
     /// Answers with an error instead (for example `ShardingError::Handler`).
     pub fn fail(self, error: crate::ShardingError) {
-        crate::private::answer(self.reply, Err(error));
+        self.reply.answer(Err(error));
     }
 }
 

@@ -57,6 +57,19 @@ pub(crate) enum ReplyTo<R> {
     Remote(RemoteReply),
 }
 
+impl<R: Serialize> ReplyTo<R> {
+    /// Hands `result` to whoever waits for it (nobody, for a tell).
+    pub(crate) fn answer(self, result: ShardingResult<R>) {
+        match self {
+            ReplyTo::Local(sender) => {
+                let _ = sender.send(result);
+            }
+            ReplyTo::Remote(remote) => remote.send(result),
+            ReplyTo::Nobody => {}
+        }
+    }
+}
+
 /// The typed message and its reply slot, behind one allocation.
 struct Typed<M, R> {
     msg: M,
@@ -601,6 +614,21 @@ where
     }
 }
 
+/// The typed message inside an envelope known to carry `M`; a mismatch (a
+/// bug) is answered and reported as such.
+fn open<M: 'static, R: 'static>(envelope: LocalEnvelope) -> Result<Typed<M, R>, Outcome> {
+    match envelope.body.downcast::<Typed<M, R>>() {
+        Ok(typed) => Ok(*typed),
+        Err(body) => {
+            (envelope.fail)(
+                body,
+                ShardingError::Bug("envelope type does not match its index".into()),
+            );
+            Err(Outcome(OutcomeKind::Unknown))
+        }
+    }
+}
+
 /// Handles one envelope of a `defer` line: the reply slot becomes the
 /// handler's `ReplyPort`.
 async fn handle_deferred<P, E, M>(
@@ -613,17 +641,10 @@ where
     E: Entity<Protocol = P> + DeferredHandler<M>,
     M: Message<P>,
 {
-    let typed = match envelope.body.downcast::<Typed<M, M::Reply>>() {
-        Ok(typed) => *typed,
-        Err(body) => {
-            (envelope.fail)(
-                body,
-                ShardingError::Bug("envelope type does not match its index".into()),
-            );
-            return Outcome(OutcomeKind::Unknown);
-        }
+    let Typed { msg, reply } = match open::<M, M::Reply>(envelope) {
+        Ok(typed) => typed,
+        Err(outcome) => return outcome,
     };
-    let Typed { msg, reply } = typed;
     let port = ReplyPort::new(reply);
     match AssertUnwindSafe(async move { entity.handle(msg, port, ctx).await })
         .catch_unwind()
@@ -639,17 +660,6 @@ where
     }
 }
 
-/// Answers through a reply slot (a deferred handler's port).
-pub(crate) fn answer<R: Serialize>(reply: ReplyTo<R>, result: ShardingResult<R>) {
-    match reply {
-        ReplyTo::Local(sender) => {
-            let _ = sender.send(result);
-        }
-        ReplyTo::Remote(remote) => remote.send(result),
-        ReplyTo::Nobody => {}
-    }
-}
-
 /// Handles one envelope known to carry `M`: runs the handler, catches a panic,
 /// and answers the asker.
 pub async fn handle_local<P, E, M>(
@@ -662,17 +672,10 @@ where
     E: Entity<Protocol = P> + Handler<M>,
     M: Message<P>,
 {
-    let typed = match envelope.body.downcast::<Typed<M, M::Reply>>() {
-        Ok(typed) => *typed,
-        Err(body) => {
-            (envelope.fail)(
-                body,
-                ShardingError::Bug("envelope type does not match its index".into()),
-            );
-            return Outcome(OutcomeKind::Unknown);
-        }
+    let Typed { msg, reply } = match open::<M, M::Reply>(envelope) {
+        Ok(typed) => typed,
+        Err(outcome) => return outcome,
     };
-    let Typed { msg, reply } = typed;
     // The whole call sits inside the guarded future, so a panic before
     // `handle` returns its future is caught too.
     match AssertUnwindSafe(async move { entity.handle(msg, ctx).await })
@@ -680,17 +683,10 @@ where
         .await
     {
         Ok(result) => {
-            match reply {
-                ReplyTo::Local(sender) => {
-                    let _ = sender.send(result);
-                }
-                ReplyTo::Remote(remote) => remote.send(result),
-                ReplyTo::Nobody => {
-                    if let Err(error) = result {
-                        tracing::warn!(type_name = ctx.type_name(), entity_id = ctx.entity_id(), %error, "tell handler failed");
-                    }
-                }
+            if let (ReplyTo::Nobody, Err(error)) = (&reply, &result) {
+                tracing::warn!(type_name = ctx.type_name(), entity_id = ctx.entity_id(), %error, "tell handler failed");
             }
+            reply.answer(result);
             Outcome(OutcomeKind::Handled)
         }
         Err(payload) => {
@@ -700,13 +696,7 @@ where
                 entity_id: ctx.entity_id().to_owned(),
                 panic: panic.clone(),
             };
-            match reply {
-                ReplyTo::Local(sender) => {
-                    let _ = sender.send(Err(error));
-                }
-                ReplyTo::Remote(remote) => remote.fail(&error),
-                ReplyTo::Nobody => {}
-            }
+            reply.answer(Err(error));
             Outcome(OutcomeKind::Panicked(panic))
         }
     }
@@ -775,46 +765,20 @@ pub mod bench {
         }
     }
 
-    /// A write-behind queue over a store that does nothing, for timing
-    /// what recording one id costs the region (the push only).
+    /// A write-behind queue over an in-memory store, for timing what
+    /// recording one id costs the region (the push only).
     pub struct RememberQueue(std::sync::Arc<crate::store::writer::Remember>);
 
-    #[derive(Debug, Default)]
-    struct Noop;
-
-    impl crate::RememberEntitiesStore for Noop {
-        fn record_entity_started(
-            &self,
-            _: &str,
-            _: crate::ShardId,
-            _: &str,
-        ) -> Result<(), crate::StoreError> {
-            Ok(())
-        }
-        fn record_entity_stopped(
-            &self,
-            _: &str,
-            _: crate::ShardId,
-            _: &str,
-        ) -> Result<(), crate::StoreError> {
-            Ok(())
-        }
-        fn list_entities_for_shard(
-            &self,
-            _: &str,
-            _: crate::ShardId,
-        ) -> Result<Vec<String>, crate::StoreError> {
-            Ok(Vec::new())
-        }
-    }
-
     impl RememberQueue {
-        /// A queue of `capacity` records in front of a no-op store.
+        /// A queue of `capacity` records in front of an in-memory store.
         pub fn new(capacity: usize) -> Self {
             let config = crate::RememberEntitiesConfig::default().with_queue_capacity(capacity);
             RememberQueue(
-                crate::store::writer::Remember::start(std::sync::Arc::new(Noop), &config)
-                    .expect("writer thread"),
+                crate::store::writer::Remember::start(
+                    std::sync::Arc::new(crate::InMemoryStore::new()),
+                    &config,
+                )
+                .expect("writer thread"),
             )
         }
 

@@ -569,19 +569,10 @@ impl<P: Protocol> EntityRef<P> {
         Ok(self.region.get_or_init(|| region))
     }
 
-    fn live_region(&self) -> ShardingResult<&Arc<Region>> {
-        let region = self.region()?;
-        if region.is_stopped() {
-            Err(ShardingError::ShuttingDown)
-        } else {
-            Ok(region)
-        }
-    }
-
     /// Sends a tell message. Returns once the message is accepted (enqueued or
     /// buffered), not when it is processed.
     pub async fn tell<M: Tell<P>>(&self, msg: M) -> ShardingResult<()> {
-        let region = self.live_region()?;
+        let region = self.region()?;
         region.deliver(
             self.shard,
             &self.entity_id,
@@ -593,7 +584,7 @@ impl<P: Protocol> EntityRef<P> {
     ///
     /// On [`ShardingError::AskTimeout`] the message may still be processed.
     pub async fn ask<M: Ask<P>>(&self, msg: M, timeout: Duration) -> ShardingResult<M::Reply> {
-        let region = self.live_region()?;
+        let region = self.region()?;
         let (reply, replied) = oneshot::channel();
         region.deliver(
             self.shard,
@@ -619,7 +610,7 @@ impl<P: Protocol> EntityRef<P> {
     /// handled by the current incarnation; messages sent after this returns
     /// go to a fresh one. Does nothing if the entity is not live.
     pub async fn passivate(&self) -> ShardingResult<()> {
-        let region = self.live_region()?;
+        let region = self.region()?;
         region.passivate(self.shard, &self.entity_id, None)
     }
 }

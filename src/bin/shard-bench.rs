@@ -28,8 +28,8 @@ mod harness;
 #[path = "../../protocols/ping.rs"]
 mod ping;
 use harness::{
-    Answered, ENTITIES, Node, cpu_time, drive, entity_id, form_cluster, join_reports, peak_rss_kib,
-    ping_factory, sharding_config, shares, warm_up,
+    Answered, ENTITIES, Node, cpu_time, drive, entities_hosted_on, entity_id, form_cluster,
+    join_reports, peak_rss_kib, ping_factory, sharding_config, shares, warm_up,
 };
 use ping::{Checks, PingEntity, Pinger};
 
@@ -133,30 +133,43 @@ impl Run {
 
 /// Three nodes with the ping entity registered (remembered when a store is
 /// given), warmed up.
-async fn cluster<S: RememberEntitiesStore + Clone + Default>(
+/// Three nodes with the ping entity registered, warmed up.
+async fn cluster(
     name: &str,
-    store: Option<S>,
+    checks: &Arc<Checks>,
+) -> Result<Vec<Node>, Box<dyn std::error::Error>> {
+    let (clusters, _) = form_cluster(name).await?;
+    let mut nodes = Vec::new();
+    for cluster in clusters {
+        let builder = ShardedSystem::builder().config(sharding_config());
+        let system = builder.node(cluster.clone()).start().await?;
+        system
+            .register::<PingEntity>(ping_factory(checks.clone()))
+            .await?;
+        nodes.push(Node { cluster, system });
+    }
+    warm_up(&nodes).await?;
+    Ok(nodes)
+}
+
+/// The same with the entity remembered in `store` (shared by the three).
+async fn remembered_cluster<S: RememberEntitiesStore + Clone>(
+    name: &str,
+    store: S,
     checks: &Arc<Checks>,
 ) -> Result<Vec<Node<S>>, Box<dyn std::error::Error>> {
     let (clusters, _) = form_cluster(name).await?;
     let mut nodes = Vec::new();
     for cluster in clusters {
-        let builder = ShardedSystem::builder()
-            .config(sharding_config())
-            .node(cluster.clone());
+        let builder = ShardedSystem::builder().config(sharding_config());
         let system = builder
-            .store(store.clone().unwrap_or_default())
+            .node(cluster.clone())
+            .store(store.clone())
             .start()
             .await?;
-        if store.is_some() {
-            system
-                .register_remembered::<PingEntity>(ping_factory(checks.clone()))
-                .await?;
-        } else {
-            system
-                .register::<PingEntity>(ping_factory(checks.clone()))
-                .await?;
-        }
+        system
+            .register_remembered::<PingEntity>(ping_factory(checks.clone()))
+            .await?;
         nodes.push(Node { cluster, system });
     }
     warm_up(&nodes).await?;
@@ -201,85 +214,13 @@ async fn w1<S: Send + Sync + 'static>(
     })
 }
 
-/// A store that remembers nothing, for W3's baseline and W1.
-#[derive(Clone, Default)]
-struct Forget;
-
-impl RememberEntitiesStore for Forget {
-    fn record_entity_started(
-        &self,
-        _: &str,
-        _: ShardId,
-        _: &str,
-    ) -> Result<(), datum_cluster_sharding::StoreError> {
-        Ok(())
-    }
-    fn record_entity_stopped(
-        &self,
-        _: &str,
-        _: ShardId,
-        _: &str,
-    ) -> Result<(), datum_cluster_sharding::StoreError> {
-        Ok(())
-    }
-    fn list_entities_for_shard(
-        &self,
-        _: &str,
-        _: ShardId,
-    ) -> Result<Vec<String>, datum_cluster_sharding::StoreError> {
-        Ok(Vec::new())
-    }
-}
-
-/// The file store of W3, one directory per run (removed afterwards).
-#[derive(Clone)]
-struct SharedFileStore(Arc<FileStore>);
-
-impl Default for SharedFileStore {
-    fn default() -> Self {
-        let dir = std::env::temp_dir().join(format!("shard-bench-w3-{}", std::process::id()));
-        SharedFileStore(Arc::new(
-            FileStore::open(dir, FileStoreFsyncPolicy::Always).expect("file store opens"),
-        ))
-    }
-}
-
-impl RememberEntitiesStore for SharedFileStore {
-    fn record_entity_started(
-        &self,
-        t: &str,
-        s: ShardId,
-        e: &str,
-    ) -> Result<(), datum_cluster_sharding::StoreError> {
-        self.0.record_entity_started(t, s, e)
-    }
-    fn record_entity_stopped(
-        &self,
-        t: &str,
-        s: ShardId,
-        e: &str,
-    ) -> Result<(), datum_cluster_sharding::StoreError> {
-        self.0.record_entity_stopped(t, s, e)
-    }
-    fn list_entities_for_shard(
-        &self,
-        t: &str,
-        s: ShardId,
-    ) -> Result<Vec<String>, datum_cluster_sharding::StoreError> {
-        self.0.list_entities_for_shard(t, s)
-    }
-    fn list_shards(&self, t: &str) -> Result<Vec<ShardId>, datum_cluster_sharding::StoreError> {
-        self.0.list_shards(t)
-    }
-}
-
 async fn run_w1(
     messages: u64,
     in_flight: usize,
     label: &str,
 ) -> Result<(serde_json::Value, bool), Box<dyn std::error::Error>> {
     let checks = Arc::new(Checks::default());
-    let nodes = cluster::<Forget>("shard-bench", None, &checks).await?;
+    let nodes = cluster("shard-bench", &checks).await?;
     let run = w1(&nodes, messages, in_flight, checks).await?;
     run.print(label);
     stop(nodes).await;
@@ -295,7 +236,7 @@ async fn run_w3(messages: u64) -> Result<(serde_json::Value, bool), Box<dyn std:
     let mut ok = true;
     {
         let checks = Arc::new(Checks::default());
-        let nodes = cluster::<Forget>("shard-bench-w3a", None, &checks).await?;
+        let nodes = cluster("shard-bench-w3a", &checks).await?;
         let run = w1(&nodes, messages, 16, checks).await?;
         run.print("no store");
         ok &= run.correct();
@@ -304,7 +245,7 @@ async fn run_w3(messages: u64) -> Result<(serde_json::Value, bool), Box<dyn std:
     }
     {
         let checks = Arc::new(Checks::default());
-        let nodes = cluster("shard-bench-w3b", Some(InMemoryStore::new()), &checks).await?;
+        let nodes = remembered_cluster("shard-bench-w3b", InMemoryStore::new(), &checks).await?;
         let run = w1(&nodes, messages, 16, checks).await?;
         run.print("in-memory");
         ok &= run.correct();
@@ -313,9 +254,9 @@ async fn run_w3(messages: u64) -> Result<(serde_json::Value, bool), Box<dyn std:
     }
     {
         let checks = Arc::new(Checks::default());
-        let store = SharedFileStore::default();
-        let dir = store.0.dir().to_path_buf();
-        let nodes = cluster("shard-bench-w3c", Some(store), &checks).await?;
+        let dir = std::env::temp_dir().join(format!("shard-bench-w3-{}", std::process::id()));
+        let store = Arc::new(FileStore::open(&dir, FileStoreFsyncPolicy::Always)?);
+        let nodes = remembered_cluster("shard-bench-w3c", store, &checks).await?;
         let run = w1(&nodes, messages, 16, checks).await?;
         run.print("file (Always)");
         ok &= run.correct();
@@ -336,17 +277,9 @@ async fn run_w3(messages: u64) -> Result<(serde_json::Value, bool), Box<dyn std:
 
 async fn run_w2(messages: u64) -> Result<(serde_json::Value, bool), Box<dyn std::error::Error>> {
     let checks = Arc::new(Checks::default());
-    let nodes = cluster::<Forget>("shard-bench-w2", None, &checks).await?;
+    let nodes = cluster("shard-bench-w2", &checks).await?;
     // Node 2 is not the coordinator (node 0, the oldest, is).
-    let affected: Vec<u64> = (0..ENTITIES)
-        .filter(|k| {
-            let shard = nodes[0]
-                .system
-                .entity_ref::<Pinger>(entity_id(*k))
-                .shard_id();
-            nodes[2].system.live_entities::<Pinger>(shard) > 0
-        })
-        .collect();
+    let affected = entities_hosted_on(&nodes, 2);
     let answered = Arc::new(Mutex::new(Answered::default()));
     let share = messages / 2;
     let _progress = Progress::start("w2", checks.clone());

@@ -153,9 +153,6 @@ struct TypeTable {
     /// The highest generation seen per shard, even when it has no home now.
     generations: Vec<u64>,
     regions: BTreeSet<UniqueAddress>,
-    /// Members whose region of the type stopped (unregistered) and has not
-    /// registered again: their shards are orphans, though they are members.
-    departed: BTreeSet<UniqueAddress>,
     /// Shards asked for that have no home yet, and who asked.
     waiting: BTreeMap<u32, BTreeSet<UniqueAddress>>,
 }
@@ -168,7 +165,6 @@ impl TypeTable {
             homes: vec![None; num_shards as usize],
             generations: vec![0; num_shards as usize],
             regions: BTreeSet::new(),
-            departed: BTreeSet::new(),
             waiting: BTreeMap::new(),
         }
     }
@@ -196,6 +192,14 @@ impl TypeTable {
             generation: home.generation,
         }
     }
+}
+
+fn is_departed(
+    departed: &BTreeMap<String, BTreeSet<UniqueAddress>>,
+    type_name: &str,
+    member: &UniqueAddress,
+) -> bool {
+    departed.get(type_name).is_some_and(|d| d.contains(member))
 }
 
 /// Settings of the coordinator core.
@@ -230,8 +234,10 @@ pub(crate) struct CoordinatorCore {
     /// Members that registered with this core (any type).
     registered: BTreeSet<UniqueAddress>,
     types: BTreeMap<String, TypeTable>,
-    /// Unregistrations of types this core has no table of yet.
-    early_departures: BTreeMap<String, BTreeSet<UniqueAddress>>,
+    /// Per type, members whose region of it stopped (unregistered) and has
+    /// not registered again: their shards are orphans, though they are
+    /// members.
+    departed: BTreeMap<String, BTreeSet<UniqueAddress>>,
     rounds: Vec<RebalanceRound>,
 }
 
@@ -250,7 +256,7 @@ impl CoordinatorCore {
             members: BTreeMap::new(),
             registered: BTreeSet::new(),
             types: BTreeMap::new(),
-            early_departures: BTreeMap::new(),
+            departed: BTreeMap::new(),
             rounds: Vec::new(),
         }
     }
@@ -344,9 +350,6 @@ impl CoordinatorCore {
             .types
             .entry(type_name.to_owned())
             .or_insert_with(|| TypeTable::new(fingerprint, num_shards));
-        if let Some(departed) = self.early_departures.remove(type_name) {
-            table.departed.extend(departed);
-        }
         if table.fingerprint != fingerprint || table.num_shards != num_shards {
             return;
         }
@@ -388,9 +391,6 @@ impl CoordinatorCore {
                 .types
                 .entry(reg.type_name.clone())
                 .or_insert_with(|| TypeTable::new(reg.fingerprint, reg.num_shards));
-            if let Some(departed) = self.early_departures.remove(&reg.type_name) {
-                table.departed.extend(departed);
-            }
             if table.regions.is_empty()
                 && table.homes.iter().all(Option::is_none)
                 && (table.fingerprint, table.num_shards) != (reg.fingerprint, reg.num_shards)
@@ -401,7 +401,6 @@ impl CoordinatorCore {
                 for (g, old) in fresh.generations.iter_mut().zip(&table.generations) {
                     *g = *old;
                 }
-                fresh.departed = std::mem::take(&mut table.departed);
                 *table = fresh;
             }
             if table.fingerprint != reg.fingerprint || table.num_shards != reg.num_shards {
@@ -425,9 +424,8 @@ impl CoordinatorCore {
                 continue;
             }
             table.regions.insert(from);
-            table.departed.remove(&from);
-            if let Some(early) = self.early_departures.get_mut(&reg.type_name) {
-                early.remove(&from);
+            if let Some(departed) = self.departed.get_mut(&reg.type_name) {
+                departed.remove(&from);
             }
             for &(shard, owner, generation) in &reg.homes {
                 if shard < table.num_shards {
@@ -464,20 +462,15 @@ impl CoordinatorCore {
         types: &[String],
     ) -> Vec<Command> {
         for type_name in types {
-            match self.types.get_mut(type_name) {
-                Some(table) => {
-                    table.regions.remove(&from);
-                    table.departed.insert(from);
-                }
-                // No table of the type here yet: remembered for when one
-                // is made (a registration may bring homes on `from`).
-                None => {
-                    self.early_departures
-                        .entry(type_name.clone())
-                        .or_default()
-                        .insert(from);
-                }
+            if let Some(table) = self.types.get_mut(type_name) {
+                table.regions.remove(&from);
             }
+            // Kept also for a type this core has no table of yet: a later
+            // registration may bring homes on `from`.
+            self.departed
+                .entry(type_name.clone())
+                .or_default()
+                .insert(from);
         }
         self.act(now)
     }
@@ -514,7 +507,7 @@ impl CoordinatorCore {
         }
         if let Some(home) = table.homes[shard as usize]
             && self.members.contains_key(&home.owner)
-            && !table.departed.contains(&home.owner)
+            && !is_departed(&self.departed, type_name, &home.owner)
         {
             return vec![Command::Send {
                 to: from,
@@ -565,7 +558,8 @@ impl CoordinatorCore {
                 .filter_map(|(shard, home)| {
                     home.filter(|h| {
                         // Gone from the cluster, or its region stopped.
-                        !self.members.contains_key(&h.owner) || table.departed.contains(&h.owner)
+                        !self.members.contains_key(&h.owner)
+                            || is_departed(&self.departed, type_name, &h.owner)
                     })
                     .map(|h| (shard as u32, h.owner))
                 })

@@ -57,6 +57,37 @@ pub trait RememberEntitiesStore: Send + Sync + 'static {
     }
 }
 
+/// A shared store is a store: several systems (or a system and the code that
+/// inspects it) can hold one `Arc` of it.
+impl<T: RememberEntitiesStore + ?Sized> RememberEntitiesStore for Arc<T> {
+    fn record_entity_started(
+        &self,
+        type_name: &str,
+        shard_id: ShardId,
+        entity_id: &str,
+    ) -> Result<(), StoreError> {
+        (**self).record_entity_started(type_name, shard_id, entity_id)
+    }
+    fn record_entity_stopped(
+        &self,
+        type_name: &str,
+        shard_id: ShardId,
+        entity_id: &str,
+    ) -> Result<(), StoreError> {
+        (**self).record_entity_stopped(type_name, shard_id, entity_id)
+    }
+    fn list_entities_for_shard(
+        &self,
+        type_name: &str,
+        shard_id: ShardId,
+    ) -> Result<Vec<String>, StoreError> {
+        (**self).list_entities_for_shard(type_name, shard_id)
+    }
+    fn list_shards(&self, type_name: &str) -> Result<Vec<ShardId>, StoreError> {
+        (**self).list_shards(type_name)
+    }
+}
+
 /// Process memory. Clones share one table, so regions that share an
 /// `InMemoryStore` value share what it remembers; it does not survive the process.
 #[derive(Debug, Clone, Default)]
