@@ -31,14 +31,21 @@ pub struct ShardingConfig {
     /// of its entities passivates; more fail with `BufferOverflow`.
     #[builder(default = 10_000)]
     pub allocation_buffer: usize,
-    /// At most this many shards moved per rebalance round to spread load
-    /// (moves away from dead owners are never capped). Used in cluster mode.
+    /// At most this many shards of a type start moving per rebalance round
+    /// to spread load (moves away from dead or leaving owners are never
+    /// capped). Used in cluster mode, by the coordinator.
     #[builder(default = 3)]
     pub rebalance_per_round: usize,
-    /// How long a region waits after a handoff completes before draining the
-    /// buffered messages to the shard's new home. Used in cluster mode.
-    #[builder(default = Duration::from_millis(10))]
-    pub handoff_drain_delay: Duration,
+    /// How often the coordinator asks its allocation strategy whether live
+    /// shards should move to spread load. Used in cluster mode.
+    #[builder(default = Duration::from_secs(2))]
+    pub rebalance_interval: Duration,
+    /// A handoff whose old owner has not reported the shard stopped after
+    /// this long completes as a DeadOwner move; a gracefully leaving node
+    /// waits at most this long (plus a second) for its shards to move.
+    /// Used in cluster mode.
+    #[builder(default = Duration::from_secs(10))]
+    pub handoff_timeout: Duration,
     /// An entity with no message for this long is passivated; `None` disables
     /// idle passivation.
     #[builder(default = Some(Duration::from_secs(120)))]
@@ -142,6 +149,11 @@ impl ShardingConfig {
         {
             return Err(ShardingError::InvalidConfig(
                 "remember_entities.queue_capacity must be in 1..=10,000,000 (the queue is allocated up front)".into(),
+            ));
+        }
+        if self.rebalance_interval.is_zero() || self.handoff_timeout.is_zero() {
+            return Err(ShardingError::InvalidConfig(
+                "rebalance_interval and handoff_timeout must be positive".into(),
             ));
         }
         if self.passivation_idle_timeout == Some(Duration::ZERO) {

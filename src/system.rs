@@ -44,10 +44,23 @@ use crate::protocol::{Ask, Protocol, Tell};
 use crate::runtime::entity_actor::{EntityActor, EntityArgs, Factory, StopNotice};
 use crate::runtime::region::{Region, RegionCluster, RegionProtocol, Spawner};
 use crate::runtime::region_actor::RegionActor;
-use crate::sharding::coordinator::{RebalanceRound, ShardAllocationStrategy};
+use crate::sharding::coordinator::{CoordinatorConfig, RebalanceRound, ShardAllocationStrategy};
 use crate::sharding::driver::{ClusterLink, DriverMsg};
 use crate::store::writer::Remember;
 use crate::store::{NoStore, RememberEntitiesEvent, RememberEntitiesStore};
+
+/// What a region needs to know of protocol `P`.
+fn region_protocol<P: Protocol>() -> RegionProtocol {
+    RegionProtocol {
+        type_name: P::TYPE_NAME,
+        id: TypeId::of::<P>(),
+        fingerprint: P::FINGERPRINT,
+        decode: <P as SealedProtocol>::decode,
+        extract: |entity_id, num_shards| {
+            <P::Extractor as Default>::default().shard_id(entity_id, num_shards)
+        },
+    }
+}
 
 /// A running sharded system on this node. `S` is its remember-entities store
 /// ([`NoStore`] when built without one).
@@ -191,7 +204,15 @@ impl<S> ShardedSystemBuilder<S> {
     pub async fn start(self) -> ShardingResult<ShardedSystem<S>> {
         self.config.validate()?;
         let cluster = match self.node {
-            Some(node) => Some(ClusterLink::new(node, self.strategy)?),
+            Some(node) => {
+                let coordinator = CoordinatorConfig {
+                    rebalance_interval: self.config.rebalance_interval,
+                    rebalance_per_round: self.config.rebalance_per_round,
+                    handoff_timeout: self.config.handoff_timeout,
+                    ..CoordinatorConfig::default()
+                };
+                Some(ClusterLink::new(node, self.strategy, coordinator)?)
+            }
             None => None,
         };
         let shared = Arc::new(Shared {
@@ -231,6 +252,49 @@ impl<S> ShardedSystem<S> {
         self.register_with::<E>(Arc::new(factory), None).await
     }
 
+    /// Registers entity type `E` to be hosted only on nodes whose cluster
+    /// configuration has `role` (`ClusterConfig::roles`); on other nodes
+    /// the type's region is proxy-only: it routes to the hosting nodes and
+    /// hosts nothing. On a system without a cluster node the role is
+    /// ignored and the type is hosted here.
+    pub async fn register_on_role<E>(
+        &self,
+        role: &str,
+        factory: impl Fn(&EntityContext) -> E + Send + Sync + 'static,
+    ) -> ShardingResult<()>
+    where
+        E: Entity,
+        E::Protocol: Dispatch<E>,
+    {
+        match &self.shared.cluster {
+            Some(link) if !link.node.config().roles.contains(role) => {
+                self.register_proxy::<E::Protocol>().await
+            }
+            _ => self.register(factory).await,
+        }
+    }
+
+    /// Registers protocol `P` proxy-only on this node: its messages are
+    /// routed to the nodes that host its entities, and no entity of it ever
+    /// runs here (the coordinator gives a proxy-only region no shard). Needs
+    /// a system built with a cluster node.
+    pub async fn register_proxy<P: Protocol>(&self) -> ShardingResult<()> {
+        if self.shared.cluster.is_none() {
+            return Err(ShardingError::InvalidConfig(format!(
+                "`{}` cannot be proxy-only on a system without a cluster node: nothing would host it",
+                P::TYPE_NAME
+            )));
+        }
+        let spawner: Spawner = Box::new(|ctx, _, _| {
+            Err(ShardingError::Bug(format!(
+                "an entity of `{}` was spawned in a proxy-only region",
+                ctx.type_name()
+            )))
+        });
+        self.install_region(region_protocol::<P>(), spawner, None, true)
+            .await
+    }
+
     async fn register_with<E>(
         &self,
         factory: Factory<E>,
@@ -240,13 +304,6 @@ impl<S> ShardedSystem<S> {
         E: Entity,
         E::Protocol: Dispatch<E>,
     {
-        let type_name = <E::Protocol as Protocol>::TYPE_NAME;
-        if self.is_shut_down() {
-            return Err(ShardingError::ShuttingDown);
-        }
-        if self.regions().contains_key(type_name) {
-            return Err(ShardingError::AlreadyRegistered { type_name });
-        }
         let config = &self.shared.config;
         // Akka's rule: remembered entities are not passivated when idle (a
         // passivated id would be forgotten).
@@ -271,20 +328,31 @@ impl<S> ShardedSystem<S> {
                 .map(|(actor, _)| actor)
                 .map_err(|e| ShardingError::Spawn(e.to_string()))
         });
-        let protocol = RegionProtocol {
-            type_name,
-            id: TypeId::of::<E::Protocol>(),
-            fingerprint: <E::Protocol as Protocol>::FINGERPRINT,
-            decode: <E::Protocol as SealedProtocol>::decode,
-            extract: |entity_id, num_shards| {
-                <<E::Protocol as Protocol>::Extractor as Default>::default()
-                    .shard_id(entity_id, num_shards)
-            },
-        };
+        self.install_region(region_protocol::<E::Protocol>(), spawner, remember, false)
+            .await
+    }
+
+    /// Starts a region (and its actor) for `protocol` and makes it visible.
+    async fn install_region(
+        &self,
+        protocol: RegionProtocol,
+        spawner: Spawner,
+        remember: Option<Arc<Remember>>,
+        proxy: bool,
+    ) -> ShardingResult<()> {
+        let type_name = protocol.type_name;
+        if self.is_shut_down() {
+            return Err(ShardingError::ShuttingDown);
+        }
+        if self.regions().contains_key(type_name) {
+            return Err(ShardingError::AlreadyRegistered { type_name });
+        }
+        let config = &self.shared.config;
         let cluster = self.shared.cluster.as_ref().map(|link| RegionCluster {
             me: link.remote.me(),
             remote: link.remote.clone(),
             driver: link.driver.clone(),
+            proxy,
         });
         let region = Arc::new(Region::new(
             protocol,
@@ -321,7 +389,9 @@ impl<S> ShardedSystem<S> {
         if let Some(link) = &self.shared.cluster {
             let _ = link.driver.send(DriverMsg::TypeRegistered);
         }
-        region.start_remembered_shards();
+        if !proxy {
+            region.start_remembered_shards();
+        }
         Ok(())
     }
 
@@ -347,6 +417,22 @@ impl<S> ShardedSystem<S> {
     pub async fn shutdown(&self) {
         self.shared.stopped.store(true, Ordering::Release);
         let regions: Vec<Arc<Region>> = self.regions().values().cloned().collect();
+        // A graceful leave: the shards hosted here move to other nodes while
+        // this one still routes (messages that arrive meanwhile wait in the
+        // handoff buffers, then follow their shards).
+        if let Some(link) = &self.shared.cluster
+            && link.leave().await
+        {
+            let patience = self.shared.config.handoff_timeout + Duration::from_secs(1);
+            let deadline = tokio::time::Instant::now() + patience;
+            while !regions.iter().all(|r| r.leave_done()) {
+                if tokio::time::Instant::now() >= deadline {
+                    tracing::warn!(?patience, "graceful leave: not every shard was handed off in time");
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
         // No new message is accepted from here on (senders see ShuttingDown)...
         for region in &regions {
             region.stop_accepting();

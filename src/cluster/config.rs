@@ -59,6 +59,11 @@ pub struct ClusterConfig {
     /// How long a handshake may take before the connection is dropped.
     #[builder(default = Duration::from_secs(5))]
     pub handshake_timeout: Duration,
+    /// This node's roles. An entity type registered with
+    /// `ShardedSystem::register_on_role` is hosted only on nodes that have
+    /// its role (elsewhere its region is proxy-only).
+    #[builder(default, setter(transform = |roles: impl IntoIterator<Item = impl Into<String>>| roles.into_iter().map(Into::into).collect()))]
+    pub roles: std::collections::BTreeSet<String>,
 }
 
 impl ClusterConfig {

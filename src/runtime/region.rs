@@ -48,6 +48,8 @@ pub(crate) struct RegionCluster {
     pub(crate) remote: Arc<Remote>,
     /// The sharding driver: allocation requests go there.
     pub(crate) driver: tokio::sync::mpsc::UnboundedSender<DriverMsg>,
+    /// A proxy-only region: it routes and never hosts a shard.
+    pub(crate) proxy: bool,
 }
 
 /// One shard's state in its region.
@@ -115,6 +117,17 @@ pub(crate) struct LocalShard {
     /// Remembered ids listed at start and not respawned yet; an id leaves
     /// it when a message spawns it or it is passivated.
     pending_respawn: std::collections::HashSet<Arc<str>>,
+    /// Set while the shard is handed off to another node.
+    handoff: Option<HandingOff>,
+}
+
+/// A hosted shard being handed off: its entities stop (each after its
+/// mailbox), and what arrives for the shard meanwhile waits here, in
+/// order, for its next home.
+struct HandingOff {
+    buffer: Vec<Buffered>,
+    /// `ShardStopped` was sent for the current stop (entities all gone).
+    reported: bool,
 }
 
 /// One incarnation of an entity.
@@ -152,6 +165,9 @@ pub(crate) struct Region {
     spawner: Spawner,
     pub(crate) region_actor: OnceLock<ActorRef<RegionMsg>>,
     stopped: AtomicBool,
+    /// Leaving, the coordinator said no other region can take this type's
+    /// shards: the leave need not wait for them.
+    staying: AtomicBool,
     /// Counts the hostings of shards here (see `LocalShard::install`).
     installs: std::sync::atomic::AtomicU64,
     remember: Option<Arc<Remember>>,
@@ -201,6 +217,7 @@ impl Region {
             spawner,
             region_actor: OnceLock::new(),
             stopped: AtomicBool::new(false),
+            staying: AtomicBool::new(false),
             installs: std::sync::atomic::AtomicU64::new(1),
             remember,
             shutdown_timeout,
@@ -209,6 +226,16 @@ impl Region {
 
     pub(crate) fn num_shards(&self) -> u32 {
         self.slots.len() as u32
+    }
+
+    /// Whether this region routes only (it registered proxy-only).
+    pub(crate) fn is_proxy(&self) -> bool {
+        self.cluster.as_ref().is_some_and(|c| c.proxy)
+    }
+
+    /// The remember-entities queue, for a remembered type.
+    pub(crate) fn remember_queue(&self) -> Option<Arc<Remember>> {
+        self.remember.clone()
     }
 
     pub(crate) fn is_stopped(&self) -> bool {
@@ -353,6 +380,15 @@ impl Region {
         {
             return Err((error, Some(envelope)));
         }
+        if let Some(handoff) = &mut local.handoff {
+            if handoff.buffer.len() >= self.buffer_cap {
+                return Err((self.overflow(shard), Some(envelope)));
+            }
+            handoff
+                .buffer
+                .push(Buffered::Message(entity_id.clone(), envelope));
+            return Ok(());
+        }
         let envelope = match local.entities.get_mut(entity_id) {
             Some(Entry::Live(live)) => match send_to(&live.actor, envelope) {
                 Ok(()) => return Ok(()),
@@ -476,6 +512,7 @@ impl Region {
             last_incarnation: 0,
             install: self.installs.fetch_add(1, Ordering::Relaxed),
             pending_respawn: Default::default(),
+            handoff: None,
         };
         if let Some(ids) = remembered {
             local.pending_respawn = ids.into_iter().map(Arc::<str>::from).collect();
@@ -644,6 +681,22 @@ impl Region {
         entity_id: &Arc<str>,
         incarnation: Option<u64>,
     ) -> (ShardingResult<()>, Undelivered) {
+        if let Some(handoff) = &mut local.handoff {
+            // Every entity is stopping already. A request from outside
+            // still applies to the messages waiting for the next home.
+            let waiting = handoff
+                .buffer
+                .iter()
+                .any(|b| matches!(b, Buffered::Message(id, _) if id == entity_id));
+            if incarnation.is_some() || !waiting {
+                return (Ok(()), Vec::new());
+            }
+            if handoff.buffer.len() >= self.buffer_cap {
+                return (Err(self.overflow(shard)), Vec::new());
+            }
+            handoff.buffer.push(Buffered::Passivate(entity_id.clone()));
+            return (Ok(()), Vec::new());
+        }
         let live = match local.entities.remove(entity_id) {
             Some(Entry::Live(live)) if incarnation.is_none_or(|i| i == live.incarnation) => live,
             Some(Entry::Passivating { live, mut buffer }) => {
@@ -724,10 +777,107 @@ impl Region {
         if current != incarnation {
             return Vec::new();
         }
-        match local.entities.remove(entity_id) {
+        let undelivered = match local.entities.remove(entity_id) {
             Some(Entry::Passivating { buffer, .. }) => self.replay(local, shard, buffer),
             _ => Vec::new(),
+        };
+        self.report_if_stopped(local, shard);
+        undelivered
+    }
+
+    /// Tells the driver a handed-off shard has no entity left (once per
+    /// stop; the driver repeats it to the coordinator until a new home comes).
+    fn report_if_stopped(&self, local: &mut LocalShard, shard: ShardId) {
+        let Some(handoff) = &mut local.handoff else {
+            return;
+        };
+        if handoff.reported || !local.entities.is_empty() {
+            return;
         }
+        handoff.reported = true;
+        if let Some(cluster) = &self.cluster {
+            let _ = cluster.driver.send(DriverMsg::ShardStopped {
+                type_name: self.type_name,
+                shard,
+                generation: local.generation,
+            });
+        }
+    }
+
+    /// The coordinator moves `shard`, hosted here under `generation`:
+    /// every entity stops after what its mailbox holds (its remembered
+    /// state stays, for the next home to respawn), and what arrives
+    /// meanwhile is buffered. When the last entity has stopped the driver
+    /// hears `ShardStopped`. A request for another generation, or for a
+    /// shard not hosted here yet (it is starting), is ignored; the
+    /// coordinator asks again.
+    pub(crate) fn hand_off(&self, shard: ShardId, generation: u64) {
+        let Some(slot) = self.slots.get(shard.0 as usize) else {
+            return;
+        };
+        let mut guard = lock(slot);
+        let Slot::Local(local) = &mut *guard else {
+            return;
+        };
+        if local.generation != generation {
+            return;
+        }
+        match &mut local.handoff {
+            Some(handoff) => {
+                // Asked again: the report may have been lost.
+                handoff.reported = false;
+            }
+            None => {
+                let mut buffer = Vec::new();
+                let mut stopping = Stopping::default();
+                for entry in local.entities.values_mut() {
+                    match entry {
+                        Entry::Live(live) => stopping.push(live.actor.clone()),
+                        Entry::Passivating { buffer: waiting, .. } => {
+                            buffer.append(waiting);
+                        }
+                    }
+                }
+                // Live entries become stopping ones (nothing is delivered
+                // to them from now on: the buffer takes it).
+                for entry in local.entities.values_mut() {
+                    if let Entry::Live(live) = entry {
+                        let live = Live {
+                            actor: live.actor.clone(),
+                            incarnation: live.incarnation,
+                        };
+                        *entry = Entry::Passivating {
+                            live,
+                            buffer: Vec::new(),
+                        };
+                    }
+                }
+                local.pending_respawn.clear();
+                local.handoff = Some(HandingOff {
+                    buffer,
+                    reported: false,
+                });
+                // Under the lock: nothing can be enqueued behind the stop
+                // markers, as for a passivation.
+                for actor in stopping.entities.drain(..) {
+                    if actor.send_message(EntityMsg::Stop).is_err() {
+                        tracing::debug!(type_name = self.type_name, %shard, "entity gone before its handoff stop");
+                    }
+                }
+            }
+        }
+        self.report_if_stopped(local, shard);
+    }
+
+    /// Whether `shard` is hosted here under `generation`, handed off and
+    /// empty: its `ShardStopped` still needs an answer.
+    pub(crate) fn is_handed_off(&self, shard: ShardId, generation: u64) -> bool {
+        self.slots.get(shard.0 as usize).is_some_and(|slot| {
+            matches!(&*lock(slot), Slot::Local(local)
+                if local.generation == generation
+                    && local.handoff.is_some()
+                    && local.entities.is_empty())
+        })
     }
 
     /// Replays buffered items in order into a hosted shard, returning the
@@ -770,10 +920,21 @@ impl Region {
         if home.generation < guard.generation() {
             return HomeChange::Stale;
         }
+        if home.owner == cluster.me && cluster.proxy {
+            tracing::error!(type_name = self.type_name, %shard, "a proxy-only region was given a shard; ignored");
+            return HomeChange::Unchanged;
+        }
         if home.owner == cluster.me {
-            return match &mut *guard {
+            let mut undelivered = Vec::new();
+            let change = match &mut *guard {
                 Slot::Local(local) => {
+                    let moved_back = home.generation > local.generation;
                     local.generation = home.generation;
+                    if moved_back && let Some(handoff) = local.handoff.take() {
+                        // The shard was being handed off, and its new home
+                        // is here after all: what waited is delivered here.
+                        undelivered = self.replay(local, shard, handoff.buffer);
+                    }
                     HomeChange::Unchanged
                 }
                 Slot::Unallocated { generation, .. } => {
@@ -790,14 +951,20 @@ impl Region {
                 }
                 Slot::Stopped => HomeChange::Unchanged,
             };
+            drop(guard);
+            fail_undelivered(undelivered);
+            return change;
         }
         let previous = std::mem::replace(&mut *guard, Slot::Remote(home));
         let mut undelivered = Vec::new();
         let mut stopping = Stopping::default();
         let buffer = match previous {
             Slot::Unallocated { buffer, .. } => buffer,
-            Slot::Local(local) => {
+            Slot::Local(mut local) => {
                 let mut buffer = Vec::new();
+                // What waited behind passivations came before what arrived
+                // during a handoff (which took those buffers when it began).
+                let handed_off = local.handoff.take().map(|h| h.buffer);
                 for (_, entry) in local.entities {
                     match entry {
                         Entry::Live(live) => stopping.push(live.actor),
@@ -811,6 +978,7 @@ impl Region {
                     }
                 }
                 stopping.push_shard(local.shard);
+                buffer.extend(handed_off.into_iter().flatten());
                 buffer
             }
             Slot::Remote(_) | Slot::Stopped => Vec::new(),
@@ -896,6 +1064,19 @@ impl Region {
             .iter()
             .filter(|slot| matches!(&*lock(slot), Slot::Local(_)))
             .count()
+    }
+
+    /// The coordinator has nowhere to move this region's shards (see
+    /// [`leave_done`](Self::leave_done)).
+    pub(crate) fn stay(&self) {
+        self.staying.store(true, Ordering::Release);
+    }
+
+    /// In a graceful leave: whether this region has nothing more to hand
+    /// off (it hosts no shard, or the coordinator said there is no other
+    /// home for them).
+    pub(crate) fn leave_done(&self) -> bool {
+        self.staying.load(Ordering::Acquire) || self.hosted_count() == 0
     }
 
     /// Number of live (not passivating) entities in `shard`.

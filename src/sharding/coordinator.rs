@@ -8,10 +8,12 @@
 //! deterministically.
 //!
 //! ```text
-//!  membership state ─┐                      ┌─► Home  to every region of the type
-//!  Register (region) ─┤   CoordinatorCore    ├─► Table to a registering region
-//!  GetHome  (region) ─┤  table[type][shard]  ├─► Refused (fingerprint / shard count)
-//!  tick(now)        ─┘  = (owner, generation)└─► RebalanceRound records (DeadOwner)
+//!  membership state ──┐                       ┌─► Home    to every region of the type
+//!  Register (region) ──┤                       ├─► Table   to a registering region
+//!  GetHome  (region) ──┤    CoordinatorCore    ├─► Refused (fingerprint / shard count)
+//!  ShardStopped (owner)┤  table[type][shard]   ├─► HandOff to a shard's owner
+//!  Leave / Unregister ─┤ = (owner, generation) └─► RebalanceRound records
+//!  tick(now) ──────────┘
 //! ```
 //!
 //! Every node runs one core; it acts only while its node is the placement
@@ -37,6 +39,16 @@
 //!   `settle` has passed) it answers only with known homes of live owners
 //!   and reallocates nothing, so a shard whose owner has not re-registered
 //!   yet is not given a second home.
+//! * **Moving a live shard** (a GracefulSpread rebalance, or the graceful
+//!   leave of its owner) is a handoff: the core sends `HandOff` to the
+//!   owner, which stops the shard's entities and answers `ShardStopped`;
+//!   only then is the shard allocated anew (through the strategy), so two
+//!   nodes never host it at once. A handoff not finished within
+//!   `handoff_timeout` completes as a DeadOwner move; one whose owner is
+//!   gone meanwhile is reallocated with the owner's other shards.
+//! * **Rebalance.** Every `rebalance_interval`, for each type with no
+//!   handoff in progress, the strategy names live shards to move; at most
+//!   `rebalance_per_round` of them start moving.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -61,9 +73,12 @@ pub enum RebalanceReason {
     /// Its owner is no longer an eligible member (downed, exited, removed),
     /// or its owner's sharded system stopped. Never throttled.
     DeadOwner,
-    /// Moved to spread load after a node joined (capped per round). Not
-    /// produced yet: graceful rebalance comes with the handoff protocol.
+    /// Moved to spread load (after a node joined), by a handoff, at most
+    /// `rebalance_per_round` per type per round.
     GracefulSpread,
+    /// Moved by a handoff because its owner's system is shutting down
+    /// gracefully (a graceful leave). Never throttled.
+    GracefulLeave,
 }
 
 /// One shard moved by the coordinator.
@@ -81,7 +96,8 @@ pub struct ShardMovement {
     pub generation: u64,
 }
 
-/// The moves the coordinator made for one reason at one moment.
+/// The moves the coordinator completed for one reason at one moment (a
+/// handoff's move completes when the shard gets its new home).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RebalanceRound {
     /// When (the `now` the core was given).
@@ -106,12 +122,30 @@ pub trait ShardAllocationStrategy: Send + 'static {
         shard: ShardId,
         counts: &BTreeMap<UniqueAddress, usize>,
     ) -> Option<UniqueAddress>;
+
+    /// Names live shards of `type_name` to move to spread load. `owned` maps
+    /// every eligible member to the shards of the type it owns; the
+    /// coordinator moves at most `limit` of the shards named (those owned
+    /// by a key of `owned`), each by a handoff, after which the shard is
+    /// allocated anew through [`allocate`](Self::allocate). It is asked
+    /// once per `rebalance_interval` for each type with no handoff in
+    /// progress. The default moves nothing.
+    fn rebalance(
+        &mut self,
+        type_name: &str,
+        owned: &BTreeMap<UniqueAddress, Vec<ShardId>>,
+        limit: usize,
+    ) -> Vec<ShardId> {
+        let _ = (type_name, owned, limit);
+        Vec::new()
+    }
 }
 
 /// The default strategy: the eligible member owning the fewest shards of the
 /// type, the oldest among equals. Allocating one shard at a time this way
 /// keeps the per-member counts within one of each other over a stable set
-/// of members.
+/// of members; rebalancing moves shards from the most loaded members while
+/// counts differ by more than one (so a member that joins gets its share).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct LeastShardAllocation;
 
@@ -126,6 +160,42 @@ impl ShardAllocationStrategy for LeastShardAllocation {
             .iter()
             .min_by_key(|(member, count)| (**count, member.age_key()))
             .map(|(member, _)| *member)
+    }
+
+    fn rebalance(
+        &mut self,
+        _type_name: &str,
+        owned: &BTreeMap<UniqueAddress, Vec<ShardId>>,
+        limit: usize,
+    ) -> Vec<ShardId> {
+        // Plays the moves out on a copy: each takes the highest shard of the
+        // most loaded member (the youngest among equals) to the least loaded.
+        let mut owned: Vec<(UniqueAddress, Vec<ShardId>)> = owned
+            .iter()
+            .map(|(member, shards)| (*member, shards.clone()))
+            .collect();
+        let mut moves = Vec::new();
+        while moves.len() < limit {
+            let load = |(member, shards): &(UniqueAddress, Vec<ShardId>)| {
+                (shards.len(), member.age_key())
+            };
+            let (Some(most), Some(least)) = (
+                (0..owned.len()).max_by_key(|i| load(&owned[*i])),
+                (0..owned.len()).min_by_key(|i| load(&owned[*i])),
+            ) else {
+                break;
+            };
+            if owned[most].1.len() <= owned[least].1.len() + 1 {
+                break;
+            }
+            owned[most].1.sort_unstable();
+            let Some(shard) = owned[most].1.pop() else {
+                break;
+            };
+            owned[least].1.push(shard);
+            moves.push(shard);
+        }
+        moves
     }
 }
 
@@ -146,6 +216,25 @@ enum Standing {
     Keep,
 }
 
+/// A live shard on its way from its owner to a new home.
+#[derive(Clone, Copy, Debug)]
+struct HandOff {
+    /// The owner that stops the shard.
+    from: UniqueAddress,
+    /// The generation it hosts the shard under.
+    generation: u64,
+    reason: RebalanceReason,
+    started: Instant,
+    /// When `HandOff` was last sent to the owner.
+    sent: Instant,
+    /// The owner reported the shard stopped: it has no home, and is
+    /// allocated as soon as there is a candidate.
+    stopped: bool,
+}
+
+/// `HandOff` is sent again this often until the owner reports.
+const HANDOFF_RESEND: Duration = Duration::from_secs(1);
+
 struct TypeTable {
     fingerprint: u64,
     num_shards: u32,
@@ -153,8 +242,14 @@ struct TypeTable {
     /// The highest generation seen per shard, even when it has no home now.
     generations: Vec<u64>,
     regions: BTreeSet<UniqueAddress>,
+    /// Regions registered proxy-only: they route and are given nothing.
+    proxies: BTreeSet<UniqueAddress>,
+    /// Regions leaving gracefully: their shards are handed off, and they
+    /// are given nothing new.
+    leaving: BTreeSet<UniqueAddress>,
     /// Shards asked for that have no home yet, and who asked.
     waiting: BTreeMap<u32, BTreeSet<UniqueAddress>>,
+    handoffs: BTreeMap<u32, HandOff>,
 }
 
 impl TypeTable {
@@ -165,8 +260,41 @@ impl TypeTable {
             homes: vec![None; num_shards as usize],
             generations: vec![0; num_shards as usize],
             regions: BTreeSet::new(),
+            proxies: BTreeSet::new(),
+            leaving: BTreeSet::new(),
             waiting: BTreeMap::new(),
+            handoffs: BTreeMap::new(),
         }
+    }
+
+    /// Starts moving `shard` away from its owner (a no-op for a shard with
+    /// no home or already moving).
+    fn start_handoff(
+        &mut self,
+        type_name: &str,
+        shard: u32,
+        reason: RebalanceReason,
+        now: Instant,
+        out: &mut Vec<Command>,
+    ) {
+        let Some(home) = self.homes[shard as usize] else {
+            return;
+        };
+        if self.handoffs.contains_key(&shard) {
+            return;
+        }
+        self.handoffs.insert(
+            shard,
+            HandOff {
+                from: home.owner,
+                generation: home.generation,
+                reason,
+                started: now,
+                sent: now,
+                stopped: false,
+            },
+        );
+        out.push(handoff_msg(type_name, shard, home));
     }
 
     /// Takes `home` for `shard` if its generation is higher than what is known.
@@ -194,6 +322,17 @@ impl TypeTable {
     }
 }
 
+fn handoff_msg(type_name: &str, shard: u32, home: ShardHome) -> Command {
+    Command::Send {
+        to: home.owner,
+        msg: ControlMsg::HandOff {
+            type_name: type_name.to_owned(),
+            shard,
+            generation: home.generation,
+        },
+    }
+}
+
 fn is_departed(
     departed: &BTreeMap<String, BTreeSet<UniqueAddress>>,
     type_name: &str,
@@ -211,6 +350,12 @@ pub struct CoordinatorConfig {
     pub settle: Duration,
     /// How many rebalance rounds to keep in the history.
     pub history: usize,
+    /// How often the strategy is asked to spread load.
+    pub rebalance_interval: Duration,
+    /// At most this many shards of a type start moving per rebalance round.
+    pub rebalance_per_round: usize,
+    /// A handoff not finished after this long completes as a DeadOwner move.
+    pub handoff_timeout: Duration,
 }
 
 impl Default for CoordinatorConfig {
@@ -218,6 +363,9 @@ impl Default for CoordinatorConfig {
         CoordinatorConfig {
             settle: Duration::from_secs(1),
             history: 1_000,
+            rebalance_interval: Duration::from_secs(2),
+            rebalance_per_round: 3,
+            handoff_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -239,6 +387,8 @@ pub(crate) struct CoordinatorCore {
     /// members.
     departed: BTreeMap<String, BTreeSet<UniqueAddress>>,
     rounds: Vec<RebalanceRound>,
+    /// When the strategy is next asked to spread load.
+    next_rebalance: Option<Instant>,
 }
 
 impl CoordinatorCore {
@@ -258,6 +408,7 @@ impl CoordinatorCore {
             types: BTreeMap::new(),
             departed: BTreeMap::new(),
             rounds: Vec::new(),
+            next_rebalance: None,
         }
     }
 
@@ -310,6 +461,8 @@ impl CoordinatorCore {
         self.registered.retain(|m| members.contains_key(m));
         for table in self.types.values_mut() {
             table.regions.retain(|m| members.contains_key(m));
+            table.proxies.retain(|m| members.contains_key(m));
+            table.leaving.retain(|m| members.contains_key(m));
             for askers in table.waiting.values_mut() {
                 askers.retain(|m| members.contains_key(m));
             }
@@ -318,6 +471,7 @@ impl CoordinatorCore {
         if should_be_active && !self.active {
             self.active = true;
             self.settling_until = Some(now + self.config.settle);
+            self.next_rebalance = Some(now + self.config.settle + self.config.rebalance_interval);
             // Registrations from an earlier term, or sent before this node
             // saw itself coordinator, may miss what moved since: settle on
             // fresh ones (regions register with every new coordinator and
@@ -330,8 +484,12 @@ impl CoordinatorCore {
         } else if !should_be_active && self.active {
             self.active = false;
             self.settling_until = None;
+            self.next_rebalance = None;
+            // Owners report stopped shards to whichever coordinator they
+            // see, again until a new home comes: the next one finishes.
             for table in self.types.values_mut() {
                 table.waiting.clear();
+                table.handoffs.clear();
             }
         }
         self.act(now)
@@ -424,6 +582,14 @@ impl CoordinatorCore {
                 continue;
             }
             table.regions.insert(from);
+            // A registration is a region that is not leaving (a leaving one
+            // follows each registration with `Leave`).
+            table.leaving.remove(&from);
+            if reg.proxy {
+                table.proxies.insert(from);
+            } else {
+                table.proxies.remove(&from);
+            }
             if let Some(departed) = self.departed.get_mut(&reg.type_name) {
                 departed.remove(&from);
             }
@@ -452,9 +618,10 @@ impl CoordinatorCore {
         out
     }
 
-    /// A region's types stop on `from` (its system shuts down): it is no
-    /// longer a region of them, and the shards it owns are reallocated at
-    /// once, as dead-owner moves (there is no handoff yet).
+    /// A region's types stop on `from` (its system shut down): it is no
+    /// longer a region of them, and the shards it still owns (a graceful
+    /// leave hands them off first) are reallocated at once, as dead-owner
+    /// moves.
     pub(crate) fn unregister(
         &mut self,
         now: Instant,
@@ -464,6 +631,8 @@ impl CoordinatorCore {
         for type_name in types {
             if let Some(table) = self.types.get_mut(type_name) {
                 table.regions.remove(&from);
+                table.proxies.remove(&from);
+                table.leaving.remove(&from);
             }
             // Kept also for a type this core has no table of yet: a later
             // registration may bring homes on `from`.
@@ -504,6 +673,7 @@ impl CoordinatorCore {
             // core holds is older, so the shard is allocated anew above it.
             table.generations[i] = generation;
             table.homes[i] = None;
+            table.handoffs.remove(&shard);
         }
         if let Some(home) = table.homes[shard as usize]
             && self.members.contains_key(&home.owner)
@@ -518,7 +688,103 @@ impl CoordinatorCore {
         self.act(now)
     }
 
-    /// Time passes: the settle period may end.
+    /// `from` leaves gracefully (its system is shutting down): its shards
+    /// of `types` are handed off, uncapped, and it is given nothing new.
+    ///
+    /// When no other region can take them, the leaver hears `Stay` instead
+    /// (the answer to each `Leave`, which it repeats while it waits).
+    pub(crate) fn leave(&mut self, now: Instant, from: UniqueAddress, types: &[String]) -> Vec<Command> {
+        for type_name in types {
+            if let Some(table) = self.types.get_mut(type_name) {
+                table.leaving.insert(from);
+            }
+        }
+        let mut out = self.act(now);
+        if self.active {
+            for type_name in types {
+                if !self.has_candidate_besides(type_name, &from) {
+                    out.push(Command::Send {
+                        to: from,
+                        msg: ControlMsg::Stay {
+                            type_name: type_name.clone(),
+                        },
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    /// Whether some member other than `leaving` could take shards of
+    /// `type_name` now (a leaving node with no one to hand off to need not
+    /// wait for handoffs).
+    pub(crate) fn has_candidate_besides(&self, type_name: &str, leaving: &UniqueAddress) -> bool {
+        self.candidates(type_name).iter().any(|m| m != leaving)
+    }
+
+    /// `from`, the owner of `shard` under `generation`, has stopped it (the
+    /// answer to `HandOff`, sent again until a newer home comes). The shard
+    /// is allocated anew. A report about an older allocation is answered
+    /// with the current home, so the reporter stops repeating it.
+    pub(crate) fn shard_stopped(
+        &mut self,
+        now: Instant,
+        from: UniqueAddress,
+        type_name: &str,
+        shard: u32,
+        generation: u64,
+    ) -> Vec<Command> {
+        if !self.active {
+            return Vec::new();
+        }
+        let Some(table) = self.types.get_mut(type_name) else {
+            return Vec::new();
+        };
+        if shard >= table.num_shards {
+            return Vec::new();
+        }
+        let i = shard as usize;
+        match table.homes[i] {
+            Some(home) if home.owner == from && home.generation == generation => {
+                let reason = match table.handoffs.get(&shard) {
+                    Some(handoff) => handoff.reason,
+                    // A handoff a previous coordinator started.
+                    None if table.leaving.contains(&from) => RebalanceReason::GracefulLeave,
+                    None => RebalanceReason::GracefulSpread,
+                };
+                table.homes[i] = None;
+                table.handoffs.insert(
+                    shard,
+                    HandOff {
+                        from,
+                        generation,
+                        reason,
+                        started: now,
+                        sent: now,
+                        stopped: true,
+                    },
+                );
+                table.waiting.entry(shard).or_default();
+            }
+            Some(home) if home.generation > generation => {
+                return vec![Command::Send {
+                    to: from,
+                    msg: table.home_msg(type_name, shard, home),
+                }];
+            }
+            None if generation >= table.generations[i] => {
+                // Stopped and not yet allocated anew (a report repeated, or
+                // one this core had not heard of): allocate it now.
+                table.generations[i] = generation;
+                table.waiting.entry(shard).or_default().insert(from);
+            }
+            _ => return Vec::new(),
+        }
+        self.act(now)
+    }
+
+    /// Time passes: the settle period may end, handoffs time out, a
+    /// rebalance round may be due.
     pub(crate) fn tick(&mut self, now: Instant) -> Vec<Command> {
         self.act(now)
     }
@@ -540,98 +806,244 @@ impl CoordinatorCore {
         }
     }
 
-    /// While active and settled: reallocate the shards of gone owners, then
-    /// allocate the shards asked for.
+    /// The members that may be given shards of `type_name`: Up and
+    /// reachable, with a region of the type that is not proxy-only,
+    /// leaving or stopped.
+    fn candidates(&self, type_name: &str) -> BTreeSet<UniqueAddress> {
+        let Some(table) = self.types.get(type_name) else {
+            return BTreeSet::new();
+        };
+        table
+            .regions
+            .iter()
+            .filter(|m| {
+                self.members.get(m) == Some(&Standing::Eligible)
+                    && !table.proxies.contains(m)
+                    && !table.leaving.contains(m)
+                    && !is_departed(&self.departed, type_name, m)
+            })
+            .copied()
+            .collect()
+    }
+
+    /// While active and settled: reallocate the shards of gone owners, move
+    /// handoffs along, allocate the shards asked for, and rebalance when due.
     fn act(&mut self, now: Instant) -> Vec<Command> {
         if !self.active || !self.settled(now) {
             return Vec::new();
         }
         let mut out = Vec::new();
-        let mut moves = Vec::new();
+        let mut moves: Vec<(RebalanceReason, ShardMovement)> = Vec::new();
         let type_names: Vec<String> = self.types.keys().cloned().collect();
         for type_name in &type_names {
-            let table = &self.types[type_name];
-            let orphaned: Vec<(u32, UniqueAddress)> = table
-                .homes
-                .iter()
-                .enumerate()
-                .filter_map(|(shard, home)| {
-                    home.filter(|h| {
-                        // Gone from the cluster, or its region stopped.
-                        !self.members.contains_key(&h.owner)
-                            || is_departed(&self.departed, type_name, &h.owner)
-                    })
-                    .map(|h| (shard as u32, h.owner))
+            self.reallocate_orphans(type_name, &mut out, &mut moves);
+            self.drive_handoffs(type_name, now, &mut out, &mut moves);
+            self.answer_waiting(type_name, &mut out, &mut moves);
+        }
+        if self.next_rebalance.is_none_or(|at| now >= at) {
+            self.next_rebalance = Some(now + self.config.rebalance_interval);
+            for type_name in &type_names {
+                self.rebalance(type_name, now, &mut out);
+            }
+        }
+        self.record(now, moves);
+        out
+    }
+
+    /// Shards whose owner is gone from the cluster, or whose owner's region
+    /// stopped, get new homes at once (DeadOwner), handoffs or not.
+    fn reallocate_orphans(
+        &mut self,
+        type_name: &str,
+        out: &mut Vec<Command>,
+        moves: &mut Vec<(RebalanceReason, ShardMovement)>,
+    ) {
+        let table = &self.types[type_name];
+        let orphaned: Vec<(u32, UniqueAddress)> = table
+            .homes
+            .iter()
+            .enumerate()
+            .filter_map(|(shard, home)| {
+                home.filter(|h| {
+                    !self.members.contains_key(&h.owner)
+                        || is_departed(&self.departed, type_name, &h.owner)
                 })
-                .collect();
-            for (shard, previous) in orphaned {
-                if let Some(table) = self.types.get_mut(type_name) {
-                    table.homes[shard as usize] = None;
-                }
-                if let Some(home) = self.allocate(type_name, shard, &mut out) {
-                    moves.push(ShardMovement {
-                        type_name: type_name.clone(),
-                        shard: ShardId(shard),
-                        from: previous,
-                        to: home.owner,
-                        generation: home.generation,
+                .map(|h| (shard as u32, h.owner))
+            })
+            .collect();
+        for (shard, previous) in orphaned {
+            if let Some(table) = self.types.get_mut(type_name) {
+                table.homes[shard as usize] = None;
+                table.handoffs.remove(&shard);
+            }
+            if let Some(home) = self.allocate(type_name, shard, out) {
+                moves.push((RebalanceReason::DeadOwner, movement(type_name, shard, previous, home)));
+            }
+        }
+    }
+
+    /// Sends `HandOff` again to owners that have not reported, completes
+    /// the handoffs that timed out as DeadOwner moves, and starts handing
+    /// off the shards of leaving owners.
+    fn drive_handoffs(
+        &mut self,
+        type_name: &str,
+        now: Instant,
+        out: &mut Vec<Command>,
+        moves: &mut Vec<(RebalanceReason, ShardMovement)>,
+    ) {
+        let timeout = self.config.handoff_timeout;
+        // A leaving owner's shards move only when they have somewhere to go.
+        let can_move = !self.candidates(type_name).is_empty();
+        let Some(table) = self.types.get_mut(type_name) else {
+            return;
+        };
+        let mut timed_out = Vec::new();
+        for (shard, handoff) in table.handoffs.iter_mut().filter(|(_, h)| !h.stopped) {
+            if now.duration_since(handoff.started) >= timeout {
+                timed_out.push((*shard, handoff.from));
+            } else if now.duration_since(handoff.sent) >= HANDOFF_RESEND {
+                handoff.sent = now;
+                let home = ShardHome {
+                    owner: handoff.from,
+                    generation: handoff.generation,
+                };
+                out.push(handoff_msg(type_name, *shard, home));
+            }
+        }
+        let leaving: Vec<u32> = (0..table.num_shards)
+            .filter(|s| {
+                can_move
+                    && table.homes[*s as usize].is_some_and(|h| table.leaving.contains(&h.owner))
+            })
+            .collect();
+        for shard in leaving {
+            table.start_handoff(type_name, shard, RebalanceReason::GracefulLeave, now, out);
+        }
+        for (shard, from) in timed_out {
+            tracing::warn!(type_name, shard, %from, ?timeout, "handoff timed out; the shard is reallocated as a dead-owner move");
+            if let Some(table) = self.types.get_mut(type_name) {
+                table.homes[shard as usize] = None;
+                table.handoffs.remove(&shard);
+            }
+            if let Some(home) = self.allocate(type_name, shard, out) {
+                moves.push((RebalanceReason::DeadOwner, movement(type_name, shard, from, home)));
+            }
+        }
+    }
+
+    /// Allocates the shards asked for (and the stopped shards of
+    /// handoffs), and tells the askers.
+    fn answer_waiting(
+        &mut self,
+        type_name: &str,
+        out: &mut Vec<Command>,
+        moves: &mut Vec<(RebalanceReason, ShardMovement)>,
+    ) {
+        let waiting: Vec<(u32, BTreeSet<UniqueAddress>)> = self
+            .types
+            .get_mut(type_name)
+            .map(|t| std::mem::take(&mut t.waiting).into_iter().collect())
+            .unwrap_or_default();
+        for (shard, askers) in waiting {
+            let known = self.types[type_name].homes[shard as usize];
+            if let Some(home) = known {
+                // Known meanwhile (allocated by an earlier step, or learned
+                // from a registration, which is not broadcast): every asker
+                // hears it.
+                let table = &self.types[type_name];
+                for asker in &askers {
+                    out.push(Command::Send {
+                        to: *asker,
+                        msg: table.home_msg(type_name, shard, home),
                     });
                 }
+                continue;
             }
-            let waiting: Vec<(u32, BTreeSet<UniqueAddress>)> = self
-                .types
-                .get_mut(type_name)
-                .map(|t| std::mem::take(&mut t.waiting).into_iter().collect())
-                .unwrap_or_default();
-            for (shard, askers) in waiting {
-                let known = self.types[type_name].homes[shard as usize];
-                match known {
-                    Some(home) => {
-                        // Known meanwhile (allocated by the loop above, or
-                        // learned from a registration, which is not
-                        // broadcast): every asker hears it.
-                        let table = &self.types[type_name];
-                        for asker in &askers {
-                            out.push(Command::Send {
-                                to: *asker,
-                                msg: table.home_msg(type_name, shard, home),
-                            });
-                        }
-                    }
-                    None => {
-                        if self.allocate(type_name, shard, &mut out).is_none() {
-                            // No candidate yet: keep waiting for one.
-                            if let Some(table) = self.types.get_mut(type_name) {
-                                table.waiting.insert(shard, askers);
-                            }
-                        } else {
-                            let table = &self.types[type_name];
-                            let home = table.homes[shard as usize];
-                            for asker in askers.iter().filter(|a| !table.regions.contains(a)) {
-                                if let Some(home) = home {
-                                    out.push(Command::Send {
-                                        to: *asker,
-                                        msg: table.home_msg(type_name, shard, home),
-                                    });
-                                }
-                            }
-                        }
-                    }
+            let Some(home) = self.allocate(type_name, shard, out) else {
+                // No candidate yet: keep waiting for one.
+                if let Some(table) = self.types.get_mut(type_name) {
+                    table.waiting.insert(shard, askers);
                 }
+                continue;
+            };
+            let Some(table) = self.types.get_mut(type_name) else {
+                continue;
+            };
+            if let Some(handoff) = table.handoffs.remove(&shard) {
+                moves.push((handoff.reason, movement(type_name, shard, handoff.from, home)));
+            }
+            // Regions heard the broadcast; other askers hear it now.
+            for asker in askers.iter().filter(|a| !table.regions.contains(a)) {
+                out.push(Command::Send {
+                    to: *asker,
+                    msg: table.home_msg(type_name, shard, home),
+                });
             }
         }
-        if !moves.is_empty() {
-            self.rounds.push(RebalanceRound {
-                at: now,
-                reason: RebalanceReason::DeadOwner,
-                moves,
-            });
-            if self.rounds.len() > self.config.history {
-                let excess = self.rounds.len() - self.config.history;
-                self.rounds.drain(..excess);
+    }
+
+    /// Asks the strategy which shards of `type_name` to move to spread
+    /// load, and starts at most `rebalance_per_round` handoffs.
+    fn rebalance(&mut self, type_name: &str, now: Instant, out: &mut Vec<Command>) {
+        let candidates = self.candidates(type_name);
+        let Some(table) = self.types.get_mut(type_name) else {
+            return;
+        };
+        if candidates.len() < 2 || !table.handoffs.is_empty() {
+            return;
+        }
+        let mut owned: BTreeMap<UniqueAddress, Vec<ShardId>> =
+            candidates.iter().map(|m| (*m, Vec::new())).collect();
+        for (shard, home) in table.homes.iter().enumerate() {
+            if let Some(shards) = home.and_then(|h| owned.get_mut(&h.owner)) {
+                shards.push(ShardId(shard as u32));
             }
         }
-        out
+        let limit = self.config.rebalance_per_round;
+        let chosen = self.strategy.rebalance(type_name, &owned, limit);
+        let mut started = 0;
+        for ShardId(shard) in chosen {
+            if started == limit {
+                break;
+            }
+            let owned_by_candidate = table
+                .homes
+                .get(shard as usize)
+                .copied()
+                .flatten()
+                .is_some_and(|h| candidates.contains(&h.owner));
+            if owned_by_candidate && !table.handoffs.contains_key(&shard) {
+                table.start_handoff(type_name, shard, RebalanceReason::GracefulSpread, now, out);
+                started += 1;
+            }
+        }
+    }
+
+    /// Adds the moves completed now to the history, a round per reason.
+    fn record(&mut self, now: Instant, moves: Vec<(RebalanceReason, ShardMovement)>) {
+        for reason in [
+            RebalanceReason::DeadOwner,
+            RebalanceReason::GracefulLeave,
+            RebalanceReason::GracefulSpread,
+        ] {
+            let these: Vec<ShardMovement> = moves
+                .iter()
+                .filter(|(r, _)| *r == reason)
+                .map(|(_, m)| m.clone())
+                .collect();
+            if !these.is_empty() {
+                self.rounds.push(RebalanceRound {
+                    at: now,
+                    reason,
+                    moves: these,
+                });
+            }
+        }
+        if self.rounds.len() > self.config.history {
+            let excess = self.rounds.len() - self.config.history;
+            self.rounds.drain(..excess);
+        }
     }
 
     /// Allocates `shard` through the strategy and broadcasts its new home to
@@ -642,13 +1054,10 @@ impl CoordinatorCore {
         shard: u32,
         out: &mut Vec<Command>,
     ) -> Option<ShardHome> {
+        let candidates = self.candidates(type_name);
         let table = self.types.get(type_name)?;
-        let mut counts: BTreeMap<UniqueAddress, usize> = table
-            .regions
-            .iter()
-            .filter(|m| self.members.get(m) == Some(&Standing::Eligible))
-            .map(|m| (*m, 0))
-            .collect();
+        let mut counts: BTreeMap<UniqueAddress, usize> =
+            candidates.into_iter().map(|m| (m, 0)).collect();
         if counts.is_empty() {
             return None;
         }
@@ -685,6 +1094,16 @@ impl CoordinatorCore {
             });
         }
         Some(home)
+    }
+}
+
+fn movement(type_name: &str, shard: u32, from: UniqueAddress, home: ShardHome) -> ShardMovement {
+    ShardMovement {
+        type_name: type_name.to_owned(),
+        shard: ShardId(shard),
+        from,
+        to: home.owner,
+        generation: home.generation,
     }
 }
 

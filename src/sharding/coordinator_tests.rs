@@ -62,6 +62,7 @@ fn reg(num_shards: u32, homes: Vec<(u32, UniqueAddress, u64)>) -> Vec<TypeRegist
         fingerprint: FP,
         num_shards,
         homes,
+        proxy: false,
     }]
 }
 
@@ -359,6 +360,210 @@ fn an_inactive_core_records_but_answers_nothing() {
     );
 }
 
+// ---- handoff and rebalance ----
+
+fn handoff(to: UniqueAddress, shard: u32, generation: u64) -> Command {
+    Command::Send {
+        to,
+        msg: ControlMsg::HandOff {
+            type_name: TYPE.into(),
+            shard,
+            generation,
+        },
+    }
+}
+
+/// The shards the `HandOff` commands in `out` ask for, with their owner.
+fn handoffs_in(out: &[Command]) -> Vec<(UniqueAddress, u32, u64)> {
+    out.iter()
+        .filter_map(|Command::Send { to, msg }| match msg {
+            ControlMsg::HandOff {
+                shard, generation, ..
+            } => Some((*to, *shard, *generation)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn counts(c: &CoordinatorCore, shards: u32) -> BTreeMap<UniqueAddress, usize> {
+    let mut counts = BTreeMap::new();
+    for shard in 0..shards {
+        if let Some(h) = c.home(TYPE, shard) {
+            *counts.entry(h.owner).or_insert(0) += 1;
+        }
+    }
+    counts
+}
+
+/// The first rebalance round is due this long after a core becomes active.
+fn first_rebalance() -> Duration {
+    let config = CoordinatorConfig::default();
+    config.settle + config.rebalance_interval
+}
+
+#[test]
+fn a_joining_member_gets_its_share_by_capped_handoffs() {
+    let (mut c, t0, n) = settled(2, 12);
+    for shard in 0..12 {
+        c.get_home(t0, n[0], TYPE, shard, 0);
+    }
+    // A third member joins and registers.
+    let third = node(3);
+    let all = vec![n[0], n[1], third];
+    c.set_membership(t0, &view(n[0], &all, &[], &[]));
+    c.register(t0, third, &reg(12, vec![]));
+    // Nothing moves before the round is due.
+    assert!(handoffs_in(&c.tick(t0 + Duration::from_millis(10))).is_empty());
+    let mut now = t0 + first_rebalance();
+    let cap = CoordinatorConfig::default().rebalance_per_round;
+    let mut rounds = 0;
+    loop {
+        let asked = handoffs_in(&c.tick(now));
+        if asked.is_empty() {
+            break;
+        }
+        rounds += 1;
+        assert!(asked.len() <= cap, "round of {} moves", asked.len());
+        // Until the owners report, the shards keep their homes.
+        for (owner, shard, generation) in &asked {
+            assert_eq!(
+                c.home(TYPE, *shard),
+                Some(ShardHome {
+                    owner: *owner,
+                    generation: *generation
+                })
+            );
+        }
+        // No second round starts while handoffs are in progress (what the
+        // owners are asked again is what they were asked).
+        now += CoordinatorConfig::default().rebalance_interval;
+        let again: BTreeSet<_> = handoffs_in(&c.tick(now)).into_iter().collect();
+        assert_eq!(again, asked.iter().copied().collect());
+        for (owner, shard, generation) in asked {
+            let out = c.shard_stopped(now, owner, TYPE, shard, generation);
+            // The new home goes to every region, one generation up.
+            let h = c.home(TYPE, shard).unwrap();
+            assert_eq!(h.generation, generation + 1);
+            assert_eq!(h.owner, third, "the least loaded member gets it");
+            assert_eq!(out.len(), 3);
+        }
+        let round = c.rounds().last().unwrap();
+        assert_eq!(round.reason, RebalanceReason::GracefulSpread);
+        now += CoordinatorConfig::default().rebalance_interval;
+        assert!(rounds < 10, "rebalance does not converge");
+    }
+    let counts = counts(&c, 12);
+    assert_eq!(counts.values().copied().collect::<Vec<_>>(), vec![4, 4, 4]);
+    assert_eq!(rounds, 2, "4 moves at 3 per round");
+}
+
+#[test]
+fn a_leaving_member_hands_off_every_shard_at_once() {
+    let (mut c, t0, n) = settled(3, 30);
+    for shard in 0..30 {
+        c.get_home(t0, n[0], TYPE, shard, 0);
+    }
+    let out = c.leave(t0, n[2], &[TYPE.to_owned()]);
+    let asked = handoffs_in(&out);
+    assert_eq!(asked.len(), 10, "graceful leave is not capped");
+    assert!(asked.iter().all(|(to, _, _)| *to == n[2]));
+    for (owner, shard, generation) in asked {
+        c.shard_stopped(t0, owner, TYPE, shard, generation);
+        assert_ne!(c.home(TYPE, shard).unwrap().owner, n[2]);
+    }
+    let round = c.rounds().last().unwrap();
+    assert_eq!(round.reason, RebalanceReason::GracefulLeave);
+    // A leaving region gets nothing new, and nothing by rebalance.
+    assert!(!c.has_candidate_besides(TYPE, &n[0]) || c.home(TYPE, 0).is_some());
+    let counts = counts(&c, 30);
+    assert_eq!(counts.get(&n[2]), None);
+    assert_eq!(counts.values().sum::<usize>(), 30);
+    assert!(handoffs_in(&c.tick(t0 + first_rebalance())).is_empty());
+}
+
+#[test]
+fn a_handoff_that_times_out_completes_as_a_dead_owner_move() {
+    let (mut c, t0, n) = settled(2, 2);
+    c.get_home(t0, n[0], TYPE, 0, 0);
+    c.get_home(t0, n[0], TYPE, 1, 0);
+    let out = c.leave(t0, n[1], &[TYPE.to_owned()]);
+    assert_eq!(handoffs_in(&out), vec![(n[1], 1, 1)]);
+    // Asked again every second while there is no answer.
+    let later = t0 + Duration::from_millis(1_500);
+    assert_eq!(handoffs_in(&c.tick(later)), vec![(n[1], 1, 1)]);
+    let timeout = CoordinatorConfig::default().handoff_timeout;
+    c.tick(t0 + timeout);
+    assert_eq!(
+        c.home(TYPE, 1),
+        Some(ShardHome {
+            owner: n[0],
+            generation: 2
+        })
+    );
+    let round = c.rounds().last().unwrap();
+    assert_eq!(round.reason, RebalanceReason::DeadOwner);
+    // The old owner's late report is answered with the shard's home.
+    let out = c.shard_stopped(t0 + timeout, n[1], TYPE, 1, 1);
+    assert_eq!(out, vec![home(n[1], 1, n[0], 2)]);
+}
+
+#[test]
+fn an_owner_that_dies_mid_handoff_loses_the_shard_as_a_dead_owner() {
+    let (mut c, t0, n) = settled(3, 3);
+    for shard in 0..3 {
+        c.get_home(t0, n[0], TYPE, shard, 0);
+    }
+    assert_eq!(handoffs_in(&c.leave(t0, n[2], &[TYPE.to_owned()])).len(), 1);
+    c.set_membership(t0, &view(n[0], &n[..2], &n[2..], &[]));
+    let round = c.rounds().last().unwrap();
+    assert_eq!(round.reason, RebalanceReason::DeadOwner);
+    assert_eq!(round.moves[0].from, n[2]);
+    assert_eq!(c.home(TYPE, 2).unwrap().generation, 2);
+    assert!(handoffs_in(&c.tick(t0 + Duration::from_secs(30))).is_empty());
+}
+
+#[test]
+fn a_new_coordinator_finishes_a_handoff_it_did_not_start() {
+    let (mut c, t0, n) = settled(3, 3);
+    for shard in 0..3 {
+        c.get_home(t0, n[0], TYPE, shard, 0);
+    }
+    let asked = handoffs_in(&c.leave(t0, n[2], &[TYPE.to_owned()]));
+    assert_eq!(asked, vec![(n[2], 2, 1)]);
+    // The coordinator's node crashes; node 2 takes over, with every
+    // region's replica; the owner reports the stop to it.
+    let mut c2 = core(n[1]);
+    let survivors = vec![n[1], n[2]];
+    c2.set_membership(t0, &view(n[1], &survivors, &[n[0]], &[]));
+    let replica = vec![(0, n[0], 1), (1, n[1], 1), (2, n[2], 1)];
+    c2.register(t0, n[1], &reg(3, replica.clone()));
+    c2.register(t0, n[2], &reg(3, replica));
+    c2.leave(t0, n[2], &[TYPE.to_owned()]);
+    c2.shard_stopped(t0, n[2], TYPE, 2, 1);
+    let h = c2.home(TYPE, 2).unwrap();
+    assert_eq!((h.owner, h.generation), (n[1], 2));
+    let h = c2.home(TYPE, 0).unwrap();
+    assert_eq!(h.owner, n[1], "the dead coordinator's shard moved too");
+}
+
+#[test]
+fn proxy_only_regions_route_but_are_given_nothing() {
+    let t0 = Instant::now();
+    let n: Vec<UniqueAddress> = (1..=2).map(node).collect();
+    let mut c = core(n[0]);
+    c.set_membership(t0, &view(n[0], &n, &[], &[]));
+    let mut proxy = reg(4, vec![]);
+    proxy[0].proxy = true;
+    c.register(t0, n[0], &proxy);
+    c.register(t0, n[1], &reg(4, vec![]));
+    for shard in 0..4 {
+        // The proxy asks, and hears the home.
+        let out = c.get_home(t0, n[0], TYPE, shard, 0);
+        assert!(out.contains(&home(n[0], shard, n[1], 1)));
+    }
+    assert!(handoffs_in(&c.tick(t0 + first_rebalance())).is_empty());
+}
+
 // ---- random histories ----
 
 #[derive(Clone, Debug)]
@@ -371,13 +576,19 @@ enum Op {
     Unregister(u8),
     Ask(u8, u8),
     Advance(u16),
+    /// The node's system begins a graceful leave.
+    Leave(u8),
+    /// The node reports stopped every shard it was asked to hand off.
+    Stopped(u8),
 }
 
 impl Arbitrary for Op {
     fn arbitrary(g: &mut Gen) -> Self {
         let n = |g: &mut Gen| u8::arbitrary(g) % 6;
-        match u8::arbitrary(g) % 11 {
+        match u8::arbitrary(g) % 14 {
             10 => Op::Unregister(n(g)),
+            11 => Op::Leave(n(g)),
+            12 | 13 => Op::Stopped(n(g)),
             0 => Op::Join(n(g)),
             1 => Op::Crash(n(g)),
             2 => Op::Unreachable(n(g)),
@@ -397,7 +608,11 @@ impl Arbitrary for Op {
 /// owners share a generation, and generations only grow, as far as anyone
 /// alive can tell); cores that are not the coordinator say nothing; once a
 /// settled coordinator has processed a change, no shard points at a downed
-/// member while a candidate exists.
+/// member while a candidate exists; a shard whose owner is alive with its
+/// region moves only after the owner reported it stopped, or its handoff
+/// timed out (so no two nodes host it at once); a GracefulSpread round
+/// moves at most `rebalance_per_round` shards; and once membership stops
+/// changing and owners answer handoffs, the counts end within one.
 fn history_holds(ops: Vec<Op>) -> bool {
     check_history(ops).map_err(|e| eprintln!("{e}")).is_ok()
 }
@@ -418,8 +633,28 @@ fn check_history(ops: Vec<Op>) -> Result<(), String> {
     let mut cores: BTreeMap<usize, CoordinatorCore> = BTreeMap::new();
     let index_of = |a: &UniqueAddress| nodes.iter().position(|n| n == a).unwrap();
     let mut last_coordinator: Option<usize> = None;
+    let mut leaving: BTreeSet<usize> = BTreeSet::new();
+    // Handoffs asked of each owner: (owner, shard) → (generation, first asked).
+    let mut asked: BTreeMap<(usize, u32), (u64, Instant)> = BTreeMap::new();
+    let mut reported: BTreeSet<(u32, u64)> = BTreeSet::new();
+    // The newest home given out for each shard, by any core.
+    let mut latest: BTreeMap<u32, (UniqueAddress, u64)> = BTreeMap::new();
+    let config = CoordinatorConfig::default();
+    let mut rounds_checked: BTreeMap<usize, usize> = BTreeMap::new();
+    let settle_ops = (0..(SHARDS as usize + 8)).flat_map(|_| {
+        let mut step: Vec<Op> = (0..SHARDS as u8).map(|s| Op::Ask(u8::MAX, s)).collect();
+        step.push(Op::Stopped(u8::MAX));
+        step.push(Op::Advance(2_000));
+        step
+    });
+    let history_len = ops.len();
+    let ops: Vec<Op> = ops.into_iter().chain(settle_ops).collect();
 
-    for op in ops {
+    for (step, op) in ops.into_iter().enumerate() {
+        if step == history_len {
+            // Membership stops changing: every partition heals.
+            unreachable.clear();
+        }
         match op {
             Op::Join(i) => {
                 let i = i as usize;
@@ -431,6 +666,7 @@ fn check_history(ops: Vec<Op>) -> Result<(), String> {
                 let i = i as usize;
                 if alive.len() > 1 && alive.remove(&i) {
                     dead.insert(i);
+                    leaving.remove(&i);
                     registered.remove(&i);
                     known.remove(&i);
                     cores.remove(&i);
@@ -448,6 +684,7 @@ fn check_history(ops: Vec<Op>) -> Result<(), String> {
             Op::Register(i) => {
                 if alive.contains(&(i as usize)) {
                     registered.insert(i as usize);
+                    leaving.remove(&(i as usize));
                     departed.remove(&(i as usize));
                 }
             }
@@ -456,12 +693,21 @@ fn check_history(ops: Vec<Op>) -> Result<(), String> {
                 // on that node would.
                 if registered.remove(&(i as usize)) {
                     departed.insert(i as usize);
+                    leaving.remove(&(i as usize));
                     known.remove(&(i as usize));
+                    // What it hosted stopped with it: no handoff to wait for.
+                    let gone = nodes[i as usize];
+                    latest.retain(|_, (owner, _)| *owner != gone);
                 }
                 // Its coordinator core goes on (a stopped system still
                 // coordinates), and it tells every coordinator it sees.
             }
-            Op::Ask(_, _) | Op::Advance(_) => {}
+            Op::Leave(i) => {
+                if registered.contains(&(i as usize)) {
+                    leaving.insert(i as usize);
+                }
+            }
+            Op::Ask(_, _) | Op::Advance(_) | Op::Stopped(_) => {}
         }
         if let Op::Advance(ms) = op {
             now += Duration::from_millis(u64::from(ms));
@@ -487,9 +733,18 @@ fn check_history(ops: Vec<Op>) -> Result<(), String> {
                     commands.extend(c.unregister(now, nodes[*d], &[TYPE.to_owned()]));
                 }
             }
-            // Every region registers with a new coordinator.
+            // Every region registers with a new coordinator; a leaving one
+            // says so again, and owners repeat their stop reports.
             for r in &registered {
                 commands.extend(c.register(now, nodes[*r], &reg(SHARDS, replica(&known, *r))));
+            }
+            for l in &leaving {
+                commands.extend(c.leave(now, nodes[*l], &[TYPE.to_owned()]));
+            }
+            for ((owner, shard), (generation, _)) in &asked {
+                if reported.contains(&(*shard, *generation)) && alive.contains(owner) {
+                    commands.extend(c.shard_stopped(now, nodes[*owner], TYPE, *shard, *generation));
+                }
             }
         }
         commands.extend(c.set_membership(now, &view(coord, &up, &down, &unr)));
@@ -500,6 +755,37 @@ fn check_history(ops: Vec<Op>) -> Result<(), String> {
             }
             Op::Unregister(i) if departed.contains(&(i as usize)) => {
                 commands.extend(c.unregister(now, nodes[i as usize], &[TYPE.to_owned()]));
+            }
+            Op::Leave(i) if leaving.contains(&(i as usize)) => {
+                commands.extend(c.leave(now, nodes[i as usize], &[TYPE.to_owned()]));
+            }
+            Op::Stopped(i) => {
+                // An owner reports the handoffs it was asked for, of shards
+                // it still hosts (`u8::MAX`: every owner).
+                let due: Vec<(usize, u32, u64)> = asked
+                    .iter()
+                    .filter(|((owner, shard), (generation, _))| {
+                        (i == u8::MAX || *owner == i as usize)
+                            && alive.contains(owner)
+                            && known.get(owner).and_then(|k| k.get(shard))
+                                == Some(&(nodes[*owner], *generation))
+                    })
+                    .map(|((owner, shard), (generation, _))| (*owner, *shard, *generation))
+                    .collect();
+                for (owner, shard, generation) in due {
+                    reported.insert((shard, generation));
+                    commands.extend(c.shard_stopped(now, nodes[owner], TYPE, shard, generation));
+                }
+            }
+            // After the history, every shard is asked for by some region.
+            Op::Ask(u8::MAX, shard) => {
+                if let Some(r) = registered.iter().find(|r| alive.contains(r)) {
+                    let seen = known
+                        .get(r)
+                        .and_then(|k| k.get(&u32::from(shard)))
+                        .map_or(0, |(_, g)| *g);
+                    commands.extend(c.get_home(now, nodes[*r], TYPE, u32::from(shard), seen));
+                }
             }
             // Only a node with a region of the type asks for its shards.
             Op::Ask(i, shard)
@@ -546,6 +832,26 @@ fn check_history(ops: Vec<Op>) -> Result<(), String> {
                             "shard {shard}: home {owner} gen {generation} while a live region knows {o} gen {g}"
                         ));
                     }
+                    if let Some(&(previous, g)) = latest.get(&shard)
+                        && generation > g
+                        && previous != owner
+                    {
+                        // A move away from an owner that is alive with its
+                        // region needs its stop report, or a timed-out handoff.
+                        let p = index_of(&previous);
+                        let owner_alive = alive.contains(&p) && registered.contains(&p);
+                        let timed_out = asked.get(&(p, shard)).is_some_and(|(ag, at)| {
+                            *ag == g && now.duration_since(*at) >= config.handoff_timeout
+                        });
+                        if owner_alive && !reported.contains(&(shard, g)) && !timed_out {
+                            return Err(format!(
+                                "shard {shard} moved from live {previous} gen {g} to {owner} gen {generation} without a stop report"
+                            ));
+                        }
+                    }
+                    if latest.get(&shard).is_none_or(|(_, g)| generation >= *g) {
+                        latest.insert(shard, (owner, generation));
+                    }
                     if registered.contains(&r) {
                         learn(&mut known, &alive, r, shard, owner, generation);
                     }
@@ -555,9 +861,31 @@ fn check_history(ops: Vec<Op>) -> Result<(), String> {
                         learn(&mut known, &alive, r, shard, owner, generation);
                     }
                 }
+                ControlMsg::HandOff {
+                    shard, generation, ..
+                } => {
+                    asked
+                        .entry((r, shard))
+                        .and_modify(|e| {
+                            if e.0 != generation {
+                                *e = (generation, now);
+                            }
+                        })
+                        .or_insert((generation, now));
+                }
                 _ => {}
             }
         }
+        let c = &cores[&ci];
+        let seen = rounds_checked.entry(ci).or_insert(0);
+        for round in c.rounds().iter().skip(*seen) {
+            if round.reason == RebalanceReason::GracefulSpread
+                && round.moves.len() > config.rebalance_per_round
+            {
+                return Err(format!("a spread round of {} moves", round.moves.len()));
+            }
+        }
+        *seen = c.rounds().len();
         let c = &cores[&ci];
         if c.is_active() && c.poll_timeout().is_none() {
             let candidates = alive
@@ -576,6 +904,32 @@ fn check_history(ops: Vec<Op>) -> Result<(), String> {
                     ));
                 }
             }
+        }
+    }
+    // Membership has not changed for the settle steps: balanced.
+    let c = last_coordinator.and_then(|ci| cores.get(&ci));
+    if let Some(c) = c.filter(|c| c.is_active()) {
+        let candidates: Vec<UniqueAddress> = alive
+            .iter()
+            .filter(|i| registered.contains(i) && !leaving.contains(i))
+            .map(|i| nodes[*i])
+            .collect();
+        let mut counts: BTreeMap<UniqueAddress, usize> =
+            candidates.iter().map(|m| (*m, 0)).collect();
+        for shard in 0..SHARDS {
+            match c.home(TYPE, shard) {
+                Some(h) => *counts.entry(h.owner).or_insert(0) += 1,
+                None if !candidates.is_empty() => {
+                    return Err(format!("shard {shard} has no home after settling"));
+                }
+                None => {}
+            }
+        }
+        let (min, max) = (counts.values().min(), counts.values().max());
+        if let (Some(min), Some(max)) = (min, max)
+            && max - min > 1
+        {
+            return Err(format!("not balanced after settling: {counts:?}"));
         }
     }
     Ok(())
@@ -838,4 +1192,32 @@ fn random_histories_keep_the_invariants() {
     QuickCheck::new()
         .tests(2000)
         .quickcheck(history_holds as fn(Vec<Op>) -> bool);
+}
+
+#[test]
+fn regression_a_region_that_left_and_registered_again() {
+    use Op::*;
+    let ops = vec![
+        Register(0),
+        Leave(0),
+        Unreachable(0),
+        Unregister(0),
+        Register(0),
+    ];
+    assert_eq!(check_history(ops), Ok(()));
+}
+
+#[test]
+fn regression_a_stopped_and_restarted_region_with_an_unreachable_peer() {
+    use Op::*;
+    let ops = vec![
+        Register(0),
+        Join(2),
+        Register(2),
+        Ask(0, 1),
+        Unreachable(2),
+        Unregister(0),
+        Register(0),
+    ];
+    assert_eq!(check_history(ops), Ok(()));
 }

@@ -81,6 +81,22 @@ pub(crate) enum DriverMsg {
     /// member) and tells every coordinator it sees that this node hosts
     /// nothing any more.
     Retire,
+    /// The system begins a graceful leave: ask the coordinator to hand off
+    /// every shard hosted here. Answered whether there is a coordinator that
+    /// may have somewhere to move them (if not, there is nothing to wait for).
+    Leave(tokio::sync::oneshot::Sender<bool>),
+    /// A handed-off shard's entities have all stopped (from the region).
+    ShardStopped {
+        type_name: &'static str,
+        shard: ShardId,
+        generation: u64,
+    },
+    /// Its remember-entities records are written: report it to the coordinator.
+    ReportStopped {
+        type_name: &'static str,
+        shard: ShardId,
+        generation: u64,
+    },
 }
 
 /// A system's link to its cluster node, held by the system.
@@ -100,6 +116,7 @@ struct Parts {
     rx: mpsc::UnboundedReceiver<DriverMsg>,
     control: mpsc::Receiver<Incoming>,
     strategy: Box<dyn ShardAllocationStrategy>,
+    config: CoordinatorConfig,
 }
 
 impl ClusterLink {
@@ -108,6 +125,7 @@ impl ClusterLink {
     pub(crate) fn new(
         node: ClusterNode,
         strategy: Option<Box<dyn ShardAllocationStrategy>>,
+        config: CoordinatorConfig,
     ) -> ShardingResult<Self> {
         let transport = node.transport();
         let taken = |_| {
@@ -143,6 +161,7 @@ impl ClusterLink {
                 rx,
                 control,
                 strategy: strategy.unwrap_or_else(|| Box::new(LeastShardAllocation)),
+                config,
             })),
             tasks: Mutex::new(Vec::new()),
         })
@@ -158,7 +177,8 @@ impl ClusterLink {
             shared: shared.clone(),
             node: self.node.clone(),
             me,
-            core: CoordinatorCore::new(me, CoordinatorConfig::default(), parts.strategy),
+            core: CoordinatorCore::new(me, parts.config, parts.strategy),
+            self_tx: self.driver.downgrade(),
             rx: parts.rx,
             control: parts.control,
             state: self.node.watch_state(),
@@ -168,12 +188,26 @@ impl ClusterLink {
             heard_from: None,
             registered_at: None,
             retired: Vec::new(),
+            leaving: Vec::new(),
+            left_at: None,
+            stopped: BTreeMap::new(),
             waiting: BTreeMap::new(),
             rounds: self.rounds.clone(),
             remote: self.remote.clone(),
         };
         let _ = self.system.set(shared);
         lock(&self.tasks).push(tokio::spawn(control.run()));
+    }
+
+    /// Asks the coordinator to hand off every shard hosted here (a graceful
+    /// leave). True when the caller should wait for the handoffs: there is
+    /// a coordinator, and somewhere the shards may go.
+    pub(crate) async fn leave(&self) -> bool {
+        let (done, answer) = tokio::sync::oneshot::channel();
+        if self.driver.send(DriverMsg::Leave(done)).is_err() {
+            return false;
+        }
+        answer.await.unwrap_or(false)
     }
 
     /// Stops the tasks and fails the asks still waiting on other nodes.
@@ -343,6 +377,15 @@ struct Control {
     /// The types this node hosted before its system shut down (empty while
     /// it runs).
     retired: Vec<String>,
+    /// The types whose shards this node is handing off in a graceful leave
+    /// (empty until it begins), and when `Leave` was last sent.
+    leaving: Vec<String>,
+    left_at: Option<Instant>,
+    /// Handed-off shards reported stopped and not yet given a new home:
+    /// the generation reported, and when it was last sent.
+    stopped: BTreeMap<(&'static str, u32), (u64, Instant)>,
+    /// This task's own inbox (weak: the system's handle keeps it open).
+    self_tx: mpsc::WeakUnboundedSender<DriverMsg>,
     /// Shards asked for and not yet given a home, with when they were asked.
     waiting: BTreeMap<(&'static str, u32), Instant>,
     rounds: Arc<Mutex<Vec<RebalanceRound>>>,
@@ -369,6 +412,17 @@ impl Control {
                     }
                     Some(DriverMsg::Allocate { type_name, shard }) => self.ask_home(type_name, shard.0),
                     Some(DriverMsg::TypeRegistered) => self.register(),
+                    Some(DriverMsg::Leave(done)) => {
+                        let wait = self.begin_leave();
+                        let _ = done.send(wait);
+                    }
+                    Some(DriverMsg::ShardStopped { type_name, shard, generation }) => {
+                        self.flush_then_report(type_name, shard, generation);
+                    }
+                    Some(DriverMsg::ReportStopped { type_name, shard, generation }) => {
+                        self.stopped.insert((type_name, shard.0), (generation, Instant::now()));
+                        self.report_stopped(type_name, shard.0, generation);
+                    }
                 },
                 incoming = self.control.recv() => match incoming {
                     Some(incoming) => match ciborium::from_reader::<ControlMsg, _>(&incoming.payload[..]) {
@@ -391,6 +445,7 @@ impl Control {
                     self.execute(commands);
                     self.retry(now);
                     self.reregister(now);
+                    self.retry_handoff_reports(now);
                     if now.duration_since(last_sweep) >= SWEEP_EVERY {
                         last_sweep = now;
                         self.remote.sweep();
@@ -419,6 +474,7 @@ impl Control {
                 type_name: r.type_name.to_owned(),
                 fingerprint: r.fingerprint,
                 num_shards: r.num_shards(),
+                proxy: r.is_proxy(),
                 homes: r
                     .replica()
                     .into_iter()
@@ -440,6 +496,8 @@ impl Control {
             self.heard_from = None;
             self.registered_at = Some(Instant::now());
             self.send(coordinator, msg);
+            // A registration clears a leave: repeat it behind each one.
+            self.send_leave();
         }
     }
 
@@ -478,6 +536,109 @@ impl Control {
             .is_none_or(|at| now.duration_since(at) >= REREGISTER_AFTER)
         {
             self.register();
+        }
+    }
+
+    /// Starts a graceful leave: `Leave` to the coordinator (and to every
+    /// later one, and again now and then until the system stops). Returns
+    /// whether handoffs are worth waiting for.
+    fn begin_leave(&mut self) -> bool {
+        self.leaving = self
+            .regions()
+            .iter()
+            .map(|r| r.type_name.to_owned())
+            .collect();
+        if self.leaving.is_empty() || self.coordinator.is_none() {
+            return false;
+        }
+        let me = self.me;
+        if self.core.is_active()
+            && !self
+                .leaving
+                .iter()
+                .any(|t| self.core.has_candidate_besides(t, &me))
+        {
+            // This node coordinates and no other region can take a shard.
+            return false;
+        }
+        self.send_leave();
+        true
+    }
+
+    fn send_leave(&mut self) {
+        if let Some(coordinator) = self.coordinator
+            && !self.leaving.is_empty()
+            && self.retired.is_empty()
+        {
+            self.left_at = Some(Instant::now());
+            let types = self.leaving.clone();
+            self.send(coordinator, ControlMsg::Leave { types });
+        }
+    }
+
+    /// A handed-off shard stopped: once what its entities recorded is in
+    /// the store (the next home reads it to respawn them), tell the
+    /// coordinator.
+    fn flush_then_report(&mut self, type_name: &'static str, shard: ShardId, generation: u64) {
+        let report = DriverMsg::ReportStopped {
+            type_name,
+            shard,
+            generation,
+        };
+        let remember = self.region(type_name).and_then(|r| r.remember_queue());
+        match (remember, self.self_tx.upgrade()) {
+            (Some(remember), Some(tx)) => {
+                tokio::spawn(async move {
+                    if let Err(error) = remember.flush().await {
+                        tracing::warn!(type_name, %shard, %error, "remember-entities records of a handed-off shard not flushed");
+                    }
+                    let _ = tx.send(report);
+                });
+            }
+            _ => {
+                self.stopped
+                    .insert((type_name, shard.0), (generation, Instant::now()));
+                self.report_stopped(type_name, shard.0, generation);
+            }
+        }
+    }
+
+    fn report_stopped(&mut self, type_name: &'static str, shard: u32, generation: u64) {
+        if let Some(coordinator) = self.coordinator {
+            let msg = ControlMsg::ShardStopped {
+                type_name: type_name.to_owned(),
+                shard,
+                generation,
+            };
+            self.send(coordinator, msg);
+        }
+    }
+
+    /// Repeats `ShardStopped` for shards still waiting for their next home
+    /// (a report lost, or sent to a coordinator that has since changed),
+    /// and `Leave` during a graceful leave.
+    fn retry_handoff_reports(&mut self, now: Instant) {
+        let mut due = Vec::new();
+        let regions = self.shared.upgrade();
+        self.stopped.retain(|(type_name, shard), (generation, sent)| {
+            let waiting = regions
+                .as_ref()
+                .and_then(|s| s.region(type_name))
+                .is_some_and(|r| r.is_handed_off(ShardId(*shard), *generation));
+            if waiting && now.duration_since(*sent) >= RETRY_GET_HOME {
+                *sent = now;
+                due.push((*type_name, *shard, *generation));
+            }
+            waiting
+        });
+        for (type_name, shard, generation) in due {
+            self.report_stopped(type_name, shard, generation);
+        }
+        if self
+            .left_at
+            .is_some_and(|at| now.duration_since(at) >= REREGISTER_AFTER * 2)
+        {
+            self.send_leave();
         }
     }
 
@@ -569,9 +730,14 @@ impl Control {
             self.coordinator = state.coordinator;
             if self.coordinator.is_some() {
                 self.register();
+                self.send_leave();
                 let asked: Vec<(&'static str, u32)> = self.waiting.keys().copied().collect();
                 for (type_name, shard) in asked {
                     self.ask_home(type_name, shard);
+                }
+                let stopped: Vec<_> = self.stopped.iter().map(|(k, v)| (k.0, k.1, v.0)).collect();
+                for (type_name, shard, generation) in stopped {
+                    self.report_stopped(type_name, shard, generation);
                 }
             }
         }
@@ -589,7 +755,16 @@ impl Control {
                     shard,
                     generation,
                 } => self.core.get_home(now, from, &type_name, shard, generation),
-                ControlMsg::Home { .. } | ControlMsg::Table { .. }
+                ControlMsg::ShardStopped {
+                    type_name,
+                    shard,
+                    generation,
+                } => self.core.shard_stopped(now, from, &type_name, shard, generation),
+                ControlMsg::Leave { types } => self.core.leave(now, from, &types),
+                ControlMsg::Home { .. }
+                | ControlMsg::Table { .. }
+                | ControlMsg::HandOff { .. }
+                | ControlMsg::Stay { .. }
                     if from != self.me && Some(from) != self.coordinator =>
                 {
                     tracing::debug!(node = %self.me, %from, "a home from a node that is not the coordinator here: ignored");
@@ -608,6 +783,24 @@ impl Control {
                     self.heard_from = Some(from);
                     for (shard, owner, generation) in homes {
                         self.apply_home(&type_name, shard, ShardHome { owner, generation });
+                    }
+                    Vec::new()
+                }
+                ControlMsg::HandOff {
+                    type_name,
+                    shard,
+                    generation,
+                } => {
+                    if let Some(region) = self.region(&type_name)
+                        && shard < region.num_shards()
+                    {
+                        region.hand_off(ShardId(shard), generation);
+                    }
+                    Vec::new()
+                }
+                ControlMsg::Stay { type_name } => {
+                    if let Some(region) = self.region(&type_name) {
+                        region.stay();
                     }
                     Vec::new()
                 }

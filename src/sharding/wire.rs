@@ -116,6 +116,9 @@ pub(crate) struct TypeRegistration {
     /// Every home this region knows (its replica of the table, its own
     /// shards included): shard, owner, generation.
     pub(crate) homes: Vec<(u32, UniqueAddress, u64)>,
+    /// A proxy-only region: it routes, and is never given shards.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) proxy: bool,
 }
 
 /// The coordinator's protocol, on the control channel.
@@ -150,6 +153,29 @@ pub(crate) enum ControlMsg {
     },
     /// Coordinator → region: the registration of this type was refused.
     Refused { type_name: String, reason: String },
+    /// Coordinator → the shard's owner: stop the shard's entities (each
+    /// finishes its mailbox), buffer what arrives meanwhile, and report
+    /// `ShardStopped`. Sent again until the report comes.
+    HandOff {
+        type_name: String,
+        shard: u32,
+        generation: u64,
+    },
+    /// Owner → coordinator: every entity of the shard hosted under
+    /// `generation` has stopped; it may be allocated anew. Sent again until
+    /// a newer home of the shard arrives.
+    ShardStopped {
+        type_name: String,
+        shard: u32,
+        generation: u64,
+    },
+    /// Region → coordinator: this node leaves (its system shuts down
+    /// gracefully): hand off every shard it owns of these types, and give
+    /// it no new ones.
+    Leave { types: Vec<String> },
+    /// Coordinator → a leaving region: no other region can take shards of
+    /// this type now; keep them until the system stops (it need not wait).
+    Stay { type_name: String },
 }
 
 impl ControlMsg {
