@@ -427,7 +427,10 @@ impl<S> ShardedSystem<S> {
             let deadline = tokio::time::Instant::now() + patience;
             while !regions.iter().all(|r| r.leave_done()) {
                 if tokio::time::Instant::now() >= deadline {
-                    tracing::warn!(?patience, "graceful leave: not every shard was handed off in time");
+                    tracing::warn!(
+                        ?patience,
+                        "graceful leave: not every shard was handed off in time"
+                    );
                     break;
                 }
                 tokio::time::sleep(Duration::from_millis(10)).await;

@@ -833,7 +833,9 @@ impl Region {
                 for entry in local.entities.values_mut() {
                     match entry {
                         Entry::Live(live) => stopping.push(live.actor.clone()),
-                        Entry::Passivating { buffer: waiting, .. } => {
+                        Entry::Passivating {
+                            buffer: waiting, ..
+                        } => {
                             buffer.append(waiting);
                         }
                     }

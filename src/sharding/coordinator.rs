@@ -176,9 +176,8 @@ impl ShardAllocationStrategy for LeastShardAllocation {
             .collect();
         let mut moves = Vec::new();
         while moves.len() < limit {
-            let load = |(member, shards): &(UniqueAddress, Vec<ShardId>)| {
-                (shards.len(), member.age_key())
-            };
+            let load =
+                |(member, shards): &(UniqueAddress, Vec<ShardId>)| (shards.len(), member.age_key());
             let (Some(most), Some(least)) = (
                 (0..owned.len()).max_by_key(|i| load(&owned[*i])),
                 (0..owned.len()).min_by_key(|i| load(&owned[*i])),
@@ -230,6 +229,16 @@ struct HandOff {
     /// The owner reported the shard stopped: it has no home, and is
     /// allocated as soon as there is a candidate.
     stopped: bool,
+    /// The rebalance round that started it (none for a handoff that an
+    /// earlier coordinator started).
+    round: Option<u64>,
+}
+
+/// A rebalance round whose handoffs are not all finished: it enters the
+/// history when the last one ends, with the moves that completed.
+struct OpenRound {
+    round: RebalanceRound,
+    pending: usize,
 }
 
 /// `HandOff` is sent again this often until the owner reports.
@@ -267,21 +276,21 @@ impl TypeTable {
         }
     }
 
-    /// Starts moving `shard` away from its owner (a no-op for a shard with
-    /// no home or already moving).
+    /// Starts moving `shard` away from its owner as part of `round`; false
+    /// (nothing done) for a shard with no home or already moving.
     fn start_handoff(
         &mut self,
         type_name: &str,
         shard: u32,
-        reason: RebalanceReason,
+        (reason, round): (RebalanceReason, u64),
         now: Instant,
         out: &mut Vec<Command>,
-    ) {
+    ) -> bool {
         let Some(home) = self.homes[shard as usize] else {
-            return;
+            return false;
         };
         if self.handoffs.contains_key(&shard) {
-            return;
+            return false;
         }
         self.handoffs.insert(
             shard,
@@ -292,9 +301,11 @@ impl TypeTable {
                 started: now,
                 sent: now,
                 stopped: false,
+                round: Some(round),
             },
         );
         out.push(handoff_msg(type_name, shard, home));
+        true
     }
 
     /// Takes `home` for `shard` if its generation is higher than what is known.
@@ -389,6 +400,9 @@ pub(crate) struct CoordinatorCore {
     rounds: Vec<RebalanceRound>,
     /// When the strategy is next asked to spread load.
     next_rebalance: Option<Instant>,
+    /// Rounds with handoffs in progress, by number.
+    open_rounds: BTreeMap<u64, OpenRound>,
+    next_round: u64,
 }
 
 impl CoordinatorCore {
@@ -409,6 +423,8 @@ impl CoordinatorCore {
             departed: BTreeMap::new(),
             rounds: Vec::new(),
             next_rebalance: None,
+            open_rounds: BTreeMap::new(),
+            next_round: 0,
         }
     }
 
@@ -490,6 +506,9 @@ impl CoordinatorCore {
             for table in self.types.values_mut() {
                 table.waiting.clear();
                 table.handoffs.clear();
+            }
+            for (_, open) in std::mem::take(&mut self.open_rounds) {
+                self.close(open.round);
             }
         }
         self.act(now)
@@ -673,8 +692,13 @@ impl CoordinatorCore {
             // core holds is older, so the shard is allocated anew above it.
             table.generations[i] = generation;
             table.homes[i] = None;
-            table.handoffs.remove(&shard);
+            if let Some(handoff) = table.handoffs.remove(&shard) {
+                self.end_handoff(handoff, None);
+            }
         }
+        let Some(table) = self.types.get_mut(type_name) else {
+            return Vec::new();
+        };
         if let Some(home) = table.homes[shard as usize]
             && self.members.contains_key(&home.owner)
             && !is_departed(&self.departed, type_name, &home.owner)
@@ -693,7 +717,12 @@ impl CoordinatorCore {
     ///
     /// When no other region can take them, the leaver hears `Stay` instead
     /// (the answer to each `Leave`, which it repeats while it waits).
-    pub(crate) fn leave(&mut self, now: Instant, from: UniqueAddress, types: &[String]) -> Vec<Command> {
+    pub(crate) fn leave(
+        &mut self,
+        now: Instant,
+        from: UniqueAddress,
+        types: &[String],
+    ) -> Vec<Command> {
         for type_name in types {
             if let Some(table) = self.types.get_mut(type_name) {
                 table.leaving.insert(from);
@@ -753,17 +782,21 @@ impl CoordinatorCore {
                     None => RebalanceReason::GracefulSpread,
                 };
                 table.homes[i] = None;
-                table.handoffs.insert(
-                    shard,
-                    HandOff {
-                        from,
-                        generation,
-                        reason,
-                        started: now,
-                        sent: now,
-                        stopped: true,
-                    },
-                );
+                match table.handoffs.get_mut(&shard) {
+                    Some(handoff) => handoff.stopped = true,
+                    None => {
+                        let handoff = HandOff {
+                            from,
+                            generation,
+                            reason,
+                            started: now,
+                            sent: now,
+                            stopped: true,
+                            round: None,
+                        };
+                        table.handoffs.insert(shard, handoff);
+                    }
+                }
                 table.waiting.entry(shard).or_default();
             }
             Some(home) if home.generation > generation => {
@@ -872,12 +905,18 @@ impl CoordinatorCore {
             })
             .collect();
         for (shard, previous) in orphaned {
-            if let Some(table) = self.types.get_mut(type_name) {
+            let ended = self.types.get_mut(type_name).and_then(|table| {
                 table.homes[shard as usize] = None;
-                table.handoffs.remove(&shard);
+                table.handoffs.remove(&shard)
+            });
+            if let Some(handoff) = ended {
+                self.end_handoff(handoff, None);
             }
             if let Some(home) = self.allocate(type_name, shard, out) {
-                moves.push((RebalanceReason::DeadOwner, movement(type_name, shard, previous, home)));
+                moves.push((
+                    RebalanceReason::DeadOwner,
+                    movement(type_name, shard, previous, home),
+                ));
             }
         }
     }
@@ -917,17 +956,29 @@ impl CoordinatorCore {
                     && table.homes[*s as usize].is_some_and(|h| table.leaving.contains(&h.owner))
             })
             .collect();
-        for shard in leaving {
-            table.start_handoff(type_name, shard, RebalanceReason::GracefulLeave, now, out);
+        if !leaving.is_empty() {
+            let round = self.next_round;
+            let reason = RebalanceReason::GracefulLeave;
+            let started = leaving
+                .into_iter()
+                .filter(|shard| table.start_handoff(type_name, *shard, (reason, round), now, out))
+                .count();
+            self.open_round(round, reason, now, started);
         }
         for (shard, from) in timed_out {
             tracing::warn!(type_name, shard, %from, ?timeout, "handoff timed out; the shard is reallocated as a dead-owner move");
-            if let Some(table) = self.types.get_mut(type_name) {
+            let ended = self.types.get_mut(type_name).and_then(|table| {
                 table.homes[shard as usize] = None;
-                table.handoffs.remove(&shard);
+                table.handoffs.remove(&shard)
+            });
+            if let Some(handoff) = ended {
+                self.end_handoff(handoff, None);
             }
             if let Some(home) = self.allocate(type_name, shard, out) {
-                moves.push((RebalanceReason::DeadOwner, movement(type_name, shard, from, home)));
+                moves.push((
+                    RebalanceReason::DeadOwner,
+                    movement(type_name, shard, from, home),
+                ));
             }
         }
     }
@@ -967,12 +1018,24 @@ impl CoordinatorCore {
                 }
                 continue;
             };
-            let Some(table) = self.types.get_mut(type_name) else {
+            let ended = self
+                .types
+                .get_mut(type_name)
+                .and_then(|t| t.handoffs.remove(&shard));
+            if let Some(handoff) = ended {
+                let moved = movement(type_name, shard, handoff.from, home);
+                if handoff
+                    .round
+                    .is_some_and(|r| self.open_rounds.contains_key(&r))
+                {
+                    self.end_handoff(handoff, Some(moved));
+                } else {
+                    moves.push((handoff.reason, moved));
+                }
+            }
+            let Some(table) = self.types.get(type_name) else {
                 continue;
             };
-            if let Some(handoff) = table.handoffs.remove(&shard) {
-                moves.push((handoff.reason, movement(type_name, shard, handoff.from, home)));
-            }
             // Regions heard the broadcast; other askers hear it now.
             for asker in askers.iter().filter(|a| !table.regions.contains(a)) {
                 out.push(Command::Send {
@@ -1002,6 +1065,7 @@ impl CoordinatorCore {
         }
         let limit = self.config.rebalance_per_round;
         let chosen = self.strategy.rebalance(type_name, &owned, limit);
+        let round = (RebalanceReason::GracefulSpread, self.next_round);
         let mut started = 0;
         for ShardId(shard) in chosen {
             if started == limit {
@@ -1013,14 +1077,66 @@ impl CoordinatorCore {
                 .copied()
                 .flatten()
                 .is_some_and(|h| candidates.contains(&h.owner));
-            if owned_by_candidate && !table.handoffs.contains_key(&shard) {
-                table.start_handoff(type_name, shard, RebalanceReason::GracefulSpread, now, out);
+            if owned_by_candidate && table.start_handoff(type_name, shard, round, now, out) {
                 started += 1;
             }
         }
+        self.open_round(round.1, round.0, now, started);
     }
 
-    /// Adds the moves completed now to the history, a round per reason.
+    /// Opens round `number` (the next one) with `started` handoffs.
+    fn open_round(&mut self, number: u64, reason: RebalanceReason, at: Instant, started: usize) {
+        if started == 0 {
+            return;
+        }
+        debug_assert_eq!(number, self.next_round);
+        self.next_round += 1;
+        let round = RebalanceRound {
+            at,
+            reason,
+            moves: Vec::new(),
+        };
+        self.open_rounds.insert(
+            number,
+            OpenRound {
+                round,
+                pending: started,
+            },
+        );
+    }
+
+    /// A handoff ended: with the move it completed, or without one (its
+    /// shard was reallocated another way). Its round closes with its last.
+    fn end_handoff(&mut self, handoff: HandOff, moved: Option<ShardMovement>) {
+        let Some(number) = handoff.round else {
+            return;
+        };
+        let Some(open) = self.open_rounds.get_mut(&number) else {
+            return;
+        };
+        open.round.moves.extend(moved);
+        open.pending -= 1;
+        if open.pending == 0
+            && let Some(open) = self.open_rounds.remove(&number)
+        {
+            self.close(open.round);
+        }
+    }
+
+    /// Adds a finished round to the history (if it moved anything).
+    fn close(&mut self, round: RebalanceRound) {
+        if round.moves.is_empty() {
+            return;
+        }
+        self.rounds.push(round);
+        if self.rounds.len() > self.config.history {
+            let excess = self.rounds.len() - self.config.history;
+            self.rounds.drain(..excess);
+        }
+    }
+
+    /// Adds moves made now outside any open round to the history, a round
+    /// per reason.
     fn record(&mut self, now: Instant, moves: Vec<(RebalanceReason, ShardMovement)>) {
         for reason in [
             RebalanceReason::DeadOwner,
@@ -1032,17 +1148,11 @@ impl CoordinatorCore {
                 .filter(|(r, _)| *r == reason)
                 .map(|(_, m)| m.clone())
                 .collect();
-            if !these.is_empty() {
-                self.rounds.push(RebalanceRound {
-                    at: now,
-                    reason,
-                    moves: these,
-                });
-            }
-        }
-        if self.rounds.len() > self.config.history {
-            let excess = self.rounds.len() - self.config.history;
-            self.rounds.drain(..excess);
+            self.close(RebalanceRound {
+                at: now,
+                reason,
+                moves: these,
+            });
         }
     }
 

@@ -620,17 +620,18 @@ impl Control {
     fn retry_handoff_reports(&mut self, now: Instant) {
         let mut due = Vec::new();
         let regions = self.shared.upgrade();
-        self.stopped.retain(|(type_name, shard), (generation, sent)| {
-            let waiting = regions
-                .as_ref()
-                .and_then(|s| s.region(type_name))
-                .is_some_and(|r| r.is_handed_off(ShardId(*shard), *generation));
-            if waiting && now.duration_since(*sent) >= RETRY_GET_HOME {
-                *sent = now;
-                due.push((*type_name, *shard, *generation));
-            }
-            waiting
-        });
+        self.stopped
+            .retain(|(type_name, shard), (generation, sent)| {
+                let waiting = regions
+                    .as_ref()
+                    .and_then(|s| s.region(type_name))
+                    .is_some_and(|r| r.is_handed_off(ShardId(*shard), *generation));
+                if waiting && now.duration_since(*sent) >= RETRY_GET_HOME {
+                    *sent = now;
+                    due.push((*type_name, *shard, *generation));
+                }
+                waiting
+            });
         for (type_name, shard, generation) in due {
             self.report_stopped(type_name, shard, generation);
         }
@@ -759,7 +760,9 @@ impl Control {
                     type_name,
                     shard,
                     generation,
-                } => self.core.shard_stopped(now, from, &type_name, shard, generation),
+                } => self
+                    .core
+                    .shard_stopped(now, from, &type_name, shard, generation),
                 ControlMsg::Leave { types } => self.core.leave(now, from, &types),
                 ControlMsg::Home { .. }
                 | ControlMsg::Table { .. }
