@@ -46,6 +46,7 @@ use crate::runtime::region::{Region, RegionCluster, RegionProtocol, Spawner};
 use crate::runtime::region_actor::RegionActor;
 use crate::sharding::coordinator::{CoordinatorConfig, RebalanceRound, ShardAllocationStrategy};
 use crate::sharding::driver::{ClusterLink, DriverMsg};
+use crate::sharding::stats::{ClusterShardingStats, ShardRegionState};
 use crate::store::writer::Remember;
 use crate::store::{NoStore, RememberEntitiesEvent, RememberEntitiesStore};
 
@@ -486,6 +487,41 @@ impl<S> ShardedSystem<S> {
                 .clone(),
             None => Vec::new(),
         }
+    }
+
+    /// The state of this node's region of protocol `P` (Akka's
+    /// `GetShardRegionState`): hosted shards and their live entities,
+    /// shards being handed off, buffered messages. `None` when `P` is not
+    /// registered here.
+    pub fn shard_region_state<P: Protocol>(&self) -> Option<ShardRegionState> {
+        self.regions()
+            .get(P::TYPE_NAME)
+            .map(|region| region.state())
+    }
+
+    /// The cluster-wide view of protocol `P` (Akka's
+    /// `GetClusterShardingStats`): every live member is asked for its
+    /// region's hosted shards and live entities; members that do not answer
+    /// within `timeout` are listed in `failed`. `InvalidConfig` on a system
+    /// without a cluster node (use [`shard_region_state`](Self::shard_region_state)).
+    pub async fn cluster_sharding_stats<P: Protocol>(
+        &self,
+        timeout: Duration,
+    ) -> ShardingResult<ClusterShardingStats> {
+        let Some(link) = &self.shared.cluster else {
+            return Err(ShardingError::InvalidConfig(
+                "cluster_sharding_stats needs a system built with a cluster node".into(),
+            ));
+        };
+        let (reply, answer) = oneshot::channel();
+        link.driver
+            .send(DriverMsg::Stats {
+                type_name: P::TYPE_NAME,
+                timeout,
+                reply,
+            })
+            .map_err(|_| ShardingError::ShuttingDown)?;
+        answer.await.map_err(|_| ShardingError::ShuttingDown)
     }
 
     /// How many shards of protocol `P` this node hosts now.

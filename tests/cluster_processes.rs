@@ -1,6 +1,7 @@
 //! Three `datum-node` OS processes on 127.0.0.1: they form a cluster, a
 //! SIGKILLed one is downed by the others, a SIGTERMed one leaves gracefully,
-//! a frozen (SIGSTOP) one that was downed meanwhile stops once thawed.
+//! a frozen (SIGSTOP) one that was downed meanwhile stops once thawed, and
+//! a SIGTERMed one hosting counter shards hands them off under traffic.
 //!
 //! Each child's stdout is read line by line on its own thread and forwarded,
 //! stamped with the time it was read, over a channel; every wait is a
@@ -41,8 +42,14 @@ impl NodeProcess {
     /// Starts a node (joining through `seed` if given) and waits for its
     /// `started` line.
     fn start(name: &'static str, seed: Option<&str>) -> NodeProcess {
+        Self::start_with(name, seed, &[])
+    }
+
+    /// [`start`](Self::start) with more flags.
+    fn start_with(name: &'static str, seed: Option<&str>, extra: &[&str]) -> NodeProcess {
         let mut cmd = Command::new(BIN);
         cmd.args(["--cluster-name", "proc-test", "--bind", "127.0.0.1:0"])
+            .args(extra)
             .env("DATUM_SECRET", "proc-secret") // one flag from the environment
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
@@ -183,6 +190,17 @@ fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
     Some(&line[start..start + len])
 }
 
+/// The number value of `"key":123` in a flat JSON line.
+fn number(line: &str, key: &str) -> Option<u64> {
+    let pattern = format!("\"{key}\":");
+    let start = line.find(&pattern)? + pattern.len();
+    let digits: String = line[start..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().ok()
+}
+
 fn is_event_about(line: &str, event: &str, node_id: &str) -> bool {
     field(line, "event") == Some(event) && field(line, "node_id") == Some(node_id)
 }
@@ -312,4 +330,128 @@ fn bad_flags_exit_2_and_a_taken_port_exits_1() {
     let stderr = String::from_utf8_lossy(&clash.stderr);
     assert!(stderr.contains("could not bind"), "{stderr}");
     assert!(clash.stdout.is_empty());
+}
+
+#[allow(dead_code)]
+#[path = "../protocols/counter.rs"]
+mod counter;
+
+#[test]
+fn a_sigtermed_counter_node_hands_its_shards_off_under_traffic() {
+    use datum_cluster_sharding::ShardedSystem;
+    use datum_cluster_sharding::ShardingError;
+    use datum_cluster_sharding::cluster::{ClusterConfig, ClusterNode};
+
+    let flags = ["--counter", "--shards", "32", "--stats-ms", "100"];
+    let mut n1 = NodeProcess::start_with("n1", None, &flags);
+    let seed = n1.addr.clone();
+    let mut n2 = NodeProcess::start_with("n2", Some(&seed), &flags);
+    let mut n3 = NodeProcess::start_with("n3", Some(&seed), &flags);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        // The client: a fourth node in this process, proxy-only for the
+        // same counter protocol (its fingerprint must match the nodes').
+        let config = ClusterConfig::builder()
+            .cluster_name("proc-test")
+            .secret("proc-secret")
+            .seed_nodes(vec![seed.parse().expect("addr")])
+            .build();
+        let client = ClusterNode::start(config).await.expect("client node");
+        client
+            .wait_until(|s| s.up_members().count() == 4, LONG)
+            .await
+            .expect("four Up");
+        let system = ShardedSystem::builder()
+            .num_shards(32)
+            .node(client.clone())
+            .start()
+            .await
+            .expect("system");
+        system
+            .register_proxy::<counter::Counter>()
+            .await
+            .expect("proxy");
+        let ids: Vec<String> = (0..200).map(|k| format!("c-{k}")).collect();
+        let traffic = |rounds: usize| {
+            let system = system.clone();
+            let ids = ids.clone();
+            tokio::spawn(async move {
+                let mut answered = 0;
+                let mut retried = Vec::new();
+                for _ in 0..rounds {
+                    for id in &ids {
+                        let counter = system.entity_ref::<counter::Counter>(id.as_str());
+                        let deadline = Instant::now() + LONG;
+                        loop {
+                            match counter.ask(counter::Get, Duration::from_secs(5)).await {
+                                Ok(_) => break,
+                                Err(e) => {
+                                    assert!(Instant::now() < deadline, "{id}: {e}");
+                                    retried.push(e);
+                                    tokio::time::sleep(Duration::from_millis(10)).await;
+                                }
+                            }
+                        }
+                        answered += 1;
+                    }
+                }
+                (answered, retried)
+            })
+        };
+        // Every counter answers once (so every shard has a home), then
+        // traffic goes on while n3 leaves.
+        let (warm, _) = traffic(1).await.expect("warm-up");
+        assert_eq!(warm, ids.len());
+        let running = traffic(20);
+        let (_, before) = n3.expect_line(|l| {
+            field(l, "event") == Some("region_state")
+                && number(l, "entities").is_some_and(|n| n > 0)
+        });
+        eprintln!("n3 before: {before}");
+        n3.signal(libc::SIGTERM);
+        let (_, started) = n3.expect_line(|l| field(l, "event") == Some("handoff_started"));
+        let (_, done) = n3.expect_line(|l| field(l, "event") == Some("handed_off"));
+        eprintln!("{started}\n{done}");
+        assert!(
+            number(&started, "shards").is_some_and(|n| n > 0),
+            "{started}"
+        );
+        assert_eq!(number(&done, "shards"), Some(0), "{done}");
+        let (status, rest) = n3.expect_exit();
+        assert!(status.success(), "n3 exited with {status}");
+        let last = rest.last().map(String::as_str).unwrap_or_default();
+        assert_eq!(field(last, "reason"), Some("left"), "{last}");
+        let (answered, retried) = running.await.expect("traffic");
+        assert_eq!(answered, 20 * ids.len());
+        for e in &retried {
+            assert!(matches!(e, ShardingError::ShuttingDown), "{e:?}");
+        }
+        eprintln!(
+            "{answered} asks answered, {} retried after ShuttingDown",
+            retried.len()
+        );
+        // The two that stay host every shard that had a home.
+        let stats = system
+            .cluster_sharding_stats::<counter::Counter>(Duration::from_secs(5))
+            .await
+            .expect("stats");
+        assert!(stats.failed.is_empty(), "{stats:?}");
+        let hosting: Vec<usize> = stats
+            .shards_per_member()
+            .into_values()
+            .filter(|n| *n > 0)
+            .collect();
+        assert_eq!(hosting.len(), 2, "{stats:?}");
+        system.shutdown().await;
+        let _ = client.shutdown().await;
+    });
+    for n in [&mut n1, &mut n2] {
+        n.signal(libc::SIGTERM);
+        let (status, _) = n.expect_exit();
+        assert!(status.success(), "{} exited with {status}", n.name);
+    }
 }

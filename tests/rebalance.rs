@@ -500,6 +500,32 @@ async fn a_role_restricted_type_is_hosted_only_on_members_with_the_role() {
         BTreeSet::from(["node-0".to_owned(), "node-2".to_owned()])
     );
     assert_eq!(systems[1].hosted_shards::<Seq>(), 0);
+    // The same seen through the stats: the cluster-wide view from the
+    // proxy, and each region's own state.
+    let stats = systems[1]
+        .cluster_sharding_stats::<Seq>(ASK)
+        .await
+        .expect("stats");
+    assert!(stats.failed.is_empty(), "{stats:?}");
+    assert_eq!(stats.regions.len(), 3);
+    assert_eq!(stats.entities(), 64);
+    let per_member = stats.shards_per_member();
+    assert_eq!(per_member[&clusters[1].self_address()], 0);
+    let hosting: usize = [0, 2]
+        .iter()
+        .map(|i| per_member[&clusters[*i].self_address()])
+        .sum();
+    let states: Vec<_> = systems
+        .iter()
+        .map(|s| s.shard_region_state::<Seq>().expect("registered"))
+        .collect();
+    assert!(states[1].proxy && states[1].shards.is_empty());
+    assert!(!states[0].proxy && !states[2].proxy);
+    assert_eq!(hosting, states[0].shards.len() + states[2].shards.len());
+    assert_eq!(
+        states.iter().flat_map(|s| s.shards.values()).sum::<usize>(),
+        64
+    );
     for s in &systems {
         s.shutdown().await;
     }
@@ -643,6 +669,8 @@ async fn a_handoff_whose_old_owner_is_killed_midway_completes_as_a_dead_owner_mo
         nodes[2].system.hosted_shards::<Seq>() == 1
     })
     .await;
+    let state = nodes[2].system.shard_region_state::<Seq>().expect("state");
+    assert_eq!(state.handing_off, BTreeSet::from([shard]), "{state:?}");
     nodes[2].cluster.crash().await;
     // Messages for the shard are answered from a survivor again.
     let entity = nodes[1].system.entity_ref::<Seq>(other.as_str());

@@ -3,7 +3,10 @@
 //! Joins (or forms) a cluster from command-line flags or `DATUM_*`
 //! environment variables and prints one JSON object per line on stdout for
 //! every membership event this node publishes. Logs go to stderr. SIGTERM or
-//! Ctrl-C makes the node leave gracefully and exit 0. See `SPEC.md` §10c.
+//! Ctrl-C makes the node leave gracefully and exit 0. With `--counter` it
+//! also hosts the guide's counter entity type in a sharded system (its
+//! shards handed off before the node leaves) and can print that region's
+//! state now and then (`--stats-ms`). See `SPEC.md` §10c.
 //!
 //! The node runs on a current-thread runtime: the event subscription is taken
 //! before the membership driver first runs, so no event is missed, and one
@@ -15,6 +18,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use datum_cluster_sharding::ShardedSystem;
 use datum_cluster_sharding::cluster::{ClusterConfig, ClusterNode};
 use datum_cluster_sharding::identity::UniqueAddress;
 use datum_cluster_sharding::membership::{MemberStatus, MembershipEvent};
@@ -33,6 +37,9 @@ const MAX_MS: u64 = 3_600_000;
 
 /// Smallest accepted `--max-frame`: a membership gossip must fit.
 const MIN_FRAME: usize = 4 * 1024;
+
+#[path = "../../protocols/counter.rs"]
+mod counter;
 
 /// Runs one cluster node and prints its membership events as JSON lines.
 #[derive(Debug, Parser)]
@@ -89,6 +96,23 @@ struct Args {
     #[arg(long, env = "DATUM_MAX_FRAME", default_value_t = datum_cluster_sharding::wire::DEFAULT_MAX_FRAME_LEN,
           value_parser = max_frame)]
     max_frame: usize,
+
+    /// Host the counter entity type (protocol `counter`: `tell Add`,
+    /// `ask Get -> u64`) in a sharded system on this node. SIGTERM then
+    /// hands its shards off to the other nodes before the node leaves.
+    #[arg(long, env = "DATUM_COUNTER")]
+    counter: bool,
+
+    /// The counter type's shard count (every node of the cluster must agree).
+    #[arg(long, env = "DATUM_SHARDS", default_value_t = 128,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(datum_cluster_sharding::MAX_SHARDS)))]
+    shards: u32,
+
+    /// With --counter: print the counter region's state every this many
+    /// milliseconds (0: never).
+    #[arg(long, env = "DATUM_STATS_MS", default_value_t = 0,
+          value_parser = clap::value_parser!(u64).range(0..=MAX_MS))]
+    stats_ms: u64,
 }
 
 /// The seed addresses (a newtype so clap takes the whole list as one value).
@@ -204,11 +228,30 @@ async fn run(args: Args) -> ExitCode {
     let mut state = node.watch_state();
     let me = node.self_address();
     emit(&Line::member("started", &me, 0));
+    let system = if args.counter {
+        match start_counter(&node, args.shards).await {
+            Ok(system) => Some(system),
+            Err(error) => {
+                eprintln!("datum-node: cannot start the counter's sharded system: {error}");
+                node.crash().await;
+                return ExitCode::from(EXIT_START_FAILED);
+            }
+        }
+    } else {
+        None
+    };
+    let mut stats = tokio::time::interval(Duration::from_millis(args.stats_ms.max(1)));
+    let print_stats = system.is_some() && args.stats_ms > 0;
 
     let mut stopped_by_cluster = false;
     loop {
         tokio::select! {
             () = stop.recv() => break,
+            _ = stats.tick(), if print_stats => {
+                if let Some(system) = &system {
+                    emit(&RegionLine::of(system, "region_state", started));
+                }
+            }
             event = events.recv() => match event {
                 Ok(event) => emit_event(&event, started),
                 Err(RecvError::Lagged(missed)) => {
@@ -240,7 +283,24 @@ async fn run(args: Args) -> ExitCode {
         return ExitCode::from(EXIT_STOPPED_BY_CLUSTER);
     }
 
-    // Graceful leave: keep printing events while the leave goes on.
+    // Graceful leave: the shards first (the node still routes meanwhile),
+    // then the membership; events keep being printed throughout.
+    if let Some(system) = &system {
+        let before = RegionLine::of(system, "handoff_started", started);
+        emit(&before);
+        let shutdown = system.shutdown();
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                biased;
+                event = events.recv() => if let Ok(event) = event {
+                    emit_event(&event, started);
+                },
+                () = &mut shutdown => break,
+            }
+        }
+        emit(&RegionLine::of(system, "handed_off", started));
+    }
     let leave = tokio::spawn({
         let node = node.clone();
         async move { node.shutdown().await }
@@ -269,6 +329,53 @@ async fn run(args: Args) -> ExitCode {
         Err(error) => {
             eprintln!("datum-node: the leave task failed: {error}");
             ExitCode::from(EXIT_LEAVE_TIMED_OUT)
+        }
+    }
+}
+
+/// Starts a sharded system on `node` hosting the counter entity type.
+async fn start_counter(
+    node: &ClusterNode,
+    shards: u32,
+) -> datum_cluster_sharding::ShardingResult<ShardedSystem> {
+    let system = ShardedSystem::builder()
+        .num_shards(shards)
+        .node(node.clone())
+        .start()
+        .await?;
+    system
+        .register::<counter::CounterEntity>(|_| counter::CounterEntity::default())
+        .await?;
+    Ok(system)
+}
+
+/// A line about the counter region on this node (SPEC §10c.2).
+#[derive(Debug, Serialize)]
+struct RegionLine<'a> {
+    event: &'a str,
+    type_name: &'a str,
+    /// Shards hosted here.
+    shards: usize,
+    /// Live entities in them.
+    entities: usize,
+    /// Shards being handed off.
+    handing_off: usize,
+    /// Messages waiting in buffers.
+    buffered: usize,
+    t_ms: u64,
+}
+
+impl<'a> RegionLine<'a> {
+    fn of(system: &ShardedSystem, event: &'a str, started: Instant) -> Self {
+        let state = system.shard_region_state::<counter::Counter>();
+        RegionLine {
+            event,
+            type_name: "counter",
+            shards: state.as_ref().map_or(0, |s| s.shards.len()),
+            entities: state.as_ref().map_or(0, |s| s.shards.values().sum()),
+            handing_off: state.as_ref().map_or(0, |s| s.handing_off.len()),
+            buffered: state.as_ref().map_or(0, |s| s.buffered),
+            t_ms: ms_since(started),
         }
     }
 }
@@ -463,6 +570,18 @@ mod tests {
                     t_ms: 12,
                 }),
                 r#"{"event":"stopped","reason":"left","t_ms":12}"#,
+            ),
+            (
+                json_line(&RegionLine {
+                    event: "handed_off",
+                    type_name: "counter",
+                    shards: 0,
+                    entities: 0,
+                    handing_off: 0,
+                    buffered: 0,
+                    t_ms: 214,
+                }),
+                r#"{"event":"handed_off","type_name":"counter","shards":0,"entities":0,"handing_off":0,"buffered":0,"t_ms":214}"#,
             ),
         ];
         for (line, expected) in cases {

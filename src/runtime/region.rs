@@ -1068,6 +1068,41 @@ impl Region {
             .count()
     }
 
+    /// This region's own state.
+    pub(crate) fn state(&self) -> crate::sharding::ShardRegionState {
+        let mut shards = std::collections::BTreeMap::new();
+        let mut handing_off = std::collections::BTreeSet::new();
+        let mut buffered = 0;
+        for (i, slot) in self.slots.iter().enumerate() {
+            let shard = ShardId(i as u32);
+            match &*lock(slot) {
+                Slot::Unallocated { buffer, .. } => buffered += buffer.len(),
+                Slot::Local(local) => {
+                    let mut live = 0;
+                    for entry in local.entities.values() {
+                        match entry {
+                            Entry::Live(_) => live += 1,
+                            Entry::Passivating { buffer, .. } => buffered += buffer.len(),
+                        }
+                    }
+                    if let Some(handoff) = &local.handoff {
+                        buffered += handoff.buffer.len();
+                        handing_off.insert(shard);
+                    }
+                    shards.insert(shard, live);
+                }
+                Slot::Remote(_) | Slot::Stopped => {}
+            }
+        }
+        crate::sharding::ShardRegionState {
+            type_name: self.type_name,
+            shards,
+            handing_off,
+            buffered,
+            proxy: self.is_proxy(),
+        }
+    }
+
     /// The coordinator has nowhere to move this region's shards (see
     /// [`leave_done`](Self::leave_done)).
     pub(crate) fn stay(&self) {

@@ -40,6 +40,7 @@ use crate::sharding::coordinator::{
 };
 use crate::sharding::fast::{self, DataRef, EnvelopeRef};
 use crate::sharding::remote::Remote;
+use crate::sharding::stats::ClusterShardingStats;
 use crate::sharding::wire::{ControlMsg, DataMsg, RemoteError, ReplyBody, TypeRegistration};
 use crate::warn_limit::{WarnLimit, warn_limited};
 
@@ -90,6 +91,13 @@ pub(crate) enum DriverMsg {
         type_name: &'static str,
         shard: ShardId,
         generation: u64,
+    },
+    /// Gather every member's view of a type (answered by the deadline with
+    /// what came, the silent members listed as failed).
+    Stats {
+        type_name: &'static str,
+        timeout: Duration,
+        reply: tokio::sync::oneshot::Sender<ClusterShardingStats>,
     },
     /// Its remember-entities records are written: report it to the coordinator.
     ReportStopped {
@@ -191,6 +199,8 @@ impl ClusterLink {
             leaving: Vec::new(),
             left_at: None,
             stopped: BTreeMap::new(),
+            stats: BTreeMap::new(),
+            next_stats: 0,
             waiting: BTreeMap::new(),
             rounds: self.rounds.clone(),
             remote: self.remote.clone(),
@@ -355,6 +365,24 @@ fn deliver_envelope(
     }
 }
 
+/// A cluster-wide stats request in progress.
+struct PendingStats {
+    deadline: Instant,
+    waiting: BTreeSet<UniqueAddress>,
+    stats: ClusterShardingStats,
+    reply: tokio::sync::oneshot::Sender<ClusterShardingStats>,
+}
+
+/// The hosted shards of a region, with their live entities, as `Stats` carries them.
+fn hosted_shards(region: &Region) -> Vec<(u32, u32)> {
+    region
+        .state()
+        .shards
+        .into_iter()
+        .map(|(shard, live)| (shard.0, u32::try_from(live).unwrap_or(u32::MAX)))
+        .collect()
+}
+
 /// The control task's state.
 struct Control {
     shared: Weak<Shared>,
@@ -386,6 +414,9 @@ struct Control {
     stopped: BTreeMap<(&'static str, u32), (u64, Instant)>,
     /// This task's own inbox (weak: the system's handle keeps it open).
     self_tx: mpsc::WeakUnboundedSender<DriverMsg>,
+    /// Stats requests waiting for answers, by id.
+    stats: BTreeMap<u64, PendingStats>,
+    next_stats: u64,
     /// Shards asked for and not yet given a home, with when they were asked.
     waiting: BTreeMap<(&'static str, u32), Instant>,
     rounds: Arc<Mutex<Vec<RebalanceRound>>>,
@@ -419,6 +450,9 @@ impl Control {
                     Some(DriverMsg::ShardStopped { type_name, shard, generation }) => {
                         self.flush_then_report(type_name, shard, generation);
                     }
+                    Some(DriverMsg::Stats { type_name, timeout, reply }) => {
+                        self.gather_stats(type_name, timeout, reply);
+                    }
                     Some(DriverMsg::ReportStopped { type_name, shard, generation }) => {
                         self.stopped.insert((type_name, shard.0), (generation, Instant::now()));
                         self.report_stopped(type_name, shard.0, generation);
@@ -446,6 +480,7 @@ impl Control {
                     self.retry(now);
                     self.reregister(now);
                     self.retry_handoff_reports(now);
+                    self.expire_stats(now);
                     if now.duration_since(last_sweep) >= SWEEP_EVERY {
                         last_sweep = now;
                         self.remote.sweep();
@@ -643,6 +678,100 @@ impl Control {
         }
     }
 
+    /// Asks every live member (this one answered at once) for its region
+    /// of `type_name`.
+    fn gather_stats(
+        &mut self,
+        type_name: &'static str,
+        timeout: Duration,
+        reply: tokio::sync::oneshot::Sender<ClusterShardingStats>,
+    ) {
+        let mut stats = ClusterShardingStats::default();
+        if let Some(region) = self.region(type_name) {
+            let shards = region.state().shards;
+            stats.regions.insert(self.me, shards);
+        }
+        let state = self.state.borrow().clone();
+        let waiting: BTreeSet<UniqueAddress> = state
+            .members
+            .iter()
+            .filter(|m| {
+                matches!(
+                    m.status,
+                    MemberStatus::Joining | MemberStatus::Up | MemberStatus::Leaving
+                )
+            })
+            .map(|m| m.address)
+            .filter(|a| *a != self.me)
+            .collect();
+        if waiting.is_empty() {
+            let _ = reply.send(stats);
+            return;
+        }
+        let id = self.next_stats;
+        self.next_stats += 1;
+        for member in &waiting {
+            let msg = ControlMsg::GetStats {
+                id,
+                type_name: type_name.to_owned(),
+            };
+            self.send_remote(*member, &msg);
+        }
+        self.stats.insert(
+            id,
+            PendingStats {
+                deadline: Instant::now() + timeout,
+                waiting,
+                stats,
+                reply,
+            },
+        );
+    }
+
+    fn stats_answer(
+        &mut self,
+        from: UniqueAddress,
+        id: u64,
+        region: bool,
+        shards: Vec<(u32, u32)>,
+    ) {
+        let Some(pending) = self.stats.get_mut(&id) else {
+            return;
+        };
+        if !pending.waiting.remove(&from) {
+            return;
+        }
+        if region {
+            let shards = shards
+                .into_iter()
+                .map(|(shard, live)| (ShardId(shard), live as usize))
+                .collect();
+            pending.stats.regions.insert(from, shards);
+        }
+        if pending.waiting.is_empty()
+            && let Some(done) = self.stats.remove(&id)
+        {
+            let _ = done.reply.send(done.stats);
+        }
+    }
+
+    /// Answers the stats requests whose time is up, with the silent members
+    /// as failed.
+    fn expire_stats(&mut self, now: Instant) {
+        let due: Vec<u64> = self
+            .stats
+            .iter()
+            .filter(|(_, p)| now >= p.deadline)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in due {
+            if let Some(mut done) = self.stats.remove(&id) {
+                done.stats.failed = std::mem::take(&mut done.waiting);
+                let _ = done.reply.send(done.stats);
+            }
+        }
+    }
+
     fn get_home_msg(&self, type_name: &'static str, shard: u32) -> ControlMsg {
         let generation = self
             .region(type_name)
@@ -764,6 +893,20 @@ impl Control {
                     .core
                     .shard_stopped(now, from, &type_name, shard, generation),
                 ControlMsg::Leave { types } => self.core.leave(now, from, &types),
+                ControlMsg::GetStats { id, type_name } => {
+                    let region = self.region(&type_name);
+                    let msg = ControlMsg::Stats {
+                        id,
+                        region: region.is_some(),
+                        shards: region.as_deref().map(hosted_shards).unwrap_or_default(),
+                    };
+                    self.send_remote(from, &msg);
+                    Vec::new()
+                }
+                ControlMsg::Stats { id, region, shards } => {
+                    self.stats_answer(from, id, region, shards);
+                    Vec::new()
+                }
                 ControlMsg::Home { .. }
                 | ControlMsg::Table { .. }
                 | ControlMsg::HandOff { .. }

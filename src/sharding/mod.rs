@@ -20,6 +20,7 @@
 //!   [`ShardAllocationStrategy`] trait.
 //! * `remote` — envelopes to other nodes, replies routed to the asker's node.
 //! * `driver` — the tasks that carry the core's commands and the inbound data.
+//! * [`stats`] — a region's state and the cluster-wide view of a type.
 //! * `wire` — the messages on the two sharding channels.
 //!
 //! SPEC.md §13 states the protocol, the wire form and the guarantees.
@@ -28,10 +29,12 @@ pub mod coordinator;
 pub(crate) mod driver;
 pub(crate) mod fast;
 pub(crate) mod remote;
+pub mod stats;
 pub(crate) mod wire;
 
 pub use coordinator::{
     LeastShardAllocation, RebalanceReason, RebalanceRound, ShardAllocationStrategy, ShardHome,
     ShardMovement,
 };
+pub use stats::{ClusterShardingStats, ShardRegionState};
 pub use wire::RemoteError;

@@ -176,6 +176,15 @@ pub(crate) enum ControlMsg {
     /// Coordinator → a leaving region: no other region can take shards of
     /// this type now; keep them until the system stops (it need not wait).
     Stay { type_name: String },
+    /// Any node → any node: what does your region of this type host?
+    GetStats { id: u64, type_name: String },
+    /// The answer: hosted shards with their live entities; `region` false
+    /// when the node has no region of the type.
+    Stats {
+        id: u64,
+        region: bool,
+        shards: Vec<(u32, u32)>,
+    },
 }
 
 impl ControlMsg {

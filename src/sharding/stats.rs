@@ -1,0 +1,57 @@
+//! What the regions hold: one region's own state, and a cluster-wide view
+//! gathered from every member (Akka's `GetShardRegionState` and
+//! `GetClusterShardingStats`).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::extractor::ShardId;
+use crate::identity::UniqueAddress;
+
+/// One region's state on this node, as
+/// [`ShardedSystem::shard_region_state`](crate::ShardedSystem::shard_region_state)
+/// reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ShardRegionState {
+    /// The entity type.
+    pub type_name: &'static str,
+    /// Every shard hosted here, with its number of live entities
+    /// (passivating ones not counted).
+    pub shards: BTreeMap<ShardId, usize>,
+    /// The hosted shards being handed off to another node.
+    pub handing_off: BTreeSet<ShardId>,
+    /// Messages waiting in this region's buffers: for shards without a home
+    /// yet, behind passivating entities, and in handoff buffers.
+    pub buffered: usize,
+    /// The region routes only (proxy-only, or its type's role is not this
+    /// node's).
+    pub proxy: bool,
+}
+
+/// The cluster-wide view of one entity type, as
+/// [`ShardedSystem::cluster_sharding_stats`](crate::ShardedSystem::cluster_sharding_stats)
+/// gathers it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ClusterShardingStats {
+    /// Per member with a region of the type: its hosted shards and their
+    /// live entities (empty for a proxy-only region).
+    pub regions: BTreeMap<UniqueAddress, BTreeMap<ShardId, usize>>,
+    /// Members asked that did not answer in time.
+    pub failed: BTreeSet<UniqueAddress>,
+}
+
+impl ClusterShardingStats {
+    /// Shards hosted per member.
+    pub fn shards_per_member(&self) -> BTreeMap<UniqueAddress, usize> {
+        self.regions
+            .iter()
+            .map(|(member, shards)| (*member, shards.len()))
+            .collect()
+    }
+
+    /// Live entities in the whole cluster.
+    pub fn entities(&self) -> usize {
+        self.regions.values().flat_map(|s| s.values()).sum()
+    }
+}
