@@ -532,7 +532,90 @@ mod tests {
              65 68 6f 6d 65 73 81 83 05 {ORIGIN} 03"
         );
         assert_eq!(table.encode(), hex(&spec));
-        for msg in [get_home, home, table] {
+        // The handoff and stats messages (SPEC §13.11, §13.13).
+        let handoff = ControlMsg::HandOff {
+            type_name: "tally".into(),
+            shard: 5,
+            generation: 3,
+        };
+        let spec = "
+            a1 67 48 61 6e 64 4f 66 66
+            a3 69 74 79 70 65 5f 6e 61 6d 65 65 74 61 6c 6c 79
+            65 73 68 61 72 64 05
+            6a 67 65 6e 65 72 61 74 69 6f 6e 03
+        ";
+        assert_eq!(handoff.encode(), hex(spec));
+        let stopped = ControlMsg::ShardStopped {
+            type_name: "tally".into(),
+            shard: 5,
+            generation: 3,
+        };
+        let spec = "
+            a1 6c 53 68 61 72 64 53 74 6f 70 70 65 64
+            a3 69 74 79 70 65 5f 6e 61 6d 65 65 74 61 6c 6c 79
+            65 73 68 61 72 64 05
+            6a 67 65 6e 65 72 61 74 69 6f 6e 03
+        ";
+        assert_eq!(stopped.encode(), hex(spec));
+        let leave = ControlMsg::Leave {
+            types: vec!["tally".into()],
+        };
+        let spec = "a1 65 4c 65 61 76 65 a1 65 74 79 70 65 73 81 65 74 61 6c 6c 79";
+        assert_eq!(leave.encode(), hex(spec));
+        let stay = ControlMsg::Stay {
+            type_name: "tally".into(),
+        };
+        let spec = "a1 64 53 74 61 79 a1 69 74 79 70 65 5f 6e 61 6d 65 65 74 61 6c 6c 79";
+        assert_eq!(stay.encode(), hex(spec));
+        let get_stats = ControlMsg::GetStats {
+            id: 7,
+            type_name: "tally".into(),
+        };
+        let spec = "
+            a1 68 47 65 74 53 74 61 74 73
+            a2 62 69 64 07 69 74 79 70 65 5f 6e 61 6d 65 65 74 61 6c 6c 79
+        ";
+        assert_eq!(get_stats.encode(), hex(spec));
+        let stats = ControlMsg::Stats {
+            id: 7,
+            region: true,
+            shards: vec![(5, 2)],
+        };
+        let spec = "
+            a1 65 53 74 61 74 73
+            a3 62 69 64 07 66 72 65 67 69 6f 6e f5
+            66 73 68 61 72 64 73 81 82 05 02
+        ";
+        assert_eq!(stats.encode(), hex(spec));
+        // A proxy-only registration carries `proxy: true`; a hosting one
+        // leaves the field out (and a registration without it hosts).
+        let registration = TypeRegistration {
+            type_name: "tally".into(),
+            fingerprint: 1,
+            num_shards: 8,
+            homes: vec![],
+            proxy: true,
+        };
+        let mut bytes = Vec::new();
+        ciborium::into_writer(&registration, &mut bytes).expect("encodes");
+        let spec = "
+            a5 69 74 79 70 65 5f 6e 61 6d 65 65 74 61 6c 6c 79
+            6b 66 69 6e 67 65 72 70 72 69 6e 74 01
+            6a 6e 75 6d 5f 73 68 61 72 64 73 08
+            65 68 6f 6d 65 73 80
+            65 70 72 6f 78 79 f5
+        ";
+        assert_eq!(bytes, hex(spec));
+        let hosting = TypeRegistration {
+            proxy: false,
+            ..registration
+        };
+        let mut bytes = Vec::new();
+        ciborium::into_writer(&hosting, &mut bytes).expect("encodes");
+        assert_eq!(bytes[0], 0xa4, "four fields: no `proxy`");
+        let back: TypeRegistration = ciborium::from_reader(&bytes[..]).expect("decodes");
+        assert_eq!(back, hosting);
+        for msg in [get_home, home, table, handoff, stopped, leave, stay, get_stats, stats] {
             let back: ControlMsg = ciborium::from_reader(&msg.encode()[..]).expect("decodes");
             assert_eq!(back, msg);
         }
