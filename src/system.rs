@@ -86,6 +86,8 @@ pub(crate) struct Shared {
     config: ShardingConfig,
     regions: RwLock<HashMap<&'static str, Arc<Region>>>,
     stopped: AtomicBool,
+    /// `shutdown` has begun (a graceful leave comes before `stopped`).
+    leaving: AtomicBool,
     /// The link to the cluster node, for a system built with `node`.
     cluster: Option<ClusterLink>,
     /// The remember-entities write-behind queue, started on first use.
@@ -220,6 +222,7 @@ impl<S> ShardedSystemBuilder<S> {
             config: self.config,
             regions: RwLock::new(HashMap::new()),
             stopped: AtomicBool::new(false),
+            leaving: AtomicBool::new(false),
             cluster,
             remember: Mutex::new(None),
         });
@@ -342,7 +345,7 @@ impl<S> ShardedSystem<S> {
         proxy: bool,
     ) -> ShardingResult<()> {
         let type_name = protocol.type_name;
-        if self.is_shut_down() {
+        if self.is_shut_down() || self.shared.leaving.load(Ordering::Acquire) {
             return Err(ShardingError::ShuttingDown);
         }
         if self.regions().contains_key(type_name) {
@@ -412,11 +415,16 @@ impl<S> ShardedSystem<S> {
     /// Stops every entity, fails buffered and pending messages with
     /// [`ShardingError::ShuttingDown`], and waits for the actors to stop.
     ///
-    /// On a cluster, the coordinator is told first that this node's regions
-    /// stop, so their shards are reallocated to the other members at once;
-    /// messages that still reach this node are answered `ShuttingDown`.
+    /// On a cluster this is a graceful leave (SPEC §13.12): first the
+    /// shards hosted here are handed off to other members while this node
+    /// still routes (no new type may register meanwhile), waiting at most
+    /// `handoff_timeout` + 1 s; then the coordinator hears that the regions
+    /// stop, and messages that still reach this node are answered
+    /// `ShuttingDown`.
     pub async fn shutdown(&self) {
-        self.shared.stopped.store(true, Ordering::Release);
+        // No new type may register from here on (it would make this node a
+        // region that is not leaving).
+        self.shared.leaving.store(true, Ordering::Release);
         let regions: Vec<Arc<Region>> = self.regions().values().cloned().collect();
         // A graceful leave: the shards hosted here move to other nodes while
         // this one still routes (messages that arrive meanwhile wait in the
@@ -437,6 +445,7 @@ impl<S> ShardedSystem<S> {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         }
+        self.shared.stopped.store(true, Ordering::Release);
         // No new message is accepted from here on (senders see ShuttingDown)...
         for region in &regions {
             region.stop_accepting();

@@ -744,3 +744,73 @@ async fn passivation_while_a_shard_moves_applies_to_what_waits_for_the_new_home(
     assert_ne!(home, "node-2");
     stop(&nodes).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remembered_entities_are_respawned_on_the_new_homes_after_a_graceful_leave() {
+    // One store shared by the three systems (as a shared database would be).
+    let store = InMemoryStore::new();
+    let first = start_cluster_node(vec![], &[]).await;
+    let seeds = vec![first.bound_addr()];
+    let clusters = vec![
+        first,
+        start_cluster_node(seeds.clone(), &[]).await,
+        start_cluster_node(seeds, &[]).await,
+    ];
+    wait_up(&clusters.iter().collect::<Vec<_>>(), 3).await;
+    let ledger = Ledger::default();
+    let mut systems = Vec::new();
+    for (i, cluster) in clusters.iter().enumerate() {
+        let system = ShardedSystem::builder()
+            .config(sharding_config())
+            .store(store.clone())
+            .node(cluster.clone())
+            .start()
+            .await
+            .expect("system");
+        system
+            .register_remembered::<SeqEntity>(factory(&format!("node-{i}"), &ledger))
+            .await
+            .expect("registered");
+        systems.push(system);
+    }
+    let ids: Vec<String> = (0..60).map(|k| format!("remembered-{k}")).collect();
+    let mut on_leaver = 0;
+    for id in &ids {
+        let entity = systems[0].entity_ref::<Seq>(id.as_str());
+        entity.ask(Append(1), ASK).await.expect("append");
+        if entity.ask(Where, ASK).await.expect("where") == "node-2" {
+            on_leaver += 1;
+        }
+    }
+    assert!(on_leaver > 0);
+    let live = |systems: &[ShardedSystem<InMemoryStore>]| -> usize {
+        systems
+            .iter()
+            .filter_map(|s| s.shard_region_state::<Seq>())
+            .flat_map(|state| state.shards.into_values())
+            .sum()
+    };
+    assert_eq!(live(&systems), ids.len());
+    systems[2].shutdown().await;
+    // With no message sent to them, the leaver's entities come back on the
+    // nodes that took its shards: the handoff kept them in the store.
+    wait_for("every remembered entity live on the survivors", || {
+        live(&systems[..2]) == ids.len()
+    })
+    .await;
+    for id in &ids {
+        let home = systems[1]
+            .entity_ref::<Seq>(id.as_str())
+            .ask(Where, ASK)
+            .await
+            .expect("where");
+        assert_ne!(home, "node-2");
+    }
+    println!("{on_leaver} remembered entities moved with their shards and respawned");
+    for s in &systems[..2] {
+        s.shutdown().await;
+    }
+    for c in &clusters {
+        let _ = c.shutdown().await;
+    }
+}

@@ -128,6 +128,10 @@ struct HandingOff {
     buffer: Vec<Buffered>,
     /// `ShardStopped` was sent for the current stop (entities all gone).
     reported: bool,
+    /// Of a remembered type: the ids that were live or waiting to be
+    /// respawned when the handoff began (the store still lists them), to be
+    /// respawned here should the shard stay.
+    respawn: std::collections::HashSet<Arc<str>>,
 }
 
 /// One incarnation of an entity.
@@ -165,9 +169,9 @@ pub(crate) struct Region {
     spawner: Spawner,
     pub(crate) region_actor: OnceLock<ActorRef<RegionMsg>>,
     stopped: AtomicBool,
-    /// Leaving, the coordinator said no other region can take this type's
-    /// shards: the leave need not wait for them.
-    staying: AtomicBool,
+    /// Leaving, the coordinator said nothing more of this type will move off
+    /// this node: the leave need not wait for it.
+    left: AtomicBool,
     /// Counts the hostings of shards here (see `LocalShard::install`).
     installs: std::sync::atomic::AtomicU64,
     remember: Option<Arc<Remember>>,
@@ -217,7 +221,7 @@ impl Region {
             spawner,
             region_actor: OnceLock::new(),
             stopped: AtomicBool::new(false),
-            staying: AtomicBool::new(false),
+            left: AtomicBool::new(false),
             installs: std::sync::atomic::AtomicU64::new(1),
             remember,
             shutdown_timeout,
@@ -560,7 +564,15 @@ impl Region {
             return;
         };
         let (batch, interval) = remember.respawn_rate();
-        let ids: Vec<Arc<str>> = local.pending_respawn.iter().take(batch).cloned().collect();
+        // (An id whose previous incarnation is still stopping waits for the
+        // next batch.)
+        let ids: Vec<Arc<str>> = local
+            .pending_respawn
+            .iter()
+            .filter(|id| !local.entities.contains_key(*id))
+            .take(batch)
+            .cloned()
+            .collect();
         for id in ids {
             local.pending_respawn.remove(&id);
             if !local.entities.contains_key(&id)
@@ -682,8 +694,19 @@ impl Region {
         incarnation: Option<u64>,
     ) -> (ShardingResult<()>, Undelivered) {
         if let Some(handoff) = &mut local.handoff {
-            // Every entity is stopping already. A request from outside
-            // still applies to the messages waiting for the next home.
+            // Every entity is stopping already; a remembered one is now
+            // forgotten, so that no next home respawns it. A request from
+            // outside still applies to the messages waiting for that home.
+            if handoff.respawn.remove(entity_id)
+                && let Some(remember) = &self.remember
+            {
+                remember.record(
+                    self.type_name,
+                    shard,
+                    entity_id,
+                    RememberEntitiesOperation::RecordStopped,
+                );
+            }
             let waiting = handoff
                 .buffer
                 .iter()
@@ -830,9 +853,12 @@ impl Region {
             None => {
                 let mut buffer = Vec::new();
                 let mut stopping = Stopping::default();
-                for entry in local.entities.values_mut() {
+                for (id, entry) in local.entities.iter_mut() {
                     match entry {
-                        Entry::Live(live) => stopping.push(live.actor.clone()),
+                        Entry::Live(live) => {
+                            stopping.push(live.actor.clone());
+                            stopping.entities_ids.push(id.clone());
+                        }
                         Entry::Passivating {
                             buffer: waiting, ..
                         } => {
@@ -854,10 +880,16 @@ impl Region {
                         };
                     }
                 }
-                local.pending_respawn.clear();
+                let mut respawn = std::mem::take(&mut local.pending_respawn);
+                if self.remember.is_some() {
+                    respawn.extend(stopping.entities_ids.drain(..));
+                } else {
+                    respawn.clear();
+                }
                 local.handoff = Some(HandingOff {
                     buffer,
                     reported: false,
+                    respawn,
                 });
                 // Under the lock: nothing can be enqueued behind the stop
                 // markers, as for a passivation.
@@ -932,10 +964,10 @@ impl Region {
                 Slot::Local(local) => {
                     let moved_back = home.generation > local.generation;
                     local.generation = home.generation;
-                    if moved_back && let Some(handoff) = local.handoff.take() {
+                    if moved_back {
                         // The shard was being handed off, and its new home
-                        // is here after all: what waited is delivered here.
-                        undelivered = self.replay(local, shard, handoff.buffer);
+                        // is here after all.
+                        undelivered = self.resume(local, shard);
                     }
                     HomeChange::Unchanged
                 }
@@ -1103,17 +1135,55 @@ impl Region {
         }
     }
 
-    /// The coordinator has nowhere to move this region's shards (see
-    /// [`leave_done`](Self::leave_done)).
-    pub(crate) fn stay(&self) {
-        self.staying.store(true, Ordering::Release);
+    /// The coordinator said nothing more of this type will move off this
+    /// node (see [`leave_done`](Self::leave_done)).
+    pub(crate) fn mark_left(&self) {
+        self.left.store(true, Ordering::Release);
     }
 
-    /// In a graceful leave: whether this region has nothing more to hand
-    /// off (it hosts no shard, or the coordinator said there is no other
-    /// home for them).
+    /// In a graceful leave: whether this region is done (the coordinator
+    /// said `Left`: every shard it owned has its next home, and this node
+    /// has applied those homes, which came before on the same channel; or
+    /// there is nowhere to move them).
     pub(crate) fn leave_done(&self) -> bool {
-        self.staying.load(Ordering::Acquire) || self.hosted_count() == 0
+        self.left.load(Ordering::Acquire)
+    }
+
+    /// A new coordinator: handoffs it did not ask for, and that have not
+    /// reported their shard stopped yet, are called off (the shard stays
+    /// here and what waited is delivered here; a leaving node asks the new
+    /// coordinator again). Reported ones go on: their report is repeated.
+    pub(crate) fn call_off_handoffs(&self) {
+        for (i, slot) in self.slots.iter().enumerate() {
+            let mut guard = lock(slot);
+            let undelivered = match &mut *guard {
+                Slot::Local(local) if local.handoff.as_ref().is_some_and(|h| !h.reported) => {
+                    self.resume(local, ShardId(i as u32))
+                }
+                _ => Vec::new(),
+            };
+            drop(guard);
+            fail_undelivered(undelivered);
+        }
+    }
+
+    /// Ends a handoff with the shard staying here: the buffer is replayed
+    /// in order, and remembered ids stopped by the handoff are respawned
+    /// (at the respawn rate, once their incarnation has stopped).
+    fn resume(&self, local: &mut LocalShard, shard: ShardId) -> Undelivered {
+        let Some(handoff) = local.handoff.take() else {
+            return Vec::new();
+        };
+        let undelivered = self.replay(local, shard, handoff.buffer);
+        let respawn = handoff
+            .respawn
+            .into_iter()
+            .filter(|id| !matches!(local.entities.get(id), Some(Entry::Live(_))));
+        local.pending_respawn.extend(respawn);
+        if !local.pending_respawn.is_empty() {
+            self.respawn_batch(local, shard);
+        }
+        undelivered
     }
 
     /// Number of live (not passivating) entities in `shard`.
@@ -1153,7 +1223,10 @@ impl Region {
             let previous = std::mem::replace(&mut *lock(slot), Slot::Stopped);
             match previous {
                 Slot::Unallocated { buffer, .. } => buffered(buffer),
-                Slot::Local(local) => {
+                Slot::Local(mut local) => {
+                    if let Some(handoff) = local.handoff.take() {
+                        buffered(handoff.buffer);
+                    }
                     for entry in local.entities.into_values() {
                         match entry {
                             Entry::Live(live) => cells.push(live.actor.get_cell()),
@@ -1183,6 +1256,8 @@ impl Region {
 #[derive(Default)]
 struct Stopping {
     entities: Vec<ActorRef<EntityMsg>>,
+    /// The ids of `entities`, where they are needed.
+    entities_ids: Vec<Arc<str>>,
     shards: Vec<ActorRef<ShardMsg>>,
 }
 

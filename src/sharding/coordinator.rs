@@ -43,9 +43,10 @@
 //!   leave of its owner) is a handoff: the core sends `HandOff` to the
 //!   owner, which stops the shard's entities and answers `ShardStopped`;
 //!   only then is the shard allocated anew (through the strategy), so two
-//!   nodes never host it at once. A handoff not finished within
-//!   `handoff_timeout` completes as a DeadOwner move; one whose owner is
-//!   gone meanwhile is reallocated with the owner's other shards.
+//!   nodes do not host it at once — except after a handoff not finished
+//!   within `handoff_timeout`, which completes as a DeadOwner move while the
+//!   old owner's stuck entity may still run. A handoff whose owner is gone
+//!   meanwhile is reallocated with the owner's other shards.
 //! * **Rebalance.** Every `rebalance_interval`, for each type with no
 //!   handoff in progress, the strategy names live shards to move; at most
 //!   `rebalance_per_round` of them start moving.
@@ -96,8 +97,11 @@ pub struct ShardMovement {
     pub generation: u64,
 }
 
-/// The moves the coordinator completed for one reason at one moment (a
-/// handoff's move completes when the shard gets its new home).
+/// The moves the coordinator made for one reason at one moment: the
+/// dead-owner moves of one change, or the handoffs one decision started
+/// (recorded when the last of them ends, with those that completed; `at`
+/// is the decision's time; a handoff that times out is recorded as a
+/// DeadOwner round of its own).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RebalanceRound {
     /// When (the `now` the core was given).
@@ -129,7 +133,8 @@ pub trait ShardAllocationStrategy: Send + 'static {
     /// by a key of `owned`), each by a handoff, after which the shard is
     /// allocated anew through [`allocate`](Self::allocate). It is asked
     /// once per `rebalance_interval` for each type with no handoff in
-    /// progress. The default moves nothing.
+    /// progress and at least two eligible members. The default moves
+    /// nothing.
     fn rebalance(
         &mut self,
         type_name: &str,
@@ -308,9 +313,19 @@ impl TypeTable {
         true
     }
 
-    /// Takes `home` for `shard` if its generation is higher than what is known.
+    /// Takes `home` for `shard` if its generation is higher than what is
+    /// known (an equal one only when the shard has no home, and was not
+    /// stopped under it by a handoff: a replica sent before the stop must
+    /// not bring the old home back).
     fn learn(&mut self, shard: u32, home: ShardHome) -> bool {
         let i = shard as usize;
+        if self
+            .handoffs
+            .get(&shard)
+            .is_some_and(|h| h.stopped && home.generation <= h.generation)
+        {
+            return false;
+        }
         if home.generation <= self.generations[i] && self.homes[i].is_some() {
             return false;
         }
@@ -330,6 +345,15 @@ impl TypeTable {
             owner: home.owner,
             generation: home.generation,
         }
+    }
+}
+
+fn left_msg(to: UniqueAddress, type_name: &str) -> Command {
+    Command::Send {
+        to,
+        msg: ControlMsg::Left {
+            type_name: type_name.to_owned(),
+        },
     }
 }
 
@@ -402,6 +426,8 @@ pub(crate) struct CoordinatorCore {
     next_rebalance: Option<Instant>,
     /// Rounds with handoffs in progress, by number.
     open_rounds: BTreeMap<u64, OpenRound>,
+    /// Leaving regions told `Left` for a type since they began leaving.
+    told_left: BTreeSet<(String, UniqueAddress)>,
     next_round: u64,
 }
 
@@ -424,6 +450,7 @@ impl CoordinatorCore {
             rounds: Vec::new(),
             next_rebalance: None,
             open_rounds: BTreeMap::new(),
+            told_left: BTreeSet::new(),
             next_round: 0,
         }
     }
@@ -444,6 +471,13 @@ impl CoordinatorCore {
         self.types
             .get(type_name)
             .and_then(|t| t.homes.get(shard as usize).copied().flatten())
+    }
+
+    /// Handoffs in progress and rounds still open.
+    #[cfg(test)]
+    pub(crate) fn in_progress(&self) -> (usize, usize) {
+        let handoffs = self.types.values().map(|t| t.handoffs.len()).sum();
+        (handoffs, self.open_rounds.len())
     }
 
     /// When [`tick`](Self::tick) should be called next (the driver ticks
@@ -546,6 +580,7 @@ impl CoordinatorCore {
         types: &[TypeRegistration],
     ) -> Vec<Command> {
         let mut out = Vec::new();
+        let mut ended = Vec::new();
         self.registered.insert(from);
         for reg in types {
             if reg.num_shards == 0 || reg.num_shards > crate::config::MAX_SHARDS {
@@ -578,6 +613,7 @@ impl CoordinatorCore {
                 for (g, old) in fresh.generations.iter_mut().zip(&table.generations) {
                     *g = *old;
                 }
+                ended.extend(std::mem::take(&mut table.handoffs).into_values());
                 *table = fresh;
             }
             if table.fingerprint != reg.fingerprint || table.num_shards != reg.num_shards {
@@ -601,9 +637,11 @@ impl CoordinatorCore {
                 continue;
             }
             table.regions.insert(from);
-            // A registration is a region that is not leaving (a leaving one
-            // follows each registration with `Leave`).
-            table.leaving.remove(&from);
+            if reg.leaving {
+                table.leaving.insert(from);
+            } else {
+                table.leaving.remove(&from);
+            }
             if reg.proxy {
                 table.proxies.insert(from);
             } else {
@@ -632,6 +670,9 @@ impl CoordinatorCore {
                     },
                 });
             }
+        }
+        for handoff in ended {
+            self.end_handoff(handoff, None);
         }
         out.extend(self.act(now));
         out
@@ -714,9 +755,9 @@ impl CoordinatorCore {
 
     /// `from` leaves gracefully (its system is shutting down): its shards
     /// of `types` are handed off, uncapped, and it is given nothing new.
-    ///
-    /// When no other region can take them, the leaver hears `Stay` instead
-    /// (the answer to each `Leave`, which it repeats while it waits).
+    /// Each `Leave` (the leaver repeats it while it waits) is answered, per
+    /// type, with `Left` once nothing more of the type will move off the
+    /// leaver: it owns no shard of it, or no other region can take them.
     pub(crate) fn leave(
         &mut self,
         now: Instant,
@@ -729,19 +770,27 @@ impl CoordinatorCore {
             }
         }
         let mut out = self.act(now);
-        if self.active {
+        if self.active && self.settling_until.is_none() {
             for type_name in types {
-                if !self.has_candidate_besides(type_name, &from) {
-                    out.push(Command::Send {
-                        to: from,
-                        msg: ControlMsg::Stay {
-                            type_name: type_name.clone(),
-                        },
-                    });
+                if self.left(type_name, &from) {
+                    out.push(left_msg(from, type_name));
                 }
             }
         }
         out
+    }
+
+    /// Whether nothing more of `type_name` will move off `leaver`.
+    fn left(&self, type_name: &str, leaver: &UniqueAddress) -> bool {
+        let Some(table) = self.types.get(type_name) else {
+            return true;
+        };
+        let owns = table.homes.iter().flatten().any(|h| h.owner == *leaver);
+        let moving = table
+            .handoffs
+            .values()
+            .any(|h| h.from == *leaver && !h.stopped);
+        (!owns && !moving) || !self.has_candidate_besides(type_name, leaver)
     }
 
     /// Whether some member other than `leaving` could take shards of
@@ -754,7 +803,8 @@ impl CoordinatorCore {
     /// `from`, the owner of `shard` under `generation`, has stopped it (the
     /// answer to `HandOff`, sent again until a newer home comes). The shard
     /// is allocated anew. A report about an older allocation is answered
-    /// with the current home, so the reporter stops repeating it.
+    /// with the current home, or, when the shard has none now, with the
+    /// next one, so the reporter stops repeating it.
     pub(crate) fn shard_stopped(
         &mut self,
         now: Instant,
@@ -805,10 +855,11 @@ impl CoordinatorCore {
                     msg: table.home_msg(type_name, shard, home),
                 }];
             }
-            None if generation >= table.generations[i] => {
-                // Stopped and not yet allocated anew (a report repeated, or
-                // one this core had not heard of): allocate it now.
-                table.generations[i] = generation;
+            None => {
+                // Stopped and not yet allocated anew (a report repeated, one
+                // this core had not heard of, or one about an older home):
+                // the reporter hears the next home.
+                table.generations[i] = table.generations[i].max(generation);
                 table.waiting.entry(shard).or_default().insert(from);
             }
             _ => return Vec::new(),
@@ -880,7 +931,26 @@ impl CoordinatorCore {
             }
         }
         self.record(now, moves);
+        self.tell_left(&type_names, &mut out);
         out
+    }
+
+    /// Tells each leaving region, once, when nothing more of a type will
+    /// move off it (it also hears so in answer to every `Leave`).
+    fn tell_left(&mut self, type_names: &[String], out: &mut Vec<Command>) {
+        let mut leaving = BTreeSet::new();
+        for type_name in type_names {
+            for leaver in &self.types[type_name].leaving {
+                leaving.insert((type_name.clone(), *leaver));
+                if !self.told_left.contains(&(type_name.clone(), *leaver))
+                    && self.left(type_name, leaver)
+                {
+                    self.told_left.insert((type_name.clone(), *leaver));
+                    out.push(left_msg(*leaver, type_name));
+                }
+            }
+        }
+        self.told_left.retain(|key| leaving.contains(key));
     }
 
     /// Shards whose owner is gone from the cluster, or whose owner's region
@@ -900,6 +970,7 @@ impl CoordinatorCore {
                 home.filter(|h| {
                     !self.members.contains_key(&h.owner)
                         || is_departed(&self.departed, type_name, &h.owner)
+                        || table.proxies.contains(&h.owner)
                 })
                 .map(|h| (shard as u32, h.owner))
             })
@@ -974,11 +1045,20 @@ impl CoordinatorCore {
             if let Some(handoff) = ended {
                 self.end_handoff(handoff, None);
             }
-            if let Some(home) = self.allocate(type_name, shard, out) {
-                moves.push((
-                    RebalanceReason::DeadOwner,
-                    movement(type_name, shard, from, home),
-                ));
+            match self.allocate(type_name, shard, out) {
+                Some(home) => {
+                    moves.push((
+                        RebalanceReason::DeadOwner,
+                        movement(type_name, shard, from, home),
+                    ));
+                }
+                None => {
+                    // The old owner does not ask (it still hosts the shard):
+                    // it hears the home found later.
+                    if let Some(table) = self.types.get_mut(type_name) {
+                        table.waiting.entry(shard).or_default().insert(from);
+                    }
+                }
             }
         }
     }
@@ -1001,7 +1081,18 @@ impl CoordinatorCore {
             if let Some(home) = known {
                 // Known meanwhile (allocated by an earlier step, or learned
                 // from a registration, which is not broadcast): every asker
-                // hears it.
+                // hears it, and a stopped handoff of it is over.
+                let ended = self.types.get_mut(type_name).and_then(|t| {
+                    let stopped = t.handoffs.get(&shard).is_some_and(|h| h.stopped);
+                    if stopped {
+                        t.handoffs.remove(&shard)
+                    } else {
+                        None
+                    }
+                });
+                if let Some(handoff) = ended {
+                    self.end_handoff(handoff, None);
+                }
                 let table = &self.types[type_name];
                 for asker in &askers {
                     out.push(Command::Send {

@@ -57,12 +57,22 @@ fn view(
 }
 
 fn reg(num_shards: u32, homes: Vec<(u32, UniqueAddress, u64)>) -> Vec<TypeRegistration> {
+    reg_as(num_shards, homes, false)
+}
+
+/// A registration of a region that may be leaving.
+fn reg_as(
+    num_shards: u32,
+    homes: Vec<(u32, UniqueAddress, u64)>,
+    leaving: bool,
+) -> Vec<TypeRegistration> {
     vec![TypeRegistration {
         type_name: TYPE.into(),
         fingerprint: FP,
         num_shards,
         homes,
         proxy: false,
+        leaving,
     }]
 }
 
@@ -585,7 +595,7 @@ enum Op {
 impl Arbitrary for Op {
     fn arbitrary(g: &mut Gen) -> Self {
         let n = |g: &mut Gen| u8::arbitrary(g) % 6;
-        match u8::arbitrary(g) % 14 {
+        match u8::arbitrary(g) % 15 {
             10 => Op::Unregister(n(g)),
             11 => Op::Leave(n(g)),
             12 | 13 => Op::Stopped(n(g)),
@@ -595,6 +605,8 @@ impl Arbitrary for Op {
             3 => Op::Heal(n(g)),
             4 => Op::Register(n(g)),
             5 => Op::Advance(u16::arbitrary(g) % 1500),
+            // Now and then long enough for a handoff to time out.
+            14 => Op::Advance(10_000 + u16::arbitrary(g) % 3_000),
             _ => Op::Ask(n(g), u8::arbitrary(g) % 12),
         }
     }
@@ -637,6 +649,7 @@ fn check_history(ops: Vec<Op>) -> Result<(), String> {
     // Handoffs asked of each owner: (owner, shard) → (generation, first asked).
     let mut asked: BTreeMap<(usize, u32), (u64, Instant)> = BTreeMap::new();
     let mut reported: BTreeSet<(u32, u64)> = BTreeSet::new();
+    let mut reported_at: BTreeMap<(u32, u64), Instant> = BTreeMap::new();
     // The newest home given out for each shard, by any core.
     let mut latest: BTreeMap<u32, (UniqueAddress, u64)> = BTreeMap::new();
     let config = CoordinatorConfig::default();
@@ -644,7 +657,7 @@ fn check_history(ops: Vec<Op>) -> Result<(), String> {
     let settle_ops = (0..(SHARDS as usize + 8)).flat_map(|_| {
         let mut step: Vec<Op> = (0..SHARDS as u8).map(|s| Op::Ask(u8::MAX, s)).collect();
         step.push(Op::Stopped(u8::MAX));
-        step.push(Op::Advance(2_000));
+        step.push(Op::Advance(1_000));
         step
     });
     let history_len = ops.len();
@@ -733,10 +746,13 @@ fn check_history(ops: Vec<Op>) -> Result<(), String> {
                     commands.extend(c.unregister(now, nodes[*d], &[TYPE.to_owned()]));
                 }
             }
-            // Every region registers with a new coordinator; a leaving one
-            // says so again, and owners repeat their stop reports.
+            // Every region registers with a new coordinator (a leaving one
+            // says so, and again with `Leave`); handoffs not reported yet
+            // are called off, and owners repeat their stop reports.
+            asked.retain(|(_, shard), (generation, _)| reported.contains(&(*shard, *generation)));
             for r in &registered {
-                commands.extend(c.register(now, nodes[*r], &reg(SHARDS, replica(&known, *r))));
+                let registration = reg_as(SHARDS, replica(&known, *r), leaving.contains(r));
+                commands.extend(c.register(now, nodes[*r], &registration));
             }
             for l in &leaving {
                 commands.extend(c.leave(now, nodes[*l], &[TYPE.to_owned()]));
@@ -751,7 +767,8 @@ fn check_history(ops: Vec<Op>) -> Result<(), String> {
         match op {
             Op::Register(i) if alive.contains(&(i as usize)) => {
                 let i = i as usize;
-                commands.extend(c.register(now, nodes[i], &reg(SHARDS, replica(&known, i))));
+                let registration = reg_as(SHARDS, replica(&known, i), leaving.contains(&i));
+                commands.extend(c.register(now, nodes[i], &registration));
             }
             Op::Unregister(i) if departed.contains(&(i as usize)) => {
                 commands.extend(c.unregister(now, nodes[i as usize], &[TYPE.to_owned()]));
@@ -774,12 +791,24 @@ fn check_history(ops: Vec<Op>) -> Result<(), String> {
                     .collect();
                 for (owner, shard, generation) in due {
                     reported.insert((shard, generation));
+                    reported_at.entry((shard, generation)).or_insert(now);
                     commands.extend(c.shard_stopped(now, nodes[owner], TYPE, shard, generation));
                 }
             }
             // After the history, every shard is asked for by some region.
             Op::Ask(u8::MAX, shard) => {
-                if let Some(r) = registered.iter().find(|r| alive.contains(r)) {
+                // A region asks only while it knows no live home for the
+                // shard (an owner in a handoff never asks: it hosts it).
+                let lost = |r: &usize| {
+                    known
+                        .get(r)
+                        .and_then(|k| k.get(&u32::from(shard)))
+                        .is_none_or(|(o, _)| {
+                            let o = index_of(o);
+                            !alive.contains(&o) || !registered.contains(&o)
+                        })
+                };
+                if let Some(r) = registered.iter().find(|r| alive.contains(r) && lost(r)) {
                     let seen = known
                         .get(r)
                         .and_then(|k| k.get(&u32::from(shard)))
@@ -884,6 +913,25 @@ fn check_history(ops: Vec<Op>) -> Result<(), String> {
             {
                 return Err(format!("a spread round of {} moves", round.moves.len()));
             }
+            // A live owner with its region loses a shard as a dead owner
+            // only by a handoff it did not report within the timeout.
+            if round.reason == RebalanceReason::DeadOwner {
+                for m in &round.moves {
+                    let p = index_of(&m.from);
+                    if !alive.contains(&p) || !registered.contains(&p) {
+                        continue;
+                    }
+                    let excused = asked.get(&(p, m.shard.0)).is_some_and(|(g, at)| {
+                        now.duration_since(*at) >= config.handoff_timeout
+                            && reported_at
+                                .get(&(m.shard.0, *g))
+                                .is_none_or(|r| r.duration_since(*at) >= config.handoff_timeout)
+                    });
+                    if !excused {
+                        return Err(format!("a dead-owner move from live {}: {m:?}", m.from));
+                    }
+                }
+            }
         }
         *seen = c.rounds().len();
         let c = &cores[&ci];
@@ -930,6 +978,12 @@ fn check_history(ops: Vec<Op>) -> Result<(), String> {
             && max - min > 1
         {
             return Err(format!("not balanced after settling: {counts:?}"));
+        }
+        if !candidates.is_empty() && c.in_progress() != (0, 0) {
+            return Err(format!(
+                "handoffs and open rounds left after settling: {:?}",
+                c.in_progress()
+            ));
         }
     }
     Ok(())

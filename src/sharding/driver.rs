@@ -510,6 +510,7 @@ impl Control {
                 fingerprint: r.fingerprint,
                 num_shards: r.num_shards(),
                 proxy: r.is_proxy(),
+                leaving: !self.leaving.is_empty(),
                 homes: r
                     .replica()
                     .into_iter()
@@ -531,8 +532,6 @@ impl Control {
             self.heard_from = None;
             self.registered_at = Some(Instant::now());
             self.send(coordinator, msg);
-            // A registration clears a leave: repeat it behind each one.
-            self.send_leave();
         }
     }
 
@@ -858,6 +857,11 @@ impl Control {
         self.execute(commands);
         if state.coordinator != self.coordinator {
             self.coordinator = state.coordinator;
+            // Handoffs the previous coordinator asked for and that are not
+            // stopped yet are called off; the new one decides afresh.
+            for region in &regions {
+                region.call_off_handoffs();
+            }
             if self.coordinator.is_some() {
                 self.register();
                 self.send_leave();
@@ -910,7 +914,7 @@ impl Control {
                 ControlMsg::Home { .. }
                 | ControlMsg::Table { .. }
                 | ControlMsg::HandOff { .. }
-                | ControlMsg::Stay { .. }
+                | ControlMsg::Left { .. }
                     if from != self.me && Some(from) != self.coordinator =>
                 {
                     tracing::debug!(node = %self.me, %from, "a home from a node that is not the coordinator here: ignored");
@@ -944,9 +948,9 @@ impl Control {
                     }
                     Vec::new()
                 }
-                ControlMsg::Stay { type_name } => {
+                ControlMsg::Left { type_name } => {
                     if let Some(region) = self.region(&type_name) {
-                        region.stay();
+                        region.mark_left();
                     }
                     Vec::new()
                 }

@@ -119,6 +119,10 @@ pub(crate) struct TypeRegistration {
     /// A proxy-only region: it routes, and is never given shards.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub(crate) proxy: bool,
+    /// The region is leaving (a graceful leave is under way): it keeps
+    /// what it owns until handed off, and is given nothing new.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) leaving: bool,
 }
 
 /// The coordinator's protocol, on the control channel.
@@ -173,9 +177,10 @@ pub(crate) enum ControlMsg {
     /// gracefully): hand off every shard it owns of these types, and give
     /// it no new ones.
     Leave { types: Vec<String> },
-    /// Coordinator → a leaving region: no other region can take shards of
-    /// this type now; keep them until the system stops (it need not wait).
-    Stay { type_name: String },
+    /// Coordinator → a leaving region: nothing more of this type will move
+    /// off it (it owns none of its shards now, or no other region can take
+    /// them): its leave need not wait for the type any longer.
+    Left { type_name: String },
     /// Any node → any node: what does your region of this type host?
     GetStats { id: u64, type_name: String },
     /// The answer: hosted shards with their live entities; `region` false
@@ -562,11 +567,11 @@ mod tests {
         };
         let spec = "a1 65 4c 65 61 76 65 a1 65 74 79 70 65 73 81 65 74 61 6c 6c 79";
         assert_eq!(leave.encode(), hex(spec));
-        let stay = ControlMsg::Stay {
+        let left = ControlMsg::Left {
             type_name: "tally".into(),
         };
-        let spec = "a1 64 53 74 61 79 a1 69 74 79 70 65 5f 6e 61 6d 65 65 74 61 6c 6c 79";
-        assert_eq!(stay.encode(), hex(spec));
+        let spec = "a1 64 4c 65 66 74 a1 69 74 79 70 65 5f 6e 61 6d 65 65 74 61 6c 6c 79";
+        assert_eq!(left.encode(), hex(spec));
         let get_stats = ControlMsg::GetStats {
             id: 7,
             type_name: "tally".into(),
@@ -595,6 +600,7 @@ mod tests {
             num_shards: 8,
             homes: vec![],
             proxy: true,
+            leaving: false,
         };
         let mut bytes = Vec::new();
         ciborium::into_writer(&registration, &mut bytes).expect("encodes");
@@ -615,7 +621,9 @@ mod tests {
         assert_eq!(bytes[0], 0xa4, "four fields: no `proxy`");
         let back: TypeRegistration = ciborium::from_reader(&bytes[..]).expect("decodes");
         assert_eq!(back, hosting);
-        for msg in [get_home, home, table, handoff, stopped, leave, stay, get_stats, stats] {
+        for msg in [
+            get_home, home, table, handoff, stopped, leave, left, get_stats, stats,
+        ] {
             let back: ControlMsg = ciborium::from_reader(&msg.encode()[..]).expect("decodes");
             assert_eq!(back, msg);
         }
