@@ -606,7 +606,9 @@ impl<S: RememberEntitiesStore> ShardedSystem<S> {
     /// has reached the store — and so is as durable as the store makes it
     /// (for `FileStore` with `FileStoreFsyncPolicy::Always`: on disk).
     /// Messages are acknowledged before their entity's record is durable;
-    /// this is the barrier, for example before a planned shutdown.
+    /// this is the barrier, for example before a planned shutdown. Fails with
+    /// `RememberEntities` if records failed (or were dropped by a full
+    /// queue) since the last flush that said so: those are not durable.
     pub async fn flush_remember_entities(&self) -> ShardingResult<()> {
         self.remember()?.flush().await
     }

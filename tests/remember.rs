@@ -168,9 +168,12 @@ async fn flush_is_a_durability_barrier_for_the_file_store() {
         );
     }
     system.flush_remember_entities().await.unwrap();
-    // Another store on the same directory (as a restarted process would
-    // open) sees every id recorded before the flush.
-    let other = FileStore::open(dir.path(), FileStoreFsyncPolicy::Always).unwrap();
+    // A store on a copy of the directory's files as they are on disk now
+    // (the system's store holds the directory's lock) sees every id
+    // recorded before the flush, as a restarted process would.
+    let copy = tempfile::tempdir().unwrap();
+    copy_tree(dir.path(), copy.path());
+    let other = FileStore::open(copy.path(), FileStoreFsyncPolicy::Always).unwrap();
     let mut found = BTreeSet::new();
     for shard in other.list_shards("greeter").unwrap() {
         found.extend(other.list_entities_for_shard("greeter", shard).unwrap());
@@ -368,6 +371,14 @@ async fn a_full_queue_never_blocks_a_sender_and_is_reported() {
     assert!(event.error.contains("queue is full"), "{}", event.error);
     assert_eq!(event.operation, RememberEntitiesOperation::RecordStarted);
     store.0.release();
+    // The flush says the dropped records are not durable, once.
+    match system.flush_remember_entities().await {
+        Err(ShardingError::RememberEntities { message, .. }) => {
+            assert!(message.contains("queue is full"), "{message}");
+            assert!(message.contains("record(s) failed"), "{message}");
+        }
+        other => panic!("expected RememberEntities, got {other:?}"),
+    }
     system.flush_remember_entities().await.unwrap();
     system.shutdown().await;
 }
@@ -575,4 +586,18 @@ async fn respawn_runs_at_a_bounded_rate_and_a_message_does_not_wait_for_it() {
     }
     assert_eq!(seen, ids.iter().cloned().collect());
     system.shutdown().await;
+}
+
+/// Copies the files under `from` to `to` (directories created).
+fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            std::fs::create_dir_all(&target).unwrap();
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
 }

@@ -77,17 +77,44 @@ pub struct FileStore {
     fsync: FileStoreFsyncPolicy,
     /// The live ids of each shard whose log has been read.
     shards: Mutex<HashMap<(String, ShardId), BTreeSet<String>>>,
+    /// `<dir>/lock`, locked exclusively while the store is open: a second
+    /// store on the same directory (in this process or another) is refused
+    /// rather than interleaving its writes and caches with this one's.
+    _lock: fs::File,
 }
+
+/// The name of the lock file under a store's directory.
+pub const LOCK_FILE: &str = "lock";
 
 impl FileStore {
     /// A store under `dir` (created if missing) with the given fsync policy.
+    /// Fails if another `FileStore` has `dir` open (an exclusive lock on
+    /// `<dir>/lock`, released when the store is dropped or its process ends).
     pub fn open(dir: impl AsRef<Path>, fsync: FileStoreFsyncPolicy) -> Result<Self, StoreError> {
         let dir = dir.as_ref().to_path_buf();
         fs::create_dir_all(&dir).map_err(|e| io_error("create", &dir, &e))?;
+        let lock_path = dir.join(LOCK_FILE);
+        let lock = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| io_error("open", &lock_path, &e))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(fs::TryLockError::WouldBlock) => {
+                return Err(StoreError(format!(
+                    "{} is in use by another FileStore (its lock file is held)",
+                    dir.display()
+                )));
+            }
+            Err(fs::TryLockError::Error(e)) => return Err(io_error("lock", &lock_path, &e)),
+        }
         Ok(FileStore {
             dir,
             fsync,
             shards: Mutex::new(HashMap::new()),
+            _lock: lock,
         })
     }
 

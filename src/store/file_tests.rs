@@ -49,6 +49,7 @@ fn layout_is_hex_type_then_hex_shard() {
         vec![
             PathBuf::from("636f756e746572"),
             PathBuf::from("636f756e746572/0000002a.log"),
+            PathBuf::from(LOCK_FILE),
         ]
     );
     let bytes = fs::read(dir.path().join("636f756e746572/0000002a.log")).expect("log");
@@ -84,7 +85,8 @@ fn a_stop_compacts_the_log_to_the_live_ids() {
             "{policy:?}"
         );
         assert!(!path.with_extension("log.tmp").exists());
-        // A new store on the same directory sees the same.
+        // A new store on the same directory (this one closed) sees the same.
+        drop(store);
         let again = FileStore::open(dir.path(), policy).expect("reopens");
         assert_eq!(ids(&again, "t", 1), vec!["a", "c"], "{policy:?}");
         assert_eq!(again.list_shards("t").expect("shards"), vec![ShardId(1)]);
@@ -118,12 +120,14 @@ fn a_torn_last_record_is_dropped_and_cut_off() {
         .expect("open")
         .set_len(len - 3)
         .expect("cut");
+    drop(store);
     let again = FileStore::open(dir.path(), FileStoreFsyncPolicy::Always).expect("reopens");
     assert_eq!(ids(&again, "t", 0), vec!["one", "two"]);
     // The tail was cut off the file: a new append lands behind good records.
     again
         .record_entity_started("t", ShardId(0), "four")
         .expect("start");
+    drop(again);
     let third = FileStore::open(dir.path(), FileStoreFsyncPolicy::Always).expect("reopens");
     assert_eq!(ids(&third, "t", 0), vec!["four", "one", "two"]);
 }
@@ -142,6 +146,7 @@ fn a_last_record_with_a_bad_checksum_is_torn_but_one_in_the_middle_is_an_error()
     let last = bytes.len() - 1;
     bytes[last] ^= 0xff;
     fs::write(&path, &bytes).expect("write");
+    drop(store);
     let again = FileStore::open(dir.path(), FileStoreFsyncPolicy::Never).expect("reopens");
     assert_eq!(ids(&again, "t", 3), vec!["x"]);
     // Now corrupt the first record's body, with a good record after it.
@@ -149,6 +154,7 @@ fn a_last_record_with_a_bad_checksum_is_torn_but_one_in_the_middle_is_an_error()
     bytes.extend_from_within(HEADER_LEN..);
     bytes[HEADER_LEN + RECORD_HEAD] ^= 0x40;
     fs::write(&path, &bytes).expect("write");
+    drop(again);
     let third = FileStore::open(dir.path(), FileStoreFsyncPolicy::Never).expect("reopens");
     let error = third
         .list_entities_for_shard("t", ShardId(3))
@@ -212,6 +218,7 @@ fn hostile_names_stay_inside_the_directory() {
     for path in tree(&dir) {
         let parts: Vec<&str> = path.iter().map(|p| p.to_str().expect("utf-8")).collect();
         match parts.as_slice() {
+            [lock] if *lock == LOCK_FILE => {}
             [type_dir] => assert!(hex(type_dir), "{path:?}"),
             [type_dir, log] => {
                 assert!(hex(type_dir), "{path:?}");
@@ -221,7 +228,23 @@ fn hostile_names_stay_inside_the_directory() {
             _ => panic!("unexpected depth: {path:?}"),
         }
     }
-    assert_eq!(tree(&dir).len(), 2 * names.len());
+    assert_eq!(tree(&dir).len(), 2 * names.len() + 1);
+}
+
+#[test]
+fn a_second_store_on_the_same_directory_is_refused_until_the_first_is_dropped() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let first = FileStore::open(dir.path(), FileStoreFsyncPolicy::Always).expect("opens");
+    first
+        .record_entity_started("counter", ShardId(1), "a")
+        .expect("records");
+    let error = FileStore::open(dir.path(), FileStoreFsyncPolicy::Always)
+        .err()
+        .expect("refused while the first is open");
+    assert!(error.0.contains("in use by another FileStore"), "{error}");
+    drop(first);
+    let again = FileStore::open(dir.path(), FileStoreFsyncPolicy::Always).expect("reopens");
+    assert_eq!(ids(&again, "counter", 1), vec!["a"]);
 }
 
 #[test]
@@ -299,6 +322,7 @@ fn reload_lists_the_durable_live_ids(ops: Vec<Op>) -> bool {
                 }
             }
             Op::Reopen => {
+                drop(store);
                 store = FileStore::open(dir.path(), FileStoreFsyncPolicy::Never).expect("reopens");
                 last_append = None;
             }
@@ -318,10 +342,12 @@ fn reload_lists_the_durable_live_ids(ops: Vec<Op>) -> bool {
                     .expect("cut");
                 // The torn record's id is lost; the rest survives a reopen.
                 live.remove(&id);
+                drop(store);
                 store = FileStore::open(dir.path(), FileStoreFsyncPolicy::Never).expect("reopens");
             }
         }
     }
+    drop(store);
     let reloaded = FileStore::open(dir.path(), FileStoreFsyncPolicy::Never).expect("reopens");
     let listed: BTreeSet<String> = ids(&reloaded, "t", 0).into_iter().collect();
     listed == live

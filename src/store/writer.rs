@@ -67,7 +67,8 @@ enum Job {
         entity_id: Arc<str>,
         operation: RememberEntitiesOperation,
     },
-    Flush(oneshot::Sender<()>),
+    /// Answered with the number of records failed so far.
+    Flush(oneshot::Sender<u64>),
 }
 
 /// How many events a slow subscriber may lag behind.
@@ -81,6 +82,11 @@ pub(crate) struct Remember {
     policy: RememberEntitiesFailurePolicy,
     events: broadcast::Sender<RememberEntitiesEvent>,
     failed: Failed,
+    /// Records that failed (or were dropped by a full queue) so far, the
+    /// last of them, and how many a flush has reported already.
+    record_failures: std::sync::atomic::AtomicU64,
+    last_record_failure: Mutex<Option<(&'static str, ShardId, String)>>,
+    reported_failures: Mutex<u64>,
 }
 
 /// Shards marked failed under `FailClosed`; checked on every message of a
@@ -125,9 +131,14 @@ impl Remember {
             policy: config.failure_policy,
             events,
             failed: Failed::default(),
+            record_failures: std::sync::atomic::AtomicU64::new(0),
+            last_record_failure: Mutex::new(None),
+            reported_failures: Mutex::new(0),
         });
         let writer = Arc::downgrade(&remember);
-        let store = remember.store.clone();
+        // Weak: the thread must not keep the store (and a file store's
+        // directory lock) alive once the system that owns it is gone.
+        let store = Arc::downgrade(&remember.store);
         std::thread::Builder::new()
             .name("remember-entities".into())
             .spawn(move || {
@@ -135,7 +146,10 @@ impl Remember {
                 while let Ok(job) = rx.recv() {
                     match job {
                         Job::Flush(done) => {
-                            let _ = done.send(());
+                            let failures = writer
+                                .upgrade()
+                                .map_or(0, |r| r.record_failures.load(Ordering::Acquire));
+                            let _ = done.send(failures);
                         }
                         Job::Write {
                             type_name,
@@ -143,6 +157,9 @@ impl Remember {
                             entity_id,
                             operation,
                         } => {
+                            let Some(store) = store.upgrade() else {
+                                break;
+                            };
                             // A store that panics fails this record, not the writer.
                             let result =
                                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -229,6 +246,17 @@ impl Remember {
         error: &str,
     ) {
         tracing::warn!(type_name, ?shard, entity_id, ?operation, policy = ?self.policy, error, "remember-entities store failed");
+        if matches!(
+            operation,
+            RememberEntitiesOperation::RecordStarted | RememberEntitiesOperation::RecordStopped
+        ) && let Some(shard) = shard
+        {
+            *self
+                .last_record_failure
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = Some((type_name, shard, error.to_owned()));
+            self.record_failures.fetch_add(1, Ordering::AcqRel);
+        }
         if self.policy == RememberEntitiesFailurePolicy::FailClosed
             && let Some(shard) = shard
         {
@@ -265,8 +293,9 @@ impl Remember {
 
     /// Waits until every write queued before this call has been handled by
     /// the store (and so is durable as its fsync policy makes it). Records
-    /// that failed or found the queue full are not retried: they were
-    /// reported as events.
+    /// that failed or found the queue full are not retried (they were
+    /// reported as events); if any did since the last flush that said so,
+    /// this one fails with `RememberEntities`, naming the last of them.
     pub(crate) async fn flush(&self) -> ShardingResult<()> {
         let (done, flushed) = oneshot::channel();
         let tx = self.tx.clone();
@@ -275,6 +304,29 @@ impl Remember {
             .await
             .map_err(|e| ShardingError::Bug(format!("flush task failed: {e}")))?
             .map_err(|_| ShardingError::ShuttingDown)?;
-        flushed.await.map_err(|_| ShardingError::ShuttingDown)
+        let failures = flushed.await.map_err(|_| ShardingError::ShuttingDown)?;
+        let mut reported = self
+            .reported_failures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if failures <= *reported {
+            return Ok(());
+        }
+        let new = failures - *reported;
+        *reported = failures;
+        drop(reported);
+        let last = self
+            .last_record_failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let (type_name, shard_id, error) = last.unwrap_or(("", ShardId(0), String::new()));
+        Err(ShardingError::RememberEntities {
+            type_name,
+            shard_id,
+            message: format!(
+                "{new} remember-entities record(s) failed since the last flush and are not durable; the last: {error}"
+            ),
+        })
     }
 }
