@@ -239,8 +239,7 @@ fn a_second_store_on_the_same_directory_is_refused_until_the_first_is_dropped() 
         .record_entity_started("counter", ShardId(1), "a")
         .expect("records");
     let error = FileStore::open(dir.path(), FileStoreFsyncPolicy::Always)
-        .err()
-        .expect("refused while the first is open");
+        .expect_err("refused while the first is open");
     assert!(error.0.contains("in use by another FileStore"), "{error}");
     drop(first);
     let again = FileStore::open(dir.path(), FileStoreFsyncPolicy::Always).expect("reopens");
