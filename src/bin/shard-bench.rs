@@ -28,10 +28,10 @@ mod harness;
 #[path = "../../protocols/ping.rs"]
 mod ping;
 use harness::{
-    Answered, ENTITIES, Node, cpu_time, drive, entities_hosted_on, entity_id, form_cluster,
-    join_reports, peak_rss_kib, ping_factory, sharding_config, shares, warm_up,
+    ASK_TIMEOUT, Answered, ENTITIES, Node, cpu_time, drive, entities_hosted_on, entity_id,
+    form_cluster, join_reports, peak_rss_kib, ping_factory, sharding_config, shares, warm_up,
 };
-use ping::{Checks, PingEntity, Pinger};
+use ping::{Checks, Ping, PingEntity, Pinger};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Workload {
@@ -65,6 +65,12 @@ struct Args {
     /// How the three nodes run.
     #[arg(long, value_enum, default_value_t = Mode::InProcess)]
     mode: Mode,
+    /// W3 only: every message goes to a fresh entity, so the measured phase
+    /// spawns (and records) one entity per message — the store's cost on
+    /// the message path, which plain W3 (entities spawned in the warm-up)
+    /// does not show.
+    #[arg(long)]
+    spawning: bool,
     /// (multi-process, internal) run as node N of the three.
     #[arg(long, hide = true)]
     child: Option<usize>,
@@ -185,6 +191,117 @@ async fn stop<S>(nodes: Vec<Node<S>>) {
     }
 }
 
+/// W1's shape with a fresh entity per message: three drivers, `in_flight`
+/// asks each, message `k` of driver `d` to entity `spawn-d-k`.
+async fn spawning<S: Send + Sync + 'static>(
+    nodes: &[Node<S>],
+    messages: u64,
+    in_flight: usize,
+    checks: Arc<Checks>,
+) -> Result<Run, Box<dyn std::error::Error>> {
+    use futures_util::StreamExt;
+    let shares = shares(messages);
+    let _progress = Progress::start("w3-spawning", checks.clone());
+    let cpu_before = cpu_time();
+    let start = Instant::now();
+    let drivers: Vec<_> = (0..3)
+        .map(|d| {
+            let system = nodes[d].system.clone();
+            let count = shares[d];
+            tokio::spawn(async move {
+                let mut latency =
+                    Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram bounds");
+                let (mut acks, mut retries) = (0, 0);
+                let asks = futures_util::stream::iter(0..count).map(|k| {
+                    let entity = system.entity_ref::<Pinger>(format!("spawn-{d}-{k}"));
+                    async move {
+                        let ping = Ping {
+                            driver: d as u32,
+                            seq: k,
+                        };
+                        let mut latencies = Vec::with_capacity(1);
+                        loop {
+                            let asked = Instant::now();
+                            let result = entity.ask(ping, ASK_TIMEOUT).await;
+                            latencies.push((asked.elapsed().as_micros() as u64).max(1));
+                            if result.is_ok() {
+                                break latencies;
+                            }
+                            tokio::time::sleep(Duration::from_millis(1)).await;
+                        }
+                    }
+                });
+                let mut done = asks.buffer_unordered(in_flight);
+                while let Some(latencies) = done.next().await {
+                    retries += latencies.len() as u64 - 1;
+                    for micros in latencies {
+                        latency.saturating_record(micros);
+                    }
+                    acks += 1;
+                }
+                (latency, acks, retries)
+            })
+        })
+        .collect();
+    let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    let (mut acks, mut retries) = (0, 0);
+    for driver in drivers {
+        let (l, a, r) = driver.await?;
+        latency.add(&l)?;
+        acks += a;
+        retries += r;
+    }
+    Ok(Run {
+        acks,
+        expected: messages,
+        retries,
+        wall: start.elapsed(),
+        cpu: cpu_time().saturating_sub(cpu_before),
+        latency,
+        checks,
+    })
+}
+
+/// What a remembered run cost its store.
+struct StoreCost {
+    /// Failure events (records dropped by a full queue, or failed).
+    failures: usize,
+    /// How long the flush after the run took (the writer catching up).
+    flush: Duration,
+}
+
+/// W1 (or its spawning variant) on remembered nodes, counting the store's
+/// failure events and timing the flush after it.
+async fn remembered_run<S: RememberEntitiesStore>(
+    nodes: &[Node<S>],
+    messages: u64,
+    spawn: bool,
+    checks: Arc<Checks>,
+) -> Result<(Run, StoreCost), Box<dyn std::error::Error>> {
+    let mut events = Vec::new();
+    for n in nodes {
+        events.push(n.system.subscribe_remember_entities_events()?);
+    }
+    let run = if spawn {
+        spawning(nodes, messages, 16, checks).await?
+    } else {
+        w1(nodes, messages, 16, checks).await?
+    };
+    let flushed = Instant::now();
+    for n in nodes {
+        // A flush that reports failures still waited for the writer.
+        let _ = n.system.flush_remember_entities().await;
+    }
+    let flush = flushed.elapsed();
+    let mut failures = 0;
+    for e in &mut events {
+        while e.try_recv().is_ok() {
+            failures += 1;
+        }
+    }
+    Ok((run, StoreCost { failures, flush }))
+}
+
 /// W1's drivers on every node.
 async fn w1<S: Send + Sync + 'static>(
     nodes: &[Node<S>],
@@ -231,13 +348,25 @@ async fn run_w1(
     Ok((json, run.correct()))
 }
 
-async fn run_w3(messages: u64) -> Result<(serde_json::Value, bool), Box<dyn std::error::Error>> {
+async fn run_w3(
+    messages: u64,
+    spawn: bool,
+) -> Result<(serde_json::Value, bool), Box<dyn std::error::Error>> {
     let mut results = Vec::new();
     let mut ok = true;
+    // What a remembered run's records cost the store: failures reported (a
+    // full queue drops records) and, for the file store, whether the writer
+    // kept up by the end (the flush after the run).
+    let mut dropped: Vec<(&str, usize)> = Vec::new();
+    let mut flushes: Vec<(&str, Duration)> = Vec::new();
     {
         let checks = Arc::new(Checks::default());
         let nodes = cluster("shard-bench-w3a", &checks).await?;
-        let run = w1(&nodes, messages, 16, checks).await?;
+        let run = if spawn {
+            spawning(&nodes, messages, 16, checks).await?
+        } else {
+            w1(&nodes, messages, 16, checks).await?
+        };
         run.print("no store");
         ok &= run.correct();
         results.push(("none", run));
@@ -246,7 +375,9 @@ async fn run_w3(messages: u64) -> Result<(serde_json::Value, bool), Box<dyn std:
     {
         let checks = Arc::new(Checks::default());
         let nodes = remembered_cluster("shard-bench-w3b", InMemoryStore::new(), &checks).await?;
-        let run = w1(&nodes, messages, 16, checks).await?;
+        let (run, store) = remembered_run(&nodes, messages, spawn, checks).await?;
+        dropped.push(("in_memory", store.failures));
+        flushes.push(("in_memory", store.flush));
         run.print("in-memory");
         ok &= run.correct();
         results.push(("in_memory", run));
@@ -257,7 +388,9 @@ async fn run_w3(messages: u64) -> Result<(serde_json::Value, bool), Box<dyn std:
         let dir = std::env::temp_dir().join(format!("shard-bench-w3-{}", std::process::id()));
         let store = Arc::new(FileStore::open(&dir, FileStoreFsyncPolicy::Always)?);
         let nodes = remembered_cluster("shard-bench-w3c", store, &checks).await?;
-        let run = w1(&nodes, messages, 16, checks).await?;
+        let (run, store) = remembered_run(&nodes, messages, spawn, checks).await?;
+        dropped.push(("file_always", store.failures));
+        flushes.push(("file_always", store.flush));
         run.print("file (Always)");
         ok &= run.correct();
         results.push(("file_always", run));
@@ -265,11 +398,18 @@ async fn run_w3(messages: u64) -> Result<(serde_json::Value, bool), Box<dyn std:
         let _ = std::fs::remove_dir_all(dir);
     }
     let base = results[0].1.cpu.as_secs_f64() / results[0].1.acks.max(1) as f64;
-    let mut json = json!({ "workload": "w3", "peak_rss_kib": peak_rss_kib() });
+    let workload = if spawn { "w3-spawning" } else { "w3" };
+    let mut json = json!({ "workload": workload, "peak_rss_kib": peak_rss_kib() });
     for (name, run) in &results {
         let per = run.cpu.as_secs_f64() / run.acks.max(1) as f64;
         let mut r = run.json();
         r["cpu_increase_pct"] = ((per / base - 1.0) * 100.0).into();
+        if let Some((_, n)) = dropped.iter().find(|(d, _)| d == name) {
+            r["store_failures"] = (*n).into();
+        }
+        if let Some((_, f)) = flushes.iter().find(|(d, _)| d == name) {
+            r["flush_after_ms"] = (f.as_secs_f64() * 1e3).into();
+        }
         json[*name] = r;
     }
     Ok((json, ok))
@@ -405,7 +545,7 @@ async fn in_process(args: Args) -> ExitCode {
         Workload::W1 => run_w1(args.messages, 16, "w1").await,
         Workload::W1Sat => run_w1(args.messages, 256, "w1-sat").await,
         Workload::W2 => run_w2(args.messages).await,
-        Workload::W3 => run_w3(args.messages).await,
+        Workload::W3 => run_w3(args.messages, args.spawning).await,
     };
     match result {
         Ok((json, correct)) => {
