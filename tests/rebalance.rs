@@ -807,10 +807,40 @@ async fn remembered_entities_are_respawned_on_the_new_homes_after_a_graceful_lea
         assert_ne!(home, "node-2");
     }
     println!("{on_leaver} remembered entities moved with their shards and respawned");
-    for s in &systems[..2] {
+    // A new node joins: rebalance rounds move shards to it, and their
+    // remembered entities respawn there, again with no message sent.
+    let newcomer = start_cluster_node(vec![clusters[0].bound_addr()], &[]).await;
+    let all: Vec<&ClusterNode> = clusters.iter().chain([&newcomer]).collect();
+    wait_up(&all, 4).await;
+    let system = ShardedSystem::builder()
+        .config(sharding_config())
+        .store(store.clone())
+        .node(newcomer.clone())
+        .start()
+        .await
+        .expect("system");
+    system
+        .register_remembered::<SeqEntity>(factory("node-3", &ledger))
+        .await
+        .expect("registered");
+    systems.swap_remove(2);
+    systems.push(system);
+    wait_for("remembered entities live on the newcomer, none lost", || {
+        let on_new = systems[2]
+            .shard_region_state::<Seq>()
+            .map_or(0, |s| s.shards.into_values().sum::<usize>());
+        on_new > 0 && live(&systems) == ids.len()
+    })
+    .await;
+    let rounds = systems[0].rebalance_rounds();
+    assert!(
+        rounds.iter().any(|r| r.reason == RebalanceReason::GracefulSpread),
+        "{rounds:?}"
+    );
+    for s in &systems {
         s.shutdown().await;
     }
-    for c in &clusters {
+    for c in clusters.iter().chain([&newcomer]) {
         let _ = c.shutdown().await;
     }
 }

@@ -295,8 +295,15 @@ async fn remembered_run<S: RememberEntitiesStore>(
     let flush = flushed.elapsed();
     let mut failures = 0;
     for e in &mut events {
-        while e.try_recv().is_ok() {
-            failures += 1;
+        loop {
+            match e.try_recv() {
+                Ok(_) => failures += 1,
+                // Events this subscriber missed were failures too.
+                Err(tokio::sync::broadcast::error::TryRecvError::Lagged(n)) => {
+                    failures += n as usize;
+                }
+                Err(_) => break,
+            }
         }
     }
     Ok((run, StoreCost { failures, flush }))
