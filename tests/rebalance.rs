@@ -751,7 +751,7 @@ async fn remembered_entities_are_respawned_on_the_new_homes_after_a_graceful_lea
     let store = InMemoryStore::new();
     let first = start_cluster_node(vec![], &[]).await;
     let seeds = vec![first.bound_addr()];
-    let clusters = vec![
+    let clusters = [
         first,
         start_cluster_node(seeds.clone(), &[]).await,
         start_cluster_node(seeds, &[]).await,
