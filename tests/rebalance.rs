@@ -198,6 +198,7 @@ fn balanced(counts: &[usize]) -> bool {
 /// one ask at a time, retrying a failed ask (so an ask that failed although
 /// it was processed shows as a duplicate in the entity's log).
 struct Writers {
+    ids: Vec<String>,
     stop: Arc<AtomicBool>,
     rounds: Arc<AtomicU64>,
     tasks: Vec<JoinHandle<Written>>,
@@ -211,10 +212,12 @@ impl Writers {
         let stop = Arc::new(AtomicBool::new(false));
         let rounds = Arc::new(AtomicU64::new(0));
         let mut tasks = Vec::new();
+        let mut all = Vec::new();
         for w in 0..writers {
             let ids: Vec<String> = (0..per_writer)
                 .map(|k| format!("{prefix}-{w}-{k}"))
                 .collect();
+            all.extend(ids.iter().cloned());
             let (system, stop, rounds) = (system.clone(), stop.clone(), rounds.clone());
             tasks.push(tokio::spawn(async move {
                 let mut last = BTreeMap::new();
@@ -246,10 +249,20 @@ impl Writers {
             }));
         }
         Writers {
+            ids: all,
             stop,
             rounds,
             tasks,
         }
+    }
+
+    /// How many shards the writers' entities fall in.
+    fn shards(&self, system: &ShardedSystem) -> usize {
+        self.ids
+            .iter()
+            .map(|id| system.entity_ref::<Seq>(id.as_str()).shard_id())
+            .collect::<BTreeSet<_>>()
+            .len()
     }
 
     /// Waits until every writer has done `more` further rounds.
@@ -297,7 +310,11 @@ async fn a_fourth_node_joins_under_traffic_and_gets_its_share_in_capped_rounds()
     let writers = Writers::start(&nodes[1].system, "join", 8, 8);
     writers.run_for(3).await;
     let systems: Vec<&ShardedSystem> = nodes.iter().map(|n| &n.system).collect();
-    let allocated: usize = hosted(&systems).iter().sum();
+    let allocated = writers.shards(&nodes[0].system);
+    wait_for("every written shard hosted", || {
+        hosted(&systems).iter().sum::<usize>() == allocated
+    })
+    .await;
     drop(systems);
 
     let fourth = start_cluster_node(vec![nodes[0].cluster.bound_addr()], &[]).await;
@@ -306,11 +323,24 @@ async fn a_fourth_node_joins_under_traffic_and_gets_its_share_in_capped_rounds()
     let ledger = nodes[0].ledger.clone();
     nodes.push(host(fourth, "node-3", &ledger).await);
     let systems: Vec<&ShardedSystem> = nodes.iter().map(|n| &n.system).collect();
-    wait_for("a balanced cluster of four", || {
+    let deadline = Instant::now() + LONG;
+    loop {
         let counts = hosted(&systems);
-        counts[3] > 0 && balanced(&counts) && counts.iter().sum::<usize>() == allocated
-    })
-    .await;
+        if counts[3] > 0 && balanced(&counts) && counts.iter().sum::<usize>() == allocated {
+            break;
+        }
+        if Instant::now() >= deadline {
+            let states: Vec<_> = systems
+                .iter()
+                .map(|s| s.shard_region_state::<Seq>())
+                .collect();
+            panic!(
+                "not balanced: {counts:?} of {allocated}; rounds {:?}; states {states:?}",
+                nodes[0].system.rebalance_rounds()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     println!("shards per node after the join: {:?}", hosted(&systems));
     writers.run_for(2).await;
     let (last, errors) = writers.finish().await;
@@ -404,7 +434,7 @@ async fn a_rolling_restart_behind_a_proxy_loses_nothing_and_moves_shards_a_bound
     let writers = Writers::start(&proxy, "rolling", 8, 8);
     writers.run_for(3).await;
     let ledger = nodes[0].ledger.clone();
-    let allocated: usize = nodes.iter().map(|n| n.system.hosted_shards::<Seq>()).sum();
+    let allocated = writers.shards(&proxy);
     let mut rounds: Vec<RebalanceRound> = Vec::new();
     for i in 0..3 {
         // Restart node i: a graceful leave of its system, then of its node.
@@ -708,14 +738,20 @@ async fn passivation_while_a_shard_moves_applies_to_what_waits_for_the_new_home(
     let (busy, other) = two_in_one_shard(&nodes, 2, &homes);
     let slow = {
         let entity = nodes[0].system.entity_ref::<Seq>(busy.as_str());
-        tokio::spawn(async move { entity.ask(Slow(1_500), ASK).await })
+        tokio::spawn(async move { entity.ask(Slow(3_000), LONG).await })
     };
     let entity = nodes[0].system.entity_ref::<Seq>(other.as_str());
     entity.ask(Append(1), ASK).await.expect("append");
+    let shard = entity.shard_id();
+    // The busy handler has begun (its shard's other entity answered after
+    // the slow ask was sent: one pipe, in order).
     let leaver = nodes[2].system.clone();
     let leave = tokio::spawn(async move { leaver.shutdown().await });
     wait_for("node 2 down to its busy shard", || {
-        nodes[2].system.hosted_shards::<Seq>() == 1
+        nodes[2]
+            .system
+            .shard_region_state::<Seq>()
+            .is_some_and(|s| s.shards.len() == 1 && s.handing_off.contains(&shard))
     })
     .await;
     // The shard is moving: `other` has stopped, its next message waits in
@@ -723,7 +759,7 @@ async fn passivation_while_a_shard_moves_applies_to_what_waits_for_the_new_home(
     // (`join` polls the ask first: its message is buffered before the
     // passivation request.)
     let sent = Instant::now();
-    let (append, passivated) = tokio::join!(entity.ask(Append(2), ASK), entity.passivate());
+    let (append, passivated) = tokio::join!(entity.ask(Append(2), LONG), entity.passivate());
     passivated.expect("passivation accepted while moving");
     assert_eq!(append.expect("append answered"), 1);
     let after = entity.ask(Entries, ASK).await.expect("entries");
@@ -735,7 +771,7 @@ async fn passivation_while_a_shard_moves_applies_to_what_waits_for_the_new_home(
         Vec::<u64>::new(),
         "passivated after its buffered message"
     );
-    assert!(sent.elapsed() < ASK);
+    assert!(sent.elapsed() < LONG);
     slow.await
         .expect("task")
         .expect("the busy handler finished");
@@ -825,16 +861,21 @@ async fn remembered_entities_are_respawned_on_the_new_homes_after_a_graceful_lea
         .expect("registered");
     systems.swap_remove(2);
     systems.push(system);
-    wait_for("remembered entities live on the newcomer, none lost", || {
-        let on_new = systems[2]
-            .shard_region_state::<Seq>()
-            .map_or(0, |s| s.shards.into_values().sum::<usize>());
-        on_new > 0 && live(&systems) == ids.len()
-    })
+    wait_for(
+        "remembered entities live on the newcomer, none lost",
+        || {
+            let on_new = systems[2]
+                .shard_region_state::<Seq>()
+                .map_or(0, |s| s.shards.into_values().sum::<usize>());
+            on_new > 0 && live(&systems) == ids.len()
+        },
+    )
     .await;
     let rounds = systems[0].rebalance_rounds();
     assert!(
-        rounds.iter().any(|r| r.reason == RebalanceReason::GracefulSpread),
+        rounds
+            .iter()
+            .any(|r| r.reason == RebalanceReason::GracefulSpread),
         "{rounds:?}"
     );
     for s in &systems {

@@ -170,8 +170,9 @@ pub(crate) struct Region {
     pub(crate) region_actor: OnceLock<ActorRef<RegionMsg>>,
     stopped: AtomicBool,
     /// Leaving, the coordinator said nothing more of this type will move off
-    /// this node: the leave need not wait for it.
+    /// this node; and whether that is because there is nowhere to move it.
     left: AtomicBool,
+    nowhere: AtomicBool,
     /// Counts the hostings of shards here (see `LocalShard::install`).
     installs: std::sync::atomic::AtomicU64,
     remember: Option<Arc<Remember>>,
@@ -222,6 +223,7 @@ impl Region {
             region_actor: OnceLock::new(),
             stopped: AtomicBool::new(false),
             left: AtomicBool::new(false),
+            nowhere: AtomicBool::new(false),
             installs: std::sync::atomic::AtomicU64::new(1),
             remember,
             shutdown_timeout,
@@ -1137,16 +1139,19 @@ impl Region {
 
     /// The coordinator said nothing more of this type will move off this
     /// node (see [`leave_done`](Self::leave_done)).
-    pub(crate) fn mark_left(&self) {
+    pub(crate) fn mark_left(&self, nowhere: bool) {
+        self.nowhere.store(nowhere, Ordering::Release);
         self.left.store(true, Ordering::Release);
     }
 
-    /// In a graceful leave: whether this region is done (the coordinator
-    /// said `Left`: every shard it owned has its next home, and this node
-    /// has applied those homes, which came before on the same channel; or
-    /// there is nowhere to move them).
+    /// In a graceful leave: whether this region is done — the coordinator
+    /// said there is nowhere to move its shards, or it said `Left` and this
+    /// node hosts no shard any more (it has applied the new homes; one that
+    /// was lost, because the new home died meanwhile, is followed by
+    /// another, which the leave waits for).
     pub(crate) fn leave_done(&self) -> bool {
-        self.left.load(Ordering::Acquire)
+        self.nowhere.load(Ordering::Acquire)
+            || (self.left.load(Ordering::Acquire) && self.hosted_count() == 0)
     }
 
     /// A new coordinator: handoffs it did not ask for, and that have not

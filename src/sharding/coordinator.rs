@@ -348,11 +348,12 @@ impl TypeTable {
     }
 }
 
-fn left_msg(to: UniqueAddress, type_name: &str) -> Command {
+fn left_msg(to: UniqueAddress, type_name: &str, nowhere: bool) -> Command {
     Command::Send {
         to,
         msg: ControlMsg::Left {
             type_name: type_name.to_owned(),
+            nowhere,
         },
     }
 }
@@ -772,25 +773,31 @@ impl CoordinatorCore {
         let mut out = self.act(now);
         if self.active && self.settling_until.is_none() {
             for type_name in types {
-                if self.left(type_name, &from) {
-                    out.push(left_msg(from, type_name));
+                if let Some(nowhere) = self.left(type_name, &from) {
+                    out.push(left_msg(from, type_name, nowhere));
                 }
             }
         }
         out
     }
 
-    /// Whether nothing more of `type_name` will move off `leaver`.
-    fn left(&self, type_name: &str, leaver: &UniqueAddress) -> bool {
+    /// Whether nothing more of `type_name` will move off `leaver`: `None`
+    /// while something will; `Some(false)` when it owns nothing now,
+    /// `Some(true)` when no other region can take what it owns.
+    fn left(&self, type_name: &str, leaver: &UniqueAddress) -> Option<bool> {
         let Some(table) = self.types.get(type_name) else {
-            return true;
+            return Some(false);
         };
         let owns = table.homes.iter().flatten().any(|h| h.owner == *leaver);
-        let moving = table
-            .handoffs
-            .values()
-            .any(|h| h.from == *leaver && !h.stopped);
-        (!owns && !moving) || !self.has_candidate_besides(type_name, leaver)
+        // (A stopped shard waiting for its next home is still with it.)
+        let moving = table.handoffs.values().any(|h| h.from == *leaver);
+        if !owns && !moving {
+            Some(false)
+        } else if !self.has_candidate_besides(type_name, leaver) {
+            Some(true)
+        } else {
+            None
+        }
     }
 
     /// Whether some member other than `leaving` could take shards of
@@ -943,10 +950,10 @@ impl CoordinatorCore {
             for leaver in &self.types[type_name].leaving {
                 leaving.insert((type_name.clone(), *leaver));
                 if !self.told_left.contains(&(type_name.clone(), *leaver))
-                    && self.left(type_name, leaver)
+                    && let Some(nowhere) = self.left(type_name, leaver)
                 {
                     self.told_left.insert((type_name.clone(), *leaver));
-                    out.push(left_msg(*leaver, type_name));
+                    out.push(left_msg(*leaver, type_name, nowhere));
                 }
             }
         }

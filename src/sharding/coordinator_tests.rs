@@ -730,8 +730,15 @@ fn check_history(ops: Vec<Op>) -> Result<(), String> {
         let unr: Vec<UniqueAddress> = unreachable.iter().map(|i| nodes[*i]).collect();
         let probe = view(nodes[0], &up, &down, &unr);
         let Some(coord) = probe.coordinator else {
-            // No coordinator: the next one is a change for every node.
+            // No coordinator: the next one is a change for every node, and
+            // every core hears it is not the coordinator now.
             last_coordinator = None;
+            for (j, other) in cores.iter_mut() {
+                let v = view(nodes[*j], &up, &down, &unr);
+                if !other.set_membership(now, &v).is_empty() {
+                    return Err(format!("core {j} spoke without being coordinator"));
+                }
+            }
             continue;
         };
         let ci = index_of(&coord);
@@ -1272,6 +1279,29 @@ fn regression_a_stopped_and_restarted_region_with_an_unreachable_peer() {
         Unreachable(2),
         Unregister(0),
         Register(0),
+    ];
+    assert_eq!(check_history(ops), Ok(()));
+}
+
+#[test]
+fn regression_long_partitions_after_the_coordinator_crashed() {
+    use Op::*;
+    let ops = vec![
+        Crash(5),
+        Advance(564),
+        Advance(152),
+        Join(4),
+        Advance(373),
+        Register(4),
+        Ask(4, 5),
+        Ask(4, 4),
+        Join(1),
+        Register(1),
+        Crash(0),
+        Advance(11254),
+        Unreachable(4),
+        Unreachable(1),
+        Advance(10278),
     ];
     assert_eq!(check_history(ops), Ok(()));
 }

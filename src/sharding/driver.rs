@@ -948,9 +948,9 @@ impl Control {
                     }
                     Vec::new()
                 }
-                ControlMsg::Left { type_name } => {
+                ControlMsg::Left { type_name, nowhere } => {
                     if let Some(region) = self.region(&type_name) {
-                        region.mark_left();
+                        region.mark_left(nowhere);
                     }
                     Vec::new()
                 }

@@ -29,6 +29,8 @@ pub mod coordinator;
 pub(crate) mod driver;
 pub(crate) mod fast;
 pub(crate) mod remote;
+#[cfg(test)]
+mod sim_tests;
 pub mod stats;
 pub(crate) mod wire;
 

@@ -178,9 +178,10 @@ pub(crate) enum ControlMsg {
     /// it no new ones.
     Leave { types: Vec<String> },
     /// Coordinator → a leaving region: nothing more of this type will move
-    /// off it (it owns none of its shards now, or no other region can take
-    /// them): its leave need not wait for the type any longer.
-    Left { type_name: String },
+    /// off it. `nowhere` false: it owns none of its shards now (the homes
+    /// were sent before; it is done once it has applied them — it hosts
+    /// none); true: no other region can take them, it keeps them.
+    Left { type_name: String, nowhere: bool },
     /// Any node → any node: what does your region of this type host?
     GetStats { id: u64, type_name: String },
     /// The answer: hosted shards with their live entities; `region` false
@@ -569,8 +570,13 @@ mod tests {
         assert_eq!(leave.encode(), hex(spec));
         let left = ControlMsg::Left {
             type_name: "tally".into(),
+            nowhere: false,
         };
-        let spec = "a1 64 4c 65 66 74 a1 69 74 79 70 65 5f 6e 61 6d 65 65 74 61 6c 6c 79";
+        let spec = "
+            a1 64 4c 65 66 74
+            a2 69 74 79 70 65 5f 6e 61 6d 65 65 74 61 6c 6c 79
+            67 6e 6f 77 68 65 72 65 f4
+        ";
         assert_eq!(left.encode(), hex(spec));
         let get_stats = ControlMsg::GetStats {
             id: 7,
