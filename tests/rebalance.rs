@@ -176,6 +176,20 @@ async fn stop(nodes: &[Node]) {
     }
 }
 
+/// Where `entity` lives, asking until it answers (within `LONG`).
+async fn where_retrying(entity: &EntityRef<Seq>) -> String {
+    let deadline = Instant::now() + LONG;
+    loop {
+        match entity.ask(Where, ASK).await {
+            Ok(home) => return home,
+            Err(error) => {
+                assert!(Instant::now() < deadline, "{}: {error}", entity.entity_id());
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+}
+
 /// Polls `cond` until it holds; fails the test after `LONG`.
 async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + LONG;
@@ -584,16 +598,7 @@ async fn takeover_keeps_the_survivors_homes(kill: bool) {
     }
     for id in &ids {
         let entity = nodes[2].system.entity_ref::<Seq>(id.as_str());
-        let deadline = Instant::now() + LONG;
-        let home = loop {
-            match entity.ask(Where, ASK).await {
-                Ok(home) => break home,
-                Err(error) => {
-                    assert!(Instant::now() < deadline, "{id}: {error}");
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-            }
-        };
+        let home = where_retrying(&entity).await;
         assert_ne!(home, "node-0");
         let log = entity.ask(Entries, ASK).await.expect("entries");
         if homes[id] == "node-0" {
@@ -704,16 +709,7 @@ async fn a_handoff_whose_old_owner_is_killed_midway_completes_as_a_dead_owner_mo
     nodes[2].cluster.crash().await;
     // Messages for the shard are answered from a survivor again.
     let entity = nodes[1].system.entity_ref::<Seq>(other.as_str());
-    let deadline = Instant::now() + LONG;
-    let home = loop {
-        match entity.ask(Where, ASK).await {
-            Ok(home) => break home,
-            Err(error) => {
-                assert!(Instant::now() < deadline, "{other}: {error}");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-    };
+    let home = where_retrying(&entity).await;
     assert_ne!(home, "node-2");
     let slow = slow.await.expect("task");
     assert!(

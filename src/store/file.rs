@@ -67,6 +67,10 @@ pub enum FileStoreFsyncPolicy {
 /// let dir = std::env::temp_dir().join(format!("doc-file-store-{}", std::process::id()));
 /// let store = FileStore::open(&dir, FileStoreFsyncPolicy::Always).unwrap();
 /// store.record_entity_started("counter", ShardId(7), "cart-42").unwrap();
+/// // One store per directory at a time: a second open is refused…
+/// assert!(FileStore::open(&dir, FileStoreFsyncPolicy::Always).is_err());
+/// // …until the first is closed, as when a process restarts.
+/// drop(store);
 /// let again = FileStore::open(&dir, FileStoreFsyncPolicy::Always).unwrap();
 /// assert_eq!(again.list_entities_for_shard("counter", ShardId(7)).unwrap(), vec!["cart-42"]);
 /// # std::fs::remove_dir_all(&dir).unwrap();
