@@ -84,7 +84,7 @@ pub use extractor::{DefaultShardExtractor, ShardExtractor, ShardId, fnv1a_64};
 pub use protocol::{Ask, Message, MessageInfo, MessageKind, Protocol, Tell};
 pub use store::{
     FileStore, FileStoreFsyncPolicy, InMemoryStore, NoStore, RememberEntitiesEvent,
-    RememberEntitiesOperation, RememberEntitiesStore, StoreError,
+    RememberEntitiesOperation, RememberEntitiesStore, RememberRecord, StoreError,
 };
 pub use system::{EntityRef, ShardedSystem, ShardedSystemBuilder};
 

@@ -29,7 +29,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use super::{RememberEntitiesStore, StoreError};
+use super::{RememberEntitiesStore, RememberRecord, StoreError};
 use crate::extractor::ShardId;
 
 const MAGIC: &[u8; 4] = b"DCSR";
@@ -178,7 +178,8 @@ impl FileStore {
             .map_err(|e| io_error("sync", dir, &e))
     }
 
-    fn append(&self, path: &Path, op: u8, entity_id: &str) -> Result<(), StoreError> {
+    /// Appends records to a log, then syncs once (per the policy).
+    fn append(&self, path: &Path, records: &[(u8, &str)]) -> Result<(), StoreError> {
         let dir = path
             .parent()
             .ok_or_else(|| StoreError("BUG: a log path without a directory".into()))?;
@@ -197,11 +198,14 @@ impl FileStore {
             .metadata()
             .map_err(|e| io_error("inspect", path, &e))?
             .len();
-        let mut bytes = Vec::with_capacity(HEADER_LEN + RECORD_HEAD + 1 + entity_id.len());
+        let size: usize = records.iter().map(|(_, id)| RECORD_HEAD + 1 + id.len()).sum();
+        let mut bytes = Vec::with_capacity(HEADER_LEN + size);
         if len == 0 {
             bytes.extend_from_slice(&header());
         }
-        put_record(&mut bytes, op, entity_id);
+        for (op, entity_id) in records {
+            put_record(&mut bytes, *op, entity_id);
+        }
         if let Err(e) = file.write_all(&bytes) {
             // Take back what part of the record was written, so that the
             // next append does not land behind a fragment.
@@ -232,6 +236,11 @@ impl FileStore {
                 Err(e) => return Err(io_error("remove", path, &e)),
             }
         }
+        if !dir.exists() {
+            // A batch may compact a shard that had no log yet.
+            fs::create_dir_all(dir).map_err(|e| io_error("create", dir, &e))?;
+            self.sync_dir(&self.dir)?;
+        }
         let mut bytes = header().to_vec();
         for id in ids {
             put_record(&mut bytes, OP_STARTED, id);
@@ -261,7 +270,7 @@ impl RememberEntitiesStore for FileStore {
             if ids.contains(entity_id) {
                 return Ok(());
             }
-            self.append(path, OP_STARTED, entity_id)?;
+            self.append(path, &[(OP_STARTED, entity_id)])?;
             ids.insert(entity_id.to_owned());
             Ok(())
         })
@@ -283,6 +292,58 @@ impl RememberEntitiesStore for FileStore {
             *ids = live;
             Ok(())
         })
+    }
+
+    /// Group commit: per shard log, every start in the batch is appended
+    /// with one write and one sync; a batch with a stop compacts the log
+    /// once, to what is live after the whole batch. A failure fails every
+    /// record of that shard in the batch (none of them is known durable).
+    fn record_batch(&self, records: &[RememberRecord<'_>]) -> Vec<Result<(), StoreError>> {
+        let mut results: Vec<Result<(), StoreError>> = records.iter().map(|_| Ok(())).collect();
+        let mut groups: Vec<((&str, ShardId), Vec<usize>)> = Vec::new();
+        for (i, r) in records.iter().enumerate() {
+            if r.started
+                && let Err(error) = check_id(r.entity_id)
+            {
+                results[i] = Err(error);
+                continue;
+            }
+            let key = (r.type_name, r.shard_id);
+            match groups.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, members)) => members.push(i),
+                None => groups.push((key, vec![i])),
+            }
+        }
+        for ((type_name, shard), members) in groups {
+            let outcome = self.with_shard(type_name, shard, |path, ids| {
+                let mut live = ids.clone();
+                let mut appended: Vec<(u8, &str)> = Vec::new();
+                let mut compact = false;
+                for &i in &members {
+                    let r = &records[i];
+                    if r.started {
+                        if live.insert(r.entity_id.to_owned()) {
+                            appended.push((OP_STARTED, r.entity_id));
+                        }
+                    } else if live.remove(r.entity_id) {
+                        compact = true;
+                    }
+                }
+                if compact {
+                    self.compact(path, &live)?;
+                } else if !appended.is_empty() {
+                    self.append(path, &appended)?;
+                }
+                *ids = live;
+                Ok(())
+            });
+            if let Err(error) = outcome {
+                for i in members {
+                    results[i] = Err(error.clone());
+                }
+            }
+        }
+        results
     }
 
     fn list_entities_for_shard(

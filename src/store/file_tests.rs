@@ -358,3 +358,105 @@ fn random_histories_reload_exactly_the_durable_live_ids() {
         .tests(300)
         .quickcheck(reload_lists_the_durable_live_ids as fn(Vec<Op>) -> bool);
 }
+
+/// A batch of records (shard, id, started) over two shards and four ids.
+#[derive(Clone, Debug)]
+struct Batch(Vec<(u32, u8, bool)>);
+
+impl Arbitrary for Batch {
+    fn arbitrary(g: &mut Gen) -> Self {
+        let n = usize::arbitrary(g) % 12;
+        Batch(
+            (0..n)
+                .map(|_| (u32::arbitrary(g) % 2, u8::arbitrary(g) % 4, bool::arbitrary(g)))
+                .collect(),
+        )
+    }
+}
+
+/// Group commit changes when records reach the disk, not what they say:
+/// batches applied with `record_batch` leave the same live ids, after a
+/// reopen, as the same records applied one by one.
+fn batches_are_the_records_one_by_one(batches: Vec<Batch>) -> bool {
+    let (one, many) = (
+        tempfile::tempdir().expect("tempdir"),
+        tempfile::tempdir().expect("tempdir"),
+    );
+    {
+        let single = FileStore::open(one.path(), FileStoreFsyncPolicy::Never).expect("opens");
+        let grouped = FileStore::open(many.path(), FileStoreFsyncPolicy::Never).expect("opens");
+        for Batch(records) in &batches {
+            let ids: Vec<String> = records.iter().map(|(_, id, _)| format!("e{id}")).collect();
+            let batch: Vec<RememberRecord<'_>> = records
+                .iter()
+                .zip(&ids)
+                .map(|((shard, _, started), id)| RememberRecord {
+                    type_name: "t",
+                    shard_id: ShardId(*shard),
+                    entity_id: id,
+                    started: *started,
+                })
+                .collect();
+            for r in &batch {
+                let result = if r.started {
+                    single.record_entity_started(r.type_name, r.shard_id, r.entity_id)
+                } else {
+                    single.record_entity_stopped(r.type_name, r.shard_id, r.entity_id)
+                };
+                result.expect("one by one");
+            }
+            let results = grouped.record_batch(&batch);
+            assert!(results.iter().all(Result::is_ok), "{batch:?}: {results:?}");
+        }
+    }
+    let single = FileStore::open(one.path(), FileStoreFsyncPolicy::Never).expect("reopens");
+    let grouped = FileStore::open(many.path(), FileStoreFsyncPolicy::Never).expect("reopens");
+    (0..2).all(|shard| ids(&single, "t", shard) == ids(&grouped, "t", shard))
+}
+
+#[test]
+fn group_commit_records_what_one_by_one_records() {
+    QuickCheck::new()
+        .tests(300)
+        .quickcheck(batches_are_the_records_one_by_one as fn(Vec<Batch>) -> bool);
+}
+
+#[test]
+fn a_batch_of_starts_is_one_append() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = FileStore::open(dir.path(), FileStoreFsyncPolicy::Always).expect("opens");
+    let names: Vec<String> = (0..100).map(|k| format!("id-{k}")).collect();
+    let batch: Vec<RememberRecord<'_>> = names
+        .iter()
+        .map(|id| RememberRecord {
+            type_name: "t",
+            shard_id: ShardId(9),
+            entity_id: id,
+            started: true,
+        })
+        .collect();
+    assert!(store.record_batch(&batch).iter().all(Result::is_ok));
+    let path = store.log_path("t", ShardId(9)).expect("path");
+    let bytes = fs::read(&path).expect("log");
+    let parsed = parse(&bytes).expect("parses");
+    assert_eq!(parsed.ids.len(), 100);
+    // A bad id fails alone; the rest of its batch is written.
+    let long = "x".repeat(70_000);
+    let mixed = [
+        RememberRecord {
+            type_name: "t",
+            shard_id: ShardId(9),
+            entity_id: &long,
+            started: true,
+        },
+        RememberRecord {
+            type_name: "t",
+            shard_id: ShardId(9),
+            entity_id: "fine",
+            started: true,
+        },
+    ];
+    let results = store.record_batch(&mixed);
+    assert!(results[0].is_err() && results[1].is_ok(), "{results:?}");
+    assert_eq!(ids(&store, "t", 9).len(), 101);
+}

@@ -55,6 +55,35 @@ pub trait RememberEntitiesStore: Send + Sync + 'static {
         let _ = type_name;
         Ok(Vec::new())
     }
+    /// Applies `records` in order; one result per record. The write-behind
+    /// queue hands a store every record waiting at once (up to 4,096), so a
+    /// store can make them durable together (`FileStore`: one write and one
+    /// sync per shard log). The default records them one by one.
+    fn record_batch(&self, records: &[RememberRecord<'_>]) -> Vec<Result<(), StoreError>> {
+        records
+            .iter()
+            .map(|r| {
+                if r.started {
+                    self.record_entity_started(r.type_name, r.shard_id, r.entity_id)
+                } else {
+                    self.record_entity_stopped(r.type_name, r.shard_id, r.entity_id)
+                }
+            })
+            .collect()
+    }
+}
+
+/// One record of a batch ([`RememberEntitiesStore::record_batch`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RememberRecord<'a> {
+    /// The entity type.
+    pub type_name: &'a str,
+    /// The shard.
+    pub shard_id: ShardId,
+    /// The entity.
+    pub entity_id: &'a str,
+    /// Started (`true`) or stopped for good (`false`).
+    pub started: bool,
 }
 
 /// A shared store is a store: several systems (or a system and the code that
@@ -85,6 +114,9 @@ impl<T: RememberEntitiesStore + ?Sized> RememberEntitiesStore for Arc<T> {
     }
     fn list_shards(&self, type_name: &str) -> Result<Vec<ShardId>, StoreError> {
         (**self).list_shards(type_name)
+    }
+    fn record_batch(&self, records: &[RememberRecord<'_>]) -> Vec<Result<(), StoreError>> {
+        (**self).record_batch(records)
     }
 }
 

@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::{broadcast, oneshot};
 
-use super::RememberEntitiesStore;
+use super::{RememberEntitiesStore, RememberRecord};
 use crate::config::{RememberEntitiesConfig, RememberEntitiesFailurePolicy};
 use crate::error::{ShardingError, ShardingResult};
 use crate::extractor::ShardId;
@@ -60,13 +60,65 @@ pub struct RememberEntitiesEvent {
     pub error: String,
 }
 
+/// One record waiting for the store.
+struct Write {
+    type_name: &'static str,
+    shard: ShardId,
+    entity_id: Arc<str>,
+    operation: RememberEntitiesOperation,
+}
+
+/// The most records handed to the store at once.
+const MAX_BATCH: usize = 4_096;
+
+/// Hands a batch to the store and reports each record that failed. A store
+/// that panics fails the whole batch, not the writer.
+fn apply(
+    store: &dyn RememberEntitiesStore,
+    writer: &std::sync::Weak<Remember>,
+    batch: &[Write],
+) {
+    let records: Vec<RememberRecord<'_>> = batch
+        .iter()
+        .map(|w| RememberRecord {
+            type_name: w.type_name,
+            shard_id: w.shard,
+            entity_id: &w.entity_id,
+            started: w.operation != RememberEntitiesOperation::RecordStopped,
+        })
+        .collect();
+    let results = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        store.record_batch(&records)
+    }))
+    .unwrap_or_else(|_| {
+        records
+            .iter()
+            .map(|_| Err(super::StoreError("the store panicked".into())))
+            .collect()
+    });
+    let Some(remember) = writer.upgrade() else {
+        return;
+    };
+    for (i, w) in batch.iter().enumerate() {
+        let result = results.get(i).cloned().unwrap_or_else(|| {
+            Err(super::StoreError(
+                "the store answered fewer results than records".into(),
+            ))
+        });
+        if let Err(error) = result {
+            remember.failure(
+                w.type_name,
+                Some(w.shard),
+                Some(&w.entity_id),
+                w.operation,
+                &error.0,
+            );
+        }
+    }
+}
+
 enum Job {
-    Write {
-        type_name: &'static str,
-        shard: ShardId,
-        entity_id: Arc<str>,
-        operation: RememberEntitiesOperation,
-    },
+    Write(Write),
     /// Answered with the number of records failed so far.
     Flush(oneshot::Sender<u64>),
 }
@@ -143,48 +195,37 @@ impl Remember {
             .name("remember-entities".into())
             .spawn(move || {
                 // Ends when every sender (the `Remember`) is gone.
+                // Every write waiting goes to the store as one batch (a
+                // store may sync once for all of them); a flush marker ends
+                // a batch and is answered once the writes before it are done.
+                let mut batch: Vec<Write> = Vec::new();
                 while let Ok(job) = rx.recv() {
-                    match job {
-                        Job::Flush(done) => {
-                            let failures = writer
-                                .upgrade()
-                                .map_or(0, |r| r.record_failures.load(Ordering::Acquire));
-                            let _ = done.send(failures);
-                        }
-                        Job::Write {
-                            type_name,
-                            shard,
-                            entity_id,
-                            operation,
-                        } => {
-                            let Some(store) = store.upgrade() else {
+                    let mut flush = None;
+                    let mut next = Some(job);
+                    while let Some(job) = next.take() {
+                        match job {
+                            Job::Flush(done) => {
+                                flush = Some(done);
                                 break;
-                            };
-                            // A store that panics fails this record, not the writer.
-                            let result =
-                                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                                    match operation {
-                                        RememberEntitiesOperation::RecordStopped => store
-                                            .record_entity_stopped(type_name, shard, &entity_id),
-                                        _ => store
-                                            .record_entity_started(type_name, shard, &entity_id),
-                                    }
-                                }))
-                                .unwrap_or_else(|_| {
-                                    Err(super::StoreError("the store panicked".into()))
-                                });
-                            if let Err(error) = result
-                                && let Some(remember) = writer.upgrade()
-                            {
-                                remember.failure(
-                                    type_name,
-                                    Some(shard),
-                                    Some(&entity_id),
-                                    operation,
-                                    &error.0,
-                                );
                             }
+                            Job::Write(write) => batch.push(write),
                         }
+                        if batch.len() < MAX_BATCH {
+                            next = rx.try_recv().ok();
+                        }
+                    }
+                    if !batch.is_empty() {
+                        let Some(store) = store.upgrade() else {
+                            break;
+                        };
+                        apply(&*store, &writer, &batch);
+                        batch.clear();
+                    }
+                    if let Some(done) = flush {
+                        let failures = writer
+                            .upgrade()
+                            .map_or(0, |r| r.record_failures.load(Ordering::Acquire));
+                        let _ = done.send(failures);
                     }
                 }
             })
@@ -211,12 +252,12 @@ impl Remember {
         entity_id: &Arc<str>,
         operation: RememberEntitiesOperation,
     ) {
-        let job = Job::Write {
+        let job = Job::Write(Write {
             type_name,
             shard,
             entity_id: entity_id.clone(),
             operation,
-        };
+        });
         match self.tx.try_send(job) {
             Ok(()) => {}
             Err(TrySendError::Full(_)) => self.failure(
