@@ -379,10 +379,11 @@ impl<S> ShardedSystem<S> {
                 .regions
                 .write()
                 .unwrap_or_else(|p| p.into_inner());
-            if self.is_shut_down() || regions.contains_key(type_name) {
+            let leaving = self.shared.leaving.load(Ordering::Acquire);
+            if self.is_shut_down() || leaving || regions.contains_key(type_name) {
                 drop(regions);
                 actor.stop(None);
-                return Err(if self.is_shut_down() {
+                return Err(if self.is_shut_down() || leaving {
                     ShardingError::ShuttingDown
                 } else {
                     ShardingError::AlreadyRegistered { type_name }

@@ -344,6 +344,21 @@ impl Region {
                         _ => envelope,
                     }
                 }
+                // A stopped region (a node that left) still forwards what
+                // peers send it for shards it knows elsewhere: a sender that
+                // had not heard the new home yet loses nothing, tells
+                // included.
+                Slot::Remote(home) if self.is_stopped() => {
+                    let home = *home;
+                    return self
+                        .forward(home, shard, &Arc::from(entity_id), envelope)
+                        .map_err(|(error, envelope)| {
+                            if let Some(envelope) = envelope {
+                                envelope.fail(error.clone());
+                            }
+                            error
+                        });
+                }
                 _ => envelope,
             }
         };
@@ -697,9 +712,16 @@ impl Region {
     ) -> (ShardingResult<()>, Undelivered) {
         if let Some(handoff) = &mut local.handoff {
             // Every entity is stopping already; a remembered one is now
-            // forgotten, so that no next home respawns it. A request from
-            // outside still applies to the messages waiting for that home.
-            if handoff.respawn.remove(entity_id)
+            // forgotten, so that no next home respawns it (not for a stale
+            // request of an earlier incarnation). A request from outside
+            // still applies to the messages waiting for that home.
+            let current = match local.entities.get(entity_id) {
+                Some(Entry::Live(live) | Entry::Passivating { live, .. }) => Some(live.incarnation),
+                None => None,
+            };
+            let stale = incarnation.is_some_and(|i| current.is_some_and(|c| c != i));
+            if !stale
+                && handoff.respawn.remove(entity_id)
                 && let Some(remember) = &self.remember
             {
                 remember.record(
@@ -1225,7 +1247,14 @@ impl Region {
         };
         let mut shard_cells = Vec::new();
         for slot in self.slots.iter() {
-            let previous = std::mem::replace(&mut *lock(slot), Slot::Stopped);
+            let mut guard = lock(slot);
+            let previous = std::mem::replace(&mut *guard, Slot::Stopped);
+            if let Slot::Remote(home) = previous {
+                // Kept: remote envelopes that still arrive are forwarded.
+                *guard = Slot::Remote(home);
+                continue;
+            }
+            drop(guard);
             match previous {
                 Slot::Unallocated { buffer, .. } => buffered(buffer),
                 Slot::Local(mut local) => {

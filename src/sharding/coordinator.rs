@@ -782,29 +782,42 @@ impl CoordinatorCore {
     }
 
     /// Whether nothing more of `type_name` will move off `leaver`: `None`
-    /// while something will; `Some(false)` when it owns nothing now,
-    /// `Some(true)` when no other region can take what it owns.
+    /// while something will; `Some(true)` when no other member has a region
+    /// that could host the type (reachable now or not: a peer that is
+    /// unreachable for a moment is still a home to wait for), `Some(false)`
+    /// when the leaver owns nothing now and waits for nothing.
     fn left(&self, type_name: &str, leaver: &UniqueAddress) -> Option<bool> {
         let Some(table) = self.types.get(type_name) else {
             return Some(false);
         };
+        if !self.has_host_besides(type_name, leaver) {
+            return Some(true);
+        }
         let owns = table.homes.iter().flatten().any(|h| h.owner == *leaver);
-        // (A stopped shard waiting for its next home is still with it.)
+        // A stopped shard waiting for its next home (or one whose handoff
+        // timed out before a home was found) is still with it.
         let moving = table.handoffs.values().any(|h| h.from == *leaver);
-        if !owns && !moving {
+        let waiting = table.waiting.values().any(|askers| askers.contains(leaver));
+        if !owns && !moving && !waiting {
             Some(false)
-        } else if !self.has_candidate_besides(type_name, leaver) {
-            Some(true)
         } else {
             None
         }
     }
 
-    /// Whether some member other than `leaving` could take shards of
-    /// `type_name` now (a leaving node with no one to hand off to need not
-    /// wait for handoffs).
-    pub(crate) fn has_candidate_besides(&self, type_name: &str, leaving: &UniqueAddress) -> bool {
-        self.candidates(type_name).iter().any(|m| m != leaving)
+    /// Whether a member other than `leaver`, reachable or not, has a region
+    /// of `type_name` that may host (not proxy-only, leaving or stopped).
+    pub(crate) fn has_host_besides(&self, type_name: &str, leaver: &UniqueAddress) -> bool {
+        let Some(table) = self.types.get(type_name) else {
+            return false;
+        };
+        table.regions.iter().any(|m| {
+            m != leaver
+                && self.members.contains_key(m)
+                && !table.proxies.contains(m)
+                && !table.leaving.contains(m)
+                && !is_departed(&self.departed, type_name, m)
+        })
     }
 
     /// `from`, the owner of `shard` under `generation`, has stopped it (the

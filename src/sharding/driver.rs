@@ -60,6 +60,9 @@ const RETRY_GET_HOME: Duration = Duration::from_millis(300);
 /// A registration the coordinator has not answered with its table is sent
 /// again after this long.
 const REREGISTER_AFTER: Duration = Duration::from_millis(500);
+/// A region re-registers this often, and so hears the whole table again
+/// (anti-entropy for broadcasts lost with a connection).
+const REFRESH_EVERY: Duration = Duration::from_secs(10);
 /// How long `stop` waits for the control task to send its goodbye.
 const STOP_WAIT: Duration = Duration::from_secs(1);
 /// How often asks whose caller gave up are swept.
@@ -562,12 +565,20 @@ impl Control {
             return;
         }
         let types = self.regions().len();
-        if types == 0 || self.coordinator.is_none() || self.heard_from == self.coordinator {
+        if types == 0 || self.coordinator.is_none() {
             return;
         }
+        // Until the table comes, every REREGISTER_AFTER; then every
+        // REFRESH_EVERY, so that a home lost with a broken connection (a
+        // broadcast is sent once) is learned again from the table.
+        let every = if self.heard_from == self.coordinator {
+            REFRESH_EVERY
+        } else {
+            REREGISTER_AFTER
+        };
         if self
             .registered_at
-            .is_none_or(|at| now.duration_since(at) >= REREGISTER_AFTER)
+            .is_none_or(|at| now.duration_since(at) >= every)
         {
             self.register();
         }
@@ -590,7 +601,7 @@ impl Control {
             && !self
                 .leaving
                 .iter()
-                .any(|t| self.core.has_candidate_besides(t, &me))
+                .any(|t| self.core.has_host_besides(t, &me))
         {
             // This node coordinates and no other region can take a shard.
             return false;
@@ -623,7 +634,7 @@ impl Control {
         match (remember, self.self_tx.upgrade()) {
             (Some(remember), Some(tx)) => {
                 tokio::spawn(async move {
-                    if let Err(error) = remember.flush().await {
+                    if let Err(error) = remember.barrier().await {
                         tracing::warn!(type_name, %shard, %error, "remember-entities records of a handed-off shard not flushed");
                     }
                     let _ = tx.send(report);
@@ -858,9 +869,16 @@ impl Control {
         if state.coordinator != self.coordinator {
             self.coordinator = state.coordinator;
             // Handoffs the previous coordinator asked for and that are not
-            // stopped yet are called off; the new one decides afresh.
-            for region in &regions {
-                region.call_off_handoffs();
+            // stopped yet are called off when it is gone (the new one knows
+            // nothing of them); one that is only out of this node's view
+            // for a moment may still complete them.
+            let previous_gone = self
+                .coordinator
+                .is_some_and(|c| self.lost.contains(&c) || !self.seen.contains(&c));
+            if previous_gone {
+                for region in &regions {
+                    region.call_off_handoffs();
+                }
             }
             if self.coordinator.is_some() {
                 self.register();

@@ -198,7 +198,10 @@ impl FileStore {
             .metadata()
             .map_err(|e| io_error("inspect", path, &e))?
             .len();
-        let size: usize = records.iter().map(|(_, id)| RECORD_HEAD + 1 + id.len()).sum();
+        let size: usize = records
+            .iter()
+            .map(|(_, id)| RECORD_HEAD + 1 + id.len())
+            .sum();
         let mut bytes = Vec::with_capacity(HEADER_LEN + size);
         if len == 0 {
             bytes.extend_from_slice(&header());

@@ -368,7 +368,13 @@ impl Arbitrary for Batch {
         let n = usize::arbitrary(g) % 12;
         Batch(
             (0..n)
-                .map(|_| (u32::arbitrary(g) % 2, u8::arbitrary(g) % 4, bool::arbitrary(g)))
+                .map(|_| {
+                    (
+                        u32::arbitrary(g) % 2,
+                        u8::arbitrary(g) % 4,
+                        bool::arbitrary(g),
+                    )
+                })
                 .collect(),
         )
     }

@@ -73,11 +73,7 @@ const MAX_BATCH: usize = 4_096;
 
 /// Hands a batch to the store and reports each record that failed. A store
 /// that panics fails the whole batch, not the writer.
-fn apply(
-    store: &dyn RememberEntitiesStore,
-    writer: &std::sync::Weak<Remember>,
-    batch: &[Write],
-) {
+fn apply(store: &dyn RememberEntitiesStore, writer: &std::sync::Weak<Remember>, batch: &[Write]) {
     let records: Vec<RememberRecord<'_>> = batch
         .iter()
         .map(|w| RememberRecord {
@@ -333,11 +329,10 @@ impl Remember {
     }
 
     /// Waits until every write queued before this call has been handled by
-    /// the store (and so is durable as its fsync policy makes it). Records
-    /// that failed or found the queue full are not retried (they were
-    /// reported as events); if any did since the last flush that said so,
-    /// this one fails with `RememberEntities`, naming the last of them.
-    pub(crate) async fn flush(&self) -> ShardingResult<()> {
+    /// the store; returns how many records have failed so far. Reports
+    /// nothing (the library's own waits use it, so that a user's flush still
+    /// hears of failures).
+    pub(crate) async fn barrier(&self) -> ShardingResult<u64> {
         let (done, flushed) = oneshot::channel();
         let tx = self.tx.clone();
         // The marker waits for room in the queue, off the runtime's threads.
@@ -345,7 +340,16 @@ impl Remember {
             .await
             .map_err(|e| ShardingError::Bug(format!("flush task failed: {e}")))?
             .map_err(|_| ShardingError::ShuttingDown)?;
-        let failures = flushed.await.map_err(|_| ShardingError::ShuttingDown)?;
+        flushed.await.map_err(|_| ShardingError::ShuttingDown)
+    }
+
+    /// Waits until every write queued before this call has been handled by
+    /// the store (and so is durable as its fsync policy makes it). Records
+    /// that failed or found the queue full are not retried (they were
+    /// reported as events); if any did since the last flush that said so,
+    /// this one fails with `RememberEntities`, naming the last of them.
+    pub(crate) async fn flush(&self) -> ShardingResult<()> {
+        let failures = self.barrier().await?;
         let mut reported = self
             .reported_failures
             .lock()
