@@ -59,6 +59,14 @@ pub struct ClusterConfig {
     /// How long a handshake may take before the connection is dropped.
     #[builder(default = Duration::from_secs(5))]
     pub handshake_timeout: Duration,
+    /// The split-brain resolver (SPEC §10.5a). `None`, the default, keeps
+    /// timeout downing: under a partition both sides down each other.
+    #[builder(default, setter(strip_option))]
+    pub split_brain: Option<crate::membership::SplitBrainStrategy>,
+    /// How long the resolver's view of a partition must stay the same
+    /// before it decides.
+    #[builder(default = Duration::from_secs(1))]
+    pub stable_after: Duration,
     /// This node's roles. An entity type registered with
     /// `ShardedSystem::register_on_role` is hosted only on nodes that have
     /// its role (elsewhere its region is proxy-only).
@@ -73,6 +81,8 @@ impl ClusterConfig {
             heartbeat_interval: self.heartbeat_interval,
             acceptable_heartbeat_pause: self.acceptable_heartbeat_pause,
             downing_timeout: self.downing_timeout,
+            split_brain: self.split_brain,
+            stable_after: self.stable_after,
             ..MembershipConfig::default()
         }
     }

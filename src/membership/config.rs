@@ -53,6 +53,34 @@ pub struct MembershipConfig {
     /// How long an Exiting node waits for the leader to mark it Removed
     /// before it considers itself removed anyway.
     pub exit_timeout: Duration,
+    /// The split-brain resolver: which side of a partition survives. `None`
+    /// keeps timeout downing (`downing_timeout`), under which both sides of a
+    /// partition down each other and go on.
+    pub split_brain: Option<SplitBrainStrategy>,
+    /// How long the resolver's view of the partition must stay the same
+    /// before it decides.
+    pub stable_after: Duration,
+}
+
+/// Which side of a partition stays (the other downs itself). A side is what
+/// this node reaches, directly or through members it reaches (so one bad
+/// link between two members that others both reach is no partition).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SplitBrainStrategy {
+    /// The side with more than half of the live members stays; on an even
+    /// split, the side with the lowest address.
+    KeepMajority,
+    /// A side of at least this many live members stays; a smaller one downs
+    /// itself (both may, if the cluster shrank below it).
+    StaticQuorum(usize),
+    /// The side with the oldest member stays. With `down_if_alone`, an
+    /// oldest member cut off alone downs itself and the others stay.
+    KeepOldest {
+        /// Down the oldest member when it is alone on its side.
+        down_if_alone: bool,
+    },
+    /// Every side downs itself.
+    DownAll,
 }
 
 impl Default for MembershipConfig {
@@ -65,6 +93,8 @@ impl Default for MembershipConfig {
             join_retry_interval: Duration::from_millis(250),
             seed_timeout: Duration::from_millis(500),
             exit_timeout: Duration::from_secs(2),
+            split_brain: None,
+            stable_after: Duration::from_secs(1),
         }
     }
 }

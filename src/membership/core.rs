@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, info};
 
-use super::config::MembershipConfig;
+use super::config::{MembershipConfig, SplitBrainStrategy};
 use super::error::MembershipError;
 use super::gossip::{Gossip, MemberKey};
 use super::protocol::{Command, MembershipEvent, MembershipMsg, Target};
@@ -64,6 +64,9 @@ pub struct MembershipCore {
     marked_down: BTreeSet<MemberKey>,
     push_pending: bool,
     commands: Vec<Command>,
+    /// The split-brain resolver's view: the members beyond this node's side,
+    /// and since when that set has been the same.
+    partition: Option<(BTreeSet<MemberKey>, Instant)>,
 }
 
 impl MembershipCore {
@@ -89,6 +92,7 @@ impl MembershipCore {
             marked_down: BTreeSet::new(),
             push_pending: false,
             commands: Vec::new(),
+            partition: None,
         })
     }
 
@@ -163,7 +167,14 @@ impl MembershipCore {
                         next = next.min(t);
                     }
                 }
-                if let Some(downing) = self.config.downing_timeout {
+                if let Some((_, since)) = &self.partition
+                    && let Some(t) = since.checked_add(self.config.stable_after)
+                {
+                    next = next.min(t);
+                }
+                if let Some(downing) = self.config.downing_timeout
+                    && self.config.split_brain.is_none()
+                {
                     let unreachable = self.gossip.unreachable_keys();
                     if self.leader_key(&unreachable) == Some(self.key) {
                         for since in self.unreachable_since.values() {
@@ -585,7 +596,9 @@ impl MembershipCore {
             return Ok(false);
         }
         let mut changed = false;
-        if let Some(downing) = self.config.downing_timeout {
+        if let Some(strategy) = self.config.split_brain {
+            changed = self.resolve(now, strategy)?;
+        } else if let Some(downing) = self.config.downing_timeout {
             let due: Vec<MemberKey> = self
                 .unreachable_since
                 .iter()
@@ -615,6 +628,110 @@ impl MembershipCore {
             self.decide(k, next)?;
             changed = true;
         }
+        Ok(changed)
+    }
+
+    /// This node's side: the live members it reaches, directly (it does not
+    /// flag them) or through a member of its side (whose row does not flag
+    /// them). One bad link between two members that a third reaches leaves
+    /// all three on one side.
+    fn side(&self) -> BTreeSet<MemberKey> {
+        let live: Vec<MemberKey> = self
+            .gossip
+            .member_keys()
+            .filter(|(_, s)| s.is_live())
+            .map(|(k, _)| k)
+            .collect();
+        let mut side = BTreeSet::from([self.key]);
+        let mut frontier = vec![self.key];
+        while let Some(observer) = frontier.pop() {
+            for m in &live {
+                if !side.contains(m) && !self.gossip.observes_unreachable(&observer, m) {
+                    side.insert(*m);
+                    frontier.push(*m);
+                }
+            }
+        }
+        side
+    }
+
+    /// The split-brain resolver, run by this side's leader: once the
+    /// members beyond this side have been the same for `stable_after`, the
+    /// strategy says which side stays; the other side is marked Down (this
+    /// side downs itself when it loses, and its members stop on hearing it).
+    fn resolve(
+        &mut self,
+        now: Instant,
+        strategy: SplitBrainStrategy,
+    ) -> Result<bool, MembershipError> {
+        let live: BTreeSet<MemberKey> = self
+            .gossip
+            .member_keys()
+            .filter(|(_, s)| s.is_live())
+            .map(|(k, _)| k)
+            .collect();
+        let side = self.side();
+        let beyond: BTreeSet<MemberKey> = live.difference(&side).copied().collect();
+        if beyond.is_empty() {
+            self.partition = None;
+            return Ok(false);
+        }
+        match &self.partition {
+            Some((seen, _)) if *seen == beyond => {}
+            _ => {
+                self.partition = Some((beyond, now));
+                return Ok(false);
+            }
+        }
+        let Some((_, since)) = &self.partition else {
+            return Ok(false);
+        };
+        if now.duration_since(*since) < self.config.stable_after {
+            return Ok(false);
+        }
+        let oldest = live.iter().min_by_key(|k| k.0.age_key()).copied();
+        let (s, total) = (side.len(), live.len());
+        let stays = match strategy {
+            SplitBrainStrategy::KeepMajority => {
+                if 2 * s != total {
+                    2 * s > total
+                } else {
+                    live.iter()
+                        .map(|k| k.0.addr)
+                        .min()
+                        .is_some_and(|lowest| side.iter().any(|k| k.0.addr == lowest))
+                }
+            }
+            SplitBrainStrategy::StaticQuorum(quorum) => s >= quorum,
+            SplitBrainStrategy::KeepOldest { down_if_alone } => match oldest {
+                Some(o) if side.contains(&o) => !(down_if_alone && s == 1),
+                Some(_) => down_if_alone && beyond.len() == 1,
+                None => true,
+            },
+            SplitBrainStrategy::DownAll => false,
+        };
+        let doomed: Vec<MemberKey> = if stays {
+            beyond.iter().copied().collect()
+        } else {
+            side.iter().copied().collect()
+        };
+        tracing::warn!(
+            leader = %self.me,
+            ?strategy,
+            side = s,
+            live = total,
+            stays,
+            "split-brain resolver: {}",
+            if stays { "this side stays; downing the members beyond it" } else { "this side loses; downing itself" }
+        );
+        let mut changed = false;
+        for k in doomed {
+            if self.gossip.status(&k).is_some_and(|st| st.is_live()) {
+                self.decide(k, MemberStatus::Down)?;
+                changed = true;
+            }
+        }
+        self.partition = None;
         Ok(changed)
     }
 

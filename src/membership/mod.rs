@@ -123,7 +123,7 @@ mod sim;
 #[cfg(test)]
 mod tests;
 
-pub use self::config::MembershipConfig;
+pub use self::config::{MembershipConfig, SplitBrainStrategy};
 pub use self::core::MembershipCore;
 pub use self::error::MembershipError;
 pub use self::gossip::Gossip;

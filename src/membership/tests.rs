@@ -756,3 +756,124 @@ fn under_load_a_crash_is_still_downed_within_the_budget_plus_the_network_delay()
     );
     sim.expect_no_errors();
 }
+
+// ---- the split-brain resolver --------------------------------------------
+
+fn resolver(strategy: SplitBrainStrategy) -> MembershipConfig {
+    MembershipConfig {
+        split_brain: Some(strategy),
+        ..MembershipConfig::default()
+    }
+}
+
+/// Runs until the slots in `losers` have stopped (downed themselves) and
+/// every other live slot sees them Down; then checks that no one else was
+/// downed and that the winners still run.
+fn expect_resolution(sim: &mut Sim, losers: &[usize], winners: &[usize]) -> Duration {
+    let lost: Vec<UniqueAddress> = losers.iter().map(|i| sim.id(*i)).collect();
+    let took = sim
+        .run_until(ms(10_000), |s| {
+            losers.iter().all(|i| s.core(*i).is_terminated())
+                && winners.iter().all(|w| {
+                    lost.iter().all(|l| {
+                        !s.status_at(*w, *l).is_some_and(|st| st.is_live())
+                    })
+                })
+        })
+        .unwrap_or_else(|| panic!("no resolution: {}", sim.dump()));
+    for w in winners {
+        assert!(
+            !sim.core(*w).is_terminated(),
+            "winner {w} stopped: {}",
+            sim.dump()
+        );
+    }
+    sim.reject_event(
+        "a member of the winning side downed",
+        |l| matches!(l.event, MembershipEvent::MemberDowned(m) if !lost.contains(&m)),
+    );
+    took
+}
+
+#[test]
+fn keep_majority_downs_a_node_cut_off_alone_and_it_stops() {
+    let mut sim = cluster(3, 41, resolver(SplitBrainStrategy::KeepMajority));
+    sim.isolate(2);
+    let took = expect_resolution(&mut sim, &[2], &[0, 1]);
+    // Detection (400 ms) + stable_after (1 s), give or take a heartbeat.
+    assert!(took >= ms(1_000) && took < ms(3_000), "{took:?}");
+}
+
+#[test]
+fn keep_majority_on_an_even_split_keeps_the_side_of_the_lowest_address() {
+    let mut sim = cluster(4, 42, resolver(SplitBrainStrategy::KeepMajority));
+    for a in [0, 1] {
+        for b in [2, 3] {
+            sim.cut(a, b);
+        }
+    }
+    let lowest = (0..4).min_by_key(|i| sim.addr(*i)).expect("nodes");
+    let (winners, losers) = if lowest < 2 {
+        (vec![0, 1], vec![2, 3])
+    } else {
+        (vec![2, 3], vec![0, 1])
+    };
+    expect_resolution(&mut sim, &losers, &winners);
+}
+
+#[test]
+fn one_bad_link_between_two_members_downs_no_one() {
+    let mut sim = cluster(3, 43, resolver(SplitBrainStrategy::KeepMajority));
+    sim.cut(0, 1);
+    sim.run_for(ms(8_000));
+    sim.reject_event("a down", |l| {
+        matches!(l.event, MembershipEvent::MemberDowned(_))
+    });
+    for i in 0..3 {
+        assert!(!sim.core(i).is_terminated());
+    }
+}
+
+#[test]
+fn keep_oldest_keeps_the_oldest_side_unless_it_is_alone_and_told_to_go() {
+    // Slot 0 joined first: the oldest.
+    let mut sim = cluster(
+        3,
+        44,
+        resolver(SplitBrainStrategy::KeepOldest {
+            down_if_alone: false,
+        }),
+    );
+    sim.isolate(0);
+    expect_resolution(&mut sim, &[1, 2], &[0]);
+    let config = resolver(SplitBrainStrategy::KeepOldest {
+        down_if_alone: true,
+    });
+    let mut sim = cluster(3, 45, config);
+    sim.isolate(0);
+    expect_resolution(&mut sim, &[0], &[1, 2]);
+}
+
+#[test]
+fn static_quorum_and_down_all() {
+    let mut sim = cluster(3, 46, resolver(SplitBrainStrategy::StaticQuorum(2)));
+    sim.isolate(1);
+    expect_resolution(&mut sim, &[1], &[0, 2]);
+    let mut sim = cluster(3, 47, resolver(SplitBrainStrategy::DownAll));
+    sim.isolate(2);
+    expect_resolution(&mut sim, &[0, 1, 2], &[]);
+}
+
+#[test]
+fn without_a_resolver_both_sides_of_a_partition_go_on() {
+    // What the resolver is for: timeout downing lets each side down the other.
+    let mut sim = cluster(3, 48, MembershipConfig::default());
+    sim.isolate(2);
+    let (a, c) = (sim.id(0), sim.id(2));
+    sim.run_until(ms(5_000), |s| {
+        s.status_at(0, c) == Some(MemberStatus::Down)
+            && s.status_at(2, a) == Some(MemberStatus::Down)
+    })
+    .expect("each side downs the other");
+    assert!(!sim.core(0).is_terminated() && !sim.core(2).is_terminated());
+}
