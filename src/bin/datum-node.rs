@@ -21,7 +21,7 @@ use clap::Parser;
 use datum_cluster_sharding::ShardedSystem;
 use datum_cluster_sharding::cluster::{ClusterConfig, ClusterNode};
 use datum_cluster_sharding::identity::UniqueAddress;
-use datum_cluster_sharding::membership::{MemberStatus, MembershipEvent};
+use datum_cluster_sharding::membership::{MemberStatus, MembershipEvent, SplitBrainStrategy};
 use serde::Serialize;
 use tokio::sync::broadcast::error::RecvError;
 
@@ -97,6 +97,19 @@ struct Args {
           value_parser = max_frame)]
     max_frame: usize,
 
+    /// The split-brain resolver: `off` (timeout downing: under a partition
+    /// each side downs the other), `keep-majority`, `static-quorum:N`,
+    /// `keep-oldest`, `keep-oldest-down-if-alone` or `down-all`. The losing
+    /// side downs itself and its nodes exit with code 3.
+    #[arg(long, env = "DATUM_SPLIT_BRAIN", default_value = "off", value_parser = split_brain)]
+    split_brain: SplitBrain,
+
+    /// How long the resolver waits for a partition to stay the same before
+    /// it decides, in milliseconds.
+    #[arg(long, env = "DATUM_STABLE_AFTER_MS", default_value_t = 1_000,
+          value_parser = clap::value_parser!(u64).range(0..=MAX_MS))]
+    stable_after_ms: u64,
+
     /// Host the counter entity type (protocol `counter`: `tell Add`,
     /// `ask Get -> u64`) in a sharded system on this node. SIGTERM then
     /// hands its shards off to the other nodes before the node leaves.
@@ -118,6 +131,34 @@ struct Args {
 /// The seed addresses (a newtype so clap takes the whole list as one value).
 #[derive(Clone, Debug)]
 struct SeedList(Vec<SocketAddr>);
+
+/// The split-brain strategy, or `None` for timeout downing.
+#[derive(Clone, Copy, Debug)]
+struct SplitBrain(Option<SplitBrainStrategy>);
+
+fn split_brain(s: &str) -> Result<SplitBrain, String> {
+    let s = s.trim();
+    let strategy = match s {
+        "off" => None,
+        "keep-majority" => Some(SplitBrainStrategy::KeepMajority),
+        "keep-oldest" => Some(SplitBrainStrategy::KeepOldest {
+            down_if_alone: false,
+        }),
+        "keep-oldest-down-if-alone" => Some(SplitBrainStrategy::KeepOldest {
+            down_if_alone: true,
+        }),
+        "down-all" => Some(SplitBrainStrategy::DownAll),
+        other => match other.strip_prefix("static-quorum:").map(str::parse::<usize>) {
+            Some(Ok(n)) if n >= 1 => Some(SplitBrainStrategy::StaticQuorum(n)),
+            _ => {
+                return Err(format!(
+                    "`{s}` is not one of off, keep-majority, static-quorum:N (N ≥ 1), keep-oldest, keep-oldest-down-if-alone, down-all"
+                ));
+            }
+        },
+    };
+    Ok(SplitBrain(strategy))
+}
 
 /// The downing timeout, or `None` for manual downing.
 #[derive(Clone, Copy, Debug)]
@@ -206,7 +247,9 @@ async fn run(args: Args) -> ExitCode {
         .acceptable_heartbeat_pause(Duration::from_millis(args.pause_ms))
         .downing_timeout(args.downing_ms.0)
         .max_frame_size(args.max_frame)
+        .stable_after(Duration::from_millis(args.stable_after_ms))
         .build();
+    config.split_brain = args.split_brain.0;
     config.advertised_addr = args.advertise;
     let mut stop = match StopSignals::install() {
         Ok(stop) => stop,
@@ -536,6 +579,28 @@ mod tests {
             addr: "127.0.0.1:44767".parse().expect("literal"),
             node_id: NodeId(0x93b3_0568_2c1a_07ee),
             incarnation: 1_796_042_329_732_518,
+        }
+    }
+
+    #[test]
+    fn split_brain_flag_values() {
+        assert_eq!(split_brain("off").expect("off").0, None);
+        assert_eq!(
+            split_brain("keep-majority").expect("parses").0,
+            Some(SplitBrainStrategy::KeepMajority)
+        );
+        assert_eq!(
+            split_brain("static-quorum:3").expect("parses").0,
+            Some(SplitBrainStrategy::StaticQuorum(3))
+        );
+        assert_eq!(
+            split_brain("keep-oldest-down-if-alone").expect("parses").0,
+            Some(SplitBrainStrategy::KeepOldest {
+                down_if_alone: true
+            })
+        );
+        for bad in ["", "static-quorum:0", "static-quorum:x", "majority"] {
+            assert!(split_brain(bad).is_err(), "{bad}");
         }
     }
 

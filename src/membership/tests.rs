@@ -775,9 +775,8 @@ fn expect_resolution(sim: &mut Sim, losers: &[usize], winners: &[usize]) -> Dura
         .run_until(ms(10_000), |s| {
             losers.iter().all(|i| s.core(*i).is_terminated())
                 && winners.iter().all(|w| {
-                    lost.iter().all(|l| {
-                        !s.status_at(*w, *l).is_some_and(|st| st.is_live())
-                    })
+                    lost.iter()
+                        .all(|l| !s.status_at(*w, *l).is_some_and(|st| st.is_live()))
                 })
         })
         .unwrap_or_else(|| panic!("no resolution: {}", sim.dump()));
@@ -876,4 +875,51 @@ fn without_a_resolver_both_sides_of_a_partition_go_on() {
     })
     .expect("each side downs the other");
     assert!(!sim.core(0).is_terminated() && !sim.core(2).is_terminated());
+}
+
+/// Random clean partitions of 3–5 members under each strategy: at most one
+/// side keeps running (every member of the other side has stopped).
+#[test]
+fn random_partitions_leave_at_most_one_side_running() {
+    fn holds(seed: u64, n: u8, split: u8, which: u8) -> bool {
+        let n = 3 + (n % 3) as usize;
+        // A non-trivial split: bit i of `mask` puts slot i in group A.
+        let mask = (u32::from(split) % ((1 << n) - 2)) + 1;
+        let strategy = match which % 4 {
+            0 => SplitBrainStrategy::KeepMajority,
+            1 => SplitBrainStrategy::StaticQuorum(n / 2 + 1),
+            2 => SplitBrainStrategy::KeepOldest {
+                down_if_alone: false,
+            },
+            _ => SplitBrainStrategy::KeepOldest {
+                down_if_alone: true,
+            },
+        };
+        let mut sim = cluster(n, seed, resolver(strategy));
+        let in_a = |i: usize| mask & (1 << i) != 0;
+        for a in 0..n {
+            for b in 0..n {
+                if a < b && in_a(a) != in_a(b) {
+                    sim.cut(a, b);
+                }
+            }
+        }
+        sim.run_for(ms(6_000));
+        let running =
+            |group: bool| (0..n).any(|i| in_a(i) == group && !sim.core(i).is_terminated());
+        let both = running(true) && running(false);
+        if both {
+            eprintln!("{strategy:?} mask {mask:b}: both sides run\n{}", sim.dump());
+        }
+        // Keep-majority and keep-oldest always keep exactly one side.
+        let none = !running(true) && !running(false);
+        let must_keep_one = matches!(
+            strategy,
+            SplitBrainStrategy::KeepMajority | SplitBrainStrategy::KeepOldest { .. }
+        );
+        !both && !(must_keep_one && none)
+    }
+    quickcheck::QuickCheck::new()
+        .tests(200)
+        .quickcheck(holds as fn(u64, u8, u8, u8) -> bool);
 }
