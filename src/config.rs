@@ -46,6 +46,13 @@ pub struct ShardingConfig {
     /// Used in cluster mode.
     #[builder(default = Duration::from_secs(10))]
     pub handoff_timeout: Duration,
+    /// How long the coordinator waits, after a member is gone (downed or
+    /// removed), before it reallocates that member's shards: time for a node
+    /// on the losing side of a partition to stop its entities first. `None`
+    /// (the default): none with timeout downing, the cluster's
+    /// `stable_after` with a split-brain resolver. Used in cluster mode.
+    #[builder(default)]
+    pub down_removal_margin: Option<Duration>,
     /// An entity with no message for this long is passivated; `None` disables
     /// idle passivation.
     #[builder(default = Some(Duration::from_secs(120)))]

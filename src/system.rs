@@ -95,7 +95,7 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    fn is_shut_down(&self) -> bool {
+    pub(crate) fn is_shut_down(&self) -> bool {
         self.stopped.load(Ordering::Acquire)
     }
 
@@ -208,10 +208,20 @@ impl<S> ShardedSystemBuilder<S> {
         self.config.validate()?;
         let cluster = match self.node {
             Some(node) => {
+                let cluster = node.config();
+                let margin =
+                    self.config
+                        .down_removal_margin
+                        .unwrap_or(if cluster.split_brain.is_some() {
+                            cluster.stable_after
+                        } else {
+                            Duration::ZERO
+                        });
                 let coordinator = CoordinatorConfig {
                     rebalance_interval: self.config.rebalance_interval,
                     rebalance_per_round: self.config.rebalance_per_round,
                     handoff_timeout: self.config.handoff_timeout,
+                    dead_owner_margin: margin,
                     ..CoordinatorConfig::default()
                 };
                 Some(ClusterLink::new(node, self.strategy, coordinator)?)

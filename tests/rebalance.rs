@@ -881,3 +881,45 @@ async fn remembered_entities_are_respawned_on_the_new_homes_after_a_graceful_lea
         let _ = c.shutdown().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_downed_by_the_others_stops_its_entities() {
+    let nodes = cluster_of(3).await;
+    let homes = homes_of(&nodes[0].system, (0..60).map(|k| format!("fenced-{k}"))).await;
+    let on_2: Vec<&String> = homes
+        .iter()
+        .filter(|(_, h)| *h == "node-2")
+        .map(|(id, _)| id)
+        .collect();
+    assert!(!on_2.is_empty());
+    // Node 0 downs node 2 while node 2 runs (as the winning side of a
+    // split-brain decision would): node 2 hears it and fences itself.
+    nodes[0]
+        .cluster
+        .down(nodes[2].cluster.self_address())
+        .await
+        .expect("down");
+    wait_for("node 2's regions stopped", || {
+        nodes[2]
+            .system
+            .shard_region_state::<Seq>()
+            .is_some_and(|s| s.shards.is_empty())
+    })
+    .await;
+    let refused = nodes[2]
+        .system
+        .entity_ref::<Seq>(on_2[0].as_str())
+        .ask(Where, ASK)
+        .await;
+    assert!(
+        matches!(refused, Err(ShardingError::ShuttingDown)),
+        "{refused:?}"
+    );
+    // The others serve its entities.
+    for id in on_2 {
+        let home = where_retrying(&nodes[1].system.entity_ref::<Seq>(id.as_str())).await;
+        assert_ne!(home, "node-2");
+    }
+    stop(&nodes[..2]).await;
+    nodes[2].system.shutdown().await;
+}

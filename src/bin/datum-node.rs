@@ -148,7 +148,10 @@ fn split_brain(s: &str) -> Result<SplitBrain, String> {
             down_if_alone: true,
         }),
         "down-all" => Some(SplitBrainStrategy::DownAll),
-        other => match other.strip_prefix("static-quorum:").map(str::parse::<usize>) {
+        other => match other
+            .strip_prefix("static-quorum:")
+            .map(str::parse::<usize>)
+        {
             Some(Ok(n)) if n >= 1 => Some(SplitBrainStrategy::StaticQuorum(n)),
             _ => {
                 return Err(format!(

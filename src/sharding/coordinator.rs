@@ -392,6 +392,10 @@ pub struct CoordinatorConfig {
     pub rebalance_per_round: usize,
     /// A handoff not finished after this long completes as a DeadOwner move.
     pub handoff_timeout: Duration,
+    /// The shards of a member gone from the cluster are reallocated only
+    /// this long after the core first saw it gone (time for a node on the
+    /// losing side of a partition to stop its entities).
+    pub dead_owner_margin: Duration,
 }
 
 impl Default for CoordinatorConfig {
@@ -402,6 +406,7 @@ impl Default for CoordinatorConfig {
             rebalance_interval: Duration::from_secs(2),
             rebalance_per_round: 3,
             handoff_timeout: Duration::from_secs(10),
+            dead_owner_margin: Duration::ZERO,
         }
     }
 }
@@ -429,6 +434,8 @@ pub(crate) struct CoordinatorCore {
     open_rounds: BTreeMap<u64, OpenRound>,
     /// Leaving regions told `Left` for a type since they began leaving.
     told_left: BTreeSet<(String, UniqueAddress)>,
+    /// Owners gone from the view, and when this core first saw them gone.
+    gone_at: BTreeMap<UniqueAddress, Instant>,
     next_round: u64,
 }
 
@@ -452,6 +459,7 @@ impl CoordinatorCore {
             next_rebalance: None,
             open_rounds: BTreeMap::new(),
             told_left: BTreeSet::new(),
+            gone_at: BTreeMap::new(),
             next_round: 0,
         }
     }
@@ -940,7 +948,7 @@ impl CoordinatorCore {
         let mut moves: Vec<(RebalanceReason, ShardMovement)> = Vec::new();
         let type_names: Vec<String> = self.types.keys().cloned().collect();
         for type_name in &type_names {
-            self.reallocate_orphans(type_name, &mut out, &mut moves);
+            self.reallocate_orphans(type_name, now, &mut out, &mut moves);
             self.drive_handoffs(type_name, now, &mut out, &mut moves);
             self.answer_waiting(type_name, &mut out, &mut moves);
         }
@@ -952,6 +960,12 @@ impl CoordinatorCore {
         }
         self.record(now, moves);
         self.tell_left(&type_names, &mut out);
+        let types = &self.types;
+        self.gone_at.retain(|m, _| {
+            types
+                .values()
+                .any(|t| t.homes.iter().flatten().any(|h| h.owner == *m))
+        });
         out
     }
 
@@ -978,17 +992,27 @@ impl CoordinatorCore {
     fn reallocate_orphans(
         &mut self,
         type_name: &str,
+        now: Instant,
         out: &mut Vec<Command>,
         moves: &mut Vec<(RebalanceReason, ShardMovement)>,
     ) {
         let table = &self.types[type_name];
+        let margin = self.config.dead_owner_margin;
+        let members = &self.members;
+        let gone_at = &mut self.gone_at;
+        // A gone member's shards wait out the margin; a stopped region's
+        // (departed) and a proxy's do not.
+        let mut gone_long_enough = |owner: &UniqueAddress| {
+            let at = *gone_at.entry(*owner).or_insert(now);
+            now.duration_since(at) >= margin
+        };
         let orphaned: Vec<(u32, UniqueAddress)> = table
             .homes
             .iter()
             .enumerate()
             .filter_map(|(shard, home)| {
                 home.filter(|h| {
-                    !self.members.contains_key(&h.owner)
+                    (!members.contains_key(&h.owner) && gone_long_enough(&h.owner))
                         || is_departed(&self.departed, type_name, &h.owner)
                         || table.proxies.contains(&h.owner)
                 })
@@ -1098,6 +1122,15 @@ impl CoordinatorCore {
             .unwrap_or_default();
         for (shard, askers) in waiting {
             let known = self.types[type_name].homes[shard as usize];
+            if let Some(home) = known
+                && !self.members.contains_key(&home.owner)
+            {
+                // Its owner is gone and the margin not over: keep waiting.
+                if let Some(table) = self.types.get_mut(type_name) {
+                    table.waiting.insert(shard, askers);
+                }
+                continue;
+            }
             if let Some(home) = known {
                 // Known meanwhile (allocated by an earlier step, or learned
                 // from a registration, which is not broadcast): every asker

@@ -1327,3 +1327,37 @@ fn regression_two_leave_while_one_is_unreachable() {
     ];
     assert_eq!(check_history(ops), Ok(()));
 }
+
+#[test]
+fn a_gone_owners_shards_wait_out_the_margin() {
+    let t0 = Instant::now();
+    let n: Vec<UniqueAddress> = (1..=3).map(node).collect();
+    let config = CoordinatorConfig {
+        dead_owner_margin: Duration::from_secs(1),
+        ..CoordinatorConfig::default()
+    };
+    let mut c = CoordinatorCore::new(n[0], config, Box::new(LeastShardAllocation));
+    c.set_membership(t0, &view(n[0], &n, &[], &[]));
+    for a in &n {
+        c.register(t0, *a, &reg(3, vec![]));
+    }
+    for shard in 0..3 {
+        c.get_home(t0, n[0], TYPE, shard, 0);
+    }
+    assert_eq!(c.home(TYPE, 2).unwrap().owner, n[2]);
+    // Node 3 is downed: its shard keeps its home for the margin (a region
+    // asking meanwhile waits), then moves as a dead-owner move.
+    c.set_membership(t0, &view(n[0], &n[..2], &n[2..], &[]));
+    assert_eq!(c.home(TYPE, 2).unwrap().owner, n[2]);
+    assert!(c.get_home(t0, n[1], TYPE, 2, 1).is_empty());
+    c.tick(t0 + Duration::from_millis(900));
+    assert_eq!(c.home(TYPE, 2).unwrap().owner, n[2]);
+    let out = c.tick(t0 + Duration::from_secs(1));
+    let moved = c.home(TYPE, 2).unwrap();
+    assert_ne!(moved.owner, n[2]);
+    assert!(out.contains(&home(n[1], 2, moved.owner, 2)), "{out:?}");
+    assert_eq!(
+        c.rounds().last().unwrap().reason,
+        RebalanceReason::DeadOwner
+    );
+}

@@ -204,6 +204,7 @@ impl ClusterLink {
             stopped: BTreeMap::new(),
             stats: BTreeMap::new(),
             next_stats: 0,
+            fenced: false,
             waiting: BTreeMap::new(),
             rounds: self.rounds.clone(),
             remote: self.remote.clone(),
@@ -417,6 +418,8 @@ struct Control {
     stopped: BTreeMap<(&'static str, u32), (u64, Instant)>,
     /// This task's own inbox (weak: the system's handle keeps it open).
     self_tx: mpsc::WeakUnboundedSender<DriverMsg>,
+    /// This node's regions were stopped because it is out of the cluster.
+    fenced: bool,
     /// Stats requests waiting for answers, by id.
     stats: BTreeMap<u64, PendingStats>,
     next_stats: u64,
@@ -470,7 +473,9 @@ impl Control {
                 },
                 changed = self.state.changed() => {
                     if changed.is_err() {
-                        // The cluster node stopped.
+                        // The cluster node stopped (downed, or shut down):
+                        // what this node hosts must stop too.
+                        self.fence("the cluster node stopped");
                         break;
                     }
                     let state = self.state.borrow_and_update().clone();
@@ -819,8 +824,40 @@ impl Control {
         }
     }
 
+    /// This node is out of the cluster (downed — by the split-brain
+    /// resolver on the losing side, by another member, or removed — or its
+    /// cluster node stopped): its regions stop accepting and stop their
+    /// entities, so that what the rest of the cluster reallocates does not
+    /// also run here. Done once.
+    fn fence(&mut self, why: &str) {
+        if self.fenced || self.shared.upgrade().is_none_or(|s| s.is_shut_down()) {
+            return;
+        }
+        self.fenced = true;
+        let regions = self.regions();
+        if regions.is_empty() {
+            return;
+        }
+        tracing::warn!(node = %self.me, why, "this node is out of the cluster: its regions stop");
+        for region in &regions {
+            region.stop_accepting();
+        }
+        self.remote.fail_all(&ShardingError::ShuttingDown);
+        tokio::spawn(async move {
+            for region in regions {
+                region.shutdown().await;
+            }
+        });
+    }
+
     fn membership(&mut self, state: MembershipState) {
         let now = Instant::now();
+        if matches!(
+            state.self_status(),
+            Some(MemberStatus::Down | MemberStatus::Removed)
+        ) {
+            self.fence("this node was downed or removed");
+        }
         // Members that are gone (downed or removed — a removed member drops
         // out of the view, and a watch may skip the states in between):
         // their asks fail now, their shards wait. An Exiting member still
