@@ -104,7 +104,12 @@ impl Node {
         let seed = format!("{}:7355", Net::node_addr(0));
         let mut child = Command::new("ip")
             .args(["netns", "exec", &net.ns(&format!("n{i}")), BIN])
-            .args(["--cluster-name", "partition", "--secret", "partition-secret"])
+            .args([
+                "--cluster-name",
+                "partition",
+                "--secret",
+                "partition-secret",
+            ])
             .args(["--bind", &bind, "--seeds", &seed])
             .args(["--split-brain", "keep-majority"])
             .env("RUST_LOG", "warn")
@@ -235,11 +240,22 @@ fn a_node_cut_off_by_a_real_partition_downs_itself_and_the_majority_goes_on() {
     net.link(2, true);
     for n in &mut nodes[..2] {
         for l in n.drain(Duration::from_secs(2)) {
-            assert_ne!(field(&l, "event"), Some("member_downed"), "after the heal: {l}");
-            assert_ne!(field(&l, "event"), Some("stopped"), "a majority node stopped: {l}");
+            assert_ne!(
+                field(&l, "event"),
+                Some("member_downed"),
+                "after the heal: {l}"
+            );
+            assert_ne!(
+                field(&l, "event"),
+                Some("stopped"),
+                "a majority node stopped: {l}"
+            );
         }
     }
-    eprintln!("cut at 0 ms; the minority node exited {} ms later", exited.as_millis());
+    eprintln!(
+        "cut at 0 ms; the minority node exited {} ms later",
+        exited.as_millis()
+    );
     for n in &mut nodes[..2] {
         let pid = n.child.id() as libc::pid_t;
         // SAFETY: signalling our own child, not yet reaped.

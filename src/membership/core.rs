@@ -167,8 +167,10 @@ impl MembershipCore {
                         next = next.min(t);
                     }
                 }
+                // (Only a side's leader decides, so only it needs the wake-up.)
                 if let Some((_, since)) = &self.partition
                     && let Some(t) = since.checked_add(self.config.stable_after)
+                    && self.leader_key(&self.gossip.unreachable_keys()) == Some(self.key)
                 {
                     next = next.min(t);
                 }
@@ -591,6 +593,11 @@ impl MembershipCore {
 
     /// The leader's duties. Returns whether it changed anything.
     fn leader_actions(&mut self, now: Instant) -> Result<bool, MembershipError> {
+        if self.config.split_brain.is_some() {
+            // Every node follows the partition (a node that becomes its
+            // side's leader must not decide on a view from before a heal).
+            self.track_partition(now);
+        }
         let unreachable = self.gossip.unreachable_keys();
         if self.leader_key(&unreachable) != Some(self.key) {
             return Ok(false);
@@ -655,6 +662,25 @@ impl MembershipCore {
         side
     }
 
+    /// Follows the members beyond this node's side: the set, and since when
+    /// it has been the same (any change, an empty set included, starts the
+    /// wait over).
+    fn track_partition(&mut self, now: Instant) {
+        let live: BTreeSet<MemberKey> = self
+            .gossip
+            .member_keys()
+            .filter(|(_, s)| s.is_live())
+            .map(|(k, _)| k)
+            .collect();
+        let side = self.side();
+        let beyond: BTreeSet<MemberKey> = live.difference(&side).copied().collect();
+        if beyond.is_empty() {
+            self.partition = None;
+        } else if self.partition.as_ref().is_none_or(|(seen, _)| *seen != beyond) {
+            self.partition = Some((beyond, now));
+        }
+    }
+
     /// The split-brain resolver, run by this side's leader: once the
     /// members beyond this side have been the same for `stable_after`, the
     /// strategy says which side stays; the other side is marked Down (this
@@ -671,21 +697,10 @@ impl MembershipCore {
             .map(|(k, _)| k)
             .collect();
         let side = self.side();
-        let beyond: BTreeSet<MemberKey> = live.difference(&side).copied().collect();
-        if beyond.is_empty() {
-            self.partition = None;
-            return Ok(false);
-        }
-        match &self.partition {
-            Some((seen, _)) if *seen == beyond => {}
-            _ => {
-                self.partition = Some((beyond, now));
-                return Ok(false);
-            }
-        }
-        let Some((_, since)) = &self.partition else {
+        let Some((beyond, since)) = &self.partition else {
             return Ok(false);
         };
+        let beyond = beyond.clone();
         if now.duration_since(*since) < self.config.stable_after {
             return Ok(false);
         }

@@ -924,3 +924,38 @@ fn random_partitions_leave_at_most_one_side_running() {
         .tests(200)
         .quickcheck(holds as fn(u64, u8, u8, u8) -> bool);
 }
+
+#[test]
+fn a_link_that_flaps_faster_than_stable_after_downs_no_one() {
+    let mut sim = cluster(3, 49, resolver(SplitBrainStrategy::KeepMajority));
+    // Node 2 is cut off for 700 ms (long enough to be flagged), back for
+    // 300 ms, again and again: the resolver's view never holds still for
+    // stable_after (1 s), so it decides nothing.
+    for _ in 0..8 {
+        sim.isolate(2);
+        sim.run_for(ms(700));
+        sim.heal_all();
+        sim.run_for(ms(300));
+    }
+    sim.run_for(ms(3_000));
+    sim.reject_event("a down", |l| {
+        matches!(l.event, MembershipEvent::MemberDowned(_))
+    });
+    for i in 0..3 {
+        assert!(!sim.core(i).is_terminated(), "{i} stopped: {}", sim.dump());
+    }
+    sim.expect_converged(ms(2_000));
+}
+
+#[test]
+fn a_partition_during_a_join_leaves_one_side() {
+    let mut sim = cluster(3, 50, resolver(SplitBrainStrategy::KeepMajority));
+    // Node 2 is cut off while a fourth node joins through node 0: the side
+    // of nodes 0, 1 and the newcomer is the majority of four.
+    sim.isolate(2);
+    let newcomer = sim.add_node();
+    sim.join(newcomer, &[0]);
+    expect_resolution(&mut sim, &[2], &[0, 1, newcomer]);
+    let id = sim.id(newcomer);
+    sim.expect_all_see(id, MemberStatus::Up, ms(5_000));
+}
