@@ -50,7 +50,8 @@ pub struct ShardingConfig {
     /// removed), before it reallocates that member's shards: time for a node
     /// on the losing side of a partition to stop its entities first. `None`
     /// (the default): none with timeout downing, the cluster's
-    /// `stable_after` with a split-brain resolver. Used in cluster mode.
+    /// `stable_after` plus its failure timeout with a split-brain resolver.
+    /// Used in cluster mode.
     #[builder(default)]
     pub down_removal_margin: Option<Duration>,
     /// An entity with no message for this long is passivated; `None` disables

@@ -99,6 +99,12 @@ impl Shared {
         self.stopped.load(Ordering::Acquire)
     }
 
+    /// The system can no longer serve (its node is out of the cluster): no
+    /// new type may register, new refs are refused.
+    pub(crate) fn mark_stopped(&self) {
+        self.stopped.store(true, Ordering::Release);
+    }
+
     /// The region of the entity type named `type_name`.
     pub(crate) fn region(&self, type_name: &str) -> Option<Arc<Region>> {
         self.regions
@@ -213,7 +219,9 @@ impl<S> ShardedSystemBuilder<S> {
                     self.config
                         .down_removal_margin
                         .unwrap_or(if cluster.split_brain.is_some() {
-                            cluster.stable_after
+                            // The two sides' decisions are apart by up to a
+                            // detection: stable_after past that is the margin.
+                            cluster.stable_after + cluster.membership().failure_timeout()
                         } else {
                             Duration::ZERO
                         });

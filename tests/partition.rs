@@ -199,7 +199,18 @@ fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
 
 #[test]
 fn a_node_cut_off_by_a_real_partition_downs_itself_and_the_majority_goes_on() {
-    let net = match Net::make() {
+    let net = match Net::make().and_then(|net| {
+        // Running a process inside one is needed too (it remounts /sys).
+        let probe = Command::new("ip")
+            .args(["netns", "exec", &net.ns("n0"), "true"])
+            .status()
+            .map_err(|e| e.to_string())?;
+        if probe.success() {
+            Ok(net)
+        } else {
+            Err(format!("`ip netns exec` failed: {probe}"))
+        }
+    }) {
         Ok(net) => net,
         Err(error) => {
             eprintln!("SKIPPED: network namespaces are not available here ({error})");

@@ -59,7 +59,7 @@ pub struct ClusterConfig {
     /// How long a handshake may take before the connection is dropped.
     #[builder(default = Duration::from_secs(5))]
     pub handshake_timeout: Duration,
-    /// The split-brain resolver (SPEC §10.5a). `None`, the default, keeps
+    /// The split-brain resolver (SPEC §10.5). `None`, the default, keeps
     /// timeout downing: under a partition both sides down each other.
     #[builder(default, setter(strip_option))]
     pub split_brain: Option<crate::membership::SplitBrainStrategy>,

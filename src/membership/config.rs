@@ -121,6 +121,11 @@ impl MembershipConfig {
             ("heartbeat_interval", self.heartbeat_interval),
             ("join_retry_interval", self.join_retry_interval),
         ];
+        if self.split_brain == Some(SplitBrainStrategy::StaticQuorum(0)) {
+            return Err(MembershipError::InvalidConfig {
+                reason: "a static quorum must be at least 1".into(),
+            });
+        }
         for (name, value) in periods {
             if value.is_zero() {
                 return Err(MembershipError::InvalidConfig {

@@ -67,6 +67,14 @@ pub struct MembershipCore {
     /// The split-brain resolver's view: the members beyond this node's side,
     /// and since when that set has been the same.
     partition: Option<(BTreeSet<MemberKey>, Instant)>,
+    /// Since when there have been members beyond this side at all.
+    partitioned_since: Option<Instant>,
+    /// A member (not the leader) judged this partition: its side stays.
+    judged: bool,
+    /// Set while a timer is handled: resolver decisions are taken only then,
+    /// after the whole inbound batch (a node that stalled decides on fresh
+    /// heartbeats, not on the view from before its stall).
+    deciding: bool,
 }
 
 impl MembershipCore {
@@ -93,6 +101,9 @@ impl MembershipCore {
             push_pending: false,
             commands: Vec::new(),
             partition: None,
+            partitioned_since: None,
+            judged: false,
+            deciding: false,
         })
     }
 
@@ -167,12 +178,22 @@ impl MembershipCore {
                         next = next.min(t);
                     }
                 }
-                // (Only a side's leader decides, so only it needs the wake-up.)
+                // The resolver's wake-up: when the view will have held
+                // still for stable_after, or, if that comes later, when the
+                // side gives up on an unstable view.
                 if let Some((_, since)) = &self.partition
-                    && let Some(t) = since.checked_add(self.config.stable_after)
-                    && self.leader_key(&self.gossip.unreachable_keys()) == Some(self.key)
+                    && !self.judged
                 {
-                    next = next.min(t);
+                    let stable = since.checked_add(self.config.stable_after);
+                    let unstable = self
+                        .partitioned_since
+                        .and_then(|at| at.checked_add(self.unstable_limit()));
+                    if let Some(t) = match (stable, unstable) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    } {
+                        next = next.min(t);
+                    }
                 }
                 if let Some(downing) = self.config.downing_timeout
                     && self.config.split_brain.is_none()
@@ -368,7 +389,10 @@ impl MembershipCore {
                         }));
                     return Ok(());
                 }
-                self.after_input(now).map(|_| ())
+                self.deciding = true;
+                let result = self.after_input(now).map(|_| ());
+                self.deciding = false;
+                result
             }
         }
     }
@@ -593,19 +617,22 @@ impl MembershipCore {
 
     /// The leader's duties. Returns whether it changed anything.
     fn leader_actions(&mut self, now: Instant) -> Result<bool, MembershipError> {
-        if self.config.split_brain.is_some() {
-            // Every node follows the partition (a node that becomes its
-            // side's leader must not decide on a view from before a heal).
-            self.track_partition(now);
-        }
         let unreachable = self.gossip.unreachable_keys();
-        if self.leader_key(&unreachable) != Some(self.key) {
-            return Ok(false);
-        }
+        let leader = self.leader_key(&unreachable) == Some(self.key);
         let mut changed = false;
         if let Some(strategy) = self.config.split_brain {
-            changed = self.resolve(now, strategy)?;
-        } else if let Some(downing) = self.config.downing_timeout {
+            // Every node follows the partition and judges its side (a member
+            // of a losing side downs itself even if its leader's word never
+            // reaches it); the leader also downs the others.
+            self.track_partition(now);
+            if self.deciding {
+                changed = self.resolve(now, strategy, leader)?;
+            }
+        }
+        if !leader {
+            return Ok(changed);
+        }
+        if let (None, Some(downing)) = (self.config.split_brain, self.config.downing_timeout) {
             let due: Vec<MemberKey> = self
                 .unreachable_since
                 .iter()
@@ -638,9 +665,9 @@ impl MembershipCore {
         Ok(changed)
     }
 
-    /// This node's side: the live members it reaches, directly (it does not
-    /// flag them) or through a member of its side (whose row does not flag
-    /// them). One bad link between two members that a third reaches leaves
+    /// This node's side: the live members it reaches, directly or through a
+    /// member of its side, over links neither end flags (a member that
+    /// cannot hear this side is not on it, even if this side hears it). One bad link between two members that a third reaches leaves
     /// all three on one side.
     fn side(&self) -> BTreeSet<MemberKey> {
         let live: Vec<MemberKey> = self
@@ -653,7 +680,10 @@ impl MembershipCore {
         let mut frontier = vec![self.key];
         while let Some(observer) = frontier.pop() {
             for m in &live {
-                if !side.contains(m) && !self.gossip.observes_unreachable(&observer, m) {
+                if !side.contains(m)
+                    && !self.gossip.observes_unreachable(&observer, m)
+                    && !self.gossip.observes_unreachable(m, &observer)
+                {
                     side.insert(*m);
                     frontier.push(*m);
                 }
@@ -676,20 +706,94 @@ impl MembershipCore {
         let beyond: BTreeSet<MemberKey> = live.difference(&side).copied().collect();
         if beyond.is_empty() {
             self.partition = None;
-        } else if self.partition.as_ref().is_none_or(|(seen, _)| *seen != beyond) {
-            self.partition = Some((beyond, now));
+            self.partitioned_since = None;
+            self.judged = false;
+        } else {
+            self.partitioned_since.get_or_insert(now);
+            if self
+                .partition
+                .as_ref()
+                .is_none_or(|(seen, _)| *seen != beyond)
+            {
+                self.partition = Some((beyond, now));
+                self.judged = false;
+            }
         }
     }
 
-    /// The split-brain resolver, run by this side's leader: once the
-    /// members beyond this side have been the same for `stable_after`, the
-    /// strategy says which side stays; the other side is marked Down (this
-    /// side downs itself when it loses, and its members stop on hearing it).
+    /// How long a side may stay partitioned without its view ever holding
+    /// still for `stable_after` before it gives up and downs itself.
+    fn unstable_limit(&self) -> Duration {
+        self.config
+            .stable_after
+            .saturating_mul(2)
+            .saturating_add(self.config.failure_timeout())
+    }
+
+    /// Whether this side stays under `strategy`. Joining members count in
+    /// the cluster's size but not for a side, nor as the oldest or the
+    /// lowest address (one side may not have heard of a joiner at all).
+    fn side_stays(
+        &self,
+        strategy: SplitBrainStrategy,
+        side: &BTreeSet<MemberKey>,
+        live: &BTreeSet<MemberKey>,
+    ) -> bool {
+        let settled = |k: &&MemberKey| self.gossip.status(k) != Some(MemberStatus::Joining);
+        let s = side.iter().filter(settled).count();
+        let n = live.len();
+        let beyond: Vec<&MemberKey> = live.iter().filter(|k| !side.contains(k)).collect();
+        match strategy {
+            SplitBrainStrategy::KeepMajority => {
+                if 2 * s != n {
+                    2 * s > n
+                } else {
+                    live.iter()
+                        .filter(settled)
+                        .map(|k| k.0.addr)
+                        .min()
+                        .is_some_and(|lowest| side.iter().any(|k| k.0.addr == lowest))
+                }
+            }
+            // A cluster of 2q or more could hold two quorums: nobody stays.
+            SplitBrainStrategy::StaticQuorum(quorum) => s >= quorum && n < 2 * quorum,
+            SplitBrainStrategy::KeepOldest { down_if_alone } => {
+                let oldest = live.iter().filter(settled).min_by_key(|k| k.0.age_key());
+                match oldest {
+                    Some(o) if side.contains(o) => !(down_if_alone && s == 1 && !beyond.is_empty()),
+                    Some(_) => down_if_alone && beyond.len() == 1,
+                    None => true,
+                }
+            }
+            SplitBrainStrategy::DownAll => false,
+        }
+    }
+
+    /// The split-brain resolver, at a timer: once the members beyond this
+    /// side have been the same for `stable_after`, the strategy says whether
+    /// this side stays. Its leader then marks the members beyond it Down, or
+    /// its whole side when it loses; any other member of a losing side marks
+    /// itself Down. A side whose view never holds still that long within
+    /// `unstable_limit` loses.
     fn resolve(
         &mut self,
         now: Instant,
         strategy: SplitBrainStrategy,
+        leader: bool,
     ) -> Result<bool, MembershipError> {
+        let Some((beyond, since)) = self.partition.clone() else {
+            return Ok(false);
+        };
+        if self.judged && !leader {
+            return Ok(false);
+        }
+        let stable = now.duration_since(since) >= self.config.stable_after;
+        let unstable = self
+            .partitioned_since
+            .is_some_and(|at| now.duration_since(at) >= self.unstable_limit());
+        if !stable && !unstable {
+            return Ok(false);
+        }
         let live: BTreeSet<MemberKey> = self
             .gossip
             .member_keys()
@@ -697,45 +801,25 @@ impl MembershipCore {
             .map(|(k, _)| k)
             .collect();
         let side = self.side();
-        let Some((beyond, since)) = &self.partition else {
-            return Ok(false);
-        };
-        let beyond = beyond.clone();
-        if now.duration_since(*since) < self.config.stable_after {
-            return Ok(false);
-        }
-        let oldest = live.iter().min_by_key(|k| k.0.age_key()).copied();
-        let (s, total) = (side.len(), live.len());
-        let stays = match strategy {
-            SplitBrainStrategy::KeepMajority => {
-                if 2 * s != total {
-                    2 * s > total
-                } else {
-                    live.iter()
-                        .map(|k| k.0.addr)
-                        .min()
-                        .is_some_and(|lowest| side.iter().any(|k| k.0.addr == lowest))
-                }
+        let stays = stable && self.side_stays(strategy, &side, &live);
+        let doomed: Vec<MemberKey> = match (stays, leader) {
+            (true, true) => beyond.iter().copied().collect(),
+            (false, true) => side.iter().copied().collect(),
+            (false, false) => vec![self.key],
+            (true, false) => {
+                // Nothing for a member to do: its leader downs the others.
+                self.judged = true;
+                return Ok(false);
             }
-            SplitBrainStrategy::StaticQuorum(quorum) => s >= quorum,
-            SplitBrainStrategy::KeepOldest { down_if_alone } => match oldest {
-                Some(o) if side.contains(&o) => !(down_if_alone && s == 1),
-                Some(_) => down_if_alone && beyond.len() == 1,
-                None => true,
-            },
-            SplitBrainStrategy::DownAll => false,
-        };
-        let doomed: Vec<MemberKey> = if stays {
-            beyond.iter().copied().collect()
-        } else {
-            side.iter().copied().collect()
         };
         tracing::warn!(
-            leader = %self.me,
+            node = %self.me,
+            leader,
             ?strategy,
-            side = s,
-            live = total,
+            side = side.len(),
+            live = live.len(),
             stays,
+            unstable = !stable,
             "split-brain resolver: {}",
             if stays { "this side stays; downing the members beyond it" } else { "this side loses; downing itself" }
         );
@@ -747,6 +831,8 @@ impl MembershipCore {
             }
         }
         self.partition = None;
+        self.partitioned_since = None;
+        self.judged = false;
         Ok(changed)
     }
 

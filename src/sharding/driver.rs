@@ -830,10 +830,14 @@ impl Control {
     /// entities, so that what the rest of the cluster reallocates does not
     /// also run here. Done once.
     fn fence(&mut self, why: &str) {
-        if self.fenced || self.shared.upgrade().is_none_or(|s| s.is_shut_down()) {
+        let Some(shared) = self.shared.upgrade() else {
+            return;
+        };
+        if self.fenced || shared.is_shut_down() {
             return;
         }
         self.fenced = true;
+        shared.mark_stopped();
         let regions = self.regions();
         if regions.is_empty() {
             return;
