@@ -216,6 +216,11 @@ impl Sim {
         self.cut.insert((b, a));
     }
 
+    /// Cuts the link from `from` to `to` only (`to` no longer hears `from`).
+    pub(crate) fn cut_one_way(&mut self, from: usize, to: usize) {
+        self.cut.insert((from, to));
+    }
+
     /// Cuts every link of `slot`.
     pub(crate) fn isolate(&mut self, slot: usize) {
         for other in 0..self.nodes.len() {

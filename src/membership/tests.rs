@@ -959,3 +959,24 @@ fn a_partition_during_a_join_leaves_one_side() {
     let id = sim.id(newcomer);
     sim.expect_all_see(id, MemberStatus::Up, ms(5_000));
 }
+
+#[test]
+fn asymmetric_links_leave_at_most_one_side_running() {
+    // X (0) and Y (1) cannot hear each other; Z (2) hears nobody, though
+    // both hear Z. Sides extend only over links neither end flags, so no
+    // two members that cannot hear each other both stay.
+    let mut sim = cluster(3, 51, resolver(SplitBrainStrategy::KeepMajority));
+    sim.cut(0, 1);
+    sim.cut_one_way(0, 2);
+    sim.cut_one_way(1, 2);
+    sim.run_for(ms(8_000));
+    let running: Vec<usize> = (0..3).filter(|i| !sim.core(*i).is_terminated()).collect();
+    // Whoever runs must hear each other: not both 0 and 1, and not 2 with
+    // anyone (2 hears nobody).
+    assert!(
+        !(running.contains(&0) && running.contains(&1)),
+        "{running:?}\n{}",
+        sim.dump()
+    );
+    assert!(running.len() <= 1, "{running:?}\n{}", sim.dump());
+}
