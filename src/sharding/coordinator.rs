@@ -1053,7 +1053,13 @@ impl CoordinatorCore {
             return;
         };
         let mut timed_out = Vec::new();
+        let members = &self.members;
         for (shard, handoff) in table.handoffs.iter_mut().filter(|(_, h)| !h.stopped) {
+            if !members.contains_key(&handoff.from) {
+                // Its owner is gone: the shard is an orphan, reallocated
+                // with the owner's others once the dead-owner margin is over.
+                continue;
+            }
             if now.duration_since(handoff.started) >= timeout {
                 timed_out.push((*shard, handoff.from));
             } else if now.duration_since(handoff.sent) >= HANDOFF_RESEND {
