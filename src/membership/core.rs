@@ -670,12 +670,7 @@ impl MembershipCore {
     /// cannot hear this side is not on it, even if this side hears it). One bad link between two members that a third reaches leaves
     /// all three on one side.
     fn side(&self) -> BTreeSet<MemberKey> {
-        let live: Vec<MemberKey> = self
-            .gossip
-            .member_keys()
-            .filter(|(_, s)| s.is_live())
-            .map(|(k, _)| k)
-            .collect();
+        let live = self.live_keys();
         let mut side = BTreeSet::from([self.key]);
         let mut frontier = vec![self.key];
         while let Some(observer) = frontier.pop() {
@@ -696,12 +691,7 @@ impl MembershipCore {
     /// it has been the same (any change, an empty set included, starts the
     /// wait over).
     fn track_partition(&mut self, now: Instant) {
-        let live: BTreeSet<MemberKey> = self
-            .gossip
-            .member_keys()
-            .filter(|(_, s)| s.is_live())
-            .map(|(k, _)| k)
-            .collect();
+        let live = self.live_keys();
         let side = self.side();
         let beyond: BTreeSet<MemberKey> = live.difference(&side).copied().collect();
         if beyond.is_empty() {
@@ -794,12 +784,7 @@ impl MembershipCore {
         if !stable && !unstable {
             return Ok(false);
         }
-        let live: BTreeSet<MemberKey> = self
-            .gossip
-            .member_keys()
-            .filter(|(_, s)| s.is_live())
-            .map(|(k, _)| k)
-            .collect();
+        let live = self.live_keys();
         let side = self.side();
         let stays = stable && self.side_stays(strategy, &side, &live);
         let doomed: Vec<MemberKey> = match (stays, leader) {
@@ -897,6 +882,15 @@ impl MembershipCore {
             .member_keys()
             .find(|(k, s)| *s == MemberStatus::Up && !unreachable.contains(k))
             .map(|(k, _)| k)
+    }
+
+    /// Every live member, this node included.
+    fn live_keys(&self) -> BTreeSet<MemberKey> {
+        self.gossip
+            .member_keys()
+            .filter(|(_, s)| s.is_live())
+            .map(|(k, _)| k)
+            .collect()
     }
 
     fn live_others(&self) -> BTreeSet<MemberKey> {
