@@ -148,11 +148,6 @@ pub async fn drive<S>(
     in_flight: usize,
     answered: Option<Arc<Mutex<Answered>>>,
 ) -> DriverReport {
-    let mut report = DriverReport {
-        latency: Histogram::new_with_bounds(1, 60_000_000, 3).expect("histogram"),
-        acks: 0,
-        retries: 0,
-    };
     // A user holds its refs: one per entity, made once.
     let refs: Arc<Vec<EntityRef<Pinger>>> = Arc::new(
         (0..ENTITIES)
@@ -163,20 +158,8 @@ pub async fn drive<S>(
         let refs = refs.clone();
         let answered = answered.clone();
         async move {
-            let ping = Ping { driver: d, seq: k };
             let id = (stride * k + u64::from(d)) % ENTITIES;
-            let entity = &refs[id as usize];
-            let mut latencies = Vec::with_capacity(1);
-            loop {
-                let start = Instant::now();
-                let result = entity.ask(ping, ASK_TIMEOUT).await;
-                latencies.push((start.elapsed().as_micros() as u64).max(1));
-                match result {
-                    Ok(ack) if ack == Ack { driver: d, seq: k } => break,
-                    Ok(ack) => panic!("wrong ack {ack:?} for {ping:?}"),
-                    Err(_) => tokio::time::sleep(Duration::from_millis(1)).await,
-                }
-            }
+            let latencies = ask_until_acked(&refs[id as usize], d, k).await;
             if let Some(answered) = answered {
                 let mut answered = answered.lock().await;
                 if let Some(since) = answered.since {
@@ -187,7 +170,49 @@ pub async fn drive<S>(
             latencies
         }
     });
-    let mut done = asks.buffer_unordered(in_flight);
+    collect_report(asks.buffer_unordered(in_flight)).await
+}
+
+/// W1's shape with a fresh entity per message (W3's spawning variant):
+/// driver `d`'s message `k` goes to entity `spawn-d-k`, which it starts.
+pub async fn drive_fresh<S>(
+    system: ShardedSystem<S>,
+    d: u32,
+    count: u64,
+    in_flight: usize,
+) -> DriverReport {
+    let asks = futures_util::stream::iter(0..count).map(|k| {
+        let entity = system.entity_ref::<Pinger>(format!("spawn-{d}-{k}"));
+        async move { ask_until_acked(&entity, d, k).await }
+    });
+    collect_report(asks.buffer_unordered(in_flight)).await
+}
+
+/// Asks `(d, k)` until the right ack comes; the latency of every attempt.
+async fn ask_until_acked(entity: &EntityRef<Pinger>, d: u32, k: u64) -> Vec<u64> {
+    let ping = Ping { driver: d, seq: k };
+    let mut latencies = Vec::with_capacity(1);
+    loop {
+        let start = Instant::now();
+        let result = entity.ask(ping, ASK_TIMEOUT).await;
+        latencies.push((start.elapsed().as_micros() as u64).max(1));
+        match result {
+            Ok(ack) if ack == Ack { driver: d, seq: k } => return latencies,
+            Ok(ack) => panic!("wrong ack {ack:?} for {ping:?}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(1)).await,
+        }
+    }
+}
+
+/// One driver's report from the attempts' latencies of each of its messages.
+async fn collect_report(
+    mut done: impl futures_util::Stream<Item = Vec<u64>> + Unpin,
+) -> DriverReport {
+    let mut report = DriverReport {
+        latency: Histogram::new_with_bounds(1, 60_000_000, 3).expect("histogram"),
+        acks: 0,
+        retries: 0,
+    };
     while let Some(latencies) = done.next().await {
         report.retries += latencies.len() as u64 - 1;
         for micros in latencies {

@@ -28,10 +28,10 @@ mod harness;
 #[path = "../../protocols/ping.rs"]
 mod ping;
 use harness::{
-    ASK_TIMEOUT, Answered, ENTITIES, Node, cpu_time, drive, entities_hosted_on, entity_id,
+    Answered, ENTITIES, Node, cpu_time, drive, drive_fresh, entities_hosted_on, entity_id,
     form_cluster, join_reports, peak_rss_kib, ping_factory, sharding_config, shares, warm_up,
 };
-use ping::{Checks, Ping, PingEntity, Pinger};
+use ping::{Checks, PingEntity, Pinger};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Workload {
@@ -191,77 +191,6 @@ async fn stop<S>(nodes: Vec<Node<S>>) {
     }
 }
 
-/// W1's shape with a fresh entity per message: three drivers, `in_flight`
-/// asks each, message `k` of driver `d` to entity `spawn-d-k`.
-async fn spawning<S: Send + Sync + 'static>(
-    nodes: &[Node<S>],
-    messages: u64,
-    in_flight: usize,
-    checks: Arc<Checks>,
-) -> Result<Run, Box<dyn std::error::Error>> {
-    use futures_util::StreamExt;
-    let shares = shares(messages);
-    let _progress = Progress::start("w3-spawning", checks.clone());
-    let cpu_before = cpu_time();
-    let start = Instant::now();
-    let drivers: Vec<_> = (0..3)
-        .map(|d| {
-            let system = nodes[d].system.clone();
-            let count = shares[d];
-            tokio::spawn(async move {
-                let mut latency =
-                    Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram bounds");
-                let (mut acks, mut retries) = (0, 0);
-                let asks = futures_util::stream::iter(0..count).map(|k| {
-                    let entity = system.entity_ref::<Pinger>(format!("spawn-{d}-{k}"));
-                    async move {
-                        let ping = Ping {
-                            driver: d as u32,
-                            seq: k,
-                        };
-                        let mut latencies = Vec::with_capacity(1);
-                        loop {
-                            let asked = Instant::now();
-                            let result = entity.ask(ping, ASK_TIMEOUT).await;
-                            latencies.push((asked.elapsed().as_micros() as u64).max(1));
-                            if result.is_ok() {
-                                break latencies;
-                            }
-                            tokio::time::sleep(Duration::from_millis(1)).await;
-                        }
-                    }
-                });
-                let mut done = asks.buffer_unordered(in_flight);
-                while let Some(latencies) = done.next().await {
-                    retries += latencies.len() as u64 - 1;
-                    for micros in latencies {
-                        latency.saturating_record(micros);
-                    }
-                    acks += 1;
-                }
-                (latency, acks, retries)
-            })
-        })
-        .collect();
-    let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
-    let (mut acks, mut retries) = (0, 0);
-    for driver in drivers {
-        let (l, a, r) = driver.await?;
-        latency.add(&l)?;
-        acks += a;
-        retries += r;
-    }
-    Ok(Run {
-        acks,
-        expected: messages,
-        retries,
-        wall: start.elapsed(),
-        cpu: cpu_time().saturating_sub(cpu_before),
-        latency,
-        checks,
-    })
-}
-
 /// What a remembered run cost its store.
 struct StoreCost {
     /// Failure events (records dropped by a full queue, or failed).
@@ -282,11 +211,7 @@ async fn remembered_run<S: RememberEntitiesStore>(
     for n in nodes {
         events.push(n.system.subscribe_remember_entities_events()?);
     }
-    let run = if spawn {
-        spawning(nodes, messages, 16, checks).await?
-    } else {
-        w1(nodes, messages, 16, checks).await?
-    };
+    let run = run_drivers(nodes, messages, 16, checks, spawn).await?;
     let flushed = Instant::now();
     for n in nodes {
         // A flush that reports failures still waited for the writer.
@@ -316,14 +241,31 @@ async fn w1<S: Send + Sync + 'static>(
     in_flight: usize,
     checks: Arc<Checks>,
 ) -> Result<Run, Box<dyn std::error::Error>> {
+    run_drivers(nodes, messages, in_flight, checks, false).await
+}
+
+/// Three drivers, one per node, `in_flight` asks each: W1's, or with
+/// `fresh` W3's spawning variant (a new entity per message).
+async fn run_drivers<S: Send + Sync + 'static>(
+    nodes: &[Node<S>],
+    messages: u64,
+    in_flight: usize,
+    checks: Arc<Checks>,
+    fresh: bool,
+) -> Result<Run, Box<dyn std::error::Error>> {
     let shares = shares(messages);
-    let _progress = Progress::start("w1", checks.clone());
+    let label = if fresh { "w3-spawning" } else { "w1" };
+    let _progress = Progress::start(label, checks.clone());
     let cpu_before = cpu_time();
     let start = Instant::now();
     let drivers: Vec<_> = (0..3)
         .map(|d| {
             let system = nodes[d].system.clone();
-            tokio::spawn(drive(system, d as u32, 3, shares[d], in_flight, None))
+            if fresh {
+                tokio::spawn(drive_fresh(system, d as u32, shares[d], in_flight))
+            } else {
+                tokio::spawn(drive(system, d as u32, 3, shares[d], in_flight, None))
+            }
         })
         .collect();
     let (latency, acks, retries) = join_reports(drivers).await?;
@@ -369,11 +311,7 @@ async fn run_w3(
     {
         let checks = Arc::new(Checks::default());
         let nodes = cluster("shard-bench-w3a", &checks).await?;
-        let run = if spawn {
-            spawning(&nodes, messages, 16, checks).await?
-        } else {
-            w1(&nodes, messages, 16, checks).await?
-        };
+        let run = run_drivers(&nodes, messages, 16, checks, spawn).await?;
         run.print("no store");
         ok &= run.correct();
         results.push(("none", run));

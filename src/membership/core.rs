@@ -624,7 +624,7 @@ impl MembershipCore {
             // Every node follows the partition and judges its side (a member
             // of a losing side downs itself even if its leader's word never
             // reaches it); the leader also downs the others.
-            self.track_partition(now);
+            self.track_partition(now, &unreachable);
             if self.deciding {
                 changed = self.resolve(now, strategy, leader)?;
             }
@@ -690,10 +690,15 @@ impl MembershipCore {
     /// Follows the members beyond this node's side: the set, and since when
     /// it has been the same (any change, an empty set included, starts the
     /// wait over).
-    fn track_partition(&mut self, now: Instant) {
-        let live = self.live_keys();
-        let side = self.side();
-        let beyond: BTreeSet<MemberKey> = live.difference(&side).copied().collect();
+    fn track_partition(&mut self, now: Instant, unreachable: &BTreeSet<MemberKey>) {
+        // Nobody flagged: everyone is on this side (the common case, at
+        // every input; the closure below is quadratic).
+        let beyond: BTreeSet<MemberKey> = if unreachable.is_empty() {
+            BTreeSet::new()
+        } else {
+            let side = self.side();
+            self.live_keys().difference(&side).copied().collect()
+        };
         if beyond.is_empty() {
             self.partition = None;
             self.partitioned_since = None;

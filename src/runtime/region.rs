@@ -876,38 +876,33 @@ impl Region {
             }
             None => {
                 let mut buffer = Vec::new();
-                let mut stopping = Stopping::default();
+                let mut respawn = std::mem::take(&mut local.pending_respawn);
                 for (id, entry) in local.entities.iter_mut() {
                     match entry {
                         Entry::Live(live) => {
-                            stopping.push(live.actor.clone());
-                            stopping.entities_ids.push(id.clone());
+                            // Under the lock: nothing can be enqueued behind
+                            // the stop marker, as for a passivation; from now
+                            // on the handoff buffer takes what comes.
+                            let live = Live {
+                                actor: live.actor.clone(),
+                                incarnation: live.incarnation,
+                            };
+                            if live.actor.send_message(EntityMsg::Stop).is_err() {
+                                tracing::debug!(type_name = self.type_name, %shard, "entity gone before its handoff stop");
+                            }
+                            respawn.insert(id.clone());
+                            *entry = Entry::Passivating {
+                                live,
+                                buffer: Vec::new(),
+                            };
                         }
+                        // What waited behind a passivation comes first.
                         Entry::Passivating {
                             buffer: waiting, ..
-                        } => {
-                            buffer.append(waiting);
-                        }
+                        } => buffer.append(waiting),
                     }
                 }
-                // Live entries become stopping ones (nothing is delivered
-                // to them from now on: the buffer takes it).
-                for entry in local.entities.values_mut() {
-                    if let Entry::Live(live) = entry {
-                        let live = Live {
-                            actor: live.actor.clone(),
-                            incarnation: live.incarnation,
-                        };
-                        *entry = Entry::Passivating {
-                            live,
-                            buffer: Vec::new(),
-                        };
-                    }
-                }
-                let mut respawn = std::mem::take(&mut local.pending_respawn);
-                if self.remember.is_some() {
-                    respawn.extend(stopping.entities_ids.drain(..));
-                } else {
+                if self.remember.is_none() {
                     respawn.clear();
                 }
                 local.handoff = Some(HandingOff {
@@ -915,13 +910,6 @@ impl Region {
                     reported: false,
                     respawn,
                 });
-                // Under the lock: nothing can be enqueued behind the stop
-                // markers, as for a passivation.
-                for actor in stopping.entities.drain(..) {
-                    if actor.send_message(EntityMsg::Stop).is_err() {
-                        tracing::debug!(type_name = self.type_name, %shard, "entity gone before its handoff stop");
-                    }
-                }
             }
         }
         self.report_if_stopped(local, shard);
@@ -1290,8 +1278,6 @@ impl Region {
 #[derive(Default)]
 struct Stopping {
     entities: Vec<ActorRef<EntityMsg>>,
-    /// The ids of `entities`, where they are needed.
-    entities_ids: Vec<Arc<str>>,
     shards: Vec<ActorRef<ShardMsg>>,
 }
 

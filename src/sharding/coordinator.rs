@@ -713,6 +713,17 @@ impl CoordinatorCore {
         self.act(now)
     }
 
+    /// The table of `type_name` while this core is active, if `shard` is in
+    /// its range (what a region's request may act on at all).
+    fn active_table(&mut self, type_name: &str, shard: u32) -> Option<&mut TypeTable> {
+        if !self.active {
+            return None;
+        }
+        self.types
+            .get_mut(type_name)
+            .filter(|table| shard < table.num_shards)
+    }
+
     /// A region asks where `shard` of `type_name` lives; it has seen the
     /// shard under `generation` at most.
     pub(crate) fn get_home(
@@ -723,13 +734,10 @@ impl CoordinatorCore {
         shard: u32,
         generation: u64,
     ) -> Vec<Command> {
-        if !self.active {
-            return Vec::new();
-        }
-        let Some(table) = self.types.get_mut(type_name) else {
+        let Some(table) = self.active_table(type_name, shard) else {
             return Vec::new();
         };
-        if shard >= table.num_shards || !table.regions.contains(&from) {
+        if !table.regions.contains(&from) {
             // Unknown shard, or a region that has not registered (its
             // registration was lost or refused): no answer; a region
             // registers again until it hears this coordinator's table.
@@ -816,16 +824,7 @@ impl CoordinatorCore {
     /// Whether a member other than `leaver`, reachable or not, has a region
     /// of `type_name` that may host (not proxy-only, leaving or stopped).
     pub(crate) fn has_host_besides(&self, type_name: &str, leaver: &UniqueAddress) -> bool {
-        let Some(table) = self.types.get(type_name) else {
-            return false;
-        };
-        table.regions.iter().any(|m| {
-            m != leaver
-                && self.members.contains_key(m)
-                && !table.proxies.contains(m)
-                && !table.leaving.contains(m)
-                && !is_departed(&self.departed, type_name, m)
-        })
+        self.hosts(type_name).any(|(m, _)| m != leaver)
     }
 
     /// `from`, the owner of `shard` under `generation`, has stopped it (the
@@ -841,15 +840,9 @@ impl CoordinatorCore {
         shard: u32,
         generation: u64,
     ) -> Vec<Command> {
-        if !self.active {
-            return Vec::new();
-        }
-        let Some(table) = self.types.get_mut(type_name) else {
+        let Some(table) = self.active_table(type_name, shard) else {
             return Vec::new();
         };
-        if shard >= table.num_shards {
-            return Vec::new();
-        }
         let i = shard as usize;
         match table.homes[i] {
             Some(home) if home.owner == from && home.generation == generation => {
@@ -922,20 +915,30 @@ impl CoordinatorCore {
     /// reachable, with a region of the type that is not proxy-only,
     /// leaving or stopped.
     fn candidates(&self, type_name: &str) -> BTreeSet<UniqueAddress> {
-        let Some(table) = self.types.get(type_name) else {
-            return BTreeSet::new();
-        };
-        table
-            .regions
-            .iter()
-            .filter(|m| {
-                self.members.get(m) == Some(&Standing::Eligible)
-                    && !table.proxies.contains(m)
-                    && !table.leaving.contains(m)
-                    && !is_departed(&self.departed, type_name, m)
-            })
-            .copied()
+        self.hosts(type_name)
+            .filter(|(_, standing)| *standing == Standing::Eligible)
+            .map(|(m, _)| *m)
             .collect()
+    }
+
+    /// The members with a region of `type_name` that may host (not
+    /// proxy-only, leaving or stopped), with how they stand now.
+    fn hosts<'a>(
+        &'a self,
+        type_name: &'a str,
+    ) -> impl Iterator<Item = (&'a UniqueAddress, Standing)> + 'a {
+        self.types
+            .get(type_name)
+            .into_iter()
+            .flat_map(move |table| {
+                table.regions.iter().filter_map(move |m| {
+                    let standing = *self.members.get(m)?;
+                    let hosts = !table.proxies.contains(m)
+                        && !table.leaving.contains(m)
+                        && !is_departed(&self.departed, type_name, m);
+                    hosts.then_some((m, standing))
+                })
+            })
     }
 
     /// While active and settled: reallocate the shards of gone owners, move
