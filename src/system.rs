@@ -230,6 +230,7 @@ impl<S> ShardedSystemBuilder<S> {
                     rebalance_per_round: self.config.rebalance_per_round,
                     handoff_timeout: self.config.handoff_timeout,
                     dead_owner_margin: margin,
+                    hold_through_unreachability: cluster.split_brain.is_some(),
                     ..CoordinatorConfig::default()
                 };
                 Some(ClusterLink::new(node, self.strategy, coordinator)?)

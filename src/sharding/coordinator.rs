@@ -288,7 +288,7 @@ impl TypeTable {
         type_name: &str,
         shard: u32,
         (reason, round): (RebalanceReason, u64),
-        now: Instant,
+        (now, epoch): (Instant, u64),
         out: &mut Vec<Command>,
     ) -> bool {
         let Some(home) = self.homes[shard as usize] else {
@@ -309,7 +309,7 @@ impl TypeTable {
                 round: Some(round),
             },
         );
-        out.push(handoff_msg(type_name, shard, home));
+        out.push(handoff_msg(type_name, shard, home, epoch));
         true
     }
 
@@ -337,34 +337,37 @@ impl TypeTable {
         true
     }
 
-    fn home_msg(&self, type_name: &str, shard: u32, home: ShardHome) -> ControlMsg {
+    fn home_msg(&self, type_name: &str, shard: u32, home: ShardHome, epoch: u64) -> ControlMsg {
         debug_assert!(shard < self.num_shards);
         ControlMsg::Home {
             type_name: type_name.to_owned(),
             shard,
             owner: home.owner,
             generation: home.generation,
+            epoch,
         }
     }
 }
 
-fn left_msg(to: UniqueAddress, type_name: &str, nowhere: bool) -> Command {
+fn left_msg(to: UniqueAddress, type_name: &str, nowhere: bool, epoch: u64) -> Command {
     Command::Send {
         to,
         msg: ControlMsg::Left {
             type_name: type_name.to_owned(),
             nowhere,
+            epoch,
         },
     }
 }
 
-fn handoff_msg(type_name: &str, shard: u32, home: ShardHome) -> Command {
+fn handoff_msg(type_name: &str, shard: u32, home: ShardHome, epoch: u64) -> Command {
     Command::Send {
         to: home.owner,
         msg: ControlMsg::HandOff {
             type_name: type_name.to_owned(),
             shard,
             generation: home.generation,
+            epoch,
         },
     }
 }
@@ -396,6 +399,29 @@ pub struct CoordinatorConfig {
     /// this long after the core first saw it gone (time for a node on the
     /// losing side of a partition to stop its entities).
     pub dead_owner_margin: Duration,
+    /// A split-brain resolver decides who is gone: the coordinator role
+    /// stays with the oldest Up member while it is unreachable (see
+    /// [`acting_coordinator`]).
+    pub hold_through_unreachability: bool,
+}
+
+/// The member that acts as shard coordinator in `state`. Without a
+/// split-brain resolver (`hold` false): the membership's placement
+/// coordinator, the oldest reachable Up member. With one: the oldest Up
+/// member, reachable or not — the role moves only when the resolver has
+/// downed it (or it leaves), so the two sides of a partition never both
+/// have an acting coordinator: the side without the oldest member has none
+/// until the resolver decides (SPEC §13.15).
+pub(crate) fn acting_coordinator(state: &MembershipState, hold: bool) -> Option<UniqueAddress> {
+    if !hold {
+        return state.coordinator;
+    }
+    state
+        .members
+        .iter()
+        .filter(|m| m.status == MemberStatus::Up)
+        .min_by_key(|m| m.address.age_key())
+        .map(|m| m.address)
 }
 
 impl Default for CoordinatorConfig {
@@ -407,6 +433,7 @@ impl Default for CoordinatorConfig {
             rebalance_per_round: 3,
             handoff_timeout: Duration::from_secs(10),
             dead_owner_margin: Duration::ZERO,
+            hold_through_unreachability: false,
         }
     }
 }
@@ -437,6 +464,17 @@ pub(crate) struct CoordinatorCore {
     /// Owners gone from the view, and when this core first saw them gone.
     gone_at: BTreeMap<UniqueAddress, Instant>,
     next_round: u64,
+    /// This core's epoch while active (its term as coordinator), stamped on
+    /// every message it sends to regions; 0 while inactive.
+    epoch: u64,
+    /// The highest epoch seen anywhere: this core's own terms, the regions'
+    /// registrations and the coordinators this node accepted.
+    highest_epoch: u64,
+    /// Until when no shard is allocated anew: `dead_owner_margin` after a
+    /// member was last seen gone (the losing side of a partition, whose
+    /// coordinator may have placed shards this core never heard of, has
+    /// stopped them by then).
+    quiet_until: Option<Instant>,
 }
 
 impl CoordinatorCore {
@@ -461,7 +499,48 @@ impl CoordinatorCore {
             told_left: BTreeSet::new(),
             gone_at: BTreeMap::new(),
             next_round: 0,
+            epoch: 0,
+            highest_epoch: 0,
+            quiet_until: None,
         }
+    }
+
+    /// An epoch seen elsewhere: a region's registration, or a coordinator
+    /// this node accepted. An active core whose own epoch is not above it
+    /// takes the next one, so that regions which heard a later coordinator
+    /// (the view flapped) accept this one again.
+    pub(crate) fn observe_epoch(&mut self, epoch: u64) {
+        self.highest_epoch = self.highest_epoch.max(epoch);
+        if self.active && epoch > self.epoch {
+            self.highest_epoch += 1;
+            self.epoch = self.highest_epoch;
+        }
+    }
+
+    /// Fencing (SPEC §13.15): whether a message from the coordinator this
+    /// node's view names may be acted on — false for a coordinator message
+    /// from an epoch below the highest seen (an older term). An accepted
+    /// epoch is observed.
+    pub(crate) fn accept_epoch(&mut self, msg: &ControlMsg) -> bool {
+        match msg.coordinator_epoch() {
+            Some(epoch) if epoch < self.highest_epoch => false,
+            Some(epoch) => {
+                self.observe_epoch(epoch);
+                true
+            }
+            None => true,
+        }
+    }
+
+    /// The highest epoch this node has seen (what its registrations carry,
+    /// and below which its driver ignores coordinator messages).
+    pub(crate) fn highest_epoch(&self) -> u64 {
+        self.highest_epoch
+    }
+
+    /// Whether the coordinator role stays with an unreachable oldest member.
+    pub(crate) fn holds_through_unreachability(&self) -> bool {
+        self.config.hold_through_unreachability
     }
 
     /// Whether this core is the acting coordinator.
@@ -500,6 +579,7 @@ impl CoordinatorCore {
     /// period; while active, shards of members that are gone are reallocated.
     pub(crate) fn set_membership(&mut self, now: Instant, state: &MembershipState) -> Vec<Command> {
         let unreachable: BTreeSet<UniqueAddress> = state.unreachable.iter().copied().collect();
+        let before = std::mem::take(&mut self.members);
         self.members = state
             .members
             .iter()
@@ -517,6 +597,20 @@ impl CoordinatorCore {
             })
             .collect();
         let members = &self.members;
+        let margin = self.config.dead_owner_margin;
+        // Downed, or dropped from the view, straight from a live status (a
+        // graceful leaver passes Exiting, after handing its shards off).
+        let downed = before.keys().any(|m| {
+            !members.contains_key(m)
+                && state
+                    .members
+                    .iter()
+                    .find(|x| x.address == *m)
+                    .is_none_or(|x| x.status != MemberStatus::Exiting)
+        });
+        if !margin.is_zero() && downed {
+            self.quiet_until = Some(now + margin);
+        }
         self.registered.retain(|m| members.contains_key(m));
         for table in self.types.values_mut() {
             table.regions.retain(|m| members.contains_key(m));
@@ -526,9 +620,12 @@ impl CoordinatorCore {
                 askers.retain(|m| members.contains_key(m));
             }
         }
-        let should_be_active = state.coordinator == Some(self.me);
+        let should_be_active =
+            acting_coordinator(state, self.config.hold_through_unreachability) == Some(self.me);
         if should_be_active && !self.active {
             self.active = true;
+            self.highest_epoch += 1;
+            self.epoch = self.highest_epoch;
             self.settling_until = Some(now + self.config.settle);
             self.next_rebalance = Some(now + self.config.settle + self.config.rebalance_interval);
             // Registrations from an earlier term, or sent before this node
@@ -542,6 +639,7 @@ impl CoordinatorCore {
             self.registered.retain(|m| *m == me);
         } else if !should_be_active && self.active {
             self.active = false;
+            self.epoch = 0;
             self.settling_until = None;
             self.next_rebalance = None;
             // Owners report stopped shards to whichever coordinator they
@@ -676,6 +774,7 @@ impl CoordinatorCore {
                     msg: ControlMsg::Table {
                         type_name: reg.type_name.clone(),
                         homes,
+                        epoch: self.epoch,
                     },
                 });
             }
@@ -763,7 +862,7 @@ impl CoordinatorCore {
         {
             return vec![Command::Send {
                 to: from,
-                msg: table.home_msg(type_name, shard, home),
+                msg: table.home_msg(type_name, shard, home, self.epoch),
             }];
         }
         table.waiting.entry(shard).or_default().insert(from);
@@ -790,7 +889,7 @@ impl CoordinatorCore {
         if self.active && self.settling_until.is_none() {
             for type_name in types {
                 if let Some(nowhere) = self.left(type_name, &from) {
-                    out.push(left_msg(from, type_name, nowhere));
+                    out.push(left_msg(from, type_name, nowhere, self.epoch));
                 }
             }
         }
@@ -840,6 +939,7 @@ impl CoordinatorCore {
         shard: u32,
         generation: u64,
     ) -> Vec<Command> {
+        let epoch = self.epoch;
         let Some(table) = self.active_table(type_name, shard) else {
             return Vec::new();
         };
@@ -873,7 +973,7 @@ impl CoordinatorCore {
             Some(home) if home.generation > generation => {
                 return vec![Command::Send {
                     to: from,
-                    msg: table.home_msg(type_name, shard, home),
+                    msg: table.home_msg(type_name, shard, home, epoch),
                 }];
             }
             None => {
@@ -950,10 +1050,11 @@ impl CoordinatorCore {
         let mut out = Vec::new();
         let mut moves: Vec<(RebalanceReason, ShardMovement)> = Vec::new();
         let type_names: Vec<String> = self.types.keys().cloned().collect();
+        let may_allocate = self.quiet_until.is_none_or(|until| now >= until);
         for type_name in &type_names {
             self.reallocate_orphans(type_name, now, &mut out, &mut moves);
             self.drive_handoffs(type_name, now, &mut out, &mut moves);
-            self.answer_waiting(type_name, &mut out, &mut moves);
+            self.answer_waiting(type_name, may_allocate, &mut out, &mut moves);
         }
         if self.next_rebalance.is_none_or(|at| now >= at) {
             self.next_rebalance = Some(now + self.config.rebalance_interval);
@@ -983,7 +1084,7 @@ impl CoordinatorCore {
                     && let Some(nowhere) = self.left(type_name, leaver)
                 {
                     self.told_left.insert((type_name.clone(), *leaver));
-                    out.push(left_msg(*leaver, type_name, nowhere));
+                    out.push(left_msg(*leaver, type_name, nowhere, self.epoch));
                 }
             }
         }
@@ -1050,6 +1151,7 @@ impl CoordinatorCore {
         moves: &mut Vec<(RebalanceReason, ShardMovement)>,
     ) {
         let timeout = self.config.handoff_timeout;
+        let epoch = self.epoch;
         // A leaving owner's shards move only when they have somewhere to go.
         let can_move = !self.candidates(type_name).is_empty();
         let Some(table) = self.types.get_mut(type_name) else {
@@ -1071,7 +1173,7 @@ impl CoordinatorCore {
                     owner: handoff.from,
                     generation: handoff.generation,
                 };
-                out.push(handoff_msg(type_name, *shard, home));
+                out.push(handoff_msg(type_name, *shard, home, self.epoch));
             }
         }
         let leaving: Vec<u32> = (0..table.num_shards)
@@ -1085,7 +1187,9 @@ impl CoordinatorCore {
             let reason = RebalanceReason::GracefulLeave;
             let started = leaving
                 .into_iter()
-                .filter(|shard| table.start_handoff(type_name, *shard, (reason, round), now, out))
+                .filter(|shard| {
+                    table.start_handoff(type_name, *shard, (reason, round), (now, epoch), out)
+                })
                 .count();
             self.open_round(round, reason, now, started);
         }
@@ -1121,6 +1225,7 @@ impl CoordinatorCore {
     fn answer_waiting(
         &mut self,
         type_name: &str,
+        may_allocate: bool,
         out: &mut Vec<Command>,
         moves: &mut Vec<(RebalanceReason, ShardMovement)>,
     ) {
@@ -1159,13 +1264,19 @@ impl CoordinatorCore {
                 for asker in &askers {
                     out.push(Command::Send {
                         to: *asker,
-                        msg: table.home_msg(type_name, shard, home),
+                        msg: table.home_msg(type_name, shard, home, self.epoch),
                     });
                 }
                 continue;
             }
-            let Some(home) = self.allocate(type_name, shard, out) else {
-                // No candidate yet: keep waiting for one.
+            let allocated = if may_allocate {
+                self.allocate(type_name, shard, out)
+            } else {
+                None
+            };
+            let Some(home) = allocated else {
+                // No candidate yet, or a member was gone too recently:
+                // keep waiting.
                 if let Some(table) = self.types.get_mut(type_name) {
                     table.waiting.insert(shard, askers);
                 }
@@ -1193,7 +1304,7 @@ impl CoordinatorCore {
             for asker in askers.iter().filter(|a| !table.regions.contains(a)) {
                 out.push(Command::Send {
                     to: *asker,
-                    msg: table.home_msg(type_name, shard, home),
+                    msg: table.home_msg(type_name, shard, home, self.epoch),
                 });
             }
         }
@@ -1217,6 +1328,7 @@ impl CoordinatorCore {
             }
         }
         let limit = self.config.rebalance_per_round;
+        let epoch = self.epoch;
         let chosen = self.strategy.rebalance(type_name, &owned, limit);
         let round = (RebalanceReason::GracefulSpread, self.next_round);
         let mut started = 0;
@@ -1230,7 +1342,8 @@ impl CoordinatorCore {
                 .copied()
                 .flatten()
                 .is_some_and(|h| candidates.contains(&h.owner));
-            if owned_by_candidate && table.start_handoff(type_name, shard, round, now, out) {
+            if owned_by_candidate && table.start_handoff(type_name, shard, round, (now, epoch), out)
+            {
                 started += 1;
             }
         }
@@ -1353,7 +1466,7 @@ impl CoordinatorCore {
         for region in &table.regions {
             out.push(Command::Send {
                 to: *region,
-                msg: table.home_msg(type_name, shard, home),
+                msg: table.home_msg(type_name, shard, home, self.epoch),
             });
         }
         Some(home)

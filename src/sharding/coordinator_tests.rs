@@ -84,6 +84,7 @@ fn home(to: UniqueAddress, shard: u32, owner: UniqueAddress, generation: u64) ->
             shard,
             owner,
             generation,
+            epoch: 1,
         },
     }
 }
@@ -379,6 +380,7 @@ fn handoff(to: UniqueAddress, shard: u32, generation: u64) -> Command {
             type_name: TYPE.into(),
             shard,
             generation,
+            epoch: 1,
         },
     }
 }
@@ -1359,5 +1361,172 @@ fn a_gone_owners_shards_wait_out_the_margin() {
     assert_eq!(
         c.rounds().last().unwrap().reason,
         RebalanceReason::DeadOwner
+    );
+}
+
+// ---- fencing by epoch (SPEC §13.15) ----
+
+fn epochs_in(out: &[Command]) -> Vec<u64> {
+    out.iter()
+        .filter_map(|Command::Send { msg, .. }| msg.coordinator_epoch())
+        .collect()
+}
+
+#[test]
+fn every_term_takes_an_epoch_above_all_it_has_seen_and_stamps_it() {
+    let t0 = Instant::now();
+    let n: Vec<UniqueAddress> = (1..=3).map(node).collect();
+    let mut c = core(n[0]);
+    c.set_membership(t0, &view(n[0], &n, &[], &[]));
+    let mut out = Vec::new();
+    for a in &n {
+        out.extend(c.register(t0, *a, &reg(4, vec![])));
+    }
+    out.extend(c.get_home(t0, n[1], TYPE, 0, 0));
+    assert!(!out.is_empty());
+    assert!(
+        epochs_in(&out).iter().all(|e| *e == 1),
+        "first term: {out:?}"
+    );
+    // Node 1 is unreachable a while; node 2 coordinates (this core is
+    // inactive) and a region registers with the epoch it accepted there.
+    c.set_membership(t0, &view(n[0], &n, &[], &n[..1]));
+    assert!(!c.is_active());
+    c.observe_epoch(5);
+    assert_eq!(c.highest_epoch(), 5);
+    // Back in charge: above every epoch seen, on every message.
+    c.set_membership(t0, &view(n[0], &n, &[], &[]));
+    let out = c.register(t0, n[1], &reg(4, vec![]));
+    assert_eq!(epochs_in(&out), vec![6], "{out:?}");
+    // A region that heard an even later coordinator meanwhile: the active
+    // core moves above it, so that region accepts it again.
+    let mut out = Vec::new();
+    c.observe_epoch(9);
+    out.extend(c.register(t0, n[2], &reg(4, vec![])));
+    assert!(epochs_in(&out).iter().all(|e| *e == 10), "{out:?}");
+    // Registrations that carry the core's own epoch do not move it.
+    c.observe_epoch(10);
+    assert_eq!(c.highest_epoch(), 10);
+}
+
+#[test]
+fn a_node_ignores_coordinator_messages_from_an_older_epoch() {
+    let t0 = Instant::now();
+    let n: Vec<UniqueAddress> = (1..=2).map(node).collect();
+    let mut region = core(n[1]);
+    let home_at = |epoch| ControlMsg::Home {
+        type_name: TYPE.into(),
+        shard: 0,
+        owner: n[0],
+        generation: 1,
+        epoch,
+    };
+    assert!(region.accept_epoch(&home_at(3)));
+    assert_eq!(region.highest_epoch(), 3);
+    assert!(region.accept_epoch(&home_at(3)), "the same term again");
+    assert!(!region.accept_epoch(&home_at(2)), "an older term is fenced");
+    let handoff = ControlMsg::HandOff {
+        type_name: TYPE.into(),
+        shard: 0,
+        generation: 1,
+        epoch: 2,
+    };
+    assert!(!region.accept_epoch(&handoff), "so is its handoff");
+    // Messages regions send carry no epoch and always pass.
+    let get_home = ControlMsg::GetHome {
+        type_name: TYPE.into(),
+        shard: 0,
+        generation: 0,
+    };
+    assert!(region.accept_epoch(&get_home));
+    // Becoming coordinator itself: above everything accepted.
+    region.set_membership(t0, &view(n[1], &n[1..], &n[..1], &[]));
+    assert!(region.is_active());
+    assert_eq!(region.highest_epoch(), 4);
+}
+
+#[test]
+fn with_a_resolver_the_role_stays_with_an_unreachable_oldest_member() {
+    let n: Vec<UniqueAddress> = (1..=3).map(node).collect();
+    let cut_off = view(n[1], &n, &[], &n[..1]);
+    assert_eq!(
+        acting_coordinator(&cut_off, false),
+        Some(n[1]),
+        "timeout downing: moves"
+    );
+    assert_eq!(
+        acting_coordinator(&cut_off, true),
+        Some(n[0]),
+        "resolver: stays"
+    );
+    let downed = view(n[1], &n[1..], &n[..1], &[]);
+    assert_eq!(
+        acting_coordinator(&downed, true),
+        Some(n[1]),
+        "moves once downed"
+    );
+    // So a core on the side without the oldest stays inactive meanwhile.
+    let t0 = Instant::now();
+    let config = CoordinatorConfig {
+        hold_through_unreachability: true,
+        ..CoordinatorConfig::default()
+    };
+    let mut c = CoordinatorCore::new(n[1], config, Box::new(LeastShardAllocation));
+    c.set_membership(t0, &cut_off);
+    assert!(!c.is_active());
+    c.set_membership(t0, &downed);
+    assert!(c.is_active());
+}
+
+#[test]
+fn after_a_member_is_downed_nothing_is_allocated_anew_within_the_margin() {
+    let t0 = Instant::now();
+    let n: Vec<UniqueAddress> = (1..=3).map(node).collect();
+    let margin = Duration::from_millis(1_400);
+    let config = CoordinatorConfig {
+        dead_owner_margin: margin,
+        hold_through_unreachability: true,
+        ..CoordinatorConfig::default()
+    };
+    // Node 1 (the old coordinator, beyond a partition) is downed; node 2
+    // takes over and knows no home of shard 0 (node 1's side may have
+    // placed it there).
+    let mut c = CoordinatorCore::new(n[1], config, Box::new(LeastShardAllocation));
+    c.set_membership(t0, &view(n[1], &n, &[], &n[..1]));
+    c.set_membership(t0, &view(n[1], &n[1..], &n[..1], &[]));
+    assert!(c.is_active());
+    for a in &n[1..] {
+        c.register(t0, *a, &reg(4, vec![]));
+    }
+    assert!(
+        c.get_home(t0, n[2], TYPE, 0, 0).is_empty(),
+        "within the margin: waits"
+    );
+    let later = t0 + margin - Duration::from_millis(1);
+    assert!(c.tick(later).is_empty());
+    let out = c.tick(t0 + margin);
+    assert!(
+        out.iter().any(|cmd| matches!(
+            cmd,
+            Command::Send {
+                msg: ControlMsg::Home { shard: 0, .. },
+                ..
+            }
+        )),
+        "allocated once the margin is over: {out:?}"
+    );
+    // A graceful exit (Exiting, then removed) starts no quiet period.
+    let mut c = CoordinatorCore::new(n[0], config, Box::new(LeastShardAllocation));
+    c.set_membership(t0, &view(n[0], &n, &[], &[]));
+    for a in &n {
+        c.register(t0, *a, &reg(4, vec![]));
+    }
+    let mut exiting = view(n[0], &n, &[], &[]);
+    exiting.members[2].status = MemberStatus::Exiting;
+    c.set_membership(t0, &exiting);
+    c.set_membership(t0, &view(n[0], &n[..2], &[], &[]));
+    assert!(
+        !c.get_home(t0, n[1], TYPE, 0, 0).is_empty(),
+        "allocated at once"
     );
 }

@@ -36,7 +36,7 @@ use crate::runtime::region::{HomeChange, Region};
 use crate::runtime::region_actor::RegionMsg;
 use crate::sharding::coordinator::{
     Command, CoordinatorConfig, CoordinatorCore, LeastShardAllocation, RebalanceRound,
-    ShardAllocationStrategy, ShardHome,
+    ShardAllocationStrategy, ShardHome, acting_coordinator,
 };
 use crate::sharding::fast::{self, DataRef, EnvelopeRef};
 use crate::sharding::remote::Remote;
@@ -536,6 +536,7 @@ impl Control {
         if let Some(coordinator) = self.coordinator {
             let msg = ControlMsg::Register {
                 types: self.registrations(),
+                epoch: self.core.highest_epoch(),
             };
             self.heard_from = None;
             self.registered_at = Some(Instant::now());
@@ -854,13 +855,32 @@ impl Control {
         });
     }
 
-    fn membership(&mut self, state: MembershipState) {
+    fn membership(&mut self, mut state: MembershipState) {
         let now = Instant::now();
+        // The coordinator this layer follows (the placement coordinator, or
+        // with a resolver the oldest Up member: SPEC §13.15).
+        state.coordinator = acting_coordinator(&state, self.core.holds_through_unreachability());
         if matches!(
             state.self_status(),
             Some(MemberStatus::Down | MemberStatus::Removed)
         ) {
             self.fence("this node was downed or removed");
+        }
+        if state.coordinator == Some(self.me) && !self.core.is_active() {
+            // Taking over: start from this node's replica and registration,
+            // before the gone members' homes leave it below (their shards are
+            // then known as theirs, and move as dead-owner moves).
+            for region in &self.regions() {
+                self.core.seed(
+                    region.type_name,
+                    region.fingerprint,
+                    region.num_shards(),
+                    &region.replica(),
+                );
+            }
+            let own = self.registrations();
+            let commands = self.core.register(now, self.me, &own);
+            self.execute(commands);
         }
         // Members that are gone (downed or removed — a removed member drops
         // out of the view, and a watch may skip the states in between):
@@ -890,20 +910,6 @@ impl Control {
             }
             let failed = self.remote.node_lost(&node);
             tracing::debug!(node = %self.me, lost = %node, failed_asks = failed, "member gone");
-        }
-        if state.coordinator == Some(self.me) && !self.core.is_active() {
-            // Taking over: start from this node's replica and registration.
-            for region in &regions {
-                self.core.seed(
-                    region.type_name,
-                    region.fingerprint,
-                    region.num_shards(),
-                    &region.replica(),
-                );
-            }
-            let own = self.registrations();
-            let commands = self.core.register(now, self.me, &own);
-            self.execute(commands);
         }
         let commands = self.core.set_membership(now, &state);
         self.execute(commands);
@@ -941,7 +947,10 @@ impl Control {
         while let Some((from, msg)) = queue.pop_front() {
             let now = Instant::now();
             let commands = match msg {
-                ControlMsg::Register { types } => self.core.register(now, from, &types),
+                ControlMsg::Register { types, epoch } => {
+                    self.core.observe_epoch(epoch);
+                    self.core.register(now, from, &types)
+                }
                 ControlMsg::Unregister { types } => self.core.unregister(now, from, &types),
                 ControlMsg::GetHome {
                     type_name,
@@ -979,16 +988,27 @@ impl Control {
                     tracing::debug!(node = %self.me, %from, "a home from a node that is not the coordinator here: ignored");
                     Vec::new()
                 }
+                ref msg if !self.core.accept_epoch(msg) => {
+                    // Fencing (SPEC §13.15): a coordinator of an older
+                    // term. Register again, carrying the higher epoch, so
+                    // that it takes one above it if it is still in charge.
+                    tracing::debug!(node = %self.me, %from, epoch = ?msg.coordinator_epoch(), highest = self.core.highest_epoch(), "a coordinator message from an older epoch: ignored");
+                    self.heard_from = None;
+                    Vec::new()
+                }
                 ControlMsg::Home {
                     type_name,
                     shard,
                     owner,
                     generation,
+                    ..
                 } => {
                     self.apply_home(&type_name, shard, ShardHome { owner, generation });
                     Vec::new()
                 }
-                ControlMsg::Table { type_name, homes } => {
+                ControlMsg::Table {
+                    type_name, homes, ..
+                } => {
                     self.heard_from = Some(from);
                     for (shard, owner, generation) in homes {
                         self.apply_home(&type_name, shard, ShardHome { owner, generation });
@@ -999,6 +1019,7 @@ impl Control {
                     type_name,
                     shard,
                     generation,
+                    ..
                 } => {
                     if let Some(region) = self.region(&type_name)
                         && shard < region.num_shards()
@@ -1007,7 +1028,9 @@ impl Control {
                     }
                     Vec::new()
                 }
-                ControlMsg::Left { type_name, nowhere } => {
+                ControlMsg::Left {
+                    type_name, nowhere, ..
+                } => {
                     if let Some(region) = self.region(&type_name) {
                         region.mark_left(nowhere);
                     }

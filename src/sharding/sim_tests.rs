@@ -375,7 +375,8 @@ impl Sim {
         node.heard_table = false;
         node.registered_at = now;
         let types = node.registration();
-        self.send_control(i, Self::index(&to), ControlMsg::Register { types });
+        let epoch = node.core.highest_epoch();
+        self.send_control(i, Self::index(&to), ControlMsg::Register { types, epoch });
     }
 
     fn send_leave(&mut self, i: usize) {
@@ -766,7 +767,10 @@ impl Sim {
         let Some(node) = self.node(at) else { return };
         let from_coordinator = from == at || Some(from_addr) == node.coordinator;
         let out = match msg {
-            ControlMsg::Register { types } => node.core.register(now, from_addr, &types),
+            ControlMsg::Register { types, epoch } => {
+                node.core.observe_epoch(epoch);
+                node.core.register(now, from_addr, &types)
+            }
             ControlMsg::Unregister { types } => node.core.unregister(now, from_addr, &types),
             ControlMsg::GetHome {
                 shard, generation, ..
@@ -778,6 +782,11 @@ impl Sim {
                 .shard_stopped(now, from_addr, TYPE, shard, generation),
             ControlMsg::Leave { types } => node.core.leave(now, from_addr, &types),
             _ if !from_coordinator => Vec::new(),
+            _ if !node.core.accept_epoch(&msg) => {
+                // An older coordinator term (as the driver): register again.
+                node.heard_table = false;
+                Vec::new()
+            }
             ControlMsg::Home {
                 shard,
                 owner,

@@ -131,7 +131,13 @@ pub(crate) enum ControlMsg {
     /// Region → coordinator: every type this node hosts a region of, and
     /// what it hosts. Sent when a type is registered and to every new
     /// coordinator; idempotent.
-    Register { types: Vec<TypeRegistration> },
+    Register {
+        types: Vec<TypeRegistration>,
+        /// The highest coordinator epoch this node has accepted (0: none),
+        /// so a new coordinator takes an epoch above every earlier one.
+        #[serde(default)]
+        epoch: u64,
+    },
     /// Region → coordinator: this node's regions of these types stop (its
     /// sharded system shuts down); their shards need new homes.
     Unregister { types: Vec<String> },
@@ -149,11 +155,19 @@ pub(crate) enum ControlMsg {
         shard: u32,
         owner: UniqueAddress,
         generation: u64,
+        /// The sending coordinator's epoch (its term, §13.15); a region
+        /// ignores a message from an epoch below the highest it accepted.
+        #[serde(default)]
+        epoch: u64,
     },
     /// Coordinator → a registering region: every known home of the type.
     Table {
         type_name: String,
         homes: Vec<(u32, UniqueAddress, u64)>,
+        /// The sending coordinator's epoch (its term, §13.15); a region
+        /// ignores a message from an epoch below the highest it accepted.
+        #[serde(default)]
+        epoch: u64,
     },
     /// Coordinator → region: the registration of this type was refused.
     Refused { type_name: String, reason: String },
@@ -164,6 +178,10 @@ pub(crate) enum ControlMsg {
         type_name: String,
         shard: u32,
         generation: u64,
+        /// The sending coordinator's epoch (its term, §13.15); a region
+        /// ignores a message from an epoch below the highest it accepted.
+        #[serde(default)]
+        epoch: u64,
     },
     /// Owner → coordinator: every entity of the shard hosted under
     /// `generation` has stopped; it may be allocated anew. Sent again until
@@ -181,7 +199,14 @@ pub(crate) enum ControlMsg {
     /// off it. `nowhere` false: it owns none of its shards now (the homes
     /// were sent before; it is done once it has applied them — it hosts
     /// none); true: no other region can take them, it keeps them.
-    Left { type_name: String, nowhere: bool },
+    Left {
+        type_name: String,
+        nowhere: bool,
+        /// The sending coordinator's epoch (its term, §13.15); a region
+        /// ignores a message from an epoch below the highest it accepted.
+        #[serde(default)]
+        epoch: u64,
+    },
     /// Any node → any node: what does your region of this type host?
     GetStats { id: u64, type_name: String },
     /// The answer: hosted shards with their live entities; `region` false
@@ -200,6 +225,18 @@ impl ControlMsg {
             tracing::error!(%error, "BUG: a sharding control message did not encode");
         }
         out
+    }
+
+    /// The epoch a coordinator stamped on this message; `None` for the
+    /// messages coordinators do not send.
+    pub(crate) fn coordinator_epoch(&self) -> Option<u64> {
+        match self {
+            ControlMsg::Home { epoch, .. }
+            | ControlMsg::Table { epoch, .. }
+            | ControlMsg::HandOff { epoch, .. }
+            | ControlMsg::Left { epoch, .. } => Some(*epoch),
+            _ => None,
+        }
     }
 }
 
@@ -518,24 +555,28 @@ mod tests {
             shard: 5,
             owner: origin(),
             generation: 3,
+            epoch: 2,
         };
         let spec = format!(
             "a1 64 48 6f 6d 65
-             a4 69 74 79 70 65 5f 6e 61 6d 65 65 74 61 6c 6c 79
+             a5 69 74 79 70 65 5f 6e 61 6d 65 65 74 61 6c 6c 79
              65 73 68 61 72 64 05
              65 6f 77 6e 65 72 {ORIGIN}
-             6a 67 65 6e 65 72 61 74 69 6f 6e 03"
+             6a 67 65 6e 65 72 61 74 69 6f 6e 03
+             65 65 70 6f 63 68 02"
         );
         assert_eq!(home.encode(), hex(&spec));
         // A home in a table or registration is an array [shard, owner, generation].
         let table = ControlMsg::Table {
             type_name: "tally".into(),
             homes: vec![(5, origin(), 3)],
+            epoch: 2,
         };
         let spec = format!(
             "a1 65 54 61 62 6c 65
-             a2 69 74 79 70 65 5f 6e 61 6d 65 65 74 61 6c 6c 79
-             65 68 6f 6d 65 73 81 83 05 {ORIGIN} 03"
+             a3 69 74 79 70 65 5f 6e 61 6d 65 65 74 61 6c 6c 79
+             65 68 6f 6d 65 73 81 83 05 {ORIGIN} 03
+             65 65 70 6f 63 68 02"
         );
         assert_eq!(table.encode(), hex(&spec));
         // The handoff and stats messages (SPEC §13.11, §13.13).
@@ -543,12 +584,14 @@ mod tests {
             type_name: "tally".into(),
             shard: 5,
             generation: 3,
+            epoch: 2,
         };
         let spec = "
             a1 67 48 61 6e 64 4f 66 66
-            a3 69 74 79 70 65 5f 6e 61 6d 65 65 74 61 6c 6c 79
+            a4 69 74 79 70 65 5f 6e 61 6d 65 65 74 61 6c 6c 79
             65 73 68 61 72 64 05
             6a 67 65 6e 65 72 61 74 69 6f 6e 03
+            65 65 70 6f 63 68 02
         ";
         assert_eq!(handoff.encode(), hex(spec));
         let stopped = ControlMsg::ShardStopped {
@@ -571,13 +614,30 @@ mod tests {
         let left = ControlMsg::Left {
             type_name: "tally".into(),
             nowhere: false,
+            epoch: 2,
         };
         let spec = "
             a1 64 4c 65 66 74
-            a2 69 74 79 70 65 5f 6e 61 6d 65 65 74 61 6c 6c 79
-            67 6e 6f 77 68 65 72 65 f4
+            a3 69 74 79 70 65 5f 6e 61 6d 65 65 74 61 6c 6c 79
+            67 6e 6f 77 68 65 72 65 f4 65 65 70 6f 63 68 02
         ";
         assert_eq!(left.encode(), hex(spec));
+        let register = ControlMsg::Register {
+            types: Vec::new(),
+            epoch: 2,
+        };
+        let spec = "a1 68 52 65 67 69 73 74 65 72 a2 65 74 79 70 65 73 80 65 65 70 6f 63 68 02";
+        assert_eq!(register.encode(), hex(spec));
+        // A message from a peer that predates epochs decodes as epoch 0.
+        let old_home = hex(&format!(
+            "a1 64 48 6f 6d 65
+             a4 69 74 79 70 65 5f 6e 61 6d 65 65 74 61 6c 6c 79
+             65 73 68 61 72 64 05
+             65 6f 77 6e 65 72 {ORIGIN}
+             6a 67 65 6e 65 72 61 74 69 6f 6e 03"
+        ));
+        let decoded: ControlMsg = ciborium::from_reader(&old_home[..]).expect("decodes");
+        assert_eq!(decoded.coordinator_epoch(), Some(0));
         let get_stats = ControlMsg::GetStats {
             id: 7,
             type_name: "tally".into(),
