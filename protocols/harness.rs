@@ -43,6 +43,10 @@ pub async fn form_cluster(
             .cluster_name(name)
             .secret("demo-secret")
             .seed_nodes(seeds)
+            // Timeout downing, the single-zone choice: W2 measures rehoming
+            // after a crash, which a split-brain resolver would delay by
+            // `stable_after` plus the dead-owner margin (SPEC §13.15).
+            .split_brain(None)
             .build()
     };
     let formed = Instant::now();

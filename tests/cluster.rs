@@ -14,6 +14,10 @@ fn config(seeds: Vec<SocketAddr>) -> ClusterConfig {
         .cluster_name("test-cluster")
         .secret("test-secret")
         .seed_nodes(seeds)
+        // These tests pin timeout downing's timing (the resolver, the
+        // default, is tested in the membership simulator and
+        // tests/partition.rs).
+        .split_brain(None)
         .build()
 }
 

@@ -97,11 +97,12 @@ struct Args {
           value_parser = max_frame)]
     max_frame: usize,
 
-    /// The split-brain resolver: `off` (timeout downing: under a partition
-    /// each side downs the other), `keep-majority`, `static-quorum:N`,
-    /// `keep-oldest`, `keep-oldest-down-if-alone` or `down-all`. The losing
-    /// side downs itself and its nodes exit with code 3.
-    #[arg(long, env = "DATUM_SPLIT_BRAIN", default_value = "off", value_parser = split_brain)]
+    /// The split-brain resolver: `keep-majority` (the default),
+    /// `static-quorum:N`, `keep-oldest`, `keep-oldest-down-if-alone`,
+    /// `down-all`, or `off` (timeout downing: faster, but under a partition
+    /// each side downs the other). The losing side downs itself and its
+    /// nodes exit with code 3.
+    #[arg(long, env = "DATUM_SPLIT_BRAIN", default_value = "keep-majority", value_parser = split_brain)]
     split_brain: SplitBrain,
 
     /// How long the resolver waits for a partition to stay the same before

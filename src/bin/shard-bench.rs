@@ -750,6 +750,7 @@ mod multi {
             .cluster_name("shard-bench-multi")
             .secret("demo-secret")
             .seed_nodes(seed.into_iter().collect())
+            .split_brain(None) // as in-process (harness::form_cluster)
             .build();
         let cluster = ClusterNode::start(config).await?;
         println!("ADDR {}", cluster.bound_addr());

@@ -18,7 +18,14 @@ use crate::transport::{Secret, TransportConfig};
 ///     .secret("s3cret")
 ///     .seed_nodes(vec!["127.0.0.1:7355".parse().unwrap()])
 ///     .build();
-/// assert_eq!(config.detect_and_down_time(), Some(Duration::from_millis(600)));
+/// // Keep-majority split-brain resolution by default: an unreachable member
+/// // is downed once the view has held still for `stable_after` (1 s).
+/// assert_eq!(config.detect_and_down_time(), Some(Duration::from_millis(1_400)));
+/// // Timeout downing, for a single zone or tests: the leader downs an
+/// // unreachable member 200 ms after it is flagged (both sides of a
+/// // partition go on).
+/// let timeout = ClusterConfig::builder().cluster_name("orders-1").split_brain(None).build();
+/// assert_eq!(timeout.detect_and_down_time(), Some(Duration::from_millis(600)));
 /// ```
 #[derive(Clone, Debug, TypedBuilder)]
 #[non_exhaustive]
@@ -59,9 +66,11 @@ pub struct ClusterConfig {
     /// How long a handshake may take before the connection is dropped.
     #[builder(default = Duration::from_secs(5))]
     pub handshake_timeout: Duration,
-    /// The split-brain resolver (SPEC §10.5). `None`, the default, keeps
-    /// timeout downing: under a partition both sides down each other.
-    #[builder(default, setter(strip_option))]
+    /// The split-brain resolver (SPEC §10.5). Default: keep-majority. `None`
+    /// keeps timeout downing instead (`downing_timeout`): faster to down a
+    /// crashed node, but under a partition both sides down each other and
+    /// go on — a choice for one zone, or for tests.
+    #[builder(default = Some(crate::membership::SplitBrainStrategy::KeepMajority))]
     pub split_brain: Option<crate::membership::SplitBrainStrategy>,
     /// How long the resolver's view of a partition must stay the same
     /// before it decides.

@@ -107,11 +107,16 @@ impl MembershipConfig {
             .saturating_add(self.acceptable_heartbeat_pause)
     }
 
-    /// Worst-case time from a member's last delivered heartbeat to its Down,
-    /// when timeout downing is on (network latency not included).
+    /// Worst-case time from a member's last delivered heartbeat to its Down
+    /// (network latency not included): the failure timeout plus
+    /// `stable_after` with a split-brain resolver, plus the downing timeout
+    /// without one; `None` with neither (manual downing only).
     pub fn detect_and_down_time(&self) -> Option<Duration> {
-        self.downing_timeout
-            .map(|d| self.failure_timeout().saturating_add(d))
+        let wait = match self.split_brain {
+            Some(_) => Some(self.stable_after),
+            None => self.downing_timeout,
+        };
+        wait.map(|d| self.failure_timeout().saturating_add(d))
     }
 
     /// Checks that every period is non-zero (a zero period would make the
