@@ -1,9 +1,11 @@
-//! A real network partition: three `datum-node` processes, each in its own
-//! network namespace, joined through a bridge in a fourth namespace that
-//! this test makes (and removes) itself; addresses live only on those veth
-//! interfaces. One node's link is cut: with `--split-brain keep-majority`
-//! the two that still reach each other down it, it downs itself and exits
-//! with code 3, and nobody else is downed. Needs root (`ip netns`); skips
+//! Real network partitions: `datum-node` processes, each in its own network
+//! namespace, joined through two bridges (side A, side B) in a switch
+//! namespace, the bridges linked by one veth pair; this test makes (and
+//! removes) every namespace itself, and addresses live only on those veth
+//! interfaces. Setting the bridges' link down partitions the cluster
+//! cleanly: each side still reaches itself. Under the default
+//! keep-majority resolver the minority downs itself and exits with code 3,
+//! the majority downs it and nobody else. Needs root (`ip netns`); skips
 //! with a message otherwise.
 
 use std::io::{BufRead, BufReader};
@@ -14,7 +16,6 @@ use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_datum-node");
 const LONG: Duration = Duration::from_secs(30);
-const NODES: usize = 3;
 
 fn ip(args: &[&str]) -> Result<(), String> {
     let out = Command::new("ip")
@@ -34,6 +35,7 @@ fn ip(args: &[&str]) -> Result<(), String> {
 /// The namespaces of one run; removed (with their links) when dropped.
 struct Net {
     prefix: String,
+    nodes: usize,
 }
 
 impl Net {
@@ -45,17 +47,29 @@ impl Net {
         format!("10.77.0.{}", i + 1)
     }
 
-    /// A switch namespace with a bridge, and one namespace per node with a
-    /// veth to the bridge.
-    fn make() -> Result<Net, String> {
+    /// A switch namespace with two bridges joined by a veth pair, and one
+    /// namespace per node with a veth to its side's bridge: nodes
+    /// `0..side_a` on side A, the others on side B.
+    fn make(nodes: usize, side_a: usize) -> Result<Net, String> {
         let net = Net {
-            prefix: format!("dcs{}", std::process::id()),
+            prefix: format!("dcs{}n{nodes}", std::process::id()),
+            nodes,
         };
         let sw = net.ns("sw");
         ip(&["netns", "add", &sw])?;
-        ip(&["-n", &sw, "link", "add", "br0", "type", "bridge"])?;
-        ip(&["-n", &sw, "link", "set", "br0", "up"])?;
-        for i in 0..NODES {
+        for br in ["br0", "br1"] {
+            ip(&["-n", &sw, "link", "add", br, "type", "bridge"])?;
+            ip(&["-n", &sw, "link", "set", br, "up"])?;
+        }
+        ip(&[
+            "-n", &sw, "link", "add", "ab0", "type", "veth", "peer", "name", "ab1",
+        ])?;
+        for (end, br) in [("ab0", "br0"), ("ab1", "br1")] {
+            ip(&["-n", &sw, "link", "set", end, "master", br])?;
+            ip(&["-n", &sw, "link", "set", end, "up"])?;
+        }
+        for i in 0..nodes {
+            let bridge = if i < side_a { "br0" } else { "br1" };
             let ns = net.ns(&format!("n{i}"));
             let (here, there) = (format!("{}v{i}", net.prefix), format!("s{i}"));
             ip(&["netns", "add", &ns])?;
@@ -65,7 +79,7 @@ impl Net {
             ])?;
             ip(&["-n", &ns, "link", "set", &here, "netns", &sw])?;
             ip(&["-n", &sw, "link", "set", &here, "name", &there])?;
-            ip(&["-n", &sw, "link", "set", &there, "master", "br0"])?;
+            ip(&["-n", &sw, "link", "set", &there, "master", bridge])?;
             ip(&["-n", &sw, "link", "set", &there, "up"])?;
             let cidr = format!("{}/24", Net::node_addr(i));
             ip(&["-n", &ns, "addr", "add", &cidr, "dev", "eth0"])?;
@@ -74,16 +88,39 @@ impl Net {
         Ok(net)
     }
 
-    /// Cuts (or restores) node `i`'s link to the bridge.
-    fn link(&self, i: usize, up: bool) {
+    /// Cuts (or heals) the link between the two sides.
+    fn sides_linked(&self, up: bool) {
         let state = if up { "up" } else { "down" };
-        ip(&["-n", &self.ns("sw"), "link", "set", &format!("s{i}"), state]).expect("link");
+        ip(&["-n", &self.ns("sw"), "link", "set", "ab0", state]).expect("link");
+    }
+
+    /// Makes the namespaces, or says why they cannot be made here.
+    fn try_make(nodes: usize, side_a: usize) -> Option<Net> {
+        let made = Net::make(nodes, side_a).and_then(|net| {
+            // Running a process inside one is needed too (it remounts /sys).
+            let probe = Command::new("ip")
+                .args(["netns", "exec", &net.ns("n0"), "true"])
+                .status()
+                .map_err(|e| e.to_string())?;
+            if probe.success() {
+                Ok(net)
+            } else {
+                Err(format!("`ip netns exec` failed: {probe}"))
+            }
+        });
+        match made {
+            Ok(net) => Some(net),
+            Err(error) => {
+                eprintln!("SKIPPED: network namespaces are not available here ({error})");
+                None
+            }
+        }
     }
 }
 
 impl Drop for Net {
     fn drop(&mut self) {
-        for i in 0..NODES {
+        for i in 0..self.nodes {
             let _ = ip(&["netns", "del", &self.ns(&format!("n{i}"))]);
         }
         let _ = ip(&["netns", "del", &self.ns("sw")]);
@@ -93,13 +130,14 @@ impl Drop for Net {
 /// A `datum-node` in node `i`'s namespace, with its stdout as lines.
 struct Node {
     child: Child,
-    lines: Receiver<Option<String>>,
+    /// Each line with when this test read it.
+    lines: Receiver<Option<(Instant, String)>>,
     node_id: String,
     reaped: bool,
 }
 
 impl Node {
-    fn start(net: &Net, i: usize) -> Node {
+    fn start(net: &Net, i: usize, extra: &[&str]) -> Node {
         let bind = format!("{}:7355", Net::node_addr(i));
         let seed = format!("{}:7355", Net::node_addr(0));
         let mut child = Command::new("ip")
@@ -111,7 +149,7 @@ impl Node {
                 "partition-secret",
             ])
             .args(["--bind", &bind, "--seeds", &seed])
-            .args(["--split-brain", "keep-majority"])
+            .args(extra)
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -123,7 +161,7 @@ impl Node {
         thread::spawn(move || {
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
-                if tx.send(Some(line)).is_err() {
+                if tx.send(Some((Instant::now(), line))).is_err() {
                     return;
                 }
             }
@@ -142,12 +180,17 @@ impl Node {
 
     /// The next line that satisfies `pred`; every line seen meanwhile goes
     /// through `seen` first.
-    fn expect(&mut self, mut pred: impl FnMut(&str) -> bool) -> String {
+    fn expect(&mut self, pred: impl FnMut(&str) -> bool) -> String {
+        self.expect_at(pred).1
+    }
+
+    /// [`expect`](Self::expect), with when the line was read.
+    fn expect_at(&mut self, mut pred: impl FnMut(&str) -> bool) -> (Instant, String) {
         let deadline = Instant::now() + LONG;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.lines.recv_timeout(left) {
-                Ok(Some(line)) if pred(&line) => return line,
+                Ok(Some((at, line))) if pred(&line) => return (at, line),
                 Ok(Some(_)) => {}
                 Ok(None) | Err(RecvTimeoutError::Disconnected) => panic!("stdout ended"),
                 Err(RecvTimeoutError::Timeout) => panic!("no expected line within {LONG:?}"),
@@ -159,7 +202,7 @@ impl Node {
     fn drain(&mut self, d: Duration) -> Vec<String> {
         let deadline = Instant::now() + d;
         let mut out = Vec::new();
-        while let Ok(Some(line)) = self
+        while let Ok(Some((_, line))) = self
             .lines
             .recv_timeout(deadline.saturating_duration_since(Instant::now()))
         {
@@ -190,6 +233,32 @@ impl Drop for Node {
     }
 }
 
+/// A number field of a JSON line.
+fn number(line: &str, key: &str) -> Option<u64> {
+    let pattern = format!("\"{key}\":");
+    let start = line.find(&pattern)? + pattern.len();
+    let digits: String = line[start..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().ok()
+}
+
+/// An array-of-numbers field of a JSON line (`shard_ids`).
+fn numbers(line: &str, key: &str) -> Vec<u32> {
+    let pattern = format!("\"{key}\":[");
+    let Some(start) = line.find(&pattern).map(|i| i + pattern.len()) else {
+        return Vec::new();
+    };
+    let Some(len) = line[start..].find(']') else {
+        return Vec::new();
+    };
+    line[start..start + len]
+        .split(',')
+        .filter_map(|n| n.trim().parse().ok())
+        .collect()
+}
+
 fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
     let pattern = format!("\"{key}\":\"");
     let start = line.find(&pattern)? + pattern.len();
@@ -197,39 +266,31 @@ fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
     Some(&line[start..start + len])
 }
 
-#[test]
-fn a_node_cut_off_by_a_real_partition_downs_itself_and_the_majority_goes_on() {
-    let net = match Net::make().and_then(|net| {
-        // Running a process inside one is needed too (it remounts /sys).
-        let probe = Command::new("ip")
-            .args(["netns", "exec", &net.ns("n0"), "true"])
-            .status()
-            .map_err(|e| e.to_string())?;
-        if probe.success() {
-            Ok(net)
-        } else {
-            Err(format!("`ip netns exec` failed: {probe}"))
-        }
-    }) {
-        Ok(net) => net,
-        Err(error) => {
-            eprintln!("SKIPPED: network namespaces are not available here ({error})");
-            return;
-        }
-    };
-    let mut nodes: Vec<Node> = (0..NODES).map(|i| Node::start(&net, i)).collect();
-    for n in &mut nodes {
+/// Waits until every node has seen every node Up.
+fn all_up(nodes: &mut [Node]) {
+    let n = nodes.len();
+    for node in nodes {
         let mut up = std::collections::BTreeSet::new();
-        n.expect(|l| {
+        node.expect(|l| {
             if field(l, "event") == Some("member_up") {
                 up.insert(field(l, "node_id").unwrap_or_default().to_owned());
             }
-            up.len() == NODES
+            up.len() == n
         });
     }
+}
+
+#[test]
+fn a_node_cut_off_by_a_real_partition_downs_itself_and_the_majority_goes_on() {
+    let Some(net) = Net::try_make(3, 2) else {
+        return;
+    };
+    // The default resolver: keep-majority.
+    let mut nodes: Vec<Node> = (0..3).map(|i| Node::start(&net, i, &[])).collect();
+    all_up(&mut nodes);
     let victim = nodes[2].node_id.clone();
     let cut = Instant::now();
-    net.link(2, false);
+    net.sides_linked(false);
     // The cut-off node is the minority: it downs itself and exits 3.
     let stopped = nodes[2].expect(|l| field(l, "event") == Some("stopped"));
     assert_eq!(field(&stopped, "reason"), Some("downed"), "{stopped}");
@@ -248,7 +309,7 @@ fn a_node_cut_off_by_a_real_partition_downs_itself_and_the_majority_goes_on() {
         });
         assert_eq!(field(&line, "node_id"), Some(victim.as_str()));
     }
-    net.link(2, true);
+    net.sides_linked(true);
     for n in &mut nodes[..2] {
         for l in n.drain(Duration::from_secs(2)) {
             assert_ne!(
@@ -273,6 +334,156 @@ fn a_node_cut_off_by_a_real_partition_downs_itself_and_the_majority_goes_on() {
         unsafe { libc::kill(pid, libc::SIGTERM) };
     }
     for n in &mut nodes[..2] {
+        let status = n.wait();
+        assert!(status.success(), "{status}");
+    }
+}
+
+/// Five nodes hosting the counter and driving asks at it (`--drive`), split
+/// 3/2 by a real partition: the two on side B down themselves; their shards
+/// are hosted on side A only after side B stopped hosting them (the
+/// dead-owner margin); side A's drivers, retrying, lose no ask; after the
+/// heal nothing more is downed.
+#[test]
+fn a_three_two_split_under_sharding_traffic_keeps_one_owner_per_shard() {
+    const SHARDS: u32 = 32;
+    let Some(net) = Net::try_make(5, 3) else {
+        return;
+    };
+    let shards = SHARDS.to_string();
+    let flags = [
+        "--counter",
+        "--shards",
+        &shards,
+        "--stats-ms",
+        "50",
+        "--drive",
+        "128",
+    ];
+    let mut nodes: Vec<Node> = (0..5).map(|i| Node::start(&net, i, &flags)).collect();
+    all_up(&mut nodes);
+    // Every node's driver has reached every counter once (retrying while
+    // the coordinator placed the shards), and every shard has a home.
+    for n in &mut nodes {
+        n.expect(|l| field(l, "event") == Some("drive") && number(l, "acked") >= Some(256));
+    }
+    // Side B's nodes joined last and get their share by rebalance: wait
+    // until the per-node counts are within one (least-shards then moves
+    // nothing more), so that no handoff is under way at the cut.
+    let mut ids: Vec<Vec<u32>> = vec![Vec::new(); nodes.len()];
+    let deadline = Instant::now() + LONG;
+    loop {
+        for (i, n) in nodes.iter_mut().enumerate() {
+            let line = n.expect(|l| field(l, "event") == Some("region_state"));
+            ids[i] = numbers(&line, "shard_ids");
+        }
+        let counts: Vec<usize> = ids.iter().map(Vec::len).collect();
+        let (min, max) = (counts.iter().min(), counts.iter().max());
+        if min > Some(&0) && max.zip(min).is_some_and(|(a, b)| a - b <= 1) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never balanced: {counts:?}");
+    }
+    let hosted: std::collections::BTreeSet<u32> = ids.iter().flatten().copied().collect();
+    let minority_shards: Vec<(usize, Vec<u32>)> = (3..5).map(|i| (i, ids[i].clone())).collect();
+    // (128 counters need not touch all 32 shards: the ones hosted count.)
+    assert!(
+        hosted.len() > SHARDS as usize / 2,
+        "hosted before the cut: {hosted:?}"
+    );
+    let minority_ids: Vec<String> = nodes[3..].iter().map(|n| n.node_id.clone()).collect();
+    let cut = Instant::now();
+    net.sides_linked(false);
+    // Side B: each node hosts its shards until it downs itself, then exits 3.
+    let mut stopped_at = Vec::new();
+    for n in &mut nodes[3..] {
+        let (at, stopped) = n.expect_at(|l| field(l, "event") == Some("stopped"));
+        assert_eq!(field(&stopped, "reason"), Some("downed"), "{stopped}");
+        assert_eq!(n.wait().code(), Some(3));
+        stopped_at.push(at);
+    }
+    let minority_stopped = stopped_at.iter().max().copied().expect("two nodes");
+    // Side A: the minority's shards come back here, and only after side B
+    // printed that it stopped (it fences first: SPEC §13.15).
+    let mut first_hosted: std::collections::BTreeMap<u32, Instant> = Default::default();
+    let wanted: std::collections::BTreeSet<u32> = minority_shards
+        .iter()
+        .flat_map(|(_, ids)| ids.iter().copied())
+        .collect();
+    assert!(
+        !wanted.is_empty(),
+        "side B hosted nothing: {minority_shards:?}"
+    );
+    let deadline = Instant::now() + LONG;
+    while first_hosted.len() < wanted.len() {
+        assert!(
+            Instant::now() < deadline,
+            "not rehomed: {first_hosted:?} of {wanted:?}"
+        );
+        for n in &mut nodes[..3] {
+            while let Ok(Some((at, line))) = n.lines.recv_timeout(Duration::from_millis(10)) {
+                if at < cut {
+                    continue; // printed before the cut
+                }
+                let event = field(&line, "event");
+                assert_ne!(event, Some("stopped"), "a majority node stopped: {line}");
+                if event == Some("member_downed") {
+                    let downed = field(&line, "node_id").unwrap_or_default();
+                    assert!(
+                        minority_ids.iter().any(|m| m == downed),
+                        "a healthy member was downed: {line}"
+                    );
+                }
+                if event == Some("region_state") {
+                    for s in numbers(&line, "shard_ids") {
+                        if wanted.contains(&s) {
+                            first_hosted.entry(s).or_insert(at);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let earliest = first_hosted.values().min().copied().expect("some");
+    let latest = first_hosted.values().max().copied().expect("some");
+    assert!(
+        earliest > minority_stopped,
+        "a shard was hosted on side A {:?} before side B stopped",
+        minority_stopped.duration_since(earliest)
+    );
+    // Side A's drivers go on answering; with retries nothing is missing.
+    for n in &mut nodes[..3] {
+        let line = n.expect(|l| field(l, "event") == Some("drive"));
+        let acked = number(&line, "acked").expect("acked");
+        n.expect(|l| field(l, "event") == Some("drive") && number(l, "acked") >= Some(acked + 256));
+    }
+    net.sides_linked(true);
+    for n in &mut nodes[..3] {
+        for l in n.drain(Duration::from_secs(2)) {
+            let event = field(&l, "event");
+            assert_ne!(event, Some("member_downed"), "after the heal: {l}");
+            assert_ne!(event, Some("stopped"), "a majority node stopped: {l}");
+        }
+    }
+    let mut finals = Vec::new();
+    for n in &mut nodes[..3] {
+        let line = n.expect(|l| field(l, "event") == Some("drive"));
+        assert_eq!(number(&line, "missing"), Some(0), "{line}");
+        finals.push(line);
+    }
+    eprintln!(
+        "cut at 0; side B stopped by {} ms; its {} shards hosted on side A from {} to {} ms; drive: {finals:?}",
+        minority_stopped.duration_since(cut).as_millis(),
+        wanted.len(),
+        earliest.duration_since(cut).as_millis(),
+        latest.duration_since(cut).as_millis(),
+    );
+    for n in &mut nodes[..3] {
+        let pid = n.child.id() as libc::pid_t;
+        // SAFETY: signalling our own child, not yet reaped.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+    }
+    for n in &mut nodes[..3] {
         let status = n.wait();
         assert!(status.success(), "{status}");
     }

@@ -15,13 +15,15 @@
 use std::io::Write;
 use std::net::SocketAddr;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use datum_cluster_sharding::ShardedSystem;
 use datum_cluster_sharding::cluster::{ClusterConfig, ClusterNode};
 use datum_cluster_sharding::identity::UniqueAddress;
 use datum_cluster_sharding::membership::{MemberStatus, MembershipEvent, SplitBrainStrategy};
+use datum_cluster_sharding::{ShardedSystem, ShardingError};
 use serde::Serialize;
 use tokio::sync::broadcast::error::RecvError;
 
@@ -127,6 +129,13 @@ struct Args {
     #[arg(long, env = "DATUM_STATS_MS", default_value_t = 0,
           value_parser = clap::value_parser!(u64).range(0..=MAX_MS))]
     stats_ms: u64,
+
+    /// With --counter: also drive traffic — ask `Get` of the counters
+    /// `drive-0` … `drive-{N-1}` in turn, forever, retrying each ask until
+    /// it is answered (for at most 30 s), and print a `drive` line with the
+    /// counts at every `--stats-ms` tick (0: none).
+    #[arg(long, env = "DATUM_DRIVE", default_value_t = 0, requires = "counter")]
+    drive: u32,
 }
 
 /// The seed addresses (a newtype so clap takes the whole list as one value).
@@ -289,6 +298,14 @@ async fn run(args: Args) -> ExitCode {
     };
     let mut stats = tokio::time::interval(Duration::from_millis(args.stats_ms.max(1)));
     let print_stats = system.is_some() && args.stats_ms > 0;
+    let drive = match &system {
+        Some(system) if args.drive > 0 => {
+            let counts = Arc::new(DriveCounts::default());
+            tokio::spawn(drive_counters(system.clone(), args.drive, counts.clone()));
+            Some(counts)
+        }
+        _ => None,
+    };
 
     let mut stopped_by_cluster = false;
     loop {
@@ -297,6 +314,9 @@ async fn run(args: Args) -> ExitCode {
             _ = stats.tick(), if print_stats => {
                 if let Some(system) = &system {
                     emit(&RegionLine::of(system, "region_state", started));
+                }
+                if let Some(counts) = &drive {
+                    emit(&DriveLine::of(counts, started));
                 }
             }
             event = events.recv() => match event {
@@ -396,6 +416,67 @@ async fn start_counter(
     Ok(system)
 }
 
+/// What `--drive` counts: logical asks answered, retries of failed asks,
+/// and asks given up after 30 s of retries.
+#[derive(Debug, Default)]
+struct DriveCounts {
+    acked: AtomicU64,
+    retries: AtomicU64,
+    missing: AtomicU64,
+}
+
+/// `--drive`: ask each counter in turn, forever, retrying until answered.
+async fn drive_counters(system: ShardedSystem, entities: u32, counts: Arc<DriveCounts>) {
+    const GIVE_UP: Duration = Duration::from_secs(30);
+    let refs: Vec<_> = (0..entities)
+        .map(|i| system.entity_ref::<counter::Counter>(format!("drive-{i}")))
+        .collect();
+    loop {
+        for entity in &refs {
+            let first = Instant::now();
+            loop {
+                match entity.ask(counter::Get, Duration::from_secs(1)).await {
+                    Ok(_) => {
+                        counts.acked.fetch_add(1, Ordering::Relaxed);
+                        break;
+                    }
+                    Err(ShardingError::ShuttingDown) => return,
+                    Err(_) if first.elapsed() >= GIVE_UP => {
+                        counts.missing.fetch_add(1, Ordering::Relaxed);
+                        break;
+                    }
+                    Err(_) => {
+                        counts.retries.fetch_add(1, Ordering::Relaxed);
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The `drive` line (SPEC §10c.2).
+#[derive(Debug, Serialize)]
+struct DriveLine {
+    event: &'static str,
+    acked: u64,
+    retries: u64,
+    missing: u64,
+    t_ms: u64,
+}
+
+impl DriveLine {
+    fn of(counts: &DriveCounts, started: Instant) -> Self {
+        DriveLine {
+            event: "drive",
+            acked: counts.acked.load(Ordering::Relaxed),
+            retries: counts.retries.load(Ordering::Relaxed),
+            missing: counts.missing.load(Ordering::Relaxed),
+            t_ms: ms_since(started),
+        }
+    }
+}
+
 /// A line about the counter region on this node (SPEC §10c.2).
 #[derive(Debug, Serialize)]
 struct RegionLine<'a> {
@@ -403,6 +484,8 @@ struct RegionLine<'a> {
     type_name: &'a str,
     /// Shards hosted here.
     shards: usize,
+    /// Their ids, ascending.
+    shard_ids: Vec<u32>,
     /// Live entities in them.
     entities: usize,
     /// Shards being handed off.
@@ -419,6 +502,10 @@ impl<'a> RegionLine<'a> {
             event,
             type_name: "counter",
             shards: state.as_ref().map_or(0, |s| s.shards.len()),
+            shard_ids: state
+                .as_ref()
+                .map(|s| s.shards.keys().map(|id| id.0).collect())
+                .unwrap_or_default(),
             entities: state.as_ref().map_or(0, |s| s.shards.values().sum()),
             handing_off: state.as_ref().map_or(0, |s| s.handing_off.len()),
             buffered: state.as_ref().map_or(0, |s| s.buffered),
@@ -645,12 +732,36 @@ mod tests {
                     event: "handed_off",
                     type_name: "counter",
                     shards: 0,
+                    shard_ids: Vec::new(),
                     entities: 0,
                     handing_off: 0,
                     buffered: 0,
                     t_ms: 214,
                 }),
-                r#"{"event":"handed_off","type_name":"counter","shards":0,"entities":0,"handing_off":0,"buffered":0,"t_ms":214}"#,
+                r#"{"event":"handed_off","type_name":"counter","shards":0,"shard_ids":[],"entities":0,"handing_off":0,"buffered":0,"t_ms":214}"#,
+            ),
+            (
+                json_line(&RegionLine {
+                    event: "region_state",
+                    type_name: "counter",
+                    shards: 2,
+                    shard_ids: vec![3, 17],
+                    entities: 5,
+                    handing_off: 0,
+                    buffered: 0,
+                    t_ms: 1_050,
+                }),
+                r#"{"event":"region_state","type_name":"counter","shards":2,"shard_ids":[3,17],"entities":5,"handing_off":0,"buffered":0,"t_ms":1050}"#,
+            ),
+            (
+                json_line(&DriveLine {
+                    event: "drive",
+                    acked: 2_048,
+                    retries: 3,
+                    missing: 0,
+                    t_ms: 1_050,
+                }),
+                r#"{"event":"drive","acked":2048,"retries":3,"missing":0,"t_ms":1050}"#,
             ),
         ];
         for (line, expected) in cases {
