@@ -72,7 +72,7 @@ fn print_latency(latency: &Histogram<u64>) {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
-    let (clusters, formed) = form_cluster("three-nodes").await?;
+    let (clusters, formed) = form_cluster("three-nodes", false).await?;
     let checks = Arc::new(Checks::default());
     let mut nodes = Vec::new();
     for cluster in clusters {

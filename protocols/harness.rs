@@ -34,20 +34,25 @@ pub fn entity_id(k: u64) -> String {
     format!("entity-{k}")
 }
 
-/// Three cluster nodes on 127.0.0.1, all Up; returns them with the time it took.
+/// Three cluster nodes on 127.0.0.1, all Up; returns them with the time it
+/// took. `timeout_downing`: timeout downing (the single-zone choice) instead
+/// of the project's default keep-majority resolver, which downs a crashed
+/// node `stable_after` later and moves its shards after the dead-owner
+/// margin (SPEC §13.15).
 pub async fn form_cluster(
     name: &str,
+    timeout_downing: bool,
 ) -> Result<(Vec<ClusterNode>, Duration), Box<dyn std::error::Error>> {
     let config = |seeds| {
-        ClusterConfig::builder()
+        let mut config = ClusterConfig::builder()
             .cluster_name(name)
             .secret("demo-secret")
             .seed_nodes(seeds)
-            // Timeout downing, the single-zone choice: W2 measures rehoming
-            // after a crash, which a split-brain resolver would delay by
-            // `stable_after` plus the dead-owner margin (SPEC §13.15).
-            .split_brain(None)
-            .build()
+            .build();
+        if timeout_downing {
+            config.split_brain = None;
+        }
+        config
     };
     let formed = Instant::now();
     let first = ClusterNode::start(config(vec![])).await?;
@@ -109,11 +114,17 @@ pub fn ping_factory(
     move |_| PingEntity::checked(checks.clone())
 }
 
-/// When each entity (by number) first answered after `since`.
+/// When each entity (by number) first answered after `since`, and every
+/// logical ask's completion for a timeline.
 #[derive(Default)]
 pub struct Answered {
     pub since: Option<Instant>,
     pub first: HashMap<u64, Duration>,
+    /// When the run started (the timeline's zero); no timeline without it.
+    pub started: Option<Instant>,
+    /// Per logical ask: when it was acked (µs since `started`) and how long
+    /// it took from its first attempt (µs, retries included).
+    pub timeline: Vec<(u64, u64)>,
 }
 
 impl Answered {
@@ -163,12 +174,18 @@ pub async fn drive<S>(
         let answered = answered.clone();
         async move {
             let id = (stride * k + u64::from(d)) % ENTITIES;
+            let began = Instant::now();
             let latencies = ask_until_acked(&refs[id as usize], d, k).await;
             if let Some(answered) = answered {
+                let took = began.elapsed().as_micros() as u64;
                 let mut answered = answered.lock().await;
                 if let Some(since) = answered.since {
                     let at = since.elapsed();
                     answered.first.entry(id).or_insert(at);
+                }
+                if let Some(started) = answered.started {
+                    let at = started.elapsed().as_micros() as u64;
+                    answered.timeline.push((at, took));
                 }
             }
             latencies

@@ -41,14 +41,26 @@ fn w1_and_w1_sat_deliver_every_ack_in_order() {
 
 #[test]
 fn w2_rehomes_every_affected_entity_with_no_missing_ack() {
-    let record = run("w2");
-    no_missing(&record);
-    assert!(
-        record["affected_entities"].as_u64().unwrap() > 0,
-        "{record}"
-    );
-    assert_eq!(record["affected_not_asked_after_kill"], 0, "{record}");
-    assert!(record["rehomed_ms"].is_number(), "{record}");
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    for downing in ["keep-majority", "timeout"] {
+        let chart = dir.path().join(format!("w2-{downing}.svg"));
+        let chart_arg = chart.to_str().expect("a UTF-8 path");
+        let record = run_with("w2", &["--downing", downing, "--chart", chart_arg]);
+        no_missing(&record);
+        assert!(
+            record["affected_entities"].as_u64().unwrap() > 0,
+            "{record}"
+        );
+        assert_eq!(record["affected_not_asked_after_kill"], 0, "{record}");
+        assert!(record["rehomed_ms"].is_number(), "{record}");
+        // The chart: an SVG with the three latency series, and the
+        // intervals it was drawn from in the record.
+        let svg = std::fs::read_to_string(&chart).expect("the chart was written");
+        assert!(svg.starts_with("<svg") && svg.contains("p99"), "{downing}");
+        let intervals = record["intervals"].as_array().expect("intervals");
+        let acked: u64 = intervals.iter().map(|i| i[1].as_u64().unwrap()).sum();
+        assert_eq!(acked, record["unique_acks"].as_u64().unwrap(), "{record}");
+    }
 }
 
 #[test]

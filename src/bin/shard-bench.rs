@@ -27,6 +27,8 @@ use tokio::sync::Mutex;
 mod harness;
 #[path = "../../protocols/ping.rs"]
 mod ping;
+#[path = "shard_bench/chart.rs"]
+mod chart;
 use harness::{
     Answered, ENTITIES, Node, cpu_time, drive, drive_fresh, entities_hosted_on, entity_id,
     form_cluster, join_reports, peak_rss_kib, ping_factory, sharding_config, shares, warm_up,
@@ -54,6 +56,12 @@ enum Mode {
     MultiProcess,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Downing {
+    KeepMajority,
+    Timeout,
+}
+
 #[derive(Parser, Debug)]
 #[command(about = "The sharding workloads W1, W1-sat, W2 and W3 (BENCHMARK.md)")]
 struct Args {
@@ -71,6 +79,16 @@ struct Args {
     /// does not show.
     #[arg(long)]
     spawning: bool,
+    /// W2 only: how a crashed node is downed — `keep-majority`, the
+    /// project's default resolver (Down after the failure timeout plus
+    /// `stable_after`, its shards moved after the dead-owner margin), or
+    /// `timeout` (timeout downing: Down after the failure timeout plus the
+    /// downing timeout, shards moved at once).
+    #[arg(long, value_enum, default_value_t = Downing::KeepMajority)]
+    downing: Downing,
+    /// W2 only: where to write the latency-over-time chart (SVG).
+    #[arg(long, default_value = "w2-latency.svg")]
+    chart: std::path::PathBuf,
     /// (multi-process, internal) run as node N of the three.
     #[arg(long, hide = true)]
     child: Option<usize>,
@@ -137,14 +155,14 @@ impl Run {
     }
 }
 
-/// Three nodes with the ping entity registered (remembered when a store is
-/// given), warmed up.
-/// Three nodes with the ping entity registered, warmed up.
+/// Three nodes with the ping entity registered, warmed up (timeout
+/// downing if `timeout_downing`, else the project's default resolver).
 async fn cluster(
     name: &str,
     checks: &Arc<Checks>,
+    timeout_downing: bool,
 ) -> Result<Vec<Node>, Box<dyn std::error::Error>> {
-    let (clusters, _) = form_cluster(name).await?;
+    let (clusters, _) = form_cluster(name, timeout_downing).await?;
     let mut nodes = Vec::new();
     for cluster in clusters {
         let builder = ShardedSystem::builder().config(sharding_config());
@@ -164,7 +182,7 @@ async fn remembered_cluster<S: RememberEntitiesStore + Clone>(
     store: S,
     checks: &Arc<Checks>,
 ) -> Result<Vec<Node<S>>, Box<dyn std::error::Error>> {
-    let (clusters, _) = form_cluster(name).await?;
+    let (clusters, _) = form_cluster(name, false).await?;
     let mut nodes = Vec::new();
     for cluster in clusters {
         let builder = ShardedSystem::builder().config(sharding_config());
@@ -286,7 +304,7 @@ async fn run_w1(
     label: &str,
 ) -> Result<(serde_json::Value, bool), Box<dyn std::error::Error>> {
     let checks = Arc::new(Checks::default());
-    let nodes = cluster("shard-bench", &checks).await?;
+    let nodes = cluster("shard-bench", &checks, false).await?;
     let run = w1(&nodes, messages, in_flight, checks).await?;
     run.print(label);
     stop(nodes).await;
@@ -310,7 +328,7 @@ async fn run_w3(
     let mut flushes: Vec<(&str, Duration)> = Vec::new();
     {
         let checks = Arc::new(Checks::default());
-        let nodes = cluster("shard-bench-w3a", &checks).await?;
+        let nodes = cluster("shard-bench-w3a", &checks, false).await?;
         let run = run_drivers(&nodes, messages, 16, checks, spawn).await?;
         run.print("no store");
         ok &= run.correct();
@@ -360,9 +378,21 @@ async fn run_w3(
     Ok((json, ok))
 }
 
-async fn run_w2(messages: u64) -> Result<(serde_json::Value, bool), Box<dyn std::error::Error>> {
+/// The chart's interval.
+const W2_INTERVAL: Duration = Duration::from_millis(20);
+
+async fn run_w2(
+    messages: u64,
+    timeout_downing: bool,
+    chart_path: &std::path::Path,
+) -> Result<(serde_json::Value, bool), Box<dyn std::error::Error>> {
     let checks = Arc::new(Checks::default());
-    let nodes = cluster("shard-bench-w2", &checks).await?;
+    let downing = if timeout_downing {
+        "timeout downing 200 ms"
+    } else {
+        "keep-majority, stable_after 1 s, margin 1.4 s"
+    };
+    let nodes = cluster("shard-bench-w2", &checks, timeout_downing).await?;
     // Node 2 is not the coordinator (node 0, the oldest, is).
     let affected = entities_hosted_on(&nodes, 2);
     let answered = Arc::new(Mutex::new(Answered::default()));
@@ -370,6 +400,7 @@ async fn run_w2(messages: u64) -> Result<(serde_json::Value, bool), Box<dyn std:
     let _progress = Progress::start("w2", checks.clone());
     let cpu_before = cpu_time();
     let start = Instant::now();
+    answered.lock().await.started = Some(start);
     let drivers: Vec<_> = (0..2)
         .map(|d| {
             let system = nodes[d].system.clone();
@@ -412,7 +443,7 @@ async fn run_w2(messages: u64) -> Result<(serde_json::Value, bool), Box<dyn std:
     let answered = answered.lock().await;
     let (rehomed, unasked, first_ack) = answered.rehomed(&affected);
     println!(
-        "w2: {} affected entities, Down after {:.0} ms, all rehomed {} ms after the kill, first ack after the kill {:.3} ms",
+        "w2 ({downing}): {} affected entities, Down after {:.0} ms, all rehomed {} ms after the kill, first ack after the kill {:.3} ms",
         affected.len(),
         downed.as_secs_f64() * 1e3,
         rehomed.map_or("n/a".into(), |t| format!("{:.0}", t.as_secs_f64() * 1e3)),
@@ -426,6 +457,27 @@ async fn run_w2(messages: u64) -> Result<(serde_json::Value, bool), Box<dyn std:
     json["down_after_kill_ms"] = (downed.as_secs_f64() * 1e3).into();
     json["rehomed_ms"] = rehomed.map(|t| t.as_secs_f64() * 1e3).into();
     json["first_ack_after_kill_ms"] = first_ack.map(|t| t.as_secs_f64() * 1e3).into();
+    let cut = chart::intervals(&answered.timeline, W2_INTERVAL);
+    let kill_s = killed.duration_since(start).as_secs_f64();
+    let marks = chart::Marks {
+        kill_s,
+        down_s: kill_s + downed.as_secs_f64(),
+        rehomed_s: rehomed.map(|t| kill_s + t.as_secs_f64()),
+    };
+    let title = format!(
+        "W2: {} asks, node 2 killed at {:.2} s (detector 100 + 300 ms; {downing})",
+        run.expected, kill_s
+    );
+    json["downing"] = downing.into();
+    chart::draw(chart_path, &title, &cut, W2_INTERVAL, &marks)?;
+    println!("w2: chart written to {}", chart_path.display());
+    json["chart"] = chart_path.display().to_string().into();
+    json["interval_ms"] = (W2_INTERVAL.as_secs_f64() * 1e3).into();
+    json["intervals"] = cut
+        .iter()
+        .map(|i| json!([i.start_s * 1e3, i.acks, i.p50_us, i.p99_us, i.max_us]))
+        .collect::<Vec<_>>()
+        .into();
     let mut nodes = nodes;
     let dead = nodes.pop().expect("three nodes");
     dead.system.shutdown().await;
@@ -489,7 +541,9 @@ async fn in_process(args: Args) -> ExitCode {
     let result = match args.workload {
         Workload::W1 => run_w1(args.messages, 16, "w1").await,
         Workload::W1Sat => run_w1(args.messages, 256, "w1-sat").await,
-        Workload::W2 => run_w2(args.messages).await,
+        Workload::W2 => {
+            run_w2(args.messages, args.downing == Downing::Timeout, &args.chart).await
+        }
         Workload::W3 => run_w3(args.messages, args.spawning).await,
     };
     match result {
@@ -750,7 +804,6 @@ mod multi {
             .cluster_name("shard-bench-multi")
             .secret("demo-secret")
             .seed_nodes(seed.into_iter().collect())
-            .split_brain(None) // as in-process (harness::form_cluster)
             .build();
         let cluster = ClusterNode::start(config).await?;
         println!("ADDR {}", cluster.bound_addr());

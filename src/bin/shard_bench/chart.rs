@@ -1,0 +1,169 @@
+//! W2 as a picture: latency and throughput over time, per interval, with
+//! the kill, the Down and the last rehome marked (SVG, drawn by plotters).
+
+use std::path::Path;
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use plotters::prelude::*;
+
+/// One interval of the run: the logical asks acked in it and their
+/// latency (first attempt to ack, retries included).
+#[derive(Debug)]
+pub struct Interval {
+    /// The interval's start, seconds since the run started.
+    pub start_s: f64,
+    pub acks: u64,
+    pub p50_us: u64,
+    pub p99_us: u64,
+    pub max_us: u64,
+}
+
+/// Cuts a timeline of `(acked at µs, latency µs)` into intervals of `width`
+/// (an interval with no ack is kept, with zeros: the chart shows the gap).
+pub fn intervals(timeline: &[(u64, u64)], width: Duration) -> Vec<Interval> {
+    let width_us = width.as_micros().max(1) as u64;
+    let Some(end) = timeline.iter().map(|(at, _)| *at).max() else {
+        return Vec::new();
+    };
+    let count = (end / width_us + 1) as usize;
+    let mut histograms: Vec<Histogram<u64>> = (0..count)
+        .map(|_| Histogram::new_with_bounds(1, 60_000_000, 2).expect("valid bounds"))
+        .collect();
+    for &(at, latency) in timeline {
+        histograms[(at / width_us) as usize].saturating_record(latency.max(1));
+    }
+    histograms
+        .iter()
+        .enumerate()
+        .map(|(i, h)| Interval {
+            start_s: (i as u64 * width_us) as f64 / 1e6,
+            acks: h.len(),
+            p50_us: if h.is_empty() { 0 } else { h.value_at_quantile(0.5) },
+            p99_us: if h.is_empty() { 0 } else { h.value_at_quantile(0.99) },
+            max_us: h.max(),
+        })
+        .collect()
+}
+
+/// The events marked on the chart, seconds since the run started.
+pub struct Marks {
+    pub kill_s: f64,
+    pub down_s: f64,
+    pub rehomed_s: Option<f64>,
+}
+
+/// Draws the chart: latency (log scale) above, throughput below.
+pub fn draw(
+    path: &Path,
+    title: &str,
+    intervals: &[Interval],
+    width: Duration,
+    marks: &Marks,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let root = SVGBackend::new(path, (960, 640)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (upper, lower) = root.split_vertically(400);
+    let t_end = intervals.last().map_or(1.0, |i| i.start_s) + width.as_secs_f64();
+    let top = intervals.iter().map(|i| i.max_us).max().unwrap_or(1).max(10) as f64 * 2.0;
+
+    let mut latency = ChartBuilder::on(&upper)
+        .caption(title, ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(28)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0f64..t_end, (1f64..top).log_scale())?;
+    latency
+        .configure_mesh()
+        .y_desc("latency, µs (log)")
+        .x_desc("seconds since the run started")
+        .draw()?;
+    // A line per run of intervals with acks: no line is drawn across an
+    // interval in which nothing was acked (there is no latency to show).
+    let runs: Vec<&[Interval]> = intervals
+        .split(|i| i.acks == 0)
+        .filter(|run| !run.is_empty())
+        .collect();
+    let series: [(&str, RGBColor, fn(&Interval) -> u64); 3] = [
+        ("p50", BLUE, |i| i.p50_us),
+        ("p99", RGBColor(230, 120, 0), |i| i.p99_us),
+        ("max", RED, |i| i.max_us),
+    ];
+    for (label, color, value) in series {
+        for (n, run) in runs.iter().enumerate() {
+            let drawn = latency.draw_series(LineSeries::new(
+                run.iter().map(|i| (i.start_s, value(i).max(1) as f64)),
+                color.stroke_width(2),
+            ))?;
+            if n == 0 {
+                drawn
+                    .label(label)
+                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+            }
+        }
+    }
+    let marks_drawn = [
+        ("kill", BLACK, Some(marks.kill_s)),
+        ("Down", MAGENTA, Some(marks.down_s)),
+        ("last rehome", RGBColor(0, 150, 0), marks.rehomed_s),
+    ];
+    for (label, color, at) in marks_drawn {
+        if let Some(at) = at {
+            latency
+                .draw_series(std::iter::once(PathElement::new(
+                    vec![(at, 1.0), (at, top)],
+                    color.stroke_width(1),
+                )))?
+                .label(label)
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        }
+    }
+    latency
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()?;
+
+    let per_s = 1.0 / width.as_secs_f64();
+    let peak = intervals.iter().map(|i| i.acks).max().unwrap_or(1) as f64 * per_s * 1.1;
+    let mut rate = ChartBuilder::on(&lower)
+        .margin(12)
+        .x_label_area_size(28)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0f64..t_end, 0f64..peak.max(1.0))?;
+    rate.configure_mesh()
+        .y_desc("acks per second")
+        .y_label_formatter(&|v| format!("{:.0}k", v / 1e3))
+        .draw()?;
+    rate.draw_series(LineSeries::new(
+        intervals.iter().map(|i| (i.start_s, i.acks as f64 * per_s)),
+        BLUE.stroke_width(2),
+    ))?;
+    for (_, color, at) in marks_drawn {
+        if let Some(at) = at {
+            rate.draw_series(std::iter::once(PathElement::new(
+                vec![(at, 0.0), (at, peak)],
+                color.stroke_width(1),
+            )))?;
+        }
+    }
+    root.present()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn intervals_bucket_by_ack_time_and_keep_gaps() {
+        let timeline = [(0, 10), (5_000, 30), (25_000, 100)];
+        let cut = intervals(&timeline, Duration::from_millis(10));
+        assert_eq!(cut.len(), 3);
+        assert_eq!((cut[0].acks, cut[0].max_us), (2, 30));
+        assert_eq!(cut[1].acks, 0, "the gap stays");
+        assert_eq!((cut[2].acks, cut[2].p50_us), (1, 100));
+        assert!((cut[2].start_s - 0.02).abs() < 1e-9);
+    }
+}
