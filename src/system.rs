@@ -219,9 +219,17 @@ impl<S> ShardedSystemBuilder<S> {
                     self.config
                         .down_removal_margin
                         .unwrap_or(if cluster.split_brain.is_some() {
-                            // The two sides' decisions are apart by up to a
-                            // detection: stable_after past that is the margin.
-                            cluster.stable_after + cluster.membership().failure_timeout()
+                            // How far apart the two sides' decisions can be
+                            // (SPEC §13.15): a winner decides at least
+                            // failure timeout − heartbeat + stable_after
+                            // after the cut, a loser whose view never holds
+                            // still at most failure timeout + 2 ×
+                            // stable_after + failure timeout; one more
+                            // heartbeat for the loser's fence to land.
+                            let membership = cluster.membership();
+                            membership.stable_after
+                                + membership.failure_timeout()
+                                + 2 * membership.heartbeat_interval
                         } else {
                             Duration::ZERO
                         });

@@ -52,7 +52,8 @@ impl Net {
     /// `0..side_a` on side A, the others on side B.
     fn make(nodes: usize, side_a: usize) -> Result<Net, String> {
         let net = Net {
-            prefix: format!("dcs{}n{nodes}", std::process::id()),
+            // Unique per test of this run (interface names stay ≤ 15 bytes).
+            prefix: format!("d{}{nodes}{side_a}", std::process::id()),
             nodes,
         };
         let sw = net.ns("sw");
@@ -198,6 +199,18 @@ impl Node {
         }
     }
 
+    /// The newest `event` line: every line queued now is read, and if none
+    /// of them is one, the next one that is.
+    fn newest(&mut self, event: &str) -> String {
+        let mut newest = None;
+        while let Ok(Some((_, line))) = self.lines.try_recv() {
+            if field(&line, "event") == Some(event) {
+                newest = Some(line);
+            }
+        }
+        newest.unwrap_or_else(|| self.expect(|l| field(l, "event") == Some(event)))
+    }
+
     /// Lines printed within `d`, without waiting for any in particular.
     fn drain(&mut self, d: Duration) -> Vec<String> {
         let deadline = Instant::now() + d;
@@ -266,6 +279,14 @@ fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
     Some(&line[start..start + len])
 }
 
+/// One partition test at a time: they time failure detection, which two
+/// clusters of processes side by side on two cores would slow.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Waits until every node has seen every node Up.
 fn all_up(nodes: &mut [Node]) {
     let n = nodes.len();
@@ -282,6 +303,7 @@ fn all_up(nodes: &mut [Node]) {
 
 #[test]
 fn a_node_cut_off_by_a_real_partition_downs_itself_and_the_majority_goes_on() {
+    let _serial = one_at_a_time();
     let Some(net) = Net::try_make(3, 2) else {
         return;
     };
@@ -346,6 +368,7 @@ fn a_node_cut_off_by_a_real_partition_downs_itself_and_the_majority_goes_on() {
 /// heal nothing more is downed.
 #[test]
 fn a_three_two_split_under_sharding_traffic_keeps_one_owner_per_shard() {
+    let _serial = one_at_a_time();
     const SHARDS: u32 = 32;
     let Some(net) = Net::try_make(5, 3) else {
         return;
@@ -369,20 +392,27 @@ fn a_three_two_split_under_sharding_traffic_keeps_one_owner_per_shard() {
     }
     // Side B's nodes joined last and get their share by rebalance: wait
     // until the per-node counts are within one (least-shards then moves
-    // nothing more), so that no handoff is under way at the cut.
+    // nothing more) with no handoff under way, in two snapshots in a row
+    // of every node's newest line, so that nothing moves at the cut.
     let mut ids: Vec<Vec<u32>> = vec![Vec::new(); nodes.len()];
+    let mut previous = Vec::new();
     let deadline = Instant::now() + LONG;
     loop {
+        let mut idle = true;
         for (i, n) in nodes.iter_mut().enumerate() {
-            let line = n.expect(|l| field(l, "event") == Some("region_state"));
+            let line = n.newest("region_state");
             ids[i] = numbers(&line, "shard_ids");
+            idle &= number(&line, "handing_off") == Some(0);
         }
         let counts: Vec<usize> = ids.iter().map(Vec::len).collect();
         let (min, max) = (counts.iter().min(), counts.iter().max());
-        if min > Some(&0) && max.zip(min).is_some_and(|(a, b)| a - b <= 1) {
+        let balanced = min > Some(&0) && max.zip(min).is_some_and(|(a, b)| a - b <= 1);
+        if balanced && idle && ids == previous {
             break;
         }
+        previous = ids.clone();
         assert!(Instant::now() < deadline, "never balanced: {counts:?}");
+        thread::sleep(Duration::from_millis(100));
     }
     let hosted: std::collections::BTreeSet<u32> = ids.iter().flatten().copied().collect();
     let minority_shards: Vec<(usize, Vec<u32>)> = (3..5).map(|i| (i, ids[i].clone())).collect();
@@ -484,6 +514,164 @@ fn a_three_two_split_under_sharding_traffic_keeps_one_owner_per_shard() {
         unsafe { libc::kill(pid, libc::SIGTERM) };
     }
     for n in &mut nodes[..3] {
+        let status = n.wait();
+        assert!(status.success(), "{status}");
+    }
+}
+
+/// A 3/2 split with the coordinator (node 0, the oldest) on the minority,
+/// and every driver asking counters never asked before, so that new shards
+/// keep being placed on both sides: side A's coordinator places shards on
+/// side A until it downs itself; side B has no coordinator until it has
+/// downed side A, then takes over (a new epoch) and places nothing within
+/// the margin. No shard is hosted on both sides at once: every shard that
+/// side A listed after the cut is listed on side B only later than side A
+/// last listed it.
+#[test]
+fn a_split_with_the_coordinator_on_the_minority_places_no_shard_twice() {
+    let _serial = one_at_a_time();
+    use std::collections::{BTreeMap, BTreeSet};
+    let Some(net) = Net::try_make(5, 2) else {
+        return;
+    };
+    let flags = [
+        "--counter",
+        "--shards",
+        "16384",
+        "--stats-ms",
+        "100",
+        "--drive",
+        "32",
+        "--drive-fresh",
+    ];
+    let mut nodes: Vec<Node> = (0..5).map(|i| Node::start(&net, i, &flags)).collect();
+    all_up(&mut nodes);
+    for n in &mut nodes {
+        n.expect(|l| field(l, "event") == Some("drive") && number(l, "acked") >= Some(200));
+    }
+    // What each side hosts at the cut.
+    let before: Vec<BTreeSet<u32>> = nodes
+        .iter_mut()
+        .map(|n| {
+            numbers(&n.newest("region_state"), "shard_ids")
+                .into_iter()
+                .collect()
+        })
+        .collect();
+    let side_b_before: BTreeSet<u32> = before[2..].iter().flatten().copied().collect();
+    let side_a_ids: Vec<String> = nodes[..2].iter().map(|n| n.node_id.clone()).collect();
+    let cut = Instant::now();
+    net.sides_linked(false);
+    // Read every node's lines until side A has stopped and side B has
+    // hosted new shards for a while.
+    let mut last_on_a: BTreeMap<u32, Instant> = BTreeMap::new();
+    let mut first_on_b: BTreeMap<u32, Instant> = BTreeMap::new();
+    let mut a_stopped: Vec<Option<Instant>> = vec![None, None];
+    let deadline = Instant::now() + LONG;
+    let mut enough = None;
+    while enough.is_none_or(|t| Instant::now() < t) {
+        assert!(Instant::now() < deadline, "side B never placed new shards");
+        for (i, n) in nodes.iter_mut().enumerate() {
+            while let Ok(Some((at, line))) = n.lines.recv_timeout(Duration::from_millis(5)) {
+                let event = field(&line, "event");
+                if i < 2 && event == Some("stopped") {
+                    assert_eq!(field(&line, "reason"), Some("downed"), "{line}");
+                    a_stopped[i] = Some(at);
+                }
+                if i >= 2 {
+                    assert_ne!(event, Some("stopped"), "a majority node stopped: {line}");
+                    if event == Some("member_downed") {
+                        let downed = field(&line, "node_id").unwrap_or_default();
+                        assert!(
+                            side_a_ids.iter().any(|m| m == downed),
+                            "a healthy member was downed: {line}"
+                        );
+                    }
+                }
+                if at < cut || event != Some("region_state") {
+                    continue;
+                }
+                for shard in numbers(&line, "shard_ids") {
+                    if i < 2 {
+                        assert!(
+                            !side_b_before.contains(&shard),
+                            "side A hosts shard {shard}, which side B held at the cut"
+                        );
+                        last_on_a.insert(shard, at);
+                    } else if !side_b_before.contains(&shard) {
+                        first_on_b.entry(shard).or_insert(at);
+                    }
+                }
+            }
+        }
+        if enough.is_none() && a_stopped.iter().all(Option::is_some) && first_on_b.len() > 100 {
+            enough = Some(Instant::now() + Duration::from_secs(1));
+        }
+    }
+    for n in &mut nodes[..2] {
+        assert_eq!(n.wait().code(), Some(3));
+    }
+    let a_stopped = a_stopped.iter().flatten().max().copied().expect("stopped");
+    // Side A's coordinator went on placing fresh shards on side A after the
+    // cut, and some of them were placed again by side B's.
+    let placed_on_a: BTreeSet<u32> = last_on_a
+        .keys()
+        .filter(|s| !before[0].contains(s) && !before[1].contains(s))
+        .copied()
+        .collect();
+    assert!(
+        !placed_on_a.is_empty(),
+        "side A placed nothing after the cut"
+    );
+    let both: Vec<u32> = last_on_a
+        .keys()
+        .filter(|s| first_on_b.contains_key(s))
+        .copied()
+        .collect();
+    for shard in &both {
+        assert!(
+            first_on_b[shard] > last_on_a[shard],
+            "shard {shard} listed on side B {:?} before side A last listed it",
+            last_on_a[shard].duration_since(first_on_b[shard])
+        );
+    }
+    // Side B took over once side A was downed and, after the margin,
+    // placed new shards of its own. (Its lines list a few new shards
+    // earlier too: placed before the cut and reported up to one
+    // `--stats-ms` late, or placed by side A's coordinator just before
+    // the cut cut it off; none of those is ever hosted on side A after the
+    // cut, as the loop above checked for every shard.)
+    let after_a: Vec<Instant> = first_on_b
+        .values()
+        .filter(|at| **at > a_stopped)
+        .copied()
+        .collect();
+    let first_b = after_a
+        .iter()
+        .min()
+        .copied()
+        .expect("side B placed shards after side A stopped");
+    eprintln!(
+        "cut at 0; side A (with the coordinator) placed {} new shards and stopped by {} ms; \
+         side B placed {} new shards after that, the first at {} ms; {} shards were hosted on \
+         both sides, one after the other",
+        placed_on_a.len(),
+        a_stopped.duration_since(cut).as_millis(),
+        after_a.len(),
+        first_b.duration_since(cut).as_millis(),
+        both.len(),
+    );
+    // Side B's drivers, retrying, missed nothing.
+    for n in &mut nodes[2..] {
+        let line = n.newest("drive");
+        assert_eq!(number(&line, "missing"), Some(0), "{line}");
+    }
+    for n in &mut nodes[2..] {
+        let pid = n.child.id() as libc::pid_t;
+        // SAFETY: signalling our own child, not yet reaped.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+    }
+    for n in &mut nodes[2..] {
         let status = n.wait();
         assert!(status.success(), "{status}");
     }

@@ -23,7 +23,7 @@ use clap::Parser;
 use datum_cluster_sharding::cluster::{ClusterConfig, ClusterNode};
 use datum_cluster_sharding::identity::UniqueAddress;
 use datum_cluster_sharding::membership::{MemberStatus, MembershipEvent, SplitBrainStrategy};
-use datum_cluster_sharding::{ShardedSystem, ShardingError};
+use datum_cluster_sharding::{EntityRef, ShardedSystem, ShardingError};
 use serde::Serialize;
 use tokio::sync::broadcast::error::RecvError;
 
@@ -130,12 +130,18 @@ struct Args {
           value_parser = clap::value_parser!(u64).range(0..=MAX_MS))]
     stats_ms: u64,
 
-    /// With --counter: also drive traffic — ask `Get` of the counters
-    /// `drive-0` … `drive-{N-1}` in turn, forever, retrying each ask until
-    /// it is answered (for at most 30 s), and print a `drive` line with the
-    /// counts at every `--stats-ms` tick (0: none).
+    /// With --counter: also drive traffic — N loops, loop `i` asking `Get`
+    /// of counter `drive-i` forever, each ask retried until it is answered
+    /// (for at most 30 s) — and print a `drive` line with the counts at
+    /// every `--stats-ms` tick (0: none).
     #[arg(long, env = "DATUM_DRIVE", default_value_t = 0, requires = "counter")]
     drive: u32,
+
+    /// With --drive: each loop asks a counter never asked before every time
+    /// (loop `i`'s R-th ask goes to `drive-R-i`), so new entities, and new
+    /// shards, keep being placed.
+    #[arg(long, env = "DATUM_DRIVE_FRESH", requires = "drive")]
+    drive_fresh: bool,
 }
 
 /// The seed addresses (a newtype so clap takes the whole list as one value).
@@ -301,7 +307,7 @@ async fn run(args: Args) -> ExitCode {
     let drive = match &system {
         Some(system) if args.drive > 0 => {
             let counts = Arc::new(DriveCounts::default());
-            tokio::spawn(drive_counters(system.clone(), args.drive, counts.clone()));
+            drive_counters(system, (args.drive, args.drive_fresh), &counts);
             Some(counts)
         }
         _ => None,
@@ -425,31 +431,51 @@ struct DriveCounts {
     missing: AtomicU64,
 }
 
-/// `--drive`: ask each counter in turn, forever, retrying until answered.
-async fn drive_counters(system: ShardedSystem, entities: u32, counts: Arc<DriveCounts>) {
-    const GIVE_UP: Duration = Duration::from_secs(30);
-    let refs: Vec<_> = (0..entities)
-        .map(|i| system.entity_ref::<counter::Counter>(format!("drive-{i}")))
-        .collect();
-    loop {
-        for entity in &refs {
-            let first = Instant::now();
-            loop {
-                match entity.ask(counter::Get, Duration::from_secs(1)).await {
-                    Ok(_) => {
-                        counts.acked.fetch_add(1, Ordering::Relaxed);
-                        break;
-                    }
-                    Err(ShardingError::ShuttingDown) => return,
-                    Err(_) if first.elapsed() >= GIVE_UP => {
-                        counts.missing.fetch_add(1, Ordering::Relaxed);
-                        break;
-                    }
-                    Err(_) => {
-                        counts.retries.fetch_add(1, Ordering::Relaxed);
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                    }
+/// `--drive N`: N asking loops, loop `i` asking counter `drive-i` (with
+/// `--drive-fresh`, `drive-R-i` in its round R) forever, each ask retried
+/// until answered or given up after 30 s.
+fn drive_counters(
+    system: &ShardedSystem,
+    (entities, fresh): (u32, bool),
+    counts: &Arc<DriveCounts>,
+) {
+    for i in 0..entities {
+        let system = system.clone();
+        let counts = counts.clone();
+        tokio::spawn(async move {
+            let fixed = system.entity_ref::<counter::Counter>(format!("drive-{i}"));
+            for round in 0u64.. {
+                let entity = if fresh {
+                    system.entity_ref::<counter::Counter>(format!("drive-{round}-{i}"))
+                } else {
+                    fixed.clone()
+                };
+                if !ask_until_answered(&entity, &counts).await {
+                    return;
                 }
+            }
+        });
+    }
+}
+
+/// One logical ask, retried; false once the system is shutting down.
+async fn ask_until_answered(entity: &EntityRef<counter::Counter>, counts: &DriveCounts) -> bool {
+    const GIVE_UP: Duration = Duration::from_secs(30);
+    let first = Instant::now();
+    loop {
+        match entity.ask(counter::Get, Duration::from_secs(1)).await {
+            Ok(_) => {
+                counts.acked.fetch_add(1, Ordering::Relaxed);
+                return true;
+            }
+            Err(ShardingError::ShuttingDown) => return false,
+            Err(_) if first.elapsed() >= GIVE_UP => {
+                counts.missing.fetch_add(1, Ordering::Relaxed);
+                return true;
+            }
+            Err(_) => {
+                counts.retries.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
     }

@@ -378,7 +378,10 @@ impl Driver {
                 Command::MarkDown(member) => self.transport.mark_down(&member),
             }
         }
-        if changed || self.state.borrow().self_status() != self.core.self_status() {
+        if self.core.take_partition_changed()
+            || changed
+            || self.state.borrow().self_status() != self.core.self_status()
+        {
             self.state.send_replace(self.core.state());
         }
         self.core.is_terminated()

@@ -107,10 +107,13 @@ impl MembershipConfig {
             .saturating_add(self.acceptable_heartbeat_pause)
     }
 
-    /// Worst-case time from a member's last delivered heartbeat to its Down
-    /// (network latency not included): the failure timeout plus
-    /// `stable_after` with a split-brain resolver, plus the downing timeout
-    /// without one; `None` with neither (manual downing only).
+    /// Time from a crashed member's last delivered heartbeat to its Down
+    /// (network latency not included): with timeout downing, at most the
+    /// failure timeout plus the downing timeout; with a split-brain
+    /// resolver, the failure timeout plus `stable_after` once every
+    /// observer's view holds still (a view that keeps changing is decided
+    /// by the unstable limit, up to `2 × stable_after` + failure timeout
+    /// after detection). `None` with neither (manual downing only).
     pub fn detect_and_down_time(&self) -> Option<Duration> {
         let wait = match self.split_brain {
             Some(_) => Some(self.stable_after),

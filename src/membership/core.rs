@@ -69,6 +69,9 @@ pub struct MembershipCore {
     partition: Option<(BTreeSet<MemberKey>, Instant)>,
     /// Since when there have been members beyond this side at all.
     partitioned_since: Option<Instant>,
+    /// The members beyond this side changed since the driver last asked
+    /// ([`take_partition_changed`](Self::take_partition_changed)).
+    partition_changed: bool,
     /// A member (not the leader) judged this partition: its side stays.
     judged: bool,
     /// Set while a timer is handled: resolver decisions are taken only then,
@@ -102,6 +105,7 @@ impl MembershipCore {
             commands: Vec::new(),
             partition: None,
             partitioned_since: None,
+            partition_changed: false,
             judged: false,
             deciding: false,
         })
@@ -150,7 +154,18 @@ impl MembershipCore {
             unreachable: unreachable.iter().map(|k| k.0).collect(),
             leader: self.leader_key(&unreachable).map(|k| k.0),
             coordinator: self.coordinator_key(&unreachable).map(|k| k.0),
+            beyond: self
+                .partition
+                .iter()
+                .flat_map(|(beyond, _)| beyond.iter().map(|k| k.0))
+                .collect(),
         }
+    }
+
+    /// Whether [`MembershipState::beyond`] changed since the last call (the
+    /// driver publishes a new state then, though no event came with it).
+    pub fn take_partition_changed(&mut self) -> bool {
+        std::mem::take(&mut self.partition_changed)
     }
 
     /// Takes the commands produced so far, oldest first.
@@ -700,6 +715,7 @@ impl MembershipCore {
             self.live_keys().difference(&side).copied().collect()
         };
         if beyond.is_empty() {
+            self.partition_changed |= self.partition.is_some();
             self.partition = None;
             self.partitioned_since = None;
             self.judged = false;
@@ -711,6 +727,7 @@ impl MembershipCore {
                 .is_none_or(|(seen, _)| *seen != beyond)
             {
                 self.partition = Some((beyond, now));
+                self.partition_changed = true;
                 self.judged = false;
             }
         }

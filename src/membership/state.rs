@@ -28,6 +28,10 @@ pub struct MembershipState {
     pub leader: Option<UniqueAddress>,
     /// The oldest reachable Up member, by `(incarnation, node_id)`.
     pub coordinator: Option<UniqueAddress>,
+    /// Live members beyond this node's side of a partition, as the
+    /// split-brain resolver sees it (§10.5: not reached directly or through
+    /// a member of the side); empty without a resolver.
+    pub beyond: Vec<UniqueAddress>,
 }
 
 impl MembershipState {

@@ -405,23 +405,24 @@ pub struct CoordinatorConfig {
     pub hold_through_unreachability: bool,
 }
 
-/// The member that acts as shard coordinator in `state`. Without a
-/// split-brain resolver (`hold` false): the membership's placement
-/// coordinator, the oldest reachable Up member. With one: the oldest Up
-/// member, reachable or not — the role moves only when the resolver has
-/// downed it (or it leaves), so the two sides of a partition never both
-/// have an acting coordinator: the side without the oldest member has none
-/// until the resolver decides (SPEC §13.15).
+/// The member that acts as shard coordinator in `state`: the membership's
+/// placement coordinator (the oldest reachable Up member) — except that
+/// with a split-brain resolver (`hold`), while the oldest Up member is
+/// beyond this node's side of a partition, it stays the coordinator here
+/// (so this side has none until the resolver has downed it or the
+/// partition heals; SPEC §13.15). An oldest member that is merely flagged
+/// by someone (one bad link that others bridge) is not beyond the side.
 pub(crate) fn acting_coordinator(state: &MembershipState, hold: bool) -> Option<UniqueAddress> {
-    if !hold {
-        return state.coordinator;
-    }
-    state
+    let oldest = state
         .members
         .iter()
         .filter(|m| m.status == MemberStatus::Up)
         .min_by_key(|m| m.address.age_key())
-        .map(|m| m.address)
+        .map(|m| m.address);
+    match oldest {
+        Some(oldest) if hold && state.beyond.contains(&oldest) => Some(oldest),
+        _ => state.coordinator,
+    }
 }
 
 impl Default for CoordinatorConfig {
@@ -475,6 +476,10 @@ pub(crate) struct CoordinatorCore {
     /// coordinator may have placed shards this core never heard of, has
     /// stopped them by then).
     quiet_until: Option<Instant>,
+    /// Whether `act` is within `quiet_until` (read by `allocate`).
+    quiet: bool,
+    /// The acting coordinator in the latest view.
+    acting: Option<UniqueAddress>,
 }
 
 impl CoordinatorCore {
@@ -502,6 +507,8 @@ impl CoordinatorCore {
             epoch: 0,
             highest_epoch: 0,
             quiet_until: None,
+            quiet: false,
+            acting: None,
         }
     }
 
@@ -512,7 +519,7 @@ impl CoordinatorCore {
     pub(crate) fn observe_epoch(&mut self, epoch: u64) {
         self.highest_epoch = self.highest_epoch.max(epoch);
         if self.active && epoch > self.epoch {
-            self.highest_epoch += 1;
+            self.highest_epoch = self.highest_epoch.saturating_add(1);
             self.epoch = self.highest_epoch;
         }
     }
@@ -596,21 +603,8 @@ impl CoordinatorCore {
                 Some((m.address, standing))
             })
             .collect();
+        let _ = before;
         let members = &self.members;
-        let margin = self.config.dead_owner_margin;
-        // Downed, or dropped from the view, straight from a live status (a
-        // graceful leaver passes Exiting, after handing its shards off).
-        let downed = before.keys().any(|m| {
-            !members.contains_key(m)
-                && state
-                    .members
-                    .iter()
-                    .find(|x| x.address == *m)
-                    .is_none_or(|x| x.status != MemberStatus::Exiting)
-        });
-        if !margin.is_zero() && downed {
-            self.quiet_until = Some(now + margin);
-        }
         self.registered.retain(|m| members.contains_key(m));
         for table in self.types.values_mut() {
             table.regions.retain(|m| members.contains_key(m));
@@ -620,12 +614,25 @@ impl CoordinatorCore {
                 askers.retain(|m| members.contains_key(m));
             }
         }
-        let should_be_active =
-            acting_coordinator(state, self.config.hold_through_unreachability) == Some(self.me);
+        let acting = acting_coordinator(state, self.config.hold_through_unreachability);
+        let previous = std::mem::replace(&mut self.acting, acting);
+        let should_be_active = acting == Some(self.me);
         if should_be_active && !self.active {
             self.active = true;
-            self.highest_epoch += 1;
+            self.highest_epoch = self.highest_epoch.saturating_add(1);
             self.epoch = self.highest_epoch;
+            // Taking over from a coordinator that is gone (downed, or out
+            // of the view): it may have placed shards this core never
+            // heard of, on members beyond a partition. Allocate nothing
+            // until those have fenced (SPEC §13.15).
+            let margin = self.config.dead_owner_margin;
+            if let Some(previous) = previous
+                && previous != self.me
+                && !self.members.contains_key(&previous)
+                && !margin.is_zero()
+            {
+                self.quiet_until = Some(now + margin);
+            }
             self.settling_until = Some(now + self.config.settle);
             self.next_rebalance = Some(now + self.config.settle + self.config.rebalance_interval);
             // Registrations from an earlier term, or sent before this node
@@ -1050,13 +1057,17 @@ impl CoordinatorCore {
         let mut out = Vec::new();
         let mut moves: Vec<(RebalanceReason, ShardMovement)> = Vec::new();
         let type_names: Vec<String> = self.types.keys().cloned().collect();
-        let may_allocate = self.quiet_until.is_none_or(|until| now >= until);
+        // While quiet nothing is allocated, moved or completed: known homes
+        // are still answered, handoffs already asked for still resent.
+        self.quiet = self.quiet_until.is_some_and(|until| now < until);
         for type_name in &type_names {
-            self.reallocate_orphans(type_name, now, &mut out, &mut moves);
+            if !self.quiet {
+                self.reallocate_orphans(type_name, now, &mut out, &mut moves);
+            }
             self.drive_handoffs(type_name, now, &mut out, &mut moves);
-            self.answer_waiting(type_name, may_allocate, &mut out, &mut moves);
+            self.answer_waiting(type_name, &mut out, &mut moves);
         }
-        if self.next_rebalance.is_none_or(|at| now >= at) {
+        if !self.quiet && self.next_rebalance.is_none_or(|at| now >= at) {
             self.next_rebalance = Some(now + self.config.rebalance_interval);
             for type_name in &type_names {
                 self.rebalance(type_name, now, &mut out);
@@ -1152,6 +1163,7 @@ impl CoordinatorCore {
     ) {
         let timeout = self.config.handoff_timeout;
         let epoch = self.epoch;
+        let quiet = self.quiet;
         // A leaving owner's shards move only when they have somewhere to go.
         let can_move = !self.candidates(type_name).is_empty();
         let Some(table) = self.types.get_mut(type_name) else {
@@ -1165,7 +1177,7 @@ impl CoordinatorCore {
                 // with the owner's others once the dead-owner margin is over.
                 continue;
             }
-            if now.duration_since(handoff.started) >= timeout {
+            if !quiet && now.duration_since(handoff.started) >= timeout {
                 timed_out.push((*shard, handoff.from));
             } else if now.duration_since(handoff.sent) >= HANDOFF_RESEND {
                 handoff.sent = now;
@@ -1225,7 +1237,6 @@ impl CoordinatorCore {
     fn answer_waiting(
         &mut self,
         type_name: &str,
-        may_allocate: bool,
         out: &mut Vec<Command>,
         moves: &mut Vec<(RebalanceReason, ShardMovement)>,
     ) {
@@ -1269,12 +1280,7 @@ impl CoordinatorCore {
                 }
                 continue;
             }
-            let allocated = if may_allocate {
-                self.allocate(type_name, shard, out)
-            } else {
-                None
-            };
-            let Some(home) = allocated else {
+            let Some(home) = self.allocate(type_name, shard, out) else {
                 // No candidate yet, or a member was gone too recently:
                 // keep waiting.
                 if let Some(table) = self.types.get_mut(type_name) {
@@ -1430,6 +1436,9 @@ impl CoordinatorCore {
         shard: u32,
         out: &mut Vec<Command>,
     ) -> Option<ShardHome> {
+        if self.quiet {
+            return None;
+        }
         let candidates = self.candidates(type_name);
         let table = self.types.get(type_name)?;
         let mut counts: BTreeMap<UniqueAddress, usize> =

@@ -53,7 +53,19 @@ fn view(
         unreachable: unreachable.to_vec(),
         leader: coordinator,
         coordinator,
+        beyond: Vec::new(),
     }
+}
+
+/// [`view`] for a node that sees `beyond` past a partition (flagged too).
+fn split_view(
+    me: UniqueAddress,
+    up: &[UniqueAddress],
+    beyond: &[UniqueAddress],
+) -> MembershipState {
+    let mut state = view(me, up, &[], beyond);
+    state.beyond = beyond.to_vec();
+    state
 }
 
 fn reg(num_shards: u32, homes: Vec<(u32, UniqueAddress, u64)>) -> Vec<TypeRegistration> {
@@ -1446,9 +1458,9 @@ fn a_node_ignores_coordinator_messages_from_an_older_epoch() {
 }
 
 #[test]
-fn with_a_resolver_the_role_stays_with_an_unreachable_oldest_member() {
+fn with_a_resolver_the_role_stays_with_an_oldest_member_beyond_a_partition() {
     let n: Vec<UniqueAddress> = (1..=3).map(node).collect();
-    let cut_off = view(n[1], &n, &[], &n[..1]);
+    let cut_off = split_view(n[1], &n, &n[..1]);
     assert_eq!(
         acting_coordinator(&cut_off, false),
         Some(n[1]),
@@ -1465,6 +1477,11 @@ fn with_a_resolver_the_role_stays_with_an_unreachable_oldest_member() {
         Some(n[1]),
         "moves once downed"
     );
+    // One bad link to the oldest that a third member bridges: flagged, but
+    // on this side; the role moves as without a resolver, so that the
+    // member that cannot hear the oldest still reaches the coordinator.
+    let bad_link = view(n[1], &n, &[], &n[..2]);
+    assert_eq!(acting_coordinator(&bad_link, true), Some(n[2]));
     // So a core on the side without the oldest stays inactive meanwhile.
     let t0 = Instant::now();
     let config = CoordinatorConfig {
@@ -1479,7 +1496,7 @@ fn with_a_resolver_the_role_stays_with_an_unreachable_oldest_member() {
 }
 
 #[test]
-fn after_a_member_is_downed_nothing_is_allocated_anew_within_the_margin() {
+fn a_takeover_from_a_downed_coordinator_allocates_nothing_within_the_margin() {
     let t0 = Instant::now();
     let n: Vec<UniqueAddress> = (1..=3).map(node).collect();
     let margin = Duration::from_millis(1_400);
@@ -1488,11 +1505,11 @@ fn after_a_member_is_downed_nothing_is_allocated_anew_within_the_margin() {
         hold_through_unreachability: true,
         ..CoordinatorConfig::default()
     };
-    // Node 1 (the old coordinator, beyond a partition) is downed; node 2
-    // takes over and knows no home of shard 0 (node 1's side may have
-    // placed it there).
+    // Node 1 (the coordinator, beyond a partition) is downed; node 2 takes
+    // over and knows no home of shard 0 (node 1's side may have placed it).
     let mut c = CoordinatorCore::new(n[1], config, Box::new(LeastShardAllocation));
-    c.set_membership(t0, &view(n[1], &n, &[], &n[..1]));
+    c.set_membership(t0, &split_view(n[1], &n, &n[..1]));
+    assert!(!c.is_active(), "node 1 holds the role beyond the partition");
     c.set_membership(t0, &view(n[1], &n[1..], &n[..1], &[]));
     assert!(c.is_active());
     for a in &n[1..] {
@@ -1502,8 +1519,7 @@ fn after_a_member_is_downed_nothing_is_allocated_anew_within_the_margin() {
         c.get_home(t0, n[2], TYPE, 0, 0).is_empty(),
         "within the margin: waits"
     );
-    let later = t0 + margin - Duration::from_millis(1);
-    assert!(c.tick(later).is_empty());
+    assert!(c.tick(t0 + margin - Duration::from_millis(1)).is_empty());
     let out = c.tick(t0 + margin);
     assert!(
         out.iter().any(|cmd| matches!(
@@ -1515,18 +1531,32 @@ fn after_a_member_is_downed_nothing_is_allocated_anew_within_the_margin() {
         )),
         "allocated once the margin is over: {out:?}"
     );
-    // A graceful exit (Exiting, then removed) starts no quiet period.
+    // A coordinator that stays in charge has placed everything there is:
+    // a member downed starts no quiet period.
     let mut c = CoordinatorCore::new(n[0], config, Box::new(LeastShardAllocation));
     c.set_membership(t0, &view(n[0], &n, &[], &[]));
     for a in &n {
         c.register(t0, *a, &reg(4, vec![]));
     }
-    let mut exiting = view(n[0], &n, &[], &[]);
-    exiting.members[2].status = MemberStatus::Exiting;
-    c.set_membership(t0, &exiting);
-    c.set_membership(t0, &view(n[0], &n[..2], &[], &[]));
+    c.set_membership(t0, &view(n[0], &n[..2], &n[2..], &[]));
     assert!(
         !c.get_home(t0, n[1], TYPE, 0, 0).is_empty(),
+        "allocated at once"
+    );
+    // Nor does a takeover after the old coordinator's graceful leave (it
+    // handed its shards off first).
+    let mut c = CoordinatorCore::new(n[1], config, Box::new(LeastShardAllocation));
+    c.set_membership(t0, &view(n[1], &n, &[], &[]));
+    let mut leaving = view(n[1], &n, &[], &[]);
+    leaving.members[0].status = MemberStatus::Leaving;
+    leaving.coordinator = Some(n[1]);
+    c.set_membership(t0, &leaving);
+    assert!(c.is_active());
+    for a in &n[1..] {
+        c.register(t0, *a, &reg(4, vec![]));
+    }
+    assert!(
+        !c.get_home(t0, n[2], TYPE, 1, 0).is_empty(),
         "allocated at once"
     );
 }

@@ -858,7 +858,7 @@ impl Control {
     fn membership(&mut self, mut state: MembershipState) {
         let now = Instant::now();
         // The coordinator this layer follows (the placement coordinator, or
-        // with a resolver the oldest Up member: SPEC §13.15).
+        // with a resolver an oldest member beyond a partition: SPEC §13.15).
         state.coordinator = acting_coordinator(&state, self.core.holds_through_unreachability());
         if matches!(
             state.self_status(),
@@ -914,14 +914,13 @@ impl Control {
         let commands = self.core.set_membership(now, &state);
         self.execute(commands);
         if state.coordinator != self.coordinator {
-            self.coordinator = state.coordinator;
+            let previous = std::mem::replace(&mut self.coordinator, state.coordinator);
             // Handoffs the previous coordinator asked for and that are not
             // stopped yet are called off when it is gone (the new one knows
             // nothing of them); one that is only out of this node's view
             // for a moment may still complete them.
-            let previous_gone = self
-                .coordinator
-                .is_some_and(|c| self.lost.contains(&c) || !self.seen.contains(&c));
+            let previous_gone =
+                previous.is_some_and(|c| self.lost.contains(&c) || !self.seen.contains(&c));
             if previous_gone {
                 for region in &regions {
                     region.call_off_handoffs();

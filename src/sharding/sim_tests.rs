@@ -222,6 +222,7 @@ impl Sim {
             unreachable: Vec::new(),
             leader: coordinator,
             coordinator,
+            beyond: Vec::new(),
         }
     }
 
@@ -307,6 +308,21 @@ impl Sim {
             let lost: Vec<UniqueAddress> = self.down.iter().map(|d| addr(*d)).collect();
             let now = self.now;
             let Some(node) = self.node(i) else { continue };
+            // As the driver: a taking-over core seeds before the gone
+            // members' homes leave the replica.
+            if view.coordinator == Some(node.me) && !node.core.is_active() && !node.retired {
+                let me = node.me;
+                let replica: Vec<(u32, ShardHome)> = node
+                    .replica()
+                    .into_iter()
+                    .map(|(s, owner, generation)| (s, ShardHome { owner, generation }))
+                    .collect();
+                node.core.seed(TYPE, 1, SHARDS, &replica);
+                let registration = node.registration();
+                let out = node.core.register(now, me, &registration);
+                self.execute(i, out);
+            }
+            let Some(node) = self.node(i) else { continue };
             for gone in &lost {
                 if node.lost.insert(*gone) {
                     for slot in &mut node.slots {
@@ -320,18 +336,6 @@ impl Sim {
                         }
                     }
                 }
-            }
-            if view.coordinator == Some(node.me) && !node.core.is_active() && !node.retired {
-                let me = node.me;
-                let replica: Vec<(u32, ShardHome)> = node
-                    .replica()
-                    .into_iter()
-                    .map(|(s, owner, generation)| (s, ShardHome { owner, generation }))
-                    .collect();
-                node.core.seed(TYPE, 1, SHARDS, &replica);
-                let registration = node.registration();
-                let out = node.core.register(now, me, &registration);
-                self.execute(i, out);
             }
             let Some(node) = self.node(i) else { continue };
             let out = node.core.set_membership(now, &view);

@@ -39,8 +39,16 @@ pub fn intervals(timeline: &[(u64, u64)], width: Duration) -> Vec<Interval> {
         .map(|(i, h)| Interval {
             start_s: (i as u64 * width_us) as f64 / 1e6,
             acks: h.len(),
-            p50_us: if h.is_empty() { 0 } else { h.value_at_quantile(0.5) },
-            p99_us: if h.is_empty() { 0 } else { h.value_at_quantile(0.99) },
+            p50_us: if h.is_empty() {
+                0
+            } else {
+                h.value_at_quantile(0.5)
+            },
+            p99_us: if h.is_empty() {
+                0
+            } else {
+                h.value_at_quantile(0.99)
+            },
             max_us: h.max(),
         })
         .collect()
@@ -65,7 +73,13 @@ pub fn draw(
     root.fill(&WHITE)?;
     let (upper, lower) = root.split_vertically(400);
     let t_end = intervals.last().map_or(1.0, |i| i.start_s) + width.as_secs_f64();
-    let top = intervals.iter().map(|i| i.max_us).max().unwrap_or(1).max(10) as f64 * 2.0;
+    let top = intervals
+        .iter()
+        .map(|i| i.max_us)
+        .max()
+        .unwrap_or(1)
+        .max(10) as f64
+        * 2.0;
 
     let mut latency = ChartBuilder::on(&upper)
         .caption(title, ("sans-serif", 18))
