@@ -980,3 +980,66 @@ fn asymmetric_links_leave_at_most_one_side_running() {
     );
     assert!(running.len() <= 1, "{running:?}\n{}", sim.dump());
 }
+
+/// MemberDowned events published by the first `n` slots.
+fn downs(sim: &Sim, n: usize) -> usize {
+    (0..n)
+        .flat_map(|i| sim.events_of(i))
+        .filter(|e| matches!(e, MembershipEvent::MemberDowned(_)))
+        .count()
+}
+
+#[test]
+fn a_single_bad_link_never_downs_a_member_that_others_reach() {
+    fn holds(seed: u64, n: u8, a: u8, b: u8) -> bool {
+        let n = 3 + (n % 3) as usize;
+        let a = a as usize % n;
+        let b = (a + 1 + b as usize % (n - 1)) % n;
+        let mut sim = cluster(n, seed, resolver(SplitBrainStrategy::KeepMajority));
+        sim.cut(a, b);
+        sim.run_for(ms(6_000));
+        let downed = downs(&sim, n) > 0;
+        if downed {
+            eprintln!(
+                "bad link {a}–{b} of {n}: a member was downed\n{}",
+                sim.dump()
+            );
+        }
+        !downed && (0..n).all(|i| !sim.core(i).is_terminated())
+    }
+    quickcheck::QuickCheck::new()
+        .tests(100)
+        .quickcheck(holds as fn(u64, u8, u8, u8) -> bool);
+}
+
+#[test]
+fn after_a_partition_heals_nobody_else_is_downed() {
+    fn holds(seed: u64, n: u8, split: u8) -> bool {
+        let n = 3 + (n % 3) as usize;
+        let mask = (u32::from(split) % ((1 << n) - 2)) + 1;
+        let in_a = |i: usize| mask & (1 << i) != 0;
+        let mut sim = cluster(n, seed, resolver(SplitBrainStrategy::KeepMajority));
+        for a in 0..n {
+            for b in 0..n {
+                if a < b && in_a(a) != in_a(b) {
+                    sim.cut(a, b);
+                }
+            }
+        }
+        sim.run_for(ms(6_000));
+        let survivors: Vec<usize> = (0..n).filter(|i| !sim.core(*i).is_terminated()).collect();
+        let downs_before = downs(&sim, n);
+        sim.heal_all();
+        sim.run_for(ms(4_000));
+        let ok = !survivors.is_empty()
+            && survivors.iter().all(|i| !sim.core(*i).is_terminated())
+            && downs(&sim, n) == downs_before;
+        if !ok {
+            eprintln!("mask {mask:b} of {n}: after the heal\n{}", sim.dump());
+        }
+        ok
+    }
+    quickcheck::QuickCheck::new()
+        .tests(100)
+        .quickcheck(holds as fn(u64, u8, u8) -> bool);
+}
