@@ -85,3 +85,18 @@ fn w1_in_three_processes_reports_every_node() {
         );
     }
 }
+
+#[test]
+fn the_transport_baseline_and_interleaved_pairs_report_ratios() {
+    let record = run("transport");
+    no_missing(&record);
+    assert_eq!(record["wrong_replies"], 0, "{record}");
+    // One round of W1 and baseline (a), each its own process (no --limits
+    // here: the anchor is built apart from this crate).
+    let pairs = run_with("w1", &["--pairs", "1"]);
+    let ratio = pairs["median_ratio_to_transport"].as_f64().expect("a ratio");
+    assert!(ratio > 0.0, "{pairs}");
+    let round = &pairs["rounds"][0];
+    assert_eq!(round["sharded"]["missing_acks"], 0, "{pairs}");
+    assert_eq!(round["transport"]["missing_acks"], 0, "{pairs}");
+}

@@ -27,8 +27,12 @@ use tokio::sync::Mutex;
 mod chart;
 #[path = "../../protocols/harness.rs"]
 mod harness;
+#[path = "shard_bench/pairs.rs"]
+mod pairs;
 #[path = "../../protocols/ping.rs"]
 mod ping;
+#[path = "shard_bench/transport.rs"]
+mod transport;
 use harness::{
     Answered, ENTITIES, Node, cpu_time, drive, drive_fresh, entities_hosted_on, entity_id,
     form_cluster, join_reports, peak_rss_kib, ping_factory, sharding_config, shares, warm_up,
@@ -45,6 +49,10 @@ enum Workload {
     W2,
     /// W1 without a store, with the in-memory store, with the file store.
     W3,
+    /// Baseline (a): the same three nodes and pipes, request/reply answered
+    /// inline by the receiver, no sharding (16 in flight per node unless
+    /// `--in-flight`).
+    Transport,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -70,6 +78,9 @@ struct Args {
     /// Messages in all (BENCHMARK.md: 1,000,000).
     #[arg(long, default_value_t = 1_000_000)]
     messages: u64,
+    /// Asks in flight per driver (default: 256 for w1-sat, 16 otherwise).
+    #[arg(long)]
+    in_flight: Option<usize>,
     /// How the three nodes run.
     #[arg(long, value_enum, default_value_t = Mode::InProcess)]
     mode: Mode,
@@ -79,6 +90,15 @@ struct Args {
     /// does not show.
     #[arg(long)]
     spawning: bool,
+    /// Run the workload this many times interleaved with its baselines,
+    /// each run a fresh child process, and report the ratios pair by pair
+    /// with their median (w1 and w1-sat).
+    #[arg(long)]
+    pairs: Option<usize>,
+    /// With --pairs: the `limits` anchor's binary, to interleave
+    /// `tcp-mux` and `tcp-echo` as well.
+    #[arg(long)]
+    limits: Option<std::path::PathBuf>,
     /// W2 only: how a crashed node is downed — `keep-majority`, the
     /// project's default resolver (Down after the failure timeout plus
     /// `stable_after`, its shards moved after the dead-owner margin), or
@@ -485,6 +505,51 @@ async fn run_w2(
     Ok((json, run.acks == run.expected))
 }
 
+/// Baseline (a): the transport alone (`transport.rs`).
+async fn run_transport(
+    messages: u64,
+    in_flight: usize,
+) -> Result<(serde_json::Value, bool), Box<dyn std::error::Error>> {
+    let (clusters, _) = form_cluster("shard-bench-transport", false).await?;
+    let cpu_before = cpu_time();
+    let figures = transport::run(&clusters, &shares(messages), in_flight).await?;
+    let cpu = cpu_time().saturating_sub(cpu_before);
+    let per_sec = figures.acks as f64 / figures.wall.as_secs_f64();
+    let cpu_us = cpu.as_secs_f64() * 1e6 / figures.acks.max(1) as f64;
+    println!(
+        "transport {:>9} acks · missing {} · wrong {} · {per_sec:>8.0} msg/s · {cpu_us:.2} µs CPU/msg · p50 {} p99 {} p99.9 {} max {} µs",
+        figures.acks,
+        messages - figures.acks,
+        figures.wrong,
+        figures.latency.value_at_quantile(0.5),
+        figures.latency.value_at_quantile(0.99),
+        figures.latency.value_at_quantile(0.999),
+        figures.latency.max(),
+    );
+    let json = json!({
+        "workload": "transport",
+        "in_flight": in_flight,
+        "expected_acks": messages,
+        "unique_acks": figures.acks,
+        "missing_acks": messages - figures.acks,
+        "wrong_replies": figures.wrong,
+        "failed_requests": figures.failed,
+        "wall_ms": figures.wall.as_secs_f64() * 1e3,
+        "msgs_per_sec": per_sec,
+        "cpu_ms": cpu.as_secs_f64() * 1e3,
+        "cpu_us_per_msg": cpu_us,
+        "p50_us": figures.latency.value_at_quantile(0.5),
+        "p99_us": figures.latency.value_at_quantile(0.99),
+        "p999_us": figures.latency.value_at_quantile(0.999),
+        "max_us": figures.latency.max(),
+        "peak_rss_kib": peak_rss_kib(),
+    });
+    for cluster in clusters {
+        let _ = cluster.shutdown().await;
+    }
+    Ok((json, figures.acks == messages && figures.wrong == 0))
+}
+
 /// A live line on stderr while a run goes: messages the entities have
 /// handled so far and the rate over the last second. Stops when dropped.
 struct Progress(tokio::task::JoinHandle<()>);
@@ -514,11 +579,43 @@ impl Drop for Progress {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let in_flight = if args.workload == Workload::W1Sat {
-        256
-    } else {
-        16
-    };
+    let in_flight = args
+        .in_flight
+        .unwrap_or(if args.workload == Workload::W1Sat {
+            256
+        } else {
+            16
+        });
+    if let Some(rounds) = args.pairs {
+        let name = match args.workload {
+            Workload::W1 => "w1",
+            Workload::W1Sat => "w1-sat",
+            _ => {
+                eprintln!("shard-bench: --pairs runs w1 and w1-sat");
+                return ExitCode::from(2);
+            }
+        };
+        return match pairs::interleave(
+            name,
+            args.messages,
+            in_flight,
+            rounds,
+            args.limits.as_deref(),
+        ) {
+            Ok((json, correct)) => {
+                println!("{json}");
+                if correct {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::from(1)
+                }
+            }
+            Err(error) => {
+                eprintln!("shard-bench: {error}");
+                ExitCode::from(2)
+            }
+        };
+    }
     if let Some(index) = args.child {
         return multi::child(index, args.seed, args.messages, in_flight);
     }
@@ -534,13 +631,14 @@ fn main() -> ExitCode {
         .enable_all()
         .build()
         .expect("a runtime")
-        .block_on(in_process(args))
+        .block_on(in_process(args, in_flight))
 }
 
-async fn in_process(args: Args) -> ExitCode {
+async fn in_process(args: Args, in_flight: usize) -> ExitCode {
     let result = match args.workload {
-        Workload::W1 => run_w1(args.messages, 16, "w1").await,
-        Workload::W1Sat => run_w1(args.messages, 256, "w1-sat").await,
+        Workload::W1 => run_w1(args.messages, in_flight, "w1").await,
+        Workload::W1Sat => run_w1(args.messages, in_flight, "w1-sat").await,
+        Workload::Transport => run_transport(args.messages, in_flight).await,
         Workload::W2 => run_w2(args.messages, args.downing == Downing::Timeout, &args.chart).await,
         Workload::W3 => run_w3(args.messages, args.spawning).await,
     };

@@ -1,0 +1,204 @@
+//! The limit in the same sitting: the workload and its baselines run
+//! interleaved, each as a fresh child process (A B C D, A B C D, …), at the
+//! same in-flight count, and reported pair by pair as ratios with their
+//! median. The baselines: (a) this project's transport with no sharding
+//! (`shard-bench transport`), (b) `limits tcp-mux`, the ceiling of a pipe
+//! here, (c) `limits tcp-echo`, a plain careful batched-CBOR pipe — (b) and
+//! (c) only when `--limits` names the anchor's binary
+//! (`../shared/anchors/limits`, built on its own).
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::{Value, json};
+
+/// One run's figures as its JSON record gives them.
+#[derive(Clone, Debug)]
+struct Figures {
+    msgs_per_sec: f64,
+    cpu_us_per_msg: f64,
+    p99_us: f64,
+}
+
+fn figures(record: &Value) -> Option<Figures> {
+    Some(Figures {
+        msgs_per_sec: record["msgs_per_sec"].as_f64()?,
+        cpu_us_per_msg: record["cpu_us_per_msg"].as_f64()?,
+        p99_us: record["p99_us"].as_f64().unwrap_or(f64::NAN),
+    })
+}
+
+/// Runs `program args`, returning the JSON record on its last stdout line.
+fn run(program: &Path, args: &[String]) -> Result<Value, String> {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .map_err(|e| format!("{}: {e}", program.display()))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let last = stdout.lines().rev().find(|l| l.starts_with('{'));
+    let record: Value = last
+        .and_then(|l| serde_json::from_str(l).ok())
+        .ok_or_else(|| format!("{} {args:?}: no JSON record", program.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{} {args:?} failed ({}): {record}",
+            program.display(),
+            out.status
+        ));
+    }
+    Ok(record)
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.retain(|v| v.is_finite());
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    values.sort_by(f64::total_cmp);
+    let mid = values.len() / 2;
+    if values.len() % 2 == 1 {
+        values[mid]
+    } else {
+        (values[mid - 1] + values[mid]) / 2.0
+    }
+}
+
+/// `rounds` interleaved rounds of `workload` and its baselines; prints a
+/// table and returns the JSON record and whether every run was correct.
+pub fn interleave(
+    workload: &str,
+    messages: u64,
+    in_flight: usize,
+    rounds: usize,
+    limits: Option<&Path>,
+) -> Result<(Value, bool), String> {
+    let me = std::env::current_exe().map_err(|e| e.to_string())?;
+    let ours_args = vec![
+        workload.to_owned(),
+        "--messages".into(),
+        messages.to_string(),
+        "--in-flight".into(),
+        in_flight.to_string(),
+    ];
+    let mut transport_args = ours_args.clone();
+    transport_args[0] = "transport".into();
+    let limit_args = |which: &str| {
+        vec![
+            which.to_owned(),
+            "--messages".into(),
+            messages.to_string(),
+            "--concurrency".into(),
+            in_flight.to_string(),
+        ]
+    };
+    let names = ["sharded", "transport", "tcp-mux", "tcp-echo"];
+    let mut table: Vec<[Option<Figures>; 4]> = Vec::new();
+    let mut records = Vec::new();
+    let mut correct = true;
+    for round in 1..=rounds {
+        eprintln!(
+            "round {round}/{rounds}: {workload}, transport{}",
+            if limits.is_some() {
+                ", tcp-mux, tcp-echo"
+            } else {
+                ""
+            }
+        );
+        let mut row: [Option<Figures>; 4] = [None, None, None, None];
+        let mut row_records = serde_json::Map::new();
+        for (i, name) in names.iter().enumerate() {
+            let result = match (i, limits) {
+                (0, _) => run(&me, &ours_args),
+                (1, _) => run(&me, &transport_args),
+                (_, Some(limits)) => run(limits, &limit_args(name)),
+                (_, None) => continue,
+            };
+            match result {
+                Ok(record) => {
+                    if i < 2 && record["missing_acks"].as_u64() != Some(0) {
+                        correct = false;
+                    }
+                    row[i] = figures(&record);
+                    row_records.insert((*name).into(), record);
+                }
+                Err(error) => {
+                    eprintln!("{error}");
+                    correct = false;
+                }
+            }
+        }
+        records.push(Value::Object(row_records));
+        table.push(row);
+    }
+    let ratio = |row: &[Option<Figures>; 4], j: usize| match (&row[0], &row[j]) {
+        (Some(a), Some(b)) => a.msgs_per_sec / b.msgs_per_sec,
+        _ => f64::NAN,
+    };
+    let cpu_ratio = |row: &[Option<Figures>; 4], j: usize| match (&row[0], &row[j]) {
+        (Some(a), Some(b)) => a.cpu_us_per_msg / b.cpu_us_per_msg,
+        _ => f64::NAN,
+    };
+    let show = |f: &Option<Figures>| {
+        f.as_ref().map_or("—".to_owned(), |f| {
+            format!("{:>8.0} {:>5.2}", f.msgs_per_sec, f.cpu_us_per_msg)
+        })
+    };
+    println!(
+        "{workload} at {in_flight} in flight, {messages} messages; msg/s and CPU µs/msg per run, then the sharded run's throughput as a fraction of each baseline"
+    );
+    println!(
+        "round | {:>14} | {:>14} | {:>14} | {:>14} | ÷ transport | ÷ tcp-mux | ÷ tcp-echo | CPU ÷ tcp-mux",
+        names[0], names[1], names[2], names[3]
+    );
+    for (r, row) in table.iter().enumerate() {
+        println!(
+            "{:>5} | {:>14} | {:>14} | {:>14} | {:>14} | {:>11.2} | {:>9.2} | {:>10.2} | {:>13.2}",
+            r + 1,
+            show(&row[0]),
+            show(&row[1]),
+            show(&row[2]),
+            show(&row[3]),
+            ratio(row, 1),
+            ratio(row, 2),
+            ratio(row, 3),
+            cpu_ratio(row, 2),
+        );
+    }
+    let medians = [1, 2, 3].map(|j| median(table.iter().map(|row| ratio(row, j)).collect()));
+    let cpu_median = median(table.iter().map(|row| cpu_ratio(row, 2)).collect());
+    let p99_median = median(
+        table
+            .iter()
+            .filter_map(|row| row[0].as_ref().map(|f| f.p99_us))
+            .collect(),
+    );
+    println!(
+        "median |{:>63}| {:>11.2} | {:>9.2} | {:>10.2} | {:>13.2}   (sharded p99 median {p99_median:.0} µs)",
+        "", medians[0], medians[1], medians[2], cpu_median
+    );
+    let json = json!({
+        "workload": format!("{workload}-pairs"),
+        "in_flight": in_flight,
+        "messages": messages,
+        "rounds": records,
+        "median_ratio_to_transport": medians[0],
+        "median_ratio_to_tcp_mux": medians[1],
+        "median_ratio_to_tcp_echo": medians[2],
+        "median_cpu_ratio_to_tcp_mux": cpu_median,
+        "median_p99_us": p99_median,
+    });
+    Ok((json, correct))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_of_odd_even_and_gappy_lists() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert_eq!(median(vec![f64::NAN, 5.0]), 5.0);
+        assert!(median(Vec::new()).is_nan());
+    }
+}
