@@ -94,9 +94,30 @@ fn the_transport_baseline_and_interleaved_pairs_report_ratios() {
     // One round of W1 and baseline (a), each its own process (no --limits
     // here: the anchor is built apart from this crate).
     let pairs = run_with("w1", &["--pairs", "1"]);
-    let ratio = pairs["median_ratio_to_transport"].as_f64().expect("a ratio");
+    let ratio = pairs["median_ratio_to_transport"]
+        .as_f64()
+        .expect("a ratio");
     assert!(ratio > 0.0, "{pairs}");
     let round = &pairs["rounds"][0];
     assert_eq!(round["sharded"]["missing_acks"], 0, "{pairs}");
     assert_eq!(round["transport"]["missing_acks"], 0, "{pairs}");
+}
+
+#[test]
+fn w2_and_w3_run_in_three_processes() {
+    // W2: node 2's process is SIGKILLed at 30%; the two others rehome its
+    // entities and miss no ack.
+    let record = run_with("w2", &["--mode", "multi-process", "--downing", "timeout"]);
+    no_missing(&record);
+    assert_eq!(record["mode"], "multi-process", "{record}");
+    assert!(record["affected_entities"].as_u64().unwrap() > 0, "{record}");
+    assert_eq!(record["affected_not_asked_after_kill"], 0, "{record}");
+    assert!(record["rehomed_ms"].is_number(), "{record}");
+    assert_eq!(record["nodes"].as_array().map(Vec::len), Some(2), "{record}");
+    // W3: three clusters of three processes, one per store.
+    let record = run_with("w3", &["--mode", "multi-process"]);
+    for store in ["none", "in_memory", "file_always"] {
+        no_missing(&record[store]);
+        assert_eq!(record[store]["nodes"].as_array().map(Vec::len), Some(3), "{record}");
+    }
 }
