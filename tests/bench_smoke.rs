@@ -110,14 +110,25 @@ fn w2_and_w3_run_in_three_processes() {
     let record = run_with("w2", &["--mode", "multi-process", "--downing", "timeout"]);
     no_missing(&record);
     assert_eq!(record["mode"], "multi-process", "{record}");
-    assert!(record["affected_entities"].as_u64().unwrap() > 0, "{record}");
+    assert!(
+        record["affected_entities"].as_u64().unwrap() > 0,
+        "{record}"
+    );
     assert_eq!(record["affected_not_asked_after_kill"], 0, "{record}");
     assert!(record["rehomed_ms"].is_number(), "{record}");
-    assert_eq!(record["nodes"].as_array().map(Vec::len), Some(2), "{record}");
+    assert_eq!(
+        record["nodes"].as_array().map(Vec::len),
+        Some(2),
+        "{record}"
+    );
     // W3: three clusters of three processes, one per store.
     let record = run_with("w3", &["--mode", "multi-process"]);
     for store in ["none", "in_memory", "file_always"] {
         no_missing(&record[store]);
-        assert_eq!(record[store]["nodes"].as_array().map(Vec::len), Some(3), "{record}");
+        assert_eq!(
+            record[store]["nodes"].as_array().map(Vec::len),
+            Some(3),
+            "{record}"
+        );
     }
 }

@@ -1043,3 +1043,39 @@ fn after_a_partition_heals_nobody_else_is_downed() {
         .tests(100)
         .quickcheck(holds as fn(u64, u8, u8) -> bool);
 }
+
+#[test]
+fn a_clean_three_two_split_under_each_strategy() {
+    // Slots 0 and 1 (0 the oldest) against 2, 3 and 4.
+    let split = |sim: &mut Sim| {
+        for a in [0, 1] {
+            for b in [2, 3, 4] {
+                sim.cut(a, b);
+            }
+        }
+    };
+    let cases: [(SplitBrainStrategy, &[usize], &[usize]); 5] = [
+        (SplitBrainStrategy::KeepMajority, &[0, 1], &[2, 3, 4]),
+        (SplitBrainStrategy::StaticQuorum(3), &[0, 1], &[2, 3, 4]),
+        (
+            SplitBrainStrategy::KeepOldest {
+                down_if_alone: false,
+            },
+            &[2, 3, 4],
+            &[0, 1],
+        ),
+        (
+            SplitBrainStrategy::KeepOldest {
+                down_if_alone: true,
+            },
+            &[2, 3, 4],
+            &[0, 1],
+        ),
+        (SplitBrainStrategy::DownAll, &[0, 1, 2, 3, 4], &[]),
+    ];
+    for (seed, (strategy, losers, winners)) in cases.into_iter().enumerate() {
+        let mut sim = cluster(5, 60 + seed as u64, resolver(strategy));
+        split(&mut sim);
+        expect_resolution(&mut sim, losers, winners);
+    }
+}
