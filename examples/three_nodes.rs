@@ -106,7 +106,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             tokio::spawn(drive(system, d as u32, 3, shares[d], args.in_flight, None))
         })
         .collect();
-    let (latency, acks, retries) = join_reports(drivers).await?;
+    let harness::Joined {
+        latency,
+        acks,
+        retries,
+        ..
+    } = join_reports(drivers).await?;
     let wall = start.elapsed();
     let cpu = cpu_time().saturating_sub(cpu_before);
     let (frames, writes) = nodes
@@ -206,7 +211,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .await?;
         downed.push(seen);
     }
-    let (latency, acks, retries) = join_reports(kill_drivers).await?;
+    let harness::Joined {
+        latency,
+        acks,
+        retries,
+        ..
+    } = join_reports(kill_drivers).await?;
     let after = shards_per_node(&nodes[..2]);
     let answered = answered.lock().await;
     let (rehomed, unanswered, first_ack) = answered.rehomed(&affected);

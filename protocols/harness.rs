@@ -4,7 +4,7 @@
 
 #![allow(dead_code)]
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -149,7 +149,14 @@ pub struct DriverReport {
     pub latency: Histogram<u64>,
     pub acks: u64,
     pub retries: u64,
+    /// The `(driver, seq)` of every message that took more than one
+    /// attempt (a retried message may be handled twice, or after a later
+    /// one: BENCHMARK.md does not count those as violations).
+    pub retried: Vec<(u32, u64)>,
 }
+
+/// How long a driver retries one message before it counts it missing.
+pub const GIVE_UP: Duration = Duration::from_secs(60);
 
 /// Driver `d` on `system`: its share of the messages, issued in `seq` order
 /// with at most `in_flight` asks outstanding (so an entity sees one driver's
@@ -175,8 +182,8 @@ pub async fn drive<S>(
         async move {
             let id = (stride * k + u64::from(d)) % ENTITIES;
             let began = Instant::now();
-            let latencies = ask_until_acked(&refs[id as usize], d, k).await;
-            if let Some(answered) = answered {
+            let attempts = ask_until_acked(&refs[id as usize], d, k).await;
+            if let Some(answered) = answered.filter(|_| attempts.acked) {
                 let took = began.elapsed().as_micros() as u64;
                 let mut answered = answered.lock().await;
                 if let Some(since) = answered.since {
@@ -188,7 +195,7 @@ pub async fn drive<S>(
                     answered.timeline.push((at, took));
                 }
             }
-            latencies
+            attempts
         }
     });
     collect_report(asks.buffer_unordered(in_flight)).await
@@ -209,54 +216,91 @@ pub async fn drive_fresh<S>(
     collect_report(asks.buffer_unordered(in_flight)).await
 }
 
-/// Asks `(d, k)` until the right ack comes; the latency of every attempt.
-async fn ask_until_acked(entity: &EntityRef<Pinger>, d: u32, k: u64) -> Vec<u64> {
+/// The attempts at one message.
+struct Attempts {
+    seq: (u32, u64),
+    /// The latency of every attempt, µs.
+    latencies: Vec<u64>,
+    /// Whether the right ack came (false: given up after [`GIVE_UP`]).
+    acked: bool,
+}
+
+/// Asks `(d, k)` until the right ack comes, or [`GIVE_UP`] has passed.
+async fn ask_until_acked(entity: &EntityRef<Pinger>, d: u32, k: u64) -> Attempts {
     let ping = Ping { driver: d, seq: k };
     let mut latencies = Vec::with_capacity(1);
+    let first = Instant::now();
     loop {
         let start = Instant::now();
         let result = entity.ask(ping, ASK_TIMEOUT).await;
         latencies.push((start.elapsed().as_micros() as u64).max(1));
-        match result {
-            Ok(ack) if ack == Ack { driver: d, seq: k } => return latencies,
+        let acked = match result {
+            Ok(ack) if ack == Ack { driver: d, seq: k } => true,
             Ok(ack) => panic!("wrong ack {ack:?} for {ping:?}"),
-            Err(_) => tokio::time::sleep(Duration::from_millis(1)).await,
-        }
+            Err(_) if first.elapsed() >= GIVE_UP => false,
+            Err(_) => {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                continue;
+            }
+        };
+        return Attempts {
+            seq: (d, k),
+            latencies,
+            acked,
+        };
     }
 }
 
-/// One driver's report from the attempts' latencies of each of its messages.
+/// One driver's report from the attempts at each of its messages.
 async fn collect_report(
-    mut done: impl futures_util::Stream<Item = Vec<u64>> + Unpin,
+    mut done: impl futures_util::Stream<Item = Attempts> + Unpin,
 ) -> DriverReport {
     let mut report = DriverReport {
         latency: Histogram::new_with_bounds(1, 60_000_000, 3).expect("histogram"),
         acks: 0,
         retries: 0,
+        retried: Vec::new(),
     };
-    while let Some(latencies) = done.next().await {
-        report.retries += latencies.len() as u64 - 1;
-        for micros in latencies {
+    while let Some(attempts) = done.next().await {
+        let extra = attempts.latencies.len() as u64 - 1;
+        report.retries += extra;
+        if extra > 0 {
+            report.retried.push(attempts.seq);
+        }
+        for micros in attempts.latencies {
             report.latency.saturating_record(micros);
         }
-        report.acks += 1;
+        report.acks += u64::from(attempts.acked);
     }
     report
 }
 
-/// The drivers' reports merged: latency histogram, acks, retries.
+/// The drivers' reports merged.
+pub struct Joined {
+    pub latency: Histogram<u64>,
+    pub acks: u64,
+    pub retries: u64,
+    pub retried: HashSet<(u32, u64)>,
+}
+
+/// Waits for the drivers and merges their reports.
 pub async fn join_reports(
     drivers: Vec<tokio::task::JoinHandle<DriverReport>>,
-) -> Result<(Histogram<u64>, u64, u64), Box<dyn std::error::Error>> {
-    let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
-    let (mut acks, mut retries) = (0, 0);
+) -> Result<Joined, Box<dyn std::error::Error>> {
+    let mut joined = Joined {
+        latency: Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?,
+        acks: 0,
+        retries: 0,
+        retried: HashSet::new(),
+    };
     for driver in drivers {
         let report = driver.await?;
-        latency.add(&report.latency)?;
-        acks += report.acks;
-        retries += report.retries;
+        joined.latency.add(&report.latency)?;
+        joined.acks += report.acks;
+        joined.retries += report.retries;
+        joined.retried.extend(report.retried);
     }
-    Ok((latency, acks, retries))
+    Ok(joined)
 }
 
 /// W1's split of `messages` over three drivers.

@@ -41,6 +41,23 @@ pub struct Checks {
     pub duplicate_processings: AtomicU64,
     /// A lower `seq` from a driver after a higher one.
     pub order_violations: AtomicU64,
+    /// The `(driver, seq)` of every duplicate or order violation, to tell
+    /// those of retried messages (expected) from the others.
+    pub flagged: std::sync::Mutex<Vec<(u32, u64)>>,
+}
+
+impl Checks {
+    /// Duplicates and order violations of messages not in `retried`.
+    #[allow(dead_code)] // not every program that includes this file checks
+    pub fn unexplained(&self, retried: &std::collections::HashSet<(u32, u64)>) -> usize {
+        let flagged = self.flagged.lock().unwrap_or_else(|e| e.into_inner());
+        flagged.iter().filter(|p| !retried.contains(p)).count()
+    }
+
+    fn flag(&self, driver: u32, seq: u64) {
+        let mut flagged = self.flagged.lock().unwrap_or_else(|e| e.into_inner());
+        flagged.push((driver, seq));
+    }
 }
 
 /// Counts what it handled and checks per-driver order.
@@ -76,9 +93,11 @@ impl Handler<Ping> for PingEntity {
             match self.last_seq.insert(msg.driver, msg.seq) {
                 Some(last) if last == msg.seq => {
                     checks.duplicate_processings.fetch_add(1, Ordering::Relaxed);
+                    checks.flag(msg.driver, msg.seq);
                 }
                 Some(last) if last > msg.seq => {
                     checks.order_violations.fetch_add(1, Ordering::Relaxed);
+                    checks.flag(msg.driver, msg.seq);
                     self.last_seq.insert(msg.driver, last);
                 }
                 _ => {}

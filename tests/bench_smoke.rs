@@ -2,23 +2,49 @@
 //! the harness fails CI: every workload exits 0 and its JSON record shows
 //! no missing ack. No timing is asserted.
 
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// A run that takes longer than this is a hang (a 20,000-message run takes
+/// seconds; a message is given up after 60 s of retries).
+const HANG: Duration = Duration::from_secs(300);
+
+/// One run at a time: each is three nodes on two cores.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 fn run(workload: &str) -> serde_json::Value {
     run_with(workload, &[])
 }
 
 fn run_with(workload: &str, extra: &[&str]) -> serde_json::Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_shard-bench"))
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let (out_path, err_path) = (dir.path().join("stdout"), dir.path().join("stderr"));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_shard-bench"))
         .args([workload, "--messages", "20000"])
         .args(extra)
-        .output()
+        .stdout(Stdio::from(std::fs::File::create(&out_path).expect("a file")))
+        .stderr(Stdio::from(std::fs::File::create(&err_path).expect("a file")))
+        .spawn()
         .expect("shard-bench runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if started.elapsed() > HANG {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{workload} {extra:?} still running after {HANG:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let stdout = std::fs::read_to_string(&out_path).unwrap_or_default();
     assert!(
-        out.status.success(),
+        status.success(),
         "{workload} failed: {stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+        std::fs::read_to_string(&err_path).unwrap_or_default()
     );
     let last = stdout.lines().last().expect("a JSON line");
     serde_json::from_str(last).expect("the last line is JSON")
@@ -34,8 +60,12 @@ fn w1_and_w1_sat_deliver_every_ack_in_order() {
     for workload in ["w1", "w1-sat"] {
         let record = run(workload);
         no_missing(&record);
-        assert_eq!(record["order_violations"], 0, "{record}");
-        assert_eq!(record["duplicate_processings"], 0, "{record}");
+        // Only a retried message may be handled twice or late.
+        assert_eq!(record["unexplained_violations"], 0, "{record}");
+        if record["retries"] == 0 {
+            assert_eq!(record["order_violations"], 0, "{record}");
+            assert_eq!(record["duplicate_processings"], 0, "{record}");
+        }
     }
 }
 

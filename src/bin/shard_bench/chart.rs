@@ -150,8 +150,10 @@ pub fn draw(
         .y_desc("acks per second")
         .y_label_formatter(&|v| format!("{:.0}k", v / 1e3))
         .draw()?;
+    // (The last interval is cut short by the end of the run: left out.)
+    let full = &intervals[..intervals.len().saturating_sub(1)];
     rate.draw_series(LineSeries::new(
-        intervals.iter().map(|i| (i.start_s, i.acks as f64 * per_s)),
+        full.iter().map(|i| (i.start_s, i.acks as f64 * per_s)),
         BLUE.stroke_width(2),
     ))?;
     for (_, color, at) in marks_drawn {

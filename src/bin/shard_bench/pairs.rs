@@ -32,6 +32,7 @@ fn figures(record: &Value) -> Option<Figures> {
 fn run(program: &Path, args: &[String]) -> Result<Value, String> {
     let out = Command::new(program)
         .args(args)
+        .stderr(std::process::Stdio::inherit())
         .output()
         .map_err(|e| format!("{}: {e}", program.display()))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -119,6 +120,10 @@ pub fn interleave(
                         correct = false;
                     }
                     row[i] = figures(&record);
+                    if row[i].is_none() {
+                        eprintln!("{name}: a record without its figures: {record}");
+                        correct = false;
+                    }
                     row_records.insert((*name).into(), record);
                 }
                 Err(error) => {
