@@ -113,6 +113,7 @@ mod core;
 mod error;
 mod gossip;
 mod protocol;
+mod ring;
 mod state;
 mod status;
 
