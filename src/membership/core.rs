@@ -690,8 +690,14 @@ impl MembershipCore {
         gossip: Gossip,
     ) -> Result<(), MembershipError> {
         let fk = MemberKey(from);
-        if !self.gossip.status(&fk).is_some_and(|s| s.is_live()) {
-            return Ok(()); // unknown, or quarantined (Down/Removed)
+        match self.gossip.status(&fk) {
+            Some(s) if s.is_live() => {}
+            // Unknown: a member this node has not heard of yet (the push
+            // that announced it went to a few members, not all) is taken in
+            // when its state lists both it and this node as live.
+            None if gossip.status_of(&from).is_some_and(|s| s.is_live())
+                && gossip.status_of(&self.me).is_some_and(|s| s.is_live()) => {}
+            _ => return Ok(()), // a stranger, or quarantined (Down/Removed)
         }
         let theirs = gossip.digest();
         self.note_seen(fk, theirs);
@@ -726,8 +732,21 @@ impl MembershipCore {
         digest: u64,
     ) -> Result<(), MembershipError> {
         let fk = MemberKey(from);
-        if !self.gossip.status(&fk).is_some_and(|s| s.is_live()) {
-            return Ok(());
+        match self.gossip.status(&fk) {
+            Some(s) if s.is_live() => {}
+            None => {
+                // A member that knows this node but is not known here yet:
+                // answer with this state; if the sender knows more (itself),
+                // it answers back with the merge, which is taken in.
+                let recent = self.sent_state.get(&fk).is_some_and(|(d, at)| {
+                    *d == self.digest && now < *at + self.config.gossip_interval * 2
+                });
+                if !recent && !self.is_terminated() {
+                    self.send_state(fk, now);
+                }
+                return Ok(());
+            }
+            Some(_) => return Ok(()), // quarantined (Down/Removed)
         }
         if let Some(heard) = self.last_heard.get_mut(&fk) {
             *heard = now;
@@ -1016,11 +1035,26 @@ impl MembershipCore {
 
     /// How long a side may stay partitioned without its view ever holding
     /// still for `stable_after` before it gives up and downs itself.
+    ///
+    /// On a ring that is not all-to-all, a partition is seen whole only
+    /// step by step: the watchers at its edge flag the members they watch
+    /// beyond it, then watch the next ones (which get a heartbeat interval
+    /// before the detector counts), and so on — about one step of
+    /// `heartbeat_interval + failure_timeout` per `monitored_by` members
+    /// beyond. The limit allows one such step per `monitored_by` live
+    /// members (none for a cluster watched all-to-all).
     fn unstable_limit(&self) -> Duration {
+        let k = self.config.monitored_by.max(1);
+        let steps = self.ring.len().saturating_sub(1) / k;
+        let step = self
+            .config
+            .heartbeat_interval
+            .saturating_add(self.config.failure_timeout());
         self.config
             .stable_after
             .saturating_mul(2)
             .saturating_add(self.config.failure_timeout())
+            .saturating_add(step.saturating_mul(u32::try_from(steps).unwrap_or(u32::MAX)))
     }
 
     /// Whether this side stays under `strategy`. Joining members count in
@@ -1282,3 +1316,23 @@ fn later(now: Instant, d: Duration) -> Instant {
         .unwrap_or(now)
 }
 
+
+#[cfg(test)]
+impl MembershipCore {
+    /// A member of an already formed cluster holding `gossip` (simulations
+    /// of large clusters). Its view is published silently.
+    pub(crate) fn formed_for_tests(
+        me: UniqueAddress,
+        config: MembershipConfig,
+        now: Instant,
+        gossip: Gossip,
+    ) -> Self {
+        let mut core = MembershipCore::new(me, config, now).expect("valid config");
+        core.gossip = gossip;
+        core.phase = Phase::Member;
+        core.dirty = true;
+        core.after_input(now).expect("a formed state");
+        core.commands.clear();
+        core
+    }
+}

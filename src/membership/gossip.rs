@@ -213,6 +213,16 @@ impl Gossip {
         changed
     }
 
+    /// A state in which every one of `members` is Up (simulations).
+    #[cfg(test)]
+    pub(crate) fn formed_for_tests(members: &[UniqueAddress]) -> Gossip {
+        let mut g = Gossip::default();
+        for m in members {
+            g.put_status(MemberKey(*m), MemberStatus::Up);
+        }
+        g
+    }
+
     /// The least upper bound of two states (commutative, associative,
     /// idempotent).
     pub fn merge(&self, other: &Gossip) -> Gossip {
