@@ -15,7 +15,7 @@ use super::error::MembershipError;
 /// | `downing_timeout` | `Some(200 ms)` |
 /// | `monitored_by` | 5 |
 /// | `gossip_fanout` | 2 |
-/// | `gossip_interval` | 200 ms |
+/// | `gossip_interval` | 1 s |
 ///
 /// A member that stops is marked Unreachable by an observer at most
 /// `heartbeat_interval + acceptable_heartbeat_pause` = **400 ms** after the
@@ -74,7 +74,9 @@ pub struct MembershipConfig {
     /// the state) to.
     pub gossip_fanout: usize,
     /// How often a gossip round sends the digest to `gossip_fanout` random
-    /// members.
+    /// members. Changes spread at once (a push or a digest to
+    /// `gossip_fanout` members and the leader, and on from each member that
+    /// learns them); rounds only repair what was lost or missed.
     pub gossip_interval: Duration,
 }
 
@@ -113,7 +115,7 @@ impl Default for MembershipConfig {
             stable_after: Duration::from_secs(1),
             monitored_by: 5,
             gossip_fanout: 2,
-            gossip_interval: Duration::from_millis(200),
+            gossip_interval: Duration::from_secs(1),
         }
     }
 }

@@ -739,7 +739,7 @@ impl MembershipCore {
                 // answer with this state; if the sender knows more (itself),
                 // it answers back with the merge, which is taken in.
                 let recent = self.sent_state.get(&fk).is_some_and(|(d, at)| {
-                    *d == self.digest && now < *at + self.config.gossip_interval * 2
+                    *d == self.digest && now < *at + self.config.heartbeat_interval * 3
                 });
                 if !recent && !self.is_terminated() {
                     self.send_state(fk, now);
@@ -762,10 +762,10 @@ impl MembershipCore {
         self.after_input(now)?;
         if !self.is_terminated() && digest != self.digest {
             // Another state: answer with this one, unless it went to that
-            // member very recently (a push, or an answer to the same digest
+            // member within three heartbeat intervals (a push, or an answer to the same digest
             // from a member that heartbeats faster than the state moves).
             let recent = self.sent_state.get(&fk).is_some_and(|(d, at)| {
-                *d == self.digest && now < *at + self.config.gossip_interval * 2
+                *d == self.digest && now < *at + self.config.heartbeat_interval * 3
             });
             if !recent {
                 self.send_state(fk, now);

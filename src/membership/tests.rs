@@ -212,7 +212,7 @@ fn heartbeat_with_another_digest_is_answered_with_gossip() {
     core.join(now, &[a.addr]).unwrap();
     core.handle_message(now, b, MembershipMsg::Join).unwrap();
     core.drain_commands();
-    // (Not within two gossip intervals of the push that told b of its
+    // (Not within three heartbeat intervals of the push that told b of its
     // admission: b may well hold that state already.)
     let later = now + ms(500);
     tick_until(&mut core, later);
@@ -1243,6 +1243,42 @@ fn at_100_members_keep_majority_downs_a_crash_and_no_one_else() {
     });
     sim.reject_event("a live member downed", |l| {
         matches!(&l.event, MembershipEvent::MemberDowned(m) if !crashed.contains(m))
+    });
+    sim.expect_no_errors();
+}
+
+/// 50 nodes started at once through one seed (the burst that tore the
+/// all-to-all cluster apart): they form within 2 s, flag no one, and once
+/// formed an idle period sends digests only.
+#[test]
+fn fifty_nodes_joining_at_once_through_one_seed_form_quickly_and_go_quiet() {
+    let mut sim = Sim::new(68, MembershipConfig::default());
+    sim.min_delay = Duration::ZERO;
+    sim.max_delay = ms(20);
+    for _ in 0..50 {
+        let s = sim.add_node();
+        sim.join(s, &[0]);
+    }
+    let ids: Vec<UniqueAddress> = (0..50).map(|s| sim.id(s)).collect();
+    let formed = sim
+        .run_until_every(ms(10_000), ms(10), |s| {
+            ids.iter().all(|m| s.all_see(*m, MemberStatus::Up))
+        })
+        .unwrap_or_else(|| panic!("50 nodes did not form\n{}", sim.dump()));
+    eprintln!("50 nodes formed in {formed:?}, {:?} sent", sim.total_sent());
+    assert!(formed < ms(2_000), "{formed:?}");
+    sim.run_for(ms(2_000));
+    let before = sim.total_sent();
+    sim.run_for(ms(2_000));
+    let after = sim.total_sent();
+    eprintln!(
+        "idle: {} messages/member/s, {} states",
+        (after.messages - before.messages) as f64 / 100.0,
+        after.states - before.states
+    );
+    assert_eq!(after.states, before.states, "states sent while idle");
+    sim.reject_event("a member flagged", |l| {
+        matches!(l.event, MembershipEvent::Unreachable(_))
     });
     sim.expect_no_errors();
 }
