@@ -60,7 +60,14 @@ impl Drop for Node {
 fn spawn(i: usize, bind: &str, seed: &str, tx: Sender<Out>) -> Node {
     let extra = std::env::var("DATUM_SCALE_FLAGS").unwrap_or_default();
     let mut child = Command::new(BIN)
-        .args(["--cluster-name", "scale-test", "--bind", bind, "--seeds", seed])
+        .args([
+            "--cluster-name",
+            "scale-test",
+            "--bind",
+            bind,
+            "--seeds",
+            seed,
+        ])
         .args(extra.split_whitespace())
         .env("DATUM_SECRET", "scale-secret")
         .env("RUST_LOG", "error")
@@ -189,7 +196,11 @@ fn one_run(n: usize) -> Figures {
     let started = Instant::now();
     let mut nodes: Vec<Node> = (0..n)
         .map(|i| {
-            let bind = if i == 0 { seed.clone() } else { "127.0.0.1:0".into() };
+            let bind = if i == 0 {
+                seed.clone()
+            } else {
+                "127.0.0.1:0".into()
+            };
             spawn(i, &bind, &seed, tx.clone())
         })
         .collect();
@@ -199,8 +210,13 @@ fn one_run(n: usize) -> Figures {
         v.ids.len() == n && (0..n).all(|i| v.up.get(&i).is_some_and(|u| u.len() == n))
     })
     .unwrap_or_else(|| {
-        let ups: Vec<usize> = (0..n).map(|i| view.up.get(&i).map_or(0, |u| u.len())).collect();
-        panic!("no cluster of {n} within {LONG:?}: Up counts per node {ups:?}, exited {:?}", view.ended)
+        let ups: Vec<usize> = (0..n)
+            .map(|i| view.up.get(&i).map_or(0, |u| u.len()))
+            .collect();
+        panic!(
+            "no cluster of {n} within {LONG:?}: Up counts per node {ups:?}, exited {:?}",
+            view.ended
+        )
     });
     let formed_in = formed - started;
 
@@ -239,7 +255,12 @@ fn one_run(n: usize) -> Figures {
     // A little longer, to catch late false alarms.
     run_until(&rx, &mut view, Duration::from_secs(2), |_| false);
 
-    let exited: Vec<usize> = view.ended.iter().copied().filter(|i| *i != victim).collect();
+    let exited: Vec<usize> = view
+        .ended
+        .iter()
+        .copied()
+        .filter(|i| *i != victim)
+        .collect();
     assert!(exited.is_empty(), "healthy nodes exited: {exited:?}");
     let healthy_flagged = view
         .flagged
@@ -290,9 +311,21 @@ fn fifty_processes_form_stay_quiet_and_down_a_killed_one_within_a_second() {
         assert_eq!(f.healthy_flagged, 0, "healthy members were flagged");
         assert_eq!(f.healthy_downed, 0, "healthy members were downed");
         if !report_only {
-            assert!(f.formed_in < Duration::from_secs(2), "formation took {:?}", f.formed_in);
-            assert!(f.idle_cpu_percent < 15.0, "idle CPU {:.1}%", f.idle_cpu_percent);
-            assert!(f.detection < Duration::from_secs(1), "detection took {:?}", f.detection);
+            assert!(
+                f.formed_in < Duration::from_secs(2),
+                "formation took {:?}",
+                f.formed_in
+            );
+            assert!(
+                f.idle_cpu_percent < 15.0,
+                "idle CPU {:.1}%",
+                f.idle_cpu_percent
+            );
+            assert!(
+                f.detection < Duration::from_secs(1),
+                "detection took {:?}",
+                f.detection
+            );
         }
     }
 }

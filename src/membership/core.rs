@@ -247,12 +247,11 @@ impl MembershipCore {
                 }
                 if let Some(downing) = self.config.downing_timeout
                     && self.config.split_brain.is_none()
+                    && self.leader == Some(self.key)
                 {
-                    if self.leader == Some(self.key) {
-                        for since in self.unreachable_since.values() {
-                            if let Some(t) = since.checked_add(downing) {
-                                next = next.min(t);
-                            }
+                    for since in self.unreachable_since.values() {
+                        if let Some(t) = since.checked_add(downing) {
+                            next = next.min(t);
                         }
                     }
                 }
@@ -484,7 +483,7 @@ impl MembershipCore {
             .collect();
         if let Some(l) = self.leader
             && l != self.key
-            && (self.reported != Some((l, self.digest)) || self.gossip_rounds % 10 == 0)
+            && (self.reported != Some((l, self.digest)) || self.gossip_rounds.is_multiple_of(10))
         {
             to.insert(l);
         }
@@ -522,7 +521,12 @@ impl MembershipCore {
 
     /// Up to `n` distinct random live members other than this node.
     fn random_others(&mut self, n: usize) -> Vec<MemberKey> {
-        let others: Vec<MemberKey> = self.ring.iter().copied().filter(|k| *k != self.key).collect();
+        let others: Vec<MemberKey> = self
+            .ring
+            .iter()
+            .copied()
+            .filter(|k| *k != self.key)
+            .collect();
         if others.len() <= n {
             return others;
         }
@@ -574,7 +578,9 @@ impl MembershipCore {
                 continue;
             }
             let credit = self.credit.entry(*k).or_default();
-            let give = floor.duration_since(*heard).min(pause.saturating_sub(*credit));
+            let give = floor
+                .duration_since(*heard)
+                .min(pause.saturating_sub(*credit));
             *heard += give;
             *credit += give;
         }
@@ -875,7 +881,8 @@ impl MembershipCore {
             }
         }
         self.seen.retain(|k, _| self.first_seen.contains_key(k));
-        self.sent_state.retain(|k, _| self.first_seen.contains_key(k));
+        self.sent_state
+            .retain(|k, _| self.first_seen.contains_key(k));
         let Ok(me) = self.ring.binary_search(&self.key) else {
             self.watched.clear();
             self.targets.clear();
@@ -887,8 +894,9 @@ impl MembershipCore {
             .into_iter()
             .collect();
         watched.extend(self.gossip.row_subjects(&self.key));
-        let mut targets: BTreeSet<MemberKey> =
-            ring::watchers_of(&self.ring, me, &unreachable, k).into_iter().collect();
+        let mut targets: BTreeSet<MemberKey> = ring::watchers_of(&self.ring, me, &unreachable, k)
+            .into_iter()
+            .collect();
         targets.extend(self.gossip.observers_of(&self.key));
         self.last_heard.retain(|m, _| watched.contains(m));
         self.credit.retain(|m, _| watched.contains(m));
@@ -1315,7 +1323,6 @@ fn later(now: Instant, d: Duration) -> Instant {
         .or_else(|| now.checked_add(Duration::from_secs(3_600)))
         .unwrap_or(now)
 }
-
 
 #[cfg(test)]
 impl MembershipCore {

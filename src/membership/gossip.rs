@@ -172,7 +172,10 @@ impl Gossip {
     }
 
     /// The members `observer`'s own row flags.
-    pub(crate) fn row_subjects(&self, observer: &MemberKey) -> impl Iterator<Item = MemberKey> + '_ {
+    pub(crate) fn row_subjects(
+        &self,
+        observer: &MemberKey,
+    ) -> impl Iterator<Item = MemberKey> + '_ {
         self.rows
             .get(observer)
             .into_iter()

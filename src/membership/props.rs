@@ -394,7 +394,14 @@ fn regression_faulty_crashed_seed_stays_live_in_a_view() {
 #[test]
 fn regression_ring_calm_false_down_after_restarts() {
     use Op::*;
-    let ops = [AddNode, Restart(116), AddNode, Restart(47), Advance(32778), Crash(174)];
+    let ops = [
+        AddNode,
+        Restart(116),
+        AddNode,
+        Restart(47),
+        Advance(32778),
+        Crash(174),
+    ];
     if let Err(e) = run_history_with(0, &ops, true, small_ring()) {
         panic!("{e}");
     }

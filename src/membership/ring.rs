@@ -139,6 +139,9 @@ mod tests {
         // newcomer watches instead; nothing else moves.
         assert_eq!(b.difference(&a).count(), 5, "dropped");
         assert_eq!(a.difference(&b).count(), 10, "added");
-        assert!(a.difference(&b).all(|(w, m)| *w == key(100) || *m == key(100)));
+        assert!(
+            a.difference(&b)
+                .all(|(w, m)| *w == key(100) || *m == key(100))
+        );
     }
 }

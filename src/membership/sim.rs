@@ -160,7 +160,8 @@ impl Sim {
             .collect();
         let gossip = Gossip::formed_for_tests(&ids);
         for id in ids {
-            let core = MembershipCore::formed_for_tests(id, sim.config.clone(), sim.now, gossip.clone());
+            let core =
+                MembershipCore::formed_for_tests(id, sim.config.clone(), sim.now, gossip.clone());
             sim.push_node(id, core);
         }
         sim
@@ -362,7 +363,10 @@ impl Sim {
         };
         let sent = &mut self.sent[from_slot];
         sent.messages += 1;
-        if matches!(msg, MembershipMsg::Gossip { .. } | MembershipMsg::Welcome { .. }) {
+        if matches!(
+            msg,
+            MembershipMsg::Gossip { .. } | MembershipMsg::Welcome { .. }
+        ) {
             sent.states += 1;
         }
         if self.count_bytes {

@@ -253,8 +253,12 @@ fn heartbeat_with_another_digest_is_answered_with_gossip() {
         c.join(now, &[stranger.addr]).unwrap();
         c.gossip().clone()
     };
-    core.handle_message(later, stranger, MembershipMsg::Gossip { gossip: without_me })
-        .unwrap();
+    core.handle_message(
+        later,
+        stranger,
+        MembershipMsg::Gossip { gossip: without_me },
+    )
+    .unwrap();
     assert_eq!(core.gossip().status_of(&stranger), None);
     core.handle_message(later, stranger, MembershipMsg::Gossip { gossip: theirs })
         .unwrap();
@@ -1035,7 +1039,6 @@ fn asymmetric_links_leave_at_most_one_side_running() {
     assert!(running.len() <= 1, "{running:?}\n{}", sim.dump());
 }
 
-
 // ---- at scale: the monitoring ring and digest-first gossip ---------------
 
 /// What one run of the scale story measured.
@@ -1099,12 +1102,14 @@ fn scale_story(n: usize, seed: u64) -> ScaleReport {
     sim.run_for(ms(1_500));
 
     let crashed = sim.crashed.clone();
-    sim.reject_event("a live member flagged", |l| {
-        matches!(&l.event, MembershipEvent::Unreachable(m) if !crashed.contains(m))
-    });
-    sim.reject_event("a live member downed", |l| {
-        matches!(&l.event, MembershipEvent::MemberDowned(m) if !crashed.contains(m))
-    });
+    sim.reject_event(
+        "a live member flagged",
+        |l| matches!(&l.event, MembershipEvent::Unreachable(m) if !crashed.contains(m)),
+    );
+    sim.reject_event(
+        "a live member downed",
+        |l| matches!(&l.event, MembershipEvent::MemberDowned(m) if !crashed.contains(m)),
+    );
     sim.expect_no_errors();
     let report = ScaleReport {
         members: n,
@@ -1181,11 +1186,19 @@ fn a_starved_watcher_does_not_flag_the_members_it_watches() {
             l.observer == watcher
                 && matches!(l.event, MembershipEvent::Unreachable(m) if m != watcher)
         });
-        assert!(!sim.core(3).is_terminated(), "round {round}: {}", sim.dump());
+        assert!(
+            !sim.core(3).is_terminated(),
+            "round {round}: {}",
+            sim.dump()
+        );
     }
     // Its watchers did flag it (it was silent for 450 ms), then cleared it.
     let stalled = sim.id(3);
-    assert!(sim.log.iter().any(|l| l.event == MembershipEvent::Unreachable(stalled)));
+    assert!(
+        sim.log
+            .iter()
+            .any(|l| l.event == MembershipEvent::Unreachable(stalled))
+    );
     sim.expect_converged(ms(2_000));
 }
 
@@ -1238,12 +1251,14 @@ fn at_100_members_keep_majority_downs_a_crash_and_no_one_else() {
     assert!(took < ms(2_000), "{took:?}");
     sim.run_for(ms(2_000));
     let crashed = sim.crashed.clone();
-    sim.reject_event("a live member flagged", |l| {
-        matches!(&l.event, MembershipEvent::Unreachable(m) if !crashed.contains(m))
-    });
-    sim.reject_event("a live member downed", |l| {
-        matches!(&l.event, MembershipEvent::MemberDowned(m) if !crashed.contains(m))
-    });
+    sim.reject_event(
+        "a live member flagged",
+        |l| matches!(&l.event, MembershipEvent::Unreachable(m) if !crashed.contains(m)),
+    );
+    sim.reject_event(
+        "a live member downed",
+        |l| matches!(&l.event, MembershipEvent::MemberDowned(m) if !crashed.contains(m)),
+    );
     sim.expect_no_errors();
 }
 
