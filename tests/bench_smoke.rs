@@ -24,8 +24,12 @@ fn run_with(workload: &str, extra: &[&str]) -> serde_json::Value {
     let mut child = Command::new(env!("CARGO_BIN_EXE_shard-bench"))
         .args([workload, "--messages", "20000"])
         .args(extra)
-        .stdout(Stdio::from(std::fs::File::create(&out_path).expect("a file")))
-        .stderr(Stdio::from(std::fs::File::create(&err_path).expect("a file")))
+        .stdout(Stdio::from(
+            std::fs::File::create(&out_path).expect("a file"),
+        ))
+        .stderr(Stdio::from(
+            std::fs::File::create(&err_path).expect("a file"),
+        ))
         .spawn()
         .expect("shard-bench runs");
     let started = Instant::now();

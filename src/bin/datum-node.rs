@@ -89,6 +89,27 @@ struct Args {
           value_parser = clap::value_parser!(u64).range(0..=MAX_MS))]
     pause_ms: u64,
 
+    /// How many members watch each member: heartbeat it every heartbeat
+    /// interval and detect its failure (its predecessors on the ring of
+    /// members by age). The cost per node grows with this, not with the
+    /// cluster's size.
+    #[arg(long, env = "DATUM_MONITORED_BY", default_value_t = 5,
+          value_parser = clap::value_parser!(u64).range(1..=64))]
+    monitored_by: u64,
+
+    /// How many random members each gossip round and each change of the
+    /// membership state goes to.
+    #[arg(long, env = "DATUM_GOSSIP_FANOUT", default_value_t = 2,
+          value_parser = clap::value_parser!(u64).range(1..=64))]
+    gossip_fanout: u64,
+
+    /// How often a gossip round sends this node's state digest to
+    /// --gossip-fanout random members, in milliseconds (changes spread at
+    /// once; rounds repair what was lost).
+    #[arg(long, env = "DATUM_GOSSIP_MS", default_value_t = 1_000,
+          value_parser = clap::value_parser!(u64).range(1..=MAX_MS))]
+    gossip_ms: u64,
+
     /// How long an unreachable member stays so before the leader downs it,
     /// in milliseconds; `off` for manual downing only.
     #[arg(long, env = "DATUM_DOWNING_MS", default_value = "200", value_parser = downing)]
@@ -264,6 +285,9 @@ async fn run(args: Args) -> ExitCode {
         .seed_nodes(args.seeds.0)
         .heartbeat_interval(Duration::from_millis(args.heartbeat_ms))
         .acceptable_heartbeat_pause(Duration::from_millis(args.pause_ms))
+        .monitored_by(args.monitored_by as usize)
+        .gossip_fanout(args.gossip_fanout as usize)
+        .gossip_interval(Duration::from_millis(args.gossip_ms))
         .downing_timeout(args.downing_ms.0)
         .max_frame_size(args.max_frame)
         .stable_after(Duration::from_millis(args.stable_after_ms))

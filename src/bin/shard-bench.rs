@@ -137,7 +137,12 @@ struct Run {
 }
 
 impl Run {
-    fn from_joined(joined: harness::Joined, expected: u64, times: (Duration, Duration), checks: Arc<Checks>) -> Run {
+    fn from_joined(
+        joined: harness::Joined,
+        expected: u64,
+        times: (Duration, Duration),
+        checks: Arc<Checks>,
+    ) -> Run {
         Run {
             acks: joined.acks,
             expected,

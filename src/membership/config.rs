@@ -13,6 +13,9 @@ use super::error::MembershipError;
 /// | `heartbeat_interval` | 100 ms |
 /// | `acceptable_heartbeat_pause` | 300 ms |
 /// | `downing_timeout` | `Some(200 ms)` |
+/// | `monitored_by` | 5 |
+/// | `gossip_fanout` | 2 |
+/// | `gossip_interval` | 1 s |
 ///
 /// A member that stops is marked Unreachable by an observer at most
 /// `heartbeat_interval + acceptable_heartbeat_pause` = **400 ms** after the
@@ -27,7 +30,7 @@ use super::error::MembershipError;
 /// cleared before Down when the network itself is fast.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MembershipConfig {
-    /// How often each member sends a heartbeat to every other live member.
+    /// How often each member sends a heartbeat to each of its watchers.
     pub heartbeat_interval: Duration,
     /// Extra silence tolerated beyond `heartbeat_interval` before an observer
     /// marks the peer Unreachable.
@@ -60,6 +63,21 @@ pub struct MembershipConfig {
     /// How long the resolver's view of the partition must stay the same
     /// before it decides.
     pub stable_after: Duration,
+    /// How many members watch each member (heartbeat it and run a failure
+    /// detector on it): its `monitored_by` predecessors on the ring of live
+    /// members sorted by age, not counting unreachable ones (SPEC §10.5).
+    /// A cluster of at most `monitored_by + 1` members is watched
+    /// all-to-all.
+    pub monitored_by: usize,
+    /// How many random live members a gossip round, and a change of the
+    /// state, sends the state digest (or, for a change of this node's own,
+    /// the state) to.
+    pub gossip_fanout: usize,
+    /// How often a gossip round sends the digest to `gossip_fanout` random
+    /// members. Changes spread at once (a push or a digest to
+    /// `gossip_fanout` members and the leader, and on from each member that
+    /// learns them); rounds only repair what was lost or missed.
+    pub gossip_interval: Duration,
 }
 
 /// Which side of a partition stays (the other downs itself). A side is what
@@ -95,6 +113,9 @@ impl Default for MembershipConfig {
             exit_timeout: Duration::from_secs(2),
             split_brain: None,
             stable_after: Duration::from_secs(1),
+            monitored_by: 5,
+            gossip_fanout: 2,
+            gossip_interval: Duration::from_secs(1),
         }
     }
 }
@@ -128,7 +149,13 @@ impl MembershipConfig {
         let periods = [
             ("heartbeat_interval", self.heartbeat_interval),
             ("join_retry_interval", self.join_retry_interval),
+            ("gossip_interval", self.gossip_interval),
         ];
+        if self.monitored_by == 0 {
+            return Err(MembershipError::InvalidConfig {
+                reason: "monitored_by must be at least 1".into(),
+            });
+        }
         if self.split_brain == Some(SplitBrainStrategy::StaticQuorum(0)) {
             return Err(MembershipError::InvalidConfig {
                 reason: "a static quorum must be at least 1".into(),

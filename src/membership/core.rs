@@ -10,6 +10,7 @@ use super::config::{MembershipConfig, SplitBrainStrategy};
 use super::error::MembershipError;
 use super::gossip::{Gossip, MemberKey};
 use super::protocol::{Command, MembershipEvent, MembershipMsg, Target};
+use super::ring;
 use super::state::{Member, MembershipState};
 use super::status::MemberStatus;
 use crate::identity::UniqueAddress;
@@ -51,9 +52,42 @@ pub struct MembershipCore {
     config: MembershipConfig,
     phase: Phase,
     gossip: Gossip,
-    /// Failure detector: when each live member was last heard from (for a
-    /// member never heard from: when it was first seen, plus the grace).
+    /// Failure detector, for the members this node watches: when each was
+    /// last heard from (for one not heard from since it became watched: a
+    /// base that grants it a grace, see `refresh_ring`).
     last_heard: BTreeMap<MemberKey, Instant>,
+    /// Starvation credit granted to each watched member since its last
+    /// heartbeat (capped at the acceptable pause).
+    credit: BTreeMap<MemberKey, Duration>,
+    /// The members this node watches: its ring successors, and every member
+    /// its own row flags (until it hears them again).
+    watched: BTreeSet<MemberKey>,
+    /// Where this node's heartbeats go: its ring watchers, and every
+    /// observer whose row flags this node.
+    targets: Vec<MemberKey>,
+    /// The live members, oldest first (this node included).
+    ring: Vec<MemberKey>,
+    /// When each live other member was first seen.
+    first_seen: BTreeMap<MemberKey, Instant>,
+    /// The leader in this node's view, as of the last full pass.
+    leader: Option<MemberKey>,
+    /// `self.gossip.digest()`, as of the last full pass.
+    digest: u64,
+    /// The gossip changed since the last full pass.
+    dirty: bool,
+    /// A member reported a new digest to this leader since the last full pass.
+    seen_changed: bool,
+    /// The state changed by a merge: spread the digest.
+    spread_pending: bool,
+    /// The last (leader, digest) this node reported to its leader.
+    reported: Option<(MemberKey, u64)>,
+    /// The last state (by digest) sent to each member, and when.
+    sent_state: BTreeMap<MemberKey, (u64, Instant)>,
+    next_gossip: Instant,
+    gossip_rounds: u64,
+    rng: u64,
+    /// When this node asked to be woken (`poll_timeout` after its last input).
+    expected_wake: Option<Instant>,
     /// Last state digest each member reported (heartbeat or gossip).
     seen: BTreeMap<MemberKey, u64>,
     /// Since when each member has been unreachable in the gossiped view.
@@ -95,6 +129,22 @@ impl MembershipCore {
             phase: Phase::Idle,
             gossip: Gossip::default(),
             last_heard: BTreeMap::new(),
+            credit: BTreeMap::new(),
+            watched: BTreeSet::new(),
+            targets: Vec::new(),
+            ring: Vec::new(),
+            first_seen: BTreeMap::new(),
+            leader: None,
+            digest: Gossip::default().digest(),
+            dirty: true,
+            seen_changed: false,
+            spread_pending: false,
+            reported: None,
+            sent_state: BTreeMap::new(),
+            next_gossip: now,
+            gossip_rounds: 0,
+            rng: me.node_id.0 ^ me.incarnation.rotate_left(32) ^ 0x5851_f42d_4c95_7f2d,
+            expected_wake: None,
             seen: BTreeMap::new(),
             unreachable_since: BTreeMap::new(),
             next_heartbeat: now,
@@ -184,7 +234,7 @@ impl MembershipCore {
                 ..
             } => Some(self_join_at.map_or(*next_attempt, |t| t.min(*next_attempt))),
             Phase::Member => {
-                let mut next = self.next_heartbeat;
+                let mut next = self.next_heartbeat.min(self.next_gossip);
                 let timeout = self.config.failure_timeout();
                 for (k, heard) in &self.last_heard {
                     if !self.gossip.observes_unreachable(&self.key, k)
@@ -212,13 +262,11 @@ impl MembershipCore {
                 }
                 if let Some(downing) = self.config.downing_timeout
                     && self.config.split_brain.is_none()
+                    && self.leader == Some(self.key)
                 {
-                    let unreachable = self.gossip.unreachable_keys();
-                    if self.leader_key(&unreachable) == Some(self.key) {
-                        for since in self.unreachable_since.values() {
-                            if let Some(t) = since.checked_add(downing) {
-                                next = next.min(t);
-                            }
+                    for since in self.unreachable_since.values() {
+                        if let Some(t) = since.checked_add(downing) {
+                            next = next.min(t);
                         }
                     }
                 }
@@ -332,6 +380,18 @@ impl MembershipCore {
         if from == self.me {
             return Ok(());
         }
+        self.note_starvation(now);
+        let result = self.dispatch(now, from, msg);
+        self.expected_wake = self.poll_timeout();
+        result
+    }
+
+    fn dispatch(
+        &mut self,
+        now: Instant,
+        from: UniqueAddress,
+        msg: MembershipMsg,
+    ) -> Result<(), MembershipError> {
         match self.phase {
             Phase::Idle | Phase::Terminated => Ok(()),
             Phase::Joining { .. } => match msg {
@@ -354,6 +414,13 @@ impl MembershipCore {
     /// sends heartbeats, runs the failure detector, retries joins, takes the
     /// leader's timed decisions. Calling it early or often is harmless.
     pub fn handle_timeout(&mut self, now: Instant) -> Result<(), MembershipError> {
+        self.note_starvation(now);
+        let result = self.on_timeout(now);
+        self.expected_wake = self.poll_timeout();
+        result
+    }
+
+    fn on_timeout(&mut self, now: Instant) -> Result<(), MembershipError> {
         match &self.phase {
             Phase::Idle | Phase::Terminated => Ok(()),
             Phase::Joining {
@@ -371,13 +438,6 @@ impl MembershipCore {
                 Ok(())
             }
             Phase::Member => {
-                if now >= self.next_heartbeat {
-                    let digest = self.gossip.digest();
-                    for k in self.live_others() {
-                        self.send(k.0, MembershipMsg::Heartbeat { digest });
-                    }
-                    self.next_heartbeat = later(now, self.config.heartbeat_interval);
-                }
                 let timeout = self.config.failure_timeout();
                 let silent: Vec<MemberKey> = self
                     .last_heard
@@ -391,6 +451,7 @@ impl MembershipCore {
                 for k in silent {
                     debug!(me = %self.me, member = %k.0, "no heartbeat within the budget: unreachable");
                     if self.gossip.observe(self.key, k, true) {
+                        self.dirty = true;
                         self.push_pending = true;
                     }
                 }
@@ -407,8 +468,136 @@ impl MembershipCore {
                 self.deciding = true;
                 let result = self.after_input(now).map(|_| ());
                 self.deciding = false;
-                result
+                result?;
+                if self.is_terminated() {
+                    return Ok(());
+                }
+                if now >= self.next_heartbeat {
+                    for k in self.targets.clone() {
+                        self.send_digest(k);
+                    }
+                    self.next_heartbeat = later(now, self.config.heartbeat_interval);
+                }
+                if now >= self.next_gossip {
+                    self.gossip_round();
+                    self.next_gossip = later(now, self.config.gossip_interval);
+                }
+                Ok(())
             }
+        }
+    }
+
+    /// One gossip round: the digest to `gossip_fanout` random members, and
+    /// to the leader when it has not had this node's current digest (or,
+    /// against loss, every tenth round).
+    fn gossip_round(&mut self) {
+        self.gossip_rounds = self.gossip_rounds.wrapping_add(1);
+        let mut to: BTreeSet<MemberKey> = self
+            .random_others(self.config.gossip_fanout)
+            .into_iter()
+            .collect();
+        if let Some(l) = self.leader
+            && l != self.key
+            && (self.reported != Some((l, self.digest)) || self.gossip_rounds.is_multiple_of(10))
+        {
+            to.insert(l);
+        }
+        for k in to {
+            self.send_digest(k);
+        }
+    }
+
+    /// Sends this node's digest (a `Heartbeat`) to `k`.
+    fn send_digest(&mut self, k: MemberKey) {
+        if self.leader == Some(k) {
+            self.reported = Some((k, self.digest));
+        }
+        self.send(
+            k.0,
+            MembershipMsg::Heartbeat {
+                digest: self.digest,
+            },
+        );
+    }
+
+    /// Sends this node's whole state to `k`.
+    fn send_state(&mut self, k: MemberKey, now: Instant) {
+        if self.leader == Some(k) {
+            self.reported = Some((k, self.digest));
+        }
+        self.sent_state.insert(k, (self.digest, now));
+        self.send(
+            k.0,
+            MembershipMsg::Gossip {
+                gossip: self.gossip.clone(),
+            },
+        );
+    }
+
+    /// Up to `n` distinct random live members other than this node.
+    fn random_others(&mut self, n: usize) -> Vec<MemberKey> {
+        let others: Vec<MemberKey> = self
+            .ring
+            .iter()
+            .copied()
+            .filter(|k| *k != self.key)
+            .collect();
+        if others.len() <= n {
+            return others;
+        }
+        let mut picked: Vec<MemberKey> = Vec::with_capacity(n);
+        while picked.len() < n {
+            let k = others[(self.next_random() % others.len() as u64) as usize];
+            if !picked.contains(&k) {
+                picked.push(k);
+            }
+        }
+        picked
+    }
+
+    fn next_random(&mut self) -> u64 {
+        // splitmix64
+        self.rng = self.rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// The starved-watcher correction. An input that comes more than a
+    /// quarter heartbeat interval after the wake-up this node asked for
+    /// means its process was starved: heartbeats may be waiting, unread, in
+    /// its pipes. Every watched member then gets at least one heartbeat
+    /// interval from now before it can be flagged; the credit a member gets
+    /// this way between two of its heartbeats is capped at the acceptable
+    /// pause, so a dead member is still flagged by a starved watcher.
+    fn note_starvation(&mut self, now: Instant) {
+        if !matches!(self.phase, Phase::Member) {
+            return;
+        }
+        let Some(due) = self.expected_wake else {
+            return;
+        };
+        let late = now.saturating_duration_since(due);
+        if late <= self.config.heartbeat_interval / 4 {
+            return;
+        }
+        let timeout = self.config.failure_timeout();
+        let Some(floor) = later(now, self.config.heartbeat_interval).checked_sub(timeout) else {
+            return;
+        };
+        let pause = self.config.acceptable_heartbeat_pause;
+        debug!(me = %self.me, ?late, "this node was starved: its watched members get the time back");
+        for (k, heard) in self.last_heard.iter_mut() {
+            if *heard >= floor {
+                continue;
+            }
+            let credit = self.credit.entry(*k).or_default();
+            let give = floor
+                .duration_since(*heard)
+                .min(pause.saturating_sub(*credit));
+            *heard += give;
+            *credit += give;
         }
     }
 
@@ -418,6 +607,8 @@ impl MembershipCore {
         self.gossip.put_status(self.key, MemberStatus::Joining);
         self.phase = Phase::Member;
         self.next_heartbeat = now;
+        self.next_gossip = now;
+        self.dirty = true;
         self.push_pending = true;
         self.after_input(now).map(|_| ())
     }
@@ -455,6 +646,8 @@ impl MembershipCore {
         self.gossip = self.gossip.merge(&gossip);
         self.phase = Phase::Member;
         self.next_heartbeat = now;
+        self.next_gossip = now;
+        self.dirty = true;
         self.after_input(now).map(|_| ())
     }
 
@@ -497,6 +690,7 @@ impl MembershipCore {
         }
         info!(me = %self.me, joiner = %from, "admitting");
         self.gossip.put_status(fk, MemberStatus::Joining);
+        self.dirty = true;
         self.push_pending = true;
         self.after_input(now)?;
         if !self.is_terminated() {
@@ -517,22 +711,39 @@ impl MembershipCore {
         gossip: Gossip,
     ) -> Result<(), MembershipError> {
         let fk = MemberKey(from);
-        if !self.gossip.status(&fk).is_some_and(|s| s.is_live()) {
-            return Ok(()); // unknown, or quarantined (Down/Removed)
+        match self.gossip.status(&fk) {
+            Some(s) if s.is_live() => {}
+            // Unknown: a member this node has not heard of yet (the push
+            // that announced it went to a few members, not all) is taken in
+            // when its state lists both it and this node as live.
+            None if gossip.status_of(&from).is_some_and(|s| s.is_live())
+                && gossip.status_of(&self.me).is_some_and(|s| s.is_live()) => {}
+            _ => return Ok(()), // a stranger, or quarantined (Down/Removed)
         }
-        self.seen.insert(fk, gossip.digest());
+        let theirs = gossip.digest();
+        self.note_seen(fk, theirs);
         let merged = self.gossip.merge(&gossip);
-        if merged != gossip {
-            // The sender lacks something this node knows: answer with it.
-            self.send(
-                from,
-                MembershipMsg::Gossip {
-                    gossip: merged.clone(),
-                },
-            );
+        let answer = merged != gossip;
+        if merged != self.gossip {
+            // Learnt something: spread the news (digest first).
+            self.gossip = merged;
+            self.dirty = true;
+            self.spread_pending = true;
         }
-        self.gossip = merged;
-        self.after_input(now).map(|_| ())
+        self.after_input(now)?;
+        if answer && !self.is_terminated() {
+            // The sender lacks something this node knows: answer with it.
+            self.send_state(fk, now);
+        }
+        Ok(())
+    }
+
+    /// Records the digest `k` reported; the leader re-checks convergence
+    /// when it changed.
+    fn note_seen(&mut self, k: MemberKey, digest: u64) {
+        if self.seen.insert(k, digest) != Some(digest) && self.leader == Some(self.key) {
+            self.seen_changed = true;
+        }
     }
 
     fn on_heartbeat(
@@ -542,37 +753,102 @@ impl MembershipCore {
         digest: u64,
     ) -> Result<(), MembershipError> {
         let fk = MemberKey(from);
-        if !self.gossip.status(&fk).is_some_and(|s| s.is_live()) {
-            return Ok(());
+        match self.gossip.status(&fk) {
+            Some(s) if s.is_live() => {}
+            None => {
+                // A member that knows this node but is not known here yet:
+                // answer with this state; if the sender knows more (itself),
+                // it answers back with the merge, which is taken in.
+                let recent = self.sent_state.get(&fk).is_some_and(|(d, at)| {
+                    *d == self.digest && now < *at + self.config.heartbeat_interval * 3
+                });
+                if !recent && !self.is_terminated() {
+                    self.send_state(fk, now);
+                }
+                return Ok(());
+            }
+            Some(_) => return Ok(()), // quarantined (Down/Removed)
         }
-        self.last_heard.insert(fk, now);
+        if let Some(heard) = self.last_heard.get_mut(&fk) {
+            *heard = now;
+            self.credit.remove(&fk);
+        }
         if self.gossip.observes_unreachable(&self.key, &fk) {
             debug!(me = %self.me, member = %from, "heartbeat resumed: reachable again");
             self.gossip.observe(self.key, fk, false);
+            self.dirty = true;
             self.push_pending = true;
         }
-        self.seen.insert(fk, digest);
-        let pushed = self.after_input(now)?;
-        if !pushed && !self.is_terminated() && digest != self.gossip.digest() {
-            self.send(
-                from,
-                MembershipMsg::Gossip {
-                    gossip: self.gossip.clone(),
-                },
-            );
+        self.note_seen(fk, digest);
+        self.after_input(now)?;
+        if !self.is_terminated() && digest != self.digest {
+            // Another state: answer with this one, unless it went to that
+            // member within three heartbeat intervals (a push, or an answer to the same digest
+            // from a member that heartbeats faster than the state moves).
+            let recent = self.sent_state.get(&fk).is_some_and(|(d, at)| {
+                *d == self.digest && now < *at + self.config.heartbeat_interval * 3
+            });
+            if !recent {
+                self.send_state(fk, now);
+            }
         }
         Ok(())
     }
 
     // ---- the common tail of every input ------------------------------
 
-    /// Normalises, takes leader decisions, resyncs the detector, publishes
-    /// what changed and pushes gossip if this node changed the state itself.
-    /// Returns whether the state was pushed to every live member.
-    fn after_input(&mut self, now: Instant) -> Result<bool, MembershipError> {
+    /// Normalises, takes leader decisions, resyncs the detector and the
+    /// ring, publishes what changed, and pushes the state (a change of this
+    /// node's own) or its digest (a change learnt by merge) to a few
+    /// members. The full pass runs only when something it reads changed or
+    /// a timed decision is due, so an input that changes nothing (the
+    /// common heartbeat) costs O(log N), not O(N).
+    fn after_input(&mut self, now: Instant) -> Result<(), MembershipError> {
         if !matches!(self.phase, Phase::Member) {
-            return Ok(false);
+            return Ok(());
         }
+        let downing_due = self.leader == Some(self.key)
+            && self.config.split_brain.is_none()
+            && self.config.downing_timeout.is_some_and(|d| {
+                self.unreachable_since
+                    .values()
+                    .any(|since| since.checked_add(d).is_some_and(|t| now >= t))
+            });
+        let resolving = self.deciding && self.partition.is_some();
+        if self.dirty || self.seen_changed || downing_due || resolving {
+            self.full_pass(now)?;
+        }
+        if self.push_pending {
+            self.push_pending = false;
+            self.spread_pending = false;
+            let mut to: BTreeSet<MemberKey> = self
+                .random_others(self.config.gossip_fanout)
+                .into_iter()
+                .collect();
+            to.extend(self.leader.filter(|l| *l != self.key));
+            for k in to {
+                self.send_state(k, now);
+            }
+        } else if self.spread_pending {
+            self.spread_pending = false;
+            let mut to: BTreeSet<MemberKey> = self
+                .random_others(self.config.gossip_fanout)
+                .into_iter()
+                .collect();
+            to.extend(self.leader.filter(|l| *l != self.key));
+            for k in to {
+                self.send_digest(k);
+            }
+        }
+        if self.self_status().is_some_and(|s| !s.is_live()) {
+            info!(me = %self.me, status = ?self.self_status(), "this node is out of the cluster");
+            self.phase = Phase::Terminated;
+        }
+        self.expected_wake = self.poll_timeout();
+        Ok(())
+    }
+
+    fn full_pass(&mut self, now: Instant) -> Result<(), MembershipError> {
         self.gossip.normalize();
         // Each pass moves a member at most one step; a lone node (for which
         // convergence is immediate) may need several passes.
@@ -595,30 +871,68 @@ impl MembershipCore {
         if my_status == MemberStatus::Exiting && self.exit_deadline.is_none() {
             self.exit_deadline = now.checked_add(self.config.exit_timeout);
         }
-        let live = self.live_others();
-        self.last_heard.retain(|k, _| live.contains(k));
-        self.seen.retain(|k, _| live.contains(k));
-        let first_deadline_base = later(now, self.config.first_heartbeat_grace);
-        for k in &live {
-            self.last_heard.entry(*k).or_insert(first_deadline_base);
-        }
-        let pushed = self.push_pending;
-        if self.push_pending {
-            self.push_pending = false;
-            for k in &live {
-                self.send(
-                    k.0,
-                    MembershipMsg::Gossip {
-                        gossip: self.gossip.clone(),
-                    },
-                );
+        self.digest = self.gossip.digest();
+        self.refresh_ring(now);
+        self.dirty = false;
+        self.seen_changed = false;
+        Ok(())
+    }
+
+    /// Recomputes the ring, the leader, whom this node watches and whom it
+    /// heartbeats. A member this node starts watching gets a grace before
+    /// the detector counts: `first_heartbeat_grace` from when it was first
+    /// seen (a joiner may not know this node yet), and at least one
+    /// heartbeat interval from now (an old member learns of the change by
+    /// gossip; this node sends it its digest at once so that it does).
+    fn refresh_ring(&mut self, now: Instant) {
+        let unreachable = self.gossip.unreachable_keys();
+        self.leader = self.leader_key(&unreachable);
+        self.ring = self.live_keys().into_iter().collect();
+        let ring = &self.ring;
+        self.first_seen.retain(|k, _| ring.binary_search(k).is_ok());
+        for k in &self.ring {
+            if *k != self.key {
+                self.first_seen.entry(*k).or_insert(now);
             }
         }
-        if !my_status.is_live() {
-            info!(me = %self.me, status = ?my_status, "this node is out of the cluster");
-            self.phase = Phase::Terminated;
+        self.seen.retain(|k, _| self.first_seen.contains_key(k));
+        self.sent_state
+            .retain(|k, _| self.first_seen.contains_key(k));
+        let Ok(me) = self.ring.binary_search(&self.key) else {
+            self.watched.clear();
+            self.targets.clear();
+            self.last_heard.clear();
+            return;
+        };
+        let k = self.config.monitored_by;
+        let mut watched: BTreeSet<MemberKey> = ring::watched_by(&self.ring, me, &unreachable, k)
+            .into_iter()
+            .collect();
+        watched.extend(self.gossip.row_subjects(&self.key));
+        let mut targets: BTreeSet<MemberKey> = ring::watchers_of(&self.ring, me, &unreachable, k)
+            .into_iter()
+            .collect();
+        targets.extend(self.gossip.observers_of(&self.key));
+        self.last_heard.retain(|m, _| watched.contains(m));
+        self.credit.retain(|m, _| watched.contains(m));
+        let mut told: Vec<MemberKey> = Vec::new();
+        for m in &watched {
+            if self.last_heard.contains_key(m) {
+                continue;
+            }
+            let first = self.first_seen.get(m).copied().unwrap_or(now);
+            let base = later(first, self.config.first_heartbeat_grace)
+                .max(later(now, self.config.heartbeat_interval));
+            self.last_heard.insert(*m, base);
+            if first < now {
+                told.push(*m);
+            }
         }
-        Ok(pushed)
+        self.watched = watched;
+        self.targets = targets.into_iter().collect();
+        for m in told {
+            self.send_digest(m);
+        }
     }
 
     fn refresh_unreachable_since(&mut self, now: Instant) {
@@ -680,22 +994,33 @@ impl MembershipCore {
         Ok(changed)
     }
 
-    /// This node's side: the live members it reaches, directly or through a
-    /// member of its side, over links neither end flags (a member that
-    /// cannot hear this side is not on it, even if this side hears it). One bad link between two members that a third reaches leaves
-    /// all three on one side.
+    /// This node's side: the closure, from this node, over *watch links*
+    /// that neither end flags. A watch link goes from a member of the side
+    /// to a member it watches in this node's view of the ring (or flags);
+    /// only the watcher's row is evidence that it hears the member, and
+    /// that row is fresh because the watcher is on this side. A member that
+    /// flags the watcher (it cannot hear it) does not join through that
+    /// link. One bad link between two members that others watch leaves all
+    /// of them on one side. With at most `monitored_by + 1` members every
+    /// pair is linked both ways: the closure over all links neither end
+    /// flags, as before rings.
     fn side(&self) -> BTreeSet<MemberKey> {
-        let live = self.live_keys();
+        let ring: Vec<MemberKey> = self.live_keys().into_iter().collect();
+        let unreachable = self.gossip.unreachable_keys();
+        let k = self.config.monitored_by;
         let mut side = BTreeSet::from([self.key]);
         let mut frontier = vec![self.key];
         while let Some(observer) = frontier.pop() {
-            for m in &live {
-                if !side.contains(m)
-                    && !self.gossip.observes_unreachable(&observer, m)
-                    && !self.gossip.observes_unreachable(m, &observer)
+            let Ok(at) = ring.binary_search(&observer) else {
+                continue;
+            };
+            for m in ring::watched_by(&ring, at, &unreachable, k) {
+                if !side.contains(&m)
+                    && !self.gossip.observes_unreachable(&observer, &m)
+                    && !self.gossip.observes_unreachable(&m, &observer)
                 {
-                    side.insert(*m);
-                    frontier.push(*m);
+                    side.insert(m);
+                    frontier.push(m);
                 }
             }
         }
@@ -735,11 +1060,26 @@ impl MembershipCore {
 
     /// How long a side may stay partitioned without its view ever holding
     /// still for `stable_after` before it gives up and downs itself.
+    ///
+    /// On a ring that is not all-to-all, a partition is seen whole only
+    /// step by step: the watchers at its edge flag the members they watch
+    /// beyond it, then watch the next ones (which get a heartbeat interval
+    /// before the detector counts), and so on — about one step of
+    /// `heartbeat_interval + failure_timeout` per `monitored_by` members
+    /// beyond. The limit allows one such step per `monitored_by` live
+    /// members (none for a cluster watched all-to-all).
     fn unstable_limit(&self) -> Duration {
+        let k = self.config.monitored_by.max(1);
+        let steps = self.ring.len().saturating_sub(1) / k;
+        let step = self
+            .config
+            .heartbeat_interval
+            .saturating_add(self.config.failure_timeout());
         self.config
             .stable_after
             .saturating_mul(2)
             .saturating_add(self.config.failure_timeout())
+            .saturating_add(step.saturating_mul(u32::try_from(steps).unwrap_or(u32::MAX)))
     }
 
     /// Whether this side stays under `strategy`. Joining members count in
@@ -875,6 +1215,7 @@ impl MembershipCore {
         }
         self.gossip.put_status(key, to);
         self.gossip.normalize();
+        self.dirty = true;
         self.push_pending = true;
         Ok(())
     }
@@ -911,14 +1252,6 @@ impl MembershipCore {
         self.gossip
             .member_keys()
             .filter(|(_, s)| s.is_live())
-            .map(|(k, _)| k)
-            .collect()
-    }
-
-    fn live_others(&self) -> BTreeSet<MemberKey> {
-        self.gossip
-            .member_keys()
-            .filter(|(k, s)| *k != self.key && s.is_live())
             .map(|(k, _)| k)
             .collect()
     }
@@ -1006,4 +1339,24 @@ fn later(now: Instant, d: Duration) -> Instant {
     now.checked_add(d)
         .or_else(|| now.checked_add(Duration::from_secs(3_600)))
         .unwrap_or(now)
+}
+
+#[cfg(test)]
+impl MembershipCore {
+    /// A member of an already formed cluster holding `gossip` (simulations
+    /// of large clusters). Its view is published silently.
+    pub(crate) fn formed_for_tests(
+        me: UniqueAddress,
+        config: MembershipConfig,
+        now: Instant,
+        gossip: Gossip,
+    ) -> Self {
+        let mut core = MembershipCore::new(me, config, now).expect("valid config");
+        core.gossip = gossip;
+        core.phase = Phase::Member;
+        core.dirty = true;
+        core.after_input(now).expect("a formed state");
+        core.commands.clear();
+        core
+    }
 }

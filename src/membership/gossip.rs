@@ -171,6 +171,28 @@ impl Gossip {
             .is_some_and(|r| r.unreachable.contains(subject))
     }
 
+    /// The members `observer`'s own row flags.
+    pub(crate) fn row_subjects(
+        &self,
+        observer: &MemberKey,
+    ) -> impl Iterator<Item = MemberKey> + '_ {
+        self.rows
+            .get(observer)
+            .into_iter()
+            .flat_map(|r| r.unreachable.iter().copied())
+    }
+
+    /// The observers whose rows flag `subject`.
+    pub(crate) fn observers_of<'a>(
+        &'a self,
+        subject: &'a MemberKey,
+    ) -> impl Iterator<Item = MemberKey> + 'a {
+        self.rows
+            .iter()
+            .filter(|(_, r)| r.unreachable.contains(subject))
+            .map(|(o, _)| *o)
+    }
+
     /// Records in `observer`'s row whether `subject` is unreachable, bumping
     /// the row version on a change. Returns whether anything changed.
     pub(crate) fn observe(
@@ -192,6 +214,16 @@ impl Gossip {
             row.version = row.version.saturating_add(1);
         }
         changed
+    }
+
+    /// A state in which every one of `members` is Up (simulations).
+    #[cfg(test)]
+    pub(crate) fn formed_for_tests(members: &[UniqueAddress]) -> Gossip {
+        let mut g = Gossip::default();
+        for m in members {
+            g.put_status(MemberKey(*m), MemberStatus::Up);
+        }
+        g
     }
 
     /// The least upper bound of two states (commutative, associative,

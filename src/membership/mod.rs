@@ -56,11 +56,13 @@
 //! observer). Merging takes the higher status per member and the newer row
 //! per observer, which is commutative, associative and idempotent: any two
 //! nodes that have received the same set of updates, in any order, hold the
-//! same state. A node pushes its state to every live member when it changes
-//! it itself; heartbeats carry a digest of the sender's state, and a
-//! receiver whose digest differs answers with its state (and a receiver of
-//! gossip that knows more answers back), so stragglers catch up within a
-//! heartbeat interval.
+//! same state. Dissemination goes to a few members, never to all: a node
+//! that changes the state itself sends it to `gossip_fanout` random members
+//! and the leader; a node that learns something by merge sends its digest
+//! to as many and the leader; a gossip round (every `gossip_interval`)
+//! sends the digest to `gossip_fanout` random members. A receiver whose
+//! digest differs answers with its state (and a receiver of gossip that
+//! knows more answers back). An idle cluster sends digests only.
 //!
 //! The **leader** is the oldest reachable Up or Leaving member (or, when none
 //! exists, the oldest reachable live one — so the first node can move itself
@@ -72,11 +74,15 @@
 //!
 //! # Failure detection and downing
 //!
-//! Every live member sends a heartbeat to every other every
-//! `heartbeat_interval`; an observer that hears nothing from a member for
-//! `heartbeat_interval + acceptable_heartbeat_pause` marks it unreachable in
-//! its own reachability row (a deadline detector; `SPEC.md` §10 says
-//! why not phi-accrual). A member is Unreachable when any live observer says
+//! Each member is watched by `monitored_by` others: its predecessors on the
+//! ring of live members sorted by age, not counting flagged ones (see
+//! `ring.rs`). Every `heartbeat_interval` a member heartbeats its watchers
+//! (and every observer that flags it); a watcher that hears nothing from a
+//! member it watches for `heartbeat_interval + acceptable_heartbeat_pause`
+//! marks it unreachable in its own reachability row (a deadline detector;
+//! `SPEC.md` §10 says why not phi-accrual). A watcher that was itself
+//! starved (its wake-up came late) gives the members it watches the time
+//! back, up to the pause. A member is Unreachable when any live observer says
 //! so, and Reachable again when every observer hears it again. The leader
 //! downs a member that has been Unreachable for `downing_timeout`; with
 //! `downing_timeout: None` only [`MembershipCore::down`] downs. With the
@@ -113,6 +119,7 @@ mod core;
 mod error;
 mod gossip;
 mod protocol;
+mod ring;
 mod state;
 mod status;
 

@@ -108,7 +108,27 @@ const MAX_NODES: usize = 7;
 /// Runs `ops` from one seed node, heals the network, lets it settle, and
 /// checks the invariants. `Err` says which one broke.
 pub(crate) fn run_history(seed: u64, ops: &[Op], calm: bool) -> Result<(), String> {
-    let mut sim = Sim::new(seed, MembershipConfig::default());
+    run_history_with(seed, ops, calm, MembershipConfig::default())
+}
+
+/// A ring that is not all-to-all even at a few members: each member is
+/// watched by 2 others, and gossip goes to 1 random member per round.
+fn small_ring() -> MembershipConfig {
+    MembershipConfig {
+        monitored_by: 2,
+        gossip_fanout: 1,
+        ..MembershipConfig::default()
+    }
+}
+
+/// [`run_history`] under `config`.
+pub(crate) fn run_history_with(
+    seed: u64,
+    ops: &[Op],
+    calm: bool,
+    config: MembershipConfig,
+) -> Result<(), String> {
+    let mut sim = Sim::new(seed, config);
     sim.min_delay = ms(0);
     sim.max_delay = if calm { ms(250) } else { ms(30) };
     sim.add_node();
@@ -276,7 +296,11 @@ fn cases() -> u64 {
 }
 
 fn property(seed: u64, ops: Vec<Op>, calm: bool) -> TestResult {
-    match run_history(seed, &ops, calm) {
+    property_with(seed, ops, calm, MembershipConfig::default())
+}
+
+fn property_with(seed: u64, ops: Vec<Op>, calm: bool, config: MembershipConfig) -> TestResult {
+    match run_history_with(seed, &ops, calm, config) {
         Ok(()) => TestResult::passed(),
         Err(e) => TestResult::error(format!("seed {seed}, ops {ops:?}: {e}")),
     }
@@ -297,6 +321,28 @@ fn calm_histories_converge_without_false_downs() {
 fn faulty_histories_converge_once_healed() {
     fn prop(seed: u64, h: FaultyHistory) -> TestResult {
         property(seed, h.0, false)
+    }
+    QuickCheck::new()
+        .tests(cases())
+        .rng(Gen::new(size()))
+        .quickcheck(prop as fn(u64, FaultyHistory) -> TestResult);
+}
+
+#[test]
+fn calm_histories_on_a_small_ring_converge_without_false_downs() {
+    fn prop(seed: u64, h: CalmHistory) -> TestResult {
+        property_with(seed, h.0, true, small_ring())
+    }
+    QuickCheck::new()
+        .tests(cases())
+        .rng(Gen::new(size()))
+        .quickcheck(prop as fn(u64, CalmHistory) -> TestResult);
+}
+
+#[test]
+fn faulty_histories_on_a_small_ring_converge_once_healed() {
+    fn prop(seed: u64, h: FaultyHistory) -> TestResult {
+        property_with(seed, h.0, false, small_ring())
     }
     QuickCheck::new()
         .tests(cases())
@@ -341,6 +387,22 @@ fn regression_faulty_crashed_seed_stays_live_in_a_view() {
         Advance(449),
     ];
     if let Err(e) = run_history(0, &ops, false) {
+        panic!("{e}");
+    }
+}
+
+#[test]
+fn regression_ring_calm_false_down_after_restarts() {
+    use Op::*;
+    let ops = [
+        AddNode,
+        Restart(116),
+        AddNode,
+        Restart(47),
+        Advance(32778),
+        Crash(174),
+    ];
+    if let Err(e) = run_history_with(0, &ops, true, small_ring()) {
         panic!("{e}");
     }
 }

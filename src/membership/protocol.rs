@@ -29,9 +29,13 @@ pub enum MembershipMsg {
         /// The sender's state.
         gossip: Gossip,
     },
-    /// "I am alive", sent every heartbeat interval to every live member,
-    /// carrying the digest of the sender's state so that members with
-    /// different states exchange gossip and the leader can check convergence.
+    /// "I am alive", sent every heartbeat interval to the sender's ring
+    /// watchers (and to every observer that flags it), carrying the digest
+    /// of the sender's state so that members with different states exchange
+    /// gossip and the leader can check convergence. The same message is the
+    /// gossip's digest (rounds, news learnt by merge, reports to the
+    /// leader); a receiver that does not watch the sender uses only the
+    /// digest.
     Heartbeat {
         /// [`Gossip::digest`] of the sender's state when it sent this.
         digest: u64,

@@ -90,6 +90,27 @@ pub(crate) struct Sim {
     pub(crate) crashed: Vec<UniqueAddress>,
     /// Print every delivery and event to stderr (`MEMBERSHIP_SIM_TRACE=1`).
     trace: bool,
+    /// Every running node's next wake-up, soonest first.
+    timers: BTreeSet<(Instant, usize)>,
+    timer_at: Vec<Option<Instant>>,
+    by_addr: BTreeMap<SocketAddr, usize>,
+    /// What each slot sent (counted when handed to the network, lost or not).
+    pub(crate) sent: Vec<Sent>,
+    /// Also count the CBOR size of every message sent (costs an encoding).
+    pub(crate) count_bytes: bool,
+    /// Messages that reach a stalled node are delivered this long after the
+    /// stall ends, behind its timer: its pipes are still behind when its
+    /// task resumes (a starved process), not only its task.
+    pub(crate) io_lag: Duration,
+}
+
+/// Traffic counters of one slot.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Sent {
+    pub(crate) messages: u64,
+    pub(crate) bytes: u64,
+    /// `Gossip` and `Welcome` messages (full states).
+    pub(crate) states: u64,
 }
 
 impl Sim {
@@ -112,7 +133,80 @@ impl Sim {
             errors: Vec::new(),
             crashed: Vec::new(),
             trace: std::env::var_os("MEMBERSHIP_SIM_TRACE").is_some(),
+            timers: BTreeSet::new(),
+            timer_at: Vec::new(),
+            by_addr: BTreeMap::new(),
+            sent: Vec::new(),
+            count_bytes: false,
+            io_lag: Duration::ZERO,
         }
+    }
+
+    /// A cluster of `n` members that is already formed: every core starts
+    /// as a member holding the same state, all Up (for large clusters,
+    /// whose joining one by one a test need not replay). Slot 0 is the
+    /// oldest.
+    pub(crate) fn formed(seed: u64, config: MembershipConfig, n: usize) -> Self {
+        let mut sim = Sim::new(seed, config);
+        let ids: Vec<UniqueAddress> = (0..n)
+            .map(|slot| {
+                let addr = SocketAddr::from(([127, 0, 0, 1], 7000 + slot as u16));
+                UniqueAddress {
+                    addr,
+                    node_id: NodeId(sim.rng.next_u64()),
+                    incarnation: 1_000_000 + slot as u64,
+                }
+            })
+            .collect();
+        let gossip = Gossip::formed_for_tests(&ids);
+        for id in ids {
+            let core =
+                MembershipCore::formed_for_tests(id, sim.config.clone(), sim.now, gossip.clone());
+            sim.push_node(id, core);
+        }
+        sim
+    }
+
+    fn push_node(&mut self, id: UniqueAddress, core: MembershipCore) -> usize {
+        let slot = self.nodes.len();
+        self.nodes.push(SimNode {
+            addr: id.addr,
+            id,
+            core: Some(core),
+            marked_down: Vec::new(),
+            stalled_until: None,
+        });
+        self.by_addr.insert(id.addr, slot);
+        self.timer_at.push(None);
+        self.sent.push(Sent::default());
+        self.retime(slot);
+        slot
+    }
+
+    /// Re-files `slot`'s next wake-up after anything that may change it.
+    fn retime(&mut self, slot: usize) {
+        if let Some(old) = self.timer_at[slot].take() {
+            self.timers.remove(&(old, slot));
+        }
+        let node = &self.nodes[slot];
+        let t = node
+            .core
+            .as_ref()
+            .and_then(|c| c.poll_timeout())
+            .map(|t| node.stalled_until.map_or(t, |s| t.max(s)));
+        if let Some(t) = t {
+            self.timers.insert((t, slot));
+            self.timer_at[slot] = Some(t);
+        }
+    }
+
+    /// Traffic sent by every slot together so far.
+    pub(crate) fn total_sent(&self) -> Sent {
+        self.sent.iter().fold(Sent::default(), |a, b| Sent {
+            messages: a.messages + b.messages,
+            bytes: a.bytes + b.bytes,
+            states: a.states + b.states,
+        })
     }
 
     pub(crate) fn elapsed(&self) -> Duration {
@@ -133,14 +227,7 @@ impl Sim {
         let addr = SocketAddr::from(([127, 0, 0, 1], 7000 + slot as u16));
         let id = self.fresh_identity(addr);
         let core = MembershipCore::new(id, self.config.clone(), self.now).expect("valid config");
-        self.nodes.push(SimNode {
-            addr,
-            id,
-            core: Some(core),
-            marked_down: Vec::new(),
-            stalled_until: None,
-        });
-        slot
+        self.push_node(id, core)
     }
 
     pub(crate) fn addr(&self, slot: usize) -> SocketAddr {
@@ -169,6 +256,7 @@ impl Sim {
             self.errors.push((self.nodes[slot].id, e));
         }
         self.flush(slot);
+        self.retime(slot);
     }
 
     pub(crate) fn join(&mut self, slot: usize, seeds: &[usize]) {
@@ -190,6 +278,7 @@ impl Sim {
         if self.nodes[slot].core.take().is_some() {
             self.crashed.push(self.nodes[slot].id);
         }
+        self.retime(slot);
     }
 
     /// A new process at the same address: new node id and incarnation.
@@ -202,12 +291,14 @@ impl Sim {
         node.core = Some(core);
         node.marked_down.clear();
         node.stalled_until = None;
+        self.retime(slot);
         self.join(slot, seeds);
     }
 
     /// The node processes nothing (messages nor timers) for `d`.
     pub(crate) fn stall(&mut self, slot: usize, d: Duration) {
         self.nodes[slot].stalled_until = Some(self.now + d);
+        self.retime(slot);
     }
 
     /// Cuts the link between `a` and `b` in both directions.
@@ -253,7 +344,7 @@ impl Sim {
     }
 
     fn slot_of(&self, addr: SocketAddr) -> Option<usize> {
-        self.nodes.iter().position(|n| n.addr == addr)
+        self.by_addr.get(&addr).copied()
     }
 
     fn transmit(&mut self, from_slot: usize, to: Target, msg: MembershipMsg) {
@@ -270,6 +361,19 @@ impl Sim {
         let Some(to_slot) = self.slot_of(dst_addr) else {
             return;
         };
+        let sent = &mut self.sent[from_slot];
+        sent.messages += 1;
+        if matches!(
+            msg,
+            MembershipMsg::Gossip { .. } | MembershipMsg::Welcome { .. }
+        ) {
+            sent.states += 1;
+        }
+        if self.count_bytes {
+            let mut bytes = Vec::new();
+            ciborium::into_writer(&msg, &mut bytes).expect("encodable");
+            self.sent[from_slot].bytes += bytes.len() as u64;
+        }
         if self.cut.contains(&(from_slot, to_slot)) || self.rng.below(1000) < self.drop_per_mille {
             return;
         }
@@ -312,7 +416,7 @@ impl Sim {
             && until > self.now
         {
             self.seq += 1;
-            self.in_flight.insert((until, self.seq), env);
+            self.in_flight.insert((until + self.io_lag, self.seq), env);
             return;
         }
         if self.trace {
@@ -331,16 +435,7 @@ impl Sim {
     /// The next instant something happens, and what.
     fn next_due(&self) -> Option<(Instant, Option<usize>)> {
         let msg = self.in_flight.keys().next().map(|(t, _)| (*t, None));
-        let timer = self
-            .nodes
-            .iter()
-            .enumerate()
-            .filter_map(|(i, n)| {
-                let t = n.core.as_ref()?.poll_timeout()?;
-                let t = n.stalled_until.map_or(t, |s| t.max(s));
-                Some((t, Some(i)))
-            })
-            .min();
+        let timer = self.timers.first().map(|(t, i)| (*t, Some(*i)));
         match (msg, timer) {
             (Some(m), Some(t)) => Some(if m.0 <= t.0 { m } else { t }),
             (m, t) => m.or(t),
@@ -404,6 +499,25 @@ impl Sim {
                 return pred(self).then(|| self.now - begin);
             }
         }
+    }
+
+    /// Like [`run_until`](Self::run_until), but checks `pred` only every
+    /// `every` of simulated time (for predicates over large clusters);
+    /// the time returned is rounded up to that step.
+    pub(crate) fn run_until_every(
+        &mut self,
+        max: Duration,
+        every: Duration,
+        mut pred: impl FnMut(&Sim) -> bool,
+    ) -> Option<Duration> {
+        let begin = self.now;
+        while self.now - begin < max {
+            if pred(self) {
+                return Some(self.now - begin);
+            }
+            self.run_for(every);
+        }
+        pred(self).then(|| self.now - begin)
     }
 
     // ---- views --------------------------------------------------------
