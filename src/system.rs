@@ -215,29 +215,31 @@ impl<S> ShardedSystemBuilder<S> {
         let cluster = match self.node {
             Some(node) => {
                 let cluster = node.config();
-                let margin =
-                    self.config
-                        .down_removal_margin
-                        .unwrap_or(if cluster.split_brain.is_some() {
-                            // How far apart the two sides' decisions can be
-                            // (SPEC §13.15): a winner decides at least
-                            // failure timeout − heartbeat + stable_after
-                            // after the cut, a loser whose view never holds
-                            // still at most failure timeout + 2 ×
-                            // stable_after + failure timeout; one more
-                            // heartbeat for the loser's fence to land.
-                            let membership = cluster.membership();
-                            membership.stable_after
-                                + membership.failure_timeout()
-                                + 2 * membership.heartbeat_interval
-                        } else {
-                            Duration::ZERO
-                        });
+                let membership = cluster.membership();
+                // With a resolver and no margin given: how far apart the
+                // two sides' decisions can be (SPEC §13.15), one more
+                // heartbeat for the loser's fence to land, and more per
+                // ring cascade step as the membership grows.
+                let (margin, per_step) =
+                    match (self.config.down_removal_margin, cluster.split_brain) {
+                        (Some(margin), _) => (margin, Duration::ZERO),
+                        (None, Some(_)) => (
+                            membership
+                                .resolver_decision_spread(1)
+                                .saturating_add(membership.heartbeat_interval),
+                            membership
+                                .heartbeat_interval
+                                .saturating_add(membership.failure_timeout()),
+                        ),
+                        (None, None) => (Duration::ZERO, Duration::ZERO),
+                    };
                 let coordinator = CoordinatorConfig {
                     rebalance_interval: self.config.rebalance_interval,
                     rebalance_per_round: self.config.rebalance_per_round,
                     handoff_timeout: self.config.handoff_timeout,
                     dead_owner_margin: margin,
+                    margin_per_ring_step: per_step,
+                    ring_watchers: membership.monitored_by,
                     hold_through_unreachability: cluster.split_brain.is_some(),
                     ..CoordinatorConfig::default()
                 };

@@ -428,7 +428,7 @@ async fn run_w2(
     let downing = if timeout_downing {
         "timeout downing 200 ms"
     } else {
-        "keep-majority, stable_after 1 s, margin 1.6 s"
+        "keep-majority, stable_after 1 s, margin 1.9 s"
     };
     let nodes = cluster("shard-bench-w2", &checks, timeout_downing).await?;
     // Node 2 is not the coordinator (node 0, the oldest, is).

@@ -121,6 +121,30 @@ impl Default for MembershipConfig {
 }
 
 impl MembershipConfig {
+    /// With a split-brain resolver, a bound on how far apart in time the
+    /// two sides of a clean partition of `members` live members take their
+    /// decisions (SPEC §13.15). A side that stays decides no sooner than
+    /// `F − H + S` after the cut (heartbeat H, failure timeout F,
+    /// `stable_after` S: its first detection, then a view that held still).
+    /// A side that loses detects no later than `F` + the starved-watcher
+    /// credit (at most the pause P) + one detection step (`H + F`) per ring
+    /// cascade step, and gives up no later than the unstable limit after
+    /// that (`2S + F` + the same cascade). The difference:
+    /// `S + F + H + P + 2 × steps × (H + F)`, with `steps = (members − 1) /
+    /// monitored_by`.
+    pub fn resolver_decision_spread(&self, members: usize) -> Duration {
+        let steps =
+            u32::try_from(members.saturating_sub(1) / self.monitored_by.max(1)).unwrap_or(u32::MAX);
+        let step = self
+            .heartbeat_interval
+            .saturating_add(self.failure_timeout());
+        self.stable_after
+            .saturating_add(self.failure_timeout())
+            .saturating_add(self.heartbeat_interval)
+            .saturating_add(self.acceptable_heartbeat_pause)
+            .saturating_add(step.saturating_mul(steps.saturating_mul(2)))
+    }
+
     /// The silence after which an observer marks a peer Unreachable:
     /// `heartbeat_interval + acceptable_heartbeat_pause`.
     pub fn failure_timeout(&self) -> Duration {

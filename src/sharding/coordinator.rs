@@ -399,6 +399,12 @@ pub struct CoordinatorConfig {
     /// this long after the core first saw it gone (time for a node on the
     /// losing side of a partition to stop its entities).
     pub dead_owner_margin: Duration,
+    /// Added to `dead_owner_margin` twice per ring cascade step of the
+    /// current membership (`(members − 1) / ring_watchers`): a partition of
+    /// a larger ring is seen whole later (SPEC §13.15). Zero: a fixed margin.
+    pub margin_per_ring_step: Duration,
+    /// The membership's `monitored_by`, for the cascade steps.
+    pub ring_watchers: usize,
     /// A split-brain resolver decides who is gone: the coordinator role
     /// stays with the oldest Up member while it is unreachable (see
     /// [`acting_coordinator`]).
@@ -434,6 +440,8 @@ impl Default for CoordinatorConfig {
             rebalance_per_round: 3,
             handoff_timeout: Duration::from_secs(10),
             dead_owner_margin: Duration::ZERO,
+            margin_per_ring_step: Duration::ZERO,
+            ring_watchers: 1,
             hold_through_unreachability: false,
         }
     }
@@ -545,6 +553,15 @@ impl CoordinatorCore {
         self.highest_epoch
     }
 
+    /// The dead-owner margin for the current membership.
+    fn margin(&self) -> Duration {
+        let steps = self.members.len().saturating_sub(1) / self.config.ring_watchers.max(1);
+        let steps = u32::try_from(steps).unwrap_or(u32::MAX).saturating_mul(2);
+        self.config
+            .dead_owner_margin
+            .saturating_add(self.config.margin_per_ring_step.saturating_mul(steps))
+    }
+
     /// Whether the coordinator role stays with an unreachable oldest member.
     pub(crate) fn holds_through_unreachability(&self) -> bool {
         self.config.hold_through_unreachability
@@ -625,7 +642,7 @@ impl CoordinatorCore {
             // of the view): it may have placed shards this core never
             // heard of, on members beyond a partition. Allocate nothing
             // until those have fenced (SPEC §13.15).
-            let margin = self.config.dead_owner_margin;
+            let margin = self.margin();
             if let Some(previous) = previous
                 && previous != self.me
                 && !self.members.contains_key(&previous)
@@ -1112,7 +1129,7 @@ impl CoordinatorCore {
         moves: &mut Vec<(RebalanceReason, ShardMovement)>,
     ) {
         let table = &self.types[type_name];
-        let margin = self.config.dead_owner_margin;
+        let margin = self.margin();
         let members = &self.members;
         let gone_at = &mut self.gone_at;
         // A gone member's shards wait out the margin; a stopped region's

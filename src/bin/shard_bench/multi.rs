@@ -576,7 +576,7 @@ async fn serve<S: Send + Sync + 'static>(
     let downing = if args.downing == Downing::Timeout {
         "timeout downing 200 ms"
     } else {
-        "keep-majority, stable_after 1 s, margin 1.6 s"
+        "keep-majority, stable_after 1 s, margin 1.9 s"
     };
     println!(
         "DONE {}",
