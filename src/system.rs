@@ -241,6 +241,14 @@ impl<S> ShardedSystemBuilder<S> {
                     margin_per_ring_step: per_step,
                     ring_watchers: membership.monitored_by,
                     hold_through_unreachability: cluster.split_brain.is_some(),
+                    // A partition is decided by the unstable limit at the
+                    // latest (SPEC §10.5); its losers have fenced a margin
+                    // after that.
+                    hold_for: membership
+                        .stable_after
+                        .saturating_mul(2)
+                        .saturating_add(membership.failure_timeout())
+                        .saturating_add(margin),
                     ..CoordinatorConfig::default()
                 };
                 Some(ClusterLink::new(node, self.strategy, coordinator)?)

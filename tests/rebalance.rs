@@ -482,7 +482,10 @@ async fn a_rolling_restart_behind_a_proxy_loses_nothing_and_moves_shards_a_bound
     // Errors first: a duplicate in the logs is explained by the error that
     // made the writer retry.
     for e in &errors {
-        assert!(matches!(e, ShardingError::ShuttingDown), "{e:?} (all: {errors:?})");
+        assert!(
+            matches!(e, ShardingError::ShuttingDown),
+            "{e:?} (all: {errors:?})"
+        );
     }
     check_logs(&nodes[0].ledger, &last);
     rounds.extend(proxy.rebalance_rounds());

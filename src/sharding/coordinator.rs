@@ -407,28 +407,14 @@ pub struct CoordinatorConfig {
     pub ring_watchers: usize,
     /// A split-brain resolver decides who is gone: the coordinator role
     /// stays with the oldest Up member while it is unreachable (see
-    /// [`acting_coordinator`]).
+    /// [`CoordinatorCore::acting`]).
     pub hold_through_unreachability: bool,
-}
-
-/// The member that acts as shard coordinator in `state`: the membership's
-/// placement coordinator (the oldest reachable Up member) — except that
-/// with a split-brain resolver (`hold`), while the oldest Up member is
-/// beyond this node's side of a partition, it stays the coordinator here
-/// (so this side has none until the resolver has downed it or the
-/// partition heals; SPEC §13.15). An oldest member that is merely flagged
-/// by someone (one bad link that others bridge) is not beyond the side.
-pub(crate) fn acting_coordinator(state: &MembershipState, hold: bool) -> Option<UniqueAddress> {
-    let oldest = state
-        .members
-        .iter()
-        .filter(|m| m.status == MemberStatus::Up)
-        .min_by_key(|m| m.address.age_key())
-        .map(|m| m.address);
-    match oldest {
-        Some(oldest) if hold && state.beyond.contains(&oldest) => Some(oldest),
-        _ => state.coordinator,
-    }
+    /// How long the role stays with an oldest member that is flagged but
+    /// not beyond this node's side: while a partition is being detected
+    /// its members are seen flagged one by one, so this looks like one bad
+    /// link that others bridge; after this long a partition would have
+    /// been decided, and it is one.
+    pub hold_for: Duration,
 }
 
 impl Default for CoordinatorConfig {
@@ -443,6 +429,7 @@ impl Default for CoordinatorConfig {
             margin_per_ring_step: Duration::ZERO,
             ring_watchers: 1,
             hold_through_unreachability: false,
+            hold_for: Duration::ZERO,
         }
     }
 }
@@ -488,6 +475,8 @@ pub(crate) struct CoordinatorCore {
     quiet: bool,
     /// The acting coordinator in the latest view.
     acting: Option<UniqueAddress>,
+    /// The oldest Up member while it is flagged unreachable, and since when.
+    oldest_flagged: Option<(UniqueAddress, Instant)>,
 }
 
 impl CoordinatorCore {
@@ -517,6 +506,7 @@ impl CoordinatorCore {
             quiet_until: None,
             quiet: false,
             acting: None,
+            oldest_flagged: None,
         }
     }
 
@@ -553,6 +543,51 @@ impl CoordinatorCore {
         self.highest_epoch
     }
 
+    /// The member that acts as shard coordinator in `state` at `now`: the
+    /// membership's placement coordinator (the oldest reachable Up member),
+    /// except that with a split-brain resolver the role stays with the
+    /// oldest Up member while it is beyond this node's side of a partition
+    /// (this side then has no coordinator until the resolver has downed it
+    /// or the partition heals), and while it is flagged unreachable at all,
+    /// for at most `hold_for` (SPEC §13.15).
+    pub(crate) fn acting(
+        &mut self,
+        now: Instant,
+        state: &MembershipState,
+    ) -> Option<UniqueAddress> {
+        if !self.config.hold_through_unreachability {
+            return state.coordinator;
+        }
+        let oldest = state
+            .members
+            .iter()
+            .filter(|m| m.status == MemberStatus::Up)
+            .min_by_key(|m| m.address.age_key())
+            .map(|m| m.address);
+        let Some(oldest) = oldest.filter(|o| state.unreachable.contains(o)) else {
+            self.oldest_flagged = None;
+            return state.coordinator;
+        };
+        let since = match self.oldest_flagged {
+            Some((member, since)) if member == oldest => since,
+            _ => {
+                self.oldest_flagged = Some((oldest, now));
+                now
+            }
+        };
+        if state.beyond.contains(&oldest) || now.duration_since(since) < self.config.hold_for {
+            Some(oldest)
+        } else {
+            state.coordinator
+        }
+    }
+
+    /// Whether a hold on a flagged oldest member is running, so that the
+    /// role may move at a tick without a new membership view.
+    pub(crate) fn holding(&self) -> bool {
+        self.oldest_flagged.is_some()
+    }
+
     /// The dead-owner margin for the current membership.
     fn margin(&self) -> Duration {
         let steps = self.members.len().saturating_sub(1) / self.config.ring_watchers.max(1);
@@ -560,11 +595,6 @@ impl CoordinatorCore {
         self.config
             .dead_owner_margin
             .saturating_add(self.config.margin_per_ring_step.saturating_mul(steps))
-    }
-
-    /// Whether the coordinator role stays with an unreachable oldest member.
-    pub(crate) fn holds_through_unreachability(&self) -> bool {
-        self.config.hold_through_unreachability
     }
 
     /// Whether this core is the acting coordinator.
@@ -631,21 +661,28 @@ impl CoordinatorCore {
                 askers.retain(|m| members.contains_key(m));
             }
         }
-        let acting = acting_coordinator(state, self.config.hold_through_unreachability);
+        let acting = self.acting(now, state);
         let previous = std::mem::replace(&mut self.acting, acting);
         let should_be_active = acting == Some(self.me);
         if should_be_active && !self.active {
             self.active = true;
             self.highest_epoch = self.highest_epoch.saturating_add(1);
             self.epoch = self.highest_epoch;
-            // Taking over from a coordinator that is gone (downed, or out
-            // of the view): it may have placed shards this core never
-            // heard of, on members beyond a partition. Allocate nothing
-            // until those have fenced (SPEC §13.15).
+            // Taking over from a coordinator that did not hand the role
+            // over by leaving: it may have placed shards this core never
+            // heard of, on members beyond a partition, and may still act
+            // for a moment. Allocate nothing until those have fenced
+            // (SPEC §13.15).
             let margin = self.margin();
+            let handed_over = |p: &UniqueAddress| {
+                matches!(
+                    state.status_of(p),
+                    Some(MemberStatus::Leaving | MemberStatus::Exiting)
+                )
+            };
             if let Some(previous) = previous
                 && previous != self.me
-                && !self.members.contains_key(&previous)
+                && !handed_over(&previous)
                 && !margin.is_zero()
             {
                 self.quiet_until = Some(now + margin);

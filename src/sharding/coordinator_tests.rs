@@ -1459,35 +1459,45 @@ fn a_node_ignores_coordinator_messages_from_an_older_epoch() {
 
 #[test]
 fn with_a_resolver_the_role_stays_with_an_oldest_member_beyond_a_partition() {
+    let t0 = Instant::now();
     let n: Vec<UniqueAddress> = (1..=3).map(node).collect();
+    let hold_for = Duration::from_secs(4);
+    let config = CoordinatorConfig {
+        hold_through_unreachability: true,
+        hold_for,
+        ..CoordinatorConfig::default()
+    };
     let cut_off = split_view(n[1], &n, &n[..1]);
+    let mut plain = core(n[1]);
     assert_eq!(
-        acting_coordinator(&cut_off, false),
+        plain.acting(t0, &cut_off),
         Some(n[1]),
         "timeout downing: moves"
     );
+    let mut c = CoordinatorCore::new(n[1], config, Box::new(LeastShardAllocation));
+    assert_eq!(c.acting(t0, &cut_off), Some(n[0]), "resolver: stays");
+    let later = t0 + hold_for * 3;
     assert_eq!(
-        acting_coordinator(&cut_off, true),
+        c.acting(later, &cut_off),
         Some(n[0]),
-        "resolver: stays"
+        "beyond the side: for good"
     );
     let downed = view(n[1], &n[1..], &n[..1], &[]);
-    assert_eq!(
-        acting_coordinator(&downed, true),
-        Some(n[1]),
-        "moves once downed"
-    );
-    // One bad link to the oldest that a third member bridges: flagged, but
-    // on this side; the role moves as without a resolver, so that the
-    // member that cannot hear the oldest still reaches the coordinator.
+    assert_eq!(c.acting(later, &downed), Some(n[1]), "moves once downed");
+    // Flagged but on this side (one bad link that a third member bridges,
+    // or a partition whose members are not all flagged yet): the role
+    // stays for `hold_for`, then moves, so that the member that cannot
+    // hear the oldest reaches a coordinator.
     let bad_link = view(n[1], &n, &[], &n[..2]);
-    assert_eq!(acting_coordinator(&bad_link, true), Some(n[2]));
+    let mut c = CoordinatorCore::new(n[1], config, Box::new(LeastShardAllocation));
+    assert_eq!(c.acting(t0, &bad_link), Some(n[0]));
+    assert!(c.holding());
+    assert_eq!(
+        c.acting(t0 + hold_for - Duration::from_millis(1), &bad_link),
+        Some(n[0])
+    );
+    assert_eq!(c.acting(t0 + hold_for, &bad_link), Some(n[2]));
     // So a core on the side without the oldest stays inactive meanwhile.
-    let t0 = Instant::now();
-    let config = CoordinatorConfig {
-        hold_through_unreachability: true,
-        ..CoordinatorConfig::default()
-    };
     let mut c = CoordinatorCore::new(n[1], config, Box::new(LeastShardAllocation));
     c.set_membership(t0, &cut_off);
     assert!(!c.is_active());
@@ -1543,8 +1553,8 @@ fn a_takeover_from_a_downed_coordinator_allocates_nothing_within_the_margin() {
         !c.get_home(t0, n[1], TYPE, 0, 0).is_empty(),
         "allocated at once"
     );
-    // Nor does a takeover after the old coordinator's graceful leave (it
-    // handed its shards off first).
+    // Nor does a takeover after the old coordinator's graceful leave (the
+    // role moves when it is Leaving; it hands its shards off).
     let mut c = CoordinatorCore::new(n[1], config, Box::new(LeastShardAllocation));
     c.set_membership(t0, &view(n[1], &n, &[], &[]));
     let mut leaving = view(n[1], &n, &[], &[]);

@@ -36,7 +36,7 @@ use crate::runtime::region::{HomeChange, Region};
 use crate::runtime::region_actor::RegionMsg;
 use crate::sharding::coordinator::{
     Command, CoordinatorConfig, CoordinatorCore, LeastShardAllocation, RebalanceRound,
-    ShardAllocationStrategy, ShardHome, acting_coordinator,
+    ShardAllocationStrategy, ShardHome,
 };
 use crate::sharding::fast::{self, DataRef, EnvelopeRef};
 use crate::sharding::remote::Remote;
@@ -483,6 +483,11 @@ impl Control {
                 }
                 _ = tick.tick() => {
                     let now = Instant::now();
+                    if self.core.holding() {
+                        // The role may move when a hold runs out.
+                        let state = self.state.borrow().clone();
+                        self.membership(state);
+                    }
                     let commands = self.core.tick(now);
                     self.execute(commands);
                     self.retry(now);
@@ -859,7 +864,7 @@ impl Control {
         let now = Instant::now();
         // The coordinator this layer follows (the placement coordinator, or
         // with a resolver an oldest member beyond a partition: SPEC §13.15).
-        state.coordinator = acting_coordinator(&state, self.core.holds_through_unreachability());
+        state.coordinator = self.core.acting(now, &state);
         if matches!(
             state.self_status(),
             Some(MemberStatus::Down | MemberStatus::Removed)
