@@ -287,6 +287,19 @@ fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// SIGTERMs the nodes (a graceful leave) and checks that each exits 0.
+fn leave_gracefully(nodes: &mut [Node]) {
+    for n in nodes.iter_mut() {
+        let pid = n.child.id() as libc::pid_t;
+        // SAFETY: signalling our own child, not yet reaped.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+    }
+    for n in nodes {
+        let status = n.wait();
+        assert!(status.success(), "{status}");
+    }
+}
+
 /// Waits until every node has seen every node Up.
 fn all_up(nodes: &mut [Node]) {
     let n = nodes.len();
@@ -350,15 +363,7 @@ fn a_node_cut_off_by_a_real_partition_downs_itself_and_the_majority_goes_on() {
         "cut at 0 ms; the minority node exited {} ms later",
         exited.as_millis()
     );
-    for n in &mut nodes[..2] {
-        let pid = n.child.id() as libc::pid_t;
-        // SAFETY: signalling our own child, not yet reaped.
-        unsafe { libc::kill(pid, libc::SIGTERM) };
-    }
-    for n in &mut nodes[..2] {
-        let status = n.wait();
-        assert!(status.success(), "{status}");
-    }
+    leave_gracefully(&mut nodes[..2]);
 }
 
 /// Five nodes hosting the counter and driving asks at it (`--drive`), split
@@ -508,15 +513,7 @@ fn a_three_two_split_under_sharding_traffic_keeps_one_owner_per_shard() {
         earliest.duration_since(cut).as_millis(),
         latest.duration_since(cut).as_millis(),
     );
-    for n in &mut nodes[..3] {
-        let pid = n.child.id() as libc::pid_t;
-        // SAFETY: signalling our own child, not yet reaped.
-        unsafe { libc::kill(pid, libc::SIGTERM) };
-    }
-    for n in &mut nodes[..3] {
-        let status = n.wait();
-        assert!(status.success(), "{status}");
-    }
+    leave_gracefully(&mut nodes[..3]);
 }
 
 /// A 3/2 split with the coordinator (node 0, the oldest) on the minority,
@@ -666,13 +663,5 @@ fn a_split_with_the_coordinator_on_the_minority_places_no_shard_twice() {
         let line = n.newest("drive");
         assert_eq!(number(&line, "missing"), Some(0), "{line}");
     }
-    for n in &mut nodes[2..] {
-        let pid = n.child.id() as libc::pid_t;
-        // SAFETY: signalling our own child, not yet reaped.
-        unsafe { libc::kill(pid, libc::SIGTERM) };
-    }
-    for n in &mut nodes[2..] {
-        let status = n.wait();
-        assert!(status.success(), "{status}");
-    }
+    leave_gracefully(&mut nodes[2..]);
 }

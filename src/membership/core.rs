@@ -535,6 +535,17 @@ impl MembershipCore {
     }
 
     /// Up to `n` distinct random live members other than this node.
+    /// Where a change spreads: `gossip_fanout` random live members and the
+    /// leader.
+    fn spread_targets(&mut self) -> BTreeSet<MemberKey> {
+        let mut to: BTreeSet<MemberKey> = self
+            .random_others(self.config.gossip_fanout)
+            .into_iter()
+            .collect();
+        to.extend(self.leader.filter(|l| *l != self.key));
+        to
+    }
+
     fn random_others(&mut self, n: usize) -> Vec<MemberKey> {
         let others: Vec<MemberKey> = self
             .ring
@@ -821,22 +832,12 @@ impl MembershipCore {
         if self.push_pending {
             self.push_pending = false;
             self.spread_pending = false;
-            let mut to: BTreeSet<MemberKey> = self
-                .random_others(self.config.gossip_fanout)
-                .into_iter()
-                .collect();
-            to.extend(self.leader.filter(|l| *l != self.key));
-            for k in to {
+            for k in self.spread_targets() {
                 self.send_state(k, now);
             }
         } else if self.spread_pending {
             self.spread_pending = false;
-            let mut to: BTreeSet<MemberKey> = self
-                .random_others(self.config.gossip_fanout)
-                .into_iter()
-                .collect();
-            to.extend(self.leader.filter(|l| *l != self.key));
-            for k in to {
+            for k in self.spread_targets() {
                 self.send_digest(k);
             }
         }

@@ -54,6 +54,9 @@ pub fn intervals(timeline: &[(u64, u64)], width: Duration) -> Vec<Interval> {
         .collect()
 }
 
+/// A latency line: its label, colour and the value it shows.
+type Series = (&'static str, RGBColor, fn(&Interval) -> u64);
+
 /// The events marked on the chart, seconds since the run started.
 pub struct Marks {
     pub kill_s: f64,
@@ -98,7 +101,7 @@ pub fn draw(
         .split(|i| i.acks == 0)
         .filter(|run| !run.is_empty())
         .collect();
-    let series: [(&str, RGBColor, fn(&Interval) -> u64); 3] = [
+    let series: [Series; 3] = [
         ("p50", BLUE, |i| i.p50_us),
         ("p99", RGBColor(230, 120, 0), |i| i.p99_us),
         ("max", RED, |i| i.max_us),
