@@ -186,7 +186,9 @@ pub async fn drive<S>(
             if let Some(answered) = answered.filter(|_| attempts.acked) {
                 let took = began.elapsed().as_micros() as u64;
                 let mut answered = answered.lock().await;
-                if let Some(since) = answered.since {
+                // Only an ask begun after the kill counts: a reply already
+                // in flight then says nothing about where the entity lives.
+                if let Some(since) = answered.since.filter(|since| began >= *since) {
                     let at = since.elapsed();
                     answered.first.entry(id).or_insert(at);
                 }

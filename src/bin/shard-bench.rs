@@ -386,8 +386,11 @@ async fn run_w3(
     }
     {
         let checks = Arc::new(Checks::default());
-        let dir = std::env::temp_dir().join(format!("shard-bench-w3-{}", std::process::id()));
-        let store = Arc::new(FileStore::open(&dir, FileStoreFsyncPolicy::Always)?);
+        // Removed when dropped, on every path out.
+        let dir = tempfile::Builder::new()
+            .prefix("shard-bench-w3-")
+            .tempdir()?;
+        let store = Arc::new(FileStore::open(dir.path(), FileStoreFsyncPolicy::Always)?);
         let nodes = remembered_cluster("shard-bench-w3c", store, &checks).await?;
         let (run, store) = remembered_run(&nodes, messages, spawn, checks).await?;
         dropped.push(("file_always", store.failures));
@@ -396,7 +399,6 @@ async fn run_w3(
         ok &= run.correct();
         results.push(("file_always", run));
         stop(nodes).await;
-        let _ = std::fs::remove_dir_all(dir);
     }
     let base = results[0].1.cpu.as_secs_f64() / results[0].1.acks.max(1) as f64;
     let workload = if spawn { "w3-spawning" } else { "w3" };

@@ -457,15 +457,15 @@ async fn run_child(
             serve(index, args, in_flight, &cluster, system, checks, &mut words).await
         }
         "file" => {
-            let dir = std::env::temp_dir().join(format!("shard-bench-w3-{}", std::process::id()));
-            let store = Arc::new(FileStore::open(&dir, FileStoreFsyncPolicy::Always)?);
+            let dir = tempfile::Builder::new()
+                .prefix("shard-bench-w3-")
+                .tempdir()?;
+            let store = Arc::new(FileStore::open(dir.path(), FileStoreFsyncPolicy::Always)?);
             let system = builder.store(store).start().await?;
             system
                 .register_remembered::<PingEntity>(ping_factory(checks.clone()))
                 .await?;
-            let served = serve(index, args, in_flight, &cluster, system, checks, &mut words).await;
-            let _ = std::fs::remove_dir_all(dir);
-            served
+            serve(index, args, in_flight, &cluster, system, checks, &mut words).await
         }
         _ => {
             let system = builder.start().await?;
