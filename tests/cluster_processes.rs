@@ -17,6 +17,9 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+mod common;
+use common::{field, number};
+
 const BIN: &str = env!("CARGO_BIN_EXE_datum-node");
 /// Generous bound on any one wait: these processes share 2 cores with others.
 const LONG: Duration = Duration::from_secs(30);
@@ -179,26 +182,6 @@ impl Drop for NodeProcess {
             eprintln!("--- {} ({}) stderr ---\n{stderr}", self.name, self.addr);
         }
     }
-}
-
-/// The string value of `"key":"value"` in a flat JSON line (the node's
-/// lines hold no escaped quotes).
-fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
-    let pattern = format!("\"{key}\":\"");
-    let start = line.find(&pattern)? + pattern.len();
-    let len = line[start..].find('"')?;
-    Some(&line[start..start + len])
-}
-
-/// The number value of `"key":123` in a flat JSON line.
-fn number(line: &str, key: &str) -> Option<u64> {
-    let pattern = format!("\"{key}\":");
-    let start = line.find(&pattern)? + pattern.len();
-    let digits: String = line[start..]
-        .chars()
-        .take_while(char::is_ascii_digit)
-        .collect();
-    digits.parse().ok()
 }
 
 fn is_event_about(line: &str, event: &str, node_id: &str) -> bool {

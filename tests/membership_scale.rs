@@ -31,6 +31,9 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
 use std::thread;
 use std::time::{Duration, Instant};
 
+mod common;
+use common::field;
+
 const BIN: &str = env!("CARGO_BIN_EXE_datum-node");
 const LONG: Duration = Duration::from_secs(60);
 const IDLE: Duration = Duration::from_secs(5);
@@ -99,14 +102,6 @@ fn spawn(i: usize, bind: &str, seed: &str, tx: Sender<Out>) -> Node {
         child,
         reaped: false,
     }
-}
-
-/// The string value of `"key":"value"` in a flat JSON line.
-fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
-    let pattern = format!("\"{key}\":\"");
-    let start = line.find(&pattern)? + pattern.len();
-    let len = line[start..].find('"')?;
-    Some(&line[start..start + len])
 }
 
 /// utime + stime of a process, in clock ticks.

@@ -14,6 +14,9 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
 use std::thread;
 use std::time::{Duration, Instant};
 
+mod common;
+use common::{field, number, numbers};
+
 const BIN: &str = env!("CARGO_BIN_EXE_datum-node");
 const LONG: Duration = Duration::from_secs(30);
 
@@ -244,39 +247,6 @@ impl Drop for Node {
             let _ = self.child.wait();
         }
     }
-}
-
-/// A number field of a JSON line.
-fn number(line: &str, key: &str) -> Option<u64> {
-    let pattern = format!("\"{key}\":");
-    let start = line.find(&pattern)? + pattern.len();
-    let digits: String = line[start..]
-        .chars()
-        .take_while(char::is_ascii_digit)
-        .collect();
-    digits.parse().ok()
-}
-
-/// An array-of-numbers field of a JSON line (`shard_ids`).
-fn numbers(line: &str, key: &str) -> Vec<u32> {
-    let pattern = format!("\"{key}\":[");
-    let Some(start) = line.find(&pattern).map(|i| i + pattern.len()) else {
-        return Vec::new();
-    };
-    let Some(len) = line[start..].find(']') else {
-        return Vec::new();
-    };
-    line[start..start + len]
-        .split(',')
-        .filter_map(|n| n.trim().parse().ok())
-        .collect()
-}
-
-fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
-    let pattern = format!("\"{key}\":\"");
-    let start = line.find(&pattern)? + pattern.len();
-    let len = line[start..].find('"')?;
-    Some(&line[start..start + len])
 }
 
 /// One partition test at a time: they time failure detection, which two

@@ -72,6 +72,16 @@ enum Downing {
     Timeout,
 }
 
+impl Downing {
+    /// What the run's output says of it (the defaults of ClusterConfig).
+    fn label(self) -> &'static str {
+        match self {
+            Downing::Timeout => "timeout downing 200 ms",
+            Downing::KeepMajority => "keep-majority, stable_after 1 s, margin 1.9 s",
+        }
+    }
+}
+
 #[derive(Parser, Debug)]
 #[command(about = "The sharding workloads W1, W1-sat, W2 and W3 (BENCHMARK.md)")]
 struct Args {
@@ -423,15 +433,12 @@ const W2_INTERVAL: Duration = Duration::from_millis(20);
 
 async fn run_w2(
     messages: u64,
-    timeout_downing: bool,
+    downing: Downing,
     chart_path: &std::path::Path,
 ) -> Result<(serde_json::Value, bool), Box<dyn std::error::Error>> {
     let checks = Arc::new(Checks::default());
-    let downing = if timeout_downing {
-        "timeout downing 200 ms"
-    } else {
-        "keep-majority, stable_after 1 s, margin 1.9 s"
-    };
+    let timeout_downing = downing == Downing::Timeout;
+    let downing = downing.label();
     let nodes = cluster("shard-bench-w2", &checks, timeout_downing).await?;
     // Node 2 is not the coordinator (node 0, the oldest, is).
     let affected = entities_hosted_on(&nodes, 2);
@@ -652,7 +659,7 @@ async fn in_process(args: Args, in_flight: usize) -> ExitCode {
         Workload::W1 => run_w1(args.messages, in_flight, "w1").await,
         Workload::W1Sat => run_w1(args.messages, in_flight, "w1-sat").await,
         Workload::Transport => run_transport(args.messages, in_flight).await,
-        Workload::W2 => run_w2(args.messages, args.downing == Downing::Timeout, &args.chart).await,
+        Workload::W2 => run_w2(args.messages, args.downing, &args.chart).await,
         Workload::W3 => run_w3(args.messages, args.spawning).await,
     };
     match result {

@@ -588,6 +588,11 @@ impl CoordinatorCore {
         self.oldest_flagged.is_some()
     }
 
+    /// The acting coordinator of the latest view.
+    pub(crate) fn acting_now(&self) -> Option<UniqueAddress> {
+        self.acting
+    }
+
     /// The dead-owner margin for the current membership.
     fn margin(&self) -> Duration {
         let steps = self.members.len().saturating_sub(1) / self.config.ring_watchers.max(1);
@@ -629,11 +634,24 @@ impl CoordinatorCore {
         self.settling_until
     }
 
-    /// A new membership view. Becoming the coordinator starts the settle
-    /// period; while active, shards of members that are gone are reallocated.
+    /// [`acting`](Self::acting), then [`apply_membership`](Self::apply_membership).
+    #[cfg(test)]
     pub(crate) fn set_membership(&mut self, now: Instant, state: &MembershipState) -> Vec<Command> {
+        let acting = self.acting(now, state);
+        self.apply_membership(now, state, acting)
+    }
+
+    /// A new membership view, with the acting coordinator already found by
+    /// [`acting`](Self::acting) for it (the driver needs it first, to seed
+    /// a takeover). Becoming the coordinator starts the settle period;
+    /// while active, shards of members that are gone are reallocated.
+    pub(crate) fn apply_membership(
+        &mut self,
+        now: Instant,
+        state: &MembershipState,
+        acting: Option<UniqueAddress>,
+    ) -> Vec<Command> {
         let unreachable: BTreeSet<UniqueAddress> = state.unreachable.iter().copied().collect();
-        let before = std::mem::take(&mut self.members);
         self.members = state
             .members
             .iter()
@@ -650,7 +668,6 @@ impl CoordinatorCore {
                 Some((m.address, standing))
             })
             .collect();
-        let _ = before;
         let members = &self.members;
         self.registered.retain(|m| members.contains_key(m));
         for table in self.types.values_mut() {
@@ -661,7 +678,6 @@ impl CoordinatorCore {
                 askers.retain(|m| members.contains_key(m));
             }
         }
-        let acting = self.acting(now, state);
         let previous = std::mem::replace(&mut self.acting, acting);
         let should_be_active = acting == Some(self.me);
         if should_be_active && !self.active {

@@ -484,9 +484,12 @@ impl Control {
                 _ = tick.tick() => {
                     let now = Instant::now();
                     if self.core.holding() {
-                        // The role may move when a hold runs out.
+                        // The role may move when a hold runs out: the view
+                        // is handled again only then.
                         let state = self.state.borrow().clone();
-                        self.membership(state);
+                        if self.core.acting(now, &state) != self.core.acting_now() {
+                            self.membership(state);
+                        }
                     }
                     let commands = self.core.tick(now);
                     self.execute(commands);
@@ -864,7 +867,8 @@ impl Control {
         let now = Instant::now();
         // The coordinator this layer follows (the placement coordinator, or
         // with a resolver an oldest member beyond a partition: SPEC §13.15).
-        state.coordinator = self.core.acting(now, &state);
+        let acting = self.core.acting(now, &state);
+        state.coordinator = acting;
         if matches!(
             state.self_status(),
             Some(MemberStatus::Down | MemberStatus::Removed)
@@ -916,7 +920,7 @@ impl Control {
             let failed = self.remote.node_lost(&node);
             tracing::debug!(node = %self.me, lost = %node, failed_asks = failed, "member gone");
         }
-        let commands = self.core.set_membership(now, &state);
+        let commands = self.core.apply_membership(now, &state, acting);
         self.execute(commands);
         if state.coordinator != self.coordinator {
             let previous = std::mem::replace(&mut self.coordinator, state.coordinator);

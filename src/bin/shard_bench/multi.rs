@@ -266,19 +266,17 @@ fn run_cluster(
     let duplicates = sum(&figures, "duplicate_processings");
     let order = sum(&figures, "order_violations");
     // Duplicates and order violations of messages that were not retried.
-    let pairs = |v: &[serde_json::Value], key: &str| -> std::collections::HashSet<(u64, u64)> {
+    let pairs = |v: &[serde_json::Value], key: &str| -> Vec<(u64, u64)> {
         v.iter()
             .filter_map(|r| r[key].as_array())
             .flatten()
             .filter_map(|p| Some((p[0].as_u64()?, p[1].as_u64()?)))
             .collect()
     };
-    let retried = pairs(&reports, "retried");
-    let unexplained = figures
+    let retried: std::collections::HashSet<(u64, u64)> =
+        pairs(&reports, "retried").into_iter().collect();
+    let unexplained = pairs(&figures, "flagged")
         .iter()
-        .filter_map(|f| f["flagged"].as_array())
-        .flatten()
-        .filter_map(|p| Some((p[0].as_u64()?, p[1].as_u64()?)))
         .filter(|p| !retried.contains(p))
         .count();
     let cpu_ms: f64 = figures
@@ -573,11 +571,7 @@ async fn serve<S: Send + Sync + 'static>(
         .iter()
         .map(|(k, at)| (k.to_string(), (at.as_secs_f64() * 1e3).into()))
         .collect();
-    let downing = if args.downing == Downing::Timeout {
-        "timeout downing 200 ms"
-    } else {
-        "keep-majority, stable_after 1 s, margin 1.9 s"
-    };
+    let downing = args.downing.label();
     println!(
         "DONE {}",
         json!({
