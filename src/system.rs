@@ -227,9 +227,7 @@ impl<S> ShardedSystemBuilder<S> {
                             membership
                                 .resolver_decision_spread(1)
                                 .saturating_add(membership.heartbeat_interval),
-                            membership
-                                .heartbeat_interval
-                                .saturating_add(membership.failure_timeout()),
+                            membership.detection_step(),
                         ),
                         (None, None) => (Duration::ZERO, Duration::ZERO),
                     };

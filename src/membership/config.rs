@@ -127,22 +127,30 @@ impl MembershipConfig {
     /// `F − H + S` after the cut (heartbeat H, failure timeout F,
     /// `stable_after` S: its first detection, then a view that held still).
     /// A side that loses detects no later than `F` + the starved-watcher
-    /// credit (at most the pause P) + one detection step (`H + F`) per ring
-    /// cascade step, and gives up no later than the unstable limit after
-    /// that (`2S + F` + the same cascade). The difference:
-    /// `S + F + H + P + 2 × steps × (H + F)`, with `steps = (members − 1) /
-    /// monitored_by`.
+    /// credit (at most the pause P) + one [detection
+    /// step](Self::detection_step) per ring cascade step, and gives up no
+    /// later than the unstable limit after that (`2S + F` + the same
+    /// cascade). The difference: `S + F + H + P + 2 × steps × 2F`, with
+    /// `steps = (members − 1) / monitored_by`.
     pub fn resolver_decision_spread(&self, members: usize) -> Duration {
         let steps =
             u32::try_from(members.saturating_sub(1) / self.monitored_by.max(1)).unwrap_or(u32::MAX);
-        let step = self
-            .heartbeat_interval
-            .saturating_add(self.failure_timeout());
+        let step = self.detection_step();
         self.stable_after
             .saturating_add(self.failure_timeout())
             .saturating_add(self.heartbeat_interval)
             .saturating_add(self.acceptable_heartbeat_pause)
             .saturating_add(step.saturating_mul(steps.saturating_mul(2)))
+    }
+
+    /// How long a member that starts watching another (because the ring
+    /// moved: a nearer watcher was flagged) takes at most to flag it if it
+    /// is silent: the grace for the news to reach the watched member and
+    /// its first heartbeat to come back (`H + P`), then the failure timeout
+    /// `F`: `2F` in all. A partition of a large ring is seen whole one such
+    /// step per `monitored_by` members.
+    pub fn detection_step(&self) -> Duration {
+        self.failure_timeout().saturating_mul(2)
     }
 
     /// The silence after which an observer marks a peer Unreachable:

@@ -65,6 +65,10 @@ pub struct MembershipCore {
     /// Where this node's heartbeats go: its ring watchers, and every
     /// observer whose row flags this node.
     targets: Vec<MemberKey>,
+    /// Former targets that are still live, heartbeated until the instant:
+    /// a member that stops heartbeating a watcher because its view moved
+    /// keeps doing so while the watcher may not have learnt the move yet.
+    lingering: BTreeMap<MemberKey, Instant>,
     /// The live members, oldest first (this node included).
     ring: Vec<MemberKey>,
     /// When each live other member was first seen.
@@ -132,6 +136,7 @@ impl MembershipCore {
             credit: BTreeMap::new(),
             watched: BTreeSet::new(),
             targets: Vec::new(),
+            lingering: BTreeMap::new(),
             ring: Vec::new(),
             first_seen: BTreeMap::new(),
             leader: None,
@@ -473,7 +478,9 @@ impl MembershipCore {
                     return Ok(());
                 }
                 if now >= self.next_heartbeat {
-                    for k in self.targets.clone() {
+                    self.lingering.retain(|_, until| now < *until);
+                    let lingering: Vec<MemberKey> = self.lingering.keys().copied().collect();
+                    for k in self.targets.clone().into_iter().chain(lingering) {
                         self.send_digest(k);
                     }
                     self.next_heartbeat = later(now, self.config.heartbeat_interval);
@@ -882,9 +889,13 @@ impl MembershipCore {
     /// Recomputes the ring, the leader, whom this node watches and whom it
     /// heartbeats. A member this node starts watching gets a grace before
     /// the detector counts: `first_heartbeat_grace` from when it was first
-    /// seen (a joiner may not know this node yet), and at least one
-    /// heartbeat interval from now (an old member learns of the change by
-    /// gossip; this node sends it its digest at once so that it does).
+    /// seen (a joiner may not know this node yet), and at least the failure
+    /// timeout from now. An old member may not know yet that it should
+    /// heartbeat this node: the change that moved the ring (a third member
+    /// flagged or gone) may not have reached it. So this node sends it its
+    /// whole state at once (a digest would cost two more hops before the
+    /// news arrived), and the grace covers that delivery and the first
+    /// heartbeat coming back (`H + P`), before the usual timeout counts.
     fn refresh_ring(&mut self, now: Instant) {
         let unreachable = self.gossip.unreachable_keys();
         self.leader = self.leader_key(&unreachable);
@@ -902,6 +913,7 @@ impl MembershipCore {
         let Ok(me) = self.ring.binary_search(&self.key) else {
             self.watched.clear();
             self.targets.clear();
+            self.lingering.clear();
             self.last_heard.clear();
             return;
         };
@@ -923,16 +935,34 @@ impl MembershipCore {
             }
             let first = self.first_seen.get(m).copied().unwrap_or(now);
             let base = later(first, self.config.first_heartbeat_grace)
-                .max(later(now, self.config.heartbeat_interval));
+                .max(later(now, self.config.failure_timeout()));
             self.last_heard.insert(*m, base);
             if first < now {
                 told.push(*m);
             }
         }
         self.watched = watched;
+        // A target this node drops may still watch it until the change
+        // reaches it: it gets this node's state at once and its heartbeats
+        // for `first_heartbeat_grace` (the time a member is given to learn
+        // of a membership change).
+        let dropped: Vec<MemberKey> = self
+            .targets
+            .iter()
+            .filter(|t| !targets.contains(t) && self.ring.binary_search(t).is_ok())
+            .copied()
+            .collect();
+        let ring = &self.ring;
+        self.lingering
+            .retain(|t, _| !targets.contains(t) && ring.binary_search(t).is_ok());
+        for t in &dropped {
+            self.lingering
+                .insert(*t, later(now, self.config.first_heartbeat_grace));
+        }
         self.targets = targets.into_iter().collect();
-        for m in told {
-            self.send_digest(m);
+        let inform: BTreeSet<MemberKey> = told.into_iter().chain(dropped).collect();
+        for m in inform {
+            self.send_state(m, now);
         }
     }
 

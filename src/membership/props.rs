@@ -408,12 +408,13 @@ fn regression_ring_calm_false_down_after_restarts() {
 }
 
 /// Found by `calm_histories_converge_without_false_downs` after the ring and
-/// digest-first gossip came in (issue 12), not fixed yet: the joiner in slot
-/// 5 never learns that the members that joined with it are Up (its view
-/// keeps them Joining), and the leader downs it about 3 s in. Run with
-/// `cargo test --lib regression_calm_false_down_after -- --ignored`.
+/// digest-first gossip came in (issue 12). Crashed 7001 was still Joining,
+/// so 7005's ring had it among 7005's watchers and 7006 outside them; 7006
+/// learnt first that 7001 was unreachable, started watching 7005 and sent it
+/// a digest, but the news took three hops of up to 250 ms to reach 7005,
+/// longer than the grace, and 7005 was flagged and downed. A new watcher now
+/// sends its whole state and waits `H + P` before the timeout counts.
 #[test]
-#[ignore = "known bug (issue 12): a joiner's view never converges and it is downed"]
 fn regression_calm_false_down_after_a_leave_among_restarts() {
     use Op::*;
     let ops = [
@@ -432,6 +433,26 @@ fn regression_calm_false_down_after_a_leave_among_restarts() {
         Advance(5892),
     ];
     if let Err(e) = run_history(1, &ops, true) {
+        panic!("{e}");
+    }
+}
+
+#[test]
+fn regression_small_ring_false_down_after_the_seed_restarts() {
+    use Op::*;
+    let ops = [
+        Advance(55701),
+        AddNode,
+        AddNode,
+        AddNode,
+        AddNode,
+        AddNode,
+        Advance(65535),
+        AddNode,
+        Restart(161),
+        Advance(932),
+    ];
+    if let Err(e) = run_history_with(1858553573223775332, &ops, true, small_ring()) {
         panic!("{e}");
     }
 }
