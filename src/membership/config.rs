@@ -130,7 +130,7 @@ impl MembershipConfig {
     /// credit (at most the pause P) + one [detection
     /// step](Self::detection_step) per ring cascade step, and gives up no
     /// later than the unstable limit after that (`2S + F` + the same
-    /// cascade). The difference: `S + F + H + P + 2 × steps × 2F`, with
+    /// cascade). The difference: `S + F + H + P + 2 × steps × (P + F)`, with
     /// `steps = (members − 1) / monitored_by`.
     pub fn resolver_decision_spread(&self, members: usize) -> Duration {
         let steps =
@@ -144,13 +144,16 @@ impl MembershipConfig {
     }
 
     /// How long a member that starts watching another (because the ring
-    /// moved: a nearer watcher was flagged) takes at most to flag it if it
-    /// is silent: the grace for the news to reach the watched member and
-    /// its first heartbeat to come back (`H + P`), then the failure timeout
-    /// `F`: `2F` in all. A partition of a large ring is seen whole one such
-    /// step per `monitored_by` members.
+    /// moved: a nearer watcher was flagged) takes to flag it if it is
+    /// silent: a grace of the pause `P` (this node's state reaching the
+    /// member, and its first heartbeat coming back), then the failure
+    /// timeout `F`: `P + F` in all (700 ms by default), plus up to `P` of
+    /// starved-watcher credit. A partition of a large ring is seen whole one
+    /// such step per `monitored_by` members; `stable_after` must be longer
+    /// than a step for a side to wait for the whole of it (SPEC §10.10).
     pub fn detection_step(&self) -> Duration {
-        self.failure_timeout().saturating_mul(2)
+        self.acceptable_heartbeat_pause
+            .saturating_add(self.failure_timeout())
     }
 
     /// The silence after which an observer marks a peer Unreachable:

@@ -65,6 +65,9 @@ pub struct MembershipCore {
     /// Where this node's heartbeats go: its ring watchers, and every
     /// observer whose row flags this node.
     targets: Vec<MemberKey>,
+    /// The part of `targets` that the ring gives (not the observers that
+    /// flag this node): the watchers a dropped target is taken from.
+    ring_targets: BTreeSet<MemberKey>,
     /// Former targets that are still live, heartbeated until the instant:
     /// a member that stops heartbeating a watcher because its view moved
     /// keeps doing so while the watcher may not have learnt the move yet.
@@ -97,6 +100,10 @@ pub struct MembershipCore {
     /// Since when each member has been unreachable in the gossiped view.
     unreachable_since: BTreeMap<MemberKey, Instant>,
     next_heartbeat: Instant,
+    /// Heartbeat and gossip ticks fall on `anchor + n × interval` when set
+    /// ([`align_ticks`](Self::align_ticks)); else one interval after the
+    /// last tick.
+    tick_anchor: Option<Instant>,
     exit_deadline: Option<Instant>,
     published: Published,
     marked_down: BTreeSet<MemberKey>,
@@ -136,6 +143,7 @@ impl MembershipCore {
             credit: BTreeMap::new(),
             watched: BTreeSet::new(),
             targets: Vec::new(),
+            ring_targets: BTreeSet::new(),
             lingering: BTreeMap::new(),
             ring: Vec::new(),
             first_seen: BTreeMap::new(),
@@ -153,6 +161,7 @@ impl MembershipCore {
             seen: BTreeMap::new(),
             unreachable_since: BTreeMap::new(),
             next_heartbeat: now,
+            tick_anchor: None,
             exit_deadline: None,
             published: Published::default(),
             marked_down: BTreeSet::new(),
@@ -415,6 +424,31 @@ impl MembershipCore {
         }
     }
 
+    /// Puts this node's heartbeat and gossip ticks on a grid: from now on
+    /// they fall on `anchor + n × interval`. A driver passes the instant at
+    /// which its wall clock last showed a whole minute, so that the nodes
+    /// of a cluster (clocks within a few ms of each other) tick together:
+    /// a member's heartbeats then arrive together with its own tick, and it
+    /// wakes once per interval instead of once per watcher (SPEC §10.5).
+    /// Nothing depends on it for correctness; without it each node ticks
+    /// one interval after its last tick.
+    pub fn align_ticks(&mut self, anchor: Instant) {
+        self.tick_anchor = Some(anchor);
+    }
+
+    /// The next tick after `now` for a timer every `every`.
+    fn next_tick(&self, now: Instant, every: Duration) -> Instant {
+        let Some(anchor) = self.tick_anchor.filter(|a| *a <= now && !every.is_zero()) else {
+            return later(now, every);
+        };
+        let every_ns = every.as_nanos();
+        let into_tick = now.duration_since(anchor).as_nanos() % every_ns;
+        u64::try_from(every_ns - into_tick)
+            .ok()
+            .and_then(|left| now.checked_add(Duration::from_nanos(left)))
+            .unwrap_or_else(|| later(now, every))
+    }
+
     /// Handles the wake-up asked for by [`poll_timeout`](Self::poll_timeout):
     /// sends heartbeats, runs the failure detector, retries joins, takes the
     /// leader's timed decisions. Calling it early or often is harmless.
@@ -483,11 +517,11 @@ impl MembershipCore {
                     for k in self.targets.clone().into_iter().chain(lingering) {
                         self.send_digest(k);
                     }
-                    self.next_heartbeat = later(now, self.config.heartbeat_interval);
+                    self.next_heartbeat = self.next_tick(now, self.config.heartbeat_interval);
                 }
                 if now >= self.next_gossip {
                     self.gossip_round();
-                    self.next_gossip = later(now, self.config.gossip_interval);
+                    self.next_gossip = self.next_tick(now, self.config.gossip_interval);
                 }
                 Ok(())
             }
@@ -894,8 +928,9 @@ impl MembershipCore {
     /// heartbeat this node: the change that moved the ring (a third member
     /// flagged or gone) may not have reached it. So this node sends it its
     /// whole state at once (a digest would cost two more hops before the
-    /// news arrived), and the grace covers that delivery and the first
-    /// heartbeat coming back (`H + P`), before the usual timeout counts.
+    /// news arrived; a member heartbeats a new watcher at once), and the
+    /// grace covers that delivery and the first heartbeat coming back (the
+    /// pause P), before the usual timeout counts.
     fn refresh_ring(&mut self, now: Instant) {
         let unreachable = self.gossip.unreachable_keys();
         self.leader = self.leader_key(&unreachable);
@@ -913,6 +948,7 @@ impl MembershipCore {
         let Ok(me) = self.ring.binary_search(&self.key) else {
             self.watched.clear();
             self.targets.clear();
+            self.ring_targets.clear();
             self.lingering.clear();
             self.last_heard.clear();
             return;
@@ -922,9 +958,10 @@ impl MembershipCore {
             .into_iter()
             .collect();
         watched.extend(self.gossip.row_subjects(&self.key));
-        let mut targets: BTreeSet<MemberKey> = ring::watchers_of(&self.ring, me, &unreachable, k)
+        let ring_targets: BTreeSet<MemberKey> = ring::watchers_of(&self.ring, me, &unreachable, k)
             .into_iter()
             .collect();
+        let mut targets = ring_targets.clone();
         targets.extend(self.gossip.observers_of(&self.key));
         self.last_heard.retain(|m, _| watched.contains(m));
         self.credit.retain(|m, _| watched.contains(m));
@@ -935,21 +972,30 @@ impl MembershipCore {
             }
             let first = self.first_seen.get(m).copied().unwrap_or(now);
             let base = later(first, self.config.first_heartbeat_grace)
-                .max(later(now, self.config.failure_timeout()));
+                .max(later(now, self.config.acceptable_heartbeat_pause));
             self.last_heard.insert(*m, base);
             if first < now {
                 told.push(*m);
             }
         }
         self.watched = watched;
-        // A target this node drops may still watch it until the change
-        // reaches it: it gets this node's state at once and its heartbeats
-        // for `first_heartbeat_grace` (the time a member is given to learn
-        // of a membership change).
+        // A ring watcher this node drops may still watch it until the
+        // change reaches it: it gets this node's state at once and its
+        // heartbeats for `first_heartbeat_grace` (the time a member is given
+        // to learn of a membership change). An observer that cleared its
+        // flag is not one: it heard this node.
         let dropped: Vec<MemberKey> = self
-            .targets
+            .ring_targets
             .iter()
             .filter(|t| !targets.contains(t) && self.ring.binary_search(t).is_ok())
+            .copied()
+            .collect();
+        // A new watcher seen before now may already be counting (a
+        // newcomer gives this node the first-heartbeat grace).
+        let added: Vec<MemberKey> = targets
+            .iter()
+            .filter(|t| !self.targets.contains(t))
+            .filter(|t| self.first_seen.get(t).is_some_and(|first| *first < now))
             .copied()
             .collect();
         let ring = &self.ring;
@@ -960,9 +1006,13 @@ impl MembershipCore {
                 .insert(*t, later(now, self.config.first_heartbeat_grace));
         }
         self.targets = targets.into_iter().collect();
+        self.ring_targets = ring_targets;
         let inform: BTreeSet<MemberKey> = told.into_iter().chain(dropped).collect();
         for m in inform {
             self.send_state(m, now);
+        }
+        for m in added {
+            self.send_digest(m);
         }
     }
 
@@ -1094,18 +1144,15 @@ impl MembershipCore {
     ///
     /// On a ring that is not all-to-all, a partition is seen whole only
     /// step by step: the watchers at its edge flag the members they watch
-    /// beyond it, then watch the next ones (which get a heartbeat interval
-    /// before the detector counts), and so on — about one step of
-    /// `heartbeat_interval + failure_timeout` per `monitored_by` members
+    /// beyond it, then watch the next ones (which get a grace before the
+    /// detector counts), and so on — about one [detection
+    /// step](MembershipConfig::detection_step) per `monitored_by` members
     /// beyond. The limit allows one such step per `monitored_by` live
     /// members (none for a cluster watched all-to-all).
     fn unstable_limit(&self) -> Duration {
         let k = self.config.monitored_by.max(1);
         let steps = self.ring.len().saturating_sub(1) / k;
-        let step = self
-            .config
-            .heartbeat_interval
-            .saturating_add(self.config.failure_timeout());
+        let step = self.config.detection_step();
         self.config
             .stable_after
             .saturating_mul(2)

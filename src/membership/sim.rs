@@ -102,6 +102,9 @@ pub(crate) struct Sim {
     /// stall ends, behind its timer: its pipes are still behind when its
     /// task resumes (a starved process), not only its task.
     pub(crate) io_lag: Duration,
+    /// Nodes added or restarted from now on tick on one grid anchored at
+    /// `start` ([`MembershipCore::align_ticks`]), as `datum-node`s do.
+    pub(crate) align_ticks: bool,
 }
 
 /// Traffic counters of one slot.
@@ -139,6 +142,7 @@ impl Sim {
             sent: Vec::new(),
             count_bytes: false,
             io_lag: Duration::ZERO,
+            align_ticks: false,
         }
     }
 
@@ -213,6 +217,15 @@ impl Sim {
         self.now - self.start
     }
 
+    /// A core for a new process, on the shared tick grid if `align_ticks`.
+    fn new_core(&self, id: UniqueAddress) -> MembershipCore {
+        let mut core = MembershipCore::new(id, self.config.clone(), self.now).expect("valid config");
+        if self.align_ticks {
+            core.align_ticks(self.start);
+        }
+        core
+    }
+
     fn fresh_identity(&mut self, addr: SocketAddr) -> UniqueAddress {
         UniqueAddress {
             addr,
@@ -226,7 +239,7 @@ impl Sim {
         let slot = self.nodes.len();
         let addr = SocketAddr::from(([127, 0, 0, 1], 7000 + slot as u16));
         let id = self.fresh_identity(addr);
-        let core = MembershipCore::new(id, self.config.clone(), self.now).expect("valid config");
+        let core = self.new_core(id);
         self.push_node(id, core)
     }
 
@@ -285,7 +298,7 @@ impl Sim {
     pub(crate) fn restart(&mut self, slot: usize, seeds: &[usize]) {
         self.crash(slot);
         let id = self.fresh_identity(self.nodes[slot].addr);
-        let core = MembershipCore::new(id, self.config.clone(), self.now).expect("valid config");
+        let core = self.new_core(id);
         let node = &mut self.nodes[slot];
         node.id = id;
         node.core = Some(core);
