@@ -15,7 +15,9 @@
 //!
 //! `DATUM_SCALE_NODES` (default 50) changes the count, `DATUM_SCALE_FLAGS`
 //! adds `datum-node` flags (say `--monitored-by 9`), `DATUM_SCALE_RUNS`
-//! (default 1) repeats the whole story, and `DATUM_SCALE_REPORT_ONLY=1`
+//! (default 1) repeats the whole story, `DATUM_SCALE_BIN` runs another
+//! `datum-node` binary (say, an earlier build, for a before/after in one
+//! sitting), and `DATUM_SCALE_REPORT_ONLY=1`
 //! prints the figures without asserting the timing targets (the
 //! correctness ones — nobody healthy flagged, nobody exits — always hold).
 //!
@@ -62,7 +64,8 @@ impl Drop for Node {
 
 fn spawn(i: usize, bind: &str, seed: &str, tx: Sender<Out>) -> Node {
     let extra = std::env::var("DATUM_SCALE_FLAGS").unwrap_or_default();
-    let mut child = Command::new(BIN)
+    let bin = std::env::var("DATUM_SCALE_BIN").unwrap_or_else(|_| BIN.to_string());
+    let mut child = Command::new(bin)
         .args([
             "--cluster-name",
             "scale-test",
