@@ -123,8 +123,8 @@ impl ClusterNode {
             }
         };
         let mut core = MembershipCore::new(me, membership, Instant::now())?;
-        if let Some(anchor) = whole_minute_before(Instant::now()) {
-            core.align_ticks(anchor);
+        if let Ok(since_epoch) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+            core.align_ticks(Instant::now(), since_epoch);
         }
         core.join(Instant::now(), &config.seed_nodes)?;
         let (state_tx, state) = watch::channel(core.state());
@@ -400,15 +400,4 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
         Some(deadline) => tokio::time::sleep_until(deadline).await,
         None => std::future::pending().await,
     }
-}
-
-/// The instant at which the wall clock last showed a whole minute: the
-/// anchor of the membership's tick grid, the same on every node whose clock
-/// is right (see `MembershipCore::align_ticks`).
-fn whole_minute_before(now: Instant) -> Option<Instant> {
-    let since_epoch = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .ok()?;
-    let into_minute = since_epoch.as_nanos() % 60_000_000_000;
-    now.checked_sub(Duration::from_nanos(u64::try_from(into_minute).ok()?))
 }

@@ -100,10 +100,11 @@ pub struct MembershipCore {
     /// Since when each member has been unreachable in the gossiped view.
     unreachable_since: BTreeMap<MemberKey, Instant>,
     next_heartbeat: Instant,
-    /// Heartbeat and gossip ticks fall on `anchor + n × interval` when set
-    /// ([`align_ticks`](Self::align_ticks)); else one interval after the
-    /// last tick.
-    tick_anchor: Option<Instant>,
+    /// An instant and the wall clock's time since the Unix epoch then, when
+    /// set ([`align_ticks`](Self::align_ticks)): heartbeat and gossip ticks
+    /// fall where that clock shows a multiple of their interval; else one
+    /// interval after the last tick.
+    tick_anchor: Option<(Instant, Duration)>,
     exit_deadline: Option<Instant>,
     published: Published,
     marked_down: BTreeSet<MemberKey>,
@@ -424,25 +425,30 @@ impl MembershipCore {
         }
     }
 
-    /// Puts this node's heartbeat and gossip ticks on a grid: from now on
-    /// they fall on `anchor + n × interval`. A driver passes the instant at
-    /// which its wall clock last showed a whole minute, so that the nodes
-    /// of a cluster (clocks within a few ms of each other) tick together:
-    /// a member's heartbeats then arrive together with its own tick, and it
-    /// wakes once per interval instead of once per watcher (SPEC §10.5).
-    /// Nothing depends on it for correctness; without it each node ticks
-    /// one interval after its last tick.
-    pub fn align_ticks(&mut self, anchor: Instant) {
-        self.tick_anchor = Some(anchor);
+    /// Puts this node's heartbeat and gossip ticks on the wall clock's
+    /// grid: from now on each falls where the clock shows a whole multiple
+    /// of its interval since the Unix epoch. The driver reads its clock
+    /// once: `since_epoch` is what it showed at `anchor`. So the nodes of a
+    /// cluster (clocks within a few ms of each other) tick together, for
+    /// any interval: a member's heartbeats then arrive together with its
+    /// own tick, and it wakes about once per interval instead of once per
+    /// watcher (SPEC §10.4). Nothing depends on it for correctness; without
+    /// it each node ticks one interval after its last tick.
+    pub fn align_ticks(&mut self, anchor: Instant, since_epoch: Duration) {
+        self.tick_anchor = Some((anchor, since_epoch));
     }
 
     /// The next tick after `now` for a timer every `every`.
     fn next_tick(&self, now: Instant, every: Duration) -> Instant {
-        let Some(anchor) = self.tick_anchor.filter(|a| *a <= now && !every.is_zero()) else {
+        let Some((anchor, since_epoch)) = self
+            .tick_anchor
+            .filter(|(a, _)| *a <= now && !every.is_zero())
+        else {
             return later(now, every);
         };
         let every_ns = every.as_nanos();
-        let into_tick = now.duration_since(anchor).as_nanos() % every_ns;
+        let wall_ns = since_epoch.as_nanos() + now.duration_since(anchor).as_nanos();
+        let into_tick = wall_ns % every_ns;
         u64::try_from(every_ns - into_tick)
             .ok()
             .and_then(|left| now.checked_add(Duration::from_nanos(left)))
@@ -923,8 +929,8 @@ impl MembershipCore {
     /// Recomputes the ring, the leader, whom this node watches and whom it
     /// heartbeats. A member this node starts watching gets a grace before
     /// the detector counts: `first_heartbeat_grace` from when it was first
-    /// seen (a joiner may not know this node yet), and at least the failure
-    /// timeout from now. An old member may not know yet that it should
+    /// seen (a joiner may not know this node yet), and at least the pause
+    /// from now. An old member may not know yet that it should
     /// heartbeat this node: the change that moved the ring (a third member
     /// flagged or gone) may not have reached it. So this node sends it its
     /// whole state at once (a digest would cost two more hops before the
@@ -1148,7 +1154,9 @@ impl MembershipCore {
     /// detector counts), and so on — about one [detection
     /// step](MembershipConfig::detection_step) per `monitored_by` members
     /// beyond. The limit allows one such step per `monitored_by` live
-    /// members (none for a cluster watched all-to-all).
+    /// members beyond the first (none up to `monitored_by` members; one at
+    /// `monitored_by + 1`, which is still watched all-to-all: a step too
+    /// many, on the safe side).
     fn unstable_limit(&self) -> Duration {
         let k = self.config.monitored_by.max(1);
         let steps = self.ring.len().saturating_sub(1) / k;
@@ -1421,6 +1429,16 @@ fn later(now: Instant, d: Duration) -> Instant {
 
 #[cfg(test)]
 impl MembershipCore {
+    /// The former heartbeat targets still heartbeated, and until when.
+    pub(crate) fn lingering_for_tests(&self) -> Vec<(UniqueAddress, Instant)> {
+        self.lingering.iter().map(|(k, t)| (k.0, *t)).collect()
+    }
+
+    /// Where this node's heartbeats go.
+    pub(crate) fn targets_for_tests(&self) -> Vec<UniqueAddress> {
+        self.targets.iter().map(|k| k.0).collect()
+    }
+
     /// A member of an already formed cluster holding `gossip` (simulations
     /// of large clusters). Its view is published silently.
     pub(crate) fn formed_for_tests(

@@ -140,6 +140,18 @@ pub(crate) fn run_history_on(
     config: MembershipConfig,
     aligned: bool,
 ) -> Result<(), String> {
+    let (sim, left) = play(seed, ops, calm, config, aligned);
+    check(&sim, &left, calm).map_err(|e| format!("{e}\n{}", sim.dump()))
+}
+
+/// Plays `ops`, heals, settles; returns the simulation and the leavers.
+fn play(
+    seed: u64,
+    ops: &[Op],
+    calm: bool,
+    config: MembershipConfig,
+    aligned: bool,
+) -> (Sim, Vec<UniqueAddress>) {
     let mut sim = Sim::new(seed, config);
     sim.align_ticks = aligned;
     sim.min_delay = ms(0);
@@ -200,7 +212,7 @@ pub(crate) fn run_history_on(
     sim.drop_per_mille = 0;
     sim.max_delay = ms(2);
     sim.run_for(ms(15_000));
-    check(&sim, &left, calm).map_err(|e| format!("{e}\n{}", sim.dump()))
+    (sim, left)
 }
 
 fn check(sim: &Sim, left: &[UniqueAddress], calm: bool) -> Result<(), String> {
@@ -443,7 +455,7 @@ fn regression_ring_calm_false_down_after_restarts() {
 /// learnt first that 7001 was unreachable, started watching 7005 and sent it
 /// a digest, but the news took three hops of up to 250 ms to reach 7005,
 /// longer than the grace, and 7005 was flagged and downed. A new watcher now
-/// sends its whole state and waits `H + P` before the timeout counts.
+/// sends its whole state and waits the pause P before the timeout counts.
 #[test]
 fn regression_calm_false_down_after_a_leave_among_restarts() {
     use Op::*;
@@ -508,8 +520,27 @@ fn regression_a_leaver_stopped_by_its_exit_timeout_may_be_downed() {
         Restart(149),
         Restart(71),
     ];
-    let config = MembershipConfig::default();
-    if let Err(e) = run_history_on(7600661764614148000, &ops, true, config, true) {
+    let (sim, left) = play(7600661764614148000, &ops, true, MembershipConfig::default(), true);
+    if let Err(e) = check(&sim, &left, true) {
         panic!("{e}");
+    }
+    // The case the check excuses did happen: the seed stopped at its exit
+    // timeout, still Exiting, and was downed after.
+    let seed = left[0];
+    let stopped = sim.log.iter().find(|l| {
+        l.observer == seed
+            && l.event
+                == MembershipEvent::MemberRemoved {
+                    member: seed,
+                    previous: MemberStatus::Exiting,
+                }
+    });
+    let downed = sim
+        .log
+        .iter()
+        .find(|l| l.event == MembershipEvent::MemberDowned(seed));
+    match (stopped, downed) {
+        (Some(s), Some(d)) => assert!(s.at <= d.at, "{s:?} {d:?}"),
+        other => panic!("the history no longer shows the stopped leaver downed: {other:?}"),
     }
 }

@@ -102,8 +102,8 @@ pub(crate) struct Sim {
     /// stall ends, behind its timer: its pipes are still behind when its
     /// task resumes (a starved process), not only its task.
     pub(crate) io_lag: Duration,
-    /// Nodes added or restarted from now on tick on one grid anchored at
-    /// `start` ([`MembershipCore::align_ticks`]), as `datum-node`s do.
+    /// Nodes added or restarted from now on tick on one grid, `start` being
+    /// the epoch ([`MembershipCore::align_ticks`]), as `datum-node`s do.
     pub(crate) align_ticks: bool,
 }
 
@@ -221,7 +221,7 @@ impl Sim {
     fn new_core(&self, id: UniqueAddress) -> MembershipCore {
         let mut core = MembershipCore::new(id, self.config.clone(), self.now).expect("valid config");
         if self.align_ticks {
-            core.align_ticks(self.start);
+            core.align_ticks(self.start, Duration::ZERO);
         }
         core
     }

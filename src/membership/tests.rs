@@ -93,6 +93,90 @@ fn lone_seed_forms_a_cluster_and_becomes_up_and_coordinator() {
 }
 
 #[test]
+fn aligned_ticks_fall_on_the_wall_clocks_grid() {
+    let t0 = Instant::now();
+    let me = ua(7000, 1, 10);
+    let config = MembershipConfig::default();
+    let mut core = MembershipCore::new(me, config.clone(), t0).unwrap();
+    // The wall clock showed 12.345 s past the epoch at t0: heartbeat ticks
+    // fall 55 ms past t0 and every 100 ms after, gossip rounds 655 ms past
+    // t0 and every second after.
+    core.align_ticks(t0, Duration::from_millis(12_345));
+    core.join(t0, &[me.addr]).unwrap();
+    let mut wakes = Vec::new();
+    while let Some(t) = core.poll_timeout()
+        && t < t0 + Duration::from_secs(3)
+    {
+        core.handle_timeout(t).unwrap();
+        wakes.push(t.duration_since(t0));
+    }
+    let off_grid: Vec<&Duration> = wakes
+        .iter()
+        .filter(|d| (12_345_000 + d.as_micros()) % 100_000 != 0)
+        .collect();
+    // The first wake is the tick due at once after the join.
+    assert!(off_grid.len() <= 1 && off_grid.iter().all(|d| d.is_zero()), "{wakes:?}");
+    assert!(wakes.contains(&ms(55)) && wakes.contains(&ms(655)), "{wakes:?}");
+    // A lone member wakes for nothing but its ticks: about one per 100 ms.
+    assert!(wakes.len() <= 32, "{} wakes in 3 s: {wakes:?}", wakes.len());
+}
+
+#[test]
+fn a_member_that_drops_a_watcher_keeps_heartbeating_it_for_the_grace() {
+    // A ring of 4, each member watched by 2: a 5th member joins, and some
+    // old member's watchers change. The watcher it dropped is heartbeated
+    // for `first_heartbeat_grace`, then no more.
+    let config = MembershipConfig {
+        monitored_by: 2,
+        gossip_fanout: 1,
+        ..MembershipConfig::default()
+    };
+    let mut sim = cluster(4, 7, config.clone());
+    let before: Vec<Vec<UniqueAddress>> =
+        (0..4).map(|i| sim.core(i).targets_for_tests()).collect();
+    let s = sim.add_node();
+    sim.join(s, &[0]);
+    let joined = sim.id(s);
+    sim.expect_all_see(joined, MemberStatus::Up, ms(2_000));
+    let changed: Vec<usize> = (0..4)
+        .filter(|i| sim.core(*i).targets_for_tests() != before[*i])
+        .collect();
+    assert!(!changed.is_empty(), "a join moves some watchers");
+    let mut lingered = 0;
+    for i in &changed {
+        let now_targets = sim.core(*i).targets_for_tests();
+        let dropped: Vec<UniqueAddress> = before[*i]
+            .iter()
+            .filter(|t| !now_targets.contains(t))
+            .copied()
+            .collect();
+        let lingering: Vec<UniqueAddress> = sim
+            .core(*i)
+            .lingering_for_tests()
+            .iter()
+            .map(|(m, _)| *m)
+            .collect();
+        for d in &dropped {
+            assert!(lingering.contains(d), "node {i} dropped {d} without lingering: {lingering:?}");
+            lingered += 1;
+        }
+    }
+    assert!(lingered > 0, "some old member dropped a watcher");
+    sim.run_for(config.first_heartbeat_grace + config.heartbeat_interval * 2);
+    for i in 0..4 {
+        assert!(
+            sim.core(i).lingering_for_tests().is_empty(),
+            "node {i} still lingers: {:?}",
+            sim.core(i).lingering_for_tests()
+        );
+    }
+    sim.expect_no_errors();
+    sim.reject_event("a false down", |l| {
+        matches!(l.event, MembershipEvent::MemberDowned(_))
+    });
+}
+
+#[test]
 fn a_non_first_seed_only_asks_and_retries() {
     let now = Instant::now();
     let me = ua(7001, 2, 10);

@@ -117,6 +117,15 @@ pub fn draw(
                     .label(label)
                     .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
             }
+            // A lone interval between gaps is a line of one point, which
+            // draws nothing: mark it with a dot.
+            if let [i] = run {
+                latency.draw_series(std::iter::once(Circle::new(
+                    (i.start_s, value(i).max(1) as f64),
+                    3,
+                    color.filled(),
+                )))?;
+            }
         }
     }
     let marks_drawn = [
