@@ -413,7 +413,8 @@ pub struct CoordinatorConfig {
     /// not beyond this node's side: while a partition is being detected
     /// its members are seen flagged one by one, so this looks like one bad
     /// link that others bridge; after this long a partition would have
-    /// been decided, and it is one.
+    /// been decided, and it is one. Three `margin_per_ring_step`s are
+    /// added per ring cascade step of the current membership.
     pub hold_for: Duration,
 }
 
@@ -575,7 +576,7 @@ impl CoordinatorCore {
                 now
             }
         };
-        if state.beyond.contains(&oldest) || now.duration_since(since) < self.config.hold_for {
+        if state.beyond.contains(&oldest) || now.duration_since(since) < self.hold_for(state) {
             Some(oldest)
         } else {
             state.coordinator
@@ -593,10 +594,27 @@ impl CoordinatorCore {
         self.acting
     }
 
+    /// Ring cascade steps of a membership of `members` (SPEC §13.15).
+    fn cascade_steps(&self, members: usize) -> u32 {
+        let steps = members.saturating_sub(1) / self.config.ring_watchers.max(1);
+        u32::try_from(steps).unwrap_or(u32::MAX)
+    }
+
+    /// How long the role stays with a flagged oldest member on this side,
+    /// for the membership of `state`: `hold_for`, plus three steps per
+    /// ring cascade step — one for the resolver's unstable limit, which
+    /// grows by a step per cascade step (SPEC §10.5), and two for the
+    /// margin after it, which grows by two.
+    fn hold_for(&self, state: &MembershipState) -> Duration {
+        let steps = self.cascade_steps(state.members.len()).saturating_mul(3);
+        self.config
+            .hold_for
+            .saturating_add(self.config.margin_per_ring_step.saturating_mul(steps))
+    }
+
     /// The dead-owner margin for the current membership.
     fn margin(&self) -> Duration {
-        let steps = self.members.len().saturating_sub(1) / self.config.ring_watchers.max(1);
-        let steps = u32::try_from(steps).unwrap_or(u32::MAX).saturating_mul(2);
+        let steps = self.cascade_steps(self.members.len()).saturating_mul(2);
         self.config
             .dead_owner_margin
             .saturating_add(self.config.margin_per_ring_step.saturating_mul(steps))

@@ -1506,6 +1506,32 @@ fn with_a_resolver_the_role_stays_with_an_oldest_member_beyond_a_partition() {
 }
 
 #[test]
+fn the_hold_grows_with_the_ring_cascade() {
+    let t0 = Instant::now();
+    let n: Vec<UniqueAddress> = (1..=3).map(node).collect();
+    let hold_for = Duration::from_secs(4);
+    let step = Duration::from_secs(1);
+    // One watcher per member: 3 members are 2 cascade steps, so the hold
+    // is 4 s + 3 × 2 × 1 s.
+    let config = CoordinatorConfig {
+        hold_through_unreachability: true,
+        hold_for,
+        margin_per_ring_step: step,
+        ring_watchers: 1,
+        ..CoordinatorConfig::default()
+    };
+    let bad_link = view(n[1], &n, &[], &n[..2]);
+    let mut c = CoordinatorCore::new(n[1], config, Box::new(LeastShardAllocation));
+    assert_eq!(c.acting(t0, &bad_link), Some(n[0]));
+    let held = hold_for + step * 6;
+    assert_eq!(
+        c.acting(t0 + held - Duration::from_millis(1), &bad_link),
+        Some(n[0])
+    );
+    assert_eq!(c.acting(t0 + held, &bad_link), Some(n[2]));
+}
+
+#[test]
 fn a_takeover_from_a_downed_coordinator_allocates_nothing_within_the_margin() {
     let t0 = Instant::now();
     let n: Vec<UniqueAddress> = (1..=3).map(node).collect();
