@@ -4,6 +4,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use super::gossip::MemberKey;
 use super::sim::Sim;
 use super::*;
 use crate::identity::{NodeId, UniqueAddress};
@@ -119,6 +120,51 @@ fn aligned_ticks_fall_on_the_wall_clocks_grid() {
     assert!(wakes.contains(&ms(55)) && wakes.contains(&ms(655)), "{wakes:?}");
     // A lone member wakes for nothing but its ticks: about one per 100 ms.
     assert!(wakes.len() <= 32, "{} wakes in 3 s: {wakes:?}", wakes.len());
+}
+
+#[test]
+fn a_new_watcher_sends_its_state_and_waits_the_pause_before_counting() {
+    // Five members, each watched by 2 (the ring walks forwards by age).
+    // Member 3 watches 4 and 0. Once 4 is flagged (by 0, learnt by gossip)
+    // it no longer counts, so 3 watches 0 and 1: 1 is new. 3 sends 1 its
+    // whole state at once (1 may not know yet that it must heartbeat 3)
+    // and flags a silent 1 only after the pause plus the failure timeout.
+    let t0 = Instant::now();
+    let ids: Vec<UniqueAddress> = (0..5).map(|i| ua(7000 + i, u64::from(i) + 1, 10 + u64::from(i))).collect();
+    let config = MembershipConfig {
+        monitored_by: 2,
+        ..MembershipConfig::default()
+    };
+    let formed = Gossip::formed_for_tests(&ids);
+    let mut core = MembershipCore::formed_for_tests(ids[3], config.clone(), t0, formed.clone());
+    let now = t0 + Duration::from_secs(5); // long past the first-heartbeat grace
+    for m in [ids[4], ids[0]] {
+        core.handle_message(now, m, MembershipMsg::Heartbeat { digest: 0 }).unwrap();
+    }
+    core.drain_commands();
+    let mut flagged = formed;
+    flagged.observe(MemberKey(ids[0]), MemberKey(ids[4]), true);
+    core.handle_message(now, ids[0], MembershipMsg::Gossip { gossip: flagged }).unwrap();
+    let cmds = core.drain_commands();
+    assert!(
+        cmds.iter().any(|c| matches!(c,
+            Command::Send { to: Target::Member(m), msg: MembershipMsg::Gossip { .. } } if *m == ids[1])),
+        "the new watched member gets the whole state: {cmds:?}"
+    );
+    let flags_1 = |core: &MembershipCore| {
+        core.gossip().observes_unreachable(&MemberKey(ids[3]), &MemberKey(ids[1]))
+    };
+    let deadline = now + config.acceptable_heartbeat_pause + config.failure_timeout();
+    // Keep 0 heard, so that only 1 is silent.
+    let mut t = now;
+    while t + ms(50) < deadline {
+        t += ms(50);
+        core.handle_message(t, ids[0], MembershipMsg::Heartbeat { digest: 0 }).unwrap();
+        core.handle_timeout(t).unwrap();
+    }
+    assert!(!flags_1(&core), "flagged before the pause and the timeout");
+    core.handle_timeout(deadline).unwrap();
+    assert!(flags_1(&core), "a silent new member is flagged at the deadline");
 }
 
 #[test]
