@@ -238,6 +238,11 @@ impl<S> ShardedSystemBuilder<S> {
                     dead_owner_margin: margin,
                     margin_per_ring_step: per_step,
                     ring_watchers: membership.monitored_by,
+                    detection_step: if cluster.split_brain.is_some() {
+                        membership.detection_step()
+                    } else {
+                        Duration::ZERO
+                    },
                     hold_through_unreachability: cluster.split_brain.is_some(),
                     // A partition is decided by the unstable limit at the
                     // latest (SPEC §10.5); its losers have fenced a margin

@@ -405,6 +405,11 @@ pub struct CoordinatorConfig {
     pub margin_per_ring_step: Duration,
     /// The membership's `monitored_by`, for the cascade steps.
     pub ring_watchers: usize,
+    /// The membership's ring detection step
+    /// (`MembershipConfig::detection_step`): the resolver's unstable limit
+    /// grows by one per cascade step, and so does `hold_for`. Zero: no
+    /// resolver, or a fixed hold.
+    pub detection_step: Duration,
     /// A split-brain resolver decides who is gone: the coordinator role
     /// stays with the oldest Up member while it is unreachable (see
     /// [`CoordinatorCore::acting`]).
@@ -413,8 +418,9 @@ pub struct CoordinatorConfig {
     /// not beyond this node's side: while a partition is being detected
     /// its members are seen flagged one by one, so this looks like one bad
     /// link that others bridge; after this long a partition would have
-    /// been decided, and it is one. Three `margin_per_ring_step`s are
-    /// added per ring cascade step of the current membership.
+    /// been decided, and it is one. Per ring cascade step of the current
+    /// membership, one `detection_step` (the resolver's unstable limit) and
+    /// two `margin_per_ring_step`s (the margin after it) are added.
     pub hold_for: Duration,
 }
 
@@ -429,6 +435,7 @@ impl Default for CoordinatorConfig {
             dead_owner_margin: Duration::ZERO,
             margin_per_ring_step: Duration::ZERO,
             ring_watchers: 1,
+            detection_step: Duration::ZERO,
             hold_through_unreachability: false,
             hold_for: Duration::ZERO,
         }
@@ -601,15 +608,20 @@ impl CoordinatorCore {
     }
 
     /// How long the role stays with a flagged oldest member on this side,
-    /// for the membership of `state`: `hold_for`, plus three steps per
-    /// ring cascade step — one for the resolver's unstable limit, which
-    /// grows by a step per cascade step (SPEC §10.5), and two for the
-    /// margin after it, which grows by two.
+    /// for the membership of `state`: `hold_for`, plus per ring cascade
+    /// step of its live members (the resolver's ring) one detection step,
+    /// by which the unstable limit grows (SPEC §10.5), and two margin
+    /// steps, by which the margin after it grows.
     fn hold_for(&self, state: &MembershipState) -> Duration {
-        let steps = self.cascade_steps(state.members.len()).saturating_mul(3);
+        let live = state.members.iter().filter(|m| m.status.is_live()).count();
+        let steps = self.cascade_steps(live);
+        let per_step = self
+            .config
+            .detection_step
+            .saturating_add(self.config.margin_per_ring_step.saturating_mul(2));
         self.config
             .hold_for
-            .saturating_add(self.config.margin_per_ring_step.saturating_mul(steps))
+            .saturating_add(per_step.saturating_mul(steps))
     }
 
     /// The dead-owner margin for the current membership.

@@ -1511,19 +1511,23 @@ fn the_hold_grows_with_the_ring_cascade() {
     let n: Vec<UniqueAddress> = (1..=3).map(node).collect();
     let hold_for = Duration::from_secs(4);
     let step = Duration::from_secs(1);
-    // One watcher per member: 3 members are 2 cascade steps, so the hold
-    // is 4 s + 3 × 2 × 1 s.
+    let margin_step = Duration::from_millis(100);
+    // One watcher per member: 3 live members are 2 cascade steps, so the
+    // hold is 4 s + 2 × (1 s + 2 × 0.1 s).
     let config = CoordinatorConfig {
         hold_through_unreachability: true,
         hold_for,
-        margin_per_ring_step: step,
+        detection_step: step,
+        margin_per_ring_step: margin_step,
         ring_watchers: 1,
         ..CoordinatorConfig::default()
     };
-    let bad_link = view(n[1], &n, &[], &n[..2]);
+    // A Down member is not in the resolver's ring: it adds no step.
+    let gone = node(9);
+    let bad_link = view(n[1], &n, &[gone], &n[..2]);
     let mut c = CoordinatorCore::new(n[1], config, Box::new(LeastShardAllocation));
     assert_eq!(c.acting(t0, &bad_link), Some(n[0]));
-    let held = hold_for + step * 6;
+    let held = hold_for + (step + margin_step * 2) * 2;
     assert_eq!(
         c.acting(t0 + held - Duration::from_millis(1), &bad_link),
         Some(n[0])
