@@ -123,7 +123,8 @@ impl ClusterNode {
             }
         };
         let mut core = MembershipCore::new(me, membership, Instant::now())?;
-        if let Ok(since_epoch) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        if let Ok(since_epoch) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)
+        {
             core.align_ticks(Instant::now(), since_epoch);
         }
         core.join(Instant::now(), &config.seed_nodes)?;

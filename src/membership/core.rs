@@ -969,9 +969,21 @@ impl MembershipCore {
             .collect();
         let mut targets = ring_targets.clone();
         targets.extend(self.gossip.observers_of(&self.key));
+        let told = self.watch(now, watched);
+        let dropped = self.retarget(now, ring_targets, targets);
+        let inform: BTreeSet<MemberKey> = told.into_iter().chain(dropped).collect();
+        for m in inform {
+            self.send_state(m, now);
+        }
+    }
+
+    /// Makes `watched` the members this node watches. Each newly watched
+    /// member gets its grace (see `refresh_ring`); returns those this node
+    /// knew before now (they may not know yet that they must heartbeat it).
+    fn watch(&mut self, now: Instant, watched: BTreeSet<MemberKey>) -> Vec<MemberKey> {
         self.last_heard.retain(|m, _| watched.contains(m));
         self.credit.retain(|m, _| watched.contains(m));
-        let mut told: Vec<MemberKey> = Vec::new();
+        let mut told = Vec::new();
         for m in &watched {
             if self.last_heard.contains_key(m) {
                 continue;
@@ -985,19 +997,30 @@ impl MembershipCore {
             }
         }
         self.watched = watched;
-        // A ring watcher this node drops may still watch it until the
-        // change reaches it: it gets this node's state at once and its
-        // heartbeats for `first_heartbeat_grace` (the time a member is given
-        // to learn of a membership change). An observer that cleared its
-        // flag is not one: it heard this node.
+        told
+    }
+
+    /// Makes `targets` (the ring's watchers, `ring_targets`, and the
+    /// observers that flag this node) where its heartbeats go. A new
+    /// watcher known before now may already be counting (a newcomer gives
+    /// this node the first-heartbeat grace): it is heartbeated at once. A
+    /// ring watcher dropped may still watch this node until the change
+    /// reaches it: it keeps getting heartbeats for `first_heartbeat_grace`
+    /// (the time a member is given to learn of a membership change);
+    /// returns those, to be sent this node's state. An observer that
+    /// cleared its flag is not one: it heard this node.
+    fn retarget(
+        &mut self,
+        now: Instant,
+        ring_targets: BTreeSet<MemberKey>,
+        targets: BTreeSet<MemberKey>,
+    ) -> Vec<MemberKey> {
         let dropped: Vec<MemberKey> = self
             .ring_targets
             .iter()
             .filter(|t| !targets.contains(t) && self.ring.binary_search(t).is_ok())
             .copied()
             .collect();
-        // A new watcher seen before now may already be counting (a
-        // newcomer gives this node the first-heartbeat grace).
         let added: Vec<MemberKey> = targets
             .iter()
             .filter(|t| !self.targets.contains(t))
@@ -1013,13 +1036,10 @@ impl MembershipCore {
         }
         self.targets = targets.into_iter().collect();
         self.ring_targets = ring_targets;
-        let inform: BTreeSet<MemberKey> = told.into_iter().chain(dropped).collect();
-        for m in inform {
-            self.send_state(m, now);
-        }
         for m in added {
             self.send_digest(m);
         }
+        dropped
     }
 
     fn refresh_unreachable_since(&mut self, now: Instant) {

@@ -310,7 +310,7 @@ fn check(sim: &Sim, left: &[UniqueAddress], calm: bool) -> Result<(), String> {
         for l in &sim.log {
             if let MembershipEvent::MemberDowned(m) = &l.event
                 && !sim.crashed.contains(m)
-                && !stopped.get(m).is_some_and(|at| *at <= l.at)
+                && stopped.get(m).is_none_or(|at| *at > l.at)
             {
                 return Err(format!("live node {m} was downed: {l:?}"));
             }
@@ -341,7 +341,7 @@ fn property(seed: u64, ops: Vec<Op>, calm: bool) -> TestResult {
 /// Half the histories (by seed) tick on one grid, as real nodes do; the
 /// other half keep each node's own phase.
 fn property_with(seed: u64, ops: Vec<Op>, calm: bool, config: MembershipConfig) -> TestResult {
-    let aligned = seed % 2 == 0;
+    let aligned = seed.is_multiple_of(2);
     match run_history_on(seed, &ops, calm, config, aligned) {
         Ok(()) => TestResult::passed(),
         Err(e) => TestResult::error(format!("seed {seed}, aligned {aligned}, ops {ops:?}: {e}")),
@@ -520,7 +520,13 @@ fn regression_a_leaver_stopped_by_its_exit_timeout_may_be_downed() {
         Restart(149),
         Restart(71),
     ];
-    let (sim, left) = play(7600661764614148000, &ops, true, MembershipConfig::default(), true);
+    let (sim, left) = play(
+        7600661764614148000,
+        &ops,
+        true,
+        MembershipConfig::default(),
+        true,
+    );
     if let Err(e) = check(&sim, &left, true) {
         panic!("{e}");
     }

@@ -219,7 +219,8 @@ impl Sim {
 
     /// A core for a new process, on the shared tick grid if `align_ticks`.
     fn new_core(&self, id: UniqueAddress) -> MembershipCore {
-        let mut core = MembershipCore::new(id, self.config.clone(), self.now).expect("valid config");
+        let mut core =
+            MembershipCore::new(id, self.config.clone(), self.now).expect("valid config");
         if self.align_ticks {
             core.align_ticks(self.start, Duration::ZERO);
         }

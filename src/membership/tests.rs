@@ -115,18 +115,31 @@ fn aligned_ticks_fall_on_the_wall_clocks_grid() {
         core.handle_timeout(t).unwrap();
         wakes.push(t.duration_since(t0));
     }
-    let on = |d: &Duration, every_us: u128| (61_005_000 + d.as_micros()) % every_us == 0;
+    let on = |d: &Duration, every_us: u128| (61_005_000 + d.as_micros()).is_multiple_of(every_us);
     let off_grid: Vec<&Duration> = wakes
         .iter()
         .filter(|d| !on(d, 70_000) && !on(d, 1_000_000))
         .collect();
     // The first wake is the tick due at once after the join.
-    assert!(off_grid.len() <= 1 && off_grid.iter().all(|d| d.is_zero()), "{wakes:?}");
-    assert!(wakes.contains(&ms(35)) && wakes.contains(&ms(105)), "{wakes:?}");
-    assert!(wakes.contains(&ms(995)) && wakes.contains(&ms(1_995)), "{wakes:?}");
+    assert!(
+        off_grid.len() <= 1 && off_grid.iter().all(|d| d.is_zero()),
+        "{wakes:?}"
+    );
+    assert!(
+        wakes.contains(&ms(35)) && wakes.contains(&ms(105)),
+        "{wakes:?}"
+    );
+    assert!(
+        wakes.contains(&ms(995)) && wakes.contains(&ms(1_995)),
+        "{wakes:?}"
+    );
     // A lone member wakes for nothing but its ticks: one per 70 ms, and
     // the gossip rounds.
-    assert!(wakes.len() <= 3_000 / 70 + 4, "{} wakes in 3 s: {wakes:?}", wakes.len());
+    assert!(
+        wakes.len() <= 3_000 / 70 + 4,
+        "{} wakes in 3 s: {wakes:?}",
+        wakes.len()
+    );
 }
 
 #[test]
@@ -137,7 +150,9 @@ fn a_new_watcher_sends_its_state_and_waits_the_pause_before_counting() {
     // whole state at once (1 may not know yet that it must heartbeat 3)
     // and flags a silent 1 only after the pause plus the failure timeout.
     let t0 = Instant::now();
-    let ids: Vec<UniqueAddress> = (0..5).map(|i| ua(7000 + i, u64::from(i) + 1, 10 + u64::from(i))).collect();
+    let ids: Vec<UniqueAddress> = (0..5)
+        .map(|i| ua(7000 + i, u64::from(i) + 1, 10 + u64::from(i)))
+        .collect();
     let config = MembershipConfig {
         monitored_by: 2,
         ..MembershipConfig::default()
@@ -146,12 +161,14 @@ fn a_new_watcher_sends_its_state_and_waits_the_pause_before_counting() {
     let mut core = MembershipCore::formed_for_tests(ids[3], config.clone(), t0, formed.clone());
     let now = t0 + Duration::from_secs(5); // long past the first-heartbeat grace
     for m in [ids[4], ids[0]] {
-        core.handle_message(now, m, MembershipMsg::Heartbeat { digest: 0 }).unwrap();
+        core.handle_message(now, m, MembershipMsg::Heartbeat { digest: 0 })
+            .unwrap();
     }
     core.drain_commands();
     let mut flagged = formed;
     flagged.observe(MemberKey(ids[0]), MemberKey(ids[4]), true);
-    core.handle_message(now, ids[0], MembershipMsg::Gossip { gossip: flagged }).unwrap();
+    core.handle_message(now, ids[0], MembershipMsg::Gossip { gossip: flagged })
+        .unwrap();
     let cmds = core.drain_commands();
     assert!(
         cmds.iter().any(|c| matches!(c,
@@ -159,20 +176,25 @@ fn a_new_watcher_sends_its_state_and_waits_the_pause_before_counting() {
         "the new watched member gets the whole state: {cmds:?}"
     );
     let flags_1 = |core: &MembershipCore| {
-        core.gossip().observes_unreachable(&MemberKey(ids[3]), &MemberKey(ids[1]))
+        core.gossip()
+            .observes_unreachable(&MemberKey(ids[3]), &MemberKey(ids[1]))
     };
     let deadline = now + config.acceptable_heartbeat_pause + config.failure_timeout();
     // Keep 0 heard, so that only 1 is silent.
     let mut t = now;
     while t + ms(50) < deadline {
         t += ms(50);
-        core.handle_message(t, ids[0], MembershipMsg::Heartbeat { digest: 0 }).unwrap();
+        core.handle_message(t, ids[0], MembershipMsg::Heartbeat { digest: 0 })
+            .unwrap();
         core.handle_timeout(t).unwrap();
     }
     core.handle_timeout(deadline - MS).unwrap();
     assert!(!flags_1(&core), "flagged before the pause and the timeout");
     core.handle_timeout(deadline).unwrap();
-    assert!(flags_1(&core), "a silent new member is flagged at the deadline");
+    assert!(
+        flags_1(&core),
+        "a silent new member is flagged at the deadline"
+    );
 }
 
 #[test]
@@ -186,8 +208,7 @@ fn a_member_that_drops_a_watcher_keeps_heartbeating_it_for_the_grace() {
         ..MembershipConfig::default()
     };
     let mut sim = cluster(4, 7, config.clone());
-    let before: Vec<Vec<UniqueAddress>> =
-        (0..4).map(|i| sim.core(i).targets_for_tests()).collect();
+    let before: Vec<Vec<UniqueAddress>> = (0..4).map(|i| sim.core(i).targets_for_tests()).collect();
     let s = sim.add_node();
     sim.join(s, &[0]);
     let joined = sim.id(s);
@@ -211,7 +232,10 @@ fn a_member_that_drops_a_watcher_keeps_heartbeating_it_for_the_grace() {
             .map(|(m, _)| *m)
             .collect();
         for d in &dropped {
-            assert!(lingering.contains(d), "node {i} dropped {d} without lingering: {lingering:?}");
+            assert!(
+                lingering.contains(d),
+                "node {i} dropped {d} without lingering: {lingering:?}"
+            );
             lingered += 1;
         }
     }
