@@ -247,11 +247,7 @@ impl<S> ShardedSystemBuilder<S> {
                     // A partition is decided by the unstable limit at the
                     // latest (SPEC §10.5); its losers have fenced a margin
                     // after that.
-                    hold_for: membership
-                        .stable_after
-                        .saturating_mul(2)
-                        .saturating_add(membership.failure_timeout())
-                        .saturating_add(margin),
+                    hold_for: membership.unstable_limit(1).saturating_add(margin),
                     ..CoordinatorConfig::default()
                 };
                 Some(ClusterLink::new(node, self.strategy, coordinator)?)

@@ -260,20 +260,16 @@ fn one_run(n: usize) -> Figures {
         .filter(|i| *i != victim)
         .collect();
     assert!(exited.is_empty(), "healthy nodes exited: {exited:?}");
-    let healthy_flagged = view
-        .flagged
-        .iter()
-        .filter(|(id, _)| *id != victim_id)
-        .map(|(id, _)| id)
-        .collect::<BTreeSet<_>>()
-        .len();
-    let healthy_downed = view
-        .downed
-        .iter()
-        .filter(|(id, _)| *id != victim_id)
-        .map(|(id, _)| id)
-        .collect::<BTreeSet<_>>()
-        .len();
+    // Distinct members other than the victim that any node reported.
+    let healthy = |seen: &BTreeSet<(String, usize)>| {
+        seen.iter()
+            .filter(|(id, _)| *id != victim_id)
+            .map(|(id, _)| id)
+            .collect::<BTreeSet<_>>()
+            .len()
+    };
+    let healthy_flagged = healthy(&view.flagged);
+    let healthy_downed = healthy(&view.downed);
     Figures {
         formed_in,
         idle_cpu_percent,

@@ -271,6 +271,18 @@ fn leave_gracefully(nodes: &mut [Node]) {
 }
 
 /// Waits until every node has seen every node Up.
+/// Starts a node in each of `net`'s namespaces with `flags` (which make it
+/// drive traffic), waits until all are Up everywhere and every driver has
+/// `acked` asks answered.
+fn start_driving(net: &Net, flags: &[&str], acked: u64) -> Vec<Node> {
+    let mut nodes: Vec<Node> = (0..net.nodes).map(|i| Node::start(net, i, flags)).collect();
+    all_up(&mut nodes);
+    for n in &mut nodes {
+        n.expect(|l| field(l, "event") == Some("drive") && number(l, "acked") >= Some(acked));
+    }
+    nodes
+}
+
 fn all_up(nodes: &mut [Node]) {
     let n = nodes.len();
     for node in nodes {
@@ -358,13 +370,9 @@ fn a_three_two_split_under_sharding_traffic_keeps_one_owner_per_shard() {
         "--drive",
         "128",
     ];
-    let mut nodes: Vec<Node> = (0..5).map(|i| Node::start(&net, i, &flags)).collect();
-    all_up(&mut nodes);
     // Every node's driver has reached every counter once (retrying while
     // the coordinator placed the shards), and every shard has a home.
-    for n in &mut nodes {
-        n.expect(|l| field(l, "event") == Some("drive") && number(l, "acked") >= Some(256));
-    }
+    let mut nodes = start_driving(&net, &flags, 256);
     // Side B's nodes joined last and get their share by rebalance: wait
     // until the per-node counts are within one (least-shards then moves
     // nothing more) with no handoff under way, in two snapshots in a row
@@ -511,11 +519,7 @@ fn a_split_with_the_coordinator_on_the_minority_places_no_shard_twice() {
         "32",
         "--drive-fresh",
     ];
-    let mut nodes: Vec<Node> = (0..5).map(|i| Node::start(&net, i, &flags)).collect();
-    all_up(&mut nodes);
-    for n in &mut nodes {
-        n.expect(|l| field(l, "event") == Some("drive") && number(l, "acked") >= Some(200));
-    }
+    let mut nodes = start_driving(&net, &flags, 200);
     // What each side hosts at the cut.
     let before: Vec<BTreeSet<u32>> = nodes
         .iter_mut()

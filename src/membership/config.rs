@@ -133,14 +133,34 @@ impl MembershipConfig {
     /// cascade). The difference: `S + F + H + P + 2 × steps × (P + F)`, with
     /// `steps = (members − 1) / monitored_by`.
     pub fn resolver_decision_spread(&self, members: usize) -> Duration {
-        let steps =
-            u32::try_from(members.saturating_sub(1) / self.monitored_by.max(1)).unwrap_or(u32::MAX);
+        let steps = self.cascade_steps(members);
         let step = self.detection_step();
         self.stable_after
             .saturating_add(self.failure_timeout())
             .saturating_add(self.heartbeat_interval)
             .saturating_add(self.acceptable_heartbeat_pause)
             .saturating_add(step.saturating_mul(steps.saturating_mul(2)))
+    }
+
+    /// Ring cascade steps of a partition of `members` live members: a side
+    /// is seen whole one detection step per `monitored_by` members beyond
+    /// the first (SPEC §10.5).
+    pub fn cascade_steps(&self, members: usize) -> u32 {
+        u32::try_from(members.saturating_sub(1) / self.monitored_by.max(1)).unwrap_or(u32::MAX)
+    }
+
+    /// With a split-brain resolver, how long a side of `members` live
+    /// members may stay partitioned without its view holding still for
+    /// `stable_after` before it gives up: `2S + F` plus one detection step
+    /// per cascade step (SPEC §10.5).
+    pub fn unstable_limit(&self, members: usize) -> Duration {
+        self.stable_after
+            .saturating_mul(2)
+            .saturating_add(self.failure_timeout())
+            .saturating_add(
+                self.detection_step()
+                    .saturating_mul(self.cascade_steps(members)),
+            )
     }
 
     /// How long a member that starts watching another (because the ring

@@ -1178,14 +1178,7 @@ impl MembershipCore {
     /// `monitored_by + 1`, which is still watched all-to-all: a step too
     /// many, on the safe side).
     fn unstable_limit(&self) -> Duration {
-        let k = self.config.monitored_by.max(1);
-        let steps = self.ring.len().saturating_sub(1) / k;
-        let step = self.config.detection_step();
-        self.config
-            .stable_after
-            .saturating_mul(2)
-            .saturating_add(self.config.failure_timeout())
-            .saturating_add(step.saturating_mul(u32::try_from(steps).unwrap_or(u32::MAX)))
+        self.config.unstable_limit(self.ring.len())
     }
 
     /// Whether this side stays under `strategy`. Joining members count in

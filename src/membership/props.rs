@@ -479,6 +479,11 @@ fn regression_calm_false_down_after_a_leave_among_restarts() {
     }
 }
 
+/// Found by `calm_histories_on_a_small_ring_converge_without_false_downs`
+/// (issue 12): 7001 learnt of two joiners before 7005 did and moved its
+/// heartbeats to them; 7005, still on the old ring, watched 7001 and
+/// downed it. A member that drops a watcher now sends it its state and
+/// keeps heartbeating it for `first_heartbeat_grace`.
 #[test]
 fn regression_small_ring_false_down_after_the_seed_restarts() {
     use Op::*;

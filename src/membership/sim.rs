@@ -668,4 +668,18 @@ impl Sim {
             panic!("unexpected {what}: {l:?}\n{}", self.dump());
         }
     }
+
+    /// Only crashed (or replaced) identities were ever flagged or downed.
+    #[track_caller]
+    pub(crate) fn expect_only_crashed_flagged(&self) {
+        let crashed = &self.crashed;
+        self.reject_event(
+            "a live member flagged",
+            |l| matches!(&l.event, MembershipEvent::Unreachable(m) if !crashed.contains(m)),
+        );
+        self.reject_event(
+            "a live member downed",
+            |l| matches!(&l.event, MembershipEvent::MemberDowned(m) if !crashed.contains(m)),
+        );
+    }
 }

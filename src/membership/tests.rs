@@ -1362,15 +1362,7 @@ fn scale_story(n: usize, seed: u64) -> ScaleReport {
         .unwrap_or_else(|| panic!("the joiner was not Up everywhere"));
     sim.run_for(ms(1_500));
 
-    let crashed = sim.crashed.clone();
-    sim.reject_event(
-        "a live member flagged",
-        |l| matches!(&l.event, MembershipEvent::Unreachable(m) if !crashed.contains(m)),
-    );
-    sim.reject_event(
-        "a live member downed",
-        |l| matches!(&l.event, MembershipEvent::MemberDowned(m) if !crashed.contains(m)),
-    );
+    sim.expect_only_crashed_flagged();
     sim.expect_no_errors();
     let report = ScaleReport {
         members: n,
@@ -1511,15 +1503,7 @@ fn at_100_members_keep_majority_downs_a_crash_and_no_one_else() {
     eprintln!("100 members, keep-majority: crash Down everywhere after {took:?}");
     assert!(took < ms(2_000), "{took:?}");
     sim.run_for(ms(2_000));
-    let crashed = sim.crashed.clone();
-    sim.reject_event(
-        "a live member flagged",
-        |l| matches!(&l.event, MembershipEvent::Unreachable(m) if !crashed.contains(m)),
-    );
-    sim.reject_event(
-        "a live member downed",
-        |l| matches!(&l.event, MembershipEvent::MemberDowned(m) if !crashed.contains(m)),
-    );
+    sim.expect_only_crashed_flagged();
     sim.expect_no_errors();
 }
 

@@ -101,6 +101,13 @@ fn home(to: UniqueAddress, shard: u32, owner: UniqueAddress, generation: u64) ->
     }
 }
 
+/// Whether `out` tells some region the home of `shard`.
+fn tells_home(out: &[Command], shard: u32) -> bool {
+    out.iter().any(|cmd| {
+        matches!(cmd, Command::Send { msg: ControlMsg::Home { shard: s, .. }, .. } if *s == shard)
+    })
+}
+
 fn core(me: UniqueAddress) -> CoordinatorCore {
     CoordinatorCore::new(
         me,
@@ -339,13 +346,7 @@ fn takeover_keeps_the_highest_generation_and_waits_to_settle() {
     assert_eq!(h1.generation, 8);
     assert_ne!(h1.owner, n[0]);
     assert!(c.home(TYPE, 2).is_some());
-    assert!(out.iter().any(|cmd| matches!(
-        cmd,
-        Command::Send {
-            msg: ControlMsg::Home { shard: 1, .. },
-            ..
-        }
-    )));
+    assert!(tells_home(&out, 1));
     assert_eq!(c.rounds().last().unwrap().moves.len(), 1);
 }
 
@@ -1130,16 +1131,7 @@ fn a_returning_coordinator_settles_on_fresh_registrations() {
         "settling again"
     );
     let out = c.register(t0, n[2], &reg(4, vec![]));
-    assert!(
-        out.iter().any(|cmd| matches!(
-            cmd,
-            Command::Send {
-                msg: ControlMsg::Home { shard: 0, .. },
-                ..
-            }
-        )),
-        "{out:?}"
-    );
+    assert!(tells_home(&out, 0), "{out:?}");
 }
 
 #[test]
@@ -1562,13 +1554,7 @@ fn a_takeover_from_a_downed_coordinator_allocates_nothing_within_the_margin() {
     assert!(c.tick(t0 + margin - Duration::from_millis(1)).is_empty());
     let out = c.tick(t0 + margin);
     assert!(
-        out.iter().any(|cmd| matches!(
-            cmd,
-            Command::Send {
-                msg: ControlMsg::Home { shard: 0, .. },
-                ..
-            }
-        )),
+        tells_home(&out, 0),
         "allocated once the margin is over: {out:?}"
     );
     // A coordinator that stays in charge has placed everything there is:

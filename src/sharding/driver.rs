@@ -875,11 +875,12 @@ impl Control {
         ) {
             self.fence("this node was downed or removed");
         }
+        let regions = self.regions();
         if state.coordinator == Some(self.me) && !self.core.is_active() {
             // Taking over: start from this node's replica and registration,
             // before the gone members' homes leave it below (their shards are
             // then known as theirs, and move as dead-owner moves).
-            for region in &self.regions() {
+            for region in &regions {
                 self.core.seed(
                     region.type_name,
                     region.fingerprint,
@@ -908,7 +909,6 @@ impl Control {
         // comes back: a restarted node is a new identity); `lost` keeps
         // every gone identity, so a late home naming one is still ignored.
         self.seen = present;
-        let regions = self.regions();
         for node in gone {
             self.lost.insert(node);
             // Routing stops first: once every slot has let go of the node
