@@ -337,6 +337,24 @@ impl TypeTable {
         true
     }
 
+    /// A region says it hosts `shard` under a generation this table has
+    /// passed, and the shard has no home here: another coordinator placed
+    /// it there while this one could not see (SPEC §13.15). The region is
+    /// the truth about what it hosts, so its home is taken under a fresh
+    /// generation, which the reply carries back. Left alone, the region
+    /// would go on hosting a shard this table could give to a second node.
+    fn adopt_hosted(&mut self, shard: u32, owner: UniqueAddress) {
+        let i = shard as usize;
+        if self.homes[i].is_some() || self.handoffs.contains_key(&shard) {
+            return;
+        }
+        self.generations[i] += 1;
+        self.homes[i] = Some(ShardHome {
+            owner,
+            generation: self.generations[i],
+        });
+    }
+
     fn home_msg(&self, type_name: &str, shard: u32, home: ShardHome, epoch: u64) -> ControlMsg {
         debug_assert!(shard < self.num_shards);
         ControlMsg::Home {
@@ -865,8 +883,12 @@ impl CoordinatorCore {
                 departed.remove(&from);
             }
             for &(shard, owner, generation) in &reg.homes {
-                if shard < table.num_shards {
-                    table.learn(shard, ShardHome { owner, generation });
+                if shard < table.num_shards
+                    && !table.learn(shard, ShardHome { owner, generation })
+                    && owner == from
+                    && !reg.proxy
+                {
+                    table.adopt_hosted(shard, from);
                 }
             }
             if self.active {

@@ -1335,6 +1335,24 @@ fn regression_two_leave_while_one_is_unreachable() {
 }
 
 #[test]
+fn regression_a_crashed_coordinator_then_an_unreachable_stopped_region() {
+    use Op::*;
+    let ops = vec![
+        Join(1),
+        Register(1),
+        Register(0),
+        Join(2),
+        Ask(1, 4),
+        Unregister(0),
+        Crash(1),
+        Register(2),
+        Unreachable(0),
+        Ask(2, 4),
+    ];
+    assert_eq!(check_history(ops), Ok(()));
+}
+
+#[test]
 fn a_gone_owners_shards_wait_out_the_margin() {
     let t0 = Instant::now();
     let n: Vec<UniqueAddress> = (1..=3).map(node).collect();
