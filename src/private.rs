@@ -336,13 +336,11 @@ pub(crate) fn with_scratch<T>(f: impl FnOnce(&mut Vec<u8>) -> T) -> T {
     with_buffer(&SCRATCH, f)
 }
 
-/// Builds a payload in this thread's frame buffer and returns it as one
-/// exactly sized allocation.
-pub(crate) fn framed(f: impl FnOnce(&mut Vec<u8>)) -> bytes::Bytes {
-    with_buffer(&FRAME, |buf| {
-        f(buf);
-        bytes::Bytes::copy_from_slice(buf)
-    })
+/// Runs `f` on this thread's frame buffer, cleared: a payload is built
+/// there and sent from there (`Transport::send_slice` copies it into the
+/// pipe's queue), with no allocation of its own.
+pub(crate) fn with_frame<T>(f: impl FnOnce(&mut Vec<u8>) -> T) -> T {
+    with_buffer(&FRAME, f)
 }
 
 fn with_buffer<T>(

@@ -25,7 +25,7 @@ use crate::error::{ShardingError, ShardingResult};
 use crate::extractor::ShardId;
 use crate::identity::UniqueAddress;
 use crate::private::{
-    LocalEnvelope, PendingReply, ReplySink, ReplyTarget, Route, framed, with_scratch,
+    LocalEnvelope, PendingReply, ReplySink, ReplyTarget, Route, with_frame, with_scratch,
 };
 use crate::runtime::region::Region;
 use crate::sharding::coordinator::ShardHome;
@@ -145,7 +145,7 @@ impl Remote {
                 (Some(target), Some(ask_id))
             }
         };
-        let frame = framed(|frame| {
+        let sent = with_frame(|frame| {
             fast::encode_envelope(
                 frame,
                 &EnvelopeRef {
@@ -159,12 +159,13 @@ impl Remote {
                     reply_to,
                     payload,
                 },
-            )
+            );
+            self.transport.send_slice(&owner, SHARDING_DATA, frame)
         });
-        match self.transport.send(&owner, SHARDING_DATA, frame) {
+        match sent {
             Ok(()) => Ok(()),
-            Err(error) => {
-                let error = send_error(region.type_name, shard, entity_id, &owner, &error.reason);
+            Err(reason) => {
+                let error = send_error(region.type_name, shard, entity_id, &owner, &reason);
                 match (ask, reply_to) {
                     (Some(ask_id), _) => {
                         if let Some(pending) = lock(self.stripe(ask_id)).remove(&ask_id) {
@@ -281,18 +282,23 @@ impl ReplySink for Remote {
             self.complete(&self.me, target.ask_id, result);
             return;
         }
-        let frame = match &result {
-            Ok(bytes) => framed(|frame| fast::encode_reply_ok(frame, target.ask_id, bytes)),
-            Err(error) => Bytes::from(
-                DataMsgOut::Reply {
+        let sent = match &result {
+            Ok(bytes) => with_frame(|frame| {
+                fast::encode_reply_ok(frame, target.ask_id, bytes);
+                self.transport
+                    .send_slice(&target.origin, SHARDING_DATA, frame)
+            }),
+            Err(error) => {
+                let msg = DataMsgOut::Reply {
                     ask_id: target.ask_id,
                     result: ReplyBodyOut::Err(error),
-                }
-                .encode(),
-            ),
+                };
+                self.transport
+                    .send_slice(&target.origin, SHARDING_DATA, &msg.encode())
+            }
         };
-        if let Err(error) = self.transport.send(&target.origin, SHARDING_DATA, frame) {
-            tracing::debug!(origin = %target.origin, reason = %error.reason, "reply to a remote ask not sent");
+        if let Err(reason) = sent {
+            tracing::debug!(origin = %target.origin, %reason, "reply to a remote ask not sent");
         }
     }
 }

@@ -7,10 +7,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 use tokio_util::codec::{Decoder, Encoder};
 use tokio_util::sync::CancellationToken;
@@ -20,10 +20,7 @@ use super::events::DisconnectReason;
 use super::pipes::Shared;
 use crate::identity::{NodeId, UniqueAddress};
 use crate::warn_limit::warn_limited;
-use crate::wire::{Channel, Frame, FrameCodec, RemoteFailure, ReplyResult};
-
-/// Most frames one writer batch takes from the queues.
-const MAX_BATCH: usize = 1024;
+use crate::wire::{Channel, Frame, FrameCodec, LEN_PREFIX, RemoteFailure, ReplyResult, WireError};
 
 /// Most encoded bytes one writer batch takes from the queues: a frame that
 /// would push a non-empty batch past this waits for the next batch. So a
@@ -65,11 +62,13 @@ pub(crate) struct Conn {
     pub(crate) local_socket: SocketAddr,
     /// Remote end of the TCP connection.
     pub(crate) remote_socket: SocketAddr,
-    /// The writer's bulk queue: every frame not on a control channel.
-    out: mpsc::Sender<Frame>,
-    /// The writer's priority queue: frames on the control channels (and the
-    /// replies to requests on them), drained first into every batch.
-    urgent: mpsc::Sender<Frame>,
+    /// Frames waiting for the writer, already encoded.
+    outbox: Mutex<Outbox>,
+    /// Woken when the outbox goes from empty to not empty.
+    ready: Notify,
+    /// Most frames each lane of the outbox holds.
+    capacity: usize,
+    codec: FrameCodec,
     /// The control channels (`TransportConfig::control_channels`).
     control: Arc<[Channel]>,
     pending: Mutex<Pending>,
@@ -85,33 +84,49 @@ pub(crate) struct Conn {
     reason: OnceLock<DisconnectReason>,
 }
 
-/// The receiving ends of a connection's two writer queues.
-pub(crate) struct Lanes {
-    urgent: mpsc::Receiver<Frame>,
-    bulk: mpsc::Receiver<Frame>,
+/// A connection's outbound frames, encoded as they go on the wire. Senders
+/// append under the lock; the writer takes whole runs of frames. The two
+/// lanes: `urgent` for the control channels (and replies to requests on
+/// them), written first; `bulk` for everything else.
+#[derive(Default)]
+struct Outbox {
+    urgent: BytesMut,
+    urgent_frames: usize,
+    bulk: BytesMut,
+    bulk_frames: usize,
+    /// The writer has ended: nothing more is accepted.
+    closed: bool,
 }
 
+impl Outbox {
+    fn is_empty(&self) -> bool {
+        self.urgent_frames == 0 && self.bulk_frames == 0
+    }
+}
+
+/// Why a frame was not queued.
+pub(crate) type Refused = (SendFailure, Frame);
+
 impl Conn {
-    /// A connection whose writer queues hold `capacity` frames each; the
-    /// receiving ends go to `write_loop`.
+    /// A connection whose outbox holds `capacity` frames in each lane.
     pub(crate) fn new(
         id: u64,
         peer: UniqueAddress,
         initiator: NodeId,
         sockets: (SocketAddr, SocketAddr),
-        capacity: usize,
+        (capacity, codec): (usize, FrameCodec),
         control: Arc<[Channel]>,
-    ) -> (Self, Lanes) {
-        let (out, bulk) = mpsc::channel(capacity.max(1));
-        let (urgent, urgent_rx) = mpsc::channel(capacity.max(1));
-        let conn = Conn {
+    ) -> Self {
+        Conn {
             id,
             peer,
             initiator,
             local_socket: sockets.0,
             remote_socket: sockets.1,
-            out,
-            urgent,
+            outbox: Mutex::new(Outbox::default()),
+            ready: Notify::new(),
+            capacity: capacity.max(1),
+            codec,
             control,
             pending: Mutex::new(Pending {
                 open: true,
@@ -123,32 +138,136 @@ impl Conn {
             closing_at: OnceLock::new(),
             reader_done: CancellationToken::new(),
             reason: OnceLock::new(),
-        };
-        let lanes = Lanes {
-            urgent: urgent_rx,
-            bulk,
-        };
-        (conn, lanes)
-    }
-
-    /// The writer queue for traffic on `channel`.
-    pub(crate) fn lane(&self, channel: Channel) -> &mpsc::Sender<Frame> {
-        if self.control.contains(&channel) {
-            &self.urgent
-        } else {
-            &self.out
         }
     }
 
-    /// Enqueues `frame` on its lane without waiting.
-    #[allow(clippy::result_large_err)] // gives the frame back, as `try_send` does
-    pub(crate) fn enqueue(&self, frame: Frame) -> Result<(), mpsc::error::TrySendError<Frame>> {
-        match &frame {
+    /// Whether traffic on `channel` takes the urgent lane.
+    pub(crate) fn is_urgent(&self, channel: Channel) -> bool {
+        self.control.contains(&channel)
+    }
+
+    /// Queues `frame` on its lane without waiting.
+    #[allow(clippy::result_large_err)] // gives the frame back
+    pub(crate) fn enqueue(&self, frame: Frame) -> Result<(), Refused> {
+        let urgent = match &frame {
             Frame::Oneway { channel, .. } | Frame::Request { channel, .. } => {
-                self.lane(*channel).try_send(frame)
+                self.is_urgent(*channel)
             }
-            _ => self.out.try_send(frame),
+            _ => false,
+        };
+        self.push(urgent, frame)
+    }
+
+    /// Encodes `frame` at the end of a lane of the outbox (see `queue`).
+    #[allow(clippy::result_large_err)] // gives the frame back
+    pub(crate) fn push(&self, urgent: bool, frame: Frame) -> Result<(), Refused> {
+        self.queue(urgent, |codec, buf| codec.encode(&frame, buf))
+            .map_err(|reason| (reason, frame))
+    }
+
+    /// Queues a `Oneway` frame carrying a copy of `payload`.
+    pub(crate) fn push_oneway(&self, channel: Channel, payload: &[u8]) -> Result<(), SendFailure> {
+        self.queue(self.is_urgent(channel), |codec, buf| {
+            codec.encode_oneway(channel, payload, buf)
+        })
+    }
+
+    /// Appends one frame, written by `encode`, to a lane of the outbox, and
+    /// wakes the writer if the outbox was empty. A full lane (`capacity`
+    /// frames not yet taken by the writer) refuses with `QueueFull`, a
+    /// closed one with `ConnectionClosed`.
+    fn queue(
+        &self,
+        urgent: bool,
+        encode: impl FnOnce(&mut FrameCodec, &mut BytesMut) -> Result<(), WireError>,
+    ) -> Result<(), SendFailure> {
+        let mut out = lock(&self.outbox);
+        if out.closed {
+            return Err(SendFailure::ConnectionClosed);
         }
+        let was_empty = out.is_empty();
+        let out = &mut *out;
+        let (buf, frames) = if urgent {
+            (&mut out.urgent, &mut out.urgent_frames)
+        } else {
+            (&mut out.bulk, &mut out.bulk_frames)
+        };
+        if *frames >= self.capacity {
+            return Err(SendFailure::QueueFull);
+        }
+        let mut codec = self.codec;
+        match encode(&mut codec, buf) {
+            Ok(()) => *frames += 1,
+            Err(WireError::FrameTooLarge { len, max }) => {
+                let len = usize::try_from(len).unwrap_or(usize::MAX);
+                return Err(SendFailure::TooLarge { len, max });
+            }
+            Err(e) => {
+                // Only frames serde writes (not the data frames) can get
+                // here, and those encode; dropped and logged all the same.
+                tracing::warn!(peer = %self.peer, error = %e, "dropping a frame that cannot be encoded");
+                return Ok(());
+            }
+        }
+        if was_empty {
+            self.ready.notify_one();
+        }
+        Ok(())
+    }
+
+    /// Moves the next run of queued frames into the empty `batch`: all the
+    /// urgent ones, then bulk ones while the batch stays within
+    /// `MAX_BATCH_BYTES` (at least one frame). Returns how many.
+    fn take(&self, batch: &mut BytesMut) -> usize {
+        debug_assert!(batch.is_empty());
+        let mut out = lock(&self.outbox);
+        let out = &mut *out;
+        let mut n = std::mem::take(&mut out.urgent_frames);
+        if n > 0 {
+            std::mem::swap(batch, &mut out.urgent);
+        }
+        if out.bulk_frames == 0 {
+            return n;
+        }
+        let room = MAX_BATCH_BYTES.saturating_sub(batch.len());
+        if out.bulk.len() <= room {
+            n += std::mem::take(&mut out.bulk_frames);
+            if batch.is_empty() {
+                std::mem::swap(batch, &mut out.bulk);
+            } else {
+                batch.extend_from_slice(&out.bulk);
+                out.bulk.clear();
+            }
+            return n;
+        }
+        // Only part of the bulk lane fits: whole frames, by their length
+        // prefixes, and at least one into an empty batch.
+        let (mut end, mut frames) = (0, 0);
+        while end < out.bulk.len() {
+            let len = u32::from_be_bytes(
+                out.bulk[end..end + LEN_PREFIX]
+                    .try_into()
+                    .expect("a length prefix"),
+            ) as usize;
+            let next = end + LEN_PREFIX + len;
+            if next > room && (end > 0 || !batch.is_empty()) {
+                break;
+            }
+            (end, frames) = (next, frames + 1);
+        }
+        batch.extend_from_slice(&out.bulk[..end]);
+        out.bulk.advance(end);
+        out.bulk_frames -= frames;
+        n + frames
+    }
+
+    /// The writer ended: refuse new frames and drop those queued.
+    fn close_outbox(&self) {
+        let mut out = lock(&self.outbox);
+        *out = Outbox {
+            closed: true,
+            ..Outbox::default()
+        };
     }
 
     /// Whether `close_after_flush` was called. An atomic load (the
@@ -292,15 +411,28 @@ pub struct Incoming {
 #[must_use = "dropping a ReplyHandle answers the request with RemoteFailure::Dropped"]
 pub struct ReplyHandle {
     corr: u64,
-    out: Option<mpsc::Sender<Frame>>,
+    /// The connection the request came in on; `None` once answered.
+    conn: Option<Arc<Conn>>,
+    /// The reply takes the urgent lane (a request on a control channel).
+    urgent: bool,
     max_payload: usize,
 }
 
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conn")
+            .field("id", &self.id)
+            .field("peer", &self.peer)
+            .finish_non_exhaustive()
+    }
+}
+
 impl ReplyHandle {
-    pub(crate) fn new(corr: u64, out: mpsc::Sender<Frame>, max_payload: usize) -> Self {
+    pub(crate) fn new(corr: u64, conn: Arc<Conn>, urgent: bool, max_payload: usize) -> Self {
         ReplyHandle {
             corr,
-            out: Some(out),
+            conn: Some(conn),
+            urgent,
             max_payload,
         }
     }
@@ -335,23 +467,21 @@ impl ReplyHandle {
     }
 
     fn answer(&mut self, result: ReplyResult) -> Result<(), (SendFailure, Bytes)> {
-        let Some(out) = self.out.take() else {
+        let Some(conn) = self.conn.take() else {
             return Err((SendFailure::ConnectionClosed, Bytes::new()));
         };
-        out.try_send(Frame::Reply {
+        let reply = Frame::Reply {
             corr: self.corr,
             result,
-        })
-        .map_err(|e| match e {
-            mpsc::error::TrySendError::Full(f) => (SendFailure::QueueFull, payload_of(f)),
-            mpsc::error::TrySendError::Closed(f) => (SendFailure::ConnectionClosed, payload_of(f)),
-        })
+        };
+        conn.push(self.urgent, reply)
+            .map_err(|(reason, frame)| (reason, payload_of(frame)))
     }
 }
 
 impl Drop for ReplyHandle {
     fn drop(&mut self) {
-        if self.out.is_some() {
+        if self.conn.is_some() {
             let _ = self.answer(ReplyResult::Err(RemoteFailure::Dropped));
         }
     }
@@ -361,169 +491,102 @@ impl Drop for ReplyHandle {
 /// waits at most as long again for the peer to close its side.
 pub(crate) const FLUSH_LIMIT: Duration = Duration::from_secs(1);
 
-/// Upper bound on a frame's encoded size, from its payload (exact sizes
-/// only matter for the batch byte bound, which this errs above).
-fn encoded_estimate(frame: &Frame) -> usize {
-    super::pipes::FRAME_OVERHEAD
-        + crate::wire::LEN_PREFIX
-        + match frame {
-            Frame::Oneway { payload, .. } | Frame::Request { payload, .. } => payload.len(),
-            Frame::Reply {
-                result: ReplyResult::Ok(payload),
-                ..
-            } => payload.len(),
-            _ => 0,
-        }
-}
+/// Ends the writer's side of a connection however `write_loop` returns.
+struct OutboxGuard<'a>(&'a Conn);
 
-/// The writer's side of its two queues: frames taken from a queue that did
-/// not fit the batch they were taken for wait here, at the head of their lane.
-struct Writer {
-    lanes: Lanes,
-    urgent_head: Option<Frame>,
-    bulk_head: Option<Frame>,
-    codec: FrameCodec,
-}
-
-impl Writer {
-    fn has_head(&self) -> bool {
-        self.urgent_head.is_some() || self.bulk_head.is_some()
-    }
-
-    /// Encodes one batch into `buf`: the priority lane first, then the bulk
-    /// lane, at most `MAX_BATCH` frames and — unless a single frame is larger
-    /// on its own — `MAX_BATCH_BYTES` bytes. Returns the frames taken.
-    fn fill(&mut self, conn: &Conn, buf: &mut BytesMut) -> usize {
-        let mut n = 0;
-        for urgent in [true, false] {
-            while n < MAX_BATCH {
-                let (head, rx) = if urgent {
-                    (&mut self.urgent_head, &mut self.lanes.urgent)
-                } else {
-                    (&mut self.bulk_head, &mut self.lanes.bulk)
-                };
-                let frame = match head.take() {
-                    Some(f) => f,
-                    None => match rx.try_recv() {
-                        Ok(f) => f,
-                        Err(_) => break,
-                    },
-                };
-                if !buf.is_empty() && buf.len() + encoded_estimate(&frame) > MAX_BATCH_BYTES {
-                    *head = Some(frame);
-                    return n;
-                }
-                n += 1;
-                if let Err(e) = self.codec.encode(&frame, buf) {
-                    tracing::warn!(peer = %conn.peer, error = %e, "dropping a frame that cannot be encoded");
-                    if let Frame::Request { corr, .. } = frame {
-                        conn.complete(corr, Err(RequestError::Encode(e.to_string())));
-                    }
-                }
-            }
-        }
-        n
+impl Drop for OutboxGuard<'_> {
+    fn drop(&mut self) {
+        self.0.close_outbox();
     }
 }
 
-/// The batching writer: waits for queued frames on either lane, yields once
-/// so producers that are already runnable can add theirs, then encodes one
-/// batch (`Writer::fill`: priority lane first, bounded by count and bytes)
-/// into one buffer and writes it with one `write_all`. `first` (the
-/// acceptor's `Accepted`) is written before anything queued.
+/// The batching writer: waits until frames are queued, yields once so
+/// producers that are already runnable can add theirs, then writes the
+/// outbox out in batches (`Conn::take`: urgent lane first, at most
+/// `MAX_BATCH_BYTES` or one larger frame each), one `write_all` per batch,
+/// until it is empty. `first` (the acceptor's `Accepted`) is written before
+/// anything queued.
 pub(crate) async fn write_loop(
     shared: Arc<Shared>,
     conn: Arc<Conn>,
-    lanes: Lanes,
     first: Option<Frame>,
     mut io: OwnedWriteHalf,
 ) {
-    let mut w = Writer {
-        lanes,
-        urgent_head: None,
-        bulk_head: None,
-        codec: FrameCodec::new(shared.codec.max_frame_len()),
-    };
-    let mut buf = BytesMut::with_capacity(64 * 1024);
-    if let Some(frame) = first
-        && w.codec.encode(&frame, &mut buf).is_err()
-    {
-        tracing::warn!(peer = %conn.peer, "first frame cannot be encoded");
+    let _closed = OutboxGuard(&conn);
+    let mut batch = BytesMut::with_capacity(64 * 1024);
+    if let Some(frame) = first {
+        let mut codec = conn.codec;
+        if codec.encode(&frame, &mut batch).is_err() {
+            tracing::warn!(peer = %conn.peer, "first frame cannot be encoded");
+        }
     }
     loop {
         if conn.is_closing() {
-            return close_flush(&conn, &mut w, &mut buf, io).await;
+            return close_flush(&conn, batch, io).await;
         }
-        if buf.is_empty() && !w.has_head() {
+        if batch.is_empty() {
             tokio::select! {
                 biased;
                 _ = conn.cancel.cancelled() => return,
                 _ = conn.closing.cancelled() => continue,
-                f = w.lanes.urgent.recv() => match f {
-                    Some(f) => w.urgent_head = Some(f),
-                    None => return,
-                },
-                f = w.lanes.bulk.recv() => match f {
-                    Some(f) => w.bulk_head = Some(f),
-                    None => {
-                        let _ = io.shutdown().await;
-                        return;
-                    }
-                },
+                _ = conn.ready.notified() => {}
             }
             // The writer yield (see the limits anchor): ~50 frames per write
             // under load instead of ~2.
             tokio::task::yield_now().await;
         }
-        let n = w.fill(&conn, &mut buf);
-        shared.stats.record_batch(n);
-        if buf.is_empty() {
-            continue;
-        }
-        let written = tokio::select! {
-            biased;
-            _ = conn.cancel.cancelled() => return,
-            r = io.write_all(&buf) => r,
-            _ = async {
-                conn.closing.cancelled().await;
-                tokio::time::sleep_until(conn.flush_deadline()).await;
-            } => {
-                tracing::debug!(peer = %conn.peer, "closing: frames not flushed in time");
-                conn.cancel.cancel();
+        loop {
+            if batch.is_empty() {
+                let n = conn.take(&mut batch);
+                if n == 0 {
+                    break;
+                }
+                shared.stats.record_batch(n);
+            }
+            let written = tokio::select! {
+                biased;
+                _ = conn.cancel.cancelled() => return,
+                r = io.write_all(&batch) => r,
+                _ = async {
+                    conn.closing.cancelled().await;
+                    tokio::time::sleep_until(conn.flush_deadline()).await;
+                } => {
+                    tracing::debug!(peer = %conn.peer, "closing: frames not flushed in time");
+                    conn.cancel.cancel();
+                    return;
+                }
+            };
+            if batch.capacity() > KEEP_BUF {
+                batch = BytesMut::with_capacity(64 * 1024);
+            } else {
+                batch.clear();
+            }
+            if let Err(e) = written {
+                conn.close(DisconnectReason::Io(e.to_string()));
                 return;
             }
-        };
-        if buf.capacity() > KEEP_BUF {
-            buf = BytesMut::with_capacity(64 * 1024);
-        } else {
-            buf.clear();
-        }
-        if let Err(e) = written {
-            conn.close(DisconnectReason::Io(e.to_string()));
-            return;
+            if conn.is_closing() {
+                break;
+            }
         }
     }
 }
 
 /// The end of a connection closed by `close_after_flush`: writes what is
-/// still queued (both lanes, in batches) and shuts the write half down, by
+/// still queued (in batches) and shuts the write half down, by
 /// `flush_deadline`; then waits, at most `FLUSH_LIMIT` more, for the reader
 /// to see the peer close (it reads and discards meanwhile), so the socket is
 /// not dropped with unread input — which would make the kernel send a reset
 /// and throw away what we just wrote; then ends both tasks.
-async fn close_flush(conn: &Conn, w: &mut Writer, buf: &mut BytesMut, mut io: OwnedWriteHalf) {
+async fn close_flush(conn: &Conn, mut batch: BytesMut, mut io: OwnedWriteHalf) {
     let deadline = conn.flush_deadline();
     let flushed = tokio::time::timeout_at(deadline, async {
         loop {
-            let n = w.fill(conn, buf);
-            if buf.is_empty() {
-                if n == 0 {
-                    return Ok::<(), std::io::Error>(());
-                }
-                continue;
+            if batch.is_empty() && conn.take(&mut batch) == 0 {
+                return Ok::<(), std::io::Error>(());
             }
-            io.write_all(buf).await?;
-            buf.clear();
+            io.write_all(&batch).await?;
+            batch.clear();
         }
     })
     .await;
@@ -614,7 +677,7 @@ async fn discard_until_closed(
 }
 
 /// Handles one inbound frame on an established connection.
-fn dispatch(shared: &Shared, conn: &Conn, frame: Frame) -> Result<(), DisconnectReason> {
+fn dispatch(shared: &Shared, conn: &Arc<Conn>, frame: Frame) -> Result<(), DisconnectReason> {
     match frame {
         Frame::Oneway { channel, payload } => {
             shared.deliver(Incoming {
@@ -630,7 +693,8 @@ fn dispatch(shared: &Shared, conn: &Conn, frame: Frame) -> Result<(), Disconnect
             channel,
             payload,
         } => {
-            let reply = ReplyHandle::new(corr, conn.lane(channel).clone(), shared.max_payload);
+            let urgent = conn.is_urgent(channel);
+            let reply = ReplyHandle::new(corr, conn.clone(), urgent, shared.max_payload);
             shared.deliver(Incoming {
                 from: conn.peer,
                 channel,

@@ -27,11 +27,12 @@
 //!   most `max_inbound_handshakes` such handshakes at once, rate-limited
 //!   refusal warnings, and a dial it defers proceeds after one handshake
 //!   timeout.
-//! * **Batched writes.** Each pipe has one writer task that drains its queues
-//!   into one buffer and one `write_all` per batch (after yielding once, so
+//! * **Batched writes.** A send encodes its frame straight into the pipe's
+//!   outbox, a byte buffer per lane; one writer task per pipe takes it out
+//!   a batch at a time, one `write_all` each (after yielding once, so
 //!   concurrent producers join the batch): first the priority lane (frames
-//!   on `control_channels`, default membership's channel 1), then bulk
-//!   traffic, up to 1024 frames and 1 MiB per batch, so heartbeats never wait
+//!   on `control_channels`, default membership's and sharding control's),
+//!   then bulk traffic, up to 1 MiB per batch, so heartbeats never wait
 //!   behind more than one batch. `TCP_NODELAY` is on; reads go through a
 //!   64 KiB buffer.
 //! * **Tell-like sends.** [`Transport::send`] never waits: it enqueues, or

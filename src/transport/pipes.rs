@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::config::TransportConfig;
 use super::connection::{
-    Conn, Incoming, PendingGuard, READ_BUF, lock, payload_of, read_loop, write_loop,
+    Conn, Incoming, PendingGuard, READ_BUF, Refused, lock, payload_of, read_loop, write_loop,
 };
 use super::error::{ConnectError, RegisterError, RequestError, SendError, SendFailure};
 use super::events::{DisconnectReason, TransportEvent};
@@ -446,6 +446,31 @@ impl Transport {
         Ok(())
     }
 
+    /// [`send`](Self::send) of a copy of `payload`: with the pipe up, the
+    /// frame is encoded straight into its writer's queue, with no
+    /// allocation of its own.
+    pub(crate) fn send_slice(
+        &self,
+        to: &UniqueAddress,
+        channel: Channel,
+        payload: &[u8],
+    ) -> Result<(), SendFailure> {
+        if payload.len() > self.shared.max_payload {
+            let (len, max) = (payload.len(), self.shared.max_payload);
+            return Err(SendFailure::TooLarge { len, max });
+        }
+        {
+            let st = lock(&self.shared.state);
+            self.shared.check_target(&st, to)?;
+            if let Some(c) = st.conns.get(&to.addr).filter(|c| c.peer == *to) {
+                return c.push_oneway(channel, payload);
+            }
+        }
+        // No pipe to `to` yet, or another identity at its address.
+        self.send(to, channel, Bytes::copy_from_slice(payload))
+            .map_err(|e| e.reason)
+    }
+
     /// Sends a request to `to` on `channel` and waits for its reply, at most
     /// `timeout` in all (connecting included).
     ///
@@ -567,13 +592,8 @@ fn after(d: Duration) -> Instant {
         .unwrap_or(now)
 }
 
-fn queue_error(e: mpsc::error::TrySendError<Frame>) -> SendError {
-    match e {
-        mpsc::error::TrySendError::Full(f) => SendError::new(SendFailure::QueueFull, payload_of(f)),
-        mpsc::error::TrySendError::Closed(f) => {
-            SendError::new(SendFailure::ConnectionClosed, payload_of(f))
-        }
-    }
+fn queue_error((reason, frame): Refused) -> SendError {
+    SendError::new(reason, payload_of(frame))
 }
 
 /// What a dial attempt led to.
@@ -782,12 +802,12 @@ impl Shared {
             stream.get_ref().peer_addr().unwrap_or(unspecified),
         );
         let id = self.next_conn_id.fetch_add(1, Ordering::Relaxed);
-        let (conn, lanes) = Conn::new(
+        let conn = Conn::new(
             id,
             peer,
             initiator,
             sockets,
-            self.config.send_queue_capacity,
+            (self.config.send_queue_capacity, self.codec),
             self.control.clone(),
         );
         let conn = Arc::new(conn);
@@ -808,7 +828,7 @@ impl Shared {
         leftover.extend_from_slice(&parts.read_buf);
         let (shared, writer) = (self.clone(), conn.clone());
         self.runtime
-            .spawn(write_loop(shared, writer, lanes, first, write_half));
+            .spawn(write_loop(shared, writer, first, write_half));
         let (shared, reader) = (self.clone(), conn.clone());
         self.runtime
             .spawn(read_loop(shared, reader, read_half, leftover));

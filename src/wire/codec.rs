@@ -157,18 +157,34 @@ impl Decoder for FrameCodec {
     }
 }
 
-impl Encoder<&Frame> for FrameCodec {
-    type Error = WireError;
+impl FrameCodec {
+    /// Appends a whole `Oneway` frame carrying `payload` (the same bytes as
+    /// encoding `Frame::Oneway`, without building one).
+    pub(crate) fn encode_oneway(
+        &self,
+        channel: u16,
+        payload: &[u8],
+        dst: &mut BytesMut,
+    ) -> Result<(), WireError> {
+        self.write_framed(dst, |dst| {
+            fast::encode_oneway(dst, channel, payload);
+            Ok(())
+        })
+    }
 
-    fn encode(&mut self, frame: &Frame, dst: &mut BytesMut) -> Result<(), WireError> {
+    /// Appends a length prefix and the body `body` writes, checking the
+    /// body against the frame limit; on error nothing is appended.
+    fn write_framed(
+        &self,
+        dst: &mut BytesMut,
+        body: impl FnOnce(&mut BytesMut) -> Result<(), WireError>,
+    ) -> Result<(), WireError> {
         let start = dst.len();
         dst.reserve(LEN_PREFIX + 32);
         dst.put_u32(0); // patched below, once the body length is known
-        if fast::encode(frame, dst) {
-            // Hot frames: written by hand, byte-identical to serde's form.
-        } else if let Err(e) = ciborium::into_writer(frame, (&mut *dst).writer()) {
+        if let Err(e) = body(dst) {
             dst.truncate(start);
-            return Err(WireError::Encode(e.to_string()));
+            return Err(e);
         }
         let len = dst.len().saturating_sub(start + LEN_PREFIX);
         let len32 = match u32::try_from(len) {
@@ -183,6 +199,22 @@ impl Encoder<&Frame> for FrameCodec {
         };
         dst[start..start + LEN_PREFIX].copy_from_slice(&len32.to_be_bytes());
         Ok(())
+    }
+}
+
+impl Encoder<&Frame> for FrameCodec {
+    type Error = WireError;
+
+    fn encode(&mut self, frame: &Frame, dst: &mut BytesMut) -> Result<(), WireError> {
+        self.write_framed(dst, |dst| {
+            if !fast::encode(frame, dst) {
+                // Hot frames are written by hand, byte-identical to serde's
+                // form; the rest by serde.
+                ciborium::into_writer(frame, dst.writer())
+                    .map_err(|e| WireError::Encode(e.to_string()))?;
+            }
+            Ok(())
+        })
     }
 }
 

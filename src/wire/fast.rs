@@ -28,14 +28,7 @@ use super::cbor::{MAJOR_MAP, MAJOR_UINT, Reader, put_bytes, put_head, put_text};
 pub(crate) fn encode(frame: &Frame, dst: &mut BytesMut) -> bool {
     match frame {
         Frame::Oneway { channel, payload } => {
-            dst.reserve(32 + payload.len());
-            put_head(dst, MAJOR_MAP, 1);
-            put_text(dst, "Oneway");
-            put_head(dst, MAJOR_MAP, 2);
-            put_text(dst, "channel");
-            put_head(dst, MAJOR_UINT, u64::from(*channel));
-            put_text(dst, "payload");
-            put_bytes(dst, payload);
+            encode_oneway(dst, *channel, payload);
             true
         }
         Frame::Request {
@@ -73,6 +66,18 @@ pub(crate) fn encode(frame: &Frame, dst: &mut BytesMut) -> bool {
         }
         _ => false,
     }
+}
+
+/// Encodes the body of a `Oneway` frame carrying `payload`.
+pub(crate) fn encode_oneway(dst: &mut BytesMut, channel: u16, payload: &[u8]) {
+    dst.reserve(32 + payload.len());
+    put_head(dst, MAJOR_MAP, 1);
+    put_text(dst, "Oneway");
+    put_head(dst, MAJOR_MAP, 2);
+    put_text(dst, "channel");
+    put_head(dst, MAJOR_UINT, u64::from(channel));
+    put_text(dst, "payload");
+    put_bytes(dst, payload);
 }
 
 /// Payloads at least this long are sliced out of the frame's `Bytes` instead
