@@ -721,3 +721,82 @@ fn dispatch(shared: &Shared, conn: &Arc<Conn>, frame: Frame) -> Result<(), Disco
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conn(capacity: usize) -> Conn {
+        let addr: SocketAddr = "127.0.0.1:1".parse().expect("literal");
+        let peer = UniqueAddress::new_at(addr);
+        let codec = FrameCodec::new(crate::wire::DEFAULT_MAX_FRAME_LEN);
+        let control: Arc<[Channel]> = Arc::from(vec![1]);
+        Conn::new(
+            1,
+            peer,
+            peer.node_id,
+            (addr, addr),
+            (capacity, codec),
+            control,
+        )
+    }
+
+    /// The frames of one batch, as (channel, payload length).
+    fn frames_of(mut batch: BytesMut) -> Vec<(Channel, usize)> {
+        let mut codec = FrameCodec::new(crate::wire::DEFAULT_MAX_FRAME_LEN);
+        let mut out = Vec::new();
+        while let Some(frame) = codec.decode(&mut batch).expect("a valid batch") {
+            match frame {
+                Frame::Oneway { channel, payload } => out.push((channel, payload.len())),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert!(batch.is_empty(), "a batch ends on a frame boundary");
+        out
+    }
+
+    #[test]
+    fn a_batch_takes_the_urgent_lane_first_then_whole_bulk_frames_up_to_a_mebibyte() {
+        let c = conn(16);
+        let big = vec![7u8; 400 * 1024];
+        for _ in 0..3 {
+            c.push_oneway(2, &big).expect("room");
+        }
+        c.push_oneway(1, b"heartbeat").expect("room");
+        let mut batch = BytesMut::new();
+        assert_eq!(c.take(&mut batch), 3);
+        let first = frames_of(std::mem::take(&mut batch));
+        assert_eq!(first, vec![(1, 9), (2, big.len()), (2, big.len())]);
+        // The third bulk frame waited for the next batch; a frame larger
+        // than a batch goes alone.
+        c.push_oneway(2, &vec![1u8; 2 << 20]).expect("room");
+        c.push_oneway(1, b"gossip").expect("room");
+        assert_eq!(c.take(&mut batch), 2);
+        assert_eq!(
+            frames_of(std::mem::take(&mut batch)),
+            vec![(1, 6), (2, big.len())]
+        );
+        assert_eq!(c.take(&mut batch), 1);
+        assert_eq!(frames_of(std::mem::take(&mut batch)), vec![(2, 2 << 20)]);
+        assert_eq!(c.take(&mut batch), 0);
+        assert!(batch.is_empty());
+    }
+
+    #[test]
+    fn a_full_lane_refuses_and_a_closed_outbox_refuses_everything() {
+        let c = conn(2);
+        c.push_oneway(2, b"a").expect("room");
+        c.push_oneway(2, b"b").expect("room");
+        assert_eq!(c.push_oneway(2, b"c"), Err(SendFailure::QueueFull));
+        // Each lane has its own room.
+        c.push_oneway(1, b"control")
+            .expect("room in the urgent lane");
+        let mut batch = BytesMut::new();
+        assert_eq!(c.take(&mut batch), 3);
+        c.push_oneway(2, b"c").expect("room again once taken");
+        c.close_outbox();
+        assert_eq!(c.push_oneway(2, b"d"), Err(SendFailure::ConnectionClosed));
+        batch.clear();
+        assert_eq!(c.take(&mut batch), 0, "what was queued is dropped");
+    }
+}
