@@ -325,8 +325,8 @@ thread_local! {
     /// A buffer to encode one message or reply into before it is framed, so
     /// the hot path does not allocate for it.
     static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-    /// A buffer to frame one data message in, before it is copied out at its
-    /// exact size.
+    /// A buffer to build one data message in, sent from there
+    /// (`with_frame`).
     static FRAME: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 

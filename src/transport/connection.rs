@@ -22,15 +22,27 @@ use crate::identity::{NodeId, UniqueAddress};
 use crate::warn_limit::warn_limited;
 use crate::wire::{Channel, Frame, FrameCodec, LEN_PREFIX, RemoteFailure, ReplyResult, WireError};
 
-/// Most encoded bytes one writer batch takes from the queues: a frame that
-/// would push a non-empty batch past this waits for the next batch. So a
-/// control frame queued behind bulk data waits for at most one batch of
-/// 1 MiB (or one single larger frame) to be written.
+/// Most bulk bytes one writer batch takes (with the whole urgent lane
+/// ahead of them): a bulk frame that would push a non-empty batch past this
+/// waits for the next batch. So a control frame queued behind bulk data
+/// waits for at most one batch of 1 MiB of bulk (or one single larger frame)
+/// to be written.
 pub(crate) const MAX_BATCH_BYTES: usize = 1 << 20;
 
-/// A writer buffer grown past this is dropped after the write, so one huge
-/// frame does not pin its memory for the connection's life.
+/// A writer batch or outbox lane whose allocation grew past this is given
+/// back once empty, so one burst does not pin its memory for the
+/// connection's life.
 const KEEP_BUF: usize = 1 << 20;
+
+/// Empties `buf`, and gives its allocation back if it grew past `KEEP_BUF`
+/// (`try_reclaim` sees the whole allocation, which `capacity` does not
+/// after `advance`).
+fn clear_and_shrink(buf: &mut BytesMut) {
+    buf.clear();
+    if buf.try_reclaim(KEEP_BUF + 1) {
+        *buf = BytesMut::new();
+    }
+}
 
 /// Read buffer of a connection's reader.
 pub(crate) const READ_BUF: usize = 64 * 1024;
@@ -45,7 +57,8 @@ struct Pending {
 }
 
 /// Locks a mutex, ignoring poisoning (the data stay consistent: every
-/// critical section here is a few map operations that cannot panic midway).
+/// critical section here is a few map operations, or the encoding of one of
+/// our own frame types into a buffer, none of which panic midway).
 pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -203,8 +216,10 @@ impl Conn {
                 return Err(SendFailure::TooLarge { len, max });
             }
             Err(e) => {
-                // Only frames serde writes (not the data frames) can get
-                // here, and those encode; dropped and logged all the same.
+                // Only frames serde writes can get here (replies with an
+                // error, rejections; never `Oneway`, `Request` or an `Ok`
+                // reply, which are written by hand), and those encode.
+                // Dropped and logged all the same, as a lost frame.
                 tracing::warn!(peer = %self.peer, error = %e, "dropping a frame that cannot be encoded");
                 return Ok(());
             }
@@ -236,7 +251,7 @@ impl Conn {
                 std::mem::swap(batch, &mut out.bulk);
             } else {
                 batch.extend_from_slice(&out.bulk);
-                out.bulk.clear();
+                clear_and_shrink(&mut out.bulk);
             }
             return n;
         }
@@ -294,7 +309,7 @@ impl Conn {
     /// reader stops dispatching at once (nothing more is accepted from the
     /// peer) but keeps reading and discarding, so that no unread input makes
     /// the kernel answer our close with a reset (which would discard the
-    /// frames we just flushed); the writer writes both queues out and shuts
+    /// frames we just flushed); the writer writes both lanes out and shuts
     /// down its half — within `FLUSH_LIMIT`, so a peer that stopped reading
     /// cannot hold the task — then waits (at most `FLUSH_LIMIT` more) for
     /// the reader to see the peer close, then closes the socket. `mark_down`
@@ -491,10 +506,12 @@ impl Drop for ReplyHandle {
 /// waits at most as long again for the peer to close its side.
 pub(crate) const FLUSH_LIMIT: Duration = Duration::from_secs(1);
 
-/// Ends the writer's side of a connection however `write_loop` returns.
-struct OutboxGuard<'a>(&'a Conn);
+/// Closes a connection's outbox when dropped: however `write_loop` ends,
+/// or if its task is dropped before it first runs (it is made before the
+/// task is spawned and moved into it).
+pub(crate) struct OutboxGuard(pub(crate) Arc<Conn>);
 
-impl Drop for OutboxGuard<'_> {
+impl Drop for OutboxGuard {
     fn drop(&mut self) {
         self.0.close_outbox();
     }
@@ -502,17 +519,17 @@ impl Drop for OutboxGuard<'_> {
 
 /// The batching writer: waits until frames are queued, yields once so
 /// producers that are already runnable can add theirs, then writes the
-/// outbox out in batches (`Conn::take`: urgent lane first, at most
-/// `MAX_BATCH_BYTES` or one larger frame each), one `write_all` per batch,
-/// until it is empty. `first` (the acceptor's `Accepted`) is written before
+/// outbox out in batches (`Conn::take`: the whole urgent lane, then bulk
+/// frames up to `MAX_BATCH_BYTES` or one larger frame), one `write_all` per
+/// batch, until it is empty. `first` (the acceptor's `Accepted`) is written before
 /// anything queued.
 pub(crate) async fn write_loop(
     shared: Arc<Shared>,
-    conn: Arc<Conn>,
+    closed_at_end: OutboxGuard,
     first: Option<Frame>,
     mut io: OwnedWriteHalf,
 ) {
-    let _closed = OutboxGuard(&conn);
+    let conn = &closed_at_end.0;
     let mut batch = BytesMut::with_capacity(64 * 1024);
     if let Some(frame) = first {
         let mut codec = conn.codec;
@@ -522,7 +539,7 @@ pub(crate) async fn write_loop(
     }
     loop {
         if conn.is_closing() {
-            return close_flush(&conn, batch, io).await;
+            return close_flush(conn, batch, io).await;
         }
         if batch.is_empty() {
             tokio::select! {
@@ -556,11 +573,7 @@ pub(crate) async fn write_loop(
                     return;
                 }
             };
-            if batch.capacity() > KEEP_BUF {
-                batch = BytesMut::with_capacity(64 * 1024);
-            } else {
-                batch.clear();
-            }
+            clear_and_shrink(&mut batch);
             if let Err(e) = written {
                 conn.close(DisconnectReason::Io(e.to_string()));
                 return;
@@ -586,7 +599,7 @@ async fn close_flush(conn: &Conn, mut batch: BytesMut, mut io: OwnedWriteHalf) {
                 return Ok::<(), std::io::Error>(());
             }
             io.write_all(&batch).await?;
-            batch.clear();
+            clear_and_shrink(&mut batch);
         }
     })
     .await;
@@ -741,13 +754,15 @@ mod tests {
         )
     }
 
-    /// The frames of one batch, as (channel, payload length).
+    /// The frames of one batch: (channel, payload length) of each `Oneway`,
+    /// (`u16::MAX`, corr) of each `Reply`.
     fn frames_of(mut batch: BytesMut) -> Vec<(Channel, usize)> {
         let mut codec = FrameCodec::new(crate::wire::DEFAULT_MAX_FRAME_LEN);
         let mut out = Vec::new();
         while let Some(frame) = codec.decode(&mut batch).expect("a valid batch") {
             match frame {
                 Frame::Oneway { channel, payload } => out.push((channel, payload.len())),
+                Frame::Reply { corr, .. } => out.push((u16::MAX, corr as usize)),
                 other => panic!("unexpected {other:?}"),
             }
         }
@@ -755,31 +770,87 @@ mod tests {
         out
     }
 
+    /// Takes one batch: its frame count and frames.
+    fn take(c: &Conn) -> (usize, Vec<(Channel, usize)>) {
+        let mut batch = BytesMut::new();
+        let n = c.take(&mut batch);
+        (n, frames_of(batch))
+    }
+
+    const K400: usize = 400 * 1024;
+
     #[test]
-    fn a_batch_takes_the_urgent_lane_first_then_whole_bulk_frames_up_to_a_mebibyte() {
+    fn bulk_frames_are_taken_whole_up_to_a_mebibyte_and_a_larger_one_alone() {
         let c = conn(16);
-        let big = vec![7u8; 400 * 1024];
         for _ in 0..3 {
-            c.push_oneway(2, &big).expect("room");
+            c.push_oneway(2, &[7u8; K400]).expect("room");
+        }
+        c.push_oneway(2, &vec![1u8; 2 << 20]).expect("room");
+        assert_eq!(take(&c), (2, vec![(2, K400), (2, K400)]));
+        assert_eq!(take(&c), (1, vec![(2, K400)]));
+        assert_eq!(take(&c), (1, vec![(2, 2 << 20)]), "alone");
+        assert_eq!(take(&c), (0, vec![]));
+        // A few small frames: the whole lane at once.
+        for i in 0..5 {
+            c.push_oneway(2, &[0u8; 10][..i]).expect("room");
+        }
+        assert_eq!(take(&c).1, (0..5).map(|i| (2, i)).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn the_urgent_lane_goes_first_and_counts_against_the_batch() {
+        let c = conn(16);
+        for _ in 0..3 {
+            c.push_oneway(2, &[7u8; K400]).expect("room");
         }
         c.push_oneway(1, b"heartbeat").expect("room");
-        let mut batch = BytesMut::new();
-        assert_eq!(c.take(&mut batch), 3);
-        let first = frames_of(std::mem::take(&mut batch));
-        assert_eq!(first, vec![(1, 9), (2, big.len()), (2, big.len())]);
-        // The third bulk frame waited for the next batch; a frame larger
-        // than a batch goes alone.
+        assert_eq!(take(&c), (3, vec![(1, 9), (2, K400), (2, K400)]));
+        assert_eq!(take(&c), (1, vec![(2, K400)]));
+        // A bulk frame that does not fit behind the urgent ones waits for
+        // the next batch, whether it is larger than a batch or not.
         c.push_oneway(2, &vec![1u8; 2 << 20]).expect("room");
         c.push_oneway(1, b"gossip").expect("room");
-        assert_eq!(c.take(&mut batch), 2);
+        assert_eq!(take(&c), (1, vec![(1, 6)]));
+        assert_eq!(take(&c), (1, vec![(2, 2 << 20)]));
+        c.push_oneway(2, &[2u8; 200 * 1024]).expect("room");
+        c.push_oneway(1, &[3u8; 900 * 1024]).expect("room");
+        assert_eq!(take(&c), (1, vec![(1, 900 * 1024)]));
+        assert_eq!(take(&c), (1, vec![(2, 200 * 1024)]));
+    }
+
+    #[test]
+    fn a_reply_to_a_request_on_a_control_channel_takes_the_urgent_lane() {
+        let c = Arc::new(conn(16));
+        c.push_oneway(2, b"bulk").expect("room");
+        ReplyHandle::new(41, c.clone(), true, 1024)
+            .reply(Bytes::from_static(b"ok"))
+            .expect("queued");
+        ReplyHandle::new(42, c.clone(), false, 1024)
+            .reply(Bytes::from_static(b"ok"))
+            .expect("queued");
+        // Dropped unanswered: answers `Dropped`, on its lane.
+        drop(ReplyHandle::new(43, c.clone(), true, 1024));
         assert_eq!(
-            frames_of(std::mem::take(&mut batch)),
-            vec![(1, 6), (2, big.len())]
+            take(&c),
+            (
+                4,
+                vec![(u16::MAX, 41), (u16::MAX, 43), (2, 4), (u16::MAX, 42)]
+            )
         );
-        assert_eq!(c.take(&mut batch), 1);
-        assert_eq!(frames_of(std::mem::take(&mut batch)), vec![(2, 2 << 20)]);
-        assert_eq!(c.take(&mut batch), 0);
-        assert!(batch.is_empty());
+    }
+
+    #[test]
+    fn a_buffer_that_grew_past_the_limit_is_given_back_once_empty() {
+        let mut buf = BytesMut::with_capacity(3 << 20);
+        buf.extend_from_slice(&vec![0u8; 3 << 20]);
+        buf.advance(2 << 20);
+        assert!(buf.capacity() <= KEEP_BUF, "capacity hides the allocation");
+        clear_and_shrink(&mut buf);
+        assert_eq!(buf.capacity(), 0);
+        let mut small = BytesMut::with_capacity(64 * 1024);
+        small.extend_from_slice(b"frame");
+        clear_and_shrink(&mut small);
+        assert!(small.capacity() >= 64 * 1024, "a small buffer is kept");
     }
 
     #[test]

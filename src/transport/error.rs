@@ -128,7 +128,9 @@ pub enum RequestError {
     /// The remote node answered without a payload.
     #[error("remote failure: {0}")]
     Remote(#[from] RemoteFailure),
-    /// The request frame could not be encoded; it was not sent.
+    /// The request frame could not be encoded; it was not sent. Not produced
+    /// by this version (a request too large for a frame is `NotSent` with
+    /// [`SendFailure::TooLarge`]); kept for callers that match on it.
     #[error("the request could not be encoded: {0}")]
     Encode(String),
 }

@@ -9,7 +9,7 @@
 //!      v                       | per channel         |
 //!   +---------------- Transport (node A) ---+   +-- Transport (node B) --+
 //!   | conns: peer addr -> Conn              |   |                        |
-//!   |   writer task: queue -> batch -> TCP ------>  reader task -> channel |
+//!   |   outbox -> writer task -> TCP ---------->  reader task -> channel |
 //!   |   reader task <- TCP <------------------------ writer task          |
 //!   | dials: addr -> queue + backoff        |   |                        |
 //!   | listener -> handshake -> install      |   |                        |

@@ -17,7 +17,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::config::TransportConfig;
 use super::connection::{
-    Conn, Incoming, PendingGuard, READ_BUF, Refused, lock, payload_of, read_loop, write_loop,
+    Conn, Incoming, OutboxGuard, PendingGuard, READ_BUF, Refused, lock, payload_of, read_loop,
+    write_loop,
 };
 use super::error::{ConnectError, RegisterError, RequestError, SendError, SendFailure};
 use super::events::{DisconnectReason, TransportEvent};
@@ -430,6 +431,9 @@ impl Transport {
         let frame = Frame::Oneway { channel, payload };
         if let Some(c) = st.conns.get(&to.addr) {
             if c.peer == *to {
+                // Encoded outside the transport's lock (see `send_slice`).
+                let c = c.clone();
+                drop(st);
                 return c.enqueue(frame).map_err(queue_error);
             }
             if to.is_older_than(&c.peer) {
@@ -459,12 +463,15 @@ impl Transport {
             let (len, max) = (payload.len(), self.shared.max_payload);
             return Err(SendFailure::TooLarge { len, max });
         }
-        {
+        let conn = {
             let st = lock(&self.shared.state);
             self.shared.check_target(&st, to)?;
-            if let Some(c) = st.conns.get(&to.addr).filter(|c| c.peer == *to) {
-                return c.push_oneway(channel, payload);
-            }
+            st.conns.get(&to.addr).filter(|c| c.peer == *to).cloned()
+        };
+        // Copied in outside the transport's lock: a large payload does not
+        // hold up every other send.
+        if let Some(c) = conn {
+            return c.push_oneway(channel, payload);
         }
         // No pipe to `to` yet, or another identity at its address.
         self.send(to, channel, Bytes::copy_from_slice(payload))
@@ -826,7 +833,7 @@ impl Shared {
         let (read_half, write_half) = parts.io.into_split();
         let mut leftover = BytesMut::with_capacity(READ_BUF.max(parts.read_buf.len()));
         leftover.extend_from_slice(&parts.read_buf);
-        let (shared, writer) = (self.clone(), conn.clone());
+        let (shared, writer) = (self.clone(), OutboxGuard(conn.clone()));
         self.runtime
             .spawn(write_loop(shared, writer, first, write_half));
         let (shared, reader) = (self.clone(), conn.clone());
