@@ -353,14 +353,28 @@ async fn run_w1(
 ) -> Result<(serde_json::Value, bool), Box<dyn std::error::Error>> {
     let checks = Arc::new(Checks::default());
     let nodes = cluster("shard-bench", &checks, false).await?;
+    let before = pipe_writes(&nodes);
     let run = w1(&nodes, messages, in_flight, checks).await?;
+    let (frames, writes) = pipe_writes(&nodes);
     run.print(label);
     stop(nodes).await;
     let mut json = run.json();
+    // Frames per `write_all` on the pipes during the run (the anchors
+    // report the same figure).
+    json["frames_per_write"] =
+        ((frames - before.0) as f64 / (writes - before.1).max(1) as f64).into();
     json["workload"] = label.into();
     json["in_flight_per_driver"] = in_flight.into();
     json["peak_rss_kib"] = peak_rss_kib().into();
     Ok((json, run.correct()))
+}
+
+/// Frames written and `write_all` calls so far, over every node's pipes.
+fn pipe_writes<S>(nodes: &[harness::Node<S>]) -> (u64, u64) {
+    nodes.iter().fold((0, 0), |(f, w), n| {
+        let stats = n.cluster.transport().stats();
+        (f + stats.frames_written, w + stats.writes)
+    })
 }
 
 async fn run_w3(

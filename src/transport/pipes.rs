@@ -431,6 +431,9 @@ impl Transport {
         let frame = Frame::Oneway { channel, payload };
         if let Some(c) = st.conns.get(&to.addr) {
             if c.peer == *to {
+                if payload_len(&frame) <= COPY_UNDER_LOCK {
+                    return c.enqueue(frame).map_err(queue_error);
+                }
                 // Encoded outside the transport's lock (see `send_slice`).
                 let c = c.clone();
                 drop(st);
@@ -466,10 +469,16 @@ impl Transport {
         let conn = {
             let st = lock(&self.shared.state);
             self.shared.check_target(&st, to)?;
-            st.conns.get(&to.addr).filter(|c| c.peer == *to).cloned()
+            match st.conns.get(&to.addr).filter(|c| c.peer == *to) {
+                // A small payload is copied in under the transport's lock
+                // (cheaper than taking a reference to the pipe); a large one
+                // outside it, so it does not hold up every other send.
+                Some(c) if payload.len() <= COPY_UNDER_LOCK => {
+                    return c.push_oneway(channel, payload);
+                }
+                found => found.cloned(),
+            }
         };
-        // Copied in outside the transport's lock: a large payload does not
-        // hold up every other send.
         if let Some(c) = conn {
             return c.push_oneway(channel, payload);
         }
@@ -597,6 +606,17 @@ fn after(d: Duration) -> Instant {
     let now = Instant::now();
     now.checked_add(d.min(Duration::from_secs(365 * 24 * 3600)))
         .unwrap_or(now)
+}
+
+/// Payloads up to this size are copied into a pipe's outbox under the
+/// transport's lock; larger ones after it is released.
+const COPY_UNDER_LOCK: usize = 16 * 1024;
+
+fn payload_len(frame: &Frame) -> usize {
+    match frame {
+        Frame::Oneway { payload, .. } | Frame::Request { payload, .. } => payload.len(),
+        _ => 0,
+    }
 }
 
 fn queue_error((reason, frame): Refused) -> SendError {
