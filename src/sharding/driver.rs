@@ -13,7 +13,8 @@
 //!
 //! The control task owns the coordinator core and this node's view of where
 //! shards wait for a home. The data path runs inline on each pipe's reader
-//! task (`Transport::register_inline`): decoding and delivery never block,
+//! task (`Transport::register_inline_borrowed`, the payload read in place):
+//! decoding and delivery never block,
 //! so no queue or task hop sits between the socket and an entity's mailbox,
 //! and a burst of entity traffic never delays the coordinator's protocol
 //! (which travels on the pipes' priority lane and its own task).
@@ -152,9 +153,9 @@ impl ClusterLink {
         // Envelopes and replies are handled on the reader task of the pipe
         // they arrive on: decode, check, deliver, with no task hop.
         let (target, inbound_remote) = (system.clone(), remote.clone());
-        let registered = transport.register_inline(SHARDING_DATA, move |incoming| {
+        let registered = transport.register_inline_borrowed(SHARDING_DATA, move |from, payload| {
             if let Some(shared) = target.get().and_then(Weak::upgrade) {
-                handle_data(&shared, &inbound_remote, incoming);
+                handle_data(&shared, &inbound_remote, from, payload);
             }
         });
         if let Err(error) = registered {
@@ -256,28 +257,28 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// The inbound data path: decode, check, deliver. Runs on a reader task.
-fn handle_data(shared: &Shared, remote: &Arc<Remote>, incoming: Incoming) {
+fn handle_data(shared: &Shared, remote: &Arc<Remote>, from: &UniqueAddress, payload: &[u8]) {
     // The hot messages in their canonical form, read in place.
-    match fast::decode(&incoming.payload) {
+    match fast::decode(payload) {
         Some(DataRef::Envelope(envelope)) => {
-            return deliver_envelope(shared, remote, &incoming.from, envelope);
+            return deliver_envelope(shared, remote, from, envelope);
         }
         Some(DataRef::ReplyOk { ask_id, value }) => {
-            return remote.complete(&incoming.from, ask_id, Ok(value));
+            return remote.complete(from, ask_id, Ok(value));
         }
         None => {}
     }
-    let msg: DataMsg = match ciborium::from_reader(&incoming.payload[..]) {
+    let msg: DataMsg = match ciborium::from_reader(payload) {
         Ok(msg) => msg,
         Err(error) => {
-            warn_limited!(BAD_DATA, "undecodable sharding data message dropped"; from = %incoming.from, %error);
+            warn_limited!(BAD_DATA, "undecodable sharding data message dropped"; %from, %error);
             return;
         }
     };
     match msg {
         DataMsg::Reply { ask_id, result } => match result {
-            ReplyBody::Ok(bytes) => remote.complete(&incoming.from, ask_id, Ok(&bytes)),
-            ReplyBody::Err(error) => remote.complete(&incoming.from, ask_id, Err(error)),
+            ReplyBody::Ok(bytes) => remote.complete(from, ask_id, Ok(&bytes)),
+            ReplyBody::Err(error) => remote.complete(from, ask_id, Err(error)),
         },
         DataMsg::Envelope(e) => {
             let envelope = EnvelopeRef {
@@ -291,7 +292,7 @@ fn handle_data(shared: &Shared, remote: &Arc<Remote>, incoming: Incoming) {
                 reply_to: e.reply_to,
                 payload: &e.payload,
             };
-            deliver_envelope(shared, remote, &incoming.from, envelope);
+            deliver_envelope(shared, remote, from, envelope);
         }
         DataMsg::Passivate {
             type_name,
@@ -303,7 +304,7 @@ fn handle_data(shared: &Shared, remote: &Arc<Remote>, incoming: Incoming) {
                 && let Err(error) =
                     region.passivate_from(ShardId(shard), &entity_id.into(), None, true)
             {
-                tracing::debug!(from = %incoming.from, %error, "remote passivation request dropped");
+                tracing::debug!(%from, %error, "remote passivation request dropped");
             }
         }
     }

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::error::{RequestError, SendError, SendFailure};
 use super::events::DisconnectReason;
-use super::pipes::Shared;
+use super::pipes::{BorrowedHandler, Shared};
 use crate::identity::{NodeId, UniqueAddress};
 use crate::warn_limit::warn_limited;
 use crate::wire::{Channel, Frame, FrameCodec, LEN_PREFIX, RemoteFailure, ReplyResult, WireError};
@@ -625,10 +625,15 @@ pub(crate) async fn read_loop(
     mut buf: BytesMut,
 ) {
     let mut codec = shared.codec;
+    let mut borrowed = Borrowed::default();
     let reason = 'conn: loop {
         loop {
             if conn.is_closing() {
                 break 'conn discard_until_closed(&conn, &mut io, buf).await;
+            }
+            if let Some(total) = borrowed.deliver(&shared, &conn, &codec, &buf) {
+                buf.advance(total);
+                continue;
             }
             match codec.decode(&mut buf) {
                 Ok(Some(frame)) => {
@@ -663,6 +668,40 @@ pub(crate) async fn read_loop(
     }
     conn.reader_done.cancel();
     shared.connection_ended(&conn);
+}
+
+/// A reader's copy of the transport's borrowed handlers (channels whose
+/// oneway payloads are handed over in place), refreshed when they change.
+#[derive(Default)]
+struct Borrowed {
+    version: Option<u64>,
+    handlers: Vec<(Channel, BorrowedHandler)>,
+}
+
+impl Borrowed {
+    /// If the complete frame at the start of `buf` is a canonical `Oneway`
+    /// on a channel with a borrowed handler, calls it with the payload in
+    /// place and returns the frame's length (to be consumed); otherwise
+    /// `None`, and the frame takes the general way.
+    fn deliver(
+        &mut self,
+        shared: &Shared,
+        conn: &Conn,
+        codec: &FrameCodec,
+        buf: &[u8],
+    ) -> Option<usize> {
+        if self.version != Some(shared.handlers_version()) {
+            let (version, handlers) = shared.borrowed_handlers();
+            (self.version, self.handlers) = (Some(version), handlers);
+        }
+        if self.handlers.is_empty() {
+            return None;
+        }
+        let (channel, payload, total) = codec.peek_oneway(buf)?;
+        let (_, handler) = self.handlers.iter().find(|(c, _)| *c == channel)?;
+        shared.call_borrowed(handler, &conn.peer, channel, payload);
+        Some(total)
+    }
 }
 
 /// The reader of a closing connection: nothing more is dispatched, but the

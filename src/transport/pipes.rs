@@ -59,19 +59,25 @@ impl Stats {
     }
 }
 
+/// A function called on the reader task with a oneway message's sender and
+/// payload, borrowed from the read buffer.
+pub(crate) type BorrowedHandler = Arc<dyn Fn(&UniqueAddress, &[u8]) + Send + Sync>;
+
 /// Who takes a channel's inbound messages.
 enum Handler {
     /// A receiver, fed through a bounded queue.
     Queue(mpsc::Sender<Incoming>),
     /// A function called on the reader task.
     Inline(Arc<dyn Fn(Incoming) + Send + Sync>),
+    /// A function called on the reader task with the payload in place.
+    Borrowed(BorrowedHandler),
 }
 
 impl Handler {
     fn is_closed(&self) -> bool {
         match self {
             Handler::Queue(tx) => tx.is_closed(),
-            Handler::Inline(_) => false,
+            Handler::Inline(_) | Handler::Borrowed(_) => false,
         }
     }
 }
@@ -163,6 +169,10 @@ pub(crate) struct Shared {
     runtime: tokio::runtime::Handle,
     state: Mutex<State>,
     handlers: RwLock<HashMap<Channel, Handler>>,
+    /// Bumped (under `handlers`' write lock) at every change of `handlers`,
+    /// so readers can cache the borrowed handlers and check them with one
+    /// load per frame.
+    handlers_version: AtomicU64,
     shutdown: CancellationToken,
     next_conn_id: AtomicU64,
     pub(crate) stats: Stats,
@@ -236,6 +246,7 @@ impl Transport {
                 closed: false,
             }),
             handlers: RwLock::new(HashMap::new()),
+            handlers_version: AtomicU64::new(0),
             shutdown: CancellationToken::new(),
             next_conn_id: AtomicU64::new(1),
             stats: Stats::default(),
@@ -291,6 +302,7 @@ impl Transport {
         }
         let (tx, rx) = mpsc::channel(capacity.max(1));
         handlers.insert(channel, Handler::Queue(tx));
+        self.shared.handlers_version.fetch_add(1, Ordering::Release);
         Ok(rx)
     }
 
@@ -313,16 +325,42 @@ impl Transport {
             return Err(RegisterError::AlreadyRegistered(channel));
         }
         handlers.insert(channel, Handler::Inline(Arc::new(handler)));
+        self.shared.handlers_version.fetch_add(1, Ordering::Release);
+        Ok(())
+    }
+
+    /// Like [`register_inline`](Self::register_inline), for oneway traffic
+    /// only: `handler` gets the sender and the payload borrowed from the
+    /// pipe's read buffer, with no copy or allocation per message. (A
+    /// request on the channel is given to it too, and answered
+    /// `RemoteFailure::Dropped`.)
+    pub(crate) fn register_inline_borrowed(
+        &self,
+        channel: Channel,
+        handler: impl Fn(&UniqueAddress, &[u8]) + Send + Sync + 'static,
+    ) -> Result<(), RegisterError> {
+        let mut handlers = self
+            .shared
+            .handlers
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
+        if handlers.get(&channel).is_some_and(|h| !h.is_closed()) {
+            return Err(RegisterError::AlreadyRegistered(channel));
+        }
+        handlers.insert(channel, Handler::Borrowed(Arc::new(handler)));
+        self.shared.handlers_version.fetch_add(1, Ordering::Release);
         Ok(())
     }
 
     /// Removes the receiver or handler of `channel`, if any.
     pub fn unregister(&self, channel: Channel) {
-        self.shared
+        let mut handlers = self
+            .shared
             .handlers
             .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&channel);
+            .unwrap_or_else(|e| e.into_inner());
+        handlers.remove(&channel);
+        self.shared.handlers_version.fetch_add(1, Ordering::Release);
     }
 
     /// A new subscription to connection events, starting now. See
@@ -687,6 +725,13 @@ impl Shared {
                 }
                 return;
             }
+            Some(Handler::Borrowed(handler)) => {
+                let handler = handler.clone();
+                drop(handlers);
+                let Incoming { from, payload, .. } = incoming;
+                self.call_borrowed(&handler, &from, channel, &payload);
+                return;
+            }
             Some(Handler::Queue(tx)) => match tx.try_send(incoming) {
                 Ok(()) => None,
                 Err(mpsc::error::TrySendError::Full(inc)) => {
@@ -705,6 +750,41 @@ impl Shared {
                 reply.fail_with(failure);
             }
         }
+    }
+
+    /// Calls a borrowed handler; a panic in it is caught (and logged), as an
+    /// inline handler's is.
+    pub(crate) fn call_borrowed(
+        &self,
+        handler: &BorrowedHandler,
+        from: &UniqueAddress,
+        channel: Channel,
+        payload: &[u8],
+    ) {
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler(from, payload)))
+            .is_err()
+        {
+            warn_limited!(self.bad_input, "an inline channel handler panicked; the message was dropped"; %from, channel);
+        }
+    }
+
+    /// The borrowed handlers now, and the version they are of.
+    pub(crate) fn borrowed_handlers(&self) -> (u64, Vec<(Channel, BorrowedHandler)>) {
+        let handlers = self.handlers.read().unwrap_or_else(|e| e.into_inner());
+        let version = self.handlers_version.load(Ordering::Acquire);
+        let borrowed = handlers
+            .iter()
+            .filter_map(|(channel, h)| match h {
+                Handler::Borrowed(f) => Some((*channel, f.clone())),
+                _ => None,
+            })
+            .collect();
+        (version, borrowed)
+    }
+
+    /// The current version of the channel handlers.
+    pub(crate) fn handlers_version(&self) -> u64 {
+        self.handlers_version.load(Ordering::Acquire)
     }
 
     /// Admission of an inbound handshake right after its `Hello`. When

@@ -158,6 +158,22 @@ impl Decoder for FrameCodec {
 }
 
 impl FrameCodec {
+    /// If the complete frame at the start of `src` is a `Oneway` in
+    /// canonical form: its channel, its payload in place and the frame's
+    /// whole length, without consuming it. `None` while the frame is
+    /// incomplete, when its announced length is over the limit, and for any
+    /// other frame (`decode` then handles it, or reports it).
+    pub(crate) fn peek_oneway<'a>(&self, src: &'a [u8]) -> Option<(u16, &'a [u8], usize)> {
+        let prefix: [u8; LEN_PREFIX] = src.get(..LEN_PREFIX)?.try_into().ok()?;
+        let len = usize::try_from(u32::from_be_bytes(prefix)).ok()?;
+        if len > self.max_frame_len {
+            return None;
+        }
+        let total = LEN_PREFIX.checked_add(len)?;
+        let (channel, payload) = fast::peek_oneway(src.get(LEN_PREFIX..total)?)?;
+        Some((channel, payload, total))
+    }
+
     /// Appends a whole `Oneway` frame carrying `payload` (the same bytes as
     /// encoding `Frame::Oneway`, without building one).
     pub(crate) fn encode_oneway(

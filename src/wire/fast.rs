@@ -80,6 +80,23 @@ pub(crate) fn encode_oneway(dst: &mut BytesMut, channel: u16, payload: &[u8]) {
     put_bytes(dst, payload);
 }
 
+/// The channel and payload of a `Oneway` body in canonical form, read in
+/// place; `None` for anything else (which `decode` then handles, or not).
+/// Accepts exactly the `Oneway` bodies `decode` accepts.
+pub(crate) fn peek_oneway(body: &[u8]) -> Option<(u16, &[u8])> {
+    let mut r = Reader::new(body);
+    r.expect(MAJOR_MAP, 1)?;
+    if r.text_bytes()? != b"Oneway" {
+        return None;
+    }
+    r.expect(MAJOR_MAP, 2)?;
+    r.key("channel")?;
+    let channel = u16::try_from(r.uint()?).ok()?;
+    r.key("payload")?;
+    let payload = r.bytes()?;
+    r.at_end().then_some((channel, payload))
+}
+
 /// Payloads at least this long are sliced out of the frame's `Bytes` instead
 /// of copied. Shorter ones are copied: a small slice would keep the whole
 /// read buffer it came from alive for as long as an upper layer holds it.

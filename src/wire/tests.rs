@@ -540,6 +540,34 @@ fn fast_decoding_agrees_with_serde(f: AnyFrame, edits: Vec<(usize, u8)>) -> bool
     }
 }
 
+/// The reader's in-place `Oneway` peek accepts exactly the `Oneway` bodies
+/// the fast decoder accepts, with the same channel and payload, and the
+/// whole frame's length.
+#[quickcheck]
+fn peeking_a_oneway_agrees_with_the_fast_decoder(f: AnyFrame, edits: Vec<(usize, u8)>) -> bool {
+    let mut body = serde_body(&f.0);
+    for (at, value) in edits {
+        if body.is_empty() {
+            break;
+        }
+        let at = at % body.len();
+        body[at] = value;
+    }
+    let mut framed = (body.len() as u32).to_be_bytes().to_vec();
+    framed.extend_from_slice(&body);
+    let peeked = FrameCodec::default().peek_oneway(&framed);
+    let decoded = match fast::decode(&body, None) {
+        Some(Frame::Oneway { channel, payload }) => Some((channel, payload.to_vec())),
+        _ => None,
+    };
+    peeked.map(|(c, p, total)| (c, p.to_vec(), total))
+        == decoded.map(|(c, p)| (c, p, framed.len()))
+        // An incomplete frame is never peeked.
+        && FrameCodec::default()
+            .peek_oneway(&framed[..framed.len() - 1])
+            .is_none()
+}
+
 /// The worked `Hello` example of SPEC §9.1, byte for byte: SPEC and the
 /// encoder cannot drift apart. Also pins `UniqueAddress`'s CBOR form: `addr`
 /// is serde's non-human-readable form (`{"V4": [[a, b, c, d], port]}`), not
