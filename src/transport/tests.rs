@@ -486,3 +486,106 @@ fn bad_frames_on_pipes_log_a_bounded_number_of_warnings() {
         .count();
     assert_eq!((warned, quiet), (10, 5), "{bad:?}");
 }
+
+/// A borrowed inline handler registered after the pipe is up sees every
+/// oneway on its channel in order, in place (canonical frames) or through
+/// the general decoder (a frame written in another valid CBOR form), and
+/// nothing once unregistered; a request on the channel is answered
+/// `Dropped`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_borrowed_handler_sees_its_channels_oneways_in_order() {
+    let t = Transport::bind(config()).await.expect("bind");
+    let mut other = t.register(CH + 1, 4).expect("register");
+    let (mut raw, me) = raw_peer(&t).await;
+    // A request on a channel with a queue: once it is delivered, the
+    // reader has handled every frame sent before it.
+    let mut corr = 0;
+    let mut handled_so_far = async |raw: &mut HandshakeStream| {
+        corr += 1;
+        raw.send(Frame::Request {
+            corr,
+            channel: CH + 1,
+            payload: Bytes::from_static(b"q"),
+        })
+        .await
+        .expect("send");
+        drop(within(other.recv()).await.expect("delivered"));
+        // Dropped unanswered: its `Dropped` reply is the next frame back.
+        let reply = within(raw.next()).await.expect("frame").expect("decodes");
+        assert!(matches!(reply, Frame::Reply { corr: c, .. } if c == corr));
+    };
+    // Traffic before the handler exists: dropped, and the reader's copy of
+    // the handlers is then of an older version.
+    raw.send(Frame::Oneway {
+        channel: CH,
+        payload: Bytes::from_static(b"early"),
+    })
+    .await
+    .expect("send");
+    handled_so_far(&mut raw).await;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    t.register_inline_borrowed(CH, move |from, payload| {
+        let _ = tx.send((*from, payload.to_vec()));
+    })
+    .expect("register");
+    for i in 0..100u8 {
+        raw.send(Frame::Oneway {
+            channel: CH,
+            payload: Bytes::from(vec![i; usize::from(i)]),
+        })
+        .await
+        .expect("send");
+    }
+    // The same Oneway with its map keys in the other order: valid CBOR of
+    // the same frame, not the canonical form the reader reads in place.
+    let mut body = Vec::new();
+    ciborium::into_writer(
+        &ciborium::Value::Map(vec![(
+            "Oneway".into(),
+            ciborium::Value::Map(vec![
+                (
+                    "payload".into(),
+                    ciborium::Value::Bytes(b"reordered".to_vec()),
+                ),
+                ("channel".into(), u64::from(CH).into()),
+            ]),
+        )]),
+        &mut body,
+    )
+    .expect("encode");
+    let mut framed = BytesMut::new();
+    framed.put_u32(body.len() as u32);
+    framed.extend_from_slice(&body);
+    raw.get_mut().write_all(&framed).await.expect("write");
+    for i in 0..100u8 {
+        let (from, payload) = within(rx.recv()).await.expect("delivered");
+        assert_eq!((from, payload), (me, vec![i; usize::from(i)]));
+    }
+    let (_, payload) = within(rx.recv()).await.expect("delivered");
+    assert_eq!(payload, b"reordered");
+    raw.send(Frame::Request {
+        corr: 9,
+        channel: CH,
+        payload: Bytes::from_static(b"q"),
+    })
+    .await
+    .expect("send");
+    assert_eq!(within(rx.recv()).await.expect("delivered").1, b"q");
+    let reply = within(raw.next()).await.expect("frame").expect("decodes");
+    assert_eq!(
+        reply,
+        Frame::Reply {
+            corr: 9,
+            result: crate::wire::ReplyResult::Err(crate::wire::RemoteFailure::Dropped)
+        }
+    );
+    t.unregister(CH);
+    raw.send(Frame::Oneway {
+        channel: CH,
+        payload: Bytes::from_static(b"late"),
+    })
+    .await
+    .expect("send");
+    handled_so_far(&mut raw).await;
+    assert!(rx.try_recv().is_err(), "nothing after unregister");
+}
