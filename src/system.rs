@@ -94,7 +94,30 @@ pub(crate) struct Shared {
     remember: Mutex<Option<Arc<Remember>>>,
 }
 
+impl Drop for Shared {
+    /// The last handle (system clone or entity ref) dropped without
+    /// `shutdown`: the system stops like a crash. Its actors are killed and
+    /// what waits in its buffers fails with `ShuttingDown`; once they have
+    /// stopped, nothing holds this node's pipes any more (the cluster link,
+    /// dropped with this, stops the sharding tasks).
+    fn drop(&mut self) {
+        if self.stopped.swap(true, Ordering::AcqRel) {
+            // `shutdown` ran: its regions' actors are stopped already.
+            return;
+        }
+        let regions = self.regions.get_mut().unwrap_or_else(|p| p.into_inner());
+        for region in regions.values() {
+            region.kill();
+        }
+    }
+}
+
 impl Shared {
+    /// The link to the cluster node, for a system built with `node`.
+    pub(crate) fn cluster_link(&self) -> Option<&ClusterLink> {
+        self.cluster.as_ref()
+    }
+
     pub(crate) fn is_shut_down(&self) -> bool {
         self.stopped.load(Ordering::Acquire)
     }

@@ -812,3 +812,35 @@ async fn bad_envelopes_are_answered_with_errors_and_the_node_keeps_serving() {
     client.shutdown().await;
     stop(nodes).await;
 }
+
+/// Dropping every node's system and cluster handle without `shutdown` (as
+/// an application that exits by dropping does) stops each node: its
+/// listener closes, although no pipe gets another frame to wake its reader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_every_handle_without_shutdown_closes_the_nodes() {
+    let nodes = three().await;
+    // Remote traffic on every pipe, so each reader holds the data
+    // channel's handler.
+    for n in &nodes {
+        for k in 0..30 {
+            let id = format!("dropped-{k}");
+            n.system
+                .entity_ref::<Tally>(id.as_str())
+                .ask(Home, ASK)
+                .await
+                .expect("ask");
+        }
+    }
+    let addrs: Vec<SocketAddr> = nodes.iter().map(|n| n.cluster.bound_addr()).collect();
+    drop(nodes);
+    let deadline = Instant::now() + LONG;
+    for addr in addrs {
+        while tokio::net::TcpStream::connect(addr).await.is_ok() {
+            assert!(
+                Instant::now() < deadline,
+                "{addr} still accepts connections {LONG:?} after its node was dropped"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}

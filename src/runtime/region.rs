@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
-use ractor::{ActorRef, MessagingErr, RactorErr};
+use ractor::{ActorCell, ActorRef, MessagingErr, RactorErr};
 
 use crate::entity::EntityContext;
 use crate::error::{ShardingError, ShardingResult};
@@ -1223,6 +1223,33 @@ impl Region {
     /// stops all entity and shard actors (killing those that do not stop
     /// within the shutdown timeout).
     pub(crate) async fn shutdown(&self) {
+        let (cells, shard_cells) = self.take_actors();
+        let timeout = self.shutdown_timeout;
+        futures_util::future::join_all(cells.into_iter().map(|c| stop_or_kill(c, timeout))).await;
+        futures_util::future::join_all(shard_cells.into_iter().map(|c| stop_or_kill(c, timeout)))
+            .await;
+        if let Some(actor) = self.region_actor.get() {
+            stop_or_kill(actor.get_cell(), timeout).await;
+        }
+    }
+
+    /// What `shutdown` does, at once and without waiting: every actor is
+    /// killed (no mailbox is finished). For a system dropped without
+    /// `shutdown`, which stops like a crash.
+    pub(crate) fn kill(&self) {
+        let (cells, shard_cells) = self.take_actors();
+        for cell in cells.into_iter().chain(shard_cells) {
+            cell.kill();
+        }
+        if let Some(actor) = self.region_actor.get() {
+            actor.get_cell().kill();
+        }
+    }
+
+    /// Stops routing, fails every buffered message with `ShuttingDown`, and
+    /// takes the entity and shard actors out of the slots (remote homes are
+    /// kept: envelopes that still arrive are forwarded).
+    fn take_actors(&self) -> (Vec<ActorCell>, Vec<ActorCell>) {
         self.stopped.store(true, Ordering::Release);
         let mut cells = Vec::new();
         let mut undelivered = Vec::new();
@@ -1264,13 +1291,7 @@ impl Region {
             }
         }
         fail_undelivered(undelivered);
-        let timeout = self.shutdown_timeout;
-        futures_util::future::join_all(cells.into_iter().map(|c| stop_or_kill(c, timeout))).await;
-        futures_util::future::join_all(shard_cells.into_iter().map(|c| stop_or_kill(c, timeout)))
-            .await;
-        if let Some(actor) = self.region_actor.get() {
-            stop_or_kill(actor.get_cell(), timeout).await;
-        }
+        (cells, shard_cells)
     }
 }
 
@@ -1332,7 +1353,7 @@ fn fail_undelivered(undelivered: Undelivered) {
 /// `timeout` (a handler that never returns), kills it, which abandons the
 /// handler and drops its mailbox: the senders waiting there see the system
 /// shutting down.
-async fn stop_or_kill(cell: ractor::ActorCell, timeout: Duration) {
+async fn stop_or_kill(cell: ActorCell, timeout: Duration) {
     if let Err(RactorErr::Timeout) = cell
         .stop_and_wait(Some("shutdown".into()), Some(timeout))
         .await

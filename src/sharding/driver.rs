@@ -152,10 +152,15 @@ impl ClusterLink {
         let system: Arc<OnceLock<Weak<Shared>>> = Arc::new(OnceLock::new());
         // Envelopes and replies are handled on the reader task of the pipe
         // they arrive on: decode, check, deliver, with no task hop.
-        let (target, inbound_remote) = (system.clone(), remote.clone());
+        // The handler holds the system only weakly, and nothing that owns the
+        // transport: a reader may keep it until its pipe's next frame after
+        // it is unregistered.
+        let target = system.clone();
         let registered = transport.register_inline_borrowed(SHARDING_DATA, move |from, payload| {
-            if let Some(shared) = target.get().and_then(Weak::upgrade) {
-                handle_data(&shared, &inbound_remote, from, payload);
+            if let Some(shared) = target.get().and_then(Weak::upgrade)
+                && let Some(link) = shared.cluster_link()
+            {
+                handle_data(&shared, &link.remote, from, payload);
             }
         });
         if let Err(error) = registered {

@@ -611,7 +611,9 @@ async fn close_flush(conn: &Conn, mut batch: BytesMut, mut io: OwnedWriteHalf) {
     conn.cancel.cancel();
 }
 
-/// The reader: decodes every complete frame it holds, dispatches them, then
+/// The reader: handles every complete frame it holds (a canonical `Oneway`
+/// on a borrowed channel in place, see `Borrowed`; others decoded and
+/// dispatched), then
 /// reads more, until the connection ends; then tears it down (events,
 /// pending requests).
 ///

@@ -333,7 +333,10 @@ impl Transport {
     /// only: `handler` gets the sender and the payload borrowed from the
     /// pipe's read buffer, with no copy or allocation per message. (A
     /// request on the channel is given to it too, and answered
-    /// `RemoteFailure::Dropped`.)
+    /// `RemoteFailure::Dropped`.) Each pipe's reader keeps a copy of the
+    /// handler, dropped at that pipe's next frame after `unregister`: the
+    /// handler must not own what it would keep alive (the transport
+    /// itself, say), and may see one racing frame after `unregister`.
     pub(crate) fn register_inline_borrowed(
         &self,
         channel: Channel,
@@ -443,7 +446,7 @@ impl Transport {
 
     /// Sends a oneway message to `to` on `channel`: a non-blocking enqueue.
     ///
-    /// With a pipe to `to` up, the frame joins its writer's queue. Without
+    /// With a pipe to `to` up, the frame is encoded into its outbox. Without
     /// one, it waits in a dial queue while the transport connects (with
     /// backoff after failures); if that dial fails, queued frames are dropped
     /// (logged), as for any message to an unreachable node. Delivery is
@@ -492,7 +495,7 @@ impl Transport {
     }
 
     /// [`send`](Self::send) of a copy of `payload`: with the pipe up, the
-    /// frame is encoded straight into its writer's queue, with no
+    /// frame is encoded straight into its outbox, with no
     /// allocation of its own.
     pub(crate) fn send_slice(
         &self,
