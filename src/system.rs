@@ -100,11 +100,12 @@ impl Drop for Shared {
     /// what waits in its buffers fails with `ShuttingDown`; once they have
     /// stopped, nothing holds this node's pipes any more (the cluster link,
     /// dropped with this, stops the sharding tasks).
+    ///
+    /// After a completed `shutdown` (or the stop of a node that left the
+    /// cluster) there is nothing left to kill; a `shutdown` that was itself
+    /// dropped halfway is finished here.
     fn drop(&mut self) {
-        if self.stopped.swap(true, Ordering::AcqRel) {
-            // `shutdown` ran: its regions' actors are stopped already.
-            return;
-        }
+        self.stopped.store(true, Ordering::Release);
         let regions = self.regions.get_mut().unwrap_or_else(|p| p.into_inner());
         for region in regions.values() {
             region.kill();
@@ -609,7 +610,9 @@ impl<S> ShardedSystem<S> {
             .map_or(0, |link| link.remote.pending_asks())
     }
 
-    /// Whether `shutdown` has been called.
+    /// Whether the system has stopped serving: `shutdown` has passed its
+    /// graceful leave, or the node left the cluster (downed, removed) and
+    /// the system stopped its regions.
     pub fn is_shut_down(&self) -> bool {
         self.shared.is_shut_down()
     }

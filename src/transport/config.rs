@@ -72,8 +72,9 @@ pub struct TransportConfig {
     pub backoff_min: Duration,
     /// Cap on the redial delay. Default 5 s.
     pub backoff_max: Duration,
-    /// Frames that may wait in one connection's outbound queue before a send
-    /// fails with `QueueFull`. Default 65 536.
+    /// Frames that may wait in each lane of a connection's outbox (not yet
+    /// taken by its writer) before a send on that lane fails with
+    /// `QueueFull`. Default 65 536; 0 is taken as 1.
     pub send_queue_capacity: usize,
     /// Frames that may wait for a connection being dialed. Default 4 096.
     pub dial_queue_capacity: usize,

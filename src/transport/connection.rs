@@ -22,11 +22,11 @@ use crate::identity::{NodeId, UniqueAddress};
 use crate::warn_limit::warn_limited;
 use crate::wire::{Channel, Frame, FrameCodec, LEN_PREFIX, RemoteFailure, ReplyResult, WireError};
 
-/// Most bulk bytes one writer batch takes (with the whole urgent lane
-/// ahead of them): a bulk frame that would push a non-empty batch past this
-/// waits for the next batch. So a control frame queued behind bulk data
-/// waits for at most one batch of 1 MiB of bulk (or one single larger frame)
-/// to be written.
+/// Most bytes one writer batch holds, its urgent frames included: the whole
+/// urgent lane goes in first, then bulk frames while the batch stays within
+/// this (a bulk frame that would push a non-empty batch past it waits for
+/// the next batch). So a control frame queued behind bulk data waits for at
+/// most one batch of 1 MiB (or one single larger frame) to be written.
 pub(crate) const MAX_BATCH_BYTES: usize = 1 << 20;
 
 /// A writer batch or outbox lane whose allocation grew past this is given

@@ -36,9 +36,11 @@ pub const FRAME_OVERHEAD: usize = 64;
 /// Counters of the batching writers, for benchmarks and diagnostics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TransportStats {
-    /// Frames handed to writers' batches.
+    /// Frames the writers took out of their outboxes into batches.
     pub frames_written: u64,
-    /// Batches written (one `write_all` each).
+    /// Batches taken (each written with one `write_all`). Neither counter
+    /// includes the `Accepted` frame an acceptor writes first, nor what a
+    /// closing pipe flushes.
     pub writes: u64,
     /// Inbound messages not delivered because their channel's receiver was
     /// full (oneway dropped, request answered `Overloaded`).
@@ -590,9 +592,11 @@ impl Transport {
         }
     }
 
-    /// Marks `peer` down: its pipe is closed now (pending requests fail,
-    /// [`TransportEvent::Disconnected`] with [`DisconnectReason::MarkedDown`]),
-    /// frames queued for it are dropped, every later send or request to it
+    /// Marks `peer` down: its pipe stops dispatching and closes after
+    /// writing out what its outbox holds, within a second (pending requests
+    /// fail, [`TransportEvent::Disconnected`] with
+    /// [`DisconnectReason::MarkedDown`]), frames waiting in a dial queue for
+    /// it are dropped, every later send or request to it
     /// fails at once with [`SendFailure::MarkedDown`], and its handshakes are
     /// refused with `Reject{Quarantined}`. It is final for that identity; a
     /// restarted node has a new one.
