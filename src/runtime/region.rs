@@ -1082,7 +1082,11 @@ impl Region {
         }
     }
 
-    /// Every home this region knows (its replica of the table).
+    /// Every home this region knows (its replica of the table). A hosted
+    /// shard whose handoff has stopped every entity is not in it: it hosts
+    /// nothing any more and only waits for its next home (its stop report,
+    /// repeated to every coordinator, stands for it), so no coordinator may
+    /// take this node for its home again from a registration.
     pub(crate) fn replica(&self) -> Vec<(u32, ShardHome)> {
         let me = self.cluster.as_ref().map(|c| c.me);
         self.slots
@@ -1090,6 +1094,7 @@ impl Region {
             .enumerate()
             .filter_map(|(i, slot)| match &*lock(slot) {
                 Slot::Remote(home) => Some((i as u32, *home)),
+                Slot::Local(local) if local.handoff.is_some() && local.entities.is_empty() => None,
                 Slot::Local(local) => me.map(|owner| {
                     (
                         i as u32,

@@ -264,6 +264,9 @@ struct TypeTable {
     /// Shards asked for that have no home yet, and who asked.
     waiting: BTreeMap<u32, BTreeSet<UniqueAddress>>,
     handoffs: BTreeMap<u32, HandOff>,
+    /// Shards a region says it hosts under a generation this table has
+    /// passed, while the table has no home for them (see `settle_claims`).
+    claims: BTreeMap<u32, UniqueAddress>,
 }
 
 impl TypeTable {
@@ -278,6 +281,7 @@ impl TypeTable {
             leaving: BTreeSet::new(),
             waiting: BTreeMap::new(),
             handoffs: BTreeMap::new(),
+            claims: BTreeMap::new(),
         }
     }
 
@@ -335,24 +339,6 @@ impl TypeTable {
         self.generations[i] = home.generation;
         self.homes[i] = Some(home);
         true
-    }
-
-    /// A region says it hosts `shard` under a generation this table has
-    /// passed, and the shard has no home here: another coordinator placed
-    /// it there while this one could not see (SPEC §13.15). The region is
-    /// the truth about what it hosts, so its home is taken under a fresh
-    /// generation, which the reply carries back. Left alone, the region
-    /// would go on hosting a shard this table could give to a second node.
-    fn adopt_hosted(&mut self, shard: u32, owner: UniqueAddress) {
-        let i = shard as usize;
-        if self.homes[i].is_some() || self.handoffs.contains_key(&shard) {
-            return;
-        }
-        self.generations[i] += 1;
-        self.homes[i] = Some(ShardHome {
-            owner,
-            generation: self.generations[i],
-        });
     }
 
     fn home_msg(&self, type_name: &str, shard: u32, home: ShardHome, epoch: u64) -> ControlMsg {
@@ -772,6 +758,7 @@ impl CoordinatorCore {
             for table in self.types.values_mut() {
                 table.waiting.clear();
                 table.handoffs.clear();
+                table.claims.clear();
             }
             for (_, open) in std::mem::take(&mut self.open_rounds) {
                 self.close(open.round);
@@ -887,8 +874,10 @@ impl CoordinatorCore {
                     && !table.learn(shard, ShardHome { owner, generation })
                     && owner == from
                     && !reg.proxy
+                    && table.homes[shard as usize].is_none()
                 {
-                    table.adopt_hosted(shard, from);
+                    // Settled in `act` (`settle_claims`).
+                    table.claims.insert(shard, from);
                 }
             }
             if self.active {
@@ -1183,6 +1172,7 @@ impl CoordinatorCore {
         // are still answered, handoffs already asked for still resent.
         self.quiet = self.quiet_until.is_some_and(|until| now < until);
         for type_name in &type_names {
+            self.settle_claims(type_name, &mut out);
             if !self.quiet {
                 self.reallocate_orphans(type_name, now, &mut out, &mut moves);
             }
@@ -1204,6 +1194,63 @@ impl CoordinatorCore {
                 .any(|t| t.homes.iter().flatten().any(|h| h.owner == *m))
         });
         out
+    }
+
+    /// Settles the claims of regions that say they host a shard under a
+    /// generation this table has passed while it has no home for it:
+    /// another coordinator placed the shard there while this one could not
+    /// see (SPEC §13.3). Left alone, such a region would go on hosting a
+    /// shard this table could give to a second node. Runs once the core is
+    /// settled (every region has registered, so a higher home would be
+    /// known by now):
+    /// * the shard got a home meanwhile: the claimant hears it (and stops
+    ///   hosting, if it is another node);
+    /// * the claimant may be given shards (Eligible, a region that is not
+    ///   leaving or proxy-only) and nothing is quiet or moving the shard:
+    ///   its home is taken under a fresh generation, and it hears it;
+    /// * the claimant is gone (no region of the type now): dropped;
+    /// * otherwise the claim waits, and the claimant is among those waiting
+    ///   for the shard, so it hears wherever the shard is allocated.
+    fn settle_claims(&mut self, type_name: &str, out: &mut Vec<Command>) {
+        let candidates = self.candidates(type_name);
+        let (quiet, epoch) = (self.quiet, self.epoch);
+        let Some(table) = self.types.get_mut(type_name) else {
+            return;
+        };
+        let claims = std::mem::take(&mut table.claims);
+        for (shard, claimant) in claims {
+            let i = shard as usize;
+            if !table.regions.contains(&claimant) {
+                continue;
+            }
+            let home = match table.homes[i] {
+                Some(home) => home,
+                None if !quiet
+                    && !table.handoffs.contains_key(&shard)
+                    && candidates.contains(&claimant) =>
+                {
+                    let Some(generation) = table.generations[i].checked_add(1) else {
+                        continue;
+                    };
+                    let home = ShardHome {
+                        owner: claimant,
+                        generation,
+                    };
+                    table.generations[i] = generation;
+                    table.homes[i] = Some(home);
+                    home
+                }
+                None => {
+                    table.waiting.entry(shard).or_default().insert(claimant);
+                    table.claims.insert(shard, claimant);
+                    continue;
+                }
+            };
+            out.push(Command::Send {
+                to: claimant,
+                msg: table.home_msg(type_name, shard, home, epoch),
+            });
+        }
     }
 
     /// Tells each leaving region, once, when nothing more of a type will

@@ -1352,6 +1352,93 @@ fn regression_a_crashed_coordinator_then_an_unreachable_stopped_region() {
     assert_eq!(check_history(ops), Ok(()));
 }
 
+/// A core that lost shard 4: it was at n[0] (generation 1), moved to n[1]
+/// when n[0]'s system stopped (generation 2), and n[1] died with nowhere
+/// for it to go. Returns the core and the time after all that.
+fn a_core_that_lost_shard_4(n: &[UniqueAddress]) -> (CoordinatorCore, Instant) {
+    let start = Instant::now();
+    let mut c = core(n[0]);
+    c.set_membership(start, &view(n[0], n, &[], &[]));
+    // Past the settle period (n[2] and n[3] have no region yet).
+    let t0 = start + Duration::from_secs(2);
+    c.register(t0, n[0], &reg(8, vec![]));
+    c.get_home(t0, n[0], TYPE, 4, 0);
+    assert_eq!(c.home(TYPE, 4).map(|h| h.owner), Some(n[0]));
+    c.register(t0, n[1], &reg(8, vec![]));
+    c.unregister(t0, n[0], &[TYPE.to_owned()]);
+    assert_eq!(
+        c.home(TYPE, 4),
+        Some(ShardHome {
+            owner: n[1],
+            generation: 2
+        })
+    );
+    let t1 = t0 + Duration::from_secs(1);
+    c.set_membership(t1, &view(n[0], &[n[0], n[2], n[3]], &n[1..2], &[]));
+    let t2 = t1 + Duration::from_secs(60);
+    c.tick(t2);
+    assert_eq!(c.home(TYPE, 4), None, "nowhere to go");
+    (c, t2)
+}
+
+#[test]
+fn a_region_hosting_a_shard_the_table_lost_is_its_home_again_under_a_fresh_generation() {
+    let n: Vec<UniqueAddress> = (1..=4).map(node).collect();
+    let (mut c, t) = a_core_that_lost_shard_4(&n);
+    // Placed on n[2] at generation 1 by a coordinator this one did not see.
+    let out = c.register(t, n[2], &reg(8, vec![(4, n[2], 1)]));
+    assert_eq!(
+        c.home(TYPE, 4),
+        Some(ShardHome {
+            owner: n[2],
+            generation: 3
+        })
+    );
+    assert!(out.contains(&home(n[2], 4, n[2], 3)), "{out:?}");
+}
+
+#[test]
+fn a_leaving_region_that_hosts_a_lost_shard_hears_where_it_goes_instead() {
+    let n: Vec<UniqueAddress> = (1..=4).map(node).collect();
+    let (mut c, t) = a_core_that_lost_shard_4(&n);
+    let out = c.register(t, n[2], &reg_as(8, vec![(4, n[2], 1)], true));
+    assert_eq!(c.home(TYPE, 4), None, "a leaver is given nothing: {out:?}");
+    // A region that may host it comes: the shard goes there, and the
+    // leaver hears it (and stops hosting it).
+    let out = c.register(t, n[3], &reg(8, vec![]));
+    assert_eq!(
+        c.home(TYPE, 4),
+        Some(ShardHome {
+            owner: n[3],
+            generation: 3
+        })
+    );
+    assert!(out.contains(&home(n[2], 4, n[3], 3)), "{out:?}");
+}
+
+#[test]
+fn a_higher_home_known_when_a_claim_is_settled_wins_over_the_claim() {
+    let n: Vec<UniqueAddress> = (1..=4).map(node).collect();
+    let (mut c, t) = a_core_that_lost_shard_4(&n);
+    // Both regions were placed by coordinators this one did not see; the
+    // higher generation is the shard's home, the other region hears it.
+    let out = c.register(t, n[3], &reg(8, vec![(4, n[3], 5)]));
+    assert!(out.iter().all(|Command::Send { to, .. }| *to == n[3]));
+    let out = c.register(t, n[2], &reg(8, vec![(4, n[2], 1)]));
+    assert_eq!(
+        c.home(TYPE, 4),
+        Some(ShardHome {
+            owner: n[3],
+            generation: 5
+        })
+    );
+    assert!(
+        out.iter().any(|Command::Send { to, msg }| *to == n[2]
+            && matches!(msg, ControlMsg::Table { homes, .. } if homes.contains(&(4, n[3], 5)))),
+        "{out:?}"
+    );
+}
+
 #[test]
 fn a_gone_owners_shards_wait_out_the_margin() {
     let t0 = Instant::now();
