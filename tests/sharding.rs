@@ -823,12 +823,7 @@ async fn dropping_every_handle_without_shutdown_closes_the_nodes() {
     // channel's handler.
     for n in &nodes {
         for k in 0..30 {
-            let id = format!("dropped-{k}");
-            n.system
-                .entity_ref::<Tally>(id.as_str())
-                .ask(Home, ASK)
-                .await
-                .expect("ask");
+            ask_retrying(&n.system, &format!("dropped-{k}")).await;
         }
     }
     let addrs: Vec<SocketAddr> = nodes.iter().map(|n| n.cluster.bound_addr()).collect();

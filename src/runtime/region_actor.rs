@@ -54,6 +54,15 @@ impl Actor for RegionActor {
         if region.is_stopped() {
             return Ok(());
         }
+        // The store is read here, off every shard lock and off the runtime's
+        // worker threads (a file store may load and fsync a log), and before
+        // the shard actor exists: if this actor is killed at an await (a
+        // system dropped without shutdown), no shard actor is left that
+        // nobody installed or stops.
+        let reader = region.clone();
+        let remembered = tokio::task::spawn_blocking(move || reader.remembered_ids(shard))
+            .await
+            .unwrap_or(None);
         // A shard actor that cannot be spawned must not end this actor (every
         // later shard of the region would wait for it): the shard stays
         // unallocated here and its next message asks again.
@@ -65,12 +74,7 @@ impl Actor for RegionActor {
                 return Ok(());
             }
         };
-        // The store is read here, off every shard lock and off the runtime's
-        // worker threads (a file store may load and fsync a log).
-        let reader = region.clone();
-        let remembered = tokio::task::spawn_blocking(move || reader.remembered_ids(shard))
-            .await
-            .unwrap_or(None);
+        // No await from here to the install: it happens, or the actor stops.
         if !region.install_local(shard, shard_actor.clone(), generation, remembered) {
             shard_actor.stop(None);
         }
