@@ -869,14 +869,20 @@ impl CoordinatorCore {
             if let Some(departed) = self.departed.get_mut(&reg.type_name) {
                 departed.remove(&from);
             }
+            // A registration says all the region hosts now: its earlier
+            // claims are replaced by this one's.
+            table.claims.retain(|_, claimant| *claimant != from);
             for &(shard, owner, generation) in &reg.homes {
                 if shard < table.num_shards
                     && !table.learn(shard, ShardHome { owner, generation })
                     && owner == from
                     && !reg.proxy
+                    && self.active
                     && table.homes[shard as usize].is_none()
                 {
-                    // Settled in `act` (`settle_claims`).
+                    // Settled in `act` (`settle_claims`). Only the active
+                    // core takes claims: regions register anew with each
+                    // new coordinator, so a standby core's would go stale.
                     table.claims.insert(shard, from);
                 }
             }

@@ -761,6 +761,7 @@ fn check_history(ops: Vec<Op>) -> Result<(), String> {
         let changed = last_coordinator != Some(ci);
         last_coordinator = Some(ci);
         let c = cores.entry(ci).or_insert_with(|| core(coord));
+        let was_active = c.is_active();
         if changed {
             // A stopped region tells every new coordinator.
             for d in &departed {
@@ -786,6 +787,14 @@ fn check_history(ops: Vec<Op>) -> Result<(), String> {
             }
         }
         commands.extend(c.set_membership(now, &view(coord, &up, &down, &unr)));
+        if changed && !was_active && c.is_active() {
+            // Registrations a standby core took were not answered: the
+            // regions send them again (real ones after `REREGISTER_AFTER`).
+            for r in &registered {
+                let registration = reg_as(SHARDS, replica(&known, *r), leaving.contains(r));
+                commands.extend(c.register(now, nodes[*r], &registration));
+            }
+        }
         match op {
             Op::Register(i) if alive.contains(&(i as usize)) => {
                 let i = i as usize;
