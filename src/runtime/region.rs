@@ -1082,11 +1082,23 @@ impl Region {
         }
     }
 
-    /// Every home this region knows (its replica of the table). A hosted
-    /// shard whose handoff has stopped every entity is not in it: it hosts
-    /// nothing any more and only waits for its next home (its stop report,
-    /// repeated to every coordinator, stands for it), so no coordinator may
-    /// take this node for its home again from a registration.
+    /// The hosted shards whose handoff has stopped every entity: they host
+    /// nothing any more and wait for their next home. A registration names
+    /// them, so that no coordinator takes this node for their home again
+    /// from a claim (SPEC §13.3).
+    pub(crate) fn stopped_shards(&self) -> Vec<u32> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|(_, slot)| {
+                matches!(&*lock(slot), Slot::Local(local)
+                    if local.handoff.is_some() && local.entities.is_empty())
+            })
+            .map(|(i, _)| i as u32)
+            .collect()
+    }
+
+    /// Every home this region knows (its replica of the table).
     pub(crate) fn replica(&self) -> Vec<(u32, ShardHome)> {
         let me = self.cluster.as_ref().map(|c| c.me);
         self.slots
@@ -1094,7 +1106,6 @@ impl Region {
             .enumerate()
             .filter_map(|(i, slot)| match &*lock(slot) {
                 Slot::Remote(home) => Some((i as u32, *home)),
-                Slot::Local(local) if local.handoff.is_some() && local.entities.is_empty() => None,
                 Slot::Local(local) => me.map(|owner| {
                     (
                         i as u32,

@@ -266,7 +266,7 @@ struct TypeTable {
     handoffs: BTreeMap<u32, HandOff>,
     /// Shards a region says it hosts under a generation this table has
     /// passed, while the table has no home for them (see `settle_claims`).
-    claims: BTreeMap<u32, UniqueAddress>,
+    claims: BTreeMap<u32, BTreeSet<UniqueAddress>>,
 }
 
 impl TypeTable {
@@ -871,19 +871,23 @@ impl CoordinatorCore {
             }
             // A registration says all the region hosts now: its earlier
             // claims are replaced by this one's.
-            table.claims.retain(|_, claimant| *claimant != from);
+            table.claims.retain(|_, claimants| {
+                claimants.remove(&from);
+                !claimants.is_empty()
+            });
             for &(shard, owner, generation) in &reg.homes {
                 if shard < table.num_shards
                     && !table.learn(shard, ShardHome { owner, generation })
                     && owner == from
                     && !reg.proxy
+                    && !reg.stopped.contains(&shard)
                     && self.active
                     && table.homes[shard as usize].is_none()
                 {
                     // Settled in `act` (`settle_claims`). Only the active
                     // core takes claims: regions register anew with each
                     // new coordinator, so a standby core's would go stale.
-                    table.claims.insert(shard, from);
+                    table.claims.entry(shard).or_default().insert(from);
                 }
             }
             if self.active {
@@ -1209,53 +1213,59 @@ impl CoordinatorCore {
     /// shard this table could give to a second node. Runs once the core is
     /// settled (every region has registered, so a higher home would be
     /// known by now):
-    /// * the shard got a home meanwhile: the claimant hears it (and stops
+    /// * the shard got a home meanwhile: every claimant hears it (and stops
     ///   hosting, if it is another node);
-    /// * the claimant may be given shards (Eligible, a region that is not
-    ///   leaving or proxy-only) and nothing is quiet or moving the shard:
-    ///   its home is taken under a fresh generation, and it hears it;
-    /// * the claimant is gone (no region of the type now): dropped;
-    /// * otherwise the claim waits, and the claimant is among those waiting
-    ///   for the shard, so it hears wherever the shard is allocated.
+    /// * nothing is quiet or moving the shard: its home is the first
+    ///   claimant that is still a member with a region able to host
+    ///   (reachable or not, leaving or not: the usual rules then move it
+    ///   on, as for any owner), under a fresh generation, and every
+    ///   claimant hears it;
+    /// * otherwise the claims wait (claimants no longer regions of the type
+    ///   are dropped).
     fn settle_claims(&mut self, type_name: &str, out: &mut Vec<Command>) {
-        let candidates = self.candidates(type_name);
         let (quiet, epoch) = (self.quiet, self.epoch);
         let Some(table) = self.types.get_mut(type_name) else {
             return;
         };
         let claims = std::mem::take(&mut table.claims);
-        for (shard, claimant) in claims {
+        for (shard, mut claimants) in claims {
             let i = shard as usize;
-            if !table.regions.contains(&claimant) {
-                continue;
-            }
-            let home = match table.homes[i] {
-                Some(home) => home,
-                None if !quiet
-                    && !table.handoffs.contains_key(&shard)
-                    && candidates.contains(&claimant) =>
-                {
-                    let Some(generation) = table.generations[i].checked_add(1) else {
-                        continue;
-                    };
-                    let home = ShardHome {
-                        owner: claimant,
-                        generation,
-                    };
-                    table.generations[i] = generation;
-                    table.homes[i] = Some(home);
-                    home
-                }
-                None => {
-                    table.waiting.entry(shard).or_default().insert(claimant);
-                    table.claims.insert(shard, claimant);
-                    continue;
-                }
-            };
-            out.push(Command::Send {
-                to: claimant,
-                msg: table.home_msg(type_name, shard, home, epoch),
+            claimants.retain(|c| {
+                table.regions.contains(c)
+                    && !table.proxies.contains(c)
+                    && self.members.contains_key(c)
+                    && !is_departed(&self.departed, type_name, c)
             });
+            let home = match table.homes[i] {
+                Some(home) => Some(home),
+                None if !quiet && !table.handoffs.contains_key(&shard) => {
+                    let generation = table.generations[i].checked_add(1);
+                    match (claimants.first(), generation) {
+                        (Some(&owner), Some(generation)) => {
+                            let home = ShardHome { owner, generation };
+                            table.generations[i] = generation;
+                            table.homes[i] = Some(home);
+                            Some(home)
+                        }
+                        _ => None,
+                    }
+                }
+                None => None,
+            };
+            match home {
+                Some(home) => {
+                    for claimant in claimants {
+                        out.push(Command::Send {
+                            to: claimant,
+                            msg: table.home_msg(type_name, shard, home, epoch),
+                        });
+                    }
+                }
+                None if !claimants.is_empty() => {
+                    table.claims.insert(shard, claimants);
+                }
+                None => {}
+            }
         }
     }
 

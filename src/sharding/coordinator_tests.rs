@@ -85,6 +85,7 @@ fn reg_as(
         homes,
         proxy: false,
         leaving,
+        stopped: Vec::new(),
     }]
 }
 
@@ -1407,22 +1408,62 @@ fn a_region_hosting_a_shard_the_table_lost_is_its_home_again_under_a_fresh_gener
 }
 
 #[test]
-fn a_leaving_region_that_hosts_a_lost_shard_hears_where_it_goes_instead() {
+fn a_leaving_region_that_hosts_a_lost_shard_keeps_it_until_it_is_handed_off() {
     let n: Vec<UniqueAddress> = (1..=4).map(node).collect();
     let (mut c, t) = a_core_that_lost_shard_4(&n);
+    // A leaver is the shard's home as any owner is (it does host it), and
+    // the usual rule moves it on: by a handoff, once there is somewhere to
+    // go.
     let out = c.register(t, n[2], &reg_as(8, vec![(4, n[2], 1)], true));
-    assert_eq!(c.home(TYPE, 4), None, "a leaver is given nothing: {out:?}");
-    // A region that may host it comes: the shard goes there, and the
-    // leaver hears it (and stops hosting it).
+    let adopted = ShardHome {
+        owner: n[2],
+        generation: 3,
+    };
+    assert_eq!(c.home(TYPE, 4), Some(adopted));
+    assert!(out.contains(&home(n[2], 4, n[2], 3)), "{out:?}");
     let out = c.register(t, n[3], &reg(8, vec![]));
-    assert_eq!(
-        c.home(TYPE, 4),
-        Some(ShardHome {
-            owner: n[3],
-            generation: 3
-        })
+    assert!(
+        out.iter().any(|Command::Send { to, msg }| *to == n[2]
+            && matches!(
+                msg,
+                ControlMsg::HandOff {
+                    shard: 4,
+                    generation: 3,
+                    ..
+                }
+            )),
+        "{out:?}"
     );
-    assert!(out.contains(&home(n[2], 4, n[3], 3)), "{out:?}");
+}
+
+#[test]
+fn two_regions_claiming_one_lost_shard_both_hear_its_one_home() {
+    let n: Vec<UniqueAddress> = (1..=5).map(node).collect();
+    let (mut c, t) = a_core_that_lost_shard_4(&n[..4]);
+    let t = t + Duration::from_secs(1);
+    c.set_membership(t, &view(n[0], &[n[0], n[2], n[3], n[4]], &n[1..2], &[]));
+    let mut out = c.register(t, n[2], &reg(8, vec![(4, n[2], 1)]));
+    out.extend(c.register(t, n[4], &reg(8, vec![(4, n[4], 2)])));
+    out.extend(c.tick(t + Duration::from_secs(60)));
+    let h = c.home(TYPE, 4).expect("a home");
+    assert!([n[2], n[4]].contains(&h.owner), "{h:?}");
+    // Each claimant hears the one home, in a `Home` or its `Table`.
+    for claimant in [n[2], n[4]] {
+        let hears = out.iter().any(|Command::Send { to, msg }| {
+            *to == claimant
+                && match msg {
+                    ControlMsg::Home {
+                        shard: 4,
+                        owner,
+                        generation,
+                        ..
+                    } => (*owner, *generation) == (h.owner, h.generation),
+                    ControlMsg::Table { homes, .. } => homes.contains(&(4, h.owner, h.generation)),
+                    _ => false,
+                }
+        });
+        assert!(hears, "{claimant} hears {h:?}: {out:?}");
+    }
 }
 
 #[test]

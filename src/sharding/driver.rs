@@ -538,6 +538,7 @@ impl Control {
                     .into_iter()
                     .map(|(shard, home)| (shard, home.owner, home.generation))
                     .collect(),
+                stopped: r.stopped_shards(),
             })
             .collect()
     }

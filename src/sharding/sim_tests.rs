@@ -136,9 +136,6 @@ impl Node {
             .iter()
             .enumerate()
             .filter_map(|(s, slot)| match slot {
-                // As a real region: a shard whose handoff has stopped it is
-                // not reported as hosted here.
-                Slot::Local(h) if h.handoff.is_some() && h.mailbox.is_empty() => None,
                 Slot::Local(h) => Some((s as u32, self.me, h.generation)),
                 Slot::Remote(home) => Some((s as u32, home.owner, home.generation)),
                 Slot::Unallocated { .. } => None,
@@ -154,6 +151,16 @@ impl Node {
             homes: self.replica(),
             proxy: false,
             leaving: self.leaving,
+            // As a real region: shards whose handoff has stopped them.
+            stopped: self
+                .slots
+                .iter()
+                .enumerate()
+                .filter(|(_, slot)| {
+                    matches!(slot, Slot::Local(h) if h.handoff.is_some() && h.mailbox.is_empty())
+                })
+                .map(|(s, _)| s as u32)
+                .collect(),
         }]
     }
 

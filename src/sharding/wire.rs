@@ -123,6 +123,10 @@ pub(crate) struct TypeRegistration {
     /// what it owns until handed off, and is given nothing new.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub(crate) leaving: bool,
+    /// Shards among `homes` on this node whose handoff has stopped their
+    /// entities: hosted in name only, waiting for their next home.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) stopped: Vec<u32>,
 }
 
 /// The coordinator's protocol, on the control channel.
@@ -661,6 +665,7 @@ mod tests {
         // A proxy-only registration carries `proxy: true`; a hosting one
         // leaves the field out (and a registration without it hosts).
         let registration = TypeRegistration {
+            stopped: Vec::new(),
             type_name: "tally".into(),
             fingerprint: 1,
             num_shards: 8,
@@ -679,6 +684,7 @@ mod tests {
         ";
         assert_eq!(bytes, hex(spec));
         let hosting = TypeRegistration {
+            stopped: Vec::new(),
             proxy: false,
             ..registration
         };
