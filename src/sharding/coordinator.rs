@@ -1104,6 +1104,29 @@ impl CoordinatorCore {
                     msg: table.home_msg(type_name, shard, home, epoch),
                 }];
             }
+            Some(home) if home.owner != from => {
+                // The reporter held the shard under a generation this
+                // table's home does not pass (another coordinator's, placed
+                // while this one could not see): it would ignore that home
+                // and wait for ever. The home is issued again above the
+                // report, to the reporter and to the owner.
+                let Some(generation) = generation.checked_add(1) else {
+                    return Vec::new();
+                };
+                let home = ShardHome {
+                    owner: home.owner,
+                    generation,
+                };
+                table.generations[i] = table.generations[i].max(generation);
+                table.homes[i] = Some(home);
+                return [from, home.owner]
+                    .into_iter()
+                    .map(|to| Command::Send {
+                        to,
+                        msg: table.home_msg(type_name, shard, home, epoch),
+                    })
+                    .collect();
+            }
             None => {
                 // Stopped and not yet allocated anew (a report repeated, one
                 // this core had not heard of, or one about an older home):

@@ -1490,6 +1490,31 @@ fn a_higher_home_known_when_a_claim_is_settled_wins_over_the_claim() {
 }
 
 #[test]
+fn a_stop_report_above_the_tables_home_gets_that_home_issued_again_above_it() {
+    let t0 = Instant::now() + Duration::from_secs(2);
+    let n: Vec<UniqueAddress> = (1..=3).map(node).collect();
+    let mut c = core(n[0]);
+    c.set_membership(t0, &view(n[0], &n, &[], &[]));
+    for a in &n {
+        c.register(t0, *a, &reg(4, vec![]));
+    }
+    c.get_home(t0, n[1], TYPE, 2, 0);
+    let h = c.home(TYPE, 2).expect("allocated");
+    // Another coordinator had placed shard 2 on a third node at generation
+    // 5, and moved it away: that node reports it stopped. The home here is
+    // older than what it holds, so it is issued again above it.
+    let other = *n.iter().find(|a| **a != h.owner).expect("another node");
+    let out = c.shard_stopped(t0, other, TYPE, 2, 5);
+    let again = ShardHome {
+        owner: h.owner,
+        generation: 6,
+    };
+    assert_eq!(c.home(TYPE, 2), Some(again));
+    assert!(out.contains(&home(other, 2, h.owner, 6)), "{out:?}");
+    assert!(out.contains(&home(h.owner, 2, h.owner, 6)), "{out:?}");
+}
+
+#[test]
 fn a_gone_owners_shards_wait_out_the_margin() {
     let t0 = Instant::now();
     let n: Vec<UniqueAddress> = (1..=3).map(node).collect();
