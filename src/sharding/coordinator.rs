@@ -341,6 +341,35 @@ impl TypeTable {
         true
     }
 
+    /// Makes `owner` the home of `shard` under a new generation, above every
+    /// one seen and above `above`; `None` (nothing changed) once the
+    /// generations are exhausted.
+    fn place(&mut self, shard: u32, owner: UniqueAddress, above: u64) -> Option<ShardHome> {
+        let i = shard as usize;
+        let generation = self.generations[i].max(above).checked_add(1)?;
+        let home = ShardHome { owner, generation };
+        self.generations[i] = generation;
+        self.homes[i] = Some(home);
+        Some(home)
+    }
+
+    /// Tells every region of the type the new `home` of `shard`.
+    fn tell_regions(
+        &self,
+        type_name: &str,
+        shard: u32,
+        home: ShardHome,
+        epoch: u64,
+        out: &mut Vec<Command>,
+    ) {
+        for region in &self.regions {
+            out.push(Command::Send {
+                to: *region,
+                msg: self.home_msg(type_name, shard, home, epoch),
+            });
+        }
+    }
+
     fn home_msg(&self, type_name: &str, shard: u32, home: ShardHome, epoch: u64) -> ControlMsg {
         debug_assert!(shard < self.num_shards);
         ControlMsg::Home {
@@ -1110,15 +1139,9 @@ impl CoordinatorCore {
                 // while this one could not see): it would ignore that home
                 // and wait for ever. The home is issued again above the
                 // report, to the reporter and to the owner.
-                let Some(generation) = generation.checked_add(1) else {
+                let Some(home) = table.place(shard, home.owner, generation) else {
                     return Vec::new();
                 };
-                let home = ShardHome {
-                    owner: home.owner,
-                    generation,
-                };
-                table.generations[i] = table.generations[i].max(generation);
-                table.homes[i] = Some(home);
                 return [from, home.owner]
                     .into_iter()
                     .map(|to| Command::Send {
@@ -1259,31 +1282,24 @@ impl CoordinatorCore {
                     && self.members.contains_key(c)
                     && !is_departed(&self.departed, type_name, c)
             });
-            let home = match table.homes[i] {
-                Some(home) => Some(home),
-                None if !quiet && !table.handoffs.contains_key(&shard) => {
-                    let generation = table.generations[i].checked_add(1);
-                    match (claimants.first(), generation) {
-                        (Some(&owner), Some(generation)) => {
-                            let home = ShardHome { owner, generation };
-                            table.generations[i] = generation;
-                            table.homes[i] = Some(home);
-                            Some(home)
-                        }
-                        _ => None,
-                    }
+            if let Some(home) = table.homes[i] {
+                // Placed meanwhile: the claimants hear where.
+                for claimant in claimants {
+                    out.push(Command::Send {
+                        to: claimant,
+                        msg: table.home_msg(type_name, shard, home, epoch),
+                    });
                 }
-                None => None,
+                continue;
+            }
+            let free = !quiet && !table.handoffs.contains_key(&shard);
+            let placed = match claimants.first() {
+                Some(&owner) if free => table.place(shard, owner, 0),
+                _ => None,
             };
-            match home {
-                Some(home) => {
-                    for claimant in claimants {
-                        out.push(Command::Send {
-                            to: claimant,
-                            msg: table.home_msg(type_name, shard, home, epoch),
-                        });
-                    }
-                }
+            match placed {
+                // A new home, as an allocation's: every region hears it.
+                Some(home) => table.tell_regions(type_name, shard, home, epoch, out),
                 None if !claimants.is_empty() => {
                     table.claims.insert(shard, claimants);
                 }
@@ -1669,7 +1685,7 @@ impl CoordinatorCore {
             return None;
         };
         let table = self.types.get_mut(type_name)?;
-        let Some(generation) = table.generations[shard as usize].checked_add(1) else {
+        let Some(home) = table.place(shard, owner, 0) else {
             tracing::error!(
                 type_name,
                 shard,
@@ -1677,15 +1693,7 @@ impl CoordinatorCore {
             );
             return None;
         };
-        let home = ShardHome { owner, generation };
-        table.generations[shard as usize] = generation;
-        table.homes[shard as usize] = Some(home);
-        for region in &table.regions {
-            out.push(Command::Send {
-                to: *region,
-                msg: table.home_msg(type_name, shard, home, self.epoch),
-            });
-        }
+        table.tell_regions(type_name, shard, home, self.epoch, out);
         Some(home)
     }
 }

@@ -1362,6 +1362,11 @@ fn regression_a_crashed_coordinator_then_an_unreachable_stopped_region() {
     assert_eq!(check_history(ops), Ok(()));
 }
 
+/// Shard home `owner` at `generation`, as `CoordinatorCore::home` gives it.
+fn at(owner: UniqueAddress, generation: u64) -> Option<ShardHome> {
+    Some(ShardHome { owner, generation })
+}
+
 /// A core that lost shard 4: it was at n[0] (generation 1), moved to n[1]
 /// when n[0]'s system stopped (generation 2), and n[1] died with nowhere
 /// for it to go. Returns the core and the time after all that.
@@ -1376,13 +1381,7 @@ fn a_core_that_lost_shard_4(n: &[UniqueAddress]) -> (CoordinatorCore, Instant) {
     assert_eq!(c.home(TYPE, 4).map(|h| h.owner), Some(n[0]));
     c.register(t0, n[1], &reg(8, vec![]));
     c.unregister(t0, n[0], &[TYPE.to_owned()]);
-    assert_eq!(
-        c.home(TYPE, 4),
-        Some(ShardHome {
-            owner: n[1],
-            generation: 2
-        })
-    );
+    assert_eq!(c.home(TYPE, 4), at(n[1], 2));
     let t1 = t0 + Duration::from_secs(1);
     c.set_membership(t1, &view(n[0], &[n[0], n[2], n[3]], &n[1..2], &[]));
     let t2 = t1 + Duration::from_secs(60);
@@ -1397,13 +1396,7 @@ fn a_region_hosting_a_shard_the_table_lost_is_its_home_again_under_a_fresh_gener
     let (mut c, t) = a_core_that_lost_shard_4(&n);
     // Placed on n[2] at generation 1 by a coordinator this one did not see.
     let out = c.register(t, n[2], &reg(8, vec![(4, n[2], 1)]));
-    assert_eq!(
-        c.home(TYPE, 4),
-        Some(ShardHome {
-            owner: n[2],
-            generation: 3
-        })
-    );
+    assert_eq!(c.home(TYPE, 4), at(n[2], 3));
     assert!(out.contains(&home(n[2], 4, n[2], 3)), "{out:?}");
 }
 
@@ -1415,11 +1408,7 @@ fn a_leaving_region_that_hosts_a_lost_shard_keeps_it_until_it_is_handed_off() {
     // the usual rule moves it on: by a handoff, once there is somewhere to
     // go.
     let out = c.register(t, n[2], &reg_as(8, vec![(4, n[2], 1)], true));
-    let adopted = ShardHome {
-        owner: n[2],
-        generation: 3,
-    };
-    assert_eq!(c.home(TYPE, 4), Some(adopted));
+    assert_eq!(c.home(TYPE, 4), at(n[2], 3));
     assert!(out.contains(&home(n[2], 4, n[2], 3)), "{out:?}");
     let out = c.register(t, n[3], &reg(8, vec![]));
     assert!(
@@ -1475,13 +1464,7 @@ fn a_higher_home_known_when_a_claim_is_settled_wins_over_the_claim() {
     let out = c.register(t, n[3], &reg(8, vec![(4, n[3], 5)]));
     assert!(out.iter().all(|Command::Send { to, .. }| *to == n[3]));
     let out = c.register(t, n[2], &reg(8, vec![(4, n[2], 1)]));
-    assert_eq!(
-        c.home(TYPE, 4),
-        Some(ShardHome {
-            owner: n[3],
-            generation: 5
-        })
-    );
+    assert_eq!(c.home(TYPE, 4), at(n[3], 5));
     assert!(
         out.iter().any(|Command::Send { to, msg }| *to == n[2]
             && matches!(msg, ControlMsg::Table { homes, .. } if homes.contains(&(4, n[3], 5)))),
@@ -1505,11 +1488,7 @@ fn a_stop_report_above_the_tables_home_gets_that_home_issued_again_above_it() {
     // older than what it holds, so it is issued again above it.
     let other = *n.iter().find(|a| **a != h.owner).expect("another node");
     let out = c.shard_stopped(t0, other, TYPE, 2, 5);
-    let again = ShardHome {
-        owner: h.owner,
-        generation: 6,
-    };
-    assert_eq!(c.home(TYPE, 2), Some(again));
+    assert_eq!(c.home(TYPE, 2), at(h.owner, 6));
     assert!(out.contains(&home(other, 2, h.owner, 6)), "{out:?}");
     assert!(out.contains(&home(h.owner, 2, h.owner, 6)), "{out:?}");
 }

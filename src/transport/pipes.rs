@@ -294,17 +294,8 @@ impl Transport {
         channel: Channel,
         capacity: usize,
     ) -> Result<mpsc::Receiver<Incoming>, RegisterError> {
-        let mut handlers = self
-            .shared
-            .handlers
-            .write()
-            .unwrap_or_else(|e| e.into_inner());
-        if handlers.get(&channel).is_some_and(|h| !h.is_closed()) {
-            return Err(RegisterError::AlreadyRegistered(channel));
-        }
         let (tx, rx) = mpsc::channel(capacity.max(1));
-        handlers.insert(channel, Handler::Queue(tx));
-        self.shared.handlers_version.fetch_add(1, Ordering::Release);
+        self.install(channel, Handler::Queue(tx))?;
         Ok(rx)
     }
 
@@ -318,17 +309,7 @@ impl Transport {
         channel: Channel,
         handler: impl Fn(Incoming) + Send + Sync + 'static,
     ) -> Result<(), RegisterError> {
-        let mut handlers = self
-            .shared
-            .handlers
-            .write()
-            .unwrap_or_else(|e| e.into_inner());
-        if handlers.get(&channel).is_some_and(|h| !h.is_closed()) {
-            return Err(RegisterError::AlreadyRegistered(channel));
-        }
-        handlers.insert(channel, Handler::Inline(Arc::new(handler)));
-        self.shared.handlers_version.fetch_add(1, Ordering::Release);
-        Ok(())
+        self.install(channel, Handler::Inline(Arc::new(handler)))
     }
 
     /// Like [`register_inline`](Self::register_inline), for oneway traffic
@@ -344,28 +325,36 @@ impl Transport {
         channel: Channel,
         handler: impl Fn(&UniqueAddress, &[u8]) + Send + Sync + 'static,
     ) -> Result<(), RegisterError> {
+        self.install(channel, Handler::Borrowed(Arc::new(handler)))
+    }
+
+    /// Makes `handler` the one of `channel`, unless a live one is there;
+    /// bumps the handlers' version, so readers refresh their copies.
+    fn install(&self, channel: Channel, handler: Handler) -> Result<(), RegisterError> {
+        self.change_handlers(|handlers| {
+            if handlers.get(&channel).is_some_and(|h| !h.is_closed()) {
+                return Err(RegisterError::AlreadyRegistered(channel));
+            }
+            handlers.insert(channel, handler);
+            Ok(())
+        })
+    }
+
+    /// Changes the handlers under their write lock, and bumps their version.
+    fn change_handlers<T>(&self, change: impl FnOnce(&mut HashMap<Channel, Handler>) -> T) -> T {
         let mut handlers = self
             .shared
             .handlers
             .write()
             .unwrap_or_else(|e| e.into_inner());
-        if handlers.get(&channel).is_some_and(|h| !h.is_closed()) {
-            return Err(RegisterError::AlreadyRegistered(channel));
-        }
-        handlers.insert(channel, Handler::Borrowed(Arc::new(handler)));
+        let out = change(&mut handlers);
         self.shared.handlers_version.fetch_add(1, Ordering::Release);
-        Ok(())
+        out
     }
 
     /// Removes the receiver or handler of `channel`, if any.
     pub fn unregister(&self, channel: Channel) {
-        let mut handlers = self
-            .shared
-            .handlers
-            .write()
-            .unwrap_or_else(|e| e.into_inner());
-        handlers.remove(&channel);
-        self.shared.handlers_version.fetch_add(1, Ordering::Release);
+        self.change_handlers(|handlers| handlers.remove(&channel));
     }
 
     /// A new subscription to connection events, starting now. See
@@ -474,10 +463,7 @@ impl Transport {
         let frame = Frame::Oneway { channel, payload };
         if let Some(c) = st.conns.get(&to.addr) {
             if c.peer == *to {
-                if payload_len(&frame) <= COPY_UNDER_LOCK {
-                    return c.enqueue(frame).map_err(queue_error);
-                }
-                // Encoded outside the transport's lock (see `send_slice`).
+                // Encoded outside the transport's lock.
                 let c = c.clone();
                 drop(st);
                 return c.enqueue(frame).map_err(queue_error);
@@ -653,16 +639,9 @@ fn after(d: Duration) -> Instant {
         .unwrap_or(now)
 }
 
-/// Payloads up to this size are copied into a pipe's outbox under the
-/// transport's lock; larger ones after it is released.
+/// `send_slice` copies payloads up to this size into a pipe's outbox under
+/// the transport's lock; larger ones after it is released.
 const COPY_UNDER_LOCK: usize = 16 * 1024;
-
-fn payload_len(frame: &Frame) -> usize {
-    match frame {
-        Frame::Oneway { payload, .. } | Frame::Request { payload, .. } => payload.len(),
-        _ => 0,
-    }
-}
 
 fn queue_error((reason, frame): Refused) -> SendError {
     SendError::new(reason, payload_of(frame))

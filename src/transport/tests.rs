@@ -487,6 +487,16 @@ fn bad_frames_on_pipes_log_a_bounded_number_of_warnings() {
     assert_eq!((warned, quiet), (10, 5), "{bad:?}");
 }
 
+/// Sends a canonical `Oneway` on `CH` from a raw peer.
+async fn send_oneway(raw: &mut HandshakeStream, payload: Bytes) {
+    raw.send(Frame::Oneway {
+        channel: CH,
+        payload,
+    })
+    .await
+    .expect("send");
+}
+
 /// A borrowed inline handler registered after the pipe is up sees every
 /// oneway on its channel in order, in place (canonical frames) or through
 /// the general decoder (a frame written in another valid CBOR form), and
@@ -516,12 +526,7 @@ async fn a_borrowed_handler_sees_its_channels_oneways_in_order() {
     };
     // Traffic before the handler exists: dropped, and the reader's copy of
     // the handlers is then of an older version.
-    raw.send(Frame::Oneway {
-        channel: CH,
-        payload: Bytes::from_static(b"early"),
-    })
-    .await
-    .expect("send");
+    send_oneway(&mut raw, Bytes::from_static(b"early")).await;
     handled_so_far(&mut raw).await;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     t.register_inline_borrowed(CH, move |from, payload| {
@@ -529,12 +534,7 @@ async fn a_borrowed_handler_sees_its_channels_oneways_in_order() {
     })
     .expect("register");
     for i in 0..100u8 {
-        raw.send(Frame::Oneway {
-            channel: CH,
-            payload: Bytes::from(vec![i; usize::from(i)]),
-        })
-        .await
-        .expect("send");
+        send_oneway(&mut raw, Bytes::from(vec![i; usize::from(i)])).await;
     }
     // The same Oneway with its map keys in the other order: valid CBOR of
     // the same frame, not the canonical form the reader reads in place.
@@ -580,12 +580,7 @@ async fn a_borrowed_handler_sees_its_channels_oneways_in_order() {
         }
     );
     t.unregister(CH);
-    raw.send(Frame::Oneway {
-        channel: CH,
-        payload: Bytes::from_static(b"late"),
-    })
-    .await
-    .expect("send");
+    send_oneway(&mut raw, Bytes::from_static(b"late")).await;
     handled_so_far(&mut raw).await;
     assert!(rx.try_recv().is_err(), "nothing after unregister");
 }
