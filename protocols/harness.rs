@@ -181,26 +181,30 @@ pub async fn drive<S>(
         let answered = answered.clone();
         async move {
             let id = (stride * k + u64::from(d)) % ENTITIES;
-            let began = Instant::now();
             let attempts = ask_until_acked(&refs[id as usize], d, k).await;
             if let Some(answered) = answered.filter(|_| attempts.acked) {
-                let took = began.elapsed().as_micros() as u64;
-                let mut answered = answered.lock().await;
-                // Only an ask begun after the kill counts: a reply already
-                // in flight then says nothing about where the entity lives.
-                if let Some(since) = answered.since.filter(|since| began >= *since) {
-                    let at = since.elapsed();
-                    answered.first.entry(id).or_insert(at);
-                }
-                if let Some(started) = answered.started {
-                    let at = started.elapsed().as_micros() as u64;
-                    answered.timeline.push((at, took));
-                }
+                note_answer(&answered, id, &attempts).await;
             }
             attempts
         }
     });
     collect_report(asks.buffer_unordered(in_flight)).await
+}
+
+/// Records, for W2, when entity `id` answered and the ask's timeline point.
+async fn note_answer(answered: &Mutex<Answered>, id: u64, attempts: &Attempts) {
+    let took = attempts.began.elapsed().as_micros() as u64;
+    let mut answered = answered.lock().await;
+    // Only an ask begun after the kill counts: a reply already
+    // in flight then says nothing about where the entity lives.
+    if let Some(since) = answered.since.filter(|since| attempts.began >= *since) {
+        let at = since.elapsed();
+        answered.first.entry(id).or_insert(at);
+    }
+    if let Some(started) = answered.started {
+        let at = started.elapsed().as_micros() as u64;
+        answered.timeline.push((at, took));
+    }
 }
 
 /// W1's shape with a fresh entity per message (W3's spawning variant):
@@ -221,35 +225,75 @@ pub async fn drive_fresh<S>(
 /// The attempts at one message.
 struct Attempts {
     seq: (u32, u64),
-    /// The latency of every attempt, µs.
-    latencies: Vec<u64>,
+    /// When the first attempt began.
+    began: Instant,
+    /// The first attempt's latency, µs.
+    first: u64,
+    /// The latency of every later attempt, µs (empty, and unallocated,
+    /// unless the message was retried).
+    retries: Vec<u64>,
     /// Whether the right ack came (false: given up after [`GIVE_UP`]).
     acked: bool,
 }
 
 /// Asks `(d, k)` until the right ack comes, or [`GIVE_UP`] has passed.
+/// One clock read per attempt: each attempt's end is the next one's start.
 async fn ask_until_acked(entity: &EntityRef<Pinger>, d: u32, k: u64) -> Attempts {
     let ping = Ping { driver: d, seq: k };
-    let mut latencies = Vec::with_capacity(1);
-    let first = Instant::now();
+    let began = Instant::now();
+    let mut attempts = Attempts {
+        seq: (d, k),
+        began,
+        first: 0,
+        retries: Vec::new(),
+        acked: false,
+    };
+    let mut start = began;
     loop {
-        let start = Instant::now();
         let result = entity.ask(ping, ASK_TIMEOUT).await;
-        latencies.push((start.elapsed().as_micros() as u64).max(1));
-        let acked = match result {
-            Ok(ack) if ack == Ack { driver: d, seq: k } => true,
+        let now = Instant::now();
+        let micros = (now.duration_since(start).as_micros() as u64).max(1);
+        if attempts.first == 0 {
+            attempts.first = micros;
+        } else {
+            attempts.retries.push(micros);
+        }
+        match result {
+            Ok(ack) if ack == Ack { driver: d, seq: k } => attempts.acked = true,
             Ok(ack) => panic!("wrong ack {ack:?} for {ping:?}"),
-            Err(_) if first.elapsed() >= GIVE_UP => false,
+            Err(_) if now.duration_since(began) >= GIVE_UP => {}
             Err(_) => {
                 tokio::time::sleep(Duration::from_millis(1)).await;
+                start = Instant::now();
                 continue;
             }
-        };
-        return Attempts {
-            seq: (d, k),
-            latencies,
-            acked,
-        };
+        }
+        return attempts;
+    }
+}
+
+impl DriverReport {
+    fn new() -> Self {
+        DriverReport {
+            latency: Histogram::new_with_bounds(1, 60_000_000, 3).expect("histogram"),
+            acks: 0,
+            retries: 0,
+            retried: Vec::new(),
+        }
+    }
+
+    /// Counts the attempts at one message.
+    fn add(&mut self, attempts: Attempts) {
+        let extra = attempts.retries.len() as u64;
+        self.retries += extra;
+        if extra > 0 {
+            self.retried.push(attempts.seq);
+        }
+        self.latency.saturating_record(attempts.first);
+        for micros in attempts.retries {
+            self.latency.saturating_record(micros);
+        }
+        self.acks += u64::from(attempts.acked);
     }
 }
 
@@ -257,22 +301,9 @@ async fn ask_until_acked(entity: &EntityRef<Pinger>, d: u32, k: u64) -> Attempts
 async fn collect_report(
     mut done: impl futures_util::Stream<Item = Attempts> + Unpin,
 ) -> DriverReport {
-    let mut report = DriverReport {
-        latency: Histogram::new_with_bounds(1, 60_000_000, 3).expect("histogram"),
-        acks: 0,
-        retries: 0,
-        retried: Vec::new(),
-    };
+    let mut report = DriverReport::new();
     while let Some(attempts) = done.next().await {
-        let extra = attempts.latencies.len() as u64 - 1;
-        report.retries += extra;
-        if extra > 0 {
-            report.retried.push(attempts.seq);
-        }
-        for micros in attempts.latencies {
-            report.latency.saturating_record(micros);
-        }
-        report.acks += u64::from(attempts.acked);
+        report.add(attempts);
     }
     report
 }
