@@ -484,6 +484,9 @@ pub(crate) struct CoordinatorCore {
     /// While active and settling: until when.
     settling_until: Option<Instant>,
     members: BTreeMap<UniqueAddress, Standing>,
+    /// The live members of the last view (the resolver's ring, Exiting
+    /// members included), for the margin's cascade steps.
+    ring_members: usize,
     /// Members that registered with this core (any type).
     registered: BTreeSet<UniqueAddress>,
     types: BTreeMap<String, TypeTable>,
@@ -533,6 +536,7 @@ impl CoordinatorCore {
             active: false,
             settling_until: None,
             members: BTreeMap::new(),
+            ring_members: 0,
             registered: BTreeSet::new(),
             types: BTreeMap::new(),
             departed: BTreeMap::new(),
@@ -634,10 +638,17 @@ impl CoordinatorCore {
         self.acting
     }
 
-    /// Ring cascade steps of a membership of `members` (SPEC §13.15).
+    /// Ring cascade steps of a ring of `members` (SPEC §13.15).
     fn cascade_steps(&self, members: usize) -> u32 {
         let steps = members.saturating_sub(1) / self.config.ring_watchers.max(1);
         u32::try_from(steps).unwrap_or(u32::MAX)
+    }
+
+    /// The members of `state`'s monitoring ring: every live one (Down and
+    /// Removed members are out of it, Exiting ones still in), as the
+    /// membership core builds it. The hold and the margin both count these.
+    fn ring_members(state: &MembershipState) -> usize {
+        state.members.iter().filter(|m| m.status.is_live()).count()
     }
 
     /// How long the role stays with a flagged oldest member on this side,
@@ -646,8 +657,7 @@ impl CoordinatorCore {
     /// by which the unstable limit grows (SPEC §10.5), and two margin
     /// steps, by which the margin after it grows.
     fn hold_for(&self, state: &MembershipState) -> Duration {
-        let live = state.members.iter().filter(|m| m.status.is_live()).count();
-        let steps = self.cascade_steps(live);
+        let steps = self.cascade_steps(Self::ring_members(state));
         let per_step = self
             .config
             .detection_step
@@ -657,9 +667,9 @@ impl CoordinatorCore {
             .saturating_add(per_step.saturating_mul(steps))
     }
 
-    /// The dead-owner margin for the current membership.
+    /// The dead-owner margin for the last view's ring.
     fn margin(&self) -> Duration {
-        let steps = self.cascade_steps(self.members.len()).saturating_mul(2);
+        let steps = self.cascade_steps(self.ring_members).saturating_mul(2);
         self.config
             .dead_owner_margin
             .saturating_add(self.config.margin_per_ring_step.saturating_mul(steps))
@@ -715,6 +725,7 @@ impl CoordinatorCore {
         acting: Option<UniqueAddress>,
     ) -> Vec<Command> {
         let unreachable: BTreeSet<UniqueAddress> = state.unreachable.iter().copied().collect();
+        self.ring_members = Self::ring_members(state);
         self.members = state
             .members
             .iter()

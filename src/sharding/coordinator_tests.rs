@@ -1527,6 +1527,43 @@ fn a_gone_owners_shards_wait_out_the_margin() {
     );
 }
 
+#[test]
+fn the_margin_counts_the_rings_exiting_members_as_the_hold_does() {
+    let t0 = Instant::now();
+    let n: Vec<UniqueAddress> = (1..=5).map(node).collect();
+    let config = CoordinatorConfig {
+        dead_owner_margin: Duration::from_secs(1),
+        margin_per_ring_step: Duration::from_millis(100),
+        ring_watchers: 1,
+        ..CoordinatorConfig::default()
+    };
+    let mut c = CoordinatorCore::new(n[0], config, Box::new(LeastShardAllocation));
+    c.set_membership(t0, &view(n[0], &n, &[], &[]));
+    for a in &n {
+        c.register(t0, *a, &reg(5, vec![]));
+    }
+    for shard in 0..5 {
+        c.get_home(t0, n[0], TYPE, shard, 0);
+    }
+    let shard = (0..5)
+        .find(|s| c.home(TYPE, *s).unwrap().owner == n[4])
+        .expect("a shard on node 5");
+    // Node 4 is Exiting (still in the resolver's ring) and node 5 is
+    // downed: a ring of 4 live members is 3 cascade steps, so the margin
+    // is 1 s + 2 × 3 × 0.1 s.
+    let mut gone = view(n[0], &n[..4], &n[4..], &[]);
+    for m in &mut gone.members {
+        if m.address == n[3] {
+            m.status = MemberStatus::Exiting;
+        }
+    }
+    c.set_membership(t0, &gone);
+    c.tick(t0 + Duration::from_millis(1_599));
+    assert_eq!(c.home(TYPE, shard).unwrap().owner, n[4]);
+    c.tick(t0 + Duration::from_millis(1_600));
+    assert_ne!(c.home(TYPE, shard).unwrap().owner, n[4]);
+}
+
 // ---- fencing by epoch (SPEC §13.15) ----
 
 fn epochs_in(out: &[Command]) -> Vec<u64> {
