@@ -475,6 +475,24 @@ impl Default for CoordinatorConfig {
     }
 }
 
+/// The rings of the recent views, for the margin (SPEC §13.15 rule 3).
+#[derive(Debug, Default)]
+struct RecentRing {
+    /// The last view's ring.
+    last: usize,
+    /// The largest ring of the recent views.
+    high: usize,
+    /// Since when `high` counts, and for how long (`None`: no view yet).
+    high_since: Option<(Instant, Duration)>,
+}
+
+impl RecentRing {
+    fn expired(&self, now: Instant) -> bool {
+        self.high_since
+            .is_none_or(|(since, keep)| now.saturating_duration_since(since) >= keep)
+    }
+}
+
 /// The coordinator's state machine. See the module docs.
 pub(crate) struct CoordinatorCore {
     me: UniqueAddress,
@@ -484,9 +502,10 @@ pub(crate) struct CoordinatorCore {
     /// While active and settling: until when.
     settling_until: Option<Instant>,
     members: BTreeMap<UniqueAddress, Standing>,
-    /// The live members of the last view (the resolver's ring, Exiting
-    /// members included), for the margin's cascade steps.
-    ring_members: usize,
+    /// The ring the margin counts its cascade steps over (SPEC §13.15
+    /// rule 3): the largest of the recent views' rings, see
+    /// [`note_ring`](Self::note_ring).
+    ring: RecentRing,
     /// Members that registered with this core (any type).
     registered: BTreeSet<UniqueAddress>,
     types: BTreeMap<String, TypeTable>,
@@ -536,7 +555,7 @@ impl CoordinatorCore {
             active: false,
             settling_until: None,
             members: BTreeMap::new(),
-            ring_members: 0,
+            ring: RecentRing::default(),
             registered: BTreeSet::new(),
             types: BTreeMap::new(),
             departed: BTreeMap::new(),
@@ -646,9 +665,49 @@ impl CoordinatorCore {
 
     /// The members of `state`'s monitoring ring: every live one (Down and
     /// Removed members are out of it, Exiting ones still in), as the
-    /// membership core builds it. The hold and the margin both count these.
+    /// membership core builds it.
     fn ring_members(state: &MembershipState) -> usize {
         state.members.iter().filter(|m| m.status.is_live()).count()
+    }
+
+    /// The hold for a ring of `members`: `hold_for`, plus per cascade step
+    /// one detection step and two margin steps.
+    fn hold_for_ring(&self, members: usize) -> Duration {
+        let per_step = self
+            .config
+            .detection_step
+            .saturating_add(self.config.margin_per_ring_step.saturating_mul(2));
+        self.config
+            .hold_for
+            .saturating_add(per_step.saturating_mul(self.cascade_steps(members)))
+    }
+
+    /// The dead-owner margin for a ring of `members`: two margin steps per
+    /// cascade step on top of `dead_owner_margin`.
+    fn margin_for_ring(&self, members: usize) -> Duration {
+        let steps = self.cascade_steps(members).saturating_mul(2);
+        self.config
+            .dead_owner_margin
+            .saturating_add(self.config.margin_per_ring_step.saturating_mul(steps))
+    }
+
+    /// Takes in the ring of a new view. A member the winning side has just
+    /// downed is out of this side's ring, but the losing side gives up on
+    /// the cascade of the ring from before the cut, which still held it:
+    /// so the margin counts the largest ring of the views of the last
+    /// while — the previous view's ring included, which is the one from
+    /// before a loss — for as long as a loss seen in a later view could
+    /// still be waiting out its margin (a hold and a margin of that ring).
+    fn note_ring(&mut self, now: Instant, members: usize) {
+        let before = std::mem::replace(&mut self.ring.last, members);
+        let candidate = before.max(members);
+        if candidate >= self.ring.high || self.ring.expired(now) {
+            self.ring.high = candidate;
+            let keep = self
+                .hold_for_ring(candidate)
+                .saturating_add(self.margin_for_ring(candidate));
+            self.ring.high_since = Some((now, keep));
+        }
     }
 
     /// How long the role stays with a flagged oldest member on this side,
@@ -657,22 +716,13 @@ impl CoordinatorCore {
     /// by which the unstable limit grows (SPEC §10.5), and two margin
     /// steps, by which the margin after it grows.
     fn hold_for(&self, state: &MembershipState) -> Duration {
-        let steps = self.cascade_steps(Self::ring_members(state));
-        let per_step = self
-            .config
-            .detection_step
-            .saturating_add(self.config.margin_per_ring_step.saturating_mul(2));
-        self.config
-            .hold_for
-            .saturating_add(per_step.saturating_mul(steps))
+        self.hold_for_ring(Self::ring_members(state))
     }
 
-    /// The dead-owner margin for the last view's ring.
+    /// The dead-owner margin, over the recent views' largest ring (it
+    /// shrinks back at the first view after its time is up).
     fn margin(&self) -> Duration {
-        let steps = self.cascade_steps(self.ring_members).saturating_mul(2);
-        self.config
-            .dead_owner_margin
-            .saturating_add(self.config.margin_per_ring_step.saturating_mul(steps))
+        self.margin_for_ring(self.ring.high)
     }
 
     /// Whether this core is the acting coordinator.
@@ -725,7 +775,7 @@ impl CoordinatorCore {
         acting: Option<UniqueAddress>,
     ) -> Vec<Command> {
         let unreachable: BTreeSet<UniqueAddress> = state.unreachable.iter().copied().collect();
-        self.ring_members = Self::ring_members(state);
+        self.note_ring(now, Self::ring_members(state));
         self.members = state
             .members
             .iter()

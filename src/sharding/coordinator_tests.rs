@@ -1527,10 +1527,31 @@ fn a_gone_owners_shards_wait_out_the_margin() {
     );
 }
 
-#[test]
-fn the_margin_counts_the_rings_exiting_members_as_the_hold_does() {
-    let t0 = Instant::now();
-    let n: Vec<UniqueAddress> = (1..=5).map(node).collect();
+/// A view of `up` (Up), `down` (Down) and `exiting` (Exiting) members.
+fn view_with_exiting(
+    me: UniqueAddress,
+    up: &[UniqueAddress],
+    down: &[UniqueAddress],
+    exiting: &[UniqueAddress],
+) -> MembershipState {
+    let all: Vec<UniqueAddress> = up.iter().chain(exiting).copied().collect();
+    let mut state = view(me, &all, down, &[]);
+    for m in &mut state.members {
+        if exiting.contains(&m.address) {
+            m.status = MemberStatus::Exiting;
+        }
+    }
+    state
+}
+
+/// A core with a 1 s margin and 0.1 s per ring cascade step, one watcher
+/// per member, the `n` registered and `shards` shards placed at `t0`.
+fn margin_core(
+    t0: Instant,
+    n: &[UniqueAddress],
+    exiting: &[UniqueAddress],
+    shards: u32,
+) -> CoordinatorCore {
     let config = CoordinatorConfig {
         dead_owner_margin: Duration::from_secs(1),
         margin_per_ring_step: Duration::from_millis(100),
@@ -1538,30 +1559,67 @@ fn the_margin_counts_the_rings_exiting_members_as_the_hold_does() {
         ..CoordinatorConfig::default()
     };
     let mut c = CoordinatorCore::new(n[0], config, Box::new(LeastShardAllocation));
-    c.set_membership(t0, &view(n[0], &n, &[], &[]));
-    for a in &n {
-        c.register(t0, *a, &reg(5, vec![]));
+    let up: Vec<UniqueAddress> = n.iter().filter(|a| !exiting.contains(a)).copied().collect();
+    c.set_membership(t0, &view_with_exiting(n[0], &up, &[], exiting));
+    for a in n {
+        c.register(t0, *a, &reg(shards, vec![]));
     }
-    for shard in 0..5 {
+    for shard in 0..shards {
         c.get_home(t0, n[0], TYPE, shard, 0);
     }
-    let shard = (0..5)
-        .find(|s| c.home(TYPE, *s).unwrap().owner == n[4])
-        .expect("a shard on node 5");
-    // Node 4 is Exiting (still in the resolver's ring) and node 5 is
-    // downed: a ring of 4 live members is 3 cascade steps, so the margin
-    // is 1 s + 2 × 3 × 0.1 s.
-    let mut gone = view(n[0], &n[..4], &n[4..], &[]);
-    for m in &mut gone.members {
-        if m.address == n[3] {
-            m.status = MemberStatus::Exiting;
-        }
-    }
-    c.set_membership(t0, &gone);
-    c.tick(t0 + Duration::from_millis(1_599));
+    c
+}
+
+fn shard_on(c: &CoordinatorCore, owner: UniqueAddress, shards: u32) -> u32 {
+    (0..shards)
+        .find(|s| c.home(TYPE, *s).is_some_and(|h| h.owner == owner))
+        .expect("a shard on that node")
+}
+
+#[test]
+fn the_margin_counts_the_ring_from_before_the_loss_exiting_members_included() {
+    let t0 = Instant::now();
+    let n: Vec<UniqueAddress> = (1..=5).map(node).collect();
+    let mut c = margin_core(t0, &n, &n[3..4], 5);
+    let shard = shard_on(&c, n[4], 5);
+    // Node 5 is downed while node 4 is Exiting. The losing side's ring
+    // still held node 5 (and node 4): 5 members, 4 cascade steps, so the
+    // margin is 1 s + 2 × 4 × 0.1 s — though this side's ring is 4 now,
+    // and 3 once node 4 is gone, and node 5 soon Removed.
+    c.set_membership(t0, &view_with_exiting(n[0], &n[..3], &n[4..], &n[3..4]));
+    c.tick(t0 + Duration::from_millis(500));
+    c.set_membership(
+        t0 + Duration::from_millis(500),
+        &view_with_exiting(n[0], &n[..3], &[], &n[3..4]),
+    );
+    c.tick(t0 + Duration::from_millis(1_799));
     assert_eq!(c.home(TYPE, shard).unwrap().owner, n[4]);
-    c.tick(t0 + Duration::from_millis(1_600));
+    c.tick(t0 + Duration::from_millis(1_800));
     assert_ne!(c.home(TYPE, shard).unwrap().owner, n[4]);
+}
+
+#[test]
+fn the_margins_ring_shrinks_back_once_no_loss_can_wait_on_the_larger_one() {
+    let t0 = Instant::now();
+    let n: Vec<UniqueAddress> = (1..=4).map(node).collect();
+    let mut c = margin_core(t0, &n, &[], 4);
+    let (fourth, third) = (shard_on(&c, n[3], 4), shard_on(&c, n[2], 4));
+    // Long after the last view, node 4 is downed: the ring before it was
+    // 4 members (3 steps), so its shard waits 1.6 s.
+    let t1 = t0 + Duration::from_secs(100);
+    c.set_membership(t1, &view(n[0], &n[..3], &n[3..], &[]));
+    c.tick(t1 + Duration::from_millis(1_599));
+    assert_eq!(c.home(TYPE, fourth).unwrap().owner, n[3]);
+    c.tick(t1 + Duration::from_millis(1_600));
+    assert_ne!(c.home(TYPE, fourth).unwrap().owner, n[3]);
+    // Long after that, node 3 is downed: the ring before it was 3 (2
+    // steps), not the 4 of a loss long settled, so its shard waits 1.4 s.
+    let t2 = t0 + Duration::from_secs(200);
+    c.set_membership(t2, &view(n[0], &n[..2], &n[2..3], &[]));
+    c.tick(t2 + Duration::from_millis(1_399));
+    assert_eq!(c.home(TYPE, third).unwrap().owner, n[2]);
+    c.tick(t2 + Duration::from_millis(1_400));
+    assert_ne!(c.home(TYPE, third).unwrap().owner, n[2]);
 }
 
 // ---- fencing by epoch (SPEC §13.15) ----
