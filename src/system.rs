@@ -813,3 +813,114 @@ impl<P: Protocol> EntityRef<P> {
         region.passivate(self.shard, &self.entity_id, None)
     }
 }
+
+#[cfg(test)]
+mod finishing_tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::Duration;
+
+    use serde::{Deserialize, Serialize};
+
+    use crate::cluster::{ClusterConfig, ClusterNode};
+    use crate::entity::{Entity, EntityContext, Handler};
+    use crate::error::ShardingResult;
+    use crate::identity::{NodeId, UniqueAddress};
+    use crate::sharding::coordinator::ShardHome;
+
+    use super::ShardedSystem;
+
+    #[derive(Serialize, Deserialize)]
+    struct Work;
+    #[derive(Serialize, Deserialize)]
+    struct Ready;
+
+    crate::protocol! {
+        protocol Slow = "slow" {
+            tell Work;
+            ask Ready -> ();
+        }
+    }
+
+    /// Takes 20 ms over each `Work`, counting it.
+    struct SlowEntity(Arc<AtomicU64>);
+
+    impl Entity for SlowEntity {
+        type Protocol = Slow;
+    }
+
+    impl Handler<Work> for SlowEntity {
+        async fn handle(&mut self, _: Work, _: &EntityContext) -> ShardingResult<()> {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            self.0.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        }
+    }
+
+    impl Handler<Ready> for SlowEntity {
+        async fn handle(&mut self, _: Ready, _: &EntityContext) -> ShardingResult<()> {
+            Ok(())
+        }
+    }
+
+    /// A shard whose home moves away without a handoff stops its entities
+    /// behind their mailboxes; a shutdown meanwhile waits for them to
+    /// finish (SPEC §13.3), so nothing they held is lost with the node.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn shutdown_waits_for_entities_finishing_after_their_shard_moved_away() {
+        let config = ClusterConfig::builder()
+            .cluster_name("finishing-test")
+            .secret("finishing-secret")
+            .build();
+        let cluster = ClusterNode::start(config).await.expect("node starts");
+        cluster
+            .wait_until(|s| s.up_members().count() == 1, Duration::from_secs(30))
+            .await
+            .expect("Up");
+        let system = ShardedSystem::builder()
+            .node(cluster.clone())
+            .passivation_idle_timeout(None)
+            .start()
+            .await
+            .expect("system starts");
+        let done = Arc::new(AtomicU64::new(0));
+        let counter = done.clone();
+        system
+            .register::<SlowEntity>(move |_| SlowEntity(counter.clone()))
+            .await
+            .expect("registered");
+        let entity = system.entity_ref::<Slow>("e");
+        entity
+            .ask(Ready, Duration::from_secs(30))
+            .await
+            .expect("hosted here");
+        const WORK: u64 = 25;
+        for _ in 0..WORK {
+            entity.tell(Work).await.expect("accepted");
+        }
+        // The coordinator's word that the shard lives elsewhere now (a
+        // member this node cannot reach: nothing is forwarded there).
+        let region = system.shared.region("slow").expect("region");
+        let shard = entity.shard_id();
+        let elsewhere = UniqueAddress {
+            addr: "127.0.0.1:9".parse().expect("address"),
+            node_id: NodeId(7),
+            incarnation: 1,
+        };
+        let generation = region.generation_of(shard) + 1;
+        region.set_home(
+            shard,
+            ShardHome {
+                owner: elsewhere,
+                generation,
+            },
+        );
+        assert!(
+            done.load(Ordering::Relaxed) < WORK,
+            "the mailbox is still being worked through"
+        );
+        system.shutdown().await;
+        assert_eq!(done.load(Ordering::Relaxed), WORK);
+        let _ = cluster.shutdown().await;
+    }
+}

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
-use ractor::{ActorCell, ActorRef, MessagingErr, RactorErr};
+use ractor::{ActorCell, ActorRef, ActorStatus, MessagingErr, RactorErr};
 
 use crate::entity::EntityContext;
 use crate::error::{ShardingError, ShardingResult};
@@ -175,6 +175,10 @@ pub(crate) struct Region {
     nowhere: AtomicBool,
     /// Counts the hostings of shards here (see `LocalShard::install`).
     installs: std::sync::atomic::AtomicU64,
+    /// Entities of shards that moved away without a handoff (a home
+    /// elsewhere from the coordinator), finishing their mailboxes:
+    /// `shutdown` waits for them too.
+    finishing: Mutex<Vec<ActorCell>>,
     remember: Option<Arc<Remember>>,
     shutdown_timeout: Duration,
 }
@@ -225,6 +229,7 @@ impl Region {
             left: AtomicBool::new(false),
             nowhere: AtomicBool::new(false),
             installs: std::sync::atomic::AtomicU64::new(1),
+            finishing: Mutex::new(Vec::new()),
             remember,
             shutdown_timeout,
         }
@@ -1046,9 +1051,21 @@ impl Region {
             }
         }
         drop(guard);
+        self.note_finishing(&stopping);
         stopping.stop_all();
         fail_undelivered(undelivered);
         HomeChange::Remote
+    }
+
+    /// Keeps the entities `stopping` will stop, for `shutdown` to wait for
+    /// (those that have stopped already are dropped from the list).
+    fn note_finishing(&self, stopping: &Stopping) {
+        if stopping.entities.is_empty() {
+            return;
+        }
+        let mut finishing = self.finishing.lock().unwrap_or_else(|p| p.into_inner());
+        finishing.retain(|cell| !matches!(cell.get_status(), ActorStatus::Stopped));
+        finishing.extend(stopping.entities.iter().map(|actor| actor.get_cell()));
     }
 
     /// Starting `shard` here failed: let its next message ask again.
@@ -1241,7 +1258,15 @@ impl Region {
     pub(crate) async fn shutdown(&self) {
         let (cells, shard_cells) = self.take_actors();
         let timeout = self.shutdown_timeout;
-        futures_util::future::join_all(cells.into_iter().map(|c| stop_or_kill(c, timeout))).await;
+        let finishing =
+            std::mem::take(&mut *self.finishing.lock().unwrap_or_else(|p| p.into_inner()));
+        let finish = finishing.into_iter().map(|c| finish_or_kill(c, timeout));
+        let stop = cells.into_iter().map(|c| stop_or_kill(c, timeout));
+        futures_util::future::join(
+            futures_util::future::join_all(finish),
+            futures_util::future::join_all(stop),
+        )
+        .await;
         futures_util::future::join_all(shard_cells.into_iter().map(|c| stop_or_kill(c, timeout)))
             .await;
         if let Some(actor) = self.region_actor.get() {
@@ -1254,7 +1279,9 @@ impl Region {
     /// `shutdown`, which stops like a crash.
     pub(crate) fn kill(&self) {
         let (cells, shard_cells) = self.take_actors();
-        for cell in cells.into_iter().chain(shard_cells) {
+        let finishing =
+            std::mem::take(&mut *self.finishing.lock().unwrap_or_else(|p| p.into_inner()));
+        for cell in cells.into_iter().chain(shard_cells).chain(finishing) {
             cell.kill();
         }
         if let Some(actor) = self.region_actor.get() {
@@ -1369,6 +1396,15 @@ fn fail_undelivered(undelivered: Undelivered) {
 /// `timeout` (a handler that never returns), kills it, which abandons the
 /// handler and drops its mailbox: the senders waiting there see the system
 /// shutting down.
+/// Waits up to `timeout` for an entity that is finishing its mailbox (its
+/// stop marker is queued behind it), then kills it.
+async fn finish_or_kill(cell: ActorCell, timeout: Duration) {
+    if cell.wait(Some(timeout)).await.is_err() {
+        tracing::warn!(actor = %cell.get_id(), ?timeout, "entity did not finish its mailbox in time; killing it");
+        let _ = cell.kill_and_wait(Some(timeout)).await;
+    }
+}
+
 async fn stop_or_kill(cell: ActorCell, timeout: Duration) {
     if let Err(RactorErr::Timeout) = cell
         .stop_and_wait(Some("shutdown".into()), Some(timeout))

@@ -550,7 +550,12 @@ impl Sim {
                 Slot::Remote(_) => {}
             }
         }
-        hosted.extend(node.draining.drain(..).flatten());
+        // Entities of shards that moved away finish their mailboxes: the
+        // region's shutdown waits for them (SPEC §13.3).
+        let finished: Vec<Msg> = node.draining.drain(..).flatten().collect();
+        for msg in finished {
+            *self.ledger.processed.entry(msg.id).or_insert(0) += 1;
+        }
         // What a hosted shard held is lost by a graceful leave only when
         // no other node could take the shard, or the leave timed out.
         let others = !self.nodes[i].as_ref().is_some_and(|n| n.nowhere);
@@ -1111,6 +1116,27 @@ fn a_join_a_leave_and_a_coordinator_crash_under_traffic() {
             .get("refused by a stopped region")
             .is_none_or(|n| *n <= 3)
     );
+}
+
+#[test]
+fn regression_two_crashes_then_a_leave() {
+    use Op::*;
+    let ops = vec![
+        Send(0, 0),
+        Deliver(197),
+        Deliver(107),
+        Crash(0),
+        Join(3),
+        Deliver(224),
+        Deliver(202),
+        Join(2),
+        Crash(1),
+        Send(2, 0),
+        Deliver(255),
+        Leave(2),
+        Send(3, 0),
+    ];
+    run(&ops).map(|_| ()).expect("holds");
 }
 
 #[test]
