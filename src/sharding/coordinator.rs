@@ -480,17 +480,11 @@ impl Default for CoordinatorConfig {
 struct RecentRing {
     /// The last view's ring.
     last: usize,
-    /// The largest ring of the recent views.
+    /// The largest ring of `recent` (at the last view).
     high: usize,
-    /// Since when `high` counts, and for how long (`None`: no view yet).
-    high_since: Option<(Instant, Duration)>,
-}
-
-impl RecentRing {
-    fn expired(&self, now: Instant) -> bool {
-        self.high_since
-            .is_none_or(|(since, keep)| now.saturating_duration_since(since) >= keep)
-    }
+    /// Each recent view's ring (the larger of its own and the one before
+    /// it), when it was seen and how long it counts.
+    recent: Vec<(usize, Instant, Duration)>,
 }
 
 /// The coordinator's state machine. See the module docs.
@@ -694,20 +688,20 @@ impl CoordinatorCore {
     /// Takes in the ring of a new view. A member the winning side has just
     /// downed is out of this side's ring, but the losing side gives up on
     /// the cascade of the ring from before the cut, which still held it:
-    /// so the margin counts the largest ring of the views of the last
-    /// while — the previous view's ring included, which is the one from
-    /// before a loss — for as long as a loss seen in a later view could
-    /// still be waiting out its margin (a hold and a margin of that ring).
+    /// so each view counts the larger of its ring and the one before it
+    /// (the ring from before a loss), for as long as a loss it showed
+    /// could still be waiting out its margin (a hold and a margin of that
+    /// ring), and the margin takes the largest of the views that count.
     fn note_ring(&mut self, now: Instant, members: usize) {
         let before = std::mem::replace(&mut self.ring.last, members);
-        let candidate = before.max(members);
-        if candidate >= self.ring.high || self.ring.expired(now) {
-            self.ring.high = candidate;
-            let keep = self
-                .hold_for_ring(candidate)
-                .saturating_add(self.margin_for_ring(candidate));
-            self.ring.high_since = Some((now, keep));
-        }
+        let ring = before.max(members);
+        let keep = self
+            .hold_for_ring(ring)
+            .saturating_add(self.margin_for_ring(ring));
+        let recent = &mut self.ring.recent;
+        recent.retain(|(_, since, keep)| now.saturating_duration_since(*since) < *keep);
+        recent.push((ring, now, keep));
+        self.ring.high = recent.iter().map(|(ring, ..)| *ring).max().unwrap_or(ring);
     }
 
     /// How long the role stays with a flagged oldest member on this side,
@@ -720,7 +714,7 @@ impl CoordinatorCore {
     }
 
     /// The dead-owner margin, over the recent views' largest ring (it
-    /// shrinks back at the first view after its time is up).
+    /// shrinks back at the first view after their time is up).
     fn margin(&self) -> Duration {
         self.margin_for_ring(self.ring.high)
     }

@@ -1585,7 +1585,7 @@ fn the_margin_counts_the_ring_from_before_the_loss_exiting_members_included() {
     // Node 5 is downed while node 4 is Exiting. The losing side's ring
     // still held node 5 (and node 4): 5 members, 4 cascade steps, so the
     // margin is 1 s + 2 × 4 × 0.1 s — though this side's ring is 4 now,
-    // and 3 once node 4 is gone, and node 5 soon Removed.
+    // and node 5 soon Removed.
     c.set_membership(t0, &view_with_exiting(n[0], &n[..3], &n[4..], &n[3..4]));
     c.tick(t0 + Duration::from_millis(500));
     c.set_membership(
@@ -1620,6 +1620,33 @@ fn the_margins_ring_shrinks_back_once_no_loss_can_wait_on_the_larger_one() {
     assert_eq!(c.home(TYPE, third).unwrap().owner, n[2]);
     c.tick(t2 + Duration::from_millis(1_400));
     assert_ne!(c.home(TYPE, third).unwrap().owner, n[2]);
+}
+
+#[test]
+fn a_second_loss_within_the_first_ones_window_keeps_its_own_ring() {
+    let t0 = Instant::now();
+    let n: Vec<UniqueAddress> = (1..=5).map(node).collect();
+    let mut c = margin_core(t0, &n, &[], 5);
+    let fourth = shard_on(&c, n[3], 5);
+    // Node 5 is lost (ring 5: its views count for 0.8 s of hold plus 1.8 s
+    // of margin), then node 4 late in that window: node 4's loss must wait
+    // the margin of the ring that held it, 4 members (1.6 s), even after
+    // the first window is over.
+    c.set_membership(t0, &view(n[0], &n[..4], &n[4..], &[]));
+    c.set_membership(
+        t0 + Duration::from_millis(100),
+        &view(n[0], &n[..4], &[], &[]),
+    );
+    let t1 = t0 + Duration::from_millis(2_500);
+    c.set_membership(t1, &view(n[0], &n[..3], &n[3..4], &[]));
+    c.set_membership(
+        t1 + Duration::from_millis(200),
+        &view(n[0], &n[..3], &[], &[]),
+    );
+    c.tick(t1 + Duration::from_millis(1_599));
+    assert_eq!(c.home(TYPE, fourth).unwrap().owner, n[3]);
+    c.tick(t1 + Duration::from_millis(1_600));
+    assert_ne!(c.home(TYPE, fourth).unwrap().owner, n[3]);
 }
 
 // ---- fencing by epoch (SPEC §13.15) ----
