@@ -58,7 +58,8 @@ pub struct ShardingConfig {
     /// idle passivation.
     #[builder(default = Some(Duration::from_secs(120)))]
     pub passivation_idle_timeout: Option<Duration>,
-    /// How long `shutdown()` lets entities finish the message in hand.
+    /// How long `shutdown()` lets entities finish the message in hand (and
+    /// the entities of a shard that moved away finish their mailboxes).
     #[builder(default = Duration::from_secs(5))]
     pub shutdown_timeout: Duration,
     /// The remember-entities write-behind queue and failure policy (used by

@@ -908,13 +908,14 @@ mod finishing_tests {
             incarnation: 1,
         };
         let generation = region.generation_of(shard) + 1;
-        region.set_home(
+        let change = region.set_home(
             shard,
             ShardHome {
                 owner: elsewhere,
                 generation,
             },
         );
+        assert!(matches!(change, crate::runtime::region::HomeChange::Remote));
         assert!(
             done.load(Ordering::Relaxed) < WORK,
             "the mailbox is still being worked through"

@@ -1050,8 +1050,10 @@ impl Region {
                 }
             }
         }
-        drop(guard);
+        // Noted under the slot's lock: a shutdown that takes this slot
+        // after it finds them in the list.
         self.note_finishing(&stopping);
+        drop(guard);
         stopping.stop_all();
         fail_undelivered(undelivered);
         HomeChange::Remote
@@ -1392,10 +1394,6 @@ fn fail_undelivered(undelivered: Undelivered) {
     }
 }
 
-/// Stops an actor after the message in hand; if that takes longer than
-/// `timeout` (a handler that never returns), kills it, which abandons the
-/// handler and drops its mailbox: the senders waiting there see the system
-/// shutting down.
 /// Waits up to `timeout` for an entity that is finishing its mailbox (its
 /// stop marker is queued behind it), then kills it.
 async fn finish_or_kill(cell: ActorCell, timeout: Duration) {
@@ -1405,6 +1403,10 @@ async fn finish_or_kill(cell: ActorCell, timeout: Duration) {
     }
 }
 
+/// Stops an actor after the message in hand; if that takes longer than
+/// `timeout` (a handler that never returns), kills it, which abandons the
+/// handler and drops its mailbox: the senders waiting there see the system
+/// shutting down.
 async fn stop_or_kill(cell: ActorCell, timeout: Duration) {
     if let Err(RactorErr::Timeout) = cell
         .stop_and_wait(Some("shutdown".into()), Some(timeout))

@@ -699,7 +699,9 @@ impl CoordinatorCore {
             .hold_for_ring(ring)
             .saturating_add(self.margin_for_ring(ring));
         let recent = &mut self.ring.recent;
-        recent.retain(|(_, since, keep)| now.saturating_duration_since(*since) < *keep);
+        // (An entry of a ring no larger than this one ends no later.)
+        recent
+            .retain(|(r, since, keep)| *r > ring && now.saturating_duration_since(*since) < *keep);
         recent.push((ring, now, keep));
         self.ring.high = recent.iter().map(|(ring, ..)| *ring).max().unwrap_or(ring);
     }
