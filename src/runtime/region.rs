@@ -1065,7 +1065,7 @@ impl Region {
         if stopping.entities.is_empty() {
             return;
         }
-        let mut finishing = self.finishing.lock().unwrap_or_else(|p| p.into_inner());
+        let mut finishing = self.finishing_list();
         finishing.retain(|cell| !matches!(cell.get_status(), ActorStatus::Stopped));
         finishing.extend(stopping.entities.iter().map(|actor| actor.get_cell()));
     }
@@ -1258,10 +1258,8 @@ impl Region {
     /// stops all entity and shard actors (killing those that do not stop
     /// within the shutdown timeout).
     pub(crate) async fn shutdown(&self) {
-        let (cells, shard_cells) = self.take_actors();
+        let (cells, shard_cells, finishing) = self.take_actors();
         let timeout = self.shutdown_timeout;
-        let finishing =
-            std::mem::take(&mut *self.finishing.lock().unwrap_or_else(|p| p.into_inner()));
         let finish = finishing.into_iter().map(|c| finish_or_kill(c, timeout));
         let stop = cells.into_iter().map(|c| stop_or_kill(c, timeout));
         futures_util::future::join(
@@ -1280,9 +1278,7 @@ impl Region {
     /// killed (no mailbox is finished). For a system dropped without
     /// `shutdown`, which stops like a crash.
     pub(crate) fn kill(&self) {
-        let (cells, shard_cells) = self.take_actors();
-        let finishing =
-            std::mem::take(&mut *self.finishing.lock().unwrap_or_else(|p| p.into_inner()));
+        let (cells, shard_cells, finishing) = self.take_actors();
         for cell in cells.into_iter().chain(shard_cells).chain(finishing) {
             cell.kill();
         }
@@ -1293,8 +1289,9 @@ impl Region {
 
     /// Stops routing, fails every buffered message with `ShuttingDown`, and
     /// takes the entity and shard actors out of the slots (remote homes are
-    /// kept: envelopes that still arrive are forwarded).
-    fn take_actors(&self) -> (Vec<ActorCell>, Vec<ActorCell>) {
+    /// kept: envelopes that still arrive are forwarded), and the entities
+    /// finishing after their shard moved away.
+    fn take_actors(&self) -> (Vec<ActorCell>, Vec<ActorCell>, Vec<ActorCell>) {
         self.stopped.store(true, Ordering::Release);
         let mut cells = Vec::new();
         let mut undelivered = Vec::new();
@@ -1336,7 +1333,12 @@ impl Region {
             }
         }
         fail_undelivered(undelivered);
-        (cells, shard_cells)
+        let finishing = std::mem::take(&mut *self.finishing_list());
+        (cells, shard_cells, finishing)
+    }
+
+    fn finishing_list(&self) -> MutexGuard<'_, Vec<ActorCell>> {
+        self.finishing.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 

@@ -1570,6 +1570,15 @@ fn margin_core(
     c
 }
 
+/// Ticks `c` 1 ms before `at` (the shard still on `owner`), then at `at`
+/// (moved off it).
+fn moves_off_at(c: &mut CoordinatorCore, shard: u32, owner: UniqueAddress, at: Instant) {
+    c.tick(at - Duration::from_millis(1));
+    assert_eq!(c.home(TYPE, shard).unwrap().owner, owner, "before {at:?}");
+    c.tick(at);
+    assert_ne!(c.home(TYPE, shard).unwrap().owner, owner, "at {at:?}");
+}
+
 fn shard_on(c: &CoordinatorCore, owner: UniqueAddress, shards: u32) -> u32 {
     (0..shards)
         .find(|s| c.home(TYPE, *s).is_some_and(|h| h.owner == owner))
@@ -1592,10 +1601,7 @@ fn the_margin_counts_the_ring_from_before_the_loss_exiting_members_included() {
         t0 + Duration::from_millis(500),
         &view_with_exiting(n[0], &n[..3], &[], &n[3..4]),
     );
-    c.tick(t0 + Duration::from_millis(1_799));
-    assert_eq!(c.home(TYPE, shard).unwrap().owner, n[4]);
-    c.tick(t0 + Duration::from_millis(1_800));
-    assert_ne!(c.home(TYPE, shard).unwrap().owner, n[4]);
+    moves_off_at(&mut c, shard, n[4], t0 + Duration::from_millis(1_800));
 }
 
 #[test]
@@ -1608,18 +1614,12 @@ fn the_margins_ring_shrinks_back_once_no_loss_can_wait_on_the_larger_one() {
     // 4 members (3 steps), so its shard waits 1.6 s.
     let t1 = t0 + Duration::from_secs(100);
     c.set_membership(t1, &view(n[0], &n[..3], &n[3..], &[]));
-    c.tick(t1 + Duration::from_millis(1_599));
-    assert_eq!(c.home(TYPE, fourth).unwrap().owner, n[3]);
-    c.tick(t1 + Duration::from_millis(1_600));
-    assert_ne!(c.home(TYPE, fourth).unwrap().owner, n[3]);
+    moves_off_at(&mut c, fourth, n[3], t1 + Duration::from_millis(1_600));
     // Long after that, node 3 is downed: the ring before it was 3 (2
     // steps), not the 4 of a loss long settled, so its shard waits 1.4 s.
     let t2 = t0 + Duration::from_secs(200);
     c.set_membership(t2, &view(n[0], &n[..2], &n[2..3], &[]));
-    c.tick(t2 + Duration::from_millis(1_399));
-    assert_eq!(c.home(TYPE, third).unwrap().owner, n[2]);
-    c.tick(t2 + Duration::from_millis(1_400));
-    assert_ne!(c.home(TYPE, third).unwrap().owner, n[2]);
+    moves_off_at(&mut c, third, n[2], t2 + Duration::from_millis(1_400));
 }
 
 #[test]
@@ -1643,10 +1643,7 @@ fn a_second_loss_within_the_first_ones_window_keeps_its_own_ring() {
         t1 + Duration::from_millis(200),
         &view(n[0], &n[..3], &[], &[]),
     );
-    c.tick(t1 + Duration::from_millis(1_599));
-    assert_eq!(c.home(TYPE, fourth).unwrap().owner, n[3]);
-    c.tick(t1 + Duration::from_millis(1_600));
-    assert_ne!(c.home(TYPE, fourth).unwrap().owner, n[3]);
+    moves_off_at(&mut c, fourth, n[3], t1 + Duration::from_millis(1_600));
 }
 
 // ---- fencing by epoch (SPEC §13.15) ----

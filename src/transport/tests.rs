@@ -87,13 +87,7 @@ async fn raw_peer_traffic_is_delivered() {
     let t = Transport::bind(config()).await.expect("bind");
     let mut inbox = t.register(CH, 16).expect("register");
     let (mut raw, me) = raw_peer(&t).await;
-    raw.send(Frame::Request {
-        corr: 42,
-        channel: CH,
-        payload: Bytes::from_static(b"q"),
-    })
-    .await
-    .expect("send");
+    send_request(&mut raw, CH, 42).await;
     let msg = within(inbox.recv()).await.expect("delivered");
     assert_eq!(msg.from, me);
     msg.reply
@@ -487,6 +481,17 @@ fn bad_frames_on_pipes_log_a_bounded_number_of_warnings() {
     assert_eq!((warned, quiet), (10, 5), "{bad:?}");
 }
 
+/// A raw peer's request `q` on `channel`, correlation `corr`.
+async fn send_request(raw: &mut HandshakeStream, channel: u16, corr: u64) {
+    raw.send(Frame::Request {
+        corr,
+        channel,
+        payload: Bytes::from_static(b"q"),
+    })
+    .await
+    .expect("send");
+}
+
 /// Sends a canonical `Oneway` on `CH` from a raw peer.
 async fn send_oneway(raw: &mut HandshakeStream, payload: Bytes) {
     raw.send(Frame::Oneway {
@@ -512,13 +517,7 @@ async fn a_borrowed_handler_sees_its_channels_oneways_in_order() {
     let mut corr = 0;
     let mut handled_so_far = async |raw: &mut HandshakeStream| {
         corr += 1;
-        raw.send(Frame::Request {
-            corr,
-            channel: CH + 1,
-            payload: Bytes::from_static(b"q"),
-        })
-        .await
-        .expect("send");
+        send_request(raw, CH + 1, corr).await;
         drop(within(other.recv()).await.expect("delivered"));
         // Dropped unanswered: its `Dropped` reply is the next frame back.
         let reply = within(raw.next()).await.expect("frame").expect("decodes");
@@ -563,13 +562,7 @@ async fn a_borrowed_handler_sees_its_channels_oneways_in_order() {
     }
     let (_, payload) = within(rx.recv()).await.expect("delivered");
     assert_eq!(payload, b"reordered");
-    raw.send(Frame::Request {
-        corr: 9,
-        channel: CH,
-        payload: Bytes::from_static(b"q"),
-    })
-    .await
-    .expect("send");
+    send_request(&mut raw, CH, 9).await;
     assert_eq!(within(rx.recv()).await.expect("delivered").1, b"q");
     let reply = within(raw.next()).await.expect("frame").expect("decodes");
     assert_eq!(
