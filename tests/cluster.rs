@@ -281,6 +281,74 @@ async fn wrong_name_wrong_secret_and_garbage_are_refused_while_the_cluster_works
     }
 }
 
+/// A join refused for another cluster name or secret is reported: an event
+/// per refusal naming the seed and the reason, then the node gives up and
+/// `wait_until` fails with `JoinRefused` (not a plain timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_join_is_reported_and_the_node_gives_up() {
+    use datum_cluster_sharding::cluster::{ClusterError, JoinRefusal};
+    use datum_cluster_sharding::wire::RejectReason;
+    let seed_node = node(vec![]).await;
+    let seed = seed_node.bound_addr();
+    let cases = [
+        ("other-cluster", "test-secret", RejectReason::WrongCluster, true),
+        // The joiner cannot verify the seed's proof of the secret.
+        ("test-cluster", "guess", RejectReason::BadProof, false),
+    ];
+    for (name, secret, reason, by_seed) in cases {
+        let bad = ClusterNode::start(
+            ClusterConfig::builder()
+                .cluster_name(name)
+                .secret(secret)
+                .seed_nodes(vec![seed])
+                .join_refusal_limit(3)
+                .build(),
+        )
+        .await
+        .unwrap();
+        let mut events = bad.subscribe();
+        let error = bad
+            .wait_until(|s| s.self_status() == Some(MemberStatus::Up), LONG)
+            .await
+            .expect_err("a refused node never becomes Up");
+        match &error {
+            ClusterError::JoinRefused {
+                refusal:
+                    JoinRefusal {
+                        seed: s,
+                        reason: r,
+                        by_seed: b,
+                        refusals,
+                    },
+            } => {
+                assert_eq!((*s, r, *b), (seed, &reason, by_seed), "{error}");
+                assert_eq!(*refusals, 3, "gave up at the limit: {error}");
+            }
+            other => panic!("expected JoinRefused, got {other:?}"),
+        }
+        assert!(error.to_string().contains(&seed.to_string()), "{error}");
+        // The refusals were published (the first may predate the subscription).
+        let mut published = 0;
+        while let Ok(event) = events.try_recv() {
+            if let MembershipEvent::JoinRefused {
+                seed: s,
+                reason: r,
+                by_seed: b,
+            } = event
+            {
+                assert_eq!((s, r, b), (seed, reason.clone(), by_seed));
+                published += 1;
+            }
+        }
+        assert!(published >= 2, "{published} refusal events");
+        assert_eq!(bad.join_refusal().map(|r| r.refusals), Some(3));
+        bad.crash().await;
+    }
+    // The seed never admitted them and serves on.
+    assert_eq!(seed_node.current_state().members.len(), 1);
+    seed_node.crash().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_restarted_at_the_same_address_is_a_new_member() {
     let nodes = three().await;

@@ -285,6 +285,45 @@ fn a_frozen_node_that_was_downed_stops_with_exit_code_3_when_thawed() {
     assert_eq!(field(last, "reason"), Some("downed"), "last line: {last}");
 }
 
+/// A node started with another secret is refused, prints `join_refused`
+/// lines naming the seed and gives up with exit code 5; the seed never
+/// admits it. (Another cluster name is refused the same way: tests/cluster.rs.)
+#[test]
+fn a_node_whose_join_is_refused_exits_5_and_says_why() {
+    let mut seed_node = NodeProcess::start("seed", None);
+    let seed = seed_node.addr.clone();
+    {
+        let (name, flags, reason) = ("wrong-secret", ["--secret", "not-the-secret"], "BadProof");
+        let mut bad = NodeProcess::start_with(name, Some(&seed), &flags);
+        let (status, lines) = bad.expect_exit();
+        assert_eq!(status.code(), Some(5), "{name} exited with {status}");
+        let refusals: Vec<&String> = lines
+            .iter()
+            .filter(|l| field(l, "event") == Some("join_refused"))
+            .collect();
+        assert!(!refusals.is_empty(), "{name} printed no refusal: {lines:?}");
+        for line in &refusals {
+            assert_eq!(field(line, "addr"), Some(seed.as_str()), "{line}");
+            assert!(field(line, "reason").is_some_and(|r| r.contains(reason)), "{line}");
+        }
+        let last = lines.last().map(String::as_str).unwrap_or_default();
+        assert_eq!(field(last, "reason"), Some("join_refused"), "last line: {last}");
+        let stderr = bad.stderr.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        assert!(stderr.contains("gave up joining") && stderr.contains(&seed), "{stderr}");
+    }
+    // The seed saw nobody join but itself.
+    seed_node.signal(libc::SIGTERM);
+    let (status, lines) = seed_node.expect_exit();
+    assert!(status.success(), "the seed exited with {status}");
+    assert!(
+        lines
+            .iter()
+            .filter(|l| field(l, "event") == Some("member_joined"))
+            .all(|l| field(l, "node_id") == Some(seed_node.node_id.as_str())),
+        "{lines:?}"
+    );
+}
+
 #[test]
 fn bad_flags_exit_2_and_a_taken_port_exits_1() {
     let bad = Command::new(BIN)

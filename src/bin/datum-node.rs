@@ -33,6 +33,9 @@ const EXIT_START_FAILED: u8 = 1;
 const EXIT_STOPPED_BY_CLUSTER: u8 = 3;
 /// Exit code when the graceful leave did not complete in time.
 const EXIT_LEAVE_TIMED_OUT: u8 = 4;
+/// Exit code when the seeds refused this node's join (another cluster
+/// name or secret, an unsupported protocol version) and it gave up.
+const EXIT_JOIN_REFUSED: u8 = 5;
 
 /// Longest accepted duration flag (one hour), so no clock arithmetic overflows.
 const MAX_MS: u64 = 3_600_000;
@@ -370,6 +373,12 @@ async fn run(args: Args) -> ExitCode {
 
     if stopped_by_cluster {
         drain(&mut events, started);
+        if let Some(refusal) = node.join_refusal() {
+            node.crash().await;
+            emit(&Stopped::new("join_refused", started));
+            eprintln!("datum-node: gave up joining: {refusal}");
+            return ExitCode::from(EXIT_JOIN_REFUSED);
+        }
         let reason = match node.current_state().self_status() {
             Some(MemberStatus::Down) => "downed",
             _ => "removed",
@@ -632,6 +641,23 @@ fn event_line(event: &MembershipEvent, t: u64) -> Line<'_> {
             node_id: None,
             incarnation: None,
             previous: None,
+            reason: None,
+            t_ms: t,
+        },
+        MembershipEvent::JoinRefused {
+            seed,
+            reason,
+            by_seed,
+        } => Line {
+            event: "join_refused",
+            addr: Some(seed.to_string()),
+            node_id: None,
+            incarnation: None,
+            previous: None,
+            reason: Some(format!(
+                "{reason:?} ({})",
+                if *by_seed { "by the seed" } else { "by this node" }
+            )),
             t_ms: t,
         },
     }
@@ -650,6 +676,9 @@ struct Line<'a> {
     /// Only on `member_removed`: the status before removal.
     #[serde(skip_serializing_if = "Option::is_none")]
     previous: Option<String>,
+    /// Only on `join_refused`: the `Reject` reason and which side refused.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<String>,
     t_ms: u64,
 }
 
@@ -661,6 +690,7 @@ impl<'a> Line<'a> {
             node_id: Some(member.node_id.to_string()),
             incarnation: Some(member.incarnation),
             previous: None,
+            reason: None,
             t_ms,
         }
     }

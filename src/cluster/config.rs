@@ -96,6 +96,15 @@ pub struct ClusterConfig {
     /// its role (elsewhere its region is proxy-only).
     #[builder(default, setter(transform = |roles: impl IntoIterator<Item = impl Into<String>>| roles.into_iter().map(Into::into).collect()))]
     pub roles: std::collections::BTreeSet<String>,
+    /// How many seed refusals a joining node takes before it gives up and
+    /// stops. Only refusals retrying cannot cure count: another cluster
+    /// name, another secret, an unsupported protocol version
+    /// (`MembershipEvent::JoinRefused`). Joins are retried every 250 ms, so
+    /// the default, 5, gives up about a second after the first refusal;
+    /// `ClusterNode::wait_until` then fails with `ClusterError::JoinRefused`.
+    /// 0 never gives up (each refusal is still published).
+    #[builder(default = 5)]
+    pub join_refusal_limit: u32,
 }
 
 impl ClusterConfig {

@@ -38,4 +38,4 @@ mod config;
 mod node;
 
 pub use config::ClusterConfig;
-pub use node::{ClusterError, ClusterNode, MEMBERSHIP_CHANNEL};
+pub use node::{ClusterError, ClusterNode, JoinRefusal, MEMBERSHIP_CHANNEL};

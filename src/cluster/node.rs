@@ -14,8 +14,9 @@ use crate::membership::{
     Command, MemberStatus, MembershipCore, MembershipError, MembershipEvent, MembershipMsg,
     MembershipState, Target,
 };
-use crate::transport::{Incoming, Transport};
+use crate::transport::{ConnectError, Incoming, Transport};
 use crate::warn_limit::{WarnLimit, warn_limited};
+use crate::wire::RejectReason;
 
 /// The transport channel membership messages travel on.
 pub const MEMBERSHIP_CHANNEL: u16 = crate::wire::channels::MEMBERSHIP;
@@ -50,6 +51,65 @@ pub enum ClusterError {
     /// The node has stopped (left, was downed, or shut down).
     #[error("the cluster node has stopped")]
     Stopped,
+    /// The node never became a member: a seed refused its handshake for a
+    /// reason retrying cannot cure (another cluster name or secret, an
+    /// unsupported protocol version). Returned by `wait_until` once the node
+    /// has given up (`ClusterConfig::join_refusal_limit`), or when its wait
+    /// ran out while the node was still joining and a seed had refused it.
+    #[error("{refusal}")]
+    JoinRefused {
+        /// The latest refusal.
+        refusal: JoinRefusal,
+    },
+}
+
+/// A seed's refusal of this node's join (see [`ClusterError::JoinRefused`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JoinRefusal {
+    /// The seed address dialed.
+    pub seed: SocketAddr,
+    /// The reason in the `Reject` frame.
+    pub reason: RejectReason,
+    /// True when the seed refused this node; false when this node refused
+    /// the seed (it could not verify the seed's proof of the secret).
+    pub by_seed: bool,
+    /// How many such refusals this node has taken so far.
+    pub refusals: u32,
+}
+
+impl std::fmt::Display for JoinRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let what = match self.reason {
+            RejectReason::WrongCluster => "another cluster name",
+            RejectReason::BadProof => "another cluster secret",
+            RejectReason::UnsupportedVersion { .. } => "an unsupported protocol version",
+            _ => "an incompatible handshake",
+        };
+        let who = if self.by_seed {
+            "the seed refused this node"
+        } else {
+            "this node refused the seed"
+        };
+        write!(
+            f,
+            "join refused by seed {}: {who} ({what}: {:?}; {} refusal(s))",
+            self.seed, self.reason, self.refusals
+        )
+    }
+}
+
+/// The refusals of a handshake that retrying cannot cure, from a seed dial.
+fn incurable(error: &ConnectError) -> Option<(RejectReason, bool)> {
+    let (reason, by_seed) = match error {
+        ConnectError::Rejected(reason) => (reason, true),
+        ConnectError::Refused(reason) => (reason, false),
+        _ => return None,
+    };
+    matches!(
+        reason,
+        RejectReason::WrongCluster | RejectReason::BadProof | RejectReason::UnsupportedVersion { .. }
+    )
+    .then(|| (reason.clone(), by_seed))
 }
 
 /// Requests from handles to the driver.
@@ -74,6 +134,8 @@ struct Inner {
     /// The driver task; taken by the first `shutdown` or `crash`, which later
     /// callers wait behind.
     driver: Mutex<Option<JoinHandle<()>>>,
+    /// The latest incurable refusal of a join, while the node was joining.
+    refusal: Arc<std::sync::Mutex<Option<JoinRefusal>>>,
 }
 
 impl Drop for Inner {
@@ -131,6 +193,8 @@ impl ClusterNode {
         let (state_tx, state) = watch::channel(core.state());
         let (events, _) = broadcast::channel(EVENT_CAPACITY);
         let (control, control_rx) = mpsc::unbounded_channel();
+        let (refusals_tx, refusals) = mpsc::unbounded_channel();
+        let refusal = Arc::new(std::sync::Mutex::new(None));
         let driver = Driver {
             core,
             transport: transport.clone(),
@@ -139,6 +203,10 @@ impl ClusterNode {
             state: state_tx,
             events: events.clone(),
             undecodable: WarnLimit::default(),
+            refusals_tx,
+            refusals,
+            refusal: refusal.clone(),
+            refusal_limit: config.join_refusal_limit,
         };
         let handle = tokio::spawn(driver.run());
         tracing::info!(node = %me, cluster = %config.cluster_name, "cluster node started");
@@ -151,6 +219,7 @@ impl ClusterNode {
                 state,
                 events,
                 driver: Mutex::new(Some(handle)),
+                refusal,
             }),
         })
     }
@@ -205,11 +274,29 @@ impl ClusterNode {
     ) -> Result<MembershipState, ClusterError> {
         let mut watch = self.inner.state.clone();
         let waited = tokio::time::timeout(timeout, watch.wait_for(|s| condition(s))).await;
+        let refused = || {
+            self.join_refusal()
+                .map(|refusal| ClusterError::JoinRefused { refusal })
+        };
         match waited {
             Ok(Ok(state)) => Ok(state.clone()),
-            Ok(Err(_closed)) => Err(ClusterError::Stopped),
-            Err(_elapsed) => Err(ClusterError::Timeout(timeout)),
+            Ok(Err(_closed)) => Err(refused().unwrap_or(ClusterError::Stopped)),
+            Err(_elapsed) => Err(refused().unwrap_or(ClusterError::Timeout(timeout))),
         }
+    }
+
+    /// The latest refusal of this node's join by a seed, for a reason
+    /// retrying cannot cure, while the node has not become a member (`None`
+    /// once it has). See [`ClusterConfig::join_refusal_limit`].
+    pub fn join_refusal(&self) -> Option<JoinRefusal> {
+        if self.inner.state.borrow().self_status().is_some() {
+            return None;
+        }
+        self.inner
+            .refusal
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Downs `member` by hand (needed when the downing timeout is `None`).
@@ -273,6 +360,12 @@ struct Driver {
     /// Rate limit of warnings about undecodable membership messages: a
     /// buggy peer sends them at gossip rate.
     undecodable: WarnLimit,
+    /// Seed dials report incurable refusals here.
+    refusals_tx: mpsc::UnboundedSender<(SocketAddr, RejectReason, bool)>,
+    refusals: mpsc::UnboundedReceiver<(SocketAddr, RejectReason, bool)>,
+    /// The latest refusal, shared with the handles.
+    refusal: Arc<std::sync::Mutex<Option<JoinRefusal>>>,
+    refusal_limit: u32,
 }
 
 impl Driver {
@@ -315,6 +408,12 @@ impl Driver {
                     // Every handle is gone.
                     None => break,
                 },
+                Some((seed, reason, by_seed)) = self.refusals.recv() => {
+                    if self.on_refusal(seed, reason, by_seed) {
+                        break;
+                    }
+                    Ok(())
+                }
                 _ = sleep_until(deadline.map(tokio::time::Instant::from_std)) => self.core.handle_timeout(Instant::now()),
             };
             if let Err(error) = result {
@@ -329,6 +428,38 @@ impl Driver {
         // Out of the cluster (removed, downed, or never joined): close the pipes.
         self.transport.shutdown().await;
         tracing::debug!(node = %me, "membership driver stopped");
+    }
+
+    /// A seed refused this node's handshake (or this node the seed's) for a
+    /// reason retrying cannot cure. While still joining: publish it, keep it
+    /// for the handles, and true once the node should give up.
+    fn on_refusal(&mut self, seed: SocketAddr, reason: RejectReason, by_seed: bool) -> bool {
+        if self.core.self_status().is_some() {
+            return false; // a member already: a stale dial's news
+        }
+        let refusals = {
+            let mut slot = self.refusal.lock().unwrap_or_else(|p| p.into_inner());
+            let refusal = JoinRefusal {
+                seed,
+                reason: reason.clone(),
+                by_seed,
+                refusals: slot.as_ref().map_or(0, |r| r.refusals) + 1,
+            };
+            tracing::error!(node = %self.core.self_address(), %refusal, "join refused");
+            let refusals = refusal.refusals;
+            *slot = Some(refusal);
+            refusals
+        };
+        let _ = self.events.send(MembershipEvent::JoinRefused {
+            seed,
+            reason,
+            by_seed,
+        });
+        let give_up = self.refusal_limit > 0 && refusals >= self.refusal_limit;
+        if give_up {
+            tracing::error!(node = %self.core.self_address(), refusals, "giving up joining: the seeds refuse this node's configuration");
+        }
+        give_up
     }
 
     fn on_incoming(&mut self, incoming: Incoming) -> Result<(), MembershipError> {
@@ -361,12 +492,16 @@ impl Driver {
                         Target::Seed(addr) => {
                             // Dialing a seed may take a while: never block the driver on it.
                             let transport = self.transport.clone();
+                            let refusals = self.refusals_tx.clone();
                             tokio::spawn(async move {
                                 match transport.connect(addr).await {
                                     Ok(peer) => {
                                         let _ = transport.send(&peer, MEMBERSHIP_CHANNEL, payload);
                                     }
                                     Err(error) => {
+                                        if let Some((reason, by_seed)) = incurable(&error) {
+                                            let _ = refusals.send((addr, reason, by_seed));
+                                        }
                                         tracing::debug!(seed = %addr, %error, "seed not reachable")
                                     }
                                 }

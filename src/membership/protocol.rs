@@ -86,6 +86,21 @@ pub enum MembershipEvent {
     /// The placement coordinator (oldest reachable Up member) changed; `None`
     /// while no member qualifies.
     CoordinatorChanged(Option<UniqueAddress>),
+    /// While this node was still joining, a seed's handshake ended in a
+    /// refusal that retrying cannot cure: another cluster name, another
+    /// secret, or an unsupported protocol version. Published by the node's
+    /// driver (the core never sees a handshake); after
+    /// `ClusterConfig::join_refusal_limit` of them the node gives up and
+    /// stops (`ClusterError::JoinRefused`).
+    JoinRefused {
+        /// The seed address dialed.
+        seed: SocketAddr,
+        /// The reason in the `Reject` frame.
+        reason: crate::wire::RejectReason,
+        /// True when the seed refused this node; false when this node
+        /// refused the seed (it could not verify the seed's proof).
+        by_seed: bool,
+    },
 }
 
 /// An instruction from the core to its driver. Carry them out in order.
