@@ -114,6 +114,30 @@ pub enum ShardingError {
         /// The lost node.
         node: String,
     },
+    /// The cluster's coordinator refused this node's region of the type: the
+    /// type is registered in the cluster with another protocol fingerprint
+    /// or shard count (or this region's shard count is out of range). The
+    /// message was not processed; every message to the type through this
+    /// node fails so until a coordinator accepts the region (a registration
+    /// the region sends again, every 10 s, after the cluster changed).
+    #[error(
+        "the coordinator refused this node's region of `{type_name}` (fingerprint {fingerprint:016x}, {num_shards} shards): {reason}; message not processed"
+    )]
+    RegionRefused {
+        /// The entity type.
+        type_name: &'static str,
+        /// This region's protocol fingerprint.
+        fingerprint: u64,
+        /// This region's shard count.
+        num_shards: u32,
+        /// The fingerprint the type has in the cluster (`None` when the
+        /// region was refused for its shard count alone).
+        cluster_fingerprint: Option<u64>,
+        /// The shard count the type has in the cluster (as above).
+        cluster_num_shards: Option<u32>,
+        /// The coordinator's words.
+        reason: String,
+    },
     /// The two nodes run different versions of the protocol (their
     /// fingerprints differ): the message was refused unprocessed.
     #[error(

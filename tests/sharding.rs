@@ -277,6 +277,79 @@ async fn every_entity_is_reachable_from_every_node_with_typed_replies() {
     stop(nodes).await;
 }
 
+/// A member whose region has another shard count than the type's in the
+/// cluster is refused by the coordinator: its asks and tells fail fast with
+/// `RegionRefused`, naming both configurations (not `AskTimeout`), its
+/// region state shows the refusal, and the rest of the cluster serves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_region_with_another_shard_count_is_refused_and_its_asks_fail_fast() {
+    let nodes = three().await;
+    let seed = nodes[0].cluster.bound_addr();
+    let odd = ClusterNode::start(config(vec![seed])).await.unwrap();
+    odd.wait_until(|s| s.up_members().count() == 4, LONG)
+        .await
+        .expect("the fourth member is Up");
+    let system = ShardedSystem::builder()
+        .num_shards(SHARDS * 2)
+        .node(odd.clone())
+        .start()
+        .await
+        .expect("system starts");
+    system
+        .register::<TallyEntity>(|_| TallyEntity {
+            node: "odd".into(),
+            log: Vec::new(),
+        })
+        .await
+        .expect("registered");
+    let started = Instant::now();
+    let error = loop {
+        // The first ask may be the one that waits for the refusal; it fails
+        // with it all the same. A later one fails at once.
+        match system.entity_ref::<Tally>("tally-1").ask(Home, ASK).await {
+            Err(error @ ShardingError::RegionRefused { .. }) => break error,
+            other => {
+                assert!(started.elapsed() < LONG, "never refused: {other:?}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    assert!(started.elapsed() < ASK, "refused only after {:?}", started.elapsed());
+    match &error {
+        ShardingError::RegionRefused {
+            type_name,
+            num_shards,
+            cluster_num_shards,
+            cluster_fingerprint,
+            fingerprint,
+            ..
+        } => {
+            assert_eq!(*type_name, "tally");
+            assert_eq!((*num_shards, *cluster_num_shards), (SHARDS * 2, Some(SHARDS)));
+            assert_eq!(*cluster_fingerprint, Some(*fingerprint));
+        }
+        other => panic!("{other:?}"),
+    }
+    let text = error.to_string();
+    assert!(text.contains(&format!("{} shards", SHARDS * 2)) && text.contains(&SHARDS.to_string()), "{text}");
+    // Later messages fail at once, tells included.
+    let at = Instant::now();
+    let again = system.entity_ref::<Tally>("tally-2").ask(Home, ASK).await;
+    assert!(matches!(again, Err(ShardingError::RegionRefused { .. })), "{again:?}");
+    let told = system.entity_ref::<Tally>("tally-2").tell(Push(1)).await;
+    assert!(matches!(told, Err(ShardingError::RegionRefused { .. })), "{told:?}");
+    assert!(at.elapsed() < Duration::from_secs(1), "{:?}", at.elapsed());
+    let state = system.shard_region_state::<Tally>().expect("a region");
+    assert_eq!(state.refused, Some(error));
+    assert!(state.shards.is_empty());
+    // The cluster is unaffected.
+    let (home, _) = ask_retrying(&nodes[1].system, "tally-1").await;
+    assert!(home.starts_with("node-"), "{home}");
+    system.shutdown().await;
+    let _ = odd.shutdown().await;
+    stop(nodes).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_awaiting_sender_keeps_per_entity_order_across_nodes() {
     let nodes = three().await;

@@ -181,6 +181,10 @@ pub(crate) struct Region {
     finishing: Mutex<Vec<ActorCell>>,
     remember: Option<Arc<Remember>>,
     shutdown_timeout: Duration,
+    /// The coordinator refused this region (`ShardingError::RegionRefused`):
+    /// every message fails with it until a coordinator accepts the region.
+    refused: AtomicBool,
+    refusal: Mutex<Option<ShardingError>>,
 }
 
 /// What a region needs to know of its protocol.
@@ -232,7 +236,50 @@ impl Region {
             finishing: Mutex::new(Vec::new()),
             remember,
             shutdown_timeout,
+            refused: AtomicBool::new(false),
+            refusal: Mutex::new(None),
         }
+    }
+
+    /// Why the coordinator refused this region, if it did (and no
+    /// coordinator has accepted it since).
+    pub(crate) fn refusal(&self) -> Option<ShardingError> {
+        if !self.refused.load(Ordering::Acquire) {
+            return None;
+        }
+        self.refusal
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The coordinator refused this region: fail what waits for a home, and
+    /// every later message, with `error` (they would otherwise wait for a
+    /// home that never comes).
+    pub(crate) fn refuse(&self, error: ShardingError) {
+        *self.refusal.lock().unwrap_or_else(|p| p.into_inner()) = Some(error.clone());
+        self.refused.store(true, Ordering::Release);
+        let mut undelivered = Vec::new();
+        for slot in self.slots.iter() {
+            let mut guard = lock(slot);
+            if let Slot::Unallocated {
+                buffer, requested, ..
+            } = &mut *guard
+            {
+                *requested = false;
+                for buffered in buffer.drain(..) {
+                    if let Buffered::Message(_, envelope) = buffered {
+                        undelivered.push((error.clone(), envelope));
+                    }
+                }
+            }
+        }
+        fail_undelivered(undelivered);
+    }
+
+    /// A coordinator accepted this region (sent it the type's table).
+    pub(crate) fn accepted(&self) {
+        self.refused.store(false, Ordering::Release);
     }
 
     pub(crate) fn num_shards(&self) -> u32 {
@@ -271,6 +318,10 @@ impl Region {
         if self.is_stopped() {
             envelope.fail(ShardingError::ShuttingDown);
             return Err(ShardingError::ShuttingDown);
+        }
+        if let Some(error) = self.refusal() {
+            envelope.fail(error.clone());
+            return Err(error);
         }
         let mut guard = lock(&self.slots[shard.0 as usize]);
         let result = match &mut *guard {
@@ -1179,6 +1230,7 @@ impl Region {
             handing_off,
             buffered,
             proxy: self.is_proxy(),
+            refused: self.refusal(),
         }
     }
 

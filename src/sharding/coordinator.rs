@@ -899,6 +899,8 @@ impl CoordinatorCore {
                                 reg.num_shards,
                                 crate::config::MAX_SHARDS
                             ),
+                            cluster_fingerprint: None,
+                            cluster_num_shards: None,
                         },
                     });
                 }
@@ -936,6 +938,8 @@ impl CoordinatorCore {
                         msg: ControlMsg::Refused {
                             type_name: reg.type_name.clone(),
                             reason,
+                            cluster_fingerprint: Some(table.fingerprint),
+                            cluster_num_shards: Some(table.num_shards),
                         },
                     });
                 }

@@ -998,6 +998,7 @@ impl Control {
                 | ControlMsg::Table { .. }
                 | ControlMsg::HandOff { .. }
                 | ControlMsg::Left { .. }
+                | ControlMsg::Refused { .. }
                     if from != self.me && Some(from) != self.coordinator =>
                 {
                     tracing::debug!(node = %self.me, %from, "a home from a node that is not the coordinator here: ignored");
@@ -1025,6 +1026,9 @@ impl Control {
                     type_name, homes, ..
                 } => {
                     self.heard_from = Some(from);
+                    if let Some(region) = self.region(&type_name) {
+                        region.accepted();
+                    }
                     for (shard, owner, generation) in homes {
                         self.apply_home(&type_name, shard, ShardHome { owner, generation });
                     }
@@ -1051,10 +1055,25 @@ impl Control {
                     }
                     Vec::new()
                 }
-                ControlMsg::Refused { type_name, reason } => {
+                ControlMsg::Refused {
+                    type_name,
+                    reason,
+                    cluster_fingerprint,
+                    cluster_num_shards,
+                } => {
                     tracing::error!(node = %self.me, %type_name, %reason, "the coordinator refused this node's region");
                     // Heard: registering again would be refused again.
                     self.heard_from = Some(from);
+                    if let Some(region) = self.region(&type_name) {
+                        region.refuse(ShardingError::RegionRefused {
+                            type_name: region.type_name,
+                            fingerprint: region.fingerprint,
+                            num_shards: region.num_shards(),
+                            cluster_fingerprint,
+                            cluster_num_shards,
+                            reason,
+                        });
+                    }
                     Vec::new()
                 }
             };

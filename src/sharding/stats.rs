@@ -26,6 +26,10 @@ pub struct ShardRegionState {
     /// The region routes only (proxy-only, or its type's role is not this
     /// node's).
     pub proxy: bool,
+    /// The coordinator refused this region (another fingerprint or shard
+    /// count than the type's in the cluster): the error every message to
+    /// the type through this node fails with (`ShardingError::RegionRefused`).
+    pub refused: Option<crate::ShardingError>,
 }
 
 /// The cluster-wide view of one entity type, as

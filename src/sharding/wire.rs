@@ -174,7 +174,16 @@ pub(crate) enum ControlMsg {
         epoch: u64,
     },
     /// Coordinator → region: the registration of this type was refused.
-    Refused { type_name: String, reason: String },
+    Refused {
+        type_name: String,
+        reason: String,
+        /// The type's fingerprint and shard count in the cluster's table,
+        /// when the refusal is a mismatch with it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cluster_fingerprint: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cluster_num_shards: Option<u32>,
+    },
     /// Coordinator → the shard's owner: stop the shard's entities (each
     /// finishes its mailbox), buffer what arrives meanwhile, and report
     /// `ShardStopped`. Sent again until the report comes.
