@@ -772,6 +772,7 @@ impl CoordinatorCore {
     ) -> Vec<Command> {
         let unreachable: BTreeSet<UniqueAddress> = state.unreachable.iter().copied().collect();
         self.note_ring(now, Self::ring_members(state));
+        let before = std::mem::take(&mut self.members);
         self.members = state
             .members
             .iter()
@@ -788,6 +789,7 @@ impl CoordinatorCore {
                 Some((m.address, standing))
             })
             .collect();
+        self.note_gone(now, state, &before);
         let members = &self.members;
         self.registered.retain(|m| members.contains_key(m));
         for table in self.types.values_mut() {
@@ -851,6 +853,46 @@ impl CoordinatorCore {
             }
         }
         self.act(now)
+    }
+
+    /// Notes when this core first saw each member gone (Exiting, Down,
+    /// Removed, or out of the view): a gone owner's shards move one margin
+    /// after that (SPEC §13.15 rule 3). Noted at the view, active or not,
+    /// quiet or not: the losing side's fence is bound to the Down, which
+    /// this view shows, so a core that takes over at that view (the old
+    /// coordinator's own shards) or is quiet meanwhile must not start the
+    /// margin again at its first act. Entries are kept while the member is
+    /// in the view or owns a home here.
+    fn note_gone(
+        &mut self,
+        now: Instant,
+        state: &MembershipState,
+        before: &BTreeMap<UniqueAddress, Standing>,
+    ) {
+        let gone_now = state
+            .members
+            .iter()
+            .filter(|m| {
+                matches!(
+                    m.status,
+                    MemberStatus::Exiting | MemberStatus::Down | MemberStatus::Removed
+                )
+            })
+            .map(|m| m.address);
+        let out_of_view = before
+            .keys()
+            .filter(|a| !self.members.contains_key(a))
+            .copied();
+        for gone in gone_now.chain(out_of_view).collect::<Vec<_>>() {
+            self.gone_at.entry(gone).or_insert(now);
+        }
+        let types = &self.types;
+        self.gone_at.retain(|a, _| {
+            state.members.iter().any(|m| m.address == *a)
+                || types
+                    .values()
+                    .any(|t| t.homes.iter().flatten().any(|h| h.owner == *a))
+        });
     }
 
     /// Seeds the table from this node's own replica (before acting as the

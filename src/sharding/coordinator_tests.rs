@@ -1864,3 +1864,49 @@ fn a_takeover_from_a_downed_coordinator_allocates_nothing_within_the_margin() {
         "allocated at once"
     );
 }
+
+#[test]
+fn a_takeover_moves_the_old_coordinators_shards_one_margin_after_its_down() {
+    let t0 = Instant::now();
+    let m = Duration::from_millis(1_400);
+    let n: Vec<UniqueAddress> = (1..=3).map(node).collect();
+    let config = CoordinatorConfig {
+        dead_owner_margin: m,
+        hold_through_unreachability: true,
+        ..CoordinatorConfig::default()
+    };
+    let mut c = CoordinatorCore::new(n[1], config, Box::new(LeastShardAllocation));
+    c.set_membership(t0, &split_view(n[1], &n, &n[..1]));
+    assert!(!c.is_active(), "node 1 holds the role while only unreachable");
+    // The driver seeds the table from this node's replica before the
+    // takeover: shard 0 lives on the old coordinator, shard 1 on node 3.
+    let seeded = [
+        (0, ShardHome { owner: n[0], generation: 1 }),
+        (1, ShardHome { owner: n[2], generation: 1 }),
+    ];
+    c.seed(TYPE, FP, 4, &seeded);
+    // Node 1 is downed: node 2 takes over at that view.
+    let t1 = t0 + Duration::from_millis(500);
+    c.set_membership(t1, &view(n[1], &n[1..], &n[..1], &[]));
+    assert!(c.is_active());
+    for a in &n[1..] {
+        c.register(t1, *a, &reg(4, vec![(1, n[2], 1)]));
+    }
+    // The old coordinator's shard moves one margin after its Down (once the
+    // quiet period ends), not a margin after that; a fresh shard is placed
+    // at the same instant.
+    moves_off_at(&mut c, 0, n[0], t1 + m);
+    assert!(tells_home(&c.get_home(t1 + m, n[2], TYPE, 2, 0), 2));
+    // A member downed during the quiet period: its shards move one margin
+    // after its own Down.
+    let mut c = CoordinatorCore::new(n[1], config, Box::new(LeastShardAllocation));
+    c.set_membership(t0, &split_view(n[1], &n, &n[..1]));
+    c.seed(TYPE, FP, 4, &seeded);
+    c.set_membership(t1, &view(n[1], &n[1..], &n[..1], &[]));
+    for a in &n[1..] {
+        c.register(t1, *a, &reg(4, vec![(1, n[2], 1)]));
+    }
+    let t2 = t1 + Duration::from_millis(500);
+    c.set_membership(t2, &view(n[1], &n[1..2], &[n[0], n[2]], &[]));
+    moves_off_at(&mut c, 1, n[2], t2 + m);
+}
