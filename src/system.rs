@@ -92,6 +92,8 @@ pub(crate) struct Shared {
     cluster: Option<ClusterLink>,
     /// The remember-entities write-behind queue, started on first use.
     remember: Mutex<Option<Arc<Remember>>>,
+    /// The one graceful stop (`shutdown` from the system or its node).
+    shut_down: tokio::sync::OnceCell<()>,
 }
 
 impl Drop for Shared {
@@ -114,6 +116,79 @@ impl Drop for Shared {
 }
 
 impl Shared {
+    /// The graceful stop of [`ShardedSystem::shutdown`], run once: later
+    /// and concurrent callers wait for it (one dropped halfway is taken up
+    /// by the next caller, or finished by `Drop`).
+    pub(crate) async fn shutdown(&self) {
+        self.shut_down
+            .get_or_init(|| self.stop_gracefully())
+            .await;
+    }
+
+    async fn stop_gracefully(&self) {
+        // No new type may register from here on (it would make this node a
+        // region that is not leaving).
+        self.leaving.store(true, Ordering::Release);
+        let regions: Vec<Arc<Region>> = self
+            .regions
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        // A graceful leave: the shards hosted here move to other nodes while
+        // this one still routes (messages that arrive meanwhile wait in the
+        // handoff buffers, then follow their shards).
+        if let Some(link) = &self.cluster
+            && link.leave().await
+        {
+            let patience = self.config.handoff_timeout + Duration::from_secs(1);
+            let deadline = tokio::time::Instant::now() + patience;
+            while !regions.iter().all(|r| r.leave_done()) {
+                if tokio::time::Instant::now() >= deadline {
+                    tracing::warn!(
+                        ?patience,
+                        "graceful leave: not every shard was handed off in time"
+                    );
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        self.stopped.store(true, Ordering::Release);
+        // No new message is accepted from here on (senders see ShuttingDown)...
+        for region in &regions {
+            region.stop_accepting();
+        }
+        // ...the coordinator hears the regions go...
+        if let Some(link) = &self.cluster {
+            link.stop().await;
+        }
+        // ...and what they hold stops.
+        futures_util::future::join_all(regions.iter().map(|r| r.shutdown())).await;
+        if let Some(link) = &self.cluster {
+            link.remote.fail_all(&ShardingError::ShuttingDown);
+        }
+        // What was recorded reaches the store before shutdown returns.
+        let remember = self
+            .remember
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if let Some(remember) = remember {
+            let timeout = self.config.shutdown_timeout;
+            if tokio::time::timeout(timeout, remember.flush())
+                .await
+                .is_err()
+            {
+                tracing::warn!(
+                    ?timeout,
+                    "remember-entities records not all written at shutdown"
+                );
+            }
+        }
+    }
+
     /// The link to the cluster node, for a system built with `node`.
     pub(crate) fn cluster_link(&self) -> Option<&ClusterLink> {
         self.cluster.as_ref()
@@ -285,6 +360,7 @@ impl<S> ShardedSystemBuilder<S> {
             leaving: AtomicBool::new(false),
             cluster,
             remember: Mutex::new(None),
+            shut_down: tokio::sync::OnceCell::new(),
         });
         if let Some(link) = &shared.cluster {
             link.spawn(Arc::downgrade(&shared));
@@ -482,63 +558,13 @@ impl<S> ShardedSystem<S> {
     /// `handoff_timeout` + 1 s; then the coordinator hears that the regions
     /// stop, and messages that still reach this node are answered
     /// `ShuttingDown`.
+    ///
+    /// Concurrent and repeated calls wait for the one shutdown, and so does
+    /// [`ClusterNode::shutdown`](crate::cluster::ClusterNode::shutdown),
+    /// which runs this first: on a cluster node, `node.shutdown()` alone is
+    /// the whole graceful stop.
     pub async fn shutdown(&self) {
-        // No new type may register from here on (it would make this node a
-        // region that is not leaving).
-        self.shared.leaving.store(true, Ordering::Release);
-        let regions: Vec<Arc<Region>> = self.regions().values().cloned().collect();
-        // A graceful leave: the shards hosted here move to other nodes while
-        // this one still routes (messages that arrive meanwhile wait in the
-        // handoff buffers, then follow their shards).
-        if let Some(link) = &self.shared.cluster
-            && link.leave().await
-        {
-            let patience = self.shared.config.handoff_timeout + Duration::from_secs(1);
-            let deadline = tokio::time::Instant::now() + patience;
-            while !regions.iter().all(|r| r.leave_done()) {
-                if tokio::time::Instant::now() >= deadline {
-                    tracing::warn!(
-                        ?patience,
-                        "graceful leave: not every shard was handed off in time"
-                    );
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        }
-        self.shared.stopped.store(true, Ordering::Release);
-        // No new message is accepted from here on (senders see ShuttingDown)...
-        for region in &regions {
-            region.stop_accepting();
-        }
-        // ...the coordinator hears the regions go...
-        if let Some(link) = &self.shared.cluster {
-            link.stop().await;
-        }
-        // ...and what they hold stops.
-        futures_util::future::join_all(regions.iter().map(|r| r.shutdown())).await;
-        if let Some(link) = &self.shared.cluster {
-            link.remote.fail_all(&ShardingError::ShuttingDown);
-        }
-        // What was recorded reaches the store before shutdown returns.
-        let remember = self
-            .shared
-            .remember
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        if let Some(remember) = remember {
-            let timeout = self.shared.config.shutdown_timeout;
-            if tokio::time::timeout(timeout, remember.flush())
-                .await
-                .is_err()
-            {
-                tracing::warn!(
-                    ?timeout,
-                    "remember-entities records not all written at shutdown"
-                );
-            }
-        }
+        self.shared.shutdown().await;
     }
 
     /// The cluster node this system runs on, if it was built with one.

@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use datum_cluster_sharding::cluster::{ClusterConfig, ClusterNode};
+use datum_cluster_sharding::membership::MemberStatus;
 use datum_cluster_sharding::prelude::*;
 use datum_cluster_sharding::sharding::{RebalanceReason, RebalanceRound};
 use tokio::task::JoinHandle;
@@ -512,6 +513,135 @@ async fn a_rolling_restart_behind_a_proxy_loses_nothing_and_moves_shards_a_bound
     );
     proxy.shutdown().await;
     stop(&nodes).await;
+    let _ = proxy_cluster.shutdown().await;
+}
+
+/// `ClusterNode::shutdown()` alone is the whole graceful stop: it hands the
+/// node's shards off first. Repeated under traffic from a proxy (every
+/// ask's first hop is a shard's owner, the leaver included) and from the
+/// coordinator's node: no ask fails with `PeerLost`, no message is
+/// processed twice, no shard moves as a dead owner's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_leaves_by_node_shutdown_alone_fail_no_ask_and_process_nothing_twice() {
+    let mut nodes = cluster_of(3).await;
+    let proxy_cluster = start_cluster_node(vec![nodes[0].cluster.bound_addr()], &[]).await;
+    let all: Vec<&ClusterNode> = nodes
+        .iter()
+        .map(|n| &n.cluster)
+        .chain([&proxy_cluster])
+        .collect();
+    wait_up(&all, 4).await;
+    let proxy = start_system(&proxy_cluster).await;
+    proxy.register_proxy::<Seq>().await.expect("proxy");
+    let from_proxy = Writers::start(&proxy, "bare-p", 6, 8);
+    let from_coordinator = Writers::start(&nodes[0].system, "bare-c", 2, 8);
+    from_proxy.run_for(2).await;
+    let ledger = nodes[0].ledger.clone();
+    let mut rounds: Vec<RebalanceRound> = Vec::new();
+    for i in 0..2 {
+        // The newest hosting node leaves by `node.shutdown()` alone.
+        let old = nodes.pop().expect("a node");
+        assert!(old.system.hosted_shards::<Seq>() > 0, "{} hosts shards", old.label);
+        old.cluster.shutdown().await.expect("leaves");
+        assert_eq!(old.system.hosted_shards::<Seq>(), 0, "handed off first");
+        rounds.extend(old.system.rebalance_rounds());
+        from_proxy.run_for(2).await;
+        let fresh = start_cluster_node(vec![proxy_cluster.bound_addr()], &[]).await;
+        let all: Vec<&ClusterNode> = nodes
+            .iter()
+            .map(|n| &n.cluster)
+            .chain([&proxy_cluster, &fresh])
+            .collect();
+        wait_up(&all, 4).await;
+        nodes.push(host(fresh, &format!("node-{i}-fresh"), &ledger).await);
+        let systems: Vec<&ShardedSystem> = nodes.iter().map(|n| &n.system).collect();
+        wait_for("the fresh node hosts shards", || hosted(&systems)[2] > 0).await;
+        from_proxy.run_for(2).await;
+    }
+    let mut errors = Vec::new();
+    for writers in [from_proxy, from_coordinator] {
+        let (last, e) = writers.finish().await;
+        errors.extend(e);
+        check_logs(&ledger, &last);
+    }
+    println!("{} asks retried: {errors:?}", errors.len());
+    assert!(
+        !errors.iter().any(|e| matches!(e, ShardingError::PeerLost { .. } | ShardingError::AskTimeout { .. })),
+        "{errors:?}"
+    );
+    rounds.extend(proxy.rebalance_rounds());
+    for n in &nodes {
+        rounds.extend(n.system.rebalance_rounds());
+    }
+    assert!(
+        rounds.iter().all(|r| r.reason != RebalanceReason::DeadOwner),
+        "{rounds:?}"
+    );
+    proxy.shutdown().await;
+    stop(&nodes).await;
+    let _ = proxy_cluster.shutdown().await;
+}
+
+/// An ask whose first hop is a leaving node, buffered in its handoff and
+/// sent on to the shard's next home, is answered from there even when the
+/// leaver is removed from the cluster before that answer comes: the asker
+/// does not fail it with `PeerLost` (its caller's retry would process it
+/// twice).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ask_handed_on_by_a_leaver_is_answered_after_the_leaver_is_gone() {
+    let nodes = cluster_of(3).await;
+    let proxy_cluster = start_cluster_node(vec![nodes[0].cluster.bound_addr()], &[]).await;
+    let all: Vec<&ClusterNode> = nodes
+        .iter()
+        .map(|n| &n.cluster)
+        .chain([&proxy_cluster])
+        .collect();
+    wait_up(&all, 4).await;
+    let proxy = start_system(&proxy_cluster).await;
+    proxy.register_proxy::<Seq>().await.expect("proxy");
+    let mut on_leaver = None;
+    for k in 0..200 {
+        let entity = proxy.entity_ref::<Seq>(format!("handed-on-{k}"));
+        if where_retrying(&entity).await == "node-2" {
+            on_leaver = Some(entity);
+            break;
+        }
+    }
+    let entity = on_leaver.expect("an entity on node 2");
+    let long = Duration::from_secs(20);
+    // The entity is busy, so its shard's handoff waits for it...
+    let busy = {
+        let entity = entity.clone();
+        tokio::spawn(async move { entity.ask(Slow(1_500), long).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let leaver = nodes[2].cluster.clone();
+    let leave = tokio::spawn(async move { leaver.shutdown().await });
+    wait_for("the handoff under way", || {
+        nodes[2]
+            .system
+            .shard_region_state::<Seq>()
+            .is_some_and(|s| !s.handing_off.is_empty())
+    })
+    .await;
+    // ...and this ask waits in the leaver's handoff buffer, then follows the
+    // shard; its handling outlasts the leaver's removal.
+    let handed_on = {
+        let entity = entity.clone();
+        tokio::spawn(async move { entity.ask(Slow(3_000), long).await })
+    };
+    let proxy_node = proxy_cluster.clone();
+    let gone = nodes[2].cluster.self_address();
+    leave.await.expect("leave task").expect("leaves");
+    proxy_node
+        .wait_until(|s| s.status_of(&gone).is_none_or(|st| st == MemberStatus::Removed), LONG)
+        .await
+        .expect("the proxy sees the leaver gone");
+    assert_eq!(busy.await.expect("task"), Ok(()));
+    assert_eq!(handed_on.await.expect("task"), Ok(()), "the handed-on ask is answered");
+    assert_ne!(where_retrying(&entity).await, "node-2");
+    proxy.shutdown().await;
+    stop(&nodes[..2]).await;
     let _ = proxy_cluster.shutdown().await;
 }
 

@@ -136,7 +136,16 @@ struct Inner {
     driver: Mutex<Option<JoinHandle<()>>>,
     /// The latest incurable refusal of a join, while the node was joining.
     refusal: Arc<std::sync::Mutex<Option<JoinRefusal>>>,
+    /// What `shutdown` runs before the membership leave: the graceful stop
+    /// of the sharded system attached to this node (its shards handed off).
+    before_leave: std::sync::Mutex<Option<BeforeLeave>>,
 }
+
+/// The graceful stop of a layer attached to a node (a sharded system),
+/// run by [`ClusterNode::shutdown`] before the node leaves.
+pub(crate) type BeforeLeave = Arc<
+    dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send + Sync,
+>;
 
 impl Drop for Inner {
     /// The last handle dropped without `shutdown`: stop as a crash would (no
@@ -220,6 +229,7 @@ impl ClusterNode {
                 events,
                 driver: Mutex::new(Some(handle)),
                 refusal,
+                before_leave: std::sync::Mutex::new(None),
             }),
         })
     }
@@ -314,11 +324,26 @@ impl ClusterNode {
             .map_err(ClusterError::from)
     }
 
-    /// Leaves the cluster gracefully — Leaving, Exiting, Removed — then closes
-    /// the pipes. A node that has not joined yet stops at once. Waits at most
-    /// the exit timeout plus two seconds for the leave to complete; the node
-    /// stops either way. Concurrent calls wait for the same outcome.
+    /// Leaves the cluster gracefully, then closes the pipes. First, the
+    /// sharded system running on this node (if any) shuts down as
+    /// [`ShardedSystem::shutdown`](crate::ShardedSystem::shutdown) does: its
+    /// shards are handed off to other members while this node still routes
+    /// (at most the system's `handoff_timeout` + 1 s, then its
+    /// `shutdown_timeout` for its entities). Then the membership leave —
+    /// Leaving, Exiting, Removed — waiting at most the exit timeout plus two
+    /// seconds; the node stops either way. A node that has not joined yet
+    /// stops at once. Concurrent calls wait for the same outcome, and so
+    /// does a system shutdown already under way.
     pub async fn shutdown(&self) -> Result<(), ClusterError> {
+        let before_leave = self
+            .inner
+            .before_leave
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if let Some(before_leave) = before_leave {
+            before_leave().await;
+        }
         let mut driver = self.inner.driver.lock().await;
         let Some(mut handle) = driver.take() else {
             return Ok(());
@@ -336,6 +361,47 @@ impl ClusterNode {
         self.inner.transport.shutdown().await;
         tracing::info!(node = %self.inner.me, "cluster node stopped");
         result
+    }
+
+    /// Waits for SIGTERM or SIGINT (Ctrl-C; elsewhere than Unix, Ctrl-C
+    /// only), then stops gracefully with [`shutdown`](Self::shutdown): the
+    /// attached sharded system's shards handed off first, then the leave.
+    /// Returns early with [`ClusterError::Stopped`] (or
+    /// [`ClusterError::JoinRefused`]) if the node stops by itself meanwhile
+    /// — downed, removed, or refused by its seeds — and with
+    /// [`ClusterError::Config`] if the signal handlers cannot be installed.
+    ///
+    /// ```no_run
+    /// # async fn run(node: datum_cluster_sharding::cluster::ClusterNode) {
+    /// // ... start a ShardedSystem on `node`, serve ...
+    /// if let Err(error) = node.shutdown_on_signal().await {
+    ///     eprintln!("stopped: {error}");
+    /// }
+    /// # }
+    /// ```
+    pub async fn shutdown_on_signal(&self) -> Result<(), ClusterError> {
+        let signal = stop_signal().map_err(|e| {
+            ClusterError::Config(format!("cannot install the signal handlers: {e}"))
+        })?;
+        let mut state = self.inner.state.clone();
+        tokio::select! {
+            () = signal => self.shutdown().await,
+            _ = state.wait_for(|_| false) => {
+                // The driver dropped the watch: the node stopped by itself.
+                let refused = self.join_refusal();
+                self.crash().await;
+                Err(refused.map_or(ClusterError::Stopped, |refusal| ClusterError::JoinRefused { refusal }))
+            }
+        }
+    }
+
+    /// Sets (or clears) the graceful stop run before the leave.
+    pub(crate) fn set_before_leave(&self, hook: Option<BeforeLeave>) {
+        *self
+            .inner
+            .before_leave
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = hook;
     }
 
     /// Stops the node abruptly, as a crash would: the driver is aborted with
@@ -528,6 +594,28 @@ impl Driver {
                 self.core.self_status(),
                 Some(MemberStatus::Removed) | Some(MemberStatus::Down)
             )
+    }
+}
+
+/// A future that completes at the first SIGTERM or SIGINT.
+fn stop_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = signal(SignalKind::terminate())?;
+        let mut int = signal(SignalKind::interrupt())?;
+        Ok(async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        })
+    }
+    #[cfg(not(unix))]
+    {
+        Ok(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
     }
 }
 

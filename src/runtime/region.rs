@@ -1141,15 +1141,19 @@ impl Region {
 
     /// `node` is gone (downed, exited, removed): shards routed to it wait
     /// for a new home; the next message for one asks the coordinator.
-    pub(crate) fn node_lost(&self, node: &UniqueAddress) {
+    /// Returns how many shards this region still routed to it.
+    pub(crate) fn node_lost(&self, node: &UniqueAddress) -> usize {
+        let mut routed = 0;
         for slot in self.slots.iter() {
             let mut guard = lock(slot);
             if let Slot::Remote(home) = &*guard
                 && home.owner == *node
             {
                 *guard = Slot::unallocated(home.generation);
+                routed += 1;
             }
         }
+        routed
     }
 
     /// The hosted shards whose handoff has stopped every entity: they host

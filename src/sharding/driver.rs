@@ -201,6 +201,7 @@ impl ClusterLink {
             state: self.node.watch_state(),
             lost: BTreeSet::new(),
             seen: BTreeSet::new(),
+            departing: BTreeSet::new(),
             coordinator: None,
             heard_from: None,
             registered_at: None,
@@ -215,6 +216,16 @@ impl ClusterLink {
             rounds: self.rounds.clone(),
             remote: self.remote.clone(),
         };
+        // `node.shutdown()` hands this system's shards off first.
+        let system = shared.clone();
+        self.node.set_before_leave(Some(Arc::new(move || {
+            let system = system.clone();
+            Box::pin(async move {
+                if let Some(shared) = system.upgrade() {
+                    shared.shutdown().await;
+                }
+            })
+        })));
         let _ = self.system.set(shared);
         lock(&self.tasks).push(tokio::spawn(control.run()));
     }
@@ -248,6 +259,7 @@ impl ClusterLink {
 
 impl Drop for ClusterLink {
     fn drop(&mut self) {
+        self.node.set_before_leave(None);
         let transport = self.node.transport();
         transport.unregister(SHARDING_DATA);
         transport.unregister(SHARDING_CONTROL);
@@ -406,6 +418,9 @@ struct Control {
     lost: BTreeSet<UniqueAddress>,
     /// Every member seen in a view.
     seen: BTreeSet<UniqueAddress>,
+    /// Members seen Leaving or Exiting, until they are gone: their asks are
+    /// not failed when they go (they left gracefully).
+    departing: BTreeSet<UniqueAddress>,
     /// The coordinator in this node's view.
     coordinator: Option<UniqueAddress>,
     /// The coordinator whose table this node has heard since registering,
@@ -903,6 +918,11 @@ impl Control {
         // out of the view, and a watch may skip the states in between):
         // their asks fail now, their shards wait. An Exiting member still
         // serves until it is removed.
+        for m in &state.members {
+            if matches!(m.status, MemberStatus::Leaving | MemberStatus::Exiting) {
+                self.departing.insert(m.address);
+            }
+        }
         let present: BTreeSet<UniqueAddress> = state.members.iter().map(|m| m.address).collect();
         let mut gone: Vec<UniqueAddress> = state
             .members
@@ -921,11 +941,23 @@ impl Control {
             // Routing stops first: once every slot has let go of the node
             // (each under its lock), no new ask can start waiting on it, so
             // failing the waiting asks next misses none.
-            for region in &regions {
-                region.node_lost(&node);
+            let routed: usize = regions.iter().map(|region| region.node_lost(&node)).sum();
+            // A member that left gracefully handed its shards off before it
+            // began to leave (its system's shutdown comes first, SPEC
+            // §13.12): every ask it was the first hop of was answered, or
+            // sent on to the shard's next home, which replies to this node
+            // directly. Failing those asks now would make a caller's retry
+            // process them twice; they wait for their reply or their own
+            // timeout. Unless it still hosted shards as far as this node
+            // knows (its handoff did not finish, or it was no sharded
+            // system that shut down): then nothing will answer them.
+            let departed = self.departing.remove(&node);
+            if departed && routed == 0 {
+                tracing::debug!(node = %self.me, left = %node, "member left: its asks wait for their replies");
+            } else {
+                let failed = self.remote.node_lost(&node);
+                tracing::debug!(node = %self.me, lost = %node, failed_asks = failed, "member gone");
             }
-            let failed = self.remote.node_lost(&node);
-            tracing::debug!(node = %self.me, lost = %node, failed_asks = failed, "member gone");
         }
         let commands = self.core.apply_membership(now, &state, acting);
         self.execute(commands);
