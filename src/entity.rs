@@ -142,15 +142,22 @@ pub struct EntityContext {
     type_name: &'static str,
     entity_id: Arc<str>,
     shard_id: ShardId,
+    node: Option<crate::identity::UniqueAddress>,
     passivate: AtomicBool,
 }
 
 impl EntityContext {
-    pub(crate) fn new(type_name: &'static str, entity_id: Arc<str>, shard_id: ShardId) -> Self {
+    pub(crate) fn new(
+        type_name: &'static str,
+        entity_id: Arc<str>,
+        shard_id: ShardId,
+        node: Option<crate::identity::UniqueAddress>,
+    ) -> Self {
         EntityContext {
             type_name,
             entity_id,
             shard_id,
+            node,
             passivate: AtomicBool::new(false),
         }
     }
@@ -168,6 +175,12 @@ impl EntityContext {
     /// The shard this entity belongs to.
     pub fn shard_id(&self) -> ShardId {
         self.shard_id
+    }
+
+    /// The cluster node this entity runs on (its identity: address, node
+    /// id, incarnation); `None` on a system without a cluster node.
+    pub fn node(&self) -> Option<crate::identity::UniqueAddress> {
+        self.node
     }
 
     /// Asks for this entity to be passivated once the current message is

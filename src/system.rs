@@ -620,6 +620,23 @@ impl<S> ShardedSystem<S> {
         answer.await.map_err(|_| ShardingError::ShuttingDown)
     }
 
+    /// The sharding coordinator as this node sees it: the member acting as
+    /// coordinator (which can differ from the membership's
+    /// `placement_coordinator()`, SPEC §13.15), its epoch, and — on the
+    /// coordinator itself — whether it allocates yet. Updated by the
+    /// control task at least every 100 ms. `None` on a system without a
+    /// cluster node. `cluster_sharding_stats` has the coordinator's own
+    /// answer.
+    pub fn sharding_coordinator(&self) -> Option<crate::sharding::CoordinatorStatus> {
+        let link = self.shared.cluster.as_ref()?;
+        Some(
+            link.coordinator
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+        )
+    }
+
     /// How many shards of protocol `P` this node hosts now.
     pub fn hosted_shards<P: Protocol>(&self) -> usize {
         self.regions()

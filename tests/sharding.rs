@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use datum_cluster_sharding::cluster::{ClusterConfig, ClusterNode};
+use datum_cluster_sharding::membership::MemberStatus;
 use datum_cluster_sharding::prelude::*;
 use datum_cluster_sharding::sharding::RebalanceReason;
 use datum_cluster_sharding::transport::{Transport, TransportConfig};
@@ -29,6 +30,8 @@ pub struct Boom;
 pub struct Later(pub u64);
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Forget;
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunsOn;
 
 protocol! {
     /// An entity that logs what it is told and says where it lives.
@@ -40,6 +43,7 @@ protocol! {
         ask Boom -> ();
         defer Later -> u64;
         defer Forget -> u64;
+        ask RunsOn -> Option<String>;
     }
 }
 
@@ -75,6 +79,12 @@ impl Handler<Fail> for TallyEntity {
 impl Handler<Boom> for TallyEntity {
     async fn handle(&mut self, _: Boom, _: &EntityContext) -> ShardingResult<()> {
         panic!("boom on purpose")
+    }
+}
+
+impl Handler<RunsOn> for TallyEntity {
+    async fn handle(&mut self, _: RunsOn, ctx: &EntityContext) -> ShardingResult<Option<String>> {
+        Ok(ctx.node().map(|node| node.to_string()))
     }
 }
 
@@ -347,6 +357,111 @@ async fn a_region_with_another_shard_count_is_refused_and_its_asks_fail_fast() {
     assert!(home.starts_with("node-"), "{home}");
     system.shutdown().await;
     let _ = odd.shutdown().await;
+    stop(nodes).await;
+}
+
+/// Polls `status` until `cond` holds; fails after `LONG`.
+async fn coordinator_until(
+    system: &ShardedSystem,
+    what: &str,
+    cond: impl Fn(&datum_cluster_sharding::sharding::CoordinatorStatus) -> bool,
+) -> datum_cluster_sharding::sharding::CoordinatorStatus {
+    let deadline = Instant::now() + LONG;
+    loop {
+        let status = system.sharding_coordinator().expect("a cluster system");
+        if cond(&status) {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "{what}: {status:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The acting sharding coordinator is visible: every member names it and
+/// its epoch, the coordinator says it allocates, and the stats carry its
+/// own answer. When it is killed, the role stays with it while it is only
+/// unreachable (though the placement coordinator has moved on), then the
+/// next member takes over under a higher epoch and allocates only after its
+/// quiet period.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_acting_sharding_coordinator_its_epoch_and_allocation_are_visible() {
+    let nodes = three().await;
+    let first = nodes[0].cluster.self_address();
+    let status = coordinator_until(&nodes[0].system, "node 0 allocates", |s| {
+        s.acting == Some(first) && s.allocating == Some(true)
+    })
+    .await;
+    assert!(status.epoch >= 1, "{status:?}");
+    for n in &nodes[1..] {
+        let seen = coordinator_until(&n.system, "node 0 named", |s| {
+            s.acting == Some(first) && s.epoch == status.epoch
+        })
+        .await;
+        assert_eq!(seen.allocating, None, "known only on the coordinator");
+    }
+    let stats = nodes[2]
+        .system
+        .cluster_sharding_stats::<Tally>(ASK)
+        .await
+        .expect("stats");
+    let from_stats = stats.coordinator.expect("the coordinator answered");
+    assert_eq!(
+        (from_stats.acting, from_stats.epoch, from_stats.allocating),
+        (Some(first), status.epoch, Some(true))
+    );
+    // Kill the coordinator.
+    nodes[0].cluster.crash().await;
+    // Only unreachable: the placement coordinator moves on, the sharding
+    // coordinator stays (the resolver decides a stable second later).
+    nodes[1]
+        .cluster
+        .wait_until(
+            |s| {
+                s.placement_coordinator() != Some(first)
+                    && s.status_of(&first) == Some(MemberStatus::Up)
+            },
+            LONG,
+        )
+        .await
+        .expect("node 0 unreachable, not yet downed");
+    let held = nodes[1].system.sharding_coordinator().expect("status");
+    assert_eq!(held.acting, Some(first), "{held:?}");
+    let second = nodes[1].cluster.self_address();
+    let quiet = coordinator_until(&nodes[1].system, "node 1 takes over", |s| {
+        s.acting == Some(second)
+    })
+    .await;
+    assert!(quiet.epoch > status.epoch, "{quiet:?}");
+    assert_eq!(quiet.allocating, Some(false), "quiet after a takeover: {quiet:?}");
+    coordinator_until(&nodes[1].system, "node 1 allocates", |s| {
+        s.acting == Some(second) && s.allocating == Some(true)
+    })
+    .await;
+    for n in &nodes[1..] {
+        n.system.shutdown().await;
+        let _ = n.cluster.shutdown().await;
+    }
+}
+
+/// `EntityContext::node()` names the cluster node the entity runs on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entity_knows_the_node_it_runs_on() {
+    let nodes = three().await;
+    let mut seen = BTreeSet::new();
+    for k in 0..30 {
+        let id = format!("where-{k}");
+        let (label, _) = ask_retrying(&nodes[0].system, &id).await;
+        let index: usize = label.trim_start_matches("node-").parse().expect("a label");
+        let node = nodes[0]
+            .system
+            .entity_ref::<Tally>(id.as_str())
+            .ask(RunsOn, ASK)
+            .await
+            .expect("ask");
+        assert_eq!(node, Some(nodes[index].cluster.self_address().to_string()), "{id}");
+        seen.insert(index);
+    }
+    assert!(seen.len() > 1, "entities on several nodes: {seen:?}");
     stop(nodes).await;
 }
 

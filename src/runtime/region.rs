@@ -516,7 +516,8 @@ impl Region {
         local.pending_respawn.remove(entity_id);
         local.last_incarnation += 1;
         let incarnation = local.last_incarnation;
-        let ctx = EntityContext::new(self.type_name, entity_id.clone(), shard);
+        let me = self.cluster.as_ref().map(|c| c.me);
+        let ctx = EntityContext::new(self.type_name, entity_id.clone(), shard, me);
         let actor = (self.spawner)(ctx, incarnation, local.shard.clone())?;
         local.entities.insert(
             entity_id.clone(),

@@ -726,6 +726,16 @@ impl CoordinatorCore {
         self.active
     }
 
+    /// While active: this core's epoch, and whether it allocates at `now`
+    /// (settled, and past the quiet period of a takeover).
+    pub(crate) fn activity(&self, now: Instant) -> Option<(u64, bool)> {
+        self.active.then(|| {
+            let settled = self.settling_until.is_none_or(|until| now >= until);
+            let loud = self.quiet_until.is_none_or(|until| now >= until);
+            (self.epoch, settled && loud)
+        })
+    }
+
     /// The rebalance rounds made while this node was coordinator, oldest first.
     pub(crate) fn rounds(&self) -> &[RebalanceRound] {
         &self.rounds

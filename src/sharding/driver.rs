@@ -41,8 +41,10 @@ use crate::sharding::coordinator::{
 };
 use crate::sharding::fast::{self, DataRef, EnvelopeRef};
 use crate::sharding::remote::Remote;
-use crate::sharding::stats::ClusterShardingStats;
-use crate::sharding::wire::{ControlMsg, DataMsg, RemoteError, ReplyBody, TypeRegistration};
+use crate::sharding::stats::{ClusterShardingStats, CoordinatorStatus};
+use crate::sharding::wire::{
+    ActiveCoordinator, ControlMsg, DataMsg, RemoteError, ReplyBody, TypeRegistration,
+};
 use crate::warn_limit::{WarnLimit, warn_limited};
 
 /// Warnings about undecodable data messages from authenticated peers, at
@@ -117,6 +119,9 @@ pub(crate) struct ClusterLink {
     pub(crate) remote: Arc<Remote>,
     pub(crate) driver: mpsc::UnboundedSender<DriverMsg>,
     pub(crate) rounds: Arc<Mutex<Vec<RebalanceRound>>>,
+    /// This node's view of the sharding coordinator, as the control task
+    /// last published it.
+    pub(crate) coordinator: Arc<Mutex<CoordinatorStatus>>,
     parts: Mutex<Option<Parts>>,
     /// The system the inline data handler delivers into, once started.
     system: Arc<OnceLock<Weak<Shared>>>,
@@ -173,6 +178,7 @@ impl ClusterLink {
             node,
             driver,
             rounds: Arc::new(Mutex::new(Vec::new())),
+            coordinator: Arc::new(Mutex::new(CoordinatorStatus::default())),
             system,
             parts: Mutex::new(Some(Parts {
                 rx,
@@ -214,6 +220,7 @@ impl ClusterLink {
             fenced: false,
             waiting: BTreeMap::new(),
             rounds: self.rounds.clone(),
+            status: self.coordinator.clone(),
             remote: self.remote.clone(),
         };
         // `node.shutdown()` hands this system's shards off first.
@@ -266,6 +273,18 @@ impl Drop for ClusterLink {
         for task in lock(&self.tasks).drain(..) {
             task.abort();
         }
+    }
+}
+
+/// A member answered that it acts as the coordinator: the highest epoch
+/// among such answers wins (two only around a partition's healing).
+fn note_coordinator(stats: &mut ClusterShardingStats, from: UniqueAddress, active: ActiveCoordinator) {
+    if stats.coordinator.as_ref().is_none_or(|c| c.epoch < active.epoch) {
+        stats.coordinator = Some(CoordinatorStatus {
+            acting: Some(from),
+            epoch: active.epoch,
+            allocating: Some(active.allocating),
+        });
     }
 }
 
@@ -447,6 +466,7 @@ struct Control {
     /// Shards asked for and not yet given a home, with when they were asked.
     waiting: BTreeMap<(&'static str, u32), Instant>,
     rounds: Arc<Mutex<Vec<RebalanceRound>>>,
+    status: Arc<Mutex<CoordinatorStatus>>,
     remote: Arc<Remote>,
 }
 
@@ -523,6 +543,11 @@ impl Control {
                         self.remote.sweep();
                     }
                 }
+            }
+            let status = self.coordinator_status();
+            let mut published = lock(&self.status);
+            if *published != status {
+                *published = status;
             }
         }
         tracing::debug!(node = %self.me, "sharding control task stopped");
@@ -737,6 +762,9 @@ impl Control {
             let shards = region.state().shards;
             stats.regions.insert(self.me, shards);
         }
+        if let Some((epoch, allocating)) = self.core.activity(Instant::now()) {
+            note_coordinator(&mut stats, self.me, ActiveCoordinator { epoch, allocating });
+        }
         let state = self.state.borrow().clone();
         let waiting: BTreeSet<UniqueAddress> = state
             .members
@@ -780,12 +808,16 @@ impl Control {
         id: u64,
         region: bool,
         shards: Vec<(u32, u32)>,
+        coordinator: Option<ActiveCoordinator>,
     ) {
         let Some(pending) = self.stats.get_mut(&id) else {
             return;
         };
         if !pending.waiting.remove(&from) {
             return;
+        }
+        if let Some(active) = coordinator {
+            note_coordinator(&mut pending.stats, from, active);
         }
         if region {
             let shards = shards
@@ -1018,12 +1050,20 @@ impl Control {
                         id,
                         region: region.is_some(),
                         shards: region.as_deref().map(hosted_shards).unwrap_or_default(),
+                        coordinator: self.core.activity(now).map(|(epoch, allocating)| {
+                            ActiveCoordinator { epoch, allocating }
+                        }),
                     };
                     self.send_remote(from, &msg);
                     Vec::new()
                 }
-                ControlMsg::Stats { id, region, shards } => {
-                    self.stats_answer(from, id, region, shards);
+                ControlMsg::Stats {
+                    id,
+                    region,
+                    shards,
+                    coordinator,
+                } => {
+                    self.stats_answer(from, id, region, shards, coordinator);
                     Vec::new()
                 }
                 ControlMsg::Home { .. }
@@ -1164,6 +1204,21 @@ impl Control {
             }
         }
         self.publish_rounds();
+    }
+
+    /// This node's view of the sharding coordinator.
+    fn coordinator_status(&self) -> CoordinatorStatus {
+        let mut status = CoordinatorStatus {
+            acting: self.coordinator,
+            epoch: self.core.highest_epoch(),
+            allocating: None,
+        };
+        if let Some((epoch, allocating)) = self.core.activity(Instant::now()) {
+            status.acting = Some(self.me);
+            status.epoch = epoch;
+            status.allocating = Some(allocating);
+        }
+        status
     }
 
     fn publish_rounds(&self) {

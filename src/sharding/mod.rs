@@ -38,5 +38,5 @@ pub use coordinator::{
     LeastShardAllocation, RebalanceReason, RebalanceRound, ShardAllocationStrategy, ShardHome,
     ShardMovement,
 };
-pub use stats::{ClusterShardingStats, ShardRegionState};
+pub use stats::{ClusterShardingStats, CoordinatorStatus, ShardRegionState};
 pub use wire::RemoteError;

@@ -43,6 +43,35 @@ pub struct ClusterShardingStats {
     pub regions: BTreeMap<UniqueAddress, BTreeMap<ShardId, usize>>,
     /// Members asked that did not answer in time.
     pub failed: BTreeSet<UniqueAddress>,
+    /// The acting sharding coordinator, as it answered for itself (its
+    /// epoch, whether it allocates yet); `None` when no member that
+    /// answered is acting (a takeover under way, or its answer was late).
+    pub coordinator: Option<CoordinatorStatus>,
+}
+
+/// The sharding coordinator (SPEC §13.15), as
+/// [`ShardedSystem::sharding_coordinator`](crate::ShardedSystem::sharding_coordinator)
+/// and [`ClusterShardingStats::coordinator`] report it. It may differ from
+/// the membership's `placement_coordinator()`: with a split-brain resolver
+/// the role stays with an oldest member that is only unreachable until the
+/// resolver has downed it (or a hold ran out), and a new coordinator
+/// allocates only after its settle period and, when it took over from a
+/// coordinator that did not hand over, the dead-owner margin.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CoordinatorStatus {
+    /// The member acting as the sharding coordinator (`None` while no
+    /// member may act, as on the side of a partition without the oldest).
+    pub acting: Option<UniqueAddress>,
+    /// The acting coordinator's epoch, its term: on the coordinator itself
+    /// its own; elsewhere the highest epoch this node has seen (the
+    /// coordinator's once this node has heard from it). 0: none yet.
+    pub epoch: u64,
+    /// Whether the coordinator allocates now — active, settled, and past
+    /// the quiet period of a takeover. `Some` only where that is known: on
+    /// the acting coordinator itself (and in `ClusterShardingStats`, from
+    /// its answer).
+    pub allocating: Option<bool>,
 }
 
 impl ClusterShardingStats {

@@ -228,7 +228,17 @@ pub(crate) enum ControlMsg {
         id: u64,
         region: bool,
         shards: Vec<(u32, u32)>,
+        /// Present when the answering node is the acting coordinator.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        coordinator: Option<ActiveCoordinator>,
     },
+}
+
+/// A coordinator's word on itself, in its `Stats` answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct ActiveCoordinator {
+    pub(crate) epoch: u64,
+    pub(crate) allocating: bool,
 }
 
 impl ControlMsg {
@@ -664,6 +674,7 @@ mod tests {
             id: 7,
             region: true,
             shards: vec![(5, 2)],
+            coordinator: None,
         };
         let spec = "
             a1 65 53 74 61 74 73
