@@ -8,6 +8,29 @@ use std::time::Duration;
 
 use crate::extractor::ShardId;
 
+/// Why the coordinator refused a region (`ShardingError::RegionRefused`):
+/// both configurations of the type.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+#[error(
+    "the coordinator refused this node's region of `{type_name}` (fingerprint {fingerprint:016x}, {num_shards} shards): {reason}"
+)]
+pub struct RegionRefusal {
+    /// The entity type.
+    pub type_name: &'static str,
+    /// This region's protocol fingerprint.
+    pub fingerprint: u64,
+    /// This region's shard count.
+    pub num_shards: u32,
+    /// The fingerprint the type has in the cluster (`None` when the region
+    /// was refused for its shard count alone).
+    pub cluster_fingerprint: Option<u64>,
+    /// The shard count the type has in the cluster (as above).
+    pub cluster_num_shards: Option<u32>,
+    /// The coordinator's words.
+    pub reason: String,
+}
+
 /// What can go wrong when sending to an entity or managing the system.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -120,24 +143,8 @@ pub enum ShardingError {
     /// message was not processed; every message to the type through this
     /// node fails so until a coordinator accepts the region (a registration
     /// the region sends again, every 10 s, after the cluster changed).
-    #[error(
-        "the coordinator refused this node's region of `{type_name}` (fingerprint {fingerprint:016x}, {num_shards} shards): {reason}; message not processed"
-    )]
-    RegionRefused {
-        /// The entity type.
-        type_name: &'static str,
-        /// This region's protocol fingerprint.
-        fingerprint: u64,
-        /// This region's shard count.
-        num_shards: u32,
-        /// The fingerprint the type has in the cluster (`None` when the
-        /// region was refused for its shard count alone).
-        cluster_fingerprint: Option<u64>,
-        /// The shard count the type has in the cluster (as above).
-        cluster_num_shards: Option<u32>,
-        /// The coordinator's words.
-        reason: String,
-    },
+    #[error("{0}; message not processed")]
+    RegionRefused(Box<RegionRefusal>),
     /// The two nodes run different versions of the protocol (their
     /// fingerprints differ): the message was refused unprocessed.
     #[error(

@@ -79,7 +79,7 @@ pub use config::{
     MAX_SHARDS, RememberEntitiesConfig, RememberEntitiesFailurePolicy, ShardingConfig,
 };
 pub use entity::{DeferredHandler, Entity, EntityContext, Handler, ReplyPort};
-pub use error::{ShardingError, ShardingResult};
+pub use error::{RegionRefusal, ShardingError, ShardingResult};
 pub use extractor::{DefaultShardExtractor, ShardExtractor, ShardId, fnv1a_64};
 pub use protocol::{Ask, Message, MessageInfo, MessageKind, Protocol, Tell};
 pub use store::{

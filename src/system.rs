@@ -120,9 +120,7 @@ impl Shared {
     /// and concurrent callers wait for it (one dropped halfway is taken up
     /// by the next caller, or finished by `Drop`).
     pub(crate) async fn shutdown(&self) {
-        self.shut_down
-            .get_or_init(|| self.stop_gracefully())
-            .await;
+        self.shut_down.get_or_init(|| self.stop_gracefully()).await;
     }
 
     async fn stop_gracefully(&self) {

@@ -291,7 +291,12 @@ async fn a_refused_join_is_reported_and_the_node_gives_up() {
     let seed_node = node(vec![]).await;
     let seed = seed_node.bound_addr();
     let cases = [
-        ("other-cluster", "test-secret", RejectReason::WrongCluster, true),
+        (
+            "other-cluster",
+            "test-secret",
+            RejectReason::WrongCluster,
+            true,
+        ),
         // The joiner cannot verify the seed's proof of the secret.
         ("test-cluster", "guess", RejectReason::BadProof, false),
     ];

@@ -304,12 +304,22 @@ fn a_node_whose_join_is_refused_exits_5_and_says_why() {
         assert!(!refusals.is_empty(), "{name} printed no refusal: {lines:?}");
         for line in &refusals {
             assert_eq!(field(line, "addr"), Some(seed.as_str()), "{line}");
-            assert!(field(line, "reason").is_some_and(|r| r.contains(reason)), "{line}");
+            assert!(
+                field(line, "reason").is_some_and(|r| r.contains(reason)),
+                "{line}"
+            );
         }
         let last = lines.last().map(String::as_str).unwrap_or_default();
-        assert_eq!(field(last, "reason"), Some("join_refused"), "last line: {last}");
+        assert_eq!(
+            field(last, "reason"),
+            Some("join_refused"),
+            "last line: {last}"
+        );
         let stderr = bad.stderr.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        assert!(stderr.contains("gave up joining") && stderr.contains(&seed), "{stderr}");
+        assert!(
+            stderr.contains("gave up joining") && stderr.contains(&seed),
+            "{stderr}"
+        );
     }
     // The seed saw nobody join but itself.
     seed_node.signal(libc::SIGTERM);

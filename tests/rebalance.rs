@@ -541,7 +541,11 @@ async fn graceful_leaves_by_node_shutdown_alone_fail_no_ask_and_process_nothing_
     for i in 0..2 {
         // The newest hosting node leaves by `node.shutdown()` alone.
         let old = nodes.pop().expect("a node");
-        assert!(old.system.hosted_shards::<Seq>() > 0, "{} hosts shards", old.label);
+        assert!(
+            old.system.hosted_shards::<Seq>() > 0,
+            "{} hosts shards",
+            old.label
+        );
         old.cluster.shutdown().await.expect("leaves");
         assert_eq!(old.system.hosted_shards::<Seq>(), 0, "handed off first");
         rounds.extend(old.system.rebalance_rounds());
@@ -566,7 +570,10 @@ async fn graceful_leaves_by_node_shutdown_alone_fail_no_ask_and_process_nothing_
     }
     println!("{} asks retried: {errors:?}", errors.len());
     assert!(
-        !errors.iter().any(|e| matches!(e, ShardingError::PeerLost { .. } | ShardingError::AskTimeout { .. })),
+        !errors.iter().any(|e| matches!(
+            e,
+            ShardingError::PeerLost { .. } | ShardingError::AskTimeout { .. }
+        )),
         "{errors:?}"
     );
     rounds.extend(proxy.rebalance_rounds());
@@ -574,7 +581,9 @@ async fn graceful_leaves_by_node_shutdown_alone_fail_no_ask_and_process_nothing_
         rounds.extend(n.system.rebalance_rounds());
     }
     assert!(
-        rounds.iter().all(|r| r.reason != RebalanceReason::DeadOwner),
+        rounds
+            .iter()
+            .all(|r| r.reason != RebalanceReason::DeadOwner),
         "{rounds:?}"
     );
     proxy.shutdown().await;
@@ -634,11 +643,21 @@ async fn an_ask_handed_on_by_a_leaver_is_answered_after_the_leaver_is_gone() {
     let gone = nodes[2].cluster.self_address();
     leave.await.expect("leave task").expect("leaves");
     proxy_node
-        .wait_until(|s| s.status_of(&gone).is_none_or(|st| st == MemberStatus::Removed), LONG)
+        .wait_until(
+            |s| {
+                s.status_of(&gone)
+                    .is_none_or(|st| st == MemberStatus::Removed)
+            },
+            LONG,
+        )
         .await
         .expect("the proxy sees the leaver gone");
     assert_eq!(busy.await.expect("task"), Ok(()));
-    assert_eq!(handed_on.await.expect("task"), Ok(()), "the handed-on ask is answered");
+    assert_eq!(
+        handed_on.await.expect("task"),
+        Ok(()),
+        "the handed-on ask is answered"
+    );
     assert_ne!(where_retrying(&entity).await, "node-2");
     proxy.shutdown().await;
     stop(&nodes[..2]).await;

@@ -474,7 +474,9 @@ impl Handler<WhichShard> for Tenant {
     async fn handle(&mut self, _msg: WhichShard, ctx: &EntityContext) -> ShardingResult<u32> {
         // A system without a cluster node: no node to name.
         if ctx.node().is_some() {
-            return Err(ShardingError::Handler("a node on a single-node system".into()));
+            return Err(ShardingError::Handler(
+                "a node on a single-node system".into(),
+            ));
         }
         Ok(ctx.shard_id().0)
     }

@@ -656,7 +656,11 @@ fn event_line(event: &MembershipEvent, t: u64) -> Line<'_> {
             previous: None,
             reason: Some(format!(
                 "{reason:?} ({})",
-                if *by_seed { "by the seed" } else { "by this node" }
+                if *by_seed {
+                    "by the seed"
+                } else {
+                    "by this node"
+                }
             )),
             t_ms: t,
         },

@@ -107,7 +107,9 @@ fn incurable(error: &ConnectError) -> Option<(RejectReason, bool)> {
     };
     matches!(
         reason,
-        RejectReason::WrongCluster | RejectReason::BadProof | RejectReason::UnsupportedVersion { .. }
+        RejectReason::WrongCluster
+            | RejectReason::BadProof
+            | RejectReason::UnsupportedVersion { .. }
     )
     .then(|| (reason.clone(), by_seed))
 }
@@ -143,9 +145,8 @@ struct Inner {
 
 /// The graceful stop of a layer attached to a node (a sharded system),
 /// run by [`ClusterNode::shutdown`] before the node leaves.
-pub(crate) type BeforeLeave = Arc<
-    dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send + Sync,
->;
+pub(crate) type BeforeLeave =
+    Arc<dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send + Sync>;
 
 impl Drop for Inner {
     /// The last handle dropped without `shutdown`: stop as a crash would (no

@@ -1877,12 +1877,27 @@ fn a_takeover_moves_the_old_coordinators_shards_one_margin_after_its_down() {
     };
     let mut c = CoordinatorCore::new(n[1], config, Box::new(LeastShardAllocation));
     c.set_membership(t0, &split_view(n[1], &n, &n[..1]));
-    assert!(!c.is_active(), "node 1 holds the role while only unreachable");
+    assert!(
+        !c.is_active(),
+        "node 1 holds the role while only unreachable"
+    );
     // The driver seeds the table from this node's replica before the
     // takeover: shard 0 lives on the old coordinator, shard 1 on node 3.
     let seeded = [
-        (0, ShardHome { owner: n[0], generation: 1 }),
-        (1, ShardHome { owner: n[2], generation: 1 }),
+        (
+            0,
+            ShardHome {
+                owner: n[0],
+                generation: 1,
+            },
+        ),
+        (
+            1,
+            ShardHome {
+                owner: n[2],
+                generation: 1,
+            },
+        ),
     ];
     c.seed(TYPE, FP, 4, &seeded);
     // Node 1 is downed: node 2 takes over at that view.

@@ -28,7 +28,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::cluster::ClusterNode;
-use crate::error::{ShardingError, ShardingResult};
+use crate::error::{RegionRefusal, ShardingError, ShardingResult};
 use crate::extractor::ShardId;
 use crate::identity::UniqueAddress;
 use crate::membership::{MemberStatus, MembershipState};
@@ -278,8 +278,16 @@ impl Drop for ClusterLink {
 
 /// A member answered that it acts as the coordinator: the highest epoch
 /// among such answers wins (two only around a partition's healing).
-fn note_coordinator(stats: &mut ClusterShardingStats, from: UniqueAddress, active: ActiveCoordinator) {
-    if stats.coordinator.as_ref().is_none_or(|c| c.epoch < active.epoch) {
+fn note_coordinator(
+    stats: &mut ClusterShardingStats,
+    from: UniqueAddress,
+    active: ActiveCoordinator,
+) {
+    if stats
+        .coordinator
+        .as_ref()
+        .is_none_or(|c| c.epoch < active.epoch)
+    {
         stats.coordinator = Some(CoordinatorStatus {
             acting: Some(from),
             epoch: active.epoch,
@@ -1050,9 +1058,10 @@ impl Control {
                         id,
                         region: region.is_some(),
                         shards: region.as_deref().map(hosted_shards).unwrap_or_default(),
-                        coordinator: self.core.activity(now).map(|(epoch, allocating)| {
-                            ActiveCoordinator { epoch, allocating }
-                        }),
+                        coordinator: self
+                            .core
+                            .activity(now)
+                            .map(|(epoch, allocating)| ActiveCoordinator { epoch, allocating }),
                     };
                     self.send_remote(from, &msg);
                     Vec::new()
@@ -1137,14 +1146,14 @@ impl Control {
                     // Heard: registering again would be refused again.
                     self.heard_from = Some(from);
                     if let Some(region) = self.region(&type_name) {
-                        region.refuse(ShardingError::RegionRefused {
+                        region.refuse(ShardingError::RegionRefused(Box::new(RegionRefusal {
                             type_name: region.type_name,
                             fingerprint: region.fingerprint,
                             num_shards: region.num_shards(),
                             cluster_fingerprint,
                             cluster_num_shards,
                             reason,
-                        });
+                        })));
                     }
                     Vec::new()
                 }
