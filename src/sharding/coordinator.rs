@@ -1,9 +1,8 @@
 //! The shard coordinator: where each shard of each entity type lives.
 //!
 //! A sans-IO core, like [`MembershipCore`](crate::membership::MembershipCore):
-//! events go in with the current time, [`Command`]s come out, and
-//! [`poll_timeout`](CoordinatorCore::poll_timeout) says when to call
-//! [`tick`](CoordinatorCore::tick). It holds no socket, spawns nothing and
+//! events go in with the current time, `Command`s come out, and the driver
+//! calls `CoordinatorCore::tick` as time passes. It holds no socket, spawns nothing and
 //! reads no clock, so tests drive it through joins, crashes and takeovers
 //! deterministically.
 //!
@@ -445,7 +444,7 @@ pub struct CoordinatorConfig {
     pub detection_step: Duration,
     /// A split-brain resolver decides who is gone: the coordinator role
     /// stays with the oldest Up member while it is unreachable (see
-    /// [`CoordinatorCore::acting`]).
+    /// `CoordinatorCore::acting`).
     pub hold_through_unreachability: bool,
     /// How long the role stays with an oldest member that is flagged but
     /// not beyond this node's side: while a partition is being detected
