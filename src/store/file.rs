@@ -444,19 +444,24 @@ pub(crate) fn parse(bytes: &[u8]) -> Result<Parsed, String> {
     }
     let mut ids = BTreeSet::new();
     let mut pos = HEADER_LEN;
+    // The valid part ends at `pos`: what follows is the last append, torn.
+    // (Built only then: a copy of the ids per record made reading a log
+    // cost the square of its length.)
+    let torn = |ids: BTreeSet<String>, pos: usize| {
+        Ok(Parsed {
+            ids,
+            torn_at: Some(pos),
+        })
+    };
     while pos < bytes.len() {
         let rest = &bytes[pos..];
-        let torn = Ok(Parsed {
-            ids: ids.clone(),
-            torn_at: Some(pos),
-        });
         if rest.len() < RECORD_HEAD {
-            return torn;
+            return torn(ids, pos);
         }
         // A power cut can leave the file longer than what was written,
         // the rest zeros: that too is the last append, torn.
         if rest.iter().all(|b| *b == 0) {
-            return torn;
+            return torn(ids, pos);
         }
         let len = u32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
         let crc = u32::from_be_bytes([rest[4], rest[5], rest[6], rest[7]]);
@@ -467,12 +472,12 @@ pub(crate) fn parse(bytes: &[u8]) -> Result<Parsed, String> {
         }
         let Some(body) = rest.get(RECORD_HEAD..RECORD_HEAD + len) else {
             // The record runs past the end: the last append was cut short.
-            return torn;
+            return torn(ids, pos);
         };
         let end = pos + RECORD_HEAD + len;
         if crc32fast::hash(body) != crc {
             if end == bytes.len() {
-                return torn;
+                return torn(ids, pos);
             }
             return Err(format!("record at byte {pos} fails its checksum"));
         }
