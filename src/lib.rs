@@ -83,8 +83,9 @@ pub use error::{RegionRefusal, ShardingError, ShardingResult};
 pub use extractor::{DefaultShardExtractor, ShardExtractor, ShardId, fnv1a_64};
 pub use protocol::{Ask, Message, MessageInfo, MessageKind, Protocol, Tell};
 pub use store::{
-    FileStore, FileStoreFsyncPolicy, InMemoryStore, NoStore, RememberEntitiesEvent,
-    RememberEntitiesOperation, RememberEntitiesStore, RememberRecord, StoreError,
+    FILE_STORE_VERSION, FileStore, FileStoreFsyncPolicy, InMemoryStore, LOCK_FILE, MAX_ENTITY_ID,
+    MAX_TYPE_NAME, NoStore, RememberEntitiesEvent, RememberEntitiesOperation,
+    RememberEntitiesStore, RememberRecord, StoreError,
 };
 pub use system::{EntityRef, ShardedSystem, ShardedSystemBuilder};
 

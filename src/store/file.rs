@@ -114,6 +114,7 @@ impl FileStore {
             }
             Err(fs::TryLockError::Error(e)) => return Err(io_error("lock", &lock_path, &e)),
         }
+        remove_leftover_compactions(&dir)?;
         Ok(FileStore {
             dir,
             fsync,
@@ -128,6 +129,12 @@ impl FileStore {
     }
 
     fn type_dir(&self, type_name: &str) -> Result<PathBuf, StoreError> {
+        if type_name.is_empty() {
+            // Its hex form is empty: the logs would land in the store's root.
+            return Err(StoreError(
+                "the file store needs a non-empty type name".into(),
+            ));
+        }
         if type_name.len() > MAX_TYPE_NAME {
             return Err(StoreError(format!(
                 "type name of {} bytes is longer than the file store's {MAX_TYPE_NAME}",
@@ -427,20 +434,20 @@ pub(crate) fn parse(bytes: &[u8]) -> Result<Parsed, String> {
                 torn_at: Some(0),
             })
         } else {
-            Err("not a remember-entities log (no header)".into())
+            Err("not a remember-entities log (no header at byte 0)".into())
         };
     }
     if &bytes[..4] != MAGIC {
-        return Err("not a remember-entities log (bad magic)".into());
+        return Err("not a remember-entities log (bad magic at byte 0)".into());
     }
     let version = bytes[4];
     if version > FILE_STORE_VERSION {
         return Err(format!(
-            "log format version {version} is newer than this build's {FILE_STORE_VERSION}"
+            "log format version {version} (byte 4) is newer than this build's {FILE_STORE_VERSION}"
         ));
     }
     if version == 0 {
-        return Err("log format version 0 does not exist".into());
+        return Err("log format version 0 (byte 4) does not exist".into());
     }
     let mut ids = BTreeSet::new();
     let mut pos = HEADER_LEN;
@@ -527,6 +534,29 @@ fn load(path: &Path, fsync: FileStoreFsyncPolicy) -> Result<BTreeSet<String>, St
         }
     }
     Ok(parsed.ids)
+}
+
+/// Removes the temporary files of compactions a crash interrupted (a
+/// `<shard>.log.tmp` beside its log: the rename over the log never came, so
+/// the log itself is intact, and the file would stay for ever).
+fn remove_leftover_compactions(dir: &Path) -> Result<(), StoreError> {
+    let entries = fs::read_dir(dir).map_err(|e| io_error("list", dir, &e))?;
+    for type_dir in entries.flatten() {
+        let path = type_dir.path();
+        if !path.is_dir() {
+            continue;
+        }
+        let logs = fs::read_dir(&path).map_err(|e| io_error("list", &path, &e))?;
+        for log in logs.flatten() {
+            let name = log.file_name();
+            if name.to_str().is_some_and(|n| n.ends_with(".log.tmp")) {
+                let tmp = log.path();
+                fs::remove_file(&tmp).map_err(|e| io_error("remove", &tmp, &e))?;
+                tracing::info!(path = %tmp.display(), "removed an interrupted compaction's temporary file");
+            }
+        }
+    }
+    Ok(())
 }
 
 fn hex(bytes: &[u8]) -> String {

@@ -175,15 +175,52 @@ fn garbage_and_newer_versions_are_refused_clearly() {
         .list_entities_for_shard("t", ShardId(9))
         .expect_err("garbage");
     assert!(error.0.contains("not a remember-entities log"), "{error}");
+    assert!(error.0.contains("at byte 0"), "names the offset: {error}");
     let path = store.log_path("t", ShardId(10)).expect("path");
     fs::write(&path, b"DCSR\x02").expect("write");
     let error = store
         .list_entities_for_shard("t", ShardId(10))
         .expect_err("newer");
     assert!(
-        error.0.contains("version 2 is newer than this build's 1"),
+        error
+            .0
+            .contains("version 2 (byte 4) is newer than this build's 1"),
         "{error}"
     );
+}
+
+/// A crash between a compaction's write and its rename leaves
+/// `<shard>.log.tmp` beside the intact log: the next open removes it, and
+/// the log still lists what it held.
+#[test]
+fn an_interrupted_compactions_temporary_file_is_removed_on_open() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tmp = {
+        let store = FileStore::open(dir.path(), FileStoreFsyncPolicy::Always).expect("opens");
+        store
+            .record_entity_started("t", ShardId(3), "a")
+            .expect("records");
+        let log = store.log_path("t", ShardId(3)).expect("path");
+        let tmp = log.with_extension("log.tmp");
+        fs::write(&tmp, b"DCSR\x01half a compaction").expect("write");
+        tmp
+    };
+    let store = FileStore::open(dir.path(), FileStoreFsyncPolicy::Always).expect("opens");
+    assert!(!tmp.exists(), "{tmp:?} left behind");
+    assert_eq!(ids(&store, "t", 3), vec!["a"]);
+}
+
+/// The empty type name would put its logs in the store's root: refused.
+#[test]
+fn the_empty_type_name_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = FileStore::open(dir.path(), FileStoreFsyncPolicy::Never).expect("opens");
+    let error = store
+        .record_entity_started("", ShardId(0), "id")
+        .expect_err("empty type name");
+    assert!(error.0.contains("non-empty type name"), "{error}");
+    assert!(store.list_entities_for_shard("", ShardId(0)).is_err());
+    assert_eq!(tree(dir.path()), vec![PathBuf::from(LOCK_FILE)]);
 }
 
 #[test]

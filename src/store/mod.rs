@@ -16,7 +16,9 @@ use crate::extractor::ShardId;
 
 mod file;
 pub(crate) mod writer;
-pub use file::{FileStore, FileStoreFsyncPolicy};
+pub use file::{
+    FILE_STORE_VERSION, FileStore, FileStoreFsyncPolicy, LOCK_FILE, MAX_ENTITY_ID, MAX_TYPE_NAME,
+};
 pub use writer::{RememberEntitiesEvent, RememberEntitiesOperation};
 
 /// The marker for a system built without a remember-entities store.
