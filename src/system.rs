@@ -92,8 +92,9 @@ pub(crate) struct Shared {
     cluster: Option<ClusterLink>,
     /// The remember-entities write-behind queue, started on first use.
     remember: Mutex<Option<Arc<Remember>>>,
-    /// The one graceful stop (`shutdown` from the system or its node).
-    shut_down: tokio::sync::OnceCell<()>,
+    /// The one graceful stop (`shutdown` from the system or its node): the
+    /// task running it, as a watch that turns true when it is done.
+    stop_task: Mutex<Option<tokio::sync::watch::Receiver<bool>>>,
 }
 
 impl Drop for Shared {
@@ -116,11 +117,29 @@ impl Drop for Shared {
 }
 
 impl Shared {
-    /// The graceful stop of [`ShardedSystem::shutdown`], run once: later
-    /// and concurrent callers wait for it (one dropped halfway is taken up
-    /// by the next caller, or finished by `Drop`).
-    pub(crate) async fn shutdown(&self) {
-        self.shut_down.get_or_init(|| self.stop_gracefully()).await;
+    /// The graceful stop of [`ShardedSystem::shutdown`], run once, on a
+    /// task of its own: later and concurrent callers wait for that one, and
+    /// a caller that gives up (a timeout, a dropped future) stops nothing
+    /// halfway.
+    pub(crate) async fn shutdown(self: &Arc<Self>) {
+        let mut done = {
+            let mut task = self.stop_task.lock().unwrap_or_else(|p| p.into_inner());
+            match &*task {
+                Some(done) => done.clone(),
+                None => {
+                    let (tx, done) = tokio::sync::watch::channel(false);
+                    let shared = self.clone();
+                    tokio::spawn(async move {
+                        shared.stop_gracefully().await;
+                        let _ = tx.send(true);
+                    });
+                    *task = Some(done.clone());
+                    done
+                }
+            }
+        };
+        // An error: the task ended without saying so (it panicked).
+        let _ = done.wait_for(|done| *done).await;
     }
 
     async fn stop_gracefully(&self) {
@@ -358,7 +377,7 @@ impl<S> ShardedSystemBuilder<S> {
             leaving: AtomicBool::new(false),
             cluster,
             remember: Mutex::new(None),
-            shut_down: tokio::sync::OnceCell::new(),
+            stop_task: Mutex::new(None),
         });
         if let Some(link) = &shared.cluster {
             link.spawn(Arc::downgrade(&shared));
@@ -560,7 +579,10 @@ impl<S> ShardedSystem<S> {
     /// Concurrent and repeated calls wait for the one shutdown, and so does
     /// [`ClusterNode::shutdown`](crate::cluster::ClusterNode::shutdown),
     /// which runs this first: on a cluster node, `node.shutdown()` alone is
-    /// the whole graceful stop.
+    /// the whole graceful stop. The stop runs on a task of its own, so a
+    /// caller that stops waiting (a timeout) does not cut it short. Do not
+    /// await it inside an entity's handler: that entity's shard waits for
+    /// the handler before it is handed off (spawn a task instead).
     pub async fn shutdown(&self) {
         self.shared.shutdown().await;
     }

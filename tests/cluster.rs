@@ -354,6 +354,60 @@ async fn a_refused_join_is_reported_and_the_node_gives_up() {
     seed_node.crash().await;
 }
 
+/// One seed of another cluster among good ones that are still starting does
+/// not make a joining node give up: it gives up only once every seed has
+/// refused it, and joins when a good seed comes up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_refusing_seed_among_starting_ones_does_not_stop_the_join() {
+    let stranger = ClusterNode::start(
+        ClusterConfig::builder()
+            .cluster_name("other-cluster")
+            .secret("test-secret")
+            .build(),
+    )
+    .await
+    .unwrap();
+    // A port for the good seed, free until it starts.
+    let good_addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port");
+    let limit = 3;
+    let mut joiner_config = config(vec![stranger.bound_addr(), good_addr]);
+    joiner_config.join_refusal_limit = limit;
+    let joiner = ClusterNode::start(joiner_config).await.unwrap();
+    let mut events = joiner.subscribe();
+    // Well past the limit from the one refusing seed...
+    let mut refused = 0;
+    while refused < 2 * limit {
+        match tokio::time::timeout(LONG, events.recv()).await {
+            Ok(Ok(MembershipEvent::JoinRefused { seed, .. })) => {
+                assert_eq!(seed, stranger.bound_addr());
+                refused += 1;
+            }
+            Ok(Ok(_)) => {}
+            other => panic!("no refusal: {other:?}"),
+        }
+    }
+    // ...the node is still joining, and joins once a good seed is up.
+    let mut good_config = config(vec![]);
+    good_config.bind_addr = good_addr;
+    let good = ClusterNode::start(good_config)
+        .await
+        .expect("the good seed binds its port");
+    joiner
+        .wait_until(|s| s.self_status() == Some(MemberStatus::Up), LONG)
+        .await
+        .expect("joined through the good seed");
+    assert_eq!(
+        joiner.join_refusal(),
+        None,
+        "a member has no refusal to report"
+    );
+    for n in [&joiner, &good, &stranger] {
+        n.crash().await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_restarted_at_the_same_address_is_a_new_member() {
     let nodes = three().await;

@@ -652,6 +652,12 @@ async fn an_ask_handed_on_by_a_leaver_is_answered_after_the_leaver_is_gone() {
         )
         .await
         .expect("the proxy sees the leaver gone");
+    // (The ask must still be in handling when the leaver is gone, or this
+    // test would not test what it says.)
+    assert!(
+        !handed_on.is_finished(),
+        "answered before the leaver was gone"
+    );
     assert_eq!(busy.await.expect("task"), Ok(()));
     assert_eq!(
         handed_on.await.expect("task"),
@@ -662,6 +668,45 @@ async fn an_ask_handed_on_by_a_leaver_is_answered_after_the_leaver_is_gone() {
     proxy.shutdown().await;
     stop(&nodes[..2]).await;
     let _ = proxy_cluster.shutdown().await;
+}
+
+/// A `node.shutdown()` whose caller gives up (a timeout) while the shards
+/// are being handed off does not cut the graceful stop short: it goes on to
+/// the end on its own task, and a later call waits for it and leaves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_stop_whose_caller_gives_up_goes_on_to_the_end() {
+    let nodes = cluster_of(3).await;
+    let mut on_leaver = None;
+    for k in 0..200 {
+        let entity = nodes[0].system.entity_ref::<Seq>(format!("stop-{k}"));
+        if where_retrying(&entity).await == "node-2" {
+            on_leaver = Some(entity);
+            break;
+        }
+    }
+    let entity = on_leaver.expect("an entity on node 2");
+    // A busy entity holds its shard's handoff for a while.
+    let busy = tokio::spawn(async move { entity.ask(Slow(1_000), LONG).await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let gave_up =
+        tokio::time::timeout(Duration::from_millis(200), nodes[2].cluster.shutdown()).await;
+    assert!(gave_up.is_err(), "the stop outlasts the caller's patience");
+    // Nobody waits on it now, yet the system's stop completes.
+    wait_for("the system stopped", || nodes[2].system.is_shut_down()).await;
+    wait_for("its shards handed off", || {
+        nodes[2].system.hosted_shards::<Seq>() == 0
+    })
+    .await;
+    assert_eq!(busy.await.expect("task"), Ok(()));
+    nodes[2].cluster.shutdown().await.expect("leaves");
+    let rounds = nodes[0].system.rebalance_rounds();
+    assert!(
+        rounds
+            .iter()
+            .all(|r| r.reason != RebalanceReason::DeadOwner),
+        "{rounds:?}"
+    );
+    stop(&nodes[..2]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -664,6 +664,16 @@ fn event_line(event: &MembershipEvent, t: u64) -> Line<'_> {
             )),
             t_ms: t,
         },
+        // A kind of event this binary does not know yet: its name only.
+        _ => Line {
+            event: "other",
+            addr: None,
+            node_id: None,
+            incarnation: None,
+            previous: None,
+            reason: None,
+            t_ms: t,
+        },
     }
 }
 

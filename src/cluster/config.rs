@@ -96,13 +96,16 @@ pub struct ClusterConfig {
     /// its role (elsewhere its region is proxy-only).
     #[builder(default, setter(transform = |roles: impl IntoIterator<Item = impl Into<String>>| roles.into_iter().map(Into::into).collect()))]
     pub roles: std::collections::BTreeSet<String>,
-    /// How many seed refusals a joining node takes before it gives up and
-    /// stops. Only refusals retrying cannot cure count: another cluster
-    /// name, another secret, an unsupported protocol version
-    /// (`MembershipEvent::JoinRefused`). Joins are retried every 250 ms, so
-    /// the default, 5, gives up about a second after the first refusal;
-    /// `ClusterNode::wait_until` then fails with `ClusterError::JoinRefused`.
-    /// 0 never gives up (each refusal is still published).
+    /// How many refusals from *each* seed a joining node takes before it
+    /// gives up and stops: it gives up once every seed it asks has refused
+    /// it this often (a seed that does not answer may still be starting, so
+    /// one misconfigured seed among good ones stops nothing). Only refusals
+    /// retrying cannot cure count: another cluster name, another secret, an
+    /// unsupported protocol version (`MembershipEvent::JoinRefused`). Joins
+    /// are retried every 250 ms, so the default, 5, gives up about a second
+    /// after the first refusals; `ClusterNode::wait_until` then fails with
+    /// `ClusterError::JoinRefused`. 0 never gives up (each refusal is still
+    /// published).
     #[builder(default = 5)]
     pub join_refusal_limit: u32,
 }

@@ -73,7 +73,7 @@ pub struct JoinRefusal {
     /// True when the seed refused this node; false when this node refused
     /// the seed (it could not verify the seed's proof of the secret).
     pub by_seed: bool,
-    /// How many such refusals this node has taken so far.
+    /// How many such refusals this node has taken so far, from every seed.
     pub refusals: u32,
 }
 
@@ -217,6 +217,13 @@ impl ClusterNode {
             refusals,
             refusal: refusal.clone(),
             refusal_limit: config.join_refusal_limit,
+            refused_by: std::collections::HashMap::new(),
+            seeds: config
+                .seed_nodes
+                .iter()
+                .copied()
+                .filter(|s| *s != me.addr)
+                .collect(),
         };
         let handle = tokio::spawn(driver.run());
         tracing::info!(node = %me, cluster = %config.cluster_name, "cluster node started");
@@ -332,9 +339,11 @@ impl ClusterNode {
     /// (at most the system's `handoff_timeout` + 1 s, then its
     /// `shutdown_timeout` for its entities). Then the membership leave —
     /// Leaving, Exiting, Removed — waiting at most the exit timeout plus two
-    /// seconds; the node stops either way. A node that has not joined yet
-    /// stops at once. Concurrent calls wait for the same outcome, and so
-    /// does a system shutdown already under way.
+    /// seconds; the node stops either way. A node that has not joined yet skips the leave:
+    /// it stops at once after the system. Concurrent calls wait for the same outcome, and so
+    /// does a system shutdown already under way. Do not await it inside an
+    /// entity's handler (that entity's shard waits for the handler): spawn
+    /// a task.
     pub async fn shutdown(&self) -> Result<(), ClusterError> {
         let before_leave = self
             .inner
@@ -433,6 +442,12 @@ struct Driver {
     /// The latest refusal, shared with the handles.
     refusal: Arc<std::sync::Mutex<Option<JoinRefusal>>>,
     refusal_limit: u32,
+    /// Refusals so far, per seed; the node gives up once every seed it
+    /// asks has refused `refusal_limit` times (one that does not answer at
+    /// all may still be starting).
+    refused_by: std::collections::HashMap<SocketAddr, u32>,
+    /// The seeds this node asks (its own address left out).
+    seeds: Vec<SocketAddr>,
 }
 
 impl Driver {
@@ -522,7 +537,13 @@ impl Driver {
             reason,
             by_seed,
         });
-        let give_up = self.refusal_limit > 0 && refusals >= self.refusal_limit;
+        *self.refused_by.entry(seed).or_insert(0) += 1;
+        let limit = self.refusal_limit;
+        let give_up = limit > 0
+            && self
+                .seeds
+                .iter()
+                .all(|s| self.refused_by.get(s).is_some_and(|n| *n >= limit));
         if give_up {
             tracing::error!(node = %self.core.self_address(), refusals, "giving up joining: the seeds refuse this node's configuration");
         }

@@ -59,6 +59,7 @@ pub enum Target {
 /// (Joined, Up, Left, Exited, Downed, Removed); a node that missed gossip may
 /// skip some of them, never go back.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum MembershipEvent {
     /// The member was admitted (status Joining).
     MemberJoined(UniqueAddress),

@@ -319,15 +319,20 @@ impl Region {
             envelope.fail(ShardingError::ShuttingDown);
             return Err(ShardingError::ShuttingDown);
         }
-        if let Some(error) = self.refusal() {
-            envelope.fail(error.clone());
-            return Err(error);
-        }
         let mut guard = lock(&self.slots[shard.0 as usize]);
         let result = match &mut *guard {
             Slot::Local(local) => self.deliver_local(local, shard, entity_id, envelope),
             // (A generation absurdly far ahead is a sender's bug, not news:
             // it is forwarded as usual rather than stall the shard.)
+            // Refused by the coordinator: no home will come for what would
+            // wait for one (checked under the slot's lock, which `refuse`
+            // drains each buffer under, so nothing slips in behind it).
+            Slot::Unallocated { .. } | Slot::Remote(_) if self.refused.load(Ordering::Acquire) => {
+                Err((
+                    self.refusal().unwrap_or_else(|| self.overflow(shard)),
+                    Some(envelope),
+                ))
+            }
             Slot::Remote(home)
                 if envelope.routed_under() > home.generation
                     && envelope.routed_under() - home.generation <= MAX_GENERATION_LEAD =>

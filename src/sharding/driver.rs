@@ -558,6 +558,9 @@ impl Control {
                 *published = status;
             }
         }
+        // Stopped (fenced, or the system is gone): this node follows no
+        // coordinator any more, and is none.
+        *lock(&self.status) = CoordinatorStatus::default();
         tracing::debug!(node = %self.me, "sharding control task stopped");
     }
 
@@ -990,9 +993,12 @@ impl Control {
             // process them twice; they wait for their reply or their own
             // timeout. Unless it still hosted shards as far as this node
             // knows (its handoff did not finish, or it was no sharded
-            // system that shut down): then nothing will answer them.
+            // system that shut down), or it was downed rather than removed
+            // (it crashed while leaving, or outlasted the exit timeout):
+            // then nothing may answer them.
             let departed = self.departing.remove(&node);
-            if departed && routed == 0 {
+            let downed = state.status_of(&node) == Some(MemberStatus::Down);
+            if departed && routed == 0 && !downed {
                 tracing::debug!(node = %self.me, left = %node, "member left: its asks wait for their replies");
             } else {
                 let failed = self.remote.node_lost(&node);
