@@ -131,6 +131,10 @@ impl Shared {
                     let shared = self.clone();
                     tokio::spawn(async move {
                         shared.stop_gracefully().await;
+                        // Let go of the system before saying so: a caller
+                        // that drops its last handle next must find nothing
+                        // of it held (a store's directory lock, say).
+                        drop(shared);
                         let _ = tx.send(true);
                     });
                     *task = Some(done.clone());
