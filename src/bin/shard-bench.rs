@@ -118,6 +118,11 @@ struct Args {
     /// downing timeout, shards moved at once).
     #[arg(long, value_enum, default_value_t = Downing::KeepMajority)]
     downing: Downing,
+    /// W2 only: which of the three nodes is killed — 2 (the default: not
+    /// the coordinator) or 0 (the oldest, the sharding coordinator: its
+    /// shards move after a takeover). The two others drive.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(0..=2))]
+    victim: u8,
     /// W2 only: where to write the latency-over-time chart (SVG).
     #[arg(long, default_value = "w2-latency.svg")]
     chart: std::path::PathBuf,
@@ -448,14 +453,16 @@ const W2_INTERVAL: Duration = Duration::from_millis(20);
 async fn run_w2(
     messages: u64,
     downing: Downing,
+    victim_index: usize,
     chart_path: &std::path::Path,
 ) -> Result<(serde_json::Value, bool), Box<dyn std::error::Error>> {
     let checks = Arc::new(Checks::default());
     let timeout_downing = downing == Downing::Timeout;
     let downing = downing.label();
     let nodes = cluster("shard-bench-w2", &checks, timeout_downing).await?;
-    // Node 2 is not the coordinator (node 0, the oldest, is).
-    let affected = entities_hosted_on(&nodes, 2);
+    // Node 0, the oldest, is the coordinator.
+    let affected = entities_hosted_on(&nodes, victim_index);
+    let driving: Vec<usize> = (0..3).filter(|i| *i != victim_index).collect();
     let answered = Arc::new(Mutex::new(Answered::default()));
     let share = messages / 2;
     let _progress = Progress::start("w2", checks.clone());
@@ -464,7 +471,7 @@ async fn run_w2(
     answered.lock().await.started = Some(start);
     let drivers: Vec<_> = (0..2)
         .map(|d| {
-            let system = nodes[d].system.clone();
+            let system = nodes[driving[d]].system.clone();
             let answered = answered.clone();
             tokio::spawn(drive(system, d as u32, 2, share, 16, Some(answered)))
         })
@@ -475,11 +482,11 @@ async fn run_w2(
     while checks.processed.load(Ordering::Relaxed) < target + 3 * ENTITIES {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    let victim = nodes[2].cluster.self_address();
-    let mut events = nodes[0].cluster.subscribe();
+    let victim = nodes[victim_index].cluster.self_address();
+    let mut events = nodes[driving[0]].cluster.subscribe();
     let killed = Instant::now();
     answered.lock().await.since = Some(killed);
-    nodes[2].cluster.crash().await;
+    nodes[victim_index].cluster.crash().await;
     let downed = tokio::time::timeout(Duration::from_secs(30), async {
         loop {
             if let Ok(MembershipEvent::MemberDowned(m)) = events.recv().await
@@ -497,7 +504,7 @@ async fn run_w2(
     let answered = answered.lock().await;
     let (rehomed, unasked, first_ack) = answered.rehomed(&affected);
     println!(
-        "w2 ({downing}): {} affected entities, Down after {:.0} ms, all rehomed {} ms after the kill, first ack after the kill {:.3} ms",
+        "w2 ({downing}, node {victim_index} killed): {} affected entities, Down after {:.0} ms, all rehomed {} ms after the kill, first ack after the kill {:.3} ms",
         affected.len(),
         downed.as_secs_f64() * 1e3,
         rehomed.map_or("n/a".into(), |t| format!("{:.0}", t.as_secs_f64() * 1e3)),
@@ -507,6 +514,7 @@ async fn run_w2(
     json["workload"] = "w2".into();
     json["peak_rss_kib"] = peak_rss_kib().into();
     json["affected_entities"] = affected.len().into();
+    json["victim"] = victim_index.into();
     json["affected_not_asked_after_kill"] = unasked.into();
     json["down_after_kill_ms"] = (downed.as_secs_f64() * 1e3).into();
     json["rehomed_ms"] = rehomed.map(|t| t.as_secs_f64() * 1e3).into();
@@ -519,7 +527,7 @@ async fn run_w2(
         rehomed_s: rehomed.map(|t| kill_s + t.as_secs_f64()),
     };
     let title = format!(
-        "W2: {} asks, node 2 killed at {:.2} s (detector 100 + 300 ms; {downing})",
+        "W2: {} asks, node {victim_index} killed at {:.2} s (detector 100 + 300 ms; {downing})",
         run.expected, kill_s
     );
     json["downing"] = downing.into();
@@ -533,7 +541,7 @@ async fn run_w2(
         .collect::<Vec<_>>()
         .into();
     let mut nodes = nodes;
-    let dead = nodes.pop().expect("three nodes");
+    let dead = nodes.remove(victim_index);
     dead.system.shutdown().await;
     stop(nodes).await;
     Ok((json, run.correct()))
@@ -673,7 +681,15 @@ async fn in_process(args: Args, in_flight: usize) -> ExitCode {
         Workload::W1 => run_w1(args.messages, in_flight, "w1").await,
         Workload::W1Sat => run_w1(args.messages, in_flight, "w1-sat").await,
         Workload::Transport => run_transport(args.messages, in_flight).await,
-        Workload::W2 => run_w2(args.messages, args.downing, &args.chart).await,
+        Workload::W2 => {
+            run_w2(
+                args.messages,
+                args.downing,
+                args.victim as usize,
+                &args.chart,
+            )
+            .await
+        }
         Workload::W3 => run_w3(args.messages, args.spawning).await,
     };
     match result {
