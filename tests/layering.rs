@@ -55,7 +55,6 @@ const CIRCLES_STILL: &[&[&str]] = &[
         "sharding/remote",
         "system",
     ],
-    &["transport/connection", "transport/pipes"],
 ];
 
 /// A source file's module path (`transport/pipes`, `membership`, `lib`).

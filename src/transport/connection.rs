@@ -1,25 +1,34 @@
-//! One established connection: its state, its writer and reader tasks, and
-//! the handles given to upper layers for inbound traffic.
+//! One established connection: its state and outbox (the lanes senders
+//! encode frames into), its pending requests, and the handles given to upper
+//! layers for inbound traffic. Its reader and writer tasks are in
+//! `reader.rs` and `writer.rs`; this file knows nothing of the table.
 
 use std::collections::HashMap;
+
 use std::net::SocketAddr;
+
 use std::sync::atomic::{AtomicU64, Ordering};
+
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+
 use tokio::sync::{Notify, oneshot};
+
 use tokio::time::Instant;
-use tokio_util::codec::{Decoder, Encoder};
+
+use tokio_util::codec::Encoder;
+
 use tokio_util::sync::CancellationToken;
 
 use super::error::{RequestError, SendError, SendFailure};
+
 use super::events::DisconnectReason;
-use super::pipes::{BorrowedHandler, Shared};
+
 use crate::identity::{NodeId, UniqueAddress};
-use crate::warn_limit::warn_limited;
+
 use crate::wire::{Channel, Frame, FrameCodec, LEN_PREFIX, RemoteFailure, ReplyResult, WireError};
 
 /// Most bytes one writer batch holds, its urgent frames included: the whole
@@ -37,7 +46,7 @@ const KEEP_BUF: usize = 1 << 20;
 /// Empties `buf`, and gives its allocation back if it grew past `KEEP_BUF`
 /// (`try_reclaim` sees the whole allocation, which `capacity` does not
 /// after `advance`).
-fn clear_and_shrink(buf: &mut BytesMut) {
+pub(crate) fn clear_and_shrink(buf: &mut BytesMut) {
     buf.clear();
     if buf.try_reclaim(KEEP_BUF + 1) {
         *buf = BytesMut::new();
@@ -50,7 +59,7 @@ pub(crate) const READ_BUF: usize = 64 * 1024;
 type Waiter = oneshot::Sender<Result<Bytes, RequestError>>;
 
 /// Requests sent on a connection and not yet answered.
-struct Pending {
+pub(crate) struct Pending {
     /// False once the connection is gone: no new request may register.
     open: bool,
     waiters: HashMap<u64, Waiter>,
@@ -76,25 +85,25 @@ pub(crate) struct Conn {
     /// Remote end of the TCP connection.
     pub(crate) remote_socket: SocketAddr,
     /// Frames waiting for the writer, already encoded.
-    outbox: Mutex<Outbox>,
+    pub(crate) outbox: Mutex<Outbox>,
     /// Woken when the outbox goes from empty to not empty.
-    ready: Notify,
+    pub(crate) ready: Notify,
     /// Most frames each lane of the outbox holds.
-    capacity: usize,
-    codec: FrameCodec,
+    pub(crate) capacity: usize,
+    pub(crate) codec: FrameCodec,
     /// The control channels (`TransportConfig::control_channels`).
-    control: Arc<[Channel]>,
-    pending: Mutex<Pending>,
-    next_corr: AtomicU64,
-    cancel: CancellationToken,
+    pub(crate) control: Arc<[Channel]>,
+    pub(crate) pending: Mutex<Pending>,
+    pub(crate) next_corr: AtomicU64,
+    pub(crate) cancel: CancellationToken,
     /// Stop dispatching, flush what is queued, then close (see `close_after_flush`).
-    closing: CancellationToken,
+    pub(crate) closing: CancellationToken,
     /// When `closing` was first asked for; set before `closing` is
     /// cancelled, and only then.
-    closing_at: OnceLock<Instant>,
+    pub(crate) closing_at: OnceLock<Instant>,
     /// The reader task has ended.
-    reader_done: CancellationToken,
-    reason: OnceLock<DisconnectReason>,
+    pub(crate) reader_done: CancellationToken,
+    pub(crate) reason: OnceLock<DisconnectReason>,
 }
 
 /// A connection's outbound frames, encoded as they go on the wire. Senders
@@ -102,7 +111,7 @@ pub(crate) struct Conn {
 /// lanes: `urgent` for the control channels (and replies to requests on
 /// them), written first; `bulk` for everything else.
 #[derive(Default)]
-struct Outbox {
+pub(crate) struct Outbox {
     urgent: BytesMut,
     urgent_frames: usize,
     bulk: BytesMut,
@@ -189,7 +198,7 @@ impl Conn {
     /// wakes the writer if the outbox was empty. A full lane (`capacity`
     /// frames not yet taken by the writer) refuses with `QueueFull`, a
     /// closed one with `ConnectionClosed`.
-    fn queue(
+    pub(crate) fn queue(
         &self,
         urgent: bool,
         encode: impl FnOnce(&mut FrameCodec, &mut BytesMut) -> Result<(), WireError>,
@@ -233,7 +242,7 @@ impl Conn {
     /// Moves the next run of queued frames into the empty `batch`: all the
     /// urgent ones, then bulk ones while the batch stays within
     /// `MAX_BATCH_BYTES` (at least one frame). Returns how many.
-    fn take(&self, batch: &mut BytesMut) -> usize {
+    pub(crate) fn take(&self, batch: &mut BytesMut) -> usize {
         debug_assert!(batch.is_empty());
         let mut out = lock(&self.outbox);
         let out = &mut *out;
@@ -277,7 +286,7 @@ impl Conn {
     }
 
     /// The writer ended: refuse new frames and drop those queued.
-    fn close_outbox(&self) {
+    pub(crate) fn close_outbox(&self) {
         let mut out = lock(&self.outbox);
         *out = Outbox {
             closed: true,
@@ -294,7 +303,7 @@ impl Conn {
 
     /// By when a closing connection must have written its queued frames and
     /// shut down its write half.
-    fn flush_deadline(&self) -> Instant {
+    pub(crate) fn flush_deadline(&self) -> Instant {
         *self.closing_at.get_or_init(Instant::now) + FLUSH_LIMIT
     }
 
@@ -506,279 +515,10 @@ impl Drop for ReplyHandle {
 /// waits at most as long again for the peer to close its side.
 pub(crate) const FLUSH_LIMIT: Duration = Duration::from_secs(1);
 
-/// Closes a connection's outbox when dropped: however `write_loop` ends,
-/// or if its task is dropped before it first runs (it is made before the
-/// task is spawned and moved into it).
-pub(crate) struct OutboxGuard(pub(crate) Arc<Conn>);
-
-impl Drop for OutboxGuard {
-    fn drop(&mut self) {
-        self.0.close_outbox();
-    }
-}
-
-/// The batching writer: waits until frames are queued, yields once so
-/// producers that are already runnable can add theirs, then writes the
-/// outbox out in batches (`Conn::take`: the whole urgent lane, then bulk
-/// frames up to `MAX_BATCH_BYTES` or one larger frame), one `write_all` per
-/// batch, until it is empty. `first` (the acceptor's `Accepted`) is written before
-/// anything queued.
-pub(crate) async fn write_loop(
-    shared: Arc<Shared>,
-    closed_at_end: OutboxGuard,
-    first: Option<Frame>,
-    mut io: OwnedWriteHalf,
-) {
-    let conn = &closed_at_end.0;
-    let mut batch = BytesMut::with_capacity(64 * 1024);
-    if let Some(frame) = first {
-        let mut codec = conn.codec;
-        if codec.encode(&frame, &mut batch).is_err() {
-            tracing::warn!(peer = %conn.peer, "first frame cannot be encoded");
-        }
-    }
-    loop {
-        if conn.is_closing() {
-            return close_flush(conn, batch, io).await;
-        }
-        if batch.is_empty() {
-            tokio::select! {
-                biased;
-                _ = conn.cancel.cancelled() => return,
-                _ = conn.closing.cancelled() => continue,
-                _ = conn.ready.notified() => {}
-            }
-            // The writer yield (see the limits anchor): ~50 frames per write
-            // under load instead of ~2.
-            tokio::task::yield_now().await;
-        }
-        loop {
-            if batch.is_empty() {
-                let n = conn.take(&mut batch);
-                if n == 0 {
-                    break;
-                }
-                shared.stats.record_batch(n);
-            }
-            let written = tokio::select! {
-                biased;
-                _ = conn.cancel.cancelled() => return,
-                r = io.write_all(&batch) => r,
-                _ = async {
-                    conn.closing.cancelled().await;
-                    tokio::time::sleep_until(conn.flush_deadline()).await;
-                } => {
-                    tracing::debug!(peer = %conn.peer, "closing: frames not flushed in time");
-                    conn.cancel.cancel();
-                    return;
-                }
-            };
-            clear_and_shrink(&mut batch);
-            if let Err(e) = written {
-                conn.close(DisconnectReason::Io(e.to_string()));
-                return;
-            }
-            if conn.is_closing() {
-                break;
-            }
-        }
-    }
-}
-
-/// The end of a connection closed by `close_after_flush`: writes what is
-/// still queued (in batches) and shuts the write half down, by
-/// `flush_deadline`; then waits, at most `FLUSH_LIMIT` more, for the reader
-/// to see the peer close (it reads and discards meanwhile), so the socket is
-/// not dropped with unread input — which would make the kernel send a reset
-/// and throw away what we just wrote; then ends both tasks.
-async fn close_flush(conn: &Conn, mut batch: BytesMut, mut io: OwnedWriteHalf) {
-    let deadline = conn.flush_deadline();
-    let flushed = tokio::time::timeout_at(deadline, async {
-        loop {
-            if batch.is_empty() && conn.take(&mut batch) == 0 {
-                return Ok::<(), std::io::Error>(());
-            }
-            io.write_all(&batch).await?;
-            clear_and_shrink(&mut batch);
-        }
-    })
-    .await;
-    if !matches!(flushed, Ok(Ok(()))) {
-        tracing::debug!(peer = %conn.peer, "last frames not flushed before close");
-    }
-    let _ = tokio::time::timeout_at(deadline, io.shutdown()).await;
-    let _ = tokio::time::timeout_at(deadline + FLUSH_LIMIT, conn.reader_done.cancelled()).await;
-    conn.cancel.cancel();
-}
-
-/// The reader: handles every complete frame it holds (a canonical `Oneway`
-/// on a borrowed channel in place, see `Borrowed`; others decoded and
-/// dispatched), then
-/// reads more, until the connection ends; then tears it down (events,
-/// pending requests).
-///
-/// `buf` starts with whatever arrived together with the handshake's last
-/// frame; those bytes are decoded before the first read (tokio-util's
-/// `FramedRead` would wait for new bytes first, stranding them).
-pub(crate) async fn read_loop(
-    shared: Arc<Shared>,
-    conn: Arc<Conn>,
-    mut io: OwnedReadHalf,
-    mut buf: BytesMut,
-) {
-    let mut codec = shared.codec;
-    let mut borrowed = Borrowed::default();
-    let reason = 'conn: loop {
-        loop {
-            if conn.is_closing() {
-                break 'conn discard_until_closed(&conn, &mut io, buf).await;
-            }
-            if let Some(total) = borrowed.deliver(&shared, &conn, &codec, &buf) {
-                buf.advance(total);
-                continue;
-            }
-            match codec.decode(&mut buf) {
-                Ok(Some(frame)) => {
-                    if let Err(reason) = dispatch(&shared, &conn, frame) {
-                        break 'conn Some(reason);
-                    }
-                }
-                Ok(None) => break,
-                Err(e) => {
-                    warn_limited!(shared.bad_input, "bad frame; closing this connection"; peer = %conn.peer, error = %e);
-                    break 'conn Some(DisconnectReason::Malformed(e.to_string()));
-                }
-            }
-        }
-        if buf.capacity() - buf.len() < READ_BUF / 4 {
-            buf.reserve(READ_BUF);
-        }
-        let read = tokio::select! {
-            biased;
-            _ = conn.cancel.cancelled() => break None,
-            _ = conn.closing.cancelled() => continue,
-            read = io.read_buf(&mut buf) => read,
-        };
-        match read {
-            Ok(0) => break Some(DisconnectReason::PeerClosed),
-            Ok(_) => {}
-            Err(e) => break Some(DisconnectReason::Io(e.to_string())),
-        }
-    };
-    if let Some(reason) = reason {
-        conn.close(reason);
-    }
-    conn.reader_done.cancel();
-    shared.connection_ended(&conn);
-}
-
-/// A reader's copy of the transport's borrowed handlers (channels whose
-/// oneway payloads are handed over in place), refreshed when they change.
-#[derive(Default)]
-struct Borrowed {
-    version: Option<u64>,
-    handlers: Vec<(Channel, BorrowedHandler)>,
-}
-
-impl Borrowed {
-    /// If the complete frame at the start of `buf` is a canonical `Oneway`
-    /// on a channel with a borrowed handler, calls it with the payload in
-    /// place and returns the frame's length (to be consumed); otherwise
-    /// `None`, and the frame takes the general way.
-    fn deliver(
-        &mut self,
-        shared: &Shared,
-        conn: &Conn,
-        codec: &FrameCodec,
-        buf: &[u8],
-    ) -> Option<usize> {
-        if self.version != Some(shared.handlers_version()) {
-            let (version, handlers) = shared.borrowed_handlers();
-            (self.version, self.handlers) = (Some(version), handlers);
-        }
-        if self.handlers.is_empty() {
-            return None;
-        }
-        let (channel, payload, total) = codec.peek_oneway(buf)?;
-        let (_, handler) = self.handlers.iter().find(|(c, _)| *c == channel)?;
-        shared.call_borrowed(handler, &conn.peer, channel, payload);
-        Some(total)
-    }
-}
-
-/// The reader of a closing connection: nothing more is dispatched, but the
-/// socket is read (and the bytes dropped) until the peer closes, the read
-/// fails, or the connection is cancelled.
-async fn discard_until_closed(
-    conn: &Conn,
-    io: &mut OwnedReadHalf,
-    mut buf: BytesMut,
-) -> Option<DisconnectReason> {
-    loop {
-        buf.clear();
-        if buf.capacity() < READ_BUF {
-            buf.reserve(READ_BUF);
-        }
-        tokio::select! {
-            biased;
-            _ = conn.cancel.cancelled() => return None,
-            read = io.read_buf(&mut buf) => match read {
-                Ok(0) | Err(_) => return None,
-                Ok(_) => {}
-            },
-        }
-    }
-}
-
-/// Handles one inbound frame on an established connection.
-fn dispatch(shared: &Shared, conn: &Arc<Conn>, frame: Frame) -> Result<(), DisconnectReason> {
-    match frame {
-        Frame::Oneway { channel, payload } => {
-            shared.deliver(Incoming {
-                from: conn.peer,
-                channel,
-                payload,
-                reply: None,
-            });
-            Ok(())
-        }
-        Frame::Request {
-            corr,
-            channel,
-            payload,
-        } => {
-            let urgent = conn.is_urgent(channel);
-            let reply = ReplyHandle::new(corr, conn.clone(), urgent, shared.max_payload);
-            shared.deliver(Incoming {
-                from: conn.peer,
-                channel,
-                payload,
-                reply: Some(reply),
-            });
-            Ok(())
-        }
-        Frame::Reply { corr, result } => {
-            let result = match result {
-                ReplyResult::Ok(bytes) => Ok(bytes),
-                ReplyResult::Err(failure) => Err(RequestError::Remote(failure)),
-            };
-            conn.complete(corr, result);
-            Ok(())
-        }
-        Frame::Reject { reason } => {
-            tracing::warn!(peer = %conn.peer, ?reason, "peer rejected the connection");
-            Err(DisconnectReason::RejectedByPeer(reason))
-        }
-        Frame::Hello { .. } | Frame::Welcome { .. } | Frame::Proof { .. } | Frame::Accepted => {
-            warn_limited!(shared.bad_input, "handshake frame on an established connection"; peer = %conn.peer);
-            Err(DisconnectReason::ProtocolViolation)
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio_util::codec::Decoder;
 
     fn conn(capacity: usize) -> Conn {
         let addr: SocketAddr = "127.0.0.1:1".parse().expect("literal");

@@ -37,6 +37,8 @@ use futures_util::{SinkExt, StreamExt};
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use tokio::net::TcpStream;
+
+use super::stream::PipeIo;
 use tokio_util::codec::Framed;
 
 use super::config::Secret;
@@ -55,7 +57,7 @@ const DOMAIN: &[u8] = b"datum-cluster-sharding/handshake/v2";
 type HmacSha256 = Hmac<Sha256>;
 
 /// The framed TCP stream a handshake runs over.
-pub(crate) type HandshakeStream = Framed<TcpStream, FrameCodec>;
+pub(crate) type HandshakeStream<S = TcpStream> = Framed<S, FrameCodec>;
 
 /// What one side brings to a handshake.
 pub(crate) struct Local<'a> {
@@ -139,7 +141,7 @@ impl Transcript<'_> {
 }
 
 /// Reads the next frame, mapping end-of-stream and codec errors.
-async fn next(stream: &mut HandshakeStream) -> Result<Frame, ConnectError> {
+async fn next<S: PipeIo>(stream: &mut HandshakeStream<S>) -> Result<Frame, ConnectError> {
     match stream.next().await {
         Some(Ok(frame)) => Ok(frame),
         Some(Err(e)) => Err(wire_error(e)),
@@ -155,7 +157,7 @@ fn wire_error(e: WireError) -> ConnectError {
 }
 
 /// Sends `Reject{reason}` (best effort) and returns the matching error.
-async fn refuse(stream: &mut HandshakeStream, reason: RejectReason) -> ConnectError {
+async fn refuse<S: PipeIo>(stream: &mut HandshakeStream<S>, reason: RejectReason) -> ConnectError {
     let _ = stream
         .send(Frame::Reject {
             reason: reason.clone(),
@@ -180,8 +182,8 @@ fn unsupported() -> RejectReason {
 /// acceptor's proof is verified, its proven identity must name `dialed`,
 /// and only then is `admit` asked (quarantine, an existing pipe), so no
 /// local state is consulted on behalf of an unauthenticated peer.
-pub(crate) async fn initiate(
-    stream: &mut HandshakeStream,
+pub(crate) async fn initiate<S: PipeIo>(
+    stream: &mut HandshakeStream<S>,
     local: &Local<'_>,
     dialed: SocketAddr,
     admit: impl Fn(&UniqueAddress) -> Result<(), RejectReason>,
@@ -262,8 +264,8 @@ pub(crate) async fn initiate(
 /// initiator's identity. The caller then installs the pipe and sends
 /// `Accepted` (or `Reject`). `admit` may refuse the initiator (quarantine,
 /// tie-break, shutdown) right after its `Hello`.
-pub(crate) async fn accept(
-    stream: &mut HandshakeStream,
+pub(crate) async fn accept<S: PipeIo>(
+    stream: &mut HandshakeStream<S>,
     local: &Local<'_>,
     admit: impl Fn(&UniqueAddress) -> Result<(), RejectReason>,
 ) -> Result<UniqueAddress, ConnectError> {

@@ -48,6 +48,26 @@
 //! * **Faults stay local.** A malformed or oversized frame closes the one
 //!   connection it arrived on.
 //!
+//! # Files, each importing only those below it
+//!
+//! ```text
+//!   api.rs         Transport: bind, register, connect, send, request, mark_down, shutdown
+//!   accept.rs      the listener: accept, bound the handshakes, acceptor's handshake
+//!   dial.rs        one dial task per address: backoff, deferral, queued frames
+//!   pipe.rs        a handshaken stream becomes a pipe: install, start reader + writer
+//!   reader.rs      a pipe's reader task (borrowed handlers in place, dispatch)
+//!   writer.rs      a pipe's writer task (outbox batches, bounded close flush)
+//!   table.rs       shared state: connection table, dials, handlers, marked-down ids
+//!   connection.rs  one pipe's state: outbox lanes, pending requests, ReplyHandle
+//!   handshake.rs   the handshake frames and checks
+//!   stream.rs      PipeIo: the stream a pipe runs over (TCP; TLS to come)
+//!   config.rs, error.rs, events.rs
+//! ```
+//!
+//! The handshake, the reader and the writer are generic over the stream
+//! (`PipeIo`: read, write, split into owned halves), so a TLS stream can
+//! take TCP's place in `accept.rs` and `dial.rs` without touching the rest.
+//!
 //! # Usage
 //!
 //! ```no_run
@@ -76,18 +96,25 @@
 //! # let _ = answer; Ok(()) }
 //! ```
 
+mod accept;
+mod api;
 mod config;
 mod connection;
+mod dial;
 mod error;
 mod events;
 pub mod handshake;
-mod pipes;
+mod pipe;
+mod reader;
+mod stream;
+mod table;
+mod writer;
 
+pub use api::{ConnectionInfo, FRAME_OVERHEAD, Transport, TransportStats};
 pub use config::{Secret, TransportConfig};
 pub use connection::{Incoming, ReplyHandle};
 pub use error::{ConnectError, RegisterError, RequestError, SendError, SendFailure};
 pub use events::{DisconnectReason, TransportEvent};
-pub use pipes::{ConnectionInfo, FRAME_OVERHEAD, Transport, TransportStats};
 
 #[cfg(test)]
 mod tests;
