@@ -105,8 +105,8 @@ impl Drop for Shared {
     /// dropped with this, stops the sharding tasks).
     ///
     /// After a completed `shutdown` (or the stop of a node that left the
-    /// cluster) there is nothing left to kill; a `shutdown` that was itself
-    /// dropped halfway is finished here.
+    /// cluster) there is nothing left to kill. A `shutdown` under way holds
+    /// the system on its own task, so this never runs in its middle.
     fn drop(&mut self) {
         self.stopped.store(true, Ordering::Release);
         let regions = self.regions.get_mut().unwrap_or_else(|p| p.into_inner());

@@ -191,6 +191,32 @@ async fn where_retrying(entity: &EntityRef<Seq>) -> String {
     }
 }
 
+/// A fourth node with a proxy-only region of `Seq`, once all four are Up:
+/// a client whose every ask goes straight to the shard's owner.
+async fn join_proxy(nodes: &[Node]) -> (ClusterNode, ShardedSystem) {
+    let proxy_cluster = start_cluster_node(vec![nodes[0].cluster.bound_addr()], &[]).await;
+    let all: Vec<&ClusterNode> = nodes
+        .iter()
+        .map(|n| &n.cluster)
+        .chain([&proxy_cluster])
+        .collect();
+    wait_up(&all, 4).await;
+    let proxy = start_system(&proxy_cluster).await;
+    proxy.register_proxy::<Seq>().await.expect("proxy");
+    (proxy_cluster, proxy)
+}
+
+/// The first entity `<prefix>-k` that lives on the node labelled `label`.
+async fn entity_living_on(system: &ShardedSystem, prefix: &str, label: &str) -> EntityRef<Seq> {
+    for k in 0..200 {
+        let entity = system.entity_ref::<Seq>(format!("{prefix}-{k}"));
+        if where_retrying(&entity).await == label {
+            return entity;
+        }
+    }
+    panic!("no entity of 200 lives on {label}")
+}
+
 /// Polls `cond` until it holds; fails the test after `LONG`.
 async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + LONG;
@@ -437,15 +463,7 @@ async fn a_rolling_restart_behind_a_proxy_loses_nothing_and_moves_shards_a_bound
     let mut nodes = cluster_of(3).await;
     // The client: a proxy-only region on a fourth node, which routes and
     // hosts nothing.
-    let proxy_cluster = start_cluster_node(vec![nodes[0].cluster.bound_addr()], &[]).await;
-    let all: Vec<&ClusterNode> = nodes
-        .iter()
-        .map(|n| &n.cluster)
-        .chain([&proxy_cluster])
-        .collect();
-    wait_up(&all, 4).await;
-    let proxy = start_system(&proxy_cluster).await;
-    proxy.register_proxy::<Seq>().await.expect("proxy");
+    let (proxy_cluster, proxy) = join_proxy(&nodes).await;
     let writers = Writers::start(&proxy, "rolling", 8, 8);
     writers.run_for(3).await;
     let ledger = nodes[0].ledger.clone();
@@ -524,15 +542,7 @@ async fn a_rolling_restart_behind_a_proxy_loses_nothing_and_moves_shards_a_bound
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn graceful_leaves_by_node_shutdown_alone_fail_no_ask_and_process_nothing_twice() {
     let mut nodes = cluster_of(3).await;
-    let proxy_cluster = start_cluster_node(vec![nodes[0].cluster.bound_addr()], &[]).await;
-    let all: Vec<&ClusterNode> = nodes
-        .iter()
-        .map(|n| &n.cluster)
-        .chain([&proxy_cluster])
-        .collect();
-    wait_up(&all, 4).await;
-    let proxy = start_system(&proxy_cluster).await;
-    proxy.register_proxy::<Seq>().await.expect("proxy");
+    let (proxy_cluster, proxy) = join_proxy(&nodes).await;
     let from_proxy = Writers::start(&proxy, "bare-p", 6, 8);
     let from_coordinator = Writers::start(&nodes[0].system, "bare-c", 2, 8);
     from_proxy.run_for(2).await;
@@ -599,24 +609,8 @@ async fn graceful_leaves_by_node_shutdown_alone_fail_no_ask_and_process_nothing_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ask_handed_on_by_a_leaver_is_answered_after_the_leaver_is_gone() {
     let nodes = cluster_of(3).await;
-    let proxy_cluster = start_cluster_node(vec![nodes[0].cluster.bound_addr()], &[]).await;
-    let all: Vec<&ClusterNode> = nodes
-        .iter()
-        .map(|n| &n.cluster)
-        .chain([&proxy_cluster])
-        .collect();
-    wait_up(&all, 4).await;
-    let proxy = start_system(&proxy_cluster).await;
-    proxy.register_proxy::<Seq>().await.expect("proxy");
-    let mut on_leaver = None;
-    for k in 0..200 {
-        let entity = proxy.entity_ref::<Seq>(format!("handed-on-{k}"));
-        if where_retrying(&entity).await == "node-2" {
-            on_leaver = Some(entity);
-            break;
-        }
-    }
-    let entity = on_leaver.expect("an entity on node 2");
+    let (proxy_cluster, proxy) = join_proxy(&nodes).await;
+    let entity = entity_living_on(&proxy, "handed-on", "node-2").await;
     let long = Duration::from_secs(20);
     // The entity is busy, so its shard's handoff waits for it...
     let busy = {
@@ -676,15 +670,7 @@ async fn an_ask_handed_on_by_a_leaver_is_answered_after_the_leaver_is_gone() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_graceful_stop_whose_caller_gives_up_goes_on_to_the_end() {
     let nodes = cluster_of(3).await;
-    let mut on_leaver = None;
-    for k in 0..200 {
-        let entity = nodes[0].system.entity_ref::<Seq>(format!("stop-{k}"));
-        if where_retrying(&entity).await == "node-2" {
-            on_leaver = Some(entity);
-            break;
-        }
-    }
-    let entity = on_leaver.expect("an entity on node 2");
+    let entity = entity_living_on(&nodes[0].system, "stop", "node-2").await;
     // A busy entity holds its shard's handoff for a while.
     let busy = tokio::spawn(async move { entity.ask(Slow(1_000), LONG).await });
     tokio::time::sleep(Duration::from_millis(50)).await;

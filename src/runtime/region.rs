@@ -280,6 +280,7 @@ impl Region {
     /// A coordinator accepted this region (sent it the type's table).
     pub(crate) fn accepted(&self) {
         self.refused.store(false, Ordering::Release);
+        *self.refusal.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
 
     pub(crate) fn num_shards(&self) -> u32 {

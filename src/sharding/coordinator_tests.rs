@@ -1875,38 +1875,30 @@ fn a_takeover_moves_the_old_coordinators_shards_one_margin_after_its_down() {
         hold_through_unreachability: true,
         ..CoordinatorConfig::default()
     };
-    let mut c = CoordinatorCore::new(n[1], config, Box::new(LeastShardAllocation));
-    c.set_membership(t0, &split_view(n[1], &n, &n[..1]));
-    assert!(
-        !c.is_active(),
-        "node 1 holds the role while only unreachable"
-    );
     // The driver seeds the table from this node's replica before the
     // takeover: shard 0 lives on the old coordinator, shard 1 on node 3.
-    let seeded = [
-        (
-            0,
-            ShardHome {
-                owner: n[0],
-                generation: 1,
-            },
-        ),
-        (
-            1,
-            ShardHome {
-                owner: n[2],
-                generation: 1,
-            },
-        ),
-    ];
-    c.seed(TYPE, FP, 4, &seeded);
-    // Node 1 is downed: node 2 takes over at that view.
+    // Node 1 is downed: node 2 takes over at that view (t1).
     let t1 = t0 + Duration::from_millis(500);
-    c.set_membership(t1, &view(n[1], &n[1..], &n[..1], &[]));
-    assert!(c.is_active());
-    for a in &n[1..] {
-        c.register(t1, *a, &reg(4, vec![(1, n[2], 1)]));
-    }
+    let taken_over = || {
+        let mut c = CoordinatorCore::new(n[1], config, Box::new(LeastShardAllocation));
+        c.set_membership(t0, &split_view(n[1], &n, &n[..1]));
+        assert!(
+            !c.is_active(),
+            "node 1 holds the role while only unreachable"
+        );
+        let home = |owner| ShardHome {
+            owner,
+            generation: 1,
+        };
+        c.seed(TYPE, FP, 4, &[(0, home(n[0])), (1, home(n[2]))]);
+        c.set_membership(t1, &view(n[1], &n[1..], &n[..1], &[]));
+        assert!(c.is_active());
+        for a in &n[1..] {
+            c.register(t1, *a, &reg(4, vec![(1, n[2], 1)]));
+        }
+        c
+    };
+    let mut c = taken_over();
     // The old coordinator's shard moves one margin after its Down (once the
     // quiet period ends), not a margin after that; a fresh shard is placed
     // at the same instant.
@@ -1914,13 +1906,7 @@ fn a_takeover_moves_the_old_coordinators_shards_one_margin_after_its_down() {
     assert!(tells_home(&c.get_home(t1 + m, n[2], TYPE, 2, 0), 2));
     // A member downed during the quiet period: its shards move one margin
     // after its own Down.
-    let mut c = CoordinatorCore::new(n[1], config, Box::new(LeastShardAllocation));
-    c.set_membership(t0, &split_view(n[1], &n, &n[..1]));
-    c.seed(TYPE, FP, 4, &seeded);
-    c.set_membership(t1, &view(n[1], &n[1..], &n[..1], &[]));
-    for a in &n[1..] {
-        c.register(t1, *a, &reg(4, vec![(1, n[2], 1)]));
-    }
+    let mut c = taken_over();
     let t2 = t1 + Duration::from_millis(500);
     c.set_membership(t2, &view(n[1], &n[1..2], &[n[0], n[2]], &[]));
     moves_off_at(&mut c, 1, n[2], t2 + m);
