@@ -111,7 +111,7 @@ where
 /// It cannot be sent inside a message.
 #[must_use = "dropping a ReplyPort answers the asker with EntityStopped"]
 pub struct ReplyPort<R> {
-    reply: crate::private::ReplyTo<R>,
+    reply: crate::envelope::ReplyTo<R>,
 }
 
 impl<R> std::fmt::Debug for ReplyPort<R> {
@@ -121,7 +121,7 @@ impl<R> std::fmt::Debug for ReplyPort<R> {
 }
 
 impl<R: serde::Serialize + Send + 'static> ReplyPort<R> {
-    pub(crate) fn new(reply: crate::private::ReplyTo<R>) -> Self {
+    pub(crate) fn new(reply: crate::envelope::ReplyTo<R>) -> Self {
         ReplyPort { reply }
     }
 

@@ -58,7 +58,9 @@
 pub mod __private;
 pub mod cluster;
 mod config;
+mod dispatch;
 mod entity;
+mod envelope;
 mod error;
 mod extractor;
 pub mod guarantees;
@@ -72,8 +74,6 @@ mod system;
 pub mod transport;
 mod warn_limit;
 pub mod wire;
-
-pub(crate) use __private as private;
 
 pub use config::{
     MAX_SHARDS, RememberEntitiesConfig, RememberEntitiesFailurePolicy, ShardingConfig,

@@ -36,10 +36,11 @@ use tokio::sync::oneshot;
 
 use crate::cluster::ClusterNode;
 use crate::config::ShardingConfig;
+use crate::dispatch::{Dispatch, envelope_of};
 use crate::entity::{Entity, EntityContext};
 use crate::error::{ShardingError, ShardingResult};
 use crate::extractor::{ShardExtractor, ShardId};
-use crate::private::{Dispatch, LocalEnvelope, SealedProtocol};
+use crate::protocol::SealedProtocol;
 use crate::protocol::{Ask, Protocol, Tell};
 use crate::runtime::entity_actor::{EntityActor, EntityArgs, Factory, StopNotice};
 use crate::runtime::region::{Region, RegionCluster, RegionProtocol, Spawner};
@@ -839,11 +840,7 @@ impl<P: Protocol> EntityRef<P> {
     /// buffered), not when it is processed.
     pub async fn tell<M: Tell<P>>(&self, msg: M) -> ShardingResult<()> {
         let region = self.region()?;
-        region.deliver(
-            self.shard,
-            &self.entity_id,
-            LocalEnvelope::new::<P, M>(msg, None),
-        )
+        region.deliver(self.shard, &self.entity_id, envelope_of::<P, M>(msg, None))
     }
 
     /// Sends an ask message and waits up to `timeout` for its reply.
@@ -855,7 +852,7 @@ impl<P: Protocol> EntityRef<P> {
         region.deliver(
             self.shard,
             &self.entity_id,
-            LocalEnvelope::new::<P, M>(msg, Some(reply)),
+            envelope_of::<P, M>(msg, Some(reply)),
         )?;
         match tokio::time::timeout(timeout, replied).await {
             Ok(Ok(result)) => result,

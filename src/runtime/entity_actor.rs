@@ -7,8 +7,9 @@ use std::time::{Duration, Instant};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
+use crate::dispatch::{Dispatch, OutcomeKind, panic_message};
 use crate::entity::{Entity, EntityContext};
-use crate::private::{Dispatch, LocalEnvelope, OutcomeKind, panic_message};
+use crate::envelope::LocalEnvelope;
 use crate::runtime::shard_actor::ShardMsg;
 
 /// Builds an entity incarnation.

@@ -8,10 +8,10 @@ use std::time::Duration;
 use ractor::{ActorCell, ActorRef, ActorStatus, MessagingErr, RactorErr};
 
 use crate::entity::EntityContext;
+use crate::envelope::{LocalEnvelope, RemoteReply, Undecodable};
 use crate::error::{ShardingError, ShardingResult};
 use crate::extractor::ShardId;
 use crate::identity::UniqueAddress;
-use crate::private::{LocalEnvelope, RemoteReply, Undecodable};
 use crate::runtime::entity_actor::EntityMsg;
 use crate::runtime::region_actor::RegionMsg;
 use crate::runtime::shard_actor::ShardMsg;

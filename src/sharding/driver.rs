@@ -28,11 +28,11 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::cluster::ClusterNode;
+use crate::envelope::{RemoteReply, ReplySink};
 use crate::error::{RegionRefusal, ShardingError, ShardingResult};
 use crate::extractor::ShardId;
 use crate::identity::UniqueAddress;
 use crate::membership::{MemberStatus, MembershipState};
-use crate::private::{RemoteReply, ReplySink};
 use crate::runtime::region::{HomeChange, Region};
 use crate::runtime::region_actor::RegionMsg;
 use crate::sharding::coordinator::{

@@ -21,12 +21,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
 
+use crate::envelope::{
+    LocalEnvelope, PendingReply, ReplySink, ReplyTarget, Route, with_frame, with_scratch,
+};
 use crate::error::{ShardingError, ShardingResult};
 use crate::extractor::ShardId;
 use crate::identity::UniqueAddress;
-use crate::private::{
-    LocalEnvelope, PendingReply, ReplySink, ReplyTarget, Route, with_frame, with_scratch,
-};
 use crate::runtime::region::Region;
 use crate::sharding::coordinator::ShardHome;
 use crate::sharding::fast::{self, EnvelopeRef};

@@ -9,21 +9,11 @@
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use crate::error::ShardingError;
+use crate::envelope::ReplyTarget;
+pub use crate::error::RemoteError;
 use crate::identity::UniqueAddress;
-use crate::private::ReplyTarget;
 pub(crate) use crate::sharding::fast::EnvelopeRef;
 use crate::wire::payload;
-
-/// Borrowed serde helper for a byte-string field (the encoding side of
-/// [`payload`]).
-pub(crate) mod bytes_ref {
-    use serde::Serializer;
-
-    pub(crate) fn serialize<S: Serializer>(bytes: &&[u8], s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_bytes(bytes)
-    }
-}
 
 /// A message on the data channel, as decoded by the receiver.
 #[derive(Debug, Deserialize)]
@@ -91,7 +81,7 @@ pub(crate) enum ReplyBodyOut<'a> {
     /// Written by `fast::encode_reply_ok` in these exact bytes; serde's
     /// encoding of it is what tests compare with.
     #[cfg_attr(not(test), allow(dead_code))]
-    Ok(#[serde(with = "bytes_ref")] &'a [u8]),
+    Ok(#[serde(with = "payload::borrowed")] &'a [u8]),
     Err(&'a RemoteError),
 }
 
@@ -259,169 +249,6 @@ impl ControlMsg {
             | ControlMsg::HandOff { epoch, .. }
             | ControlMsg::Left { epoch, .. } => Some(*epoch),
             _ => None,
-        }
-    }
-}
-
-/// A [`ShardingError`] as it crosses the wire: the variants without the
-/// fields the asker knows already (type name, entity id).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum RemoteError {
-    /// The shard's buffer on the remote node is full; not processed.
-    BufferOverflow {
-        /// The shard.
-        shard: u32,
-    },
-    /// The handler panicked.
-    EntityPanicked {
-        /// The panic message.
-        panic: String,
-    },
-    /// The entity stopped before replying.
-    EntityStopped,
-    /// The handler returned an error.
-    Handler(String),
-    /// The remote system is shutting down; not processed.
-    ShuttingDown,
-    /// The type is not registered on the remote node; not processed.
-    NotRegistered,
-    /// The shard is out of the remote node's range; not processed.
-    InvalidShard {
-        /// The shard named.
-        shard: u32,
-        /// The remote node's shard count.
-        num_shards: u32,
-    },
-    /// The remote remember-entities store failed (FailClosed).
-    RememberEntities {
-        /// The shard.
-        shard: u32,
-        /// The store's error.
-        message: String,
-    },
-    /// The receiver's fingerprint of the protocol differs; not processed.
-    ProtocolMismatch {
-        /// The receiver's fingerprint.
-        receiver: u64,
-        /// The fingerprint the envelope carried.
-        sender: u64,
-    },
-    /// The message did not decode on the receiver; not processed.
-    Undecodable {
-        /// What did not decode.
-        what: String,
-        /// The decoder's error.
-        error: String,
-    },
-    /// Forwarded too often; not processed.
-    TooManyHops {
-        /// How often.
-        hops: u8,
-    },
-    /// A node further on was lost.
-    PeerLost {
-        /// That node.
-        node: String,
-    },
-    /// Anything else, as text.
-    Other(String),
-}
-
-impl From<&ShardingError> for RemoteError {
-    fn from(error: &ShardingError) -> Self {
-        use ShardingError as E;
-        match error {
-            E::BufferOverflow { shard_id, .. } => RemoteError::BufferOverflow { shard: shard_id.0 },
-            E::EntityPanicked { panic, .. } => RemoteError::EntityPanicked {
-                panic: panic.clone(),
-            },
-            E::EntityStopped { .. } => RemoteError::EntityStopped,
-            E::Handler(message) => RemoteError::Handler(message.clone()),
-            E::ShuttingDown => RemoteError::ShuttingDown,
-            E::NotRegistered { .. } => RemoteError::NotRegistered,
-            E::InvalidShard {
-                shard_id,
-                num_shards,
-                ..
-            } => RemoteError::InvalidShard {
-                shard: shard_id.0,
-                num_shards: *num_shards,
-            },
-            E::RememberEntities {
-                shard_id, message, ..
-            } => RemoteError::RememberEntities {
-                shard: shard_id.0,
-                message: message.clone(),
-            },
-            E::ProtocolMismatch { local, remote, .. } => RemoteError::ProtocolMismatch {
-                receiver: *local,
-                sender: *remote,
-            },
-            E::Undecodable { what, error } => RemoteError::Undecodable {
-                what: what.clone(),
-                error: error.clone(),
-            },
-            E::TooManyHops { hops, .. } => RemoteError::TooManyHops { hops: *hops },
-            E::PeerLost { node, .. } => RemoteError::PeerLost { node: node.clone() },
-            other => RemoteError::Other(other.to_string()),
-        }
-    }
-}
-
-impl RemoteError {
-    /// The error as the asker sees it: `node` answered for `entity_id` of `type_name`.
-    pub(crate) fn into_error(
-        self,
-        type_name: &'static str,
-        entity_id: &str,
-        node: &UniqueAddress,
-    ) -> ShardingError {
-        use crate::extractor::ShardId;
-        match self {
-            RemoteError::BufferOverflow { shard } => ShardingError::BufferOverflow {
-                type_name,
-                shard_id: ShardId(shard),
-            },
-            RemoteError::EntityPanicked { panic } => ShardingError::EntityPanicked {
-                type_name,
-                entity_id: entity_id.to_owned(),
-                panic,
-            },
-            RemoteError::EntityStopped => ShardingError::EntityStopped {
-                type_name,
-                entity_id: entity_id.to_owned(),
-            },
-            RemoteError::Handler(message) => ShardingError::Handler(message),
-            RemoteError::ShuttingDown => ShardingError::ShuttingDown,
-            RemoteError::NotRegistered => ShardingError::NotRegistered { type_name },
-            RemoteError::InvalidShard { shard, num_shards } => ShardingError::InvalidShard {
-                entity_id: entity_id.to_owned(),
-                shard_id: ShardId(shard),
-                num_shards,
-            },
-            RemoteError::RememberEntities { shard, message } => ShardingError::RememberEntities {
-                type_name,
-                shard_id: ShardId(shard),
-                message,
-            },
-            RemoteError::ProtocolMismatch { receiver, sender } => ShardingError::ProtocolMismatch {
-                type_name,
-                local: sender,
-                remote: receiver,
-                node: node.to_string(),
-            },
-            RemoteError::Undecodable { what, error } => ShardingError::Undecodable { what, error },
-            RemoteError::TooManyHops { hops } => ShardingError::TooManyHops {
-                type_name,
-                entity_id: entity_id.to_owned(),
-                hops,
-            },
-            RemoteError::PeerLost { node } => ShardingError::PeerLost {
-                type_name,
-                entity_id: entity_id.to_owned(),
-                node,
-            },
-            RemoteError::Other(message) => ShardingError::Remote(message),
         }
     }
 }

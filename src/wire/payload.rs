@@ -37,3 +37,12 @@ impl<'de> Visitor<'de> for BytesVisitor {
         Ok(Bytes::from(v))
     }
 }
+
+/// The same encoding for a borrowed byte-string field (encode side only).
+pub(crate) mod borrowed {
+    use serde::Serializer;
+
+    pub(crate) fn serialize<S: Serializer>(bytes: &&[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(bytes)
+    }
+}

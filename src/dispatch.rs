@@ -1,0 +1,235 @@
+//! How a type-erased envelope reaches a typed handler: the [`Dispatch`]
+//! that `protocol!` implements for each protocol, the [`Handles`] bridge to
+//! an entity's `Handler` and `DeferredHandler` impls, and the typed doors
+//! into the envelope module (`envelope_of` for a send on this node,
+//! `decode_as` for a message from another node).
+
+use std::any::Any;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+
+use futures_util::FutureExt;
+use tokio::sync::oneshot;
+
+use crate::entity::{DeferredHandler, Entity, EntityContext, Handler, ReplyPort};
+use crate::envelope::{LocalEnvelope, RemoteReply, ReplyTo, Undecodable, from_cbor};
+use crate::error::{ShardingError, ShardingResult};
+use crate::protocol::{Message, Protocol};
+
+/// Runs a type-erased envelope against an entity. `protocol!` implements it for
+/// the protocol marker, generic over every entity that handles all its messages.
+pub trait Dispatch<E: Entity<Protocol = Self>>: Protocol {
+    /// Handles one envelope on `entity`.
+    fn dispatch(
+        entity: &mut E,
+        envelope: LocalEnvelope,
+        ctx: &EntityContext,
+    ) -> impl Future<Output = Outcome> + Send;
+}
+
+/// The envelope of message `msg` of `P` sent on this node; `reply` is the
+/// asker's, `None` for a tell.
+pub(crate) fn envelope_of<P: Protocol, M: Message<P>>(
+    msg: M,
+    reply: Option<oneshot::Sender<ShardingResult<M::Reply>>>,
+) -> LocalEnvelope {
+    LocalEnvelope::local(M::INDEX, msg, reply)
+}
+
+/// Decodes message `M` of `P` from its CBOR bytes into an envelope whose
+/// reply (if any) goes back to the remote asker.
+pub fn decode_as<P: Protocol, M: Message<P>>(
+    bytes: &[u8],
+    reply: Option<RemoteReply>,
+    hops: u8,
+) -> Result<LocalEnvelope, Box<Undecodable>> {
+    match from_cbor::<M>(bytes) {
+        Ok(msg) => {
+            let reply = match reply {
+                Some(remote) => ReplyTo::Remote(remote),
+                None => ReplyTo::Nobody,
+            };
+            Ok(LocalEnvelope::build::<M, M::Reply>(
+                M::INDEX,
+                msg,
+                reply,
+                hops,
+            ))
+        }
+        Err(error) => Err(Box::new(Undecodable {
+            error: ShardingError::Undecodable {
+                what: format!("message {} of `{}`", M::INDEX, P::TYPE_NAME),
+                error: error.to_string(),
+            },
+            reply,
+        })),
+    }
+}
+
+/// What handling one envelope did to the entity.
+#[derive(Debug)]
+pub struct Outcome(pub(crate) OutcomeKind);
+
+#[derive(Debug)]
+pub(crate) enum OutcomeKind {
+    /// The handler ran to completion (with `Ok` or `Err`).
+    Handled,
+    /// The handler panicked; the entity must be rebuilt.
+    Panicked(String),
+    /// The envelope did not belong to this protocol (a bug).
+    Unknown,
+}
+
+impl Outcome {
+    /// The envelope's index is not in the protocol: fail it as a bug.
+    pub fn unknown(envelope: LocalEnvelope) -> Self {
+        let index = envelope.index();
+        envelope.fail(ShardingError::Bug(format!(
+            "message index {index} is not in the protocol"
+        )));
+        Outcome(OutcomeKind::Unknown)
+    }
+}
+
+/// The line style of a `tell`/`ask` message: the handler's return value is
+/// the reply.
+pub enum Direct {}
+/// The line style of a `defer` message: the handler gets a [`ReplyPort`].
+pub enum Deferred {}
+
+/// How entity `Self` handles message `M` of style `S` (`Direct` or
+/// `Deferred`): what `protocol!`'s dispatch requires of an entity for each
+/// line, implemented for every entity with the matching handler.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` does not handle `{M}` as its protocol declares",
+    label = "missing a handler",
+    note = "an entity implements `Handler<{M}>` for a `tell` or `ask` line, `DeferredHandler<{M}>` for a `defer` line"
+)]
+pub trait Handles<M, S>: Entity
+where
+    M: Message<Self::Protocol>,
+{
+    /// Runs the handler on one envelope known to carry `M`.
+    fn run(
+        &mut self,
+        envelope: LocalEnvelope,
+        ctx: &EntityContext,
+    ) -> impl Future<Output = Outcome> + Send;
+}
+
+impl<E, M> Handles<M, Direct> for E
+where
+    E: Handler<M>,
+    M: Message<E::Protocol>,
+{
+    fn run(
+        &mut self,
+        envelope: LocalEnvelope,
+        ctx: &EntityContext,
+    ) -> impl Future<Output = Outcome> + Send {
+        handle_local::<E::Protocol, E, M>(self, envelope, ctx)
+    }
+}
+
+impl<E, M> Handles<M, Deferred> for E
+where
+    E: DeferredHandler<M>,
+    M: Message<E::Protocol>,
+{
+    fn run(
+        &mut self,
+        envelope: LocalEnvelope,
+        ctx: &EntityContext,
+    ) -> impl Future<Output = Outcome> + Send {
+        handle_deferred::<E::Protocol, E, M>(self, envelope, ctx)
+    }
+}
+
+/// The typed message inside an envelope known to carry `M`; a mismatch (a
+/// bug) is answered and reported as such.
+fn open<M: 'static, R: 'static>(envelope: LocalEnvelope) -> Result<(M, ReplyTo<R>), Outcome> {
+    envelope.open::<M, R>().ok_or(Outcome(OutcomeKind::Unknown))
+}
+
+/// Handles one envelope of a `defer` line: the reply slot becomes the
+/// handler's `ReplyPort`.
+async fn handle_deferred<P, E, M>(
+    entity: &mut E,
+    envelope: LocalEnvelope,
+    ctx: &EntityContext,
+) -> Outcome
+where
+    P: Protocol,
+    E: Entity<Protocol = P> + DeferredHandler<M>,
+    M: Message<P>,
+{
+    let (msg, reply) = match open::<M, M::Reply>(envelope) {
+        Ok(typed) => typed,
+        Err(outcome) => return outcome,
+    };
+    let port = ReplyPort::new(reply);
+    match AssertUnwindSafe(async move { entity.handle(msg, port, ctx).await })
+        .catch_unwind()
+        .await
+    {
+        Ok(Ok(())) => Outcome(OutcomeKind::Handled),
+        Ok(Err(error)) => {
+            tracing::warn!(type_name = ctx.type_name(), entity_id = ctx.entity_id(), %error, "deferred handler failed");
+            Outcome(OutcomeKind::Handled)
+        }
+        // The port went down with the handler: its asker hears the entity stopped.
+        Err(payload) => Outcome(OutcomeKind::Panicked(panic_message(payload.as_ref()))),
+    }
+}
+
+/// Handles one envelope known to carry `M`: runs the handler, catches a panic,
+/// and answers the asker.
+pub async fn handle_local<P, E, M>(
+    entity: &mut E,
+    envelope: LocalEnvelope,
+    ctx: &EntityContext,
+) -> Outcome
+where
+    P: Protocol,
+    E: Entity<Protocol = P> + Handler<M>,
+    M: Message<P>,
+{
+    let (msg, reply) = match open::<M, M::Reply>(envelope) {
+        Ok(typed) => typed,
+        Err(outcome) => return outcome,
+    };
+    // The whole call sits inside the guarded future, so a panic before
+    // `handle` returns its future is caught too.
+    match AssertUnwindSafe(async move { entity.handle(msg, ctx).await })
+        .catch_unwind()
+        .await
+    {
+        Ok(result) => {
+            if let (ReplyTo::Nobody, Err(error)) = (&reply, &result) {
+                tracing::warn!(type_name = ctx.type_name(), entity_id = ctx.entity_id(), %error, "tell handler failed");
+            }
+            reply.answer(result);
+            Outcome(OutcomeKind::Handled)
+        }
+        Err(payload) => {
+            let panic = panic_message(payload.as_ref());
+            let error = ShardingError::EntityPanicked {
+                type_name: ctx.type_name(),
+                entity_id: ctx.entity_id().to_owned(),
+                panic: panic.clone(),
+            };
+            reply.answer(Err(error));
+            Outcome(OutcomeKind::Panicked(panic))
+        }
+    }
+}
+
+pub(crate) fn panic_message(payload: &(dyn Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_owned()
+    }
+}

@@ -1,0 +1,165 @@
+//! The hand-written envelope and reply codec against serde's, byte for byte.
+
+use quickcheck::{Arbitrary, Gen, QuickCheck};
+
+use super::*;
+use crate::sharding::wire::{DataMsg, DataMsgOut, ReplyBody, ReplyBodyOut};
+
+#[derive(Clone, Debug)]
+struct Case {
+    type_name: String,
+    fingerprint: u64,
+    shard: u32,
+    generation: u64,
+    entity_id: String,
+    index: u16,
+    hops: u8,
+    reply_to: Option<(bool, [u8; 16], u16, u64, u64, u64)>,
+    payload: Vec<u8>,
+}
+
+impl Arbitrary for Case {
+    fn arbitrary(g: &mut Gen) -> Self {
+        let mut ip = [0u8; 16];
+        for b in &mut ip {
+            *b = u8::arbitrary(g);
+        }
+        Case {
+            type_name: String::arbitrary(g),
+            fingerprint: u64::arbitrary(g),
+            shard: u32::arbitrary(g),
+            generation: u64::arbitrary(g),
+            entity_id: String::arbitrary(g),
+            index: u16::arbitrary(g),
+            hops: u8::arbitrary(g),
+            reply_to: Option::<(bool, u16, u64, u64, u64)>::arbitrary(g)
+                .map(|(v6, port, id, inc, ask)| (v6, ip, port, id, inc, ask)),
+            payload: Vec::arbitrary(g),
+        }
+    }
+}
+
+impl Case {
+    fn target(&self) -> Option<ReplyTarget> {
+        self.reply_to.map(|(v6, ip, port, id, inc, ask)| {
+            let ip = if v6 {
+                IpAddr::V6(Ipv6Addr::from(ip))
+            } else {
+                IpAddr::V4(Ipv4Addr::new(ip[0], ip[1], ip[2], ip[3]))
+            };
+            ReplyTarget {
+                origin: UniqueAddress {
+                    addr: SocketAddr::new(ip, port),
+                    node_id: NodeId(id),
+                    incarnation: inc,
+                },
+                ask_id: ask,
+            }
+        })
+    }
+
+    fn as_ref(&self) -> EnvelopeRef<'_> {
+        EnvelopeRef {
+            type_name: &self.type_name,
+            fingerprint: self.fingerprint,
+            shard: self.shard,
+            generation: self.generation,
+            entity_id: &self.entity_id,
+            index: self.index,
+            hops: self.hops,
+            reply_to: self.target(),
+            payload: &self.payload,
+        }
+    }
+}
+
+fn serde_bytes(c: &Case) -> Vec<u8> {
+    DataMsgOut::Envelope(c.as_ref()).encode()
+}
+
+fn envelope_agrees(c: Case) -> bool {
+    let mut fast = Vec::new();
+    encode_envelope(&mut fast, &c.as_ref());
+    let same_bytes = fast == serde_bytes(&c);
+    let decoded = decode(&fast) == Some(DataRef::Envelope(c.as_ref()));
+    let serde_reads = match ciborium::from_reader::<DataMsg, _>(&fast[..]) {
+        Ok(DataMsg::Envelope(e)) => {
+            e.type_name == c.type_name
+                && e.entity_id == c.entity_id
+                && e.payload[..] == c.payload[..]
+                && e.reply_to == c.target()
+                && e.generation == c.generation
+        }
+        _ => false,
+    };
+    same_bytes && decoded && serde_reads
+}
+
+fn reply_agrees(ask_id: u64, value: Vec<u8>) -> bool {
+    let mut fast = Vec::new();
+    encode_reply_ok(&mut fast, ask_id, &value);
+    let serde = DataMsgOut::Reply {
+        ask_id,
+        result: ReplyBodyOut::Ok(&value),
+    }
+    .encode();
+    let serde_reads = matches!(
+        ciborium::from_reader::<DataMsg, _>(&fast[..]),
+        Ok(DataMsg::Reply { ask_id: a, result: ReplyBody::Ok(v) }) if a == ask_id && v[..] == value[..]
+    );
+    fast == serde
+        && decode(&fast)
+            == Some(DataRef::ReplyOk {
+                ask_id,
+                value: &value,
+            })
+        && serde_reads
+}
+
+/// Whatever the fast decoder accepts (of mutated valid bodies), serde
+/// decodes to the same message.
+fn mutated_agrees(c: Case, flips: Vec<(usize, u8)>) -> bool {
+    let mut bytes = Vec::new();
+    encode_envelope(&mut bytes, &c.as_ref());
+    for (at, x) in flips {
+        if !bytes.is_empty() {
+            let i = at % bytes.len();
+            bytes[i] ^= x;
+        }
+    }
+    match decode(&bytes) {
+        None => true,
+        Some(DataRef::Envelope(e)) => matches!(
+            ciborium::from_reader::<DataMsg, _>(&bytes[..]),
+            Ok(DataMsg::Envelope(s)) if s.type_name == e.type_name && s.entity_id == e.entity_id
+                && s.payload[..] == *e.payload && s.reply_to == e.reply_to && s.shard == e.shard
+                && s.fingerprint == e.fingerprint && s.generation == e.generation
+                && s.index == e.index && s.hops == e.hops
+        ),
+        Some(DataRef::ReplyOk { ask_id, value }) => matches!(
+            ciborium::from_reader::<DataMsg, _>(&bytes[..]),
+            Ok(DataMsg::Reply { ask_id: a, result: ReplyBody::Ok(v) }) if a == ask_id && v[..] == *value
+        ),
+    }
+}
+
+#[test]
+fn fast_envelopes_are_serdes_bytes() {
+    QuickCheck::new()
+        .tests(2000)
+        .quickcheck(envelope_agrees as fn(Case) -> bool);
+}
+
+#[test]
+fn fast_replies_are_serdes_bytes() {
+    QuickCheck::new()
+        .tests(1000)
+        .quickcheck(reply_agrees as fn(u64, Vec<u8>) -> bool);
+}
+
+#[test]
+fn fast_decoder_never_disagrees_with_serde() {
+    QuickCheck::new()
+        .tests(3000)
+        .quickcheck(mutated_agrees as fn(Case, Vec<(usize, u8)>) -> bool);
+}
