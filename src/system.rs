@@ -474,9 +474,10 @@ impl<S> ShardedSystem<S> {
         } else {
             config.passivation_idle_timeout
         };
-        let spawner: Spawner = Box::new(move |ctx, incarnation, shard| {
+        let spawner: Spawner = Box::new(move |ctx, incarnation, region| {
             let notice = StopNotice {
-                shard,
+                region,
+                shard: ctx.shard_id(),
                 entity_id: ctx.entity_id_arc(),
                 incarnation,
             };
@@ -979,13 +980,133 @@ mod finishing_tests {
                 generation,
             },
         );
-        assert!(matches!(change, crate::runtime::region::HomeChange::Remote));
+        assert!(matches!(change, crate::runtime::slot::HomeChange::Remote));
         assert!(
             done.load(Ordering::Relaxed) < WORK,
             "the mailbox is still being worked through"
         );
         system.shutdown().await;
         assert_eq!(done.load(Ordering::Relaxed), WORK);
+        let _ = cluster.shutdown().await;
+    }
+
+    /// Counts the incarnations alive at once (SlowEntity's work, and the
+    /// most that ever ran side by side).
+    struct Tracked {
+        done: Arc<AtomicU64>,
+        alive: Arc<AtomicU64>,
+    }
+
+    impl Drop for Tracked {
+        fn drop(&mut self) {
+            self.alive.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    impl Entity for Tracked {
+        type Protocol = Slow;
+    }
+
+    impl Handler<Work> for Tracked {
+        async fn handle(&mut self, _: Work, _: &EntityContext) -> ShardingResult<()> {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            self.done.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        }
+    }
+
+    impl Handler<Ready> for Tracked {
+        async fn handle(&mut self, _: Ready, _: &EntityContext) -> ShardingResult<()> {
+            Ok(())
+        }
+    }
+
+    /// A shard moves away without a handoff and comes back while an entity
+    /// still finishes its mailbox: the entity's next incarnation waits for
+    /// the old one to stop (its stop notice reaches the region although
+    /// the shard it was started in has moved), so two never run at once
+    /// (SPEC §13.3).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_shard_back_before_its_entities_finished_holds_their_next_incarnations() {
+        let config = ClusterConfig::builder()
+            .cluster_name("back-test")
+            .secret("back-secret")
+            .build();
+        let cluster = ClusterNode::start(config).await.expect("node starts");
+        cluster
+            .wait_until(|s| s.up_members().count() == 1, Duration::from_secs(30))
+            .await
+            .expect("Up");
+        let system = ShardedSystem::builder()
+            .node(cluster.clone())
+            .passivation_idle_timeout(None)
+            .start()
+            .await
+            .expect("system starts");
+        let done = Arc::new(AtomicU64::new(0));
+        let alive = Arc::new(AtomicU64::new(0));
+        let most = Arc::new(AtomicU64::new(0));
+        let (d, a, m) = (done.clone(), alive.clone(), most.clone());
+        system
+            .register::<Tracked>(move |_| {
+                let now = a.fetch_add(1, Ordering::SeqCst) + 1;
+                m.fetch_max(now, Ordering::SeqCst);
+                Tracked {
+                    done: d.clone(),
+                    alive: a.clone(),
+                }
+            })
+            .await
+            .expect("registered");
+        let entity = system.entity_ref::<Slow>("e");
+        entity
+            .ask(Ready, Duration::from_secs(30))
+            .await
+            .expect("hosted here");
+        const WORK: u64 = 25;
+        for _ in 0..WORK {
+            entity.tell(Work).await.expect("accepted");
+        }
+        let region = system.shared.region("slow").expect("region");
+        let shard = entity.shard_id();
+        let elsewhere = UniqueAddress {
+            addr: "127.0.0.1:9".parse().expect("address"),
+            node_id: NodeId(7),
+            incarnation: 1,
+        };
+        let away = region.generation_of(shard) + 1;
+        let moved = region.set_home(
+            shard,
+            ShardHome {
+                owner: elsewhere,
+                generation: away,
+            },
+        );
+        assert!(matches!(moved, crate::runtime::slot::HomeChange::Remote));
+        // Back here, as the coordinator would say, before the mailbox is done.
+        let back = ShardHome {
+            owner: cluster.self_address(),
+            generation: away + 1,
+        };
+        let change = region.set_home(shard, back);
+        assert!(matches!(change, crate::runtime::slot::HomeChange::HostHere));
+        assert!(region.install_local(shard, away + 1, None));
+        assert!(
+            done.load(Ordering::Relaxed) < WORK,
+            "the old mailbox is still being worked through"
+        );
+        entity.tell(Work).await.expect("accepted");
+        entity
+            .ask(Ready, Duration::from_secs(30))
+            .await
+            .expect("answered by the next incarnation");
+        assert_eq!(done.load(Ordering::Relaxed), WORK + 1);
+        assert_eq!(
+            most.load(Ordering::SeqCst),
+            1,
+            "two incarnations ran at once"
+        );
+        system.shutdown().await;
         let _ = cluster.shutdown().await;
     }
 }

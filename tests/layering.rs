@@ -47,7 +47,6 @@ const CIRCLES_STILL: &[&[&str]] = &[&[
     "runtime/entity_actor",
     "runtime/region",
     "runtime/region_actor",
-    "runtime/shard_actor",
     "sharding/driver",
     "sharding/remote",
     "system",

@@ -10,7 +10,8 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use crate::dispatch::{Dispatch, OutcomeKind, panic_message};
 use crate::entity::{Entity, EntityContext};
 use crate::envelope::LocalEnvelope;
-use crate::runtime::shard_actor::ShardMsg;
+use crate::extractor::ShardId;
+use crate::runtime::region_actor::RegionMsg;
 
 /// Builds an entity incarnation.
 pub(crate) type Factory<E> = Arc<dyn Fn(&EntityContext) -> E + Send + Sync>;
@@ -34,24 +35,28 @@ impl<E> EntityActor<E> {
     }
 }
 
-/// Tells the shard that an incarnation has ended, when dropped. It lives in
+/// Tells the region that an incarnation has ended, when dropped. It lives in
 /// the actor's arguments and then its state, which ractor drops on every exit
-/// path — stop, kill, a failed `pre_start`, a panic — so the shard always
-/// hears, including in the cases where ractor skips `post_stop`.
+/// path — stop, kill, a failed `pre_start`, a panic — so the region always
+/// hears, including in the cases where ractor skips `post_stop`. (A cast to
+/// the region actor, never a call into the region: a spawn that fails under
+/// a shard's lock drops the notice there.)
 pub(crate) struct StopNotice {
-    pub(crate) shard: ActorRef<ShardMsg>,
+    pub(crate) region: ActorRef<RegionMsg>,
+    pub(crate) shard: ShardId,
     pub(crate) entity_id: Arc<str>,
     pub(crate) incarnation: u64,
 }
 
 impl Drop for StopNotice {
     fn drop(&mut self) {
-        let msg = ShardMsg::EntityStopped {
+        let msg = RegionMsg::EntityStopped {
+            shard: self.shard,
             entity_id: self.entity_id.clone(),
             incarnation: self.incarnation,
         };
-        // The shard actor stops only at shutdown, when nobody needs the notice.
-        let _ = self.shard.cast(msg);
+        // The region actor stops only at shutdown, when nobody needs the notice.
+        let _ = self.region.cast(msg);
     }
 }
 
@@ -85,11 +90,12 @@ fn build<E>(factory: &Factory<E>, ctx: &EntityContext) -> Result<E, ActorProcess
 impl<E> EntityState<E> {
     fn request_passivation(&self) {
         let notice = &self.args.notice;
-        let msg = ShardMsg::Passivate {
+        let msg = RegionMsg::Passivate {
+            shard: notice.shard,
             entity_id: notice.entity_id.clone(),
             incarnation: notice.incarnation,
         };
-        let _ = notice.shard.cast(msg);
+        let _ = notice.region.cast(msg);
     }
 }
 

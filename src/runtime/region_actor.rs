@@ -1,6 +1,11 @@
-//! The region's actor: starts the shards hosted on this node. On a single
-//! node every shard is allocated here, on first use; in a cluster the
+//! The region's actor: starts the shards hosted on this node, and hears
+//! its entities' passivation requests and stop notices. On a single node
+//! every shard is allocated here, on first use; in a cluster the
 //! coordinator decides, and this actor starts the shards it gives this node.
+//!
+//! It lives as long as the region, so an entity's stop notice reaches the
+//! region even when the entity's shard has moved away meanwhile (the slot
+//! holds back a next incarnation of that entity until it has).
 
 use std::sync::Arc;
 
@@ -8,7 +13,6 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 
 use crate::extractor::ShardId;
 use crate::runtime::region::Region;
-use crate::runtime::shard_actor::ShardActor;
 
 /// What a region actor receives.
 #[derive(Debug)]
@@ -17,9 +21,28 @@ pub(crate) enum RegionMsg {
     Allocate(ShardId),
     /// The coordinator made this node the shard's home under `generation`.
     Host(ShardId, u64),
+    /// A shard's remembered ids have been read (`None`: not remembered, or
+    /// the read failed): start hosting it.
+    Install {
+        shard: ShardId,
+        generation: u64,
+        remembered: Option<Vec<String>>,
+    },
     /// Respawn the next remembered ids of a shard (a bounded-rate
     /// recovery), if it is still the same hosting of it.
     Respawn { shard: ShardId, install: u64 },
+    /// An entity incarnation asks to be passivated (idle, or `ctx.passivate()`).
+    Passivate {
+        shard: ShardId,
+        entity_id: Arc<str>,
+        incarnation: u64,
+    },
+    /// An entity incarnation ended.
+    EntityStopped {
+        shard: ShardId,
+        entity_id: Arc<str>,
+        incarnation: u64,
+    },
 }
 
 pub(crate) struct RegionActor;
@@ -39,45 +62,70 @@ impl Actor for RegionActor {
 
     async fn handle(
         &self,
-        _myself: ActorRef<RegionMsg>,
+        myself: ActorRef<RegionMsg>,
         msg: RegionMsg,
         region: &mut Arc<Region>,
     ) -> Result<(), ActorProcessingErr> {
-        let (shard, generation) = match msg {
-            RegionMsg::Allocate(shard) => (shard, 0),
-            RegionMsg::Host(shard, generation) => (shard, generation),
-            RegionMsg::Respawn { shard, install } => {
-                region.respawn_more(shard, install);
-                return Ok(());
+        match msg {
+            RegionMsg::Allocate(shard) => read_then_install(myself, region, shard, 0),
+            RegionMsg::Host(shard, generation) => {
+                read_then_install(myself, region, shard, generation)
             }
-        };
-        if region.is_stopped() {
-            return Ok(());
-        }
-        // The store is read here, off every shard lock and off the runtime's
-        // worker threads (a file store may load and fsync a log), and before
-        // the shard actor exists: if this actor is killed at an await (a
-        // system dropped without shutdown), no shard actor is left that
-        // nobody installed or stops.
-        let reader = region.clone();
-        let remembered = tokio::task::spawn_blocking(move || reader.remembered_ids(shard))
-            .await
-            .unwrap_or(None);
-        // A shard actor that cannot be spawned must not end this actor (every
-        // later shard of the region would wait for it): the shard stays
-        // unallocated here and its next message asks again.
-        let shard_actor = match ShardActor::spawn(None, ShardActor, (region.clone(), shard)).await {
-            Ok((actor, _)) => actor,
-            Err(error) => {
-                tracing::error!(type_name = region.type_name, %shard, %error, "could not start a shard actor");
-                region.allocation_failed(shard);
-                return Ok(());
+            RegionMsg::Install {
+                shard,
+                generation,
+                remembered,
+            } => {
+                if !region.is_stopped() {
+                    region.install_local(shard, generation, remembered);
+                }
             }
-        };
-        // No await from here to the install: it happens, or the actor stops.
-        if !region.install_local(shard, shard_actor.clone(), generation, remembered) {
-            shard_actor.stop(None);
+            RegionMsg::Respawn { shard, install } => region.respawn_more(shard, install),
+            RegionMsg::Passivate {
+                shard,
+                entity_id,
+                incarnation,
+            } => {
+                if let Err(error) = region.passivate(shard, &entity_id, Some(incarnation)) {
+                    tracing::warn!(%error, "passivation request dropped");
+                }
+            }
+            RegionMsg::EntityStopped {
+                shard,
+                entity_id,
+                incarnation,
+            } => region.entity_stopped(shard, &entity_id, incarnation),
         }
         Ok(())
     }
+}
+
+/// Reads a shard's remembered ids off every shard lock and off the
+/// runtime's worker threads (a file store may load and fsync a log), on a
+/// task of its own, so that this actor goes on hearing stop notices
+/// meanwhile; then has this actor install the shard.
+fn read_then_install(
+    myself: ActorRef<RegionMsg>,
+    region: &Arc<Region>,
+    shard: ShardId,
+    generation: u64,
+) {
+    if region.is_stopped() {
+        return;
+    }
+    if region.remember_queue().is_none() {
+        region.install_local(shard, generation, None);
+        return;
+    }
+    let reader = region.clone();
+    tokio::spawn(async move {
+        let remembered = tokio::task::spawn_blocking(move || reader.remembered_ids(shard))
+            .await
+            .unwrap_or(None);
+        let _ = myself.cast(RegionMsg::Install {
+            shard,
+            generation,
+            remembered,
+        });
+    });
 }

@@ -58,14 +58,7 @@ use crate::identity::UniqueAddress;
 use crate::membership::{MemberStatus, MembershipState};
 use crate::sharding::wire::{ControlMsg, TypeRegistration};
 
-/// Where a shard lives, and which allocation of it this is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ShardHome {
-    /// The node that hosts the shard.
-    pub owner: UniqueAddress,
-    /// The allocation generation: grows with every allocation of the shard.
-    pub generation: u64,
-}
+pub use crate::runtime::slot::ShardHome;
 
 /// Why a shard moved.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -33,8 +33,9 @@ use crate::error::{RegionRefusal, ShardingError, ShardingResult};
 use crate::extractor::ShardId;
 use crate::identity::UniqueAddress;
 use crate::membership::{MemberStatus, MembershipState};
-use crate::runtime::region::{HomeChange, Region};
+use crate::runtime::region::Region;
 use crate::runtime::region_actor::RegionMsg;
+use crate::runtime::slot::HomeChange;
 use crate::sharding::coordinator::{
     Command, CoordinatorConfig, CoordinatorCore, LeastShardAllocation, RebalanceRound,
     ShardAllocationStrategy, ShardHome,

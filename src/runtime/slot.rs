@@ -1,0 +1,1099 @@
+//! One shard's slot in its region, as a plain state machine.
+//!
+//! A [`Slot`] holds everything the region knows of one shard — no home yet
+//! (messages wait), hosted here (its entities, passivations, a handoff in
+//! progress, remembered ids still to respawn), hosted elsewhere, or stopped
+//! — and decides every transition itself. What a transition does outside
+//! the slot (spawn an entity, enqueue into its mailbox, record in the
+//! remember-entities store, forward to another node, ask for an
+//! allocation, report a stopped shard) goes through a [`SlotHost`], called
+//! synchronously: the region calls the slot under the shard's lock, so
+//! every send still happens under that lock, and a host is a reference to
+//! the region, so the local path costs no extra hop.
+//!
+//! Messages that cannot be delivered come back to the caller
+//! ([`Undelivered`]), to be answered once the lock is released (an
+//! envelope's answer may run user `Drop` code). Unit tests drive a slot
+//! with a host that records its calls (`slot_tests.rs`).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use crate::envelope::LocalEnvelope;
+use crate::error::{ShardingError, ShardingResult};
+use crate::extractor::ShardId;
+use crate::identity::UniqueAddress;
+use crate::store::RememberEntitiesOperation;
+
+/// Where a shard lives, and which allocation of it this is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShardHome {
+    /// The node that hosts the shard.
+    pub owner: UniqueAddress,
+    /// The allocation generation: grows with every allocation of the shard.
+    pub generation: u64,
+}
+
+/// What a slot's transitions do outside the slot. `Entity` is a handle on
+/// one incarnation's mailbox.
+pub(crate) trait SlotHost {
+    /// One incarnation's mailbox.
+    type Entity: Clone;
+
+    /// The entity type's name, for errors and logs.
+    fn type_name(&self) -> &'static str;
+    /// How many messages a buffer holds before it overflows.
+    fn buffer_cap(&self) -> usize;
+    /// Whether the coordinator refused the region (cheap: an atomic load).
+    fn refused(&self) -> bool;
+    /// Why it refused the region.
+    fn refusal(&self) -> Option<ShardingError>;
+    /// Whether the type remembers its entities.
+    fn remembers(&self) -> bool;
+    /// The store's state for `shard`: an error under FailClosed after a
+    /// failed write.
+    fn check_store(&self, shard: ShardId) -> ShardingResult<()>;
+    /// Starts incarnation `incarnation` of `entity_id` (its stop notice and
+    /// passivation requests come back to the slot, naming it).
+    fn spawn(
+        &mut self,
+        shard: ShardId,
+        entity_id: &Arc<str>,
+        incarnation: u64,
+    ) -> ShardingResult<Self::Entity>;
+    /// Enqueues into a mailbox. `Err(Some)` gives the envelope back (the
+    /// entity is gone); `Err(None)`: the mailbox dropped it.
+    fn send(
+        &mut self,
+        entity: &Self::Entity,
+        envelope: LocalEnvelope,
+    ) -> Result<(), Option<LocalEnvelope>>;
+    /// Queues a stop marker behind the mailbox; false if the entity is gone.
+    fn stop(&mut self, entity: &Self::Entity) -> bool;
+    /// Queues a record for the remember-entities store (nothing for a type
+    /// that does not remember).
+    fn record(&mut self, shard: ShardId, entity_id: &Arc<str>, op: RememberEntitiesOperation);
+    /// How many remembered ids one respawn batch starts.
+    fn respawn_batch(&self) -> usize;
+    /// Has [`Slot::respawn_more`] called for `install` after the respawn
+    /// interval.
+    fn respawn_later(&mut self, shard: ShardId, install: u64);
+    /// Sends an envelope to the shard's home on another node. On
+    /// `Err((_, None))` the envelope has been answered already.
+    fn forward(
+        &mut self,
+        home: ShardHome,
+        shard: ShardId,
+        entity_id: &Arc<str>,
+        envelope: LocalEnvelope,
+    ) -> Result<(), (ShardingError, Option<LocalEnvelope>)>;
+    /// Sends a passivation request to the node hosting the shard.
+    fn passivate_at(
+        &mut self,
+        owner: UniqueAddress,
+        shard: ShardId,
+        entity_id: &Arc<str>,
+    ) -> ShardingResult<()>;
+    /// Asks for the shard's allocation; false if it could not be asked (the
+    /// next message asks again).
+    fn request_allocation(&mut self, shard: ShardId) -> bool;
+    /// Reports that a handed-off shard has no entity left.
+    fn shard_stopped(&mut self, shard: ShardId, generation: u64);
+}
+
+/// Something waiting in a buffer: a message, or a passivation request that
+/// must take effect after the messages buffered before it.
+pub(crate) enum Buffered {
+    Message(Arc<str>, LocalEnvelope),
+    Passivate(Arc<str>),
+}
+
+/// Messages that could not be delivered, to be failed once the lock is released.
+pub(crate) type Undelivered = Vec<(ShardingError, LocalEnvelope)>;
+
+/// A delivery's failure: the error, and the envelope unless it has been
+/// answered already.
+pub(crate) type Refused = (ShardingError, Option<LocalEnvelope>);
+
+/// What applying a shard's home did.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum HomeChange {
+    /// Nothing to do: known already.
+    Unchanged,
+    /// Older than what the region holds: ignored.
+    Stale,
+    /// Now routed to another node.
+    Remote,
+    /// This node is the new home: the region actor must start the shard
+    /// (messages buffer meanwhile).
+    HostHere,
+}
+
+/// How far ahead of a slot's generation an envelope's may be and still be
+/// believed (allocations are one generation each; a real lead is small).
+const MAX_GENERATION_LEAD: u64 = 1 << 20;
+
+/// One shard's slot in its region: its state, and what outlives a hosting.
+pub(crate) struct Slot<E> {
+    state: State<E>,
+    /// Numbers the incarnations of the shard's entities across its
+    /// hostings here, so that a stop notice of an earlier hosting's
+    /// incarnation is never taken for a later one's.
+    last_incarnation: u64,
+    /// Entities of an earlier hosting that moved away without a handoff,
+    /// finishing their mailboxes (each stops after it). Should the shard
+    /// come back here first, a message for one waits until it has stopped:
+    /// two incarnations of an entity never run side by side on this node.
+    finishing: HashMap<Arc<str>, Live<E>>,
+}
+
+/// One shard's state in its region.
+enum State<E> {
+    /// No home yet: messages wait here until the shard is allocated.
+    Unallocated {
+        buffer: Vec<Buffered>,
+        requested: bool,
+        /// The highest allocation generation seen for the shard.
+        generation: u64,
+    },
+    /// Hosted on this node.
+    Local(LocalShard<E>),
+    /// Hosted on another node: messages are encoded and sent there.
+    Remote(ShardHome),
+    /// The system shut down.
+    Stopped,
+}
+
+impl<E> State<E> {
+    fn unallocated(generation: u64) -> Self {
+        State::Unallocated {
+            buffer: Vec::new(),
+            requested: false,
+            generation,
+        }
+    }
+}
+
+struct LocalShard<E> {
+    /// The allocation generation this node hosts the shard under (0 on a
+    /// single node).
+    generation: u64,
+    entities: HashMap<Arc<str>, Entry<E>>,
+    /// The last incarnation started (the slot's count, while hosted); a
+    /// stop notice or passivation request names the incarnation it is about.
+    last_incarnation: u64,
+    /// Tells this hosting of the shard from a later one (respawn batches
+    /// belong to the hosting that listed them).
+    install: u64,
+    /// Remembered ids listed at start and not respawned yet; an id leaves
+    /// it when a message spawns it or it is passivated.
+    pending_respawn: HashSet<Arc<str>>,
+    /// Set while the shard is handed off to another node.
+    handoff: Option<HandingOff>,
+}
+
+/// A hosted shard being handed off: its entities stop (each after its
+/// mailbox), and what arrives for the shard meanwhile waits here, in
+/// order, for its next home.
+struct HandingOff {
+    buffer: Vec<Buffered>,
+    /// `ShardStopped` was sent for the current stop (entities all gone).
+    reported: bool,
+    /// Of a remembered type: the ids that were live or waiting to be
+    /// respawned when the handoff began (the store still lists them), to be
+    /// respawned here should the shard stay.
+    respawn: HashSet<Arc<str>>,
+}
+
+/// One incarnation of an entity.
+struct Live<E> {
+    actor: E,
+    incarnation: u64,
+}
+
+enum Entry<E> {
+    /// Messages go straight to its mailbox.
+    Live(Live<E>),
+    /// Stopping after what its mailbox holds; later messages wait here.
+    Passivating {
+        live: Live<E>,
+        buffer: Vec<Buffered>,
+    },
+}
+
+impl<E> Entry<E> {
+    fn incarnation(&self) -> u64 {
+        match self {
+            Entry::Live(live) | Entry::Passivating { live, .. } => live.incarnation,
+        }
+    }
+}
+
+fn overflow<H: SlotHost + ?Sized>(host: &H, shard: ShardId) -> ShardingError {
+    ShardingError::BufferOverflow {
+        type_name: host.type_name(),
+        shard_id: shard,
+    }
+}
+
+/// Whether a message for `entity_id` waits in `buffer`.
+fn waits_in(buffer: &[Buffered], entity_id: &Arc<str>) -> bool {
+    buffer
+        .iter()
+        .any(|b| matches!(b, Buffered::Message(id, _) if id == entity_id))
+}
+
+/// What the region reports of one slot (`ShardRegionState`).
+#[derive(Default)]
+pub(crate) struct SlotSummary {
+    /// Hosted here, with this many live entities.
+    pub(crate) hosted: Option<usize>,
+    pub(crate) handing_off: bool,
+    /// Messages waiting in the slot's buffers.
+    pub(crate) buffered: usize,
+}
+
+/// What a stopping region takes out of a slot.
+pub(crate) struct Taken<E> {
+    /// The hosted shard's entities, to stop.
+    pub(crate) entities: Vec<E>,
+    /// Entities of an earlier hosting finishing their mailboxes, to wait for.
+    pub(crate) finishing: Vec<E>,
+    /// Messages that waited in buffers, to fail.
+    pub(crate) buffered: Vec<LocalEnvelope>,
+}
+
+impl<E: Clone> Slot<E> {
+    /// A slot with no home, that has seen `generation`.
+    pub(crate) fn unallocated(generation: u64) -> Self {
+        Slot {
+            state: State::unallocated(generation),
+            last_incarnation: 0,
+            finishing: HashMap::new(),
+        }
+    }
+
+    /// Whether the region has stopped this slot.
+    pub(crate) fn is_stopped(&self) -> bool {
+        matches!(self.state, State::Stopped)
+    }
+
+    /// The highest allocation generation the slot has seen.
+    pub(crate) fn generation(&self) -> u64 {
+        match &self.state {
+            State::Unallocated { generation, .. } => *generation,
+            State::Local(local) => local.generation,
+            State::Remote(home) => home.generation,
+            State::Stopped => u64::MAX,
+        }
+    }
+
+    /// Routes one envelope to `entity_id`. On error the envelope was not
+    /// accepted (the caller answers it, outside the lock).
+    pub(crate) fn deliver<H: SlotHost<Entity = E>>(
+        &mut self,
+        host: &mut H,
+        shard: ShardId,
+        entity_id: &Arc<str>,
+        envelope: LocalEnvelope,
+    ) -> Result<(), Refused> {
+        match &mut self.state {
+            State::Local(local) => local.deliver(host, shard, entity_id, envelope),
+            // Refused by the coordinator: no home will come for what would
+            // wait for one (checked under the slot's lock, which `refuse`
+            // drains each buffer under, so nothing slips in behind it).
+            State::Unallocated { .. } | State::Remote(_) if host.refused() => Err((
+                host.refusal().unwrap_or_else(|| overflow(host, shard)),
+                Some(envelope),
+            )),
+            // (A generation absurdly far ahead is a sender's bug, not news:
+            // it is forwarded as usual rather than stall the shard.)
+            State::Remote(home)
+                if envelope.routed_under() > home.generation
+                    && envelope.routed_under() - home.generation <= MAX_GENERATION_LEAD =>
+            {
+                // The sender knows a newer allocation than this node (the
+                // coordinator's word on it is on its way here): wait for it
+                // rather than forward along an older table. An older home
+                // arriving meanwhile is then ignored as stale.
+                let generation = envelope.routed_under();
+                let requested = host.request_allocation(shard);
+                self.state = State::Unallocated {
+                    buffer: vec![Buffered::Message(entity_id.clone(), envelope)],
+                    requested,
+                    generation,
+                };
+                Ok(())
+            }
+            State::Remote(home) => host.forward(*home, shard, entity_id, envelope),
+            State::Unallocated {
+                buffer, requested, ..
+            } => {
+                if buffer.len() >= host.buffer_cap() {
+                    return Err((overflow(host, shard), Some(envelope)));
+                }
+                buffer.push(Buffered::Message(entity_id.clone(), envelope));
+                if !*requested {
+                    *requested = host.request_allocation(shard);
+                }
+                Ok(())
+            }
+            State::Stopped => Err((ShardingError::ShuttingDown, Some(envelope))),
+        }
+    }
+
+    /// The fast path of a remote envelope: straight into the mailbox of a
+    /// live entity of a hosted shard. Gives the envelope back for anything
+    /// else (which then takes [`deliver`](Self::deliver)).
+    pub(crate) fn deliver_live<H: SlotHost<Entity = E>>(
+        &self,
+        host: &mut H,
+        shard: ShardId,
+        entity_id: &str,
+        envelope: LocalEnvelope,
+    ) -> Result<Result<(), ShardingError>, LocalEnvelope> {
+        let State::Local(local) = &self.state else {
+            return Err(envelope);
+        };
+        // (A shard failed under FailClosed takes the general way, which
+        // refuses the message.)
+        if host.remembers() && host.check_store(shard).is_err() {
+            return Err(envelope);
+        }
+        match local.entities.get(entity_id) {
+            Some(Entry::Live(live)) => match host.send(&live.actor, envelope) {
+                Ok(()) => Ok(Ok(())),
+                Err(Some(envelope)) => Err(envelope),
+                Err(None) => Ok(Err(refused())),
+            },
+            _ => Err(envelope),
+        }
+    }
+
+    /// Makes the shard local (hosting number `install`), starts
+    /// respawning `remembered` and replays the buffer in order. `None`
+    /// (and the slot left as it was) when a newer home arrived meanwhile,
+    /// the shard is local already or the region stopped. An entity of an
+    /// earlier hosting still finishing its mailbox is taken in as
+    /// passivating: what comes for it waits until it has stopped.
+    pub(crate) fn install<H: SlotHost<Entity = E>>(
+        &mut self,
+        host: &mut H,
+        shard: ShardId,
+        generation: u64,
+        install: u64,
+        remembered: Option<Vec<String>>,
+    ) -> Option<Undelivered> {
+        if self.generation() > generation {
+            return None;
+        }
+        let buffer = match &mut self.state {
+            State::Unallocated { buffer, .. } => std::mem::take(buffer),
+            State::Remote(_) => Vec::new(),
+            State::Local(_) | State::Stopped => return None,
+        };
+        let entities = self
+            .finishing
+            .drain()
+            .map(|(id, live)| {
+                let entry = Entry::Passivating {
+                    live,
+                    buffer: Vec::new(),
+                };
+                (id, entry)
+            })
+            .collect();
+        let mut local = LocalShard {
+            generation,
+            entities,
+            last_incarnation: self.last_incarnation,
+            install,
+            pending_respawn: HashSet::new(),
+            handoff: None,
+        };
+        if let Some(ids) = remembered {
+            local.pending_respawn = ids.into_iter().map(Arc::<str>::from).collect();
+            local.respawn_batch(host, shard);
+        }
+        let undelivered = local.replay(host, shard, buffer);
+        self.state = State::Local(local);
+        Some(undelivered)
+    }
+
+    /// The region actor's turn to respawn more remembered ids, if the slot
+    /// is still the hosting `install`.
+    pub(crate) fn respawn_more<H: SlotHost<Entity = E>>(
+        &mut self,
+        host: &mut H,
+        shard: ShardId,
+        install: u64,
+    ) {
+        if let State::Local(local) = &mut self.state
+            && local.install == install
+        {
+            local.respawn_batch(host, shard);
+        }
+    }
+
+    /// Asks for an allocation unless one is asked for already (a shard with
+    /// remembered entities, at registration).
+    pub(crate) fn request_if_idle<H: SlotHost<Entity = E>>(
+        &mut self,
+        host: &mut H,
+        shard: ShardId,
+    ) {
+        if let State::Unallocated { requested, .. } = &mut self.state
+            && !*requested
+        {
+            *requested = host.request_allocation(shard);
+        }
+    }
+
+    /// Passivates `entity_id` — only `incarnation` if one is named (a request
+    /// from the entity itself), else whichever is current. While the entity's
+    /// messages still wait in a buffer (shard not yet allocated, or entity
+    /// already passivating), the request is buffered behind them. A request
+    /// `from_remote` (another node sent it here) is not sent on again when
+    /// the shard is not hosted here, so two disagreeing tables cannot bounce
+    /// it between them.
+    pub(crate) fn passivate<H: SlotHost<Entity = E>>(
+        &mut self,
+        host: &mut H,
+        shard: ShardId,
+        entity_id: &Arc<str>,
+        incarnation: Option<u64>,
+        from_remote: bool,
+    ) -> (ShardingResult<()>, Undelivered) {
+        match &mut self.state {
+            State::Unallocated { buffer, .. } => {
+                let result = if !waits_in(buffer, entity_id) {
+                    Ok(())
+                } else if buffer.len() >= host.buffer_cap() {
+                    Err(overflow(host, shard))
+                } else {
+                    buffer.push(Buffered::Passivate(entity_id.clone()));
+                    Ok(())
+                };
+                (result, Vec::new())
+            }
+            State::Local(local) => local.passivate(host, shard, entity_id, incarnation),
+            State::Remote(_) if from_remote => (Ok(()), Vec::new()),
+            // A request from an entity's own incarnation is always local.
+            State::Remote(home) if incarnation.is_none() => {
+                (host.passivate_at(home.owner, shard, entity_id), Vec::new())
+            }
+            State::Remote(_) => (Ok(()), Vec::new()),
+            State::Stopped => (Err(ShardingError::ShuttingDown), Vec::new()),
+        }
+    }
+
+    /// Incarnation `incarnation` of `entity_id` stopped (its stop notice):
+    /// finish its passivation by replaying what waited, or forget a crashed
+    /// incarnation.
+    pub(crate) fn entity_stopped<H: SlotHost<Entity = E>>(
+        &mut self,
+        host: &mut H,
+        shard: ShardId,
+        entity_id: &Arc<str>,
+        incarnation: u64,
+    ) -> Undelivered {
+        match &mut self.state {
+            State::Local(local) => local.stopped(host, shard, entity_id, incarnation),
+            _ => {
+                if self
+                    .finishing
+                    .get(entity_id)
+                    .is_some_and(|live| live.incarnation == incarnation)
+                {
+                    self.finishing.remove(entity_id);
+                }
+                Vec::new()
+            }
+        }
+    }
+
+    /// The coordinator moves the shard, hosted here under `generation`:
+    /// every entity stops after what its mailbox holds (its remembered
+    /// state stays, for the next home to respawn), and what arrives
+    /// meanwhile is buffered. When the last entity has stopped the host
+    /// hears `shard_stopped`. A request for another generation, or for a
+    /// shard not hosted here yet (it is starting), is ignored; the
+    /// coordinator asks again.
+    pub(crate) fn hand_off<H: SlotHost<Entity = E>>(
+        &mut self,
+        host: &mut H,
+        shard: ShardId,
+        generation: u64,
+    ) {
+        let State::Local(local) = &mut self.state else {
+            return;
+        };
+        if local.generation != generation {
+            return;
+        }
+        match &mut local.handoff {
+            // Asked again: the report may have been lost.
+            Some(handoff) => handoff.reported = false,
+            None => {
+                let mut buffer = Vec::new();
+                let mut respawn = std::mem::take(&mut local.pending_respawn);
+                for (id, entry) in local.entities.iter_mut() {
+                    match entry {
+                        Entry::Live(live) => {
+                            // Under the lock: nothing can be enqueued behind
+                            // the stop marker, as for a passivation; from now
+                            // on the handoff buffer takes what comes.
+                            let live = Live {
+                                actor: live.actor.clone(),
+                                incarnation: live.incarnation,
+                            };
+                            if !host.stop(&live.actor) {
+                                tracing::debug!(type_name = host.type_name(), %shard, "entity gone before its handoff stop");
+                            }
+                            respawn.insert(id.clone());
+                            *entry = Entry::Passivating {
+                                live,
+                                buffer: Vec::new(),
+                            };
+                        }
+                        // What waited behind a passivation comes first.
+                        Entry::Passivating {
+                            buffer: waiting, ..
+                        } => buffer.append(waiting),
+                    }
+                }
+                if !host.remembers() {
+                    respawn.clear();
+                }
+                local.handoff = Some(HandingOff {
+                    buffer,
+                    reported: false,
+                    respawn,
+                });
+            }
+        }
+        local.report_if_stopped(host, shard);
+    }
+
+    /// Whether the shard is hosted here under `generation`, handed off and
+    /// empty: its `ShardStopped` still needs an answer.
+    pub(crate) fn is_handed_off(&self, generation: u64) -> bool {
+        matches!(&self.state, State::Local(local)
+            if local.generation == generation && local.is_stopped())
+    }
+
+    /// Whether the shard is hosted here, handed off, with every entity
+    /// stopped: it hosts nothing and waits for its next home.
+    pub(crate) fn is_stopped_here(&self) -> bool {
+        matches!(&self.state, State::Local(local) if local.is_stopped())
+    }
+
+    /// Applies a home from the coordinator, `me` being this node. A home
+    /// older than what the slot holds is ignored. Becoming remote sends the
+    /// buffered messages on, in order; a shard that was hosted here stops
+    /// its entities (each after its mailbox: they are kept as finishing
+    /// until their stop notices come) and routes on.
+    pub(crate) fn set_home<H: SlotHost<Entity = E>>(
+        &mut self,
+        host: &mut H,
+        shard: ShardId,
+        home: ShardHome,
+        me: UniqueAddress,
+    ) -> (HomeChange, Undelivered) {
+        if matches!(&self.state, State::Stopped) {
+            return (HomeChange::Unchanged, Vec::new());
+        }
+        if home.generation < self.generation() {
+            return (HomeChange::Stale, Vec::new());
+        }
+        if home.owner == me {
+            let mut undelivered = Vec::new();
+            let change = match &mut self.state {
+                State::Local(local) => {
+                    let moved_back = home.generation > local.generation;
+                    local.generation = home.generation;
+                    if moved_back {
+                        // The shard was being handed off, and its new home
+                        // is here after all.
+                        undelivered = local.resume(host, shard);
+                    }
+                    HomeChange::Unchanged
+                }
+                State::Unallocated { generation, .. } => {
+                    *generation = home.generation;
+                    HomeChange::HostHere
+                }
+                State::Remote(_) => {
+                    self.state = State::Unallocated {
+                        buffer: Vec::new(),
+                        requested: true,
+                        generation: home.generation,
+                    };
+                    HomeChange::HostHere
+                }
+                State::Stopped => HomeChange::Unchanged,
+            };
+            return (change, undelivered);
+        }
+        let previous = std::mem::replace(&mut self.state, State::Remote(home));
+        let buffer = match previous {
+            State::Unallocated { buffer, .. } => buffer,
+            State::Local(mut local) => {
+                let mut buffer = Vec::new();
+                // What waited behind passivations came before what arrived
+                // during a handoff (which took those buffers when it began).
+                let handed_off = local.handoff.take().map(|h| h.buffer);
+                for (id, entry) in local.entities {
+                    let live = match entry {
+                        Entry::Live(live) => {
+                            // Under the lock: nothing is enqueued behind it.
+                            host.stop(&live.actor);
+                            live
+                        }
+                        Entry::Passivating {
+                            live,
+                            buffer: waiting,
+                        } => {
+                            buffer.extend(waiting);
+                            live
+                        }
+                    };
+                    self.finishing.insert(id, live);
+                }
+                self.last_incarnation = local.last_incarnation;
+                buffer.extend(handed_off.into_iter().flatten());
+                buffer
+            }
+            State::Remote(_) | State::Stopped => Vec::new(),
+        };
+        let mut undelivered = Vec::new();
+        for item in buffer {
+            match item {
+                Buffered::Message(entity_id, envelope) => {
+                    if let Err((error, Some(envelope))) =
+                        host.forward(home, shard, &entity_id, envelope)
+                    {
+                        undelivered.push((error, envelope));
+                    }
+                }
+                Buffered::Passivate(entity_id) => {
+                    let _ = host.passivate_at(home.owner, shard, &entity_id);
+                }
+            }
+        }
+        (HomeChange::Remote, undelivered)
+    }
+
+    /// `node` is gone: a shard routed to it waits for a new home (the next
+    /// message asks). Whether it was routed there.
+    pub(crate) fn node_lost(&mut self, node: &UniqueAddress) -> bool {
+        if let State::Remote(home) = &mut self.state
+            && home.owner == *node
+        {
+            *self = Slot::unallocated(home.generation);
+            return true;
+        }
+        false
+    }
+
+    /// The coordinator refused the region: what waits for a home is given
+    /// back (to be failed), and the next message asks again.
+    pub(crate) fn drain_refused(&mut self) -> Vec<LocalEnvelope> {
+        let State::Unallocated {
+            buffer, requested, ..
+        } = &mut self.state
+        else {
+            return Vec::new();
+        };
+        *requested = false;
+        buffer
+            .drain(..)
+            .filter_map(|buffered| match buffered {
+                Buffered::Message(_, envelope) => Some(envelope),
+                Buffered::Passivate(_) => None,
+            })
+            .collect()
+    }
+
+    /// A new coordinator: a handoff it did not ask for, that has not
+    /// reported the shard stopped yet, is called off (the shard stays here
+    /// and what waited is delivered here). A reported one goes on.
+    pub(crate) fn call_off_handoff<H: SlotHost<Entity = E>>(
+        &mut self,
+        host: &mut H,
+        shard: ShardId,
+    ) -> Undelivered {
+        match &mut self.state {
+            State::Local(local) if local.handoff.as_ref().is_some_and(|h| !h.reported) => {
+                local.resume(host, shard)
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// The home of this slot, `me` standing for a shard hosted here.
+    pub(crate) fn home(&self, me: Option<UniqueAddress>) -> Option<ShardHome> {
+        match &self.state {
+            State::Remote(home) => Some(*home),
+            State::Local(local) => me.map(|owner| ShardHome {
+                owner,
+                generation: local.generation,
+            }),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn is_local(&self) -> bool {
+        matches!(&self.state, State::Local(_))
+    }
+
+    /// Number of live (not passivating) entities.
+    pub(crate) fn live_entities(&self) -> usize {
+        match &self.state {
+            State::Local(local) => local
+                .entities
+                .values()
+                .filter(|e| matches!(e, Entry::Live(_)))
+                .count(),
+            _ => 0,
+        }
+    }
+
+    /// What the region reports of this slot.
+    pub(crate) fn summary(&self) -> SlotSummary {
+        let mut summary = SlotSummary::default();
+        match &self.state {
+            State::Unallocated { buffer, .. } => summary.buffered = buffer.len(),
+            State::Local(local) => {
+                let mut live = 0;
+                for entry in local.entities.values() {
+                    match entry {
+                        Entry::Live(_) => live += 1,
+                        Entry::Passivating { buffer, .. } => summary.buffered += buffer.len(),
+                    }
+                }
+                if let Some(handoff) = &local.handoff {
+                    summary.buffered += handoff.buffer.len();
+                    summary.handing_off = true;
+                }
+                summary.hosted = Some(live);
+            }
+            State::Remote(_) | State::Stopped => {}
+        }
+        summary
+    }
+
+    /// The region stops: the slot becomes `Stopped` and gives up its
+    /// entities, its shard actor and its buffered messages (to be failed
+    /// with `ShuttingDown`). A remote home is kept: envelopes that still
+    /// arrive are forwarded.
+    pub(crate) fn take(&mut self) -> Taken<E> {
+        let mut taken = Taken {
+            entities: Vec::new(),
+            finishing: self.finishing.drain().map(|(_, live)| live.actor).collect(),
+            buffered: Vec::new(),
+        };
+        if matches!(&self.state, State::Remote(_)) {
+            return taken;
+        }
+        let buffered = |buffer: Vec<Buffered>, into: &mut Vec<LocalEnvelope>| {
+            into.extend(buffer.into_iter().filter_map(|item| match item {
+                Buffered::Message(_, envelope) => Some(envelope),
+                Buffered::Passivate(_) => None,
+            }));
+        };
+        match std::mem::replace(&mut self.state, State::Stopped) {
+            State::Unallocated { buffer, .. } => buffered(buffer, &mut taken.buffered),
+            State::Local(mut local) => {
+                if let Some(handoff) = local.handoff.take() {
+                    buffered(handoff.buffer, &mut taken.buffered);
+                }
+                for entry in local.entities.into_values() {
+                    match entry {
+                        Entry::Live(live) => taken.entities.push(live.actor),
+                        Entry::Passivating { live, buffer } => {
+                            taken.entities.push(live.actor);
+                            buffered(buffer, &mut taken.buffered);
+                        }
+                    }
+                }
+            }
+            State::Remote(_) | State::Stopped => {}
+        }
+        taken
+    }
+}
+
+impl<E: Clone> LocalShard<E> {
+    /// Handed off, with every entity stopped.
+    fn is_stopped(&self) -> bool {
+        self.handoff.is_some() && self.entities.is_empty()
+    }
+
+    /// Routing within a hosted shard: enqueue to the live entity (the
+    /// common case), buffer behind a passivation or handoff, or spawn the
+    /// entity (replacing a dead incarnation) and enqueue.
+    fn deliver<H: SlotHost<Entity = E>>(
+        &mut self,
+        host: &mut H,
+        shard: ShardId,
+        entity_id: &Arc<str>,
+        envelope: LocalEnvelope,
+    ) -> Result<(), Refused> {
+        if host.remembers()
+            && let Err(error) = host.check_store(shard)
+        {
+            return Err((error, Some(envelope)));
+        }
+        if let Some(handoff) = &mut self.handoff {
+            if handoff.buffer.len() >= host.buffer_cap() {
+                return Err((overflow(host, shard), Some(envelope)));
+            }
+            handoff
+                .buffer
+                .push(Buffered::Message(entity_id.clone(), envelope));
+            return Ok(());
+        }
+        let envelope = match self.entities.get_mut(entity_id) {
+            Some(Entry::Live(live)) => match host.send(&live.actor, envelope) {
+                Ok(()) => return Ok(()),
+                // The actor is gone without its stop notice handled yet: replace it.
+                Err(Some(envelope)) => envelope,
+                Err(None) => return Err((refused(), None)),
+            },
+            Some(Entry::Passivating { buffer, .. }) => {
+                if buffer.len() >= host.buffer_cap() {
+                    return Err((overflow(host, shard), Some(envelope)));
+                }
+                buffer.push(Buffered::Message(entity_id.clone(), envelope));
+                return Ok(());
+            }
+            None => envelope,
+        };
+        let actor = match self.spawn(host, shard, entity_id, true) {
+            Ok(actor) => actor,
+            Err(error) => return Err((error, Some(envelope))),
+        };
+        host.send(&actor, envelope).map_err(|envelope| {
+            let stopped = ShardingError::EntityStopped {
+                type_name: host.type_name(),
+                entity_id: entity_id.to_string(),
+            };
+            (stopped, envelope)
+        })
+    }
+
+    /// Spawns an incarnation; `record` queues its start for the store (a
+    /// respawned id is there already).
+    fn spawn<H: SlotHost<Entity = E>>(
+        &mut self,
+        host: &mut H,
+        shard: ShardId,
+        entity_id: &Arc<str>,
+        record: bool,
+    ) -> ShardingResult<E> {
+        self.pending_respawn.remove(entity_id);
+        self.last_incarnation += 1;
+        let incarnation = self.last_incarnation;
+        let actor = host.spawn(shard, entity_id, incarnation)?;
+        self.entities.insert(
+            entity_id.clone(),
+            Entry::Live(Live {
+                actor: actor.clone(),
+                incarnation,
+            }),
+        );
+        if record {
+            host.record(shard, entity_id, RememberEntitiesOperation::RecordStarted);
+        }
+        Ok(actor)
+    }
+
+    /// Respawns up to a batch of the shard's pending remembered ids, and has
+    /// the host come back for the rest after the respawn interval (Akka's
+    /// constant-rate recovery), so a shard with very many remembered ids
+    /// does not stampede. A message for an id not respawned yet spawns it at
+    /// once (and takes it off the pending set), as any message does.
+    fn respawn_batch<H: SlotHost<Entity = E>>(&mut self, host: &mut H, shard: ShardId) {
+        if !host.remembers() {
+            return;
+        }
+        // (An id whose previous incarnation is still stopping waits for the
+        // next batch.)
+        let ids: Vec<Arc<str>> = self
+            .pending_respawn
+            .iter()
+            .filter(|id| !self.entities.contains_key(*id))
+            .take(host.respawn_batch())
+            .cloned()
+            .collect();
+        for id in ids {
+            self.pending_respawn.remove(&id);
+            if let Err(error) = self.spawn(host, shard, &id, false) {
+                tracing::warn!(type_name = host.type_name(), %shard, %error, "remember-entities: respawn failed");
+            }
+        }
+        if !self.pending_respawn.is_empty() {
+            host.respawn_later(shard, self.install);
+        }
+    }
+
+    fn passivate<H: SlotHost<Entity = E>>(
+        &mut self,
+        host: &mut H,
+        shard: ShardId,
+        entity_id: &Arc<str>,
+        incarnation: Option<u64>,
+    ) -> (ShardingResult<()>, Undelivered) {
+        if let Some(handoff) = &mut self.handoff {
+            // Every entity is stopping already; a remembered one is now
+            // forgotten, so that no next home respawns it (not for a stale
+            // request of an earlier incarnation). A request from outside
+            // still applies to the messages waiting for that home.
+            let current = self.entities.get(entity_id).map(Entry::incarnation);
+            let stale = incarnation.is_some_and(|i| current.is_some_and(|c| c != i));
+            if !stale && handoff.respawn.remove(entity_id) {
+                host.record(shard, entity_id, RememberEntitiesOperation::RecordStopped);
+            }
+            if incarnation.is_some() || !waits_in(&handoff.buffer, entity_id) {
+                return (Ok(()), Vec::new());
+            }
+            if handoff.buffer.len() >= host.buffer_cap() {
+                return (Err(overflow(host, shard)), Vec::new());
+            }
+            handoff.buffer.push(Buffered::Passivate(entity_id.clone()));
+            return (Ok(()), Vec::new());
+        }
+        let live = match self.entities.remove(entity_id) {
+            Some(Entry::Live(live)) if incarnation.is_none_or(|i| i == live.incarnation) => live,
+            Some(Entry::Passivating { live, mut buffer }) => {
+                // Only an explicit request, for the incarnation that comes next.
+                let mut result = Ok(());
+                if incarnation.is_none() && !buffer.is_empty() {
+                    if buffer.len() >= host.buffer_cap() {
+                        result = Err(overflow(host, shard));
+                    } else {
+                        buffer.push(Buffered::Passivate(entity_id.clone()));
+                    }
+                }
+                self.entities
+                    .insert(entity_id.clone(), Entry::Passivating { live, buffer });
+                return (result, Vec::new());
+            }
+            // A request from an earlier incarnation: stale.
+            Some(other) => {
+                self.entities.insert(entity_id.clone(), other);
+                return (Ok(()), Vec::new());
+            }
+            None => return (Ok(()), Vec::new()),
+        };
+        host.record(shard, entity_id, RememberEntitiesOperation::RecordStopped);
+        // Stop after what is queued (the host's marker, not ractor's
+        // `drain`). Nothing can be enqueued behind it: the entity is no
+        // longer Live, and all sends happen under the shard's lock.
+        let stop_sent = host.stop(&live.actor);
+        let stopped = live.incarnation;
+        self.entities.insert(
+            entity_id.clone(),
+            Entry::Passivating {
+                live,
+                buffer: Vec::new(),
+            },
+        );
+        if stop_sent {
+            (Ok(()), Vec::new())
+        } else {
+            // Already gone: finish the passivation now.
+            (Ok(()), self.stopped(host, shard, entity_id, stopped))
+        }
+    }
+
+    fn stopped<H: SlotHost<Entity = E>>(
+        &mut self,
+        host: &mut H,
+        shard: ShardId,
+        entity_id: &Arc<str>,
+        incarnation: u64,
+    ) -> Undelivered {
+        match self.entities.get(entity_id) {
+            Some(entry) if entry.incarnation() == incarnation => {}
+            _ => return Vec::new(),
+        }
+        let undelivered = match self.entities.remove(entity_id) {
+            Some(Entry::Passivating { buffer, .. }) => self.replay(host, shard, buffer),
+            _ => Vec::new(),
+        };
+        self.report_if_stopped(host, shard);
+        undelivered
+    }
+
+    /// Tells the host a handed-off shard has no entity left (once per stop;
+    /// the driver repeats it to the coordinator until a new home comes).
+    fn report_if_stopped<H: SlotHost<Entity = E>>(&mut self, host: &mut H, shard: ShardId) {
+        let Some(handoff) = &mut self.handoff else {
+            return;
+        };
+        if handoff.reported || !self.entities.is_empty() {
+            return;
+        }
+        handoff.reported = true;
+        host.shard_stopped(shard, self.generation);
+    }
+
+    /// Replays buffered items in order, returning the messages that could
+    /// not be delivered.
+    fn replay<H: SlotHost<Entity = E>>(
+        &mut self,
+        host: &mut H,
+        shard: ShardId,
+        buffer: Vec<Buffered>,
+    ) -> Undelivered {
+        let mut undelivered = Vec::new();
+        for item in buffer {
+            match item {
+                Buffered::Message(entity_id, envelope) => {
+                    if let Err((error, Some(envelope))) =
+                        self.deliver(host, shard, &entity_id, envelope)
+                    {
+                        undelivered.push((error, envelope));
+                    }
+                }
+                Buffered::Passivate(entity_id) => {
+                    let (result, more) = self.passivate(host, shard, &entity_id, None);
+                    if let Err(error) = result {
+                        tracing::warn!(type_name = host.type_name(), %shard, %error, "buffered passivation dropped");
+                    }
+                    undelivered.extend(more);
+                }
+            }
+        }
+        undelivered
+    }
+
+    /// Ends a handoff with the shard staying here: the buffer is replayed
+    /// in order, and remembered ids stopped by the handoff are respawned
+    /// (at the respawn rate, once their incarnation has stopped).
+    fn resume<H: SlotHost<Entity = E>>(&mut self, host: &mut H, shard: ShardId) -> Undelivered {
+        let Some(handoff) = self.handoff.take() else {
+            return Vec::new();
+        };
+        let undelivered = self.replay(host, shard, handoff.buffer);
+        let respawn = handoff
+            .respawn
+            .into_iter()
+            .filter(|id| !matches!(self.entities.get(id), Some(Entry::Live(_))));
+        self.pending_respawn.extend(respawn);
+        if !self.pending_respawn.is_empty() {
+            self.respawn_batch(host, shard);
+        }
+        undelivered
+    }
+}
+
+fn refused() -> ShardingError {
+    ShardingError::Bug("an entity mailbox refused an envelope without giving it back".into())
+}
+
+#[cfg(test)]
+#[path = "slot_tests.rs"]
+mod tests;

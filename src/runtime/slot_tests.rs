@@ -1,0 +1,621 @@
+//! The slot against a host that records every call: each test drives one
+//! case the region meets and asserts the exact calls it made.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use super::*;
+use crate::envelope::LocalEnvelope;
+use crate::identity::NodeId;
+
+/// A fake mailbox: the number of the spawn that made it.
+type Mailbox = u32;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Call {
+    /// Spawned `id` as `incarnation`.
+    Spawn(String, u64),
+    /// Enqueued message `n` into a mailbox.
+    Send(Mailbox, u64),
+    Stop(Mailbox),
+    Record(String, RememberEntitiesOperation),
+    RespawnLater(u64),
+    /// Forwarded message `n` of `id` to the home of `generation`.
+    Forward(u64, String, u64),
+    PassivateAt(String),
+    RequestAllocation,
+    ShardStopped(u64),
+}
+
+struct Fake {
+    calls: Vec<Call>,
+    buffer_cap: usize,
+    remembers: bool,
+    batch: usize,
+    spawned: Mailbox,
+    /// Mailboxes whose entity is gone (sends give the envelope back).
+    gone: HashSet<Mailbox>,
+    refusal: Option<ShardingError>,
+}
+
+impl Fake {
+    fn new() -> Self {
+        Fake {
+            calls: Vec::new(),
+            buffer_cap: 100,
+            remembers: false,
+            batch: 100,
+            spawned: 0,
+            gone: HashSet::new(),
+            refusal: None,
+        }
+    }
+
+    /// The calls since the last look.
+    fn calls(&mut self) -> Vec<Call> {
+        std::mem::take(&mut self.calls)
+    }
+}
+
+impl SlotHost for Fake {
+    type Entity = Mailbox;
+
+    fn type_name(&self) -> &'static str {
+        "fake"
+    }
+
+    fn buffer_cap(&self) -> usize {
+        self.buffer_cap
+    }
+
+    fn refused(&self) -> bool {
+        self.refusal.is_some()
+    }
+
+    fn refusal(&self) -> Option<ShardingError> {
+        self.refusal.clone()
+    }
+
+    fn remembers(&self) -> bool {
+        self.remembers
+    }
+
+    fn check_store(&self, _shard: ShardId) -> ShardingResult<()> {
+        Ok(())
+    }
+
+    fn spawn(
+        &mut self,
+        _shard: ShardId,
+        entity_id: &Arc<str>,
+        incarnation: u64,
+    ) -> ShardingResult<Mailbox> {
+        self.calls
+            .push(Call::Spawn(entity_id.to_string(), incarnation));
+        self.spawned += 1;
+        Ok(self.spawned)
+    }
+
+    fn send(
+        &mut self,
+        entity: &Mailbox,
+        envelope: LocalEnvelope,
+    ) -> Result<(), Option<LocalEnvelope>> {
+        if self.gone.contains(entity) {
+            return Err(Some(envelope));
+        }
+        self.calls.push(Call::Send(*entity, number(envelope)));
+        Ok(())
+    }
+
+    fn stop(&mut self, entity: &Mailbox) -> bool {
+        self.calls.push(Call::Stop(*entity));
+        !self.gone.contains(entity)
+    }
+
+    fn record(&mut self, _shard: ShardId, entity_id: &Arc<str>, op: RememberEntitiesOperation) {
+        if self.remembers {
+            self.calls.push(Call::Record(entity_id.to_string(), op));
+        }
+    }
+
+    fn respawn_batch(&self) -> usize {
+        self.batch
+    }
+
+    fn respawn_later(&mut self, _shard: ShardId, install: u64) {
+        self.calls.push(Call::RespawnLater(install));
+    }
+
+    fn forward(
+        &mut self,
+        home: ShardHome,
+        _shard: ShardId,
+        entity_id: &Arc<str>,
+        envelope: LocalEnvelope,
+    ) -> Result<(), Refused> {
+        self.calls.push(Call::Forward(
+            home.generation,
+            entity_id.to_string(),
+            number(envelope),
+        ));
+        Ok(())
+    }
+
+    fn passivate_at(
+        &mut self,
+        _owner: UniqueAddress,
+        _shard: ShardId,
+        entity_id: &Arc<str>,
+    ) -> ShardingResult<()> {
+        self.calls.push(Call::PassivateAt(entity_id.to_string()));
+        Ok(())
+    }
+
+    fn request_allocation(&mut self, _shard: ShardId) -> bool {
+        self.calls.push(Call::RequestAllocation);
+        true
+    }
+
+    fn shard_stopped(&mut self, _shard: ShardId, generation: u64) {
+        self.calls.push(Call::ShardStopped(generation));
+    }
+}
+
+const SHARD: ShardId = ShardId(3);
+
+fn node(port: u16) -> UniqueAddress {
+    UniqueAddress {
+        addr: std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+        node_id: NodeId(u64::from(port)),
+        incarnation: 1,
+    }
+}
+
+fn me() -> UniqueAddress {
+    node(1)
+}
+
+fn home(generation: u64) -> ShardHome {
+    ShardHome {
+        owner: node(2),
+        generation,
+    }
+}
+
+fn id(name: &str) -> Arc<str> {
+    Arc::from(name)
+}
+
+/// A tell carrying the number `n`.
+fn tell(n: u64) -> LocalEnvelope {
+    LocalEnvelope::local::<u64, ()>(0, n, None)
+}
+
+fn number(envelope: LocalEnvelope) -> u64 {
+    envelope.open::<u64, ()>().expect("a test tell").0
+}
+
+fn spawn(name: &str, incarnation: u64) -> Call {
+    Call::Spawn(name.into(), incarnation)
+}
+
+/// Delivers message `n` to `name`, which the slot must accept.
+fn deliver(slot: &mut Slot<Mailbox>, host: &mut Fake, name: &str, n: u64) {
+    if slot.deliver(host, SHARD, &id(name), tell(n)).is_err() {
+        panic!("message {n} for {name} refused");
+    }
+}
+
+/// A slot hosted here under generation 1, no entity yet.
+fn hosted(host: &mut Fake) -> Slot<Mailbox> {
+    let mut slot = Slot::unallocated(0);
+    let undelivered = slot.install(host, SHARD, 1, 1, None).expect("installed");
+    assert!(undelivered.is_empty());
+    host.calls();
+    slot
+}
+
+#[test]
+fn messages_wait_for_a_home_and_are_replayed_in_order_when_it_comes() {
+    let mut host = Fake::new();
+    let mut slot = Slot::unallocated(0);
+    deliver(&mut slot, &mut host, "a", 1);
+    deliver(&mut slot, &mut host, "b", 2);
+    deliver(&mut slot, &mut host, "a", 3);
+    assert_eq!(host.calls(), [Call::RequestAllocation], "asked once");
+    let undelivered = slot
+        .install(&mut host, SHARD, 1, 1, None)
+        .expect("installed");
+    assert!(undelivered.is_empty());
+    assert_eq!(
+        host.calls(),
+        [
+            spawn("a", 1),
+            Call::Send(1, 1),
+            spawn("b", 2),
+            Call::Send(2, 2),
+            Call::Send(1, 3),
+        ]
+    );
+}
+
+#[test]
+fn a_full_buffer_refuses_the_message_and_gives_it_back() {
+    let mut host = Fake::new();
+    host.buffer_cap = 2;
+    let mut slot = Slot::unallocated(0);
+    deliver(&mut slot, &mut host, "a", 1);
+    deliver(&mut slot, &mut host, "a", 2);
+    match slot.deliver(&mut host, SHARD, &id("a"), tell(3)) {
+        Err((ShardingError::BufferOverflow { shard_id, .. }, Some(envelope))) => {
+            assert_eq!(shard_id, SHARD);
+            assert_eq!(number(envelope), 3);
+        }
+        other => panic!("expected an overflow, got {:?}", other.map_err(|e| e.0)),
+    }
+    // Behind a passivation too.
+    let mut slot = hosted(&mut host);
+    deliver(&mut slot, &mut host, "a", 1);
+    let _ = slot.passivate(&mut host, SHARD, &id("a"), None, false);
+    deliver(&mut slot, &mut host, "a", 2);
+    deliver(&mut slot, &mut host, "a", 3);
+    host.calls();
+    let refused = slot.deliver(&mut host, SHARD, &id("a"), tell(4));
+    assert!(matches!(
+        refused,
+        Err((ShardingError::BufferOverflow { .. }, Some(_)))
+    ));
+    assert_eq!(host.calls(), []);
+}
+
+#[test]
+fn a_live_entity_gets_its_message_and_nothing_else_happens() {
+    let mut host = Fake::new();
+    let mut slot = hosted(&mut host);
+    deliver(&mut slot, &mut host, "a", 1);
+    assert_eq!(host.calls(), [spawn("a", 1), Call::Send(1, 1)]);
+    deliver(&mut slot, &mut host, "a", 2);
+    assert_eq!(host.calls(), [Call::Send(1, 2)]);
+    // The remote fast path takes the same mailbox, and gives back what is
+    // not for a live entity.
+    assert!(matches!(
+        slot.deliver_live(&mut host, SHARD, "a", tell(3)),
+        Ok(Ok(()))
+    ));
+    assert_eq!(host.calls(), [Call::Send(1, 3)]);
+    let back = slot.deliver_live(&mut host, SHARD, "b", tell(4));
+    assert_eq!(number(back.expect_err("given back")), 4);
+    assert_eq!(host.calls(), []);
+}
+
+#[test]
+fn a_gone_mailbox_is_replaced_by_a_new_incarnation() {
+    let mut host = Fake::new();
+    let mut slot = hosted(&mut host);
+    deliver(&mut slot, &mut host, "a", 1);
+    host.calls();
+    host.gone.insert(1);
+    deliver(&mut slot, &mut host, "a", 2);
+    assert_eq!(host.calls(), [spawn("a", 2), Call::Send(2, 2)]);
+}
+
+#[test]
+fn a_passivation_buffers_what_comes_until_the_entity_has_stopped() {
+    let mut host = Fake::new();
+    let mut slot = hosted(&mut host);
+    deliver(&mut slot, &mut host, "a", 1);
+    host.calls();
+    let (result, undelivered) = slot.passivate(&mut host, SHARD, &id("a"), None, false);
+    assert!(result.is_ok() && undelivered.is_empty());
+    assert_eq!(host.calls(), [Call::Stop(1)]);
+    deliver(&mut slot, &mut host, "a", 2);
+    assert_eq!(host.calls(), [], "waits behind the stop");
+    assert_eq!(slot.live_entities(), 0);
+    let undelivered = slot.entity_stopped(&mut host, SHARD, &id("a"), 1);
+    assert!(undelivered.is_empty());
+    assert_eq!(host.calls(), [spawn("a", 2), Call::Send(2, 2)]);
+}
+
+#[test]
+fn notices_of_an_earlier_incarnation_change_nothing() {
+    let mut host = Fake::new();
+    let mut slot = hosted(&mut host);
+    deliver(&mut slot, &mut host, "a", 1);
+    host.gone.insert(1);
+    deliver(&mut slot, &mut host, "a", 2);
+    host.calls();
+    // Incarnation 2 is current: a stop notice and a passivation request of
+    // incarnation 1 are stale.
+    assert!(
+        slot.entity_stopped(&mut host, SHARD, &id("a"), 1)
+            .is_empty()
+    );
+    let (result, _) = slot.passivate(&mut host, SHARD, &id("a"), Some(1), false);
+    assert!(result.is_ok());
+    assert_eq!(host.calls(), []);
+    deliver(&mut slot, &mut host, "a", 3);
+    assert_eq!(host.calls(), [Call::Send(2, 3)]);
+}
+
+#[test]
+fn a_handoff_stops_every_entity_and_what_waited_follows_the_shard_in_order() {
+    let mut host = Fake::new();
+    let mut slot = hosted(&mut host);
+    deliver(&mut slot, &mut host, "a", 1);
+    deliver(&mut slot, &mut host, "b", 2);
+    let _ = slot.passivate(&mut host, SHARD, &id("b"), None, false);
+    deliver(&mut slot, &mut host, "b", 7);
+    host.calls();
+    slot.hand_off(&mut host, SHARD, 1);
+    assert_eq!(host.calls(), [Call::Stop(1)], "b is stopping already");
+    deliver(&mut slot, &mut host, "a", 8);
+    let (result, _) = slot.passivate(&mut host, SHARD, &id("a"), None, false);
+    assert!(result.is_ok());
+    assert_eq!(host.calls(), [], "both wait for the next home");
+    assert!(
+        slot.entity_stopped(&mut host, SHARD, &id("a"), 1)
+            .is_empty()
+    );
+    assert_eq!(host.calls(), []);
+    assert!(!slot.is_handed_off(1));
+    assert!(
+        slot.entity_stopped(&mut host, SHARD, &id("b"), 2)
+            .is_empty()
+    );
+    assert_eq!(host.calls(), [Call::ShardStopped(1)], "reported once");
+    assert!(slot.is_handed_off(1) && slot.is_stopped_here());
+    let (change, undelivered) = slot.set_home(&mut host, SHARD, home(2), me());
+    assert_eq!(change, HomeChange::Remote);
+    assert!(undelivered.is_empty());
+    assert_eq!(
+        host.calls(),
+        [
+            Call::Forward(2, "b".into(), 7),
+            Call::Forward(2, "a".into(), 8),
+            Call::PassivateAt("a".into()),
+        ],
+        "what waited behind a passivation, then what came during the handoff"
+    );
+}
+
+#[test]
+fn a_handoff_asked_again_reports_again_and_one_for_another_generation_is_ignored() {
+    let mut host = Fake::new();
+    let mut slot = hosted(&mut host);
+    slot.hand_off(&mut host, SHARD, 2);
+    assert_eq!(host.calls(), []);
+    assert!(!slot.is_stopped_here());
+    slot.hand_off(&mut host, SHARD, 1);
+    assert_eq!(
+        host.calls(),
+        [Call::ShardStopped(1)],
+        "no entity: stopped at once"
+    );
+    slot.hand_off(&mut host, SHARD, 1);
+    assert_eq!(
+        host.calls(),
+        [Call::ShardStopped(1)],
+        "the report may have been lost"
+    );
+}
+
+#[test]
+fn a_called_off_handoff_delivers_here_what_waited() {
+    let mut host = Fake::new();
+    let mut slot = hosted(&mut host);
+    deliver(&mut slot, &mut host, "a", 1);
+    slot.hand_off(&mut host, SHARD, 1);
+    deliver(&mut slot, &mut host, "a", 2);
+    host.calls();
+    assert!(slot.call_off_handoff(&mut host, SHARD).is_empty());
+    assert_eq!(host.calls(), [], "a is still stopping: 2 waits behind it");
+    slot.entity_stopped(&mut host, SHARD, &id("a"), 1);
+    assert_eq!(host.calls(), [spawn("a", 2), Call::Send(2, 2)]);
+    // A reported handoff is not called off.
+    slot.hand_off(&mut host, SHARD, 1);
+    slot.entity_stopped(&mut host, SHARD, &id("a"), 2);
+    assert_eq!(host.calls(), [Call::Stop(2), Call::ShardStopped(1)]);
+    deliver(&mut slot, &mut host, "a", 3);
+    assert!(slot.call_off_handoff(&mut host, SHARD).is_empty());
+    assert_eq!(host.calls(), []);
+}
+
+#[test]
+fn a_sender_that_knows_a_newer_generation_makes_the_slot_wait_for_it() {
+    let mut host = Fake::new();
+    let mut slot = Slot::unallocated(0);
+    assert_eq!(
+        slot.set_home(&mut host, SHARD, home(2), me()).0,
+        HomeChange::Remote
+    );
+    let mut envelope = tell(1);
+    envelope.set_routed_under(3);
+    assert!(slot.deliver(&mut host, SHARD, &id("a"), envelope).is_ok());
+    assert_eq!(host.calls(), [Call::RequestAllocation]);
+    assert_eq!(slot.generation(), 3);
+    assert_eq!(
+        slot.set_home(&mut host, SHARD, home(2), me()).0,
+        HomeChange::Stale
+    );
+    assert_eq!(host.calls(), []);
+    assert_eq!(
+        slot.set_home(&mut host, SHARD, home(3), me()).0,
+        HomeChange::Remote
+    );
+    assert_eq!(host.calls(), [Call::Forward(3, "a".into(), 1)]);
+}
+
+#[test]
+fn a_refused_region_fails_what_would_wait_for_a_home() {
+    let mut host = Fake::new();
+    let mut slot = Slot::unallocated(0);
+    deliver(&mut slot, &mut host, "a", 1);
+    host.refusal = Some(ShardingError::ShuttingDown);
+    let drained = slot.drain_refused();
+    assert_eq!(drained.into_iter().map(number).collect::<Vec<_>>(), [1]);
+    assert!(matches!(
+        slot.deliver(&mut host, SHARD, &id("a"), tell(2)),
+        Err((ShardingError::ShuttingDown, Some(_)))
+    ));
+    assert_eq!(host.calls(), [Call::RequestAllocation]);
+}
+
+#[test]
+fn a_lost_home_makes_the_next_message_ask_again() {
+    let mut host = Fake::new();
+    let mut slot = Slot::unallocated(0);
+    slot.set_home(&mut host, SHARD, home(2), me());
+    assert!(!slot.node_lost(&node(9)));
+    assert!(slot.node_lost(&node(2)));
+    assert_eq!(slot.generation(), 2);
+    deliver(&mut slot, &mut host, "a", 1);
+    assert_eq!(host.calls(), [Call::RequestAllocation]);
+}
+
+#[test]
+fn an_entity_finishing_after_its_shard_moved_away_holds_back_its_next_incarnation() {
+    // SPEC §13.3's old limit: the shard moves away (no handoff) and comes
+    // back before an entity has finished its mailbox. The next incarnation
+    // waits for the old one's stop notice instead of running beside it.
+    let mut host = Fake::new();
+    let mut slot = hosted(&mut host);
+    deliver(&mut slot, &mut host, "a", 1);
+    host.calls();
+    let (change, _) = slot.set_home(&mut host, SHARD, home(2), me());
+    assert_eq!(change, HomeChange::Remote);
+    assert_eq!(host.calls(), [Call::Stop(1)]);
+    let here = ShardHome {
+        owner: me(),
+        generation: 3,
+    };
+    assert_eq!(
+        slot.set_home(&mut host, SHARD, here, me()).0,
+        HomeChange::HostHere
+    );
+    slot.install(&mut host, SHARD, 3, 2, None)
+        .expect("installed");
+    deliver(&mut slot, &mut host, "a", 2);
+    deliver(&mut slot, &mut host, "b", 3);
+    assert_eq!(
+        host.calls(),
+        [spawn("b", 2), Call::Send(2, 3)],
+        "a waits for its finishing incarnation"
+    );
+    slot.entity_stopped(&mut host, SHARD, &id("a"), 1);
+    assert_eq!(host.calls(), [spawn("a", 3), Call::Send(3, 2)]);
+}
+
+#[test]
+fn an_entity_that_finished_while_its_shard_was_away_is_forgotten() {
+    let mut host = Fake::new();
+    let mut slot = hosted(&mut host);
+    deliver(&mut slot, &mut host, "a", 1);
+    slot.set_home(&mut host, SHARD, home(2), me());
+    slot.entity_stopped(&mut host, SHARD, &id("a"), 1);
+    host.calls();
+    let here = ShardHome {
+        owner: me(),
+        generation: 3,
+    };
+    slot.set_home(&mut host, SHARD, here, me());
+    slot.install(&mut host, SHARD, 3, 2, None)
+        .expect("installed");
+    deliver(&mut slot, &mut host, "a", 2);
+    assert_eq!(host.calls(), [spawn("a", 2), Call::Send(2, 2)]);
+    // A stopping region waits for finishing entities apart from the others.
+    let mut slot = hosted(&mut host);
+    deliver(&mut slot, &mut host, "c", 1);
+    slot.set_home(&mut host, SHARD, home(2), me());
+    let taken = slot.take();
+    assert_eq!(taken.finishing.len(), 1);
+    assert!(taken.entities.is_empty() && taken.buffered.is_empty());
+}
+
+#[test]
+fn remembered_ids_respawn_in_batches_of_the_hosting_that_listed_them() {
+    let mut host = Fake::new();
+    host.remembers = true;
+    host.batch = 2;
+    let mut slot = Slot::unallocated(0);
+    let ids = vec!["x".to_owned(), "y".to_owned(), "z".to_owned()];
+    slot.install(&mut host, SHARD, 1, 7, Some(ids))
+        .expect("installed");
+    let calls = host.calls();
+    let spawned: Vec<_> = calls
+        .iter()
+        .filter(|c| matches!(c, Call::Spawn(..)))
+        .collect();
+    assert_eq!(spawned.len(), 2, "{calls:?}");
+    assert_eq!(calls.last(), Some(&Call::RespawnLater(7)));
+    assert_eq!(calls.len(), 3, "a respawn records nothing: {calls:?}");
+    slot.respawn_more(&mut host, SHARD, 6);
+    assert_eq!(host.calls(), [], "another hosting's batch");
+    slot.respawn_more(&mut host, SHARD, 7);
+    let calls = host.calls();
+    assert_eq!(
+        calls.len(),
+        1,
+        "the last one, and no more batches: {calls:?}"
+    );
+    assert!(matches!(calls[0], Call::Spawn(_, 3)));
+    // A new id is recorded when a message starts it.
+    deliver(&mut slot, &mut host, "w", 1);
+    assert_eq!(
+        host.calls(),
+        [
+            spawn("w", 4),
+            Call::Record("w".into(), RememberEntitiesOperation::RecordStarted),
+            Call::Send(4, 1),
+        ]
+    );
+}
+
+#[test]
+fn a_passivation_during_a_handoff_forgets_a_remembered_entity_once() {
+    let mut host = Fake::new();
+    host.remembers = true;
+    let mut slot = hosted(&mut host);
+    deliver(&mut slot, &mut host, "a", 1);
+    slot.hand_off(&mut host, SHARD, 1);
+    host.calls();
+    let _ = slot.passivate(&mut host, SHARD, &id("a"), None, false);
+    assert_eq!(
+        host.calls(),
+        [Call::Record(
+            "a".into(),
+            RememberEntitiesOperation::RecordStopped
+        )]
+    );
+    let _ = slot.passivate(&mut host, SHARD, &id("a"), None, false);
+    assert_eq!(host.calls(), []);
+}
+
+#[test]
+fn a_stopping_region_takes_every_entity_and_fails_what_waited() {
+    let mut host = Fake::new();
+    let mut slot = hosted(&mut host);
+    deliver(&mut slot, &mut host, "a", 1);
+    deliver(&mut slot, &mut host, "b", 2);
+    let _ = slot.passivate(&mut host, SHARD, &id("b"), None, false);
+    deliver(&mut slot, &mut host, "b", 3);
+    let taken = slot.take();
+    let mut entities = taken.entities;
+    entities.sort();
+    assert_eq!(entities, [1, 2]);
+    assert_eq!(
+        taken.buffered.into_iter().map(number).collect::<Vec<_>>(),
+        [3]
+    );
+    assert!(matches!(
+        slot.deliver(&mut host, SHARD, &id("a"), tell(4)),
+        Err((ShardingError::ShuttingDown, Some(_)))
+    ));
+    // A remote home stays: what still arrives is forwarded.
+    let mut slot = Slot::unallocated(0);
+    slot.set_home(&mut host, SHARD, home(2), me());
+    slot.take();
+    host.calls();
+    deliver(&mut slot, &mut host, "a", 5);
+    assert_eq!(host.calls(), [Call::Forward(2, "a".into(), 5)]);
+}
