@@ -28,7 +28,7 @@ use std::any::TypeId;
 use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 use std::time::Duration;
 
 use ractor::Actor;
@@ -46,7 +46,7 @@ use crate::runtime::entity_actor::{EntityActor, EntityArgs, Factory, StopNotice}
 use crate::runtime::region::{Region, RegionCluster, RegionProtocol, Spawner};
 use crate::runtime::region_actor::RegionActor;
 use crate::sharding::coordinator::{CoordinatorConfig, RebalanceRound, ShardAllocationStrategy};
-use crate::sharding::driver::{ClusterLink, DriverMsg};
+use crate::sharding::driver::{BoxFuture, ClusterLink, DriverMsg, RegionLink, SystemPort};
 use crate::sharding::stats::{ClusterShardingStats, ShardRegionState};
 use crate::store::writer::Remember;
 use crate::store::{NoStore, RememberEntitiesEvent, RememberEntitiesStore};
@@ -246,6 +246,32 @@ impl Shared {
     }
 }
 
+impl SystemPort for Shared {
+    fn region(&self, type_name: &str) -> Option<Arc<Region>> {
+        Shared::region(self, type_name)
+    }
+
+    fn all_regions(&self) -> Vec<Arc<Region>> {
+        Shared::all_regions(self)
+    }
+
+    fn cluster_link(&self) -> Option<&ClusterLink> {
+        Shared::cluster_link(self)
+    }
+
+    fn is_shut_down(&self) -> bool {
+        Shared::is_shut_down(self)
+    }
+
+    fn mark_stopped(&self) {
+        Shared::mark_stopped(self)
+    }
+
+    fn shut_down(self: Arc<Self>) -> BoxFuture<'static, ()> {
+        Box::pin(async move { self.shutdown().await })
+    }
+}
+
 /// Builds a [`ShardedSystem`]; the store given (if any) becomes part of the system's type.
 #[must_use = "a builder does nothing until `start` is awaited"]
 pub struct ShardedSystemBuilder<S = NoStore> {
@@ -385,7 +411,9 @@ impl<S> ShardedSystemBuilder<S> {
             stop_task: Mutex::new(None),
         });
         if let Some(link) = &shared.cluster {
-            link.spawn(Arc::downgrade(&shared));
+            let weak: Weak<Shared> = Arc::downgrade(&shared);
+            let port: Weak<dyn SystemPort> = weak;
+            link.spawn(port);
         }
         Ok(ShardedSystem {
             shared,
@@ -513,8 +541,10 @@ impl<S> ShardedSystem<S> {
         let config = &self.shared.config;
         let cluster = self.shared.cluster.as_ref().map(|link| RegionCluster {
             me: link.remote.me(),
-            remote: link.remote.clone(),
-            driver: link.driver.clone(),
+            port: Arc::new(RegionLink {
+                remote: link.remote.clone(),
+                driver: link.driver.clone(),
+            }),
             proxy,
         });
         let region = Arc::new(Region::new(
@@ -1089,8 +1119,8 @@ mod finishing_tests {
             generation: away + 1,
         };
         let change = region.set_home(shard, back);
+        // (The region actor starts the shard; what comes meanwhile waits.)
         assert!(matches!(change, crate::runtime::slot::HomeChange::HostHere));
-        assert!(region.install_local(shard, away + 1, None));
         assert!(
             done.load(Ordering::Relaxed) < WORK,
             "the old mailbox is still being worked through"

@@ -9,23 +9,11 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 
 use crate::dispatch::{Dispatch, OutcomeKind, panic_message};
 use crate::entity::{Entity, EntityContext};
-use crate::envelope::LocalEnvelope;
 use crate::extractor::ShardId;
-use crate::runtime::region_actor::RegionMsg;
+use crate::runtime::mailbox::{EntityMsg, RegionMsg};
 
 /// Builds an entity incarnation.
 pub(crate) type Factory<E> = Arc<dyn Fn(&EntityContext) -> E + Send + Sync>;
-
-/// What an entity actor receives.
-#[derive(Debug)]
-pub(crate) enum EntityMsg {
-    /// A message for the entity's handler.
-    Deliver(LocalEnvelope),
-    /// Time to check whether the entity has been idle long enough to passivate.
-    IdleCheck,
-    /// Stop once everything queued before this marker is handled (passivation).
-    Stop,
-}
 
 pub(crate) struct EntityActor<E>(PhantomData<fn() -> E>);
 

@@ -29,6 +29,7 @@
 //! node, also when its shard moved away and came back meanwhile.
 
 pub(crate) mod entity_actor;
+pub(crate) mod mailbox;
 pub(crate) mod region;
 pub(crate) mod region_actor;
 pub(crate) mod slot;

@@ -11,11 +11,8 @@ use crate::envelope::{LocalEnvelope, RemoteReply, Undecodable};
 use crate::error::{ShardingError, ShardingResult};
 use crate::extractor::ShardId;
 use crate::identity::UniqueAddress;
-use crate::runtime::entity_actor::EntityMsg;
-use crate::runtime::region_actor::RegionMsg;
+use crate::runtime::mailbox::{EntityMsg, RegionMsg};
 use crate::runtime::slot::{HomeChange, Refused, ShardHome, Slot, SlotHost, Undelivered};
-use crate::sharding::driver::DriverMsg;
-use crate::sharding::remote::Remote;
 use crate::store::RememberEntitiesOperation;
 use crate::store::writer::Remember;
 
@@ -31,14 +28,42 @@ pub(crate) type Spawner = Box<
 pub(crate) type DecodeFn =
     fn(u16, &[u8], Option<RemoteReply>, u8) -> Result<LocalEnvelope, Box<Undecodable>>;
 
+/// How a region reaches the other nodes and the coordinator, when its
+/// system runs on a cluster. The sharding layer implements it: the runtime
+/// knows nothing of pipes, wire forms or the allocation protocol.
+pub(crate) trait ClusterPort: Send + Sync + 'static {
+    /// Encodes `envelope` and sends it to the shard's home. On error the
+    /// envelope's asker has been answered with the same error.
+    fn forward(
+        &self,
+        home: ShardHome,
+        region: &Region,
+        shard: ShardId,
+        entity_id: &Arc<str>,
+        envelope: LocalEnvelope,
+    ) -> ShardingResult<()>;
+    /// Sends a passivation request to the node hosting the shard.
+    fn passivate(
+        &self,
+        owner: UniqueAddress,
+        type_name: &'static str,
+        shard: ShardId,
+        entity_id: &Arc<str>,
+    ) -> ShardingResult<()>;
+    /// Asks the coordinator for the shard's home; false if it cannot be
+    /// asked (the next message asks again).
+    fn allocate(&self, type_name: &'static str, shard: ShardId) -> bool;
+    /// Reports that a handed-off shard has no entity left (hosted here
+    /// under `generation`).
+    fn shard_stopped(&self, type_name: &'static str, shard: ShardId, generation: u64);
+}
+
 /// A region's link to the cluster, when its system runs on one.
 pub(crate) struct RegionCluster {
     /// This node.
     pub(crate) me: UniqueAddress,
-    /// Sends to other nodes and tracks their replies.
-    pub(crate) remote: Arc<Remote>,
-    /// The sharding driver: allocation requests go there.
-    pub(crate) driver: tokio::sync::mpsc::UnboundedSender<DriverMsg>,
+    /// The other nodes and the coordinator.
+    pub(crate) port: Arc<dyn ClusterPort>,
     /// A proxy-only region: it routes and never hosts a shard.
     pub(crate) proxy: bool,
 }
@@ -71,6 +96,31 @@ pub(crate) struct Region {
     /// every message fails with it until a coordinator accepts the region.
     refused: AtomicBool,
     refusal: Mutex<Option<ShardingError>>,
+}
+
+/// One region's state on this node, as
+/// [`ShardedSystem::shard_region_state`](crate::ShardedSystem::shard_region_state)
+/// reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ShardRegionState {
+    /// The entity type.
+    pub type_name: &'static str,
+    /// Every shard hosted here, with its number of live entities
+    /// (passivating ones not counted).
+    pub shards: std::collections::BTreeMap<ShardId, usize>,
+    /// The hosted shards being handed off to another node.
+    pub handing_off: std::collections::BTreeSet<ShardId>,
+    /// Messages waiting in this region's buffers: for shards without a home
+    /// yet, behind passivating entities, and in handoff buffers.
+    pub buffered: usize,
+    /// The region routes only (proxy-only, or its type's role is not this
+    /// node's).
+    pub proxy: bool,
+    /// The coordinator refused this region (another fingerprint or shard
+    /// count than the type's in the cluster): the error every message to
+    /// the type through this node fails with (`ShardingError::RegionRefused`).
+    pub refused: Option<crate::ShardingError>,
 }
 
 /// What a region needs to know of its protocol.
@@ -368,7 +418,8 @@ impl Region {
 
     /// Applies a home for `shard` from the coordinator (see
     /// [`Slot::set_home`]); the entities of a shard that moved away finish
-    /// their mailboxes and stop, and `shutdown` waits for them.
+    /// their mailboxes and stop, and `shutdown` waits for them. A shard
+    /// whose home is now here is started by the region actor.
     pub(crate) fn set_home(&self, shard: ShardId, home: ShardHome) -> HomeChange {
         let Some(cluster) = &self.cluster else {
             return HomeChange::Unchanged;
@@ -381,6 +432,13 @@ impl Region {
         let (change, undelivered) = guard.set_home(&mut self.host(), shard, home, cluster.me);
         drop(guard);
         fail_undelivered(undelivered);
+        if change == HomeChange::HostHere
+            && let Some(actor) = self.region_actor.get()
+        {
+            // The region actor starts hosting the shard (messages wait in
+            // the slot meanwhile).
+            let _ = actor.cast(RegionMsg::Host(shard, home.generation));
+        }
         change
     }
 
@@ -441,7 +499,7 @@ impl Region {
     }
 
     /// This region's own state.
-    pub(crate) fn state(&self) -> crate::sharding::ShardRegionState {
+    pub(crate) fn state(&self) -> ShardRegionState {
         let mut shards = std::collections::BTreeMap::new();
         let mut handing_off = std::collections::BTreeSet::new();
         let mut buffered = 0;
@@ -456,7 +514,7 @@ impl Region {
                 shards.insert(shard, live);
             }
         }
-        crate::sharding::ShardRegionState {
+        ShardRegionState {
             type_name: self.type_name,
             shards,
             handing_off,
@@ -566,13 +624,7 @@ impl Region {
     /// region actor on one node. False if it cannot be asked.
     fn request_allocation(&self, shard: ShardId) -> bool {
         if let Some(cluster) = &self.cluster {
-            return cluster
-                .driver
-                .send(DriverMsg::Allocate {
-                    type_name: self.type_name,
-                    shard,
-                })
-                .is_ok();
+            return cluster.port.allocate(self.type_name, shard);
         }
         match self.region_actor.get() {
             Some(actor) => actor.cast(RegionMsg::Allocate(shard)).is_ok(),
@@ -690,7 +742,7 @@ impl SlotHost for Host<'_> {
             ));
         };
         cluster
-            .remote
+            .port
             .forward(home, self.region, shard, entity_id, envelope)
             .map_err(|error| (error, None))
     }
@@ -702,11 +754,9 @@ impl SlotHost for Host<'_> {
         entity_id: &Arc<str>,
     ) -> ShardingResult<()> {
         match &self.region.cluster {
-            Some(cluster) => {
-                cluster
-                    .remote
-                    .passivate(owner, self.region.type_name, shard, entity_id)
-            }
+            Some(cluster) => cluster
+                .port
+                .passivate(owner, self.region.type_name, shard, entity_id),
             None => Ok(()),
         }
     }
@@ -717,11 +767,9 @@ impl SlotHost for Host<'_> {
 
     fn shard_stopped(&mut self, shard: ShardId, generation: u64) {
         if let Some(cluster) = &self.region.cluster {
-            let _ = cluster.driver.send(DriverMsg::ShardStopped {
-                type_name: self.region.type_name,
-                shard,
-                generation,
-            });
+            cluster
+                .port
+                .shard_stopped(self.region.type_name, shard, generation);
         }
     }
 }

@@ -12,38 +12,8 @@ use std::sync::Arc;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
 use crate::extractor::ShardId;
+use crate::runtime::mailbox::RegionMsg;
 use crate::runtime::region::Region;
-
-/// What a region actor receives.
-#[derive(Debug)]
-pub(crate) enum RegionMsg {
-    /// A shard has buffered messages and no home: allocate it here (single node).
-    Allocate(ShardId),
-    /// The coordinator made this node the shard's home under `generation`.
-    Host(ShardId, u64),
-    /// A shard's remembered ids have been read (`None`: not remembered, or
-    /// the read failed): start hosting it.
-    Install {
-        shard: ShardId,
-        generation: u64,
-        remembered: Option<Vec<String>>,
-    },
-    /// Respawn the next remembered ids of a shard (a bounded-rate
-    /// recovery), if it is still the same hosting of it.
-    Respawn { shard: ShardId, install: u64 },
-    /// An entity incarnation asks to be passivated (idle, or `ctx.passivate()`).
-    Passivate {
-        shard: ShardId,
-        entity_id: Arc<str>,
-        incarnation: u64,
-    },
-    /// An entity incarnation ended.
-    EntityStopped {
-        shard: ShardId,
-        entity_id: Arc<str>,
-        incarnation: u64,
-    },
-}
 
 pub(crate) struct RegionActor;
 

@@ -784,7 +784,7 @@ impl<E: Clone> Slot<E> {
     }
 
     /// The region stops: the slot becomes `Stopped` and gives up its
-    /// entities, its shard actor and its buffered messages (to be failed
+    /// entities (hosted and finishing) and its buffered messages (to be failed
     /// with `ShuttingDown`). A remote home is kept: envelopes that still
     /// arrive are forwarded.
     pub(crate) fn take(&mut self) -> Taken<E> {

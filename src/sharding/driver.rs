@@ -28,13 +28,13 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::cluster::ClusterNode;
+use crate::envelope::LocalEnvelope;
 use crate::envelope::{RemoteReply, ReplySink};
 use crate::error::{RegionRefusal, ShardingError, ShardingResult};
 use crate::extractor::ShardId;
 use crate::identity::UniqueAddress;
 use crate::membership::{MemberStatus, MembershipState};
-use crate::runtime::region::Region;
-use crate::runtime::region_actor::RegionMsg;
+use crate::runtime::region::{ClusterPort, Region};
 use crate::runtime::slot::HomeChange;
 use crate::sharding::coordinator::{
     Command, CoordinatorConfig, CoordinatorCore, LeastShardAllocation, RebalanceRound,
@@ -51,7 +51,6 @@ use crate::warn_limit::{WarnLimit, warn_limited};
 /// Warnings about undecodable data messages from authenticated peers, at
 /// most ten per ten seconds in this process (the rest at debug).
 static BAD_DATA: WarnLimit = WarnLimit::new(10, Duration::from_secs(10));
-use crate::system::Shared;
 use crate::transport::Incoming;
 use crate::wire::channels::{SHARDING_CONTROL, SHARDING_DATA};
 
@@ -125,8 +124,75 @@ pub(crate) struct ClusterLink {
     pub(crate) coordinator: Arc<Mutex<CoordinatorStatus>>,
     parts: Mutex<Option<Parts>>,
     /// The system the inline data handler delivers into, once started.
-    system: Arc<OnceLock<Weak<Shared>>>,
+    system: Arc<OnceLock<Weak<dyn SystemPort>>>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// What the sharding layer needs of the system it joins to its cluster
+/// node. The façade implements it; the driver holds it weakly, so the
+/// system's handle alone decides how long it lives.
+pub(crate) trait SystemPort: Send + Sync + 'static {
+    /// The region of `type_name`, if registered.
+    fn region(&self, type_name: &str) -> Option<Arc<Region>>;
+    /// Every region.
+    fn all_regions(&self) -> Vec<Arc<Region>>;
+    /// The system's link to its cluster node.
+    fn cluster_link(&self) -> Option<&ClusterLink>;
+    /// Whether the system has stopped (shut down, or fenced).
+    fn is_shut_down(&self) -> bool;
+    /// Marks the system stopped (fencing): its handle refuses new work.
+    fn mark_stopped(&self);
+    /// The system's graceful stop (SPEC §10.6), run once whoever asks.
+    fn shut_down(self: Arc<Self>) -> BoxFuture<'static, ()>;
+}
+
+/// A boxed future, as `SystemPort::shut_down` returns it.
+pub(crate) type BoxFuture<'a, T> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
+
+/// A region's way to the cluster: envelopes and passivations go out on
+/// the pipes, allocation requests and stopped shards to the driver.
+pub(crate) struct RegionLink {
+    pub(crate) remote: Arc<Remote>,
+    pub(crate) driver: mpsc::UnboundedSender<DriverMsg>,
+}
+
+impl ClusterPort for RegionLink {
+    fn forward(
+        &self,
+        home: ShardHome,
+        region: &Region,
+        shard: ShardId,
+        entity_id: &Arc<str>,
+        envelope: LocalEnvelope,
+    ) -> ShardingResult<()> {
+        self.remote
+            .forward(home, region, shard, entity_id, envelope)
+    }
+
+    fn passivate(
+        &self,
+        owner: UniqueAddress,
+        type_name: &'static str,
+        shard: ShardId,
+        entity_id: &Arc<str>,
+    ) -> ShardingResult<()> {
+        self.remote.passivate(owner, type_name, shard, entity_id)
+    }
+
+    fn allocate(&self, type_name: &'static str, shard: ShardId) -> bool {
+        self.driver
+            .send(DriverMsg::Allocate { type_name, shard })
+            .is_ok()
+    }
+
+    fn shard_stopped(&self, type_name: &'static str, shard: ShardId, generation: u64) {
+        let _ = self.driver.send(DriverMsg::ShardStopped {
+            type_name,
+            shard,
+            generation,
+        });
+    }
 }
 
 /// What the tasks take when they start.
@@ -155,7 +221,7 @@ impl ClusterLink {
             .register(SHARDING_CONTROL, CONTROL_CAPACITY)
             .map_err(taken)?;
         let remote = Remote::new(transport.clone());
-        let system: Arc<OnceLock<Weak<Shared>>> = Arc::new(OnceLock::new());
+        let system: Arc<OnceLock<Weak<dyn SystemPort>>> = Arc::new(OnceLock::new());
         // Envelopes and replies are handled on the reader task of the pipe
         // they arrive on: decode, check, deliver, with no task hop.
         // The handler holds the system only weakly, and nothing that owns the
@@ -166,7 +232,7 @@ impl ClusterLink {
             if let Some(shared) = target.get().and_then(Weak::upgrade)
                 && let Some(link) = shared.cluster_link()
             {
-                handle_data(&shared, &link.remote, from, payload);
+                handle_data(&*shared, &link.remote, from, payload);
             }
         });
         if let Err(error) = registered {
@@ -192,7 +258,7 @@ impl ClusterLink {
     }
 
     /// Starts the control and inbound tasks for the system `shared`.
-    pub(crate) fn spawn(&self, shared: Weak<Shared>) {
+    pub(crate) fn spawn(&self, shared: Weak<dyn SystemPort>) {
         let Some(parts) = lock(&self.parts).take() else {
             return;
         };
@@ -230,7 +296,7 @@ impl ClusterLink {
             let system = system.clone();
             Box::pin(async move {
                 if let Some(shared) = system.upgrade() {
-                    shared.shutdown().await;
+                    shared.shut_down().await;
                 }
             })
         })));
@@ -302,7 +368,12 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// The inbound data path: decode, check, deliver. Runs on a reader task.
-fn handle_data(shared: &Shared, remote: &Arc<Remote>, from: &UniqueAddress, payload: &[u8]) {
+fn handle_data(
+    shared: &dyn SystemPort,
+    remote: &Arc<Remote>,
+    from: &UniqueAddress,
+    payload: &[u8],
+) {
     // The hot messages in their canonical form, read in place.
     match fast::decode(payload) {
         Some(DataRef::Envelope(envelope)) => {
@@ -358,7 +429,7 @@ fn handle_data(shared: &Shared, remote: &Arc<Remote>, from: &UniqueAddress, payl
 /// Checks a remote envelope against the local region and delivers it; every
 /// refusal is answered to the asker.
 fn deliver_envelope(
-    shared: &Shared,
+    shared: &dyn SystemPort,
     remote: &Arc<Remote>,
     from: &UniqueAddress,
     envelope: EnvelopeRef<'_>,
@@ -435,7 +506,7 @@ fn hosted_shards(region: &Region) -> Vec<(u32, u32)> {
 
 /// The control task's state.
 struct Control {
-    shared: Weak<Shared>,
+    shared: Weak<dyn SystemPort>,
     node: ClusterNode,
     me: UniqueAddress,
     core: CoordinatorCore,
@@ -1183,13 +1254,7 @@ impl Control {
             return;
         }
         match region.set_home(ShardId(shard), home) {
-            HomeChange::HostHere => {
-                self.waiting.remove(&(region.type_name, shard));
-                if let Some(actor) = region.region_actor.get() {
-                    let _ = actor.cast(RegionMsg::Host(ShardId(shard), home.generation));
-                }
-            }
-            HomeChange::Remote | HomeChange::Unchanged => {
+            HomeChange::HostHere | HomeChange::Remote | HomeChange::Unchanged => {
                 self.waiting.remove(&(region.type_name, shard));
             }
             // Older than what the region holds: keep asking (with the

@@ -7,30 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::extractor::ShardId;
 use crate::identity::UniqueAddress;
 
-/// One region's state on this node, as
-/// [`ShardedSystem::shard_region_state`](crate::ShardedSystem::shard_region_state)
-/// reports it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct ShardRegionState {
-    /// The entity type.
-    pub type_name: &'static str,
-    /// Every shard hosted here, with its number of live entities
-    /// (passivating ones not counted).
-    pub shards: BTreeMap<ShardId, usize>,
-    /// The hosted shards being handed off to another node.
-    pub handing_off: BTreeSet<ShardId>,
-    /// Messages waiting in this region's buffers: for shards without a home
-    /// yet, behind passivating entities, and in handoff buffers.
-    pub buffered: usize,
-    /// The region routes only (proxy-only, or its type's role is not this
-    /// node's).
-    pub proxy: bool,
-    /// The coordinator refused this region (another fingerprint or shard
-    /// count than the type's in the cluster): the error every message to
-    /// the type through this node fails with (`ShardingError::RegionRefused`).
-    pub refused: Option<crate::ShardingError>,
-}
+pub use crate::runtime::region::ShardRegionState;
 
 /// The cluster-wide view of one entity type, as
 /// [`ShardedSystem::cluster_sharding_stats`](crate::ShardedSystem::cluster_sharding_stats)
