@@ -116,7 +116,7 @@ pub(crate) type Undelivered = Vec<(ShardingError, LocalEnvelope)>;
 pub(crate) type Refused = (ShardingError, Option<LocalEnvelope>);
 
 /// What applying a shard's home did.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum HomeChange {
     /// Nothing to do: known already.
     Unchanged,

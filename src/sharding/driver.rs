@@ -5,16 +5,21 @@
 //!   regions: Allocate{type,shard}┤                       ┌─► control channel (Register,
 //!   system: TypeRegistered ──────┼─► control task ───────┤   GetHome, Home, Table, Refused)
 //!   control channel (peers) ─────┤   CoordinatorCore     └─► regions: set_home / node_lost
-//!   timer (100 ms) ──────────────┘   (acts when this node is the coordinator)
+//!   timers ──────────────────────┘   RegionCore
 //!
 //!   data channel (peers) ──► on the pipe's reader task: decode ──► region.deliver
 //!                                                              └► pending replies
 //! ```
 //!
-//! The control task owns the coordinator core and this node's view of where
-//! shards wait for a home. The data path runs inline on each pipe's reader
-//! task (`Transport::register_inline_borrowed`, the payload read in place):
-//! decoding and delivery never block,
+//! The control task is IO around two sans-IO cores: the coordinator core
+//! (`coordinator.rs`, acting when this node is the coordinator) and the
+//! region side of the allocation protocol (`region_core.rs`: where this
+//! node's shards wait for a home, registrations, reports, leaving). It
+//! feeds both with `now`, runs their commands, and wakes at the region
+//! core's `poll_timeout` and at a 100 ms tick for the coordinator core
+//! (whose `poll_timeout` covers its settle period only). The data path
+//! runs inline on each pipe's reader task (`Transport::register_inline_borrowed`,
+//! the payload read in place): decoding and delivery never block,
 //! so no queue or task hop sits between the socket and an entity's mailbox,
 //! and a burst of entity traffic never delays the coordinator's protocol
 //! (which travels on the pipes' priority lane and its own task).
@@ -26,6 +31,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
+use tokio::time::sleep_until;
 
 use crate::cluster::ClusterNode;
 use crate::envelope::LocalEnvelope;
@@ -41,6 +47,7 @@ use crate::sharding::coordinator::{
     ShardAllocationStrategy, ShardHome,
 };
 use crate::sharding::fast::{self, DataRef, EnvelopeRef};
+use crate::sharding::region_core::{LocalRegions, RegionCommand, RegionCore};
 use crate::sharding::remote::Remote;
 use crate::sharding::stats::{ClusterShardingStats, CoordinatorStatus};
 use crate::sharding::wire::{
@@ -58,14 +65,6 @@ use crate::wire::channels::{SHARDING_CONTROL, SHARDING_DATA};
 const CONTROL_CAPACITY: usize = 4_096;
 /// The control task's timer.
 const TICK: Duration = Duration::from_millis(100);
-/// An unanswered allocation request is sent again after this long.
-const RETRY_GET_HOME: Duration = Duration::from_millis(300);
-/// A registration the coordinator has not answered with its table is sent
-/// again after this long.
-const REREGISTER_AFTER: Duration = Duration::from_millis(500);
-/// A region re-registers this often, and so hears the whole table again
-/// (anti-entropy for broadcasts lost with a connection).
-const REFRESH_EVERY: Duration = Duration::from_secs(10);
 /// How long `stop` waits for the control task to send its goodbye.
 const STOP_WAIT: Duration = Duration::from_secs(1);
 /// How often asks whose caller gave up are swept.
@@ -272,20 +271,10 @@ impl ClusterLink {
             rx: parts.rx,
             control: parts.control,
             state: self.node.watch_state(),
-            lost: BTreeSet::new(),
-            seen: BTreeSet::new(),
-            departing: BTreeSet::new(),
-            coordinator: None,
-            heard_from: None,
-            registered_at: None,
-            retired: Vec::new(),
-            leaving: Vec::new(),
-            left_at: None,
-            stopped: BTreeMap::new(),
+            side: RegionCore::new(me),
             stats: BTreeMap::new(),
             next_stats: 0,
             fenced: false,
-            waiting: BTreeMap::new(),
             rounds: self.rounds.clone(),
             status: self.coordinator.clone(),
             remote: self.remote.clone(),
@@ -513,29 +502,8 @@ struct Control {
     rx: mpsc::UnboundedReceiver<DriverMsg>,
     control: mpsc::Receiver<Incoming>,
     state: watch::Receiver<MembershipState>,
-    /// Members already handled as gone.
-    lost: BTreeSet<UniqueAddress>,
-    /// Every member seen in a view.
-    seen: BTreeSet<UniqueAddress>,
-    /// Members seen Leaving or Exiting, until they are gone: their asks are
-    /// not failed when they go (they left gracefully).
-    departing: BTreeSet<UniqueAddress>,
-    /// The coordinator in this node's view.
-    coordinator: Option<UniqueAddress>,
-    /// The coordinator whose table this node has heard since registering,
-    /// and when this node last sent it a registration.
-    heard_from: Option<UniqueAddress>,
-    registered_at: Option<Instant>,
-    /// The types this node hosted before its system shut down (empty while
-    /// it runs).
-    retired: Vec<String>,
-    /// The types whose shards this node is handing off in a graceful leave
-    /// (empty until it begins), and when `Leave` was last sent.
-    leaving: Vec<String>,
-    left_at: Option<Instant>,
-    /// Handed-off shards reported stopped and not yet given a new home:
-    /// the generation reported, and when it was last sent.
-    stopped: BTreeMap<(&'static str, u32), (u64, Instant)>,
+    /// The region side of the allocation protocol.
+    side: RegionCore,
     /// This task's own inbox (weak: the system's handle keeps it open).
     self_tx: mpsc::WeakUnboundedSender<DriverMsg>,
     /// This node's regions were stopped because it is out of the cluster.
@@ -543,8 +511,6 @@ struct Control {
     /// Stats requests waiting for answers, by id.
     stats: BTreeMap<u64, PendingStats>,
     next_stats: u64,
-    /// Shards asked for and not yet given a home, with when they were asked.
-    waiting: BTreeMap<(&'static str, u32), Instant>,
     rounds: Arc<Mutex<Vec<RebalanceRound>>>,
     status: Arc<Mutex<CoordinatorStatus>>,
     remote: Arc<Remote>,
@@ -558,18 +524,29 @@ impl Control {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_sweep = Instant::now();
         loop {
+            // The region side wakes at its own deadlines as well as at the
+            // coordinator core's tick.
+            let side_due = self.side.poll_timeout();
             tokio::select! {
                 msg = self.rx.recv() => match msg {
                     None => break,
                     Some(DriverMsg::Retire) => {
-                        self.retired = self.regions().iter().map(|r| r.type_name.to_owned()).collect();
-                        self.unregister();
+                        let types = self.hosted().type_names();
+                        let commands = self.side.retire(Instant::now(), types);
+                        self.run_side(commands);
                     }
                     Some(DriverMsg::Barrier(done)) => {
                         let _ = done.send(());
                     }
-                    Some(DriverMsg::Allocate { type_name, shard }) => self.ask_home(type_name, shard.0),
-                    Some(DriverMsg::TypeRegistered) => self.register(),
+                    Some(DriverMsg::Allocate { type_name, shard }) => {
+                        let commands = self.side.allocate(Instant::now(), &self.hosted(), type_name, shard.0);
+                        self.run_side(commands);
+                    }
+                    Some(DriverMsg::TypeRegistered) => {
+                        let epoch = self.core.highest_epoch();
+                        let commands = self.side.register(Instant::now(), &self.hosted(), epoch);
+                        self.run_side(commands);
+                    }
                     Some(DriverMsg::Leave(done)) => {
                         let wait = self.begin_leave();
                         let _ = done.send(wait);
@@ -581,8 +558,8 @@ impl Control {
                         self.gather_stats(type_name, timeout, reply);
                     }
                     Some(DriverMsg::ReportStopped { type_name, shard, generation }) => {
-                        self.stopped.insert((type_name, shard.0), (generation, Instant::now()));
-                        self.report_stopped(type_name, shard.0, generation);
+                        let commands = self.side.shard_stopped(Instant::now(), type_name, shard.0, generation);
+                        self.run_side(commands);
                     }
                 },
                 incoming = self.control.recv() => match incoming {
@@ -592,6 +569,12 @@ impl Control {
                     },
                     None => break,
                 },
+                _ = async {
+                    match side_due {
+                        Some(due) => sleep_until(due.into()).await,
+                        None => std::future::pending().await,
+                    }
+                } => self.tick_side(Instant::now()),
                 changed = self.state.changed() => {
                     if changed.is_err() {
                         // The cluster node stopped (downed, or shut down):
@@ -614,9 +597,7 @@ impl Control {
                     }
                     let commands = self.core.tick(now);
                     self.execute(commands);
-                    self.retry(now);
-                    self.reregister(now);
-                    self.retry_handoff_reports(now);
+                    self.tick_side(now);
                     self.expire_stats(now);
                     if now.duration_since(last_sweep) >= SWEEP_EVERY {
                         last_sweep = now;
@@ -647,122 +628,17 @@ impl Control {
         self.shared.upgrade()?.region(type_name)
     }
 
-    fn registrations(&self) -> Vec<TypeRegistration> {
-        self.regions()
-            .iter()
-            .map(|r| TypeRegistration {
-                type_name: r.type_name.to_owned(),
-                fingerprint: r.fingerprint,
-                num_shards: r.num_shards(),
-                proxy: r.is_proxy(),
-                leaving: !self.leaving.is_empty(),
-                homes: r
-                    .replica()
-                    .into_iter()
-                    .map(|(shard, home)| (shard, home.owner, home.generation))
-                    .collect(),
-                stopped: r.stopped_shards(),
-            })
-            .collect()
-    }
-
-    /// Registers this node's types with the coordinator it knows.
-    fn register(&mut self) {
-        if !self.retired.is_empty() {
-            return self.unregister();
-        }
-        if let Some(coordinator) = self.coordinator {
-            let msg = ControlMsg::Register {
-                types: self.registrations(),
-                epoch: self.core.highest_epoch(),
-            };
-            self.heard_from = None;
-            self.registered_at = Some(Instant::now());
-            self.send(coordinator, msg);
-        }
-    }
-
-    /// Tells the coordinator this node's regions stopped (the system shut
-    /// down). Sent at shutdown, to every new coordinator, and again every
-    /// `REREGISTER_AFTER` × 4 (it is idempotent; a lost one would leave
-    /// peers routing to regions that no longer exist).
-    fn unregister(&mut self) {
-        if let Some(coordinator) = self.coordinator
-            && !self.retired.is_empty()
-        {
-            self.registered_at = Some(Instant::now());
-            let types = self.retired.clone();
-            self.send(coordinator, ControlMsg::Unregister { types });
-        }
-    }
-
-    /// Registers again while the coordinator's table has not come (a lost
-    /// message, or a coordinator that did not know this node yet).
-    fn reregister(&mut self, now: Instant) {
-        if !self.retired.is_empty() {
-            if self
-                .registered_at
-                .is_none_or(|at| now.duration_since(at) >= REREGISTER_AFTER * 4)
-            {
-                self.unregister();
-            }
-            return;
-        }
-        let types = self.regions().len();
-        if types == 0 || self.coordinator.is_none() {
-            return;
-        }
-        // Until the table comes, every REREGISTER_AFTER; then every
-        // REFRESH_EVERY, so that a home lost with a broken connection (a
-        // broadcast is sent once) is learned again from the table.
-        let every = if self.heard_from == self.coordinator {
-            REFRESH_EVERY
-        } else {
-            REREGISTER_AFTER
-        };
-        if self
-            .registered_at
-            .is_none_or(|at| now.duration_since(at) >= every)
-        {
-            self.register();
-        }
-    }
-
-    /// Starts a graceful leave: `Leave` to the coordinator (and to every
-    /// later one, and again now and then until the system stops). Returns
-    /// whether handoffs are worth waiting for.
+    /// Starts a graceful leave. Returns whether handoffs are worth waiting
+    /// for: not when there is no coordinator, nor when this node
+    /// coordinates and no other region can take a shard.
     fn begin_leave(&mut self) -> bool {
-        self.leaving = self
-            .regions()
-            .iter()
-            .map(|r| r.type_name.to_owned())
-            .collect();
-        if self.leaving.is_empty() || self.coordinator.is_none() {
-            return false;
-        }
-        let me = self.me;
-        if self.core.is_active()
-            && !self
-                .leaving
-                .iter()
-                .any(|t| self.core.has_host_besides(t, &me))
-        {
-            // This node coordinates and no other region can take a shard.
-            return false;
-        }
-        self.send_leave();
-        true
-    }
-
-    fn send_leave(&mut self) {
-        if let Some(coordinator) = self.coordinator
-            && !self.leaving.is_empty()
-            && self.retired.is_empty()
-        {
-            self.left_at = Some(Instant::now());
-            let types = self.leaving.clone();
-            self.send(coordinator, ControlMsg::Leave { types });
-        }
+        let hosted = self.hosted();
+        let (me, core) = (self.me, &self.core);
+        let (wait, commands) = self.side.begin_leave(Instant::now(), &hosted, |types| {
+            core.is_active() && !types.iter().any(|t| core.has_host_besides(t, &me))
+        });
+        self.run_side(commands);
+        wait
     }
 
     /// A handed-off shard stopped: once what its entities recorded is in
@@ -785,50 +661,11 @@ impl Control {
                 });
             }
             _ => {
-                self.stopped
-                    .insert((type_name, shard.0), (generation, Instant::now()));
-                self.report_stopped(type_name, shard.0, generation);
+                let commands =
+                    self.side
+                        .shard_stopped(Instant::now(), type_name, shard.0, generation);
+                self.run_side(commands);
             }
-        }
-    }
-
-    fn report_stopped(&mut self, type_name: &'static str, shard: u32, generation: u64) {
-        if let Some(coordinator) = self.coordinator {
-            let msg = ControlMsg::ShardStopped {
-                type_name: type_name.to_owned(),
-                shard,
-                generation,
-            };
-            self.send(coordinator, msg);
-        }
-    }
-
-    /// Repeats `ShardStopped` for shards still waiting for their next home
-    /// (a report lost, or sent to a coordinator that has since changed),
-    /// and `Leave` during a graceful leave.
-    fn retry_handoff_reports(&mut self, now: Instant) {
-        let mut due = Vec::new();
-        let regions = self.shared.upgrade();
-        self.stopped
-            .retain(|(type_name, shard), (generation, sent)| {
-                let waiting = regions
-                    .as_ref()
-                    .and_then(|s| s.region(type_name))
-                    .is_some_and(|r| r.is_handed_off(ShardId(*shard), *generation));
-                if waiting && now.duration_since(*sent) >= RETRY_GET_HOME {
-                    *sent = now;
-                    due.push((*type_name, *shard, *generation));
-                }
-                waiting
-            });
-        for (type_name, shard, generation) in due {
-            self.report_stopped(type_name, shard, generation);
-        }
-        if self
-            .left_at
-            .is_some_and(|at| now.duration_since(at) >= REREGISTER_AFTER * 2)
-        {
-            self.send_leave();
         }
     }
 
@@ -933,43 +770,6 @@ impl Control {
         }
     }
 
-    fn get_home_msg(&self, type_name: &'static str, shard: u32) -> ControlMsg {
-        let generation = self
-            .region(type_name)
-            .map_or(0, |r| r.generation_of(ShardId(shard)));
-        ControlMsg::GetHome {
-            type_name: type_name.to_owned(),
-            shard,
-            generation,
-        }
-    }
-
-    fn ask_home(&mut self, type_name: &'static str, shard: u32) {
-        self.waiting.insert((type_name, shard), Instant::now());
-        if let Some(coordinator) = self.coordinator {
-            let msg = self.get_home_msg(type_name, shard);
-            self.send(coordinator, msg);
-        }
-    }
-
-    /// Asks again for homes that have not come.
-    fn retry(&mut self, now: Instant) {
-        let Some(coordinator) = self.coordinator else {
-            return;
-        };
-        let due: Vec<(&'static str, u32)> = self
-            .waiting
-            .iter()
-            .filter(|(_, asked)| now.duration_since(**asked) >= RETRY_GET_HOME)
-            .map(|(key, _)| *key)
-            .collect();
-        for (type_name, shard) in due {
-            self.waiting.insert((type_name, shard), now);
-            let msg = self.get_home_msg(type_name, shard);
-            self.send(coordinator, msg);
-        }
-    }
-
     /// This node is out of the cluster (downed — by the split-brain
     /// resolver on the losing side, by another member, or removed — or its
     /// cluster node stopped): its regions stop accepting and stop their
@@ -1006,18 +806,15 @@ impl Control {
         // with a resolver an oldest member beyond a partition: SPEC §13.15).
         let acting = self.core.acting(now, &state);
         state.coordinator = acting;
-        if matches!(
-            state.self_status(),
-            Some(MemberStatus::Down | MemberStatus::Removed)
-        ) {
+        if RegionCore::is_out(&state) {
             self.fence("this node was downed or removed");
         }
-        let regions = self.regions();
+        let hosted = self.hosted();
         if state.coordinator == Some(self.me) && !self.core.is_active() {
             // Taking over: start from this node's replica and registration,
             // before the gone members' homes leave it below (their shards are
             // then known as theirs, and move as dead-owner moves).
-            for region in &regions {
+            for region in &hosted.0 {
                 self.core.seed(
                     region.type_name,
                     region.fingerprint,
@@ -1025,86 +822,41 @@ impl Control {
                     &region.replica(),
                 );
             }
-            let own = self.registrations();
+            let own = self.side.registrations(&hosted);
             let commands = self.core.register(now, self.me, &own);
             self.execute(commands);
         }
-        // Members that are gone (downed or removed — a removed member drops
-        // out of the view, and a watch may skip the states in between):
-        // their asks fail now, their shards wait. An Exiting member still
-        // serves until it is removed.
-        for m in &state.members {
-            if matches!(m.status, MemberStatus::Leaving | MemberStatus::Exiting) {
-                self.departing.insert(m.address);
-            }
-        }
-        let present: BTreeSet<UniqueAddress> = state.members.iter().map(|m| m.address).collect();
-        let mut gone: Vec<UniqueAddress> = state
-            .members
-            .iter()
-            .filter(|m| matches!(m.status, MemberStatus::Down | MemberStatus::Removed))
-            .map(|m| m.address)
-            .collect();
-        gone.extend(self.seen.difference(&present).copied());
-        gone.retain(|a| *a != self.me && !self.lost.contains(a));
-        // `seen` stays as small as the view (a member that left it never
-        // comes back: a restarted node is a new identity); `lost` keeps
-        // every gone identity, so a late home naming one is still ignored.
-        self.seen = present;
-        for node in gone {
-            self.lost.insert(node);
-            // Routing stops first: once every slot has let go of the node
-            // (each under its lock), no new ask can start waiting on it, so
-            // failing the waiting asks next misses none.
-            let routed: usize = regions.iter().map(|region| region.node_lost(&node)).sum();
-            // A member that left gracefully handed its shards off before it
-            // began to leave (its system's shutdown comes first, SPEC
-            // §13.12): every ask it was the first hop of was answered, or
-            // sent on to the shard's next home, which replies to this node
-            // directly. Failing those asks now would make a caller's retry
-            // process them twice; they wait for their reply or their own
-            // timeout. Unless it still hosted shards as far as this node
-            // knows (its handoff did not finish, or it was no sharded
-            // system that shut down), or it was downed rather than removed
-            // (it crashed while leaving, or outlasted the exit timeout):
-            // then nothing may answer them.
-            let departed = self.departing.remove(&node);
-            let downed = state.status_of(&node) == Some(MemberStatus::Down);
-            if departed && routed == 0 && !downed {
-                tracing::debug!(node = %self.me, left = %node, "member left: its asks wait for their replies");
-            } else {
-                let failed = self.remote.node_lost(&node);
-                tracing::debug!(node = %self.me, lost = %node, failed_asks = failed, "member gone");
-            }
-        }
+        let commands = self.side.members(&state, &hosted);
+        self.run_side(commands);
         let commands = self.core.apply_membership(now, &state, acting);
         self.execute(commands);
-        if state.coordinator != self.coordinator {
-            let previous = std::mem::replace(&mut self.coordinator, state.coordinator);
-            // Handoffs the previous coordinator asked for and that are not
-            // stopped yet are called off when it is gone (the new one knows
-            // nothing of them); one that is only out of this node's view
-            // for a moment may still complete them.
-            let previous_gone =
-                previous.is_some_and(|c| self.lost.contains(&c) || !self.seen.contains(&c));
-            if previous_gone {
-                for region in &regions {
-                    region.call_off_handoffs();
-                }
-            }
-            if self.coordinator.is_some() {
-                self.register();
-                self.send_leave();
-                let asked: Vec<(&'static str, u32)> = self.waiting.keys().copied().collect();
-                for (type_name, shard) in asked {
-                    self.ask_home(type_name, shard);
-                }
-                let stopped: Vec<_> = self.stopped.iter().map(|(k, v)| (k.0, k.1, v.0)).collect();
-                for (type_name, shard, generation) in stopped {
-                    self.report_stopped(type_name, shard, generation);
+        let epoch = self.core.highest_epoch();
+        let commands = self.side.follow(now, state.coordinator, &hosted, epoch);
+        self.run_side(commands);
+    }
+
+    /// This node's regions, for the region side.
+    fn hosted(&self) -> Hosted {
+        Hosted(self.regions())
+    }
+
+    /// Runs the region side's commands.
+    fn run_side(&mut self, commands: Vec<RegionCommand>) {
+        for command in commands {
+            match command {
+                RegionCommand::Send { to, msg } => self.send(to, msg),
+                RegionCommand::FailAsks(node) => {
+                    let failed = self.remote.node_lost(&node);
+                    tracing::debug!(node = %self.me, lost = %node, failed_asks = failed, "member gone");
                 }
             }
         }
+    }
+
+    fn tick_side(&mut self, now: Instant) {
+        let epoch = self.core.highest_epoch();
+        let commands = self.side.tick(now, &self.hosted(), epoch);
+        self.run_side(commands);
     }
 
     fn handle(&mut self, from: UniqueAddress, msg: ControlMsg) {
@@ -1153,85 +905,21 @@ impl Control {
                     self.stats_answer(from, id, region, shards, coordinator);
                     Vec::new()
                 }
-                ControlMsg::Home { .. }
+                msg @ (ControlMsg::Home { .. }
                 | ControlMsg::Table { .. }
                 | ControlMsg::HandOff { .. }
                 | ControlMsg::Left { .. }
-                | ControlMsg::Refused { .. }
-                    if from != self.me && Some(from) != self.coordinator =>
-                {
-                    tracing::debug!(node = %self.me, %from, "a home from a node that is not the coordinator here: ignored");
-                    Vec::new()
-                }
-                ref msg if !self.core.accept_epoch(msg) => {
-                    // Fencing (SPEC §13.15): a coordinator of an older
-                    // term. Register again, carrying the higher epoch, so
-                    // that it takes one above it if it is still in charge.
-                    tracing::debug!(node = %self.me, %from, epoch = ?msg.coordinator_epoch(), highest = self.core.highest_epoch(), "a coordinator message from an older epoch: ignored");
-                    self.heard_from = None;
-                    Vec::new()
-                }
-                ControlMsg::Home {
-                    type_name,
-                    shard,
-                    owner,
-                    generation,
-                    ..
-                } => {
-                    self.apply_home(&type_name, shard, ShardHome { owner, generation });
-                    Vec::new()
-                }
-                ControlMsg::Table {
-                    type_name, homes, ..
-                } => {
-                    self.heard_from = Some(from);
-                    if let Some(region) = self.region(&type_name) {
-                        region.accepted();
-                    }
-                    for (shard, owner, generation) in homes {
-                        self.apply_home(&type_name, shard, ShardHome { owner, generation });
-                    }
-                    Vec::new()
-                }
-                ControlMsg::HandOff {
-                    type_name,
-                    shard,
-                    generation,
-                    ..
-                } => {
-                    if let Some(region) = self.region(&type_name)
-                        && shard < region.num_shards()
-                    {
-                        region.hand_off(ShardId(shard), generation);
-                    }
-                    Vec::new()
-                }
-                ControlMsg::Left {
-                    type_name, nowhere, ..
-                } => {
-                    if let Some(region) = self.region(&type_name) {
-                        region.mark_left(nowhere);
-                    }
-                    Vec::new()
-                }
-                ControlMsg::Refused {
-                    type_name,
-                    reason,
-                    cluster_fingerprint,
-                    cluster_num_shards,
-                } => {
-                    tracing::error!(node = %self.me, %type_name, %reason, "the coordinator refused this node's region");
-                    // Heard: registering again would be refused again.
-                    self.heard_from = Some(from);
-                    if let Some(region) = self.region(&type_name) {
-                        region.refuse(ShardingError::RegionRefused(Box::new(RegionRefusal {
-                            type_name: region.type_name,
-                            fingerprint: region.fingerprint,
-                            num_shards: region.num_shards(),
-                            cluster_fingerprint,
-                            cluster_num_shards,
-                            reason,
-                        })));
+                | ControlMsg::Refused { .. }) => {
+                    if !self.side.hears(from) {
+                        tracing::debug!(node = %self.me, %from, "a home from a node that is not the coordinator here: ignored");
+                    } else if !self.core.accept_epoch(&msg) {
+                        // Fencing (SPEC §13.15): a coordinator of an older
+                        // term. Register again, carrying the higher epoch, so
+                        // that it takes one above it if it is still in charge.
+                        tracing::debug!(node = %self.me, %from, epoch = ?msg.coordinator_epoch(), highest = self.core.highest_epoch(), "a coordinator message from an older epoch: ignored");
+                        self.side.older_epoch();
+                    } else {
+                        self.side.coordinator_said(from, msg, &self.hosted());
                     }
                     Vec::new()
                 }
@@ -1244,23 +932,6 @@ impl Control {
             }
         }
         self.publish_rounds();
-    }
-
-    fn apply_home(&mut self, type_name: &str, shard: u32, home: ShardHome) {
-        let Some(region) = self.region(type_name) else {
-            return;
-        };
-        if shard >= region.num_shards() || self.lost.contains(&home.owner) {
-            return;
-        }
-        match region.set_home(ShardId(shard), home) {
-            HomeChange::HostHere | HomeChange::Remote | HomeChange::Unchanged => {
-                self.waiting.remove(&(region.type_name, shard));
-            }
-            // Older than what the region holds: keep asking (with the
-            // region's generation, so the coordinator allocates above it).
-            HomeChange::Stale => {}
-        }
     }
 
     fn send(&mut self, to: UniqueAddress, msg: ControlMsg) {
@@ -1290,7 +961,7 @@ impl Control {
     /// This node's view of the sharding coordinator.
     fn coordinator_status(&self) -> CoordinatorStatus {
         let mut status = CoordinatorStatus {
-            acting: self.coordinator,
+            acting: self.side.coordinator(),
             epoch: self.core.highest_epoch(),
             allocating: None,
         };
@@ -1307,6 +978,112 @@ impl Control {
         let mut published = lock(&self.rounds);
         if published.len() != rounds.len() || published.last() != rounds.last() {
             *published = rounds.to_vec();
+        }
+    }
+}
+
+/// This node's regions, as the region side reads and moves them.
+struct Hosted(Vec<Arc<Region>>);
+
+impl Hosted {
+    fn get(&self, type_name: &str) -> Option<&Arc<Region>> {
+        self.0.iter().find(|r| r.type_name == type_name)
+    }
+
+    /// The region of `type_name`, if `shard` is one of its shards.
+    fn with_shard(&self, type_name: &str, shard: u32) -> Option<&Arc<Region>> {
+        self.get(type_name).filter(|r| shard < r.num_shards())
+    }
+}
+
+impl LocalRegions for Hosted {
+    fn registrations(&self, leaving: bool) -> Vec<TypeRegistration> {
+        self.0
+            .iter()
+            .map(|r| TypeRegistration {
+                type_name: r.type_name.to_owned(),
+                fingerprint: r.fingerprint,
+                num_shards: r.num_shards(),
+                proxy: r.is_proxy(),
+                leaving,
+                homes: r
+                    .replica()
+                    .into_iter()
+                    .map(|(shard, home)| (shard, home.owner, home.generation))
+                    .collect(),
+                stopped: r.stopped_shards(),
+            })
+            .collect()
+    }
+
+    fn type_names(&self) -> Vec<String> {
+        self.0.iter().map(|r| r.type_name.to_owned()).collect()
+    }
+
+    fn generation_of(&self, type_name: &str, shard: u32) -> u64 {
+        self.get(type_name)
+            .map_or(0, |r| r.generation_of(ShardId(shard)))
+    }
+
+    fn is_handed_off(&self, type_name: &str, shard: u32, generation: u64) -> bool {
+        self.get(type_name)
+            .is_some_and(|r| r.is_handed_off(ShardId(shard), generation))
+    }
+
+    fn set_home(
+        &self,
+        type_name: &str,
+        shard: u32,
+        home: ShardHome,
+    ) -> Option<(&'static str, HomeChange)> {
+        let region = self.with_shard(type_name, shard)?;
+        Some((region.type_name, region.set_home(ShardId(shard), home)))
+    }
+
+    fn node_lost(&self, node: &UniqueAddress) -> usize {
+        self.0.iter().map(|r| r.node_lost(node)).sum()
+    }
+
+    fn call_off_handoffs(&self) {
+        for region in &self.0 {
+            region.call_off_handoffs();
+        }
+    }
+
+    fn hand_off(&self, type_name: &str, shard: u32, generation: u64) {
+        if let Some(region) = self.with_shard(type_name, shard) {
+            region.hand_off(ShardId(shard), generation);
+        }
+    }
+
+    fn mark_left(&self, type_name: &str, nowhere: bool) {
+        if let Some(region) = self.get(type_name) {
+            region.mark_left(nowhere);
+        }
+    }
+
+    fn accepted(&self, type_name: &str) {
+        if let Some(region) = self.get(type_name) {
+            region.accepted();
+        }
+    }
+
+    fn refused(
+        &self,
+        type_name: &str,
+        reason: String,
+        cluster_fingerprint: Option<u64>,
+        cluster_num_shards: Option<u32>,
+    ) {
+        if let Some(region) = self.get(type_name) {
+            region.refuse(ShardingError::RegionRefused(Box::new(RegionRefusal {
+                type_name: region.type_name,
+                fingerprint: region.fingerprint,
+                num_shards: region.num_shards(),
+                cluster_fingerprint,
+                cluster_num_shards,
+                reason,
+            })));
         }
     }
 }

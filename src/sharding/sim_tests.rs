@@ -784,7 +784,7 @@ impl Sim {
         let now = self.now;
         let from_addr = addr(from);
         let Some(node) = self.node(at) else { return };
-        let from_coordinator = from == at || Some(from_addr) == node.coordinator;
+        let coordinator_said = from == at || Some(from_addr) == node.coordinator;
         let out = match msg {
             ControlMsg::Register { types, epoch } => {
                 node.core.observe_epoch(epoch);
@@ -800,7 +800,7 @@ impl Sim {
                 .core
                 .shard_stopped(now, from_addr, TYPE, shard, generation),
             ControlMsg::Leave { types } => node.core.leave(now, from_addr, &types),
-            _ if !from_coordinator => Vec::new(),
+            _ if !coordinator_said => Vec::new(),
             _ if !node.core.accept_epoch(&msg) => {
                 // An older coordinator term (as the driver): register again.
                 node.heard_table = false;

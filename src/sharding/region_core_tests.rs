@@ -1,0 +1,403 @@
+//! The region side against fake regions: each test feeds events with a
+//! made-up clock and asserts the exact messages out.
+
+use std::cell::RefCell;
+use std::time::{Duration, Instant};
+
+use super::*;
+use crate::identity::NodeId;
+use crate::membership::Member;
+
+/// Regions of one type, `t`, that record what is done to them.
+struct Fake {
+    calls: RefCell<Vec<String>>,
+    types: Vec<String>,
+    /// What applying a home does.
+    change: RefCell<HomeChange>,
+    /// Shards routed to a lost member.
+    routed: usize,
+    handed_off: RefCell<bool>,
+}
+
+impl Fake {
+    fn new() -> Self {
+        Fake {
+            calls: RefCell::new(Vec::new()),
+            types: vec!["t".into()],
+            change: RefCell::new(HomeChange::Remote),
+            routed: 0,
+            handed_off: RefCell::new(true),
+        }
+    }
+
+    fn calls(&self) -> Vec<String> {
+        std::mem::take(&mut self.calls.borrow_mut())
+    }
+}
+
+impl LocalRegions for Fake {
+    fn registrations(&self, leaving: bool) -> Vec<TypeRegistration> {
+        self.types
+            .iter()
+            .map(|t| TypeRegistration {
+                type_name: t.clone(),
+                fingerprint: 1,
+                num_shards: 8,
+                homes: Vec::new(),
+                proxy: false,
+                leaving,
+                stopped: Vec::new(),
+            })
+            .collect()
+    }
+
+    fn type_names(&self) -> Vec<String> {
+        self.types.clone()
+    }
+
+    fn generation_of(&self, _type_name: &str, _shard: u32) -> u64 {
+        4
+    }
+
+    fn is_handed_off(&self, _type_name: &str, _shard: u32, _generation: u64) -> bool {
+        *self.handed_off.borrow()
+    }
+
+    fn set_home(
+        &self,
+        type_name: &str,
+        shard: u32,
+        home: ShardHome,
+    ) -> Option<(&'static str, HomeChange)> {
+        self.calls
+            .borrow_mut()
+            .push(format!("set_home {type_name} {shard} {}", home.generation));
+        Some(("t", *self.change.borrow()))
+    }
+
+    fn node_lost(&self, node: &UniqueAddress) -> usize {
+        self.calls
+            .borrow_mut()
+            .push(format!("node_lost {}", node.node_id.0));
+        self.routed
+    }
+
+    fn call_off_handoffs(&self) {
+        self.calls.borrow_mut().push("call_off_handoffs".into());
+    }
+
+    fn hand_off(&self, type_name: &str, shard: u32, generation: u64) {
+        self.calls
+            .borrow_mut()
+            .push(format!("hand_off {type_name} {shard} {generation}"));
+    }
+
+    fn mark_left(&self, type_name: &str, nowhere: bool) {
+        self.calls
+            .borrow_mut()
+            .push(format!("mark_left {type_name} {nowhere}"));
+    }
+
+    fn accepted(&self, type_name: &str) {
+        self.calls
+            .borrow_mut()
+            .push(format!("accepted {type_name}"));
+    }
+
+    fn refused(
+        &self,
+        type_name: &str,
+        _reason: String,
+        _cluster_fingerprint: Option<u64>,
+        _cluster_num_shards: Option<u32>,
+    ) {
+        self.calls.borrow_mut().push(format!("refused {type_name}"));
+    }
+}
+
+fn node(n: u64) -> UniqueAddress {
+    UniqueAddress {
+        addr: std::net::SocketAddr::from(([127, 0, 0, 1], 7000 + n as u16)),
+        node_id: NodeId(n),
+        incarnation: n,
+    }
+}
+
+const ME: u64 = 1;
+const C: u64 = 2;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// The short names of the messages sent, with their destinations.
+fn sent(commands: &[RegionCommand]) -> Vec<String> {
+    commands
+        .iter()
+        .map(|c| match c {
+            RegionCommand::Send { to, msg } => {
+                let what = match msg {
+                    ControlMsg::Register { .. } => "Register".to_owned(),
+                    ControlMsg::Unregister { .. } => "Unregister".to_owned(),
+                    ControlMsg::GetHome {
+                        shard, generation, ..
+                    } => format!("GetHome {shard} {generation}"),
+                    ControlMsg::ShardStopped { shard, .. } => format!("ShardStopped {shard}"),
+                    ControlMsg::Leave { .. } => "Leave".to_owned(),
+                    other => format!("{other:?}"),
+                };
+                format!("{what} to {}", to.node_id.0)
+            }
+            RegionCommand::FailAsks(node) => format!("FailAsks {}", node.node_id.0),
+        })
+        .collect()
+}
+
+fn view(members: &[(u64, MemberStatus)]) -> MembershipState {
+    MembershipState {
+        self_member: node(ME),
+        members: members
+            .iter()
+            .map(|(n, status)| Member {
+                address: node(*n),
+                status: *status,
+            })
+            .collect(),
+        unreachable: Vec::new(),
+        leader: None,
+        coordinator: Some(node(C)),
+        beyond: Vec::new(),
+    }
+}
+
+/// A core following coordinator 2, which has not sent its table yet.
+fn following(t0: Instant, regions: &Fake) -> RegionCore {
+    let mut core = RegionCore::new(node(ME));
+    let state = view(&[(ME, MemberStatus::Up), (C, MemberStatus::Up)]);
+    assert!(core.members(&state, regions).is_empty());
+    let out = core.follow(t0, Some(node(C)), regions, 7);
+    assert_eq!(sent(&out), ["Register to 2"]);
+    core
+}
+
+fn table() -> ControlMsg {
+    ControlMsg::Table {
+        type_name: "t".into(),
+        homes: Vec::new(),
+        epoch: 1,
+    }
+}
+
+#[test]
+fn a_request_is_asked_again_until_its_home_comes() {
+    let t0 = Instant::now();
+    let regions = Fake::new();
+    let mut core = following(t0, &regions);
+    core.coordinator_said(node(C), table(), &regions);
+    let out = core.allocate(t0, &regions, "t", 3);
+    assert_eq!(
+        sent(&out),
+        ["GetHome 3 4 to 2"],
+        "with the region's generation"
+    );
+    assert_eq!(core.poll_timeout(), Some(t0 + RETRY_GET_HOME));
+    assert!(core.tick(t0 + ms(299), &regions, 7).is_empty());
+    let out = core.tick(t0 + ms(300), &regions, 7);
+    assert_eq!(sent(&out), ["GetHome 3 4 to 2"]);
+    // A stale home keeps it asking; a newer one ends the request.
+    *regions.change.borrow_mut() = HomeChange::Stale;
+    let home = |generation| ControlMsg::Home {
+        type_name: "t".into(),
+        shard: 3,
+        owner: node(C),
+        generation,
+        epoch: 1,
+    };
+    core.coordinator_said(node(C), home(3), &regions);
+    assert_eq!(
+        sent(&core.tick(t0 + ms(600), &regions, 7)),
+        ["GetHome 3 4 to 2"]
+    );
+    *regions.change.borrow_mut() = HomeChange::Remote;
+    core.coordinator_said(node(C), home(5), &regions);
+    assert_eq!(
+        regions.calls(),
+        ["accepted t", "set_home t 3 3", "set_home t 3 5"]
+    );
+    assert!(core.tick(t0 + ms(900), &regions, 7).is_empty());
+}
+
+#[test]
+fn the_registration_is_repeated_until_the_table_comes_then_refreshed() {
+    let t0 = Instant::now();
+    let regions = Fake::new();
+    let mut core = following(t0, &regions);
+    assert_eq!(core.poll_timeout(), Some(t0 + REREGISTER_AFTER));
+    let out = core.tick(t0 + REREGISTER_AFTER, &regions, 7);
+    assert_eq!(sent(&out), ["Register to 2"]);
+    core.coordinator_said(node(C), table(), &regions);
+    let t1 = t0 + REREGISTER_AFTER;
+    assert_eq!(core.poll_timeout(), Some(t1 + REFRESH_EVERY));
+    assert!(core.tick(t1 + ms(5_000), &regions, 7).is_empty());
+    assert_eq!(
+        sent(&core.tick(t1 + REFRESH_EVERY, &regions, 7)),
+        ["Register to 2"]
+    );
+    // An older epoch's message makes it register again soon.
+    core.older_epoch();
+    assert_eq!(
+        core.poll_timeout(),
+        Some(t1 + REFRESH_EVERY + REREGISTER_AFTER)
+    );
+}
+
+#[test]
+fn a_new_coordinator_hears_the_registration_the_leave_the_requests_and_the_reports() {
+    let t0 = Instant::now();
+    let regions = Fake::new();
+    let mut core = following(t0, &regions);
+    core.allocate(t0, &regions, "t", 3);
+    core.shard_stopped(t0, "t", 5, 9);
+    let (wait, out) = core.begin_leave(t0, &regions, |_| false);
+    assert!(wait);
+    assert_eq!(sent(&out), ["Leave to 2"]);
+    // Coordinator 2 is gone from the view; 3 takes over.
+    let state = view(&[(ME, MemberStatus::Up), (3, MemberStatus::Up)]);
+    let out = core.members(&state, &regions);
+    assert_eq!(sent(&out), ["FailAsks 2"]);
+    let out = core.follow(t0 + ms(10), Some(node(3)), &regions, 7);
+    assert_eq!(
+        sent(&out),
+        [
+            "Register to 3",
+            "Leave to 3",
+            "GetHome 3 4 to 3",
+            "ShardStopped 5 to 3"
+        ]
+    );
+    assert_eq!(
+        regions.calls(),
+        ["node_lost 2", "call_off_handoffs"],
+        "the gone coordinator's handoffs are called off"
+    );
+    assert!(!core.hears(node(2)));
+    assert!(core.hears(node(3)) && core.hears(node(ME)));
+}
+
+#[test]
+fn a_member_that_left_gracefully_with_nothing_routed_keeps_its_asks() {
+    let t0 = Instant::now();
+    let mut regions = Fake::new();
+    let mut core = following(t0, &regions);
+    let up = |n| (n, MemberStatus::Up);
+    core.members(
+        &view(&[up(ME), up(C), (4, MemberStatus::Leaving), up(5), up(6)]),
+        &regions,
+    );
+    // 4 left (removed, out of the view) with nothing routed to it: its asks
+    // wait for their replies. 5 is gone without leaving.
+    let out = core.members(&view(&[up(ME), up(C), up(6)]), &regions);
+    assert_eq!(sent(&out), ["FailAsks 5"]);
+    // 6 leaves but still has shards routed to it: its asks fail.
+    regions.routed = 1;
+    core.members(
+        &view(&[up(ME), up(C), (6, MemberStatus::Exiting)]),
+        &regions,
+    );
+    let out = core.members(&view(&[up(ME), up(C)]), &regions);
+    assert_eq!(sent(&out), ["FailAsks 6"]);
+    // A home on a lost member is not applied.
+    regions.calls();
+    let home = ControlMsg::Home {
+        type_name: "t".into(),
+        shard: 1,
+        owner: node(6),
+        generation: 9,
+        epoch: 1,
+    };
+    core.coordinator_said(node(C), home, &regions);
+    assert_eq!(regions.calls(), Vec::<String>::new());
+    assert!(RegionCore::is_out(&view(&[(ME, MemberStatus::Down)])));
+    assert!(!RegionCore::is_out(&view(&[(ME, MemberStatus::Up)])));
+}
+
+#[test]
+fn reports_and_the_leave_are_repeated_until_answered() {
+    let t0 = Instant::now();
+    let regions = Fake::new();
+    let mut core = following(t0, &regions);
+    core.coordinator_said(node(C), table(), &regions);
+    assert_eq!(
+        sent(&core.shard_stopped(t0, "t", 5, 9)),
+        ["ShardStopped 5 to 2"]
+    );
+    let (_, out) = core.begin_leave(t0, &regions, |_| false);
+    assert_eq!(sent(&out), ["Leave to 2"]);
+    assert_eq!(core.poll_timeout(), Some(t0 + RETRY_GET_HOME));
+    let out = core.tick(t0 + RETRY_GET_HOME, &regions, 7);
+    assert_eq!(sent(&out), ["ShardStopped 5 to 2"]);
+    let out = core.tick(t0 + REREGISTER_AFTER * 2, &regions, 7);
+    assert_eq!(sent(&out), ["ShardStopped 5 to 2", "Leave to 2"]);
+    // Its next home came (the shard is no longer handed off): no more reports.
+    *regions.handed_off.borrow_mut() = false;
+    let out = core.tick(t0 + ms(2_000), &regions, 7);
+    assert_eq!(sent(&out), ["Leave to 2"]);
+    // Nowhere to move the shards: nothing to wait for, nothing sent.
+    let mut alone = following(t0, &regions);
+    let (wait, out) = alone.begin_leave(t0, &regions, |types| types == ["t"]);
+    assert!(!wait && out.is_empty());
+}
+
+#[test]
+fn a_retired_node_unregisters_again_now_and_then() {
+    let t0 = Instant::now();
+    let regions = Fake::new();
+    let mut core = following(t0, &regions);
+    assert_eq!(
+        sent(&core.retire(t0, vec!["t".into()])),
+        ["Unregister to 2"]
+    );
+    assert_eq!(sent(&core.register(t0, &regions, 7)), ["Unregister to 2"]);
+    assert!(core.tick(t0 + ms(1_999), &regions, 7).is_empty());
+    assert_eq!(
+        sent(&core.tick(t0 + REREGISTER_AFTER * 4, &regions, 7)),
+        ["Unregister to 2"]
+    );
+    let (_, out) = core.begin_leave(t0, &regions, |_| false);
+    assert!(out.is_empty(), "a retired node sends no Leave");
+}
+
+#[test]
+fn the_coordinators_other_words_reach_the_regions() {
+    let t0 = Instant::now();
+    let regions = Fake::new();
+    let mut core = following(t0, &regions);
+    let msgs = [
+        ControlMsg::HandOff {
+            type_name: "t".into(),
+            shard: 2,
+            generation: 6,
+            epoch: 1,
+        },
+        ControlMsg::Left {
+            type_name: "t".into(),
+            nowhere: true,
+            epoch: 1,
+        },
+        ControlMsg::Refused {
+            type_name: "t".into(),
+            reason: "another fingerprint".into(),
+            cluster_fingerprint: Some(2),
+            cluster_num_shards: Some(8),
+        },
+    ];
+    for msg in msgs {
+        core.coordinator_said(node(C), msg, &regions);
+    }
+    assert_eq!(
+        regions.calls(),
+        ["hand_off t 2 6", "mark_left t true", "refused t"]
+    );
+    // Refused counts as heard: no re-registration storm.
+    assert_eq!(core.poll_timeout(), Some(t0 + REFRESH_EVERY));
+}
