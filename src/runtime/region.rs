@@ -424,12 +424,9 @@ impl Region {
         let Some(cluster) = &self.cluster else {
             return HomeChange::Unchanged;
         };
-        if home.owner == cluster.me && cluster.proxy {
-            tracing::error!(type_name = self.type_name, %shard, "a proxy-only region was given a shard; ignored");
-            return HomeChange::Unchanged;
-        }
         let mut guard = lock(&self.slots[shard.0 as usize]);
-        let (change, undelivered) = guard.set_home(&mut self.host(), shard, home, cluster.me);
+        let (change, undelivered) =
+            guard.set_home(&mut self.host(), shard, home, cluster.me, cluster.proxy);
         drop(guard);
         fail_undelivered(undelivered);
         if change == HomeChange::HostHere

@@ -215,9 +215,13 @@ enum Entry<E> {
     /// Messages go straight to its mailbox.
     Live(Live<E>),
     /// Stopping after what its mailbox holds; later messages wait here.
+    /// `earlier`: an incarnation of an earlier hosting, finishing the
+    /// mailbox it had when its shard moved away (a stopping region lets it
+    /// finish rather than stop it after the message in hand).
     Passivating {
         live: Live<E>,
         buffer: Vec<Buffered>,
+        earlier: bool,
     },
 }
 
@@ -399,6 +403,7 @@ impl<E: Clone> Slot<E> {
                 let entry = Entry::Passivating {
                     live,
                     buffer: Vec::new(),
+                    earlier: true,
                 };
                 (id, entry)
             })
@@ -554,6 +559,7 @@ impl<E: Clone> Slot<E> {
                             *entry = Entry::Passivating {
                                 live,
                                 buffer: Vec::new(),
+                                earlier: false,
                             };
                         }
                         // What waited behind a passivation comes first.
@@ -588,7 +594,8 @@ impl<E: Clone> Slot<E> {
         matches!(&self.state, State::Local(local) if local.is_stopped())
     }
 
-    /// Applies a home from the coordinator, `me` being this node. A home
+    /// Applies a home from the coordinator, `me` being this node (`proxy`:
+    /// its region routes only, and takes no shard). A home
     /// older than what the slot holds is ignored. Becoming remote sends the
     /// buffered messages on, in order; a shard that was hosted here stops
     /// its entities (each after its mailbox: they are kept as finishing
@@ -599,12 +606,17 @@ impl<E: Clone> Slot<E> {
         shard: ShardId,
         home: ShardHome,
         me: UniqueAddress,
+        proxy: bool,
     ) -> (HomeChange, Undelivered) {
         if matches!(&self.state, State::Stopped) {
             return (HomeChange::Unchanged, Vec::new());
         }
         if home.generation < self.generation() {
             return (HomeChange::Stale, Vec::new());
+        }
+        if home.owner == me && proxy {
+            tracing::error!(type_name = host.type_name(), %shard, "a proxy-only region was given a shard; ignored");
+            return (HomeChange::Unchanged, Vec::new());
         }
         if home.owner == me {
             let mut undelivered = Vec::new();
@@ -653,6 +665,7 @@ impl<E: Clone> Slot<E> {
                         Entry::Passivating {
                             live,
                             buffer: waiting,
+                            ..
                         } => {
                             buffer.extend(waiting);
                             live
@@ -690,7 +703,7 @@ impl<E: Clone> Slot<E> {
         if let State::Remote(home) = &mut self.state
             && home.owner == *node
         {
-            *self = Slot::unallocated(home.generation);
+            self.state = State::unallocated(home.generation);
             return true;
         }
         false
@@ -811,8 +824,16 @@ impl<E: Clone> Slot<E> {
                 for entry in local.entities.into_values() {
                     match entry {
                         Entry::Live(live) => taken.entities.push(live.actor),
-                        Entry::Passivating { live, buffer } => {
-                            taken.entities.push(live.actor);
+                        Entry::Passivating {
+                            live,
+                            buffer,
+                            earlier,
+                        } => {
+                            if earlier {
+                                taken.finishing.push(live.actor);
+                            } else {
+                                taken.entities.push(live.actor);
+                            }
                             buffered(buffer, &mut taken.buffered);
                         }
                     }
@@ -966,7 +987,11 @@ impl<E: Clone> LocalShard<E> {
         }
         let live = match self.entities.remove(entity_id) {
             Some(Entry::Live(live)) if incarnation.is_none_or(|i| i == live.incarnation) => live,
-            Some(Entry::Passivating { live, mut buffer }) => {
+            Some(Entry::Passivating {
+                live,
+                mut buffer,
+                earlier,
+            }) => {
                 // Only an explicit request, for the incarnation that comes next.
                 let mut result = Ok(());
                 if incarnation.is_none() && !buffer.is_empty() {
@@ -976,8 +1001,12 @@ impl<E: Clone> LocalShard<E> {
                         buffer.push(Buffered::Passivate(entity_id.clone()));
                     }
                 }
-                self.entities
-                    .insert(entity_id.clone(), Entry::Passivating { live, buffer });
+                let entry = Entry::Passivating {
+                    live,
+                    buffer,
+                    earlier,
+                };
+                self.entities.insert(entity_id.clone(), entry);
                 return (result, Vec::new());
             }
             // A request from an earlier incarnation: stale.
@@ -998,6 +1027,7 @@ impl<E: Clone> LocalShard<E> {
             Entry::Passivating {
                 live,
                 buffer: Vec::new(),
+                earlier: false,
             },
         );
         if stop_sent {

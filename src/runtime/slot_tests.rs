@@ -365,7 +365,7 @@ fn a_handoff_stops_every_entity_and_what_waited_follows_the_shard_in_order() {
     );
     assert_eq!(host.calls(), [Call::ShardStopped(1)], "reported once");
     assert!(slot.is_handed_off(1) && slot.is_stopped_here());
-    let (change, undelivered) = slot.set_home(&mut host, SHARD, home(2), me());
+    let (change, undelivered) = slot.set_home(&mut host, SHARD, home(2), me(), false);
     assert_eq!(change, HomeChange::Remote);
     assert!(undelivered.is_empty());
     assert_eq!(
@@ -426,7 +426,7 @@ fn a_sender_that_knows_a_newer_generation_makes_the_slot_wait_for_it() {
     let mut host = Fake::new();
     let mut slot = Slot::unallocated(0);
     assert_eq!(
-        slot.set_home(&mut host, SHARD, home(2), me()).0,
+        slot.set_home(&mut host, SHARD, home(2), me(), false).0,
         HomeChange::Remote
     );
     let mut envelope = tell(1);
@@ -435,12 +435,12 @@ fn a_sender_that_knows_a_newer_generation_makes_the_slot_wait_for_it() {
     assert_eq!(host.calls(), [Call::RequestAllocation]);
     assert_eq!(slot.generation(), 3);
     assert_eq!(
-        slot.set_home(&mut host, SHARD, home(2), me()).0,
+        slot.set_home(&mut host, SHARD, home(2), me(), false).0,
         HomeChange::Stale
     );
     assert_eq!(host.calls(), []);
     assert_eq!(
-        slot.set_home(&mut host, SHARD, home(3), me()).0,
+        slot.set_home(&mut host, SHARD, home(3), me(), false).0,
         HomeChange::Remote
     );
     assert_eq!(host.calls(), [Call::Forward(3, "a".into(), 1)]);
@@ -465,7 +465,7 @@ fn a_refused_region_fails_what_would_wait_for_a_home() {
 fn a_lost_home_makes_the_next_message_ask_again() {
     let mut host = Fake::new();
     let mut slot = Slot::unallocated(0);
-    slot.set_home(&mut host, SHARD, home(2), me());
+    slot.set_home(&mut host, SHARD, home(2), me(), false);
     assert!(!slot.node_lost(&node(9)));
     assert!(slot.node_lost(&node(2)));
     assert_eq!(slot.generation(), 2);
@@ -482,7 +482,7 @@ fn an_entity_finishing_after_its_shard_moved_away_holds_back_its_next_incarnatio
     let mut slot = hosted(&mut host);
     deliver(&mut slot, &mut host, "a", 1);
     host.calls();
-    let (change, _) = slot.set_home(&mut host, SHARD, home(2), me());
+    let (change, _) = slot.set_home(&mut host, SHARD, home(2), me(), false);
     assert_eq!(change, HomeChange::Remote);
     assert_eq!(host.calls(), [Call::Stop(1)]);
     let here = ShardHome {
@@ -490,7 +490,7 @@ fn an_entity_finishing_after_its_shard_moved_away_holds_back_its_next_incarnatio
         generation: 3,
     };
     assert_eq!(
-        slot.set_home(&mut host, SHARD, here, me()).0,
+        slot.set_home(&mut host, SHARD, here, me(), false).0,
         HomeChange::HostHere
     );
     slot.install(&mut host, SHARD, 3, 2, None)
@@ -511,14 +511,14 @@ fn an_entity_that_finished_while_its_shard_was_away_is_forgotten() {
     let mut host = Fake::new();
     let mut slot = hosted(&mut host);
     deliver(&mut slot, &mut host, "a", 1);
-    slot.set_home(&mut host, SHARD, home(2), me());
+    slot.set_home(&mut host, SHARD, home(2), me(), false);
     slot.entity_stopped(&mut host, SHARD, &id("a"), 1);
     host.calls();
     let here = ShardHome {
         owner: me(),
         generation: 3,
     };
-    slot.set_home(&mut host, SHARD, here, me());
+    slot.set_home(&mut host, SHARD, here, me(), false);
     slot.install(&mut host, SHARD, 3, 2, None)
         .expect("installed");
     deliver(&mut slot, &mut host, "a", 2);
@@ -526,7 +526,7 @@ fn an_entity_that_finished_while_its_shard_was_away_is_forgotten() {
     // A stopping region waits for finishing entities apart from the others.
     let mut slot = hosted(&mut host);
     deliver(&mut slot, &mut host, "c", 1);
-    slot.set_home(&mut host, SHARD, home(2), me());
+    slot.set_home(&mut host, SHARD, home(2), me(), false);
     let taken = slot.take();
     assert_eq!(taken.finishing.len(), 1);
     assert!(taken.entities.is_empty() && taken.buffered.is_empty());
@@ -613,9 +613,89 @@ fn a_stopping_region_takes_every_entity_and_fails_what_waited() {
     ));
     // A remote home stays: what still arrives is forwarded.
     let mut slot = Slot::unallocated(0);
-    slot.set_home(&mut host, SHARD, home(2), me());
+    slot.set_home(&mut host, SHARD, home(2), me(), false);
     slot.take();
     host.calls();
     deliver(&mut slot, &mut host, "a", 5);
     assert_eq!(host.calls(), [Call::Forward(2, "a".into(), 5)]);
+}
+
+/// The shard moved away and its new home was lost before the shard came
+/// back here: the finishing entity still holds back its next incarnation,
+/// and its stop notice is not taken for the next one's.
+#[test]
+fn a_finishing_entity_outlives_the_loss_of_its_shards_new_home() {
+    let mut host = Fake::new();
+    let mut slot = hosted(&mut host);
+    deliver(&mut slot, &mut host, "a", 1);
+    slot.set_home(&mut host, SHARD, home(2), me(), false);
+    assert!(slot.node_lost(&node(2)));
+    host.calls();
+    let here = ShardHome {
+        owner: me(),
+        generation: 3,
+    };
+    slot.set_home(&mut host, SHARD, here, me(), false);
+    slot.install(&mut host, SHARD, 3, 2, None)
+        .expect("installed");
+    deliver(&mut slot, &mut host, "a", 2);
+    assert_eq!(host.calls(), [], "waits for incarnation 1");
+    slot.entity_stopped(&mut host, SHARD, &id("a"), 1);
+    assert_eq!(host.calls(), [spawn("a", 2), Call::Send(2, 2)]);
+    // A stale notice of incarnation 1 leaves incarnation 2 alone.
+    slot.entity_stopped(&mut host, SHARD, &id("a"), 1);
+    deliver(&mut slot, &mut host, "a", 3);
+    assert_eq!(host.calls(), [Call::Send(2, 3)]);
+}
+
+/// Back here, a finishing entity is still let finish by a stopping region;
+/// moved away a second time, it is finishing again (no second stop).
+#[test]
+fn a_finishing_entity_taken_back_is_still_let_finish() {
+    let mut host = Fake::new();
+    let mut slot = hosted(&mut host);
+    deliver(&mut slot, &mut host, "a", 1);
+    slot.set_home(&mut host, SHARD, home(2), me(), false);
+    let here = |generation| ShardHome {
+        owner: me(),
+        generation,
+    };
+    slot.set_home(&mut host, SHARD, here(3), me(), false);
+    slot.install(&mut host, SHARD, 3, 2, None)
+        .expect("installed");
+    deliver(&mut slot, &mut host, "b", 2);
+    host.calls();
+    slot.set_home(&mut host, SHARD, home(4), me(), false);
+    assert_eq!(
+        host.calls(),
+        [Call::Stop(2)],
+        "only b is stopped: a was already"
+    );
+    slot.set_home(&mut host, SHARD, here(5), me(), false);
+    slot.install(&mut host, SHARD, 5, 3, None)
+        .expect("installed");
+    let taken = slot.take();
+    let mut finishing = taken.finishing;
+    finishing.sort();
+    assert_eq!(finishing, [1, 2]);
+    assert!(taken.entities.is_empty());
+}
+
+#[test]
+fn a_proxy_region_takes_no_shard_but_still_sees_stale_homes() {
+    let mut host = Fake::new();
+    let mut slot = Slot::unallocated(0);
+    let here = |generation| ShardHome {
+        owner: me(),
+        generation,
+    };
+    assert_eq!(
+        slot.set_home(&mut host, SHARD, here(2), me(), true).0,
+        HomeChange::Unchanged
+    );
+    slot.set_home(&mut host, SHARD, home(3), me(), true);
+    assert_eq!(
+        slot.set_home(&mut host, SHARD, here(2), me(), true).0,
+        HomeChange::Stale
+    );
 }
