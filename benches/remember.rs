@@ -7,11 +7,19 @@
 //! 1,000 to 100,000 ids: it must grow linearly with the log (it grew with
 //! its square, a copy of the ids per record, until issue 28).
 //!
+//! And what a restart costs: a node with 20,000 remembered ids over 8
+//! shards, each shard's log read and its ids respawned at the configured
+//! rate (1,000 every 100 ms per shard) — concurrently, since issue 28: until
+//! every id is respawned, and until one ask to each shard is answered.
+//!
 //! Run: `cargo bench --bench remember`.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use datum_cluster_sharding::__private::bench::RememberQueue;
+use datum_cluster_sharding::prelude::*;
 use datum_cluster_sharding::{
     FileStore, FileStoreFsyncPolicy, RememberEntitiesStore, RememberRecord, ShardId,
 };
@@ -54,4 +62,155 @@ fn read_a_shards_log(bencher: divan::Bencher, n: usize) {
         assert_eq!(listed.len(), n);
         listed
     });
+}
+
+#[derive(Serialize, Deserialize)]
+struct Hello;
+
+protocol! {
+    /// A remembered entity that answers.
+    protocol Kept = "kept" {
+        ask Hello -> ();
+    }
+}
+
+struct KeptEntity;
+
+impl Entity for KeptEntity {
+    type Protocol = Kept;
+}
+
+impl Handler<Hello> for KeptEntity {
+    async fn handle(&mut self, _: Hello, _: &EntityContext) -> ShardingResult<()> {
+        Ok(())
+    }
+}
+
+const RESTART_IDS: usize = 20_000;
+const RESTART_SHARDS: u32 = 8;
+
+fn kept_id(k: usize) -> String {
+    format!("kept-{k:06}")
+}
+
+/// A store directory holding `RESTART_IDS` remembered ids over
+/// `RESTART_SHARDS` shards, written by a system that then shut down.
+fn remembered_store(runtime: &tokio::runtime::Runtime) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    runtime.block_on(async {
+        let store = FileStore::open(dir.path(), FileStoreFsyncPolicy::Never).expect("open");
+        let system = ShardedSystem::builder()
+            .num_shards(RESTART_SHARDS)
+            .store(store)
+            .start()
+            .await
+            .expect("system");
+        system
+            .register_remembered::<KeptEntity>(|_| KeptEntity)
+            .await
+            .expect("registered");
+        for k in 0..RESTART_IDS {
+            system
+                .entity_ref::<Kept>(kept_id(k))
+                .ask(Hello, Duration::from_secs(30))
+                .await
+                .expect("answered");
+        }
+        system.flush_remember_entities().await.expect("flushed");
+        system.shutdown().await;
+    });
+    dir
+}
+
+/// A system restarted on `dir`, its remembered type registered; counts
+/// the incarnations it starts.
+async fn restarted(dir: &std::path::Path, started: &Arc<AtomicUsize>) -> ShardedSystem<FileStore> {
+    let store = FileStore::open(dir, FileStoreFsyncPolicy::Never).expect("open");
+    let system = ShardedSystem::builder()
+        .num_shards(RESTART_SHARDS)
+        .store(store)
+        .start()
+        .await
+        .expect("system");
+    let counter = started.clone();
+    system
+        .register_remembered::<KeptEntity>(move |_| {
+            counter.fetch_add(1, Ordering::Relaxed);
+            KeptEntity
+        })
+        .await
+        .expect("registered");
+    system
+}
+
+/// From the restart until every remembered id runs again, and the system
+/// shut down (`shutdown_of_every_respawned_id` times that part alone). At
+/// the configured rate, concurrently: 2,500 ids a shard is 3 batches, the
+/// last ≈ 200 ms after the first.
+#[divan::bench(sample_count = 10)]
+fn restart_until_every_id_respawned(bencher: divan::Bencher) {
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let dir = remembered_store(&runtime);
+    bencher.bench(|| {
+        runtime.block_on(async {
+            let started = Arc::new(AtomicUsize::new(0));
+            let system = restarted(dir.path(), &started).await;
+            while started.load(Ordering::Relaxed) < RESTART_IDS {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            system.shutdown().await;
+        })
+    });
+}
+
+/// From the restart until one ask to an id of each shard is answered
+/// (each waits for its own shard's read, never for another's), and the
+/// system shut down.
+#[divan::bench(sample_count = 10)]
+fn restart_until_every_shard_answers(bencher: divan::Bencher) {
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let dir = remembered_store(&runtime);
+    let extractor = DefaultShardExtractor;
+    let mut one_per_shard: Vec<String> = Vec::new();
+    for k in 0..RESTART_IDS {
+        let id = kept_id(k);
+        let shard = extractor.shard_id(&id, RESTART_SHARDS).0 as usize;
+        if shard == one_per_shard.len() {
+            one_per_shard.push(id);
+        }
+    }
+    bencher.bench(|| {
+        runtime.block_on(async {
+            let started = Arc::new(AtomicUsize::new(0));
+            let system = restarted(dir.path(), &started).await;
+            let asks = one_per_shard.iter().map(|id| {
+                let entity = system.entity_ref::<Kept>(id.clone());
+                async move { entity.ask(Hello, Duration::from_secs(30)).await }
+            });
+            for answered in futures_util::future::join_all(asks).await {
+                answered.expect("answered");
+            }
+            system.shutdown().await;
+        })
+    });
+}
+
+/// What the two benches above include besides the restart: stopping the
+/// 20,000 respawned entities (the restart happens in untimed setup).
+#[divan::bench(sample_count = 10)]
+fn shutdown_of_every_respawned_id(bencher: divan::Bencher) {
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let dir = remembered_store(&runtime);
+    bencher
+        .with_inputs(|| {
+            runtime.block_on(async {
+                let started = Arc::new(AtomicUsize::new(0));
+                let system = restarted(dir.path(), &started).await;
+                while started.load(Ordering::Relaxed) < RESTART_IDS {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                system
+            })
+        })
+        .bench_local_values(|system| runtime.block_on(system.shutdown()));
 }

@@ -601,3 +601,123 @@ fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
         }
     }
 }
+
+/// A store whose reads of one shard wait until released (the others, and
+/// every write, go straight to memory).
+#[derive(Default)]
+struct SlowShard {
+    inner: InMemoryStore,
+    slow: Mutex<Option<ShardId>>,
+    reading: AtomicBool,
+    held: Mutex<bool>,
+    release: Condvar,
+}
+
+#[derive(Clone, Default)]
+struct SlowReads(Arc<SlowShard>);
+
+impl SlowReads {
+    fn release(&self) {
+        *self.0.held.lock().unwrap_or_else(|p| p.into_inner()) = false;
+        self.0.release.notify_all();
+    }
+}
+
+/// Releases the held read when dropped.
+struct Release(SlowReads);
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        self.0.release();
+    }
+}
+
+impl RememberEntitiesStore for SlowReads {
+    fn record_entity_started(
+        &self,
+        type_name: &str,
+        shard_id: ShardId,
+        entity_id: &str,
+    ) -> Result<(), StoreError> {
+        self.0
+            .inner
+            .record_entity_started(type_name, shard_id, entity_id)
+    }
+    fn record_entity_stopped(
+        &self,
+        type_name: &str,
+        shard_id: ShardId,
+        entity_id: &str,
+    ) -> Result<(), StoreError> {
+        self.0
+            .inner
+            .record_entity_stopped(type_name, shard_id, entity_id)
+    }
+    fn list_entities_for_shard(
+        &self,
+        type_name: &str,
+        shard_id: ShardId,
+    ) -> Result<Vec<String>, StoreError> {
+        if *self.0.slow.lock().unwrap() == Some(shard_id) {
+            self.0.reading.store(true, Ordering::SeqCst);
+            let mut held = self.0.held.lock().unwrap();
+            while *held {
+                held = self.0.release.wait(held).unwrap();
+            }
+        }
+        self.0.inner.list_entities_for_shard(type_name, shard_id)
+    }
+    fn list_shards(&self, type_name: &str) -> Result<Vec<ShardId>, StoreError> {
+        self.0.inner.list_shards(type_name)
+    }
+}
+
+/// Issue 28: a shard whose remembered ids are slow to read holds up no
+/// other shard — an ask to another shard is answered while the read waits
+/// (the read used to run in the region actor, which then heard nothing
+/// else until it was done).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_read_of_one_shard_holds_up_no_other() {
+    let store = SlowReads::default();
+    let shard_of = |id: &str| DefaultShardExtractor.shard_id(id, 16);
+    let slow_id = "slow-0";
+    let quick_id = (1..)
+        .map(|k| format!("quick-{k}"))
+        .find(|id| shard_of(id) != shard_of(slow_id))
+        .expect("an id of another shard");
+    store
+        .0
+        .inner
+        .record_entity_started("greeter", shard_of(slow_id), slow_id)
+        .unwrap();
+    *store.0.slow.lock().unwrap() = Some(shard_of(slow_id));
+    *store.0.held.lock().unwrap() = true;
+    let handle = store.clone();
+    // Released on every way out, a failed assertion included: the held
+    // read sits on a blocking thread the runtime waits for.
+    let _release = Release(handle.clone());
+    let system = ShardedSystem::builder()
+        .num_shards(16)
+        .store(store)
+        .start()
+        .await
+        .unwrap();
+    system
+        .register_remembered::<GreeterEntity>(|_| GreeterEntity)
+        .await
+        .unwrap();
+    // Registration starts the remembered shard: its read begins and waits.
+    tokio::time::timeout(LONG, async {
+        while !handle.0.reading.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the slow shard's read began");
+    let quick = system.entity_ref::<Greeter>(quick_id.as_str());
+    assert_eq!(quick.ask(Hello, LONG).await.expect("answered meanwhile"), 7);
+    handle.release();
+    let slow = system.entity_ref::<Greeter>(slow_id);
+    assert_eq!(slow.ask(Hello, LONG).await.expect("answered after"), 7);
+    system.shutdown().await;
+}

@@ -21,7 +21,7 @@ pub(crate) struct RegionActor;
 
 /// How many remembered shards' ids are read from the store at once (a
 /// rebalance that brings many shards here does not start as many reads).
-const CONCURRENT_READS: usize = 4;
+const CONCURRENT_READS: usize = 16;
 
 pub(crate) struct RegionActorState {
     region: Arc<Region>,

@@ -833,6 +833,8 @@ impl Control {
         let epoch = self.core.highest_epoch();
         let commands = self.side.follow(now, state.coordinator, &hosted, epoch);
         self.run_side(commands);
+        let commands = self.side.catch_up(now, &hosted);
+        self.run_side(commands);
     }
 
     /// This node's regions, for the region side.
@@ -853,9 +855,15 @@ impl Control {
         }
     }
 
+    /// The region side's timers, step by step: each step's messages (to
+    /// this node itself, answered at once) land before the next looks.
     fn tick_side(&mut self, now: Instant) {
+        let commands = self.side.retry_requests(now, &self.hosted());
+        self.run_side(commands);
         let epoch = self.core.highest_epoch();
-        let commands = self.side.tick(now, &self.hosted(), epoch);
+        let commands = self.side.reregister(now, &self.hosted(), epoch);
+        self.run_side(commands);
+        let commands = self.side.repeat_reports(now, &self.hosted());
         self.run_side(commands);
     }
 

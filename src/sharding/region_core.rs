@@ -90,9 +90,9 @@ pub(crate) struct RegionCore {
     departing: BTreeSet<UniqueAddress>,
     /// The coordinator this node follows.
     coordinator: Option<UniqueAddress>,
-    /// The coordinator whose table this node has heard since registering,
-    /// and when this node last sent it a registration.
+    /// The coordinator whose table this node has heard since registering.
     heard_from: Option<UniqueAddress>,
+    /// When this node last sent a registration (or an unregistration).
     registered_at: Option<Instant>,
     /// The types this node hosted before its system shut down (empty while
     /// it runs).
@@ -184,6 +184,8 @@ impl RegionCore {
     /// The system shut down: its regions are gone.
     pub(crate) fn retire(&mut self, now: Instant, types: Vec<String>) -> Vec<RegionCommand> {
         self.retired = types;
+        // A stopped system sends no more `Leave`.
+        self.left_at = None;
         self.unregister(now)
     }
 
@@ -359,8 +361,9 @@ impl RegionCore {
     /// Follows the view's acting coordinator. When it changed: handoffs of
     /// a previous coordinator that is gone are called off (the new one
     /// knows nothing of them; one only out of sight for a moment may still
-    /// complete them), and the new one hears this node's registration, its
-    /// leave, its open requests and its unanswered reports.
+    /// complete them), and the new one hears this node's registration and
+    /// its leave (then, from [`catch_up`](Self::catch_up), its open
+    /// requests and its unanswered reports).
     pub(crate) fn follow(
         &mut self,
         now: Instant,
@@ -380,6 +383,22 @@ impl RegionCore {
         }
         let mut out = self.register(now, regions, epoch);
         out.extend(self.send_leave(now));
+        out
+    }
+
+    /// After [`follow`](Self::follow)'s commands have run (a registration
+    /// with this node itself is answered at once, and its table applied):
+    /// the new coordinator hears the open requests and the unanswered
+    /// reports.
+    pub(crate) fn catch_up(
+        &mut self,
+        now: Instant,
+        regions: &dyn LocalRegions,
+    ) -> Vec<RegionCommand> {
+        let mut out = Vec::new();
+        if self.coordinator.is_none() {
+            return out;
+        }
         let asked: Vec<(&'static str, u32)> = self.waiting.keys().copied().collect();
         for (type_name, shard) in asked {
             out.extend(self.allocate(now, regions, type_name, shard));
@@ -475,12 +494,28 @@ impl RegionCore {
     /// Time passes: requests without a home are asked again, the
     /// registration is sent again while no table came (and now and then
     /// after), reports of stopped shards are repeated until their next home
-    /// comes, and so is a graceful leave's `Leave`.
+    /// comes, and so is a graceful leave's `Leave`. The three steps
+    /// (`retry_requests`, `reregister`, `repeat_reports`); a driver runs each one's commands before the next
+    /// step (a message to this node itself, when it coordinates, is
+    /// answered at once, and the next step sees the answer).
+    #[cfg(test)]
     pub(crate) fn tick(
         &mut self,
         now: Instant,
         regions: &dyn LocalRegions,
         epoch: u64,
+    ) -> Vec<RegionCommand> {
+        let mut out = self.retry_requests(now, regions);
+        out.extend(self.reregister(now, regions, epoch));
+        out.extend(self.repeat_reports(now, regions));
+        out
+    }
+
+    /// Asks again for the homes that have not come.
+    pub(crate) fn retry_requests(
+        &mut self,
+        now: Instant,
+        regions: &dyn LocalRegions,
     ) -> Vec<RegionCommand> {
         let mut out = Vec::new();
         if self.coordinator.is_some() {
@@ -494,7 +529,18 @@ impl RegionCore {
                 out.extend(self.allocate(now, regions, type_name, shard));
             }
         }
-        out.extend(self.reregister(now, regions, epoch));
+        out
+    }
+
+    /// Repeats `ShardStopped` for shards still waiting for their next home
+    /// (a report lost, or sent to a coordinator that has since changed),
+    /// and `Leave` during a graceful leave.
+    pub(crate) fn repeat_reports(
+        &mut self,
+        now: Instant,
+        regions: &dyn LocalRegions,
+    ) -> Vec<RegionCommand> {
+        let mut out = Vec::new();
         let mut due = Vec::new();
         self.stopped
             .retain(|(type_name, shard), (generation, sent)| {
@@ -519,7 +565,7 @@ impl RegionCore {
 
     /// Registers again while the coordinator's table has not come (a lost
     /// message, or a coordinator that did not know this node yet).
-    fn reregister(
+    pub(crate) fn reregister(
         &mut self,
         now: Instant,
         regions: &dyn LocalRegions,
@@ -534,7 +580,13 @@ impl RegionCore {
             }
             return Vec::new();
         }
-        if self.coordinator.is_none() || regions.type_names().is_empty() {
+        if self.coordinator.is_none() {
+            return Vec::new();
+        }
+        if regions.type_names().is_empty() {
+            // Nothing to register (a type's registration registers at
+            // once): the next look is a period from now.
+            self.registered_at = Some(now);
             return Vec::new();
         }
         if self
@@ -574,7 +626,7 @@ impl RegionCore {
             if let Some(sent) = self.stopped.values().map(|(_, sent)| sent).min() {
                 at(*sent + RETRY_GET_HOME);
             }
-            if let Some(left) = self.left_at {
+            if let Some(left) = self.left_at.filter(|_| self.retired.is_empty()) {
                 at(left + REREGISTER_AFTER * 2);
             }
         }

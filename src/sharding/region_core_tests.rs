@@ -266,15 +266,9 @@ fn a_new_coordinator_hears_the_registration_the_leave_the_requests_and_the_repor
     let out = core.members(&state, &regions);
     assert_eq!(sent(&out), ["FailAsks 2"]);
     let out = core.follow(t0 + ms(10), Some(node(3)), &regions, 7);
-    assert_eq!(
-        sent(&out),
-        [
-            "Register to 3",
-            "Leave to 3",
-            "GetHome 3 4 to 3",
-            "ShardStopped 5 to 3"
-        ]
-    );
+    assert_eq!(sent(&out), ["Register to 3", "Leave to 3"]);
+    let out = core.catch_up(t0 + ms(10), &regions);
+    assert_eq!(sent(&out), ["GetHome 3 4 to 3", "ShardStopped 5 to 3"]);
     assert_eq!(
         regions.calls(),
         ["node_lost 2", "call_off_handoffs"],
@@ -400,4 +394,67 @@ fn the_coordinators_other_words_reach_the_regions() {
     );
     // Refused counts as heard: no re-registration storm.
     assert_eq!(core.poll_timeout(), Some(t0 + REFRESH_EVERY));
+}
+
+/// After a tick at `now`, the next deadline is later than `now` (or there
+/// is none): a driver that sleeps until it never spins.
+fn assert_no_spin(core: &mut RegionCore, now: Instant, regions: &Fake) {
+    core.tick(now, regions, 7);
+    if let Some(due) = core.poll_timeout() {
+        assert!(
+            due > now,
+            "a deadline {:?} in the past after a tick",
+            now - due
+        );
+    }
+}
+
+#[test]
+fn a_tick_leaves_no_deadline_in_the_past() {
+    let t0 = Instant::now();
+    // A coordinator, and no regions yet.
+    let mut regions = Fake::new();
+    regions.types.clear();
+    let mut core = following(t0, &regions);
+    for k in 1..5 {
+        assert_no_spin(&mut core, t0 + ms(700 * k), &regions);
+    }
+    // A graceful leave, then the system stops.
+    let regions = Fake::new();
+    let mut core = following(t0, &regions);
+    let (_, out) = core.begin_leave(t0, &regions, |_| false);
+    assert_eq!(sent(&out), ["Leave to 2"]);
+    core.retire(t0 + ms(10), vec!["t".into()]);
+    for k in 1..5 {
+        assert_no_spin(&mut core, t0 + ms(1_100 * k), &regions);
+    }
+    // Requests and reports with no coordinator: nothing is due.
+    let mut core = RegionCore::new(node(ME));
+    core.allocate(t0, &regions, "t", 1);
+    core.shard_stopped(t0, "t", 2, 3);
+    assert_eq!(core.poll_timeout(), None);
+    assert!(core.follow(t0, None, &regions, 7).is_empty());
+    assert!(core.catch_up(t0, &regions).is_empty());
+}
+
+#[test]
+fn a_previous_coordinator_still_in_view_keeps_its_handoffs_and_a_downed_leaver_fails_its_asks() {
+    let t0 = Instant::now();
+    let regions = Fake::new();
+    let mut core = following(t0, &regions);
+    let up = |n| (n, MemberStatus::Up);
+    core.members(
+        &view(&[up(ME), up(C), up(3), (4, MemberStatus::Leaving)]),
+        &regions,
+    );
+    // The role moves to 3 while 2 is still in the view: nothing called off.
+    core.follow(t0, Some(node(3)), &regions, 7);
+    assert_eq!(regions.calls(), Vec::<String>::new());
+    // 4 was leaving, then is downed: its asks fail.
+    let out = core.members(
+        &view(&[up(ME), up(C), up(3), (4, MemberStatus::Down)]),
+        &regions,
+    );
+    assert_eq!(sent(&out), ["FailAsks 4"]);
+    assert!(RegionCore::is_out(&view(&[(ME, MemberStatus::Removed)])));
 }

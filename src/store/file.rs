@@ -27,7 +27,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use super::{RememberEntitiesStore, RememberRecord, StoreError};
 use crate::extractor::ShardId;
@@ -80,7 +80,7 @@ pub struct FileStore {
     dir: PathBuf,
     fsync: FileStoreFsyncPolicy,
     /// The live ids of each shard whose log has been read.
-    shards: Mutex<HashMap<(String, ShardId), BTreeSet<String>>>,
+    shards: Mutex<HashMap<(String, ShardId), ShardCache>>,
     /// `<dir>/lock`, locked exclusively while the store is open: a second
     /// store on the same directory (in this process or another) is refused
     /// rather than interleaving its writes and caches with this one's.
@@ -89,6 +89,11 @@ pub struct FileStore {
 
 /// The name of the lock file under a store's directory.
 pub const LOCK_FILE: &str = "lock";
+
+/// One shard's ids as its log holds them, loaded on first use (`None`:
+/// not loaded, or to be read again after a failed write), behind a lock of
+/// its own.
+type ShardCache = Arc<Mutex<Option<BTreeSet<String>>>>;
 
 impl FileStore {
     /// A store under `dir` (created if missing) with the given fsync policy.
@@ -158,20 +163,27 @@ impl FileStore {
         f: impl FnOnce(&Path, &mut BTreeSet<String>) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
         let path = self.log_path(type_name, shard)?;
-        let mut shards = self.shards.lock().unwrap_or_else(|p| p.into_inner());
-        let key = (type_name.to_owned(), shard);
-        if !shards.contains_key(&key) {
-            let ids = load(&path, self.fsync)?;
-            shards.insert(key.clone(), ids);
+        // The store-wide lock is held only to find the shard's own: one
+        // shard's read (or a writer's append) does not wait for another's.
+        let cell = {
+            let mut shards = self.shards.lock().unwrap_or_else(|p| p.into_inner());
+            shards
+                .entry((type_name.to_owned(), shard))
+                .or_default()
+                .clone()
+        };
+        let mut cached = cell.lock().unwrap_or_else(|p| p.into_inner());
+        if cached.is_none() {
+            *cached = Some(load(&path, self.fsync)?);
         }
-        let ids = shards
-            .get_mut(&key)
+        let ids = cached
+            .as_mut()
             .ok_or_else(|| StoreError("BUG: shard vanished from the cache".into()))?;
         let result = f(&path, ids);
         if result.is_err() {
             // What is on disk after a failed write is not known: read the
             // log again on next use (which also cuts a torn tail).
-            shards.remove(&key);
+            *cached = None;
         }
         result
     }
