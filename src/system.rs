@@ -226,6 +226,31 @@ impl Shared {
         self.stopped.store(true, Ordering::Release);
     }
 
+    /// This node is out of the cluster (downed, removed, or its node
+    /// stopped): stop now, so that what the rest of the cluster
+    /// reallocates does not also run here. Regions stop accepting at once
+    /// and stop their entities on a task; asks waiting on other nodes fail.
+    /// The system is the one owner of its regions' lifecycle: this, the
+    /// graceful `shutdown`, and `Drop`.
+    pub(crate) fn fence(&self) {
+        self.mark_stopped();
+        let regions = self.all_regions();
+        if regions.is_empty() {
+            return;
+        }
+        for region in &regions {
+            region.stop_accepting();
+        }
+        if let Some(link) = &self.cluster {
+            link.remote.fail_all(&ShardingError::ShuttingDown);
+        }
+        tokio::spawn(async move {
+            for region in regions {
+                region.shutdown().await;
+            }
+        });
+    }
+
     /// The region of the entity type named `type_name`.
     pub(crate) fn region(&self, type_name: &str) -> Option<Arc<Region>> {
         self.regions
@@ -263,8 +288,8 @@ impl SystemPort for Shared {
         Shared::is_shut_down(self)
     }
 
-    fn mark_stopped(&self) {
-        Shared::mark_stopped(self)
+    fn fence(&self) {
+        Shared::fence(self)
     }
 
     fn shut_down(self: Arc<Self>) -> BoxFuture<'static, ()> {

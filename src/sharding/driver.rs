@@ -139,8 +139,10 @@ pub(crate) trait SystemPort: Send + Sync + 'static {
     fn cluster_link(&self) -> Option<&ClusterLink>;
     /// Whether the system has stopped (shut down, or fenced).
     fn is_shut_down(&self) -> bool;
-    /// Marks the system stopped (fencing): its handle refuses new work.
-    fn mark_stopped(&self);
+    /// This node is out of the cluster: the system stops at once (its
+    /// handle refuses new work, its regions stop accepting, asks waiting
+    /// on other nodes fail) and its regions stop their entities.
+    fn fence(&self);
     /// The system's graceful stop (SPEC §10.6), run once whoever asks.
     fn shut_down(self: Arc<Self>) -> BoxFuture<'static, ()>;
 }
@@ -776,28 +778,20 @@ impl Control {
     /// entities, so that what the rest of the cluster reallocates does not
     /// also run here. Done once.
     fn fence(&mut self, why: &str) {
+        if self.fenced {
+            return;
+        }
         let Some(shared) = self.shared.upgrade() else {
             return;
         };
-        if self.fenced || shared.is_shut_down() {
+        if shared.is_shut_down() {
             return;
         }
         self.fenced = true;
-        shared.mark_stopped();
-        let regions = self.regions();
-        if regions.is_empty() {
-            return;
+        if !shared.all_regions().is_empty() {
+            tracing::warn!(node = %self.me, why, "this node is out of the cluster: its regions stop");
         }
-        tracing::warn!(node = %self.me, why, "this node is out of the cluster: its regions stop");
-        for region in &regions {
-            region.stop_accepting();
-        }
-        self.remote.fail_all(&ShardingError::ShuttingDown);
-        tokio::spawn(async move {
-            for region in regions {
-                region.shutdown().await;
-            }
-        });
+        shared.fence();
     }
 
     fn membership(&mut self, mut state: MembershipState) {
