@@ -349,6 +349,9 @@ async fn fail_closed_fails_the_shard_and_only_that_shard() {
         }
         other => panic!("expected RememberEntities, got {other:?}"),
     }
+    // The region's state names the failed shard, and only it.
+    let state = system.shard_region_state::<Greeter>().expect("registered");
+    assert_eq!(state.failed, BTreeSet::from([doomed.shard_id()]));
     // Other shards are not disturbed.
     store.0.fail.store(false, Ordering::SeqCst);
     assert_eq!(healthy.ask(Hello, LONG).await, Ok(7));
@@ -719,5 +722,61 @@ async fn a_slow_read_of_one_shard_holds_up_no_other() {
     handle.release();
     let slow = system.entity_ref::<Greeter>(slow_id);
     assert_eq!(slow.ask(Hello, LONG).await.expect("answered after"), 7);
+    system.shutdown().await;
+}
+
+/// Issue 28: a program can tell when a restart's respawn has finished —
+/// the region's state lists the shards with remembered ids still to
+/// respawn, and a shard leaves the list once its last id runs again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_region_state_tells_when_a_respawn_has_finished() {
+    let store = InMemoryStore::new();
+    // Two remembered ids of one shard; one respawns per hour.
+    let first = "kept-a".to_owned();
+    let shard = DefaultShardExtractor.shard_id(&first, 16);
+    let second = (0..)
+        .map(|k| format!("kept-b{k}"))
+        .find(|id| DefaultShardExtractor.shard_id(id, 16) == shard)
+        .expect("an id of the same shard");
+    store
+        .record_entity_started("greeter", shard, &first)
+        .unwrap();
+    store
+        .record_entity_started("greeter", shard, &second)
+        .unwrap();
+    let config = ShardingConfig::builder()
+        .num_shards(16)
+        .passivation_idle_timeout(None)
+        .remember_entities(
+            RememberEntitiesConfig::default().with_respawn_rate(1, Duration::from_secs(3_600)),
+        )
+        .build();
+    let system = ShardedSystem::builder()
+        .config(config)
+        .store(store)
+        .start()
+        .await
+        .unwrap();
+    system
+        .register_remembered::<GreeterEntity>(|_| GreeterEntity)
+        .await
+        .unwrap();
+    let state = || system.shard_region_state::<Greeter>().expect("registered");
+    // The shard starts, respawns one id and waits an hour for the other.
+    tokio::time::timeout(LONG, async {
+        while !state().respawning.contains(&shard) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the shard is respawning");
+    assert!(state().failed.is_empty());
+    // A message to each id starts whichever is still waiting: done.
+    for id in [&first, &second] {
+        let entity = system.entity_ref::<Greeter>(id.as_str());
+        assert_eq!(entity.ask(Hello, LONG).await, Ok(7));
+    }
+    assert!(state().respawning.is_empty(), "{:?}", state().respawning);
+    assert_eq!(state().shards.get(&shard), Some(&2));
     system.shutdown().await;
 }

@@ -111,6 +111,13 @@ pub struct ShardRegionState {
     pub shards: std::collections::BTreeMap<ShardId, usize>,
     /// The hosted shards being handed off to another node.
     pub handing_off: std::collections::BTreeSet<ShardId>,
+    /// Of a remembered type: the hosted shards with remembered ids still
+    /// to respawn (at the respawn rate). Empty once a restart's, or a
+    /// move's, respawn has finished.
+    pub respawning: std::collections::BTreeSet<ShardId>,
+    /// Of a remembered type under `FailClosed`: the shards whose store
+    /// failed; their messages fail with `ShardingError::RememberEntities`.
+    pub failed: std::collections::BTreeSet<ShardId>,
     /// Messages waiting in this region's buffers: for shards without a home
     /// yet, behind passivating entities, and in handoff buffers.
     pub buffered: usize,
@@ -499,6 +506,8 @@ impl Region {
     pub(crate) fn state(&self) -> ShardRegionState {
         let mut shards = std::collections::BTreeMap::new();
         let mut handing_off = std::collections::BTreeSet::new();
+        let mut respawning = std::collections::BTreeSet::new();
+        let mut failed = std::collections::BTreeSet::new();
         let mut buffered = 0;
         for (i, slot) in self.slots.iter().enumerate() {
             let shard = ShardId(i as u32);
@@ -506,6 +515,14 @@ impl Region {
             buffered += summary.buffered;
             if summary.handing_off {
                 handing_off.insert(shard);
+            }
+            if summary.respawning {
+                respawning.insert(shard);
+            }
+            if let Some(remember) = &self.remember
+                && remember.check(self.type_name, shard).is_err()
+            {
+                failed.insert(shard);
             }
             if let Some(live) = summary.hosted {
                 shards.insert(shard, live);
@@ -515,6 +532,8 @@ impl Region {
             type_name: self.type_name,
             shards,
             handing_off,
+            respawning,
+            failed,
             buffered,
             proxy: self.is_proxy(),
             refused: self.refusal(),

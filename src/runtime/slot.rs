@@ -253,6 +253,8 @@ pub(crate) struct SlotSummary {
     /// Hosted here, with this many live entities.
     pub(crate) hosted: Option<usize>,
     pub(crate) handing_off: bool,
+    /// Hosted here with remembered ids still to respawn.
+    pub(crate) respawning: bool,
     /// Messages waiting in the slot's buffers.
     pub(crate) buffered: usize,
 }
@@ -789,6 +791,7 @@ impl<E: Clone> Slot<E> {
                     summary.buffered += handoff.buffer.len();
                     summary.handing_off = true;
                 }
+                summary.respawning = !local.pending_respawn.is_empty();
                 summary.hosted = Some(live);
             }
             State::Remote(_) | State::Stopped => {}
