@@ -85,7 +85,7 @@ pub use protocol::{Ask, Message, MessageInfo, MessageKind, Protocol, Tell};
 pub use store::{
     FILE_STORE_VERSION, FileStore, FileStoreFsyncPolicy, InMemoryStore, LOCK_FILE, MAX_ENTITY_ID,
     MAX_TYPE_NAME, NoStore, RememberEntitiesEvent, RememberEntitiesOperation,
-    RememberEntitiesStore, RememberRecord, StoreError,
+    RememberEntitiesStore, RememberRecord, StoreError, StoreRepair,
 };
 pub use system::{EntityRef, ShardedSystem, ShardedSystemBuilder};
 

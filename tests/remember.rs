@@ -780,3 +780,79 @@ async fn the_region_state_tells_when_a_respawn_has_finished() {
     assert_eq!(state().shards.get(&shard), Some(&2));
     system.shutdown().await;
 }
+
+/// Issue 28: a torn tail the file store cuts off on reading a log is
+/// published as a `RepairLog` event, not only logged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_torn_tail_cut_off_on_restart_is_published_as_an_event() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = FileStore::open(dir.path(), FileStoreFsyncPolicy::Always).unwrap();
+        let system = ShardedSystem::builder()
+            .num_shards(16)
+            .store(store)
+            .start()
+            .await
+            .unwrap();
+        system
+            .register_remembered::<GreeterEntity>(|_| GreeterEntity)
+            .await
+            .unwrap();
+        for k in 0..3 {
+            let entity = system.entity_ref::<Greeter>(format!("torn-{k}"));
+            assert_eq!(entity.ask(Hello, LONG).await, Ok(7));
+        }
+        system.flush_remember_entities().await.unwrap();
+        system.shutdown().await;
+    }
+    // Half a record more at the end of one shard's log, as a crash
+    // mid-append leaves it.
+    let mut logs = Vec::new();
+    let mut dirs = vec![dir.path().to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "log") {
+                logs.push(path);
+            }
+        }
+    }
+    let log = logs.first().expect("a shard's log");
+    let mut file = std::fs::OpenOptions::new().append(true).open(log).unwrap();
+    std::io::Write::write_all(&mut file, &[0x09, 0x00, 0x00]).unwrap();
+    drop(file);
+    let store = FileStore::open(dir.path(), FileStoreFsyncPolicy::Always).unwrap();
+    let system = ShardedSystem::builder()
+        .num_shards(16)
+        .store(store)
+        .start()
+        .await
+        .unwrap();
+    let mut events = system.subscribe_remember_entities_events().unwrap();
+    system
+        .register_remembered::<GreeterEntity>(|_| GreeterEntity)
+        .await
+        .unwrap();
+    let event = loop {
+        let event = next(&mut events).await;
+        if event.operation == RememberEntitiesOperation::RepairLog {
+            break event;
+        }
+    };
+    assert_eq!(event.type_name, "greeter");
+    assert!(
+        event.error.contains("torn record (3 bytes"),
+        "{}",
+        event.error
+    );
+    // Nothing was marked failed, and every id still answers.
+    let state = system.shard_region_state::<Greeter>().expect("registered");
+    assert!(state.failed.is_empty());
+    for k in 0..3 {
+        let entity = system.entity_ref::<Greeter>(format!("torn-{k}"));
+        assert_eq!(entity.ask(Hello, LONG).await, Ok(7));
+    }
+    system.shutdown().await;
+}

@@ -321,10 +321,11 @@ impl Region {
     /// (reported through the failure policy).
     pub(crate) fn remembered_ids(&self, shard: ShardId) -> Option<Vec<String>> {
         let remember = self.remember.as_ref()?;
-        match remember
+        let listed = remember
             .store()
-            .list_entities_for_shard(self.type_name, shard)
-        {
+            .list_entities_for_shard(self.type_name, shard);
+        remember.publish_repairs();
+        match listed {
             Ok(ids) => Some(ids),
             Err(error) => {
                 remember.failure(

@@ -29,7 +29,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use super::{RememberEntitiesStore, RememberRecord, StoreError};
+use super::{RememberEntitiesStore, RememberRecord, StoreError, StoreRepair};
 use crate::extractor::ShardId;
 
 const MAGIC: &[u8; 4] = b"DCSR";
@@ -81,6 +81,8 @@ pub struct FileStore {
     fsync: FileStoreFsyncPolicy,
     /// The live ids of each shard whose log has been read.
     shards: Mutex<HashMap<(String, ShardId), ShardCache>>,
+    /// Logs repaired on load since `take_repairs` last looked.
+    repairs: Mutex<Vec<StoreRepair>>,
     /// `<dir>/lock`, locked exclusively while the store is open: a second
     /// store on the same directory (in this process or another) is refused
     /// rather than interleaving its writes and caches with this one's.
@@ -124,6 +126,7 @@ impl FileStore {
             dir,
             fsync,
             shards: Mutex::new(HashMap::new()),
+            repairs: Mutex::new(Vec::new()),
             _lock: lock,
         })
     }
@@ -174,7 +177,20 @@ impl FileStore {
         };
         let mut cached = cell.lock().unwrap_or_else(|p| p.into_inner());
         if cached.is_none() {
-            *cached = Some(load(&path, self.fsync)?);
+            let (ids, dropped) = load(&path, self.fsync)?;
+            if let Some(bytes) = dropped {
+                let what = format!(
+                    "{}: the log ended in a torn record ({bytes} bytes, a crash mid-append); it was cut off",
+                    path.display()
+                );
+                let repair = StoreRepair {
+                    type_name: type_name.to_owned(),
+                    shard_id: shard,
+                    what,
+                };
+                lock_or_poisoned(&self.repairs).push(repair);
+            }
+            *cached = Some(ids);
         }
         let ids = cached
             .as_mut()
@@ -281,6 +297,10 @@ impl FileStore {
 }
 
 impl RememberEntitiesStore for FileStore {
+    fn take_repairs(&self) -> Vec<StoreRepair> {
+        std::mem::take(&mut *lock_or_poisoned(&self.repairs))
+    }
+
     fn record_entity_started(
         &self,
         type_name: &str,
@@ -519,15 +539,19 @@ pub(crate) fn parse(bytes: &[u8]) -> Result<Parsed, String> {
     Ok(Parsed { ids, torn_at: None })
 }
 
-/// Reads a log (a missing one is empty); a torn tail is cut off the file.
-fn load(path: &Path, fsync: FileStoreFsyncPolicy) -> Result<BTreeSet<String>, StoreError> {
+/// Reads a log (a missing one is empty); a torn tail is cut off the file,
+/// and how many bytes it had is returned beside the ids.
+fn load(
+    path: &Path,
+    fsync: FileStoreFsyncPolicy,
+) -> Result<(BTreeSet<String>, Option<usize>), StoreError> {
     let mut bytes = Vec::new();
     match File::open(path) {
         Ok(mut file) => {
             file.read_to_end(&mut bytes)
                 .map_err(|e| io_error("read", path, &e))?;
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(BTreeSet::new()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((BTreeSet::new(), None)),
         Err(e) => return Err(io_error("open", path, &e)),
     }
     let parsed = parse(&bytes).map_err(|e| StoreError(format!("{}: {e}", path.display())))?;
@@ -545,7 +569,11 @@ fn load(path: &Path, fsync: FileStoreFsyncPolicy) -> Result<BTreeSet<String>, St
             file.sync_all().map_err(|e| io_error("sync", path, &e))?;
         }
     }
-    Ok(parsed.ids)
+    Ok((parsed.ids, parsed.torn_at.map(|at| bytes.len() - at)))
+}
+
+fn lock_or_poisoned<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Removes the temporary files of compactions a crash interrupted (a

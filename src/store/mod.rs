@@ -30,6 +30,17 @@ pub struct NoStore;
 #[error("remember-entities store error: {0}")]
 pub struct StoreError(pub String);
 
+/// A log a store repaired ([`RememberEntitiesStore::take_repairs`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoreRepair {
+    /// The entity type whose log it is.
+    pub type_name: String,
+    /// Its shard.
+    pub shard_id: ShardId,
+    /// What was done, for the event's text.
+    pub what: String,
+}
+
 /// The persistence seam of remember-entities.
 pub trait RememberEntitiesStore: Send + Sync + 'static {
     /// Records that `entity_id` started in `shard_id`.
@@ -52,6 +63,14 @@ pub trait RememberEntitiesStore: Send + Sync + 'static {
         type_name: &str,
         shard_id: ShardId,
     ) -> Result<Vec<String>, StoreError>;
+    /// The logs this store repaired since the last call — say, a torn last
+    /// record (a crash mid-append) cut off when the log was read — for the
+    /// system to publish, each as a [`RememberEntitiesEvent`] with the
+    /// operation [`RememberEntitiesOperation::RepairLog`]. Called after
+    /// reads and writes; the default repairs nothing.
+    fn take_repairs(&self) -> Vec<StoreRepair> {
+        Vec::new()
+    }
     /// The shards of a type that have remembered ids (to start them at once).
     fn list_shards(&self, type_name: &str) -> Result<Vec<ShardId>, StoreError> {
         let _ = type_name;
@@ -119,6 +138,9 @@ impl<T: RememberEntitiesStore + ?Sized> RememberEntitiesStore for Arc<T> {
     }
     fn record_batch(&self, records: &[RememberRecord<'_>]) -> Vec<Result<(), StoreError>> {
         (**self).record_batch(records)
+    }
+    fn take_repairs(&self) -> Vec<StoreRepair> {
+        (**self).take_repairs()
     }
 }
 

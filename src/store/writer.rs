@@ -41,6 +41,10 @@ pub enum RememberEntitiesOperation {
     ListEntities,
     /// Listing a type's shards at registration.
     ListShards,
+    /// Not a failure: the store repaired a log it read (a torn last
+    /// record, from a crash mid-append, cut off; that record had not been
+    /// made durable). The event's `error` says what was done.
+    RepairLog,
 }
 
 /// A remember-entities store failure, as published to subscribers.
@@ -95,6 +99,7 @@ fn apply(store: &dyn RememberEntitiesStore, writer: &std::sync::Weak<Remember>, 
     let Some(remember) = writer.upgrade() else {
         return;
     };
+    remember.publish_repairs();
     for (i, w) in batch.iter().enumerate() {
         let result = results.get(i).cloned().unwrap_or_else(|| {
             Err(super::StoreError(
@@ -307,6 +312,25 @@ impl Remember {
             policy: self.policy,
             error: error.to_owned(),
         });
+    }
+
+    /// Publishes the logs the store repaired since the last look (each a
+    /// `RepairLog` event; nothing is marked failed).
+    pub(crate) fn publish_repairs(&self) {
+        let repairs =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.store.take_repairs()))
+                .unwrap_or_default();
+        for repair in repairs {
+            tracing::warn!(type_name = repair.type_name, shard = %repair.shard_id, what = repair.what, "remember-entities store repaired a log");
+            let _ = self.events.send(RememberEntitiesEvent {
+                type_name: repair.type_name,
+                shard_id: Some(repair.shard_id),
+                entity_id: None,
+                operation: RememberEntitiesOperation::RepairLog,
+                policy: self.policy,
+                error: repair.what,
+            });
+        }
     }
 
     /// Whether `shard` was marked failed (`FailClosed`): if so, the error its
