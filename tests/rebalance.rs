@@ -885,10 +885,17 @@ async fn a_handoff_whose_old_owner_is_killed_midway_completes_as_a_dead_owner_mo
     let leaver = nodes[2].system.clone();
     let leave = tokio::spawn(async move { leaver.shutdown().await });
     // Every other shard of node 2 is handed off; the busy one stays.
-    wait_for("node 2 down to its busy shard", || {
-        nodes[2].system.hosted_shards::<Seq>() == 1
-    })
-    .await;
+    let deadline = Instant::now() + LONG;
+    while nodes[2].system.hosted_shards::<Seq>() != 1 {
+        // (On a timeout, say where node 2 stands, for the diagnosis.)
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for node 2 down to its busy shard {shard}: {:?}; coordinator {:?}",
+            nodes[2].system.shard_region_state::<Seq>(),
+            nodes[2].system.sharding_coordinator(),
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let state = nodes[2].system.shard_region_state::<Seq>().expect("state");
     assert_eq!(state.handing_off, BTreeSet::from([shard]), "{state:?}");
     nodes[2].cluster.crash().await;
