@@ -73,6 +73,13 @@ impl Handler<Where> for SeqEntity {
 }
 impl Handler<Slow> for SeqEntity {
     async fn handle(&mut self, msg: Slow, _: &EntityContext) -> ShardingResult<()> {
+        // Noted under `<id>#slow` as it begins (a test can wait for it).
+        self.ledger
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(format!("{}#slow", self.id))
+            .or_default()
+            .push(msg.0);
         tokio::time::sleep(Duration::from_millis(msg.0)).await;
         Ok(())
     }
@@ -882,9 +889,21 @@ async fn a_handoff_whose_old_owner_is_killed_midway_completes_as_a_dead_owner_mo
         .ask(Append(1), ASK)
         .await
         .expect("append");
+    // The slow handler runs before the leave begins (the spawned ask may
+    // be sent after the append).
+    let began = format!("{busy}#slow");
+    wait_for("the slow handler to begin", || {
+        nodes[0]
+            .ledger
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(&began)
+    })
+    .await;
     let leaver = nodes[2].system.clone();
     let leave = tokio::spawn(async move { leaver.shutdown().await });
-    // Every other shard of node 2 is handed off; the busy one stays.
+    // Every other shard of node 2 is handed off; the busy one stays (within
+    // the handoff timeout, 10 s, after which the leave goes on without it).
     let deadline = Instant::now() + LONG;
     while nodes[2].system.hosted_shards::<Seq>() != 1 {
         // (On a timeout, say where node 2 stands, for the diagnosis.)
@@ -931,8 +950,17 @@ async fn passivation_while_a_shard_moves_applies_to_what_waits_for_the_new_home(
     let entity = nodes[0].system.entity_ref::<Seq>(other.as_str());
     entity.ask(Append(1), ASK).await.expect("append");
     let shard = entity.shard_id();
-    // The busy handler has begun (its shard's other entity answered after
-    // the slow ask was sent: one pipe, in order).
+    // The busy handler has begun (the spawned ask may be sent after the
+    // append: wait for the handler itself).
+    let began = format!("{busy}#slow");
+    wait_for("the slow handler to begin", || {
+        nodes[0]
+            .ledger
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(&began)
+    })
+    .await;
     let leaver = nodes[2].system.clone();
     let leave = tokio::spawn(async move { leaver.shutdown().await });
     wait_for("node 2 down to its busy shard", || {

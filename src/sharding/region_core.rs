@@ -106,6 +106,8 @@ pub(crate) struct RegionCore {
     stopped: BTreeMap<(&'static str, u32), (u64, Instant)>,
     /// Shards asked for and not yet given a home, with when they were asked.
     waiting: BTreeMap<(&'static str, u32), Instant>,
+    /// A new coordinator was followed: `catch_up` has what to tell it.
+    new_coordinator: bool,
 }
 
 impl RegionCore {
@@ -123,6 +125,7 @@ impl RegionCore {
             left_at: None,
             stopped: BTreeMap::new(),
             waiting: BTreeMap::new(),
+            new_coordinator: false,
         }
     }
 
@@ -381,6 +384,7 @@ impl RegionCore {
         if self.coordinator.is_none() {
             return Vec::new();
         }
+        self.new_coordinator = true;
         let mut out = self.register(now, regions, epoch);
         out.extend(self.send_leave(now));
         out
@@ -388,15 +392,15 @@ impl RegionCore {
 
     /// After [`follow`](Self::follow)'s commands have run (a registration
     /// with this node itself is answered at once, and its table applied):
-    /// the new coordinator hears the open requests and the unanswered
-    /// reports.
+    /// a new coordinator hears the open requests and the unanswered
+    /// reports. Nothing when the view did not change the coordinator.
     pub(crate) fn catch_up(
         &mut self,
         now: Instant,
         regions: &dyn LocalRegions,
     ) -> Vec<RegionCommand> {
         let mut out = Vec::new();
-        if self.coordinator.is_none() {
+        if !std::mem::take(&mut self.new_coordinator) || self.coordinator.is_none() {
             return out;
         }
         let asked: Vec<(&'static str, u32)> = self.waiting.keys().copied().collect();

@@ -269,6 +269,12 @@ fn a_new_coordinator_hears_the_registration_the_leave_the_requests_and_the_repor
     assert_eq!(sent(&out), ["Register to 3", "Leave to 3"]);
     let out = core.catch_up(t0 + ms(10), &regions);
     assert_eq!(sent(&out), ["GetHome 3 4 to 3", "ShardStopped 5 to 3"]);
+    // A later view with the same coordinator tells it nothing again.
+    assert!(
+        core.follow(t0 + ms(20), Some(node(3)), &regions, 7)
+            .is_empty()
+    );
+    assert!(core.catch_up(t0 + ms(20), &regions).is_empty());
     assert_eq!(
         regions.calls(),
         ["node_lost 2", "call_off_handoffs"],
