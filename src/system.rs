@@ -945,10 +945,13 @@ mod finishing_tests {
     use crate::cluster::{ClusterConfig, ClusterNode};
     use crate::entity::{Entity, EntityContext, Handler};
     use crate::error::ShardingResult;
+    use crate::extractor::ShardId;
     use crate::identity::{NodeId, UniqueAddress};
+    use crate::runtime::region::Region;
+    use crate::runtime::slot::HomeChange;
     use crate::sharding::coordinator::ShardHome;
 
-    use super::ShardedSystem;
+    use super::{EntityRef, ShardedSystem};
 
     #[derive(Serialize, Deserialize)]
     struct Work;
@@ -962,8 +965,31 @@ mod finishing_tests {
         }
     }
 
-    /// Takes 20 ms over each `Work`, counting it.
-    struct SlowEntity(Arc<AtomicU64>);
+    /// What the incarnations did: `Work`s done, and the most that were
+    /// alive at once.
+    #[derive(Default)]
+    struct Counts {
+        done: AtomicU64,
+        alive: AtomicU64,
+        most: AtomicU64,
+    }
+
+    /// Takes 20 ms over each `Work`, counting it and its incarnations.
+    struct SlowEntity(Arc<Counts>);
+
+    impl SlowEntity {
+        fn new(counts: &Arc<Counts>) -> Self {
+            let now = counts.alive.fetch_add(1, Ordering::SeqCst) + 1;
+            counts.most.fetch_max(now, Ordering::SeqCst);
+            SlowEntity(counts.clone())
+        }
+    }
+
+    impl Drop for SlowEntity {
+        fn drop(&mut self) {
+            self.0.alive.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
 
     impl Entity for SlowEntity {
         type Protocol = Slow;
@@ -972,7 +998,7 @@ mod finishing_tests {
     impl Handler<Work> for SlowEntity {
         async fn handle(&mut self, _: Work, _: &EntityContext) -> ShardingResult<()> {
             tokio::time::sleep(Duration::from_millis(20)).await;
-            self.0.fetch_add(1, Ordering::Relaxed);
+            self.0.done.fetch_add(1, Ordering::Relaxed);
             Ok(())
         }
     }
@@ -983,13 +1009,25 @@ mod finishing_tests {
         }
     }
 
-    /// A shard whose home moves away without a handoff stops its entities
-    /// behind their mailboxes; a shutdown meanwhile waits for them to
-    /// finish (SPEC §13.3), so nothing they held is lost with the node.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn shutdown_waits_for_entities_finishing_after_their_shard_moved_away() {
+    /// `Work`s queued in the entity's mailbox when its shard moves away.
+    const WORK: u64 = 25;
+
+    /// A one-node cluster whose entity `e` has `WORK` slow messages queued
+    /// when the coordinator's word moves its shard to a member this node
+    /// cannot reach (nothing is forwarded there), without a handoff.
+    struct MovedAway {
+        cluster: ClusterNode,
+        system: ShardedSystem,
+        entity: EntityRef<Slow>,
+        region: Arc<Region>,
+        shard: ShardId,
+        generation: u64,
+        counts: Arc<Counts>,
+    }
+
+    async fn moved_away(name: &str) -> MovedAway {
         let config = ClusterConfig::builder()
-            .cluster_name("finishing-test")
+            .cluster_name(name)
             .secret("finishing-secret")
             .build();
         let cluster = ClusterNode::start(config).await.expect("node starts");
@@ -1003,10 +1041,10 @@ mod finishing_tests {
             .start()
             .await
             .expect("system starts");
-        let done = Arc::new(AtomicU64::new(0));
-        let counter = done.clone();
+        let counts = Arc::new(Counts::default());
+        let c = counts.clone();
         system
-            .register::<SlowEntity>(move |_| SlowEntity(counter.clone()))
+            .register::<SlowEntity>(move |_| SlowEntity::new(&c))
             .await
             .expect("registered");
         let entity = system.entity_ref::<Slow>("e");
@@ -1014,12 +1052,9 @@ mod finishing_tests {
             .ask(Ready, Duration::from_secs(30))
             .await
             .expect("hosted here");
-        const WORK: u64 = 25;
         for _ in 0..WORK {
             entity.tell(Work).await.expect("accepted");
         }
-        // The coordinator's word that the shard lives elsewhere now (a
-        // member this node cannot reach: nothing is forwarded there).
         let region = system.shared.region("slow").expect("region");
         let shard = entity.shard_id();
         let elsewhere = UniqueAddress {
@@ -1028,52 +1063,35 @@ mod finishing_tests {
             incarnation: 1,
         };
         let generation = region.generation_of(shard) + 1;
-        let change = region.set_home(
-            shard,
-            ShardHome {
-                owner: elsewhere,
-                generation,
-            },
-        );
-        assert!(matches!(change, crate::runtime::slot::HomeChange::Remote));
+        let home = ShardHome {
+            owner: elsewhere,
+            generation,
+        };
+        assert_eq!(region.set_home(shard, home), HomeChange::Remote);
         assert!(
-            done.load(Ordering::Relaxed) < WORK,
+            counts.done.load(Ordering::Relaxed) < WORK,
             "the mailbox is still being worked through"
         );
-        system.shutdown().await;
-        assert_eq!(done.load(Ordering::Relaxed), WORK);
-        let _ = cluster.shutdown().await;
-    }
-
-    /// Counts the incarnations alive at once (SlowEntity's work, and the
-    /// most that ever ran side by side).
-    struct Tracked {
-        done: Arc<AtomicU64>,
-        alive: Arc<AtomicU64>,
-    }
-
-    impl Drop for Tracked {
-        fn drop(&mut self) {
-            self.alive.fetch_sub(1, Ordering::SeqCst);
+        MovedAway {
+            cluster,
+            system,
+            entity,
+            region,
+            shard,
+            generation,
+            counts,
         }
     }
 
-    impl Entity for Tracked {
-        type Protocol = Slow;
-    }
-
-    impl Handler<Work> for Tracked {
-        async fn handle(&mut self, _: Work, _: &EntityContext) -> ShardingResult<()> {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            self.done.fetch_add(1, Ordering::Relaxed);
-            Ok(())
-        }
-    }
-
-    impl Handler<Ready> for Tracked {
-        async fn handle(&mut self, _: Ready, _: &EntityContext) -> ShardingResult<()> {
-            Ok(())
-        }
+    /// A shard whose home moves away without a handoff stops its entities
+    /// behind their mailboxes; a shutdown meanwhile waits for them to
+    /// finish (SPEC §13.3), so nothing they held is lost with the node.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn shutdown_waits_for_entities_finishing_after_their_shard_moved_away() {
+        let moved = moved_away("finishing-test").await;
+        moved.system.shutdown().await;
+        assert_eq!(moved.counts.done.load(Ordering::Relaxed), WORK);
+        let _ = moved.cluster.shutdown().await;
     }
 
     /// A shard moves away without a handoff and comes back while an entity
@@ -1083,85 +1101,30 @@ mod finishing_tests {
     /// (SPEC §13.3).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_shard_back_before_its_entities_finished_holds_their_next_incarnations() {
-        let config = ClusterConfig::builder()
-            .cluster_name("back-test")
-            .secret("back-secret")
-            .build();
-        let cluster = ClusterNode::start(config).await.expect("node starts");
-        cluster
-            .wait_until(|s| s.up_members().count() == 1, Duration::from_secs(30))
-            .await
-            .expect("Up");
-        let system = ShardedSystem::builder()
-            .node(cluster.clone())
-            .passivation_idle_timeout(None)
-            .start()
-            .await
-            .expect("system starts");
-        let done = Arc::new(AtomicU64::new(0));
-        let alive = Arc::new(AtomicU64::new(0));
-        let most = Arc::new(AtomicU64::new(0));
-        let (d, a, m) = (done.clone(), alive.clone(), most.clone());
-        system
-            .register::<Tracked>(move |_| {
-                let now = a.fetch_add(1, Ordering::SeqCst) + 1;
-                m.fetch_max(now, Ordering::SeqCst);
-                Tracked {
-                    done: d.clone(),
-                    alive: a.clone(),
-                }
-            })
-            .await
-            .expect("registered");
-        let entity = system.entity_ref::<Slow>("e");
-        entity
-            .ask(Ready, Duration::from_secs(30))
-            .await
-            .expect("hosted here");
-        const WORK: u64 = 25;
-        for _ in 0..WORK {
-            entity.tell(Work).await.expect("accepted");
-        }
-        let region = system.shared.region("slow").expect("region");
-        let shard = entity.shard_id();
-        let elsewhere = UniqueAddress {
-            addr: "127.0.0.1:9".parse().expect("address"),
-            node_id: NodeId(7),
-            incarnation: 1,
-        };
-        let away = region.generation_of(shard) + 1;
-        let moved = region.set_home(
-            shard,
-            ShardHome {
-                owner: elsewhere,
-                generation: away,
-            },
-        );
-        assert!(matches!(moved, crate::runtime::slot::HomeChange::Remote));
-        // Back here, as the coordinator would say, before the mailbox is done.
+        let moved = moved_away("back-test").await;
+        // Back here, as the coordinator would say, before the mailbox is
+        // done (the region actor starts the shard; what comes waits).
         let back = ShardHome {
-            owner: cluster.self_address(),
-            generation: away + 1,
+            owner: moved.cluster.self_address(),
+            generation: moved.generation + 1,
         };
-        let change = region.set_home(shard, back);
-        // (The region actor starts the shard; what comes meanwhile waits.)
-        assert!(matches!(change, crate::runtime::slot::HomeChange::HostHere));
-        assert!(
-            done.load(Ordering::Relaxed) < WORK,
-            "the old mailbox is still being worked through"
+        assert_eq!(
+            moved.region.set_home(moved.shard, back),
+            HomeChange::HostHere
         );
-        entity.tell(Work).await.expect("accepted");
-        entity
+        moved.entity.tell(Work).await.expect("accepted");
+        moved
+            .entity
             .ask(Ready, Duration::from_secs(30))
             .await
             .expect("answered by the next incarnation");
-        assert_eq!(done.load(Ordering::Relaxed), WORK + 1);
+        assert_eq!(moved.counts.done.load(Ordering::Relaxed), WORK + 1);
         assert_eq!(
-            most.load(Ordering::SeqCst),
+            moved.counts.most.load(Ordering::SeqCst),
             1,
             "two incarnations ran at once"
         );
-        system.shutdown().await;
-        let _ = cluster.shutdown().await;
+        moved.system.shutdown().await;
+        let _ = moved.cluster.shutdown().await;
     }
 }

@@ -34,8 +34,8 @@ impl Handler<Hello> for GreeterEntity {
     }
 }
 
-/// An in-memory store that fails on demand, or holds every write until
-/// released.
+/// An in-memory store that fails on demand, or holds every write (and
+/// every read of `slow_shard`) until released.
 #[derive(Default)]
 struct FaultyStore {
     inner: InMemoryStore,
@@ -44,6 +44,9 @@ struct FaultyStore {
     starts: std::sync::atomic::AtomicUsize,
     held: Mutex<bool>,
     release: Condvar,
+    /// The shard whose reads are held too, and whether one began.
+    slow_shard: Mutex<Option<ShardId>>,
+    reading: AtomicBool,
 }
 
 impl FaultyStore {
@@ -52,7 +55,7 @@ impl FaultyStore {
     }
 
     fn release(&self) {
-        *self.held.lock().unwrap() = false;
+        *self.held.lock().unwrap_or_else(|p| p.into_inner()) = false;
         self.release.notify_all();
     }
 
@@ -67,6 +70,17 @@ impl FaultyStore {
 /// The shared handle the system owns (a store is moved into the builder).
 #[derive(Clone, Default)]
 struct Faulty(Arc<FaultyStore>);
+
+/// Releases what the store holds when dropped: on every way out of a test,
+/// a failed assertion included (a held read sits on a blocking thread the
+/// runtime waits for).
+struct Release(Faulty);
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        self.0.0.release();
+    }
+}
 
 impl RememberEntitiesStore for Faulty {
     fn record_entity_started(
@@ -100,11 +114,42 @@ impl RememberEntitiesStore for Faulty {
         type_name: &str,
         shard_id: ShardId,
     ) -> Result<Vec<String>, StoreError> {
+        if *self.0.slow_shard.lock().unwrap() == Some(shard_id) {
+            self.0.reading.store(true, Ordering::SeqCst);
+            self.0.wait_while_held();
+        }
         self.0.inner.list_entities_for_shard(type_name, shard_id)
     }
     fn list_shards(&self, type_name: &str) -> Result<Vec<ShardId>, StoreError> {
         self.0.inner.list_shards(type_name)
     }
+}
+
+/// A system on a `FileStore` in `dir`, with `Greeter` remembered.
+async fn on_files(dir: &std::path::Path) -> ShardedSystem<FileStore> {
+    let store = FileStore::open(dir, FileStoreFsyncPolicy::Always).unwrap();
+    let system = ShardedSystem::builder()
+        .num_shards(16)
+        .store(store)
+        .start()
+        .await
+        .unwrap();
+    system
+        .register_remembered::<GreeterEntity>(|_| GreeterEntity)
+        .await
+        .unwrap();
+    system
+}
+
+/// Polls `cond` until it holds; fails the test after `LONG`.
+async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    tokio::time::timeout(LONG, async {
+        while !cond() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("timed out waiting for {what}"));
 }
 
 async fn system_with(
@@ -146,17 +191,7 @@ async fn next(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flush_is_a_durability_barrier_for_the_file_store() {
     let dir = tempfile::tempdir().unwrap();
-    let store = FileStore::open(dir.path(), FileStoreFsyncPolicy::Always).unwrap();
-    let system = ShardedSystem::builder()
-        .num_shards(16)
-        .store(store)
-        .start()
-        .await
-        .unwrap();
-    system
-        .register_remembered::<GreeterEntity>(|_| GreeterEntity)
-        .await
-        .unwrap();
+    let system = on_files(dir.path()).await;
     let ids: BTreeSet<String> = (0..50).map(|k| format!("g-{k}")).collect();
     for id in &ids {
         assert_eq!(
@@ -393,17 +428,7 @@ async fn child_records_flushes_and_waits_to_be_killed() {
     let Some(dir) = std::env::var_os("REMEMBER_CHILD_DIR") else {
         return; // Not the child: nothing to do here.
     };
-    let store = FileStore::open(&dir, FileStoreFsyncPolicy::Always).unwrap();
-    let system = ShardedSystem::builder()
-        .num_shards(16)
-        .store(store)
-        .start()
-        .await
-        .unwrap();
-    system
-        .register_remembered::<GreeterEntity>(|_| GreeterEntity)
-        .await
-        .unwrap();
+    let system = on_files(std::path::Path::new(&dir)).await;
     for k in 0..30 {
         let r = system.entity_ref::<Greeter>(format!("k-{k}"));
         assert_eq!(r.ask(Hello, LONG).await, Ok(7));
@@ -605,122 +630,33 @@ fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
     }
 }
 
-/// A store whose reads of one shard wait until released (the others, and
-/// every write, go straight to memory).
-#[derive(Default)]
-struct SlowShard {
-    inner: InMemoryStore,
-    slow: Mutex<Option<ShardId>>,
-    reading: AtomicBool,
-    held: Mutex<bool>,
-    release: Condvar,
-}
-
-#[derive(Clone, Default)]
-struct SlowReads(Arc<SlowShard>);
-
-impl SlowReads {
-    fn release(&self) {
-        *self.0.held.lock().unwrap_or_else(|p| p.into_inner()) = false;
-        self.0.release.notify_all();
-    }
-}
-
-/// Releases the held read when dropped.
-struct Release(SlowReads);
-
-impl Drop for Release {
-    fn drop(&mut self) {
-        self.0.release();
-    }
-}
-
-impl RememberEntitiesStore for SlowReads {
-    fn record_entity_started(
-        &self,
-        type_name: &str,
-        shard_id: ShardId,
-        entity_id: &str,
-    ) -> Result<(), StoreError> {
-        self.0
-            .inner
-            .record_entity_started(type_name, shard_id, entity_id)
-    }
-    fn record_entity_stopped(
-        &self,
-        type_name: &str,
-        shard_id: ShardId,
-        entity_id: &str,
-    ) -> Result<(), StoreError> {
-        self.0
-            .inner
-            .record_entity_stopped(type_name, shard_id, entity_id)
-    }
-    fn list_entities_for_shard(
-        &self,
-        type_name: &str,
-        shard_id: ShardId,
-    ) -> Result<Vec<String>, StoreError> {
-        if *self.0.slow.lock().unwrap() == Some(shard_id) {
-            self.0.reading.store(true, Ordering::SeqCst);
-            let mut held = self.0.held.lock().unwrap();
-            while *held {
-                held = self.0.release.wait(held).unwrap();
-            }
-        }
-        self.0.inner.list_entities_for_shard(type_name, shard_id)
-    }
-    fn list_shards(&self, type_name: &str) -> Result<Vec<ShardId>, StoreError> {
-        self.0.inner.list_shards(type_name)
-    }
-}
-
 /// Issue 28: a shard whose remembered ids are slow to read holds up no
 /// other shard — an ask to another shard is answered while the read waits
 /// (the read used to run in the region actor, which then heard nothing
 /// else until it was done).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_read_of_one_shard_holds_up_no_other() {
-    let store = SlowReads::default();
-    let shard_of = |id: &str| DefaultShardExtractor.shard_id(id, 16);
-    let slow_id = "slow-0";
-    let quick_id = (1..)
-        .map(|k| format!("quick-{k}"))
-        .find(|id| shard_of(id) != shard_of(slow_id))
-        .expect("an id of another shard");
+    let store = Faulty::default();
+    let [slow_id] = <[String; 1]>::try_from(ids_in_shard(3, 1)).unwrap();
+    let [quick_id] = <[String; 1]>::try_from(ids_in_shard(4, 1)).unwrap();
     store
         .0
         .inner
-        .record_entity_started("greeter", shard_of(slow_id), slow_id)
+        .record_entity_started("greeter", ShardId(3), &slow_id)
         .unwrap();
-    *store.0.slow.lock().unwrap() = Some(shard_of(slow_id));
-    *store.0.held.lock().unwrap() = true;
-    let handle = store.clone();
-    // Released on every way out, a failed assertion included: the held
-    // read sits on a blocking thread the runtime waits for.
-    let _release = Release(handle.clone());
-    let system = ShardedSystem::builder()
-        .num_shards(16)
-        .store(store)
-        .start()
-        .await
-        .unwrap();
-    system
-        .register_remembered::<GreeterEntity>(|_| GreeterEntity)
-        .await
-        .unwrap();
+    *store.0.slow_shard.lock().unwrap() = Some(ShardId(3));
+    store.0.hold();
+    let _release = Release(store.clone());
+    let system = system_with(store.clone(), RememberEntitiesFailurePolicy::FailOpen, 100).await;
     // Registration starts the remembered shard: its read begins and waits.
-    tokio::time::timeout(LONG, async {
-        while !handle.0.reading.load(Ordering::SeqCst) {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+    eventually("the slow shard's read", || {
+        store.0.reading.load(Ordering::SeqCst)
     })
-    .await
-    .expect("the slow shard's read began");
+    .await;
     let quick = system.entity_ref::<Greeter>(quick_id.as_str());
     assert_eq!(quick.ask(Hello, LONG).await.expect("answered meanwhile"), 7);
-    handle.release();
-    let slow = system.entity_ref::<Greeter>(slow_id);
+    store.0.release();
+    let slow = system.entity_ref::<Greeter>(slow_id.as_str());
     assert_eq!(slow.ask(Hello, LONG).await.expect("answered after"), 7);
     system.shutdown().await;
 }
@@ -730,54 +666,29 @@ async fn a_slow_read_of_one_shard_holds_up_no_other() {
 /// respawn, and a shard leaves the list once its last id runs again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_region_state_tells_when_a_respawn_has_finished() {
-    let store = InMemoryStore::new();
     // Two remembered ids of one shard; one respawns per hour.
-    let first = "kept-a".to_owned();
-    let shard = DefaultShardExtractor.shard_id(&first, 16);
-    let second = (0..)
-        .map(|k| format!("kept-b{k}"))
-        .find(|id| DefaultShardExtractor.shard_id(id, 16) == shard)
-        .expect("an id of the same shard");
-    store
-        .record_entity_started("greeter", shard, &first)
-        .unwrap();
-    store
-        .record_entity_started("greeter", shard, &second)
-        .unwrap();
-    let config = ShardingConfig::builder()
-        .num_shards(16)
-        .passivation_idle_timeout(None)
-        .remember_entities(
-            RememberEntitiesConfig::default().with_respawn_rate(1, Duration::from_secs(3_600)),
-        )
-        .build();
-    let system = ShardedSystem::builder()
-        .config(config)
-        .store(store)
-        .start()
-        .await
-        .unwrap();
-    system
-        .register_remembered::<GreeterEntity>(|_| GreeterEntity)
-        .await
-        .unwrap();
+    let store = InMemoryStore::new();
+    let ids = ids_in_shard(5, 2);
+    for id in &ids {
+        store
+            .record_entity_started("greeter", ShardId(5), id)
+            .unwrap();
+    }
+    let (system, _started) = respawning_system(store, 1, Duration::from_secs(3_600)).await;
     let state = || system.shard_region_state::<Greeter>().expect("registered");
     // The shard starts, respawns one id and waits an hour for the other.
-    tokio::time::timeout(LONG, async {
-        while !state().respawning.contains(&shard) {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+    eventually("the shard respawning", || {
+        state().respawning.contains(&ShardId(5))
     })
-    .await
-    .expect("the shard is respawning");
+    .await;
     assert!(state().failed.is_empty());
     // A message to each id starts whichever is still waiting: done.
-    for id in [&first, &second] {
+    for id in &ids {
         let entity = system.entity_ref::<Greeter>(id.as_str());
         assert_eq!(entity.ask(Hello, LONG).await, Ok(7));
     }
     assert!(state().respawning.is_empty(), "{:?}", state().respawning);
-    assert_eq!(state().shards.get(&shard), Some(&2));
+    assert_eq!(state().shards.get(&ShardId(5)), Some(&2));
     system.shutdown().await;
 }
 
@@ -787,17 +698,7 @@ async fn the_region_state_tells_when_a_respawn_has_finished() {
 async fn a_torn_tail_cut_off_on_restart_is_published_as_an_event() {
     let dir = tempfile::tempdir().unwrap();
     {
-        let store = FileStore::open(dir.path(), FileStoreFsyncPolicy::Always).unwrap();
-        let system = ShardedSystem::builder()
-            .num_shards(16)
-            .store(store)
-            .start()
-            .await
-            .unwrap();
-        system
-            .register_remembered::<GreeterEntity>(|_| GreeterEntity)
-            .await
-            .unwrap();
+        let system = on_files(dir.path()).await;
         for k in 0..3 {
             let entity = system.entity_ref::<Greeter>(format!("torn-{k}"));
             assert_eq!(entity.ask(Hello, LONG).await, Ok(7));

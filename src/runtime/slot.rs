@@ -240,6 +240,14 @@ fn overflow<H: SlotHost + ?Sized>(host: &H, shard: ShardId) -> ShardingError {
     }
 }
 
+/// The messages of a buffer, without its passivation requests.
+fn messages(buffer: Vec<Buffered>) -> impl Iterator<Item = LocalEnvelope> {
+    buffer.into_iter().filter_map(|item| match item {
+        Buffered::Message(_, envelope) => Some(envelope),
+        Buffered::Passivate(_) => None,
+    })
+}
+
 /// Whether a message for `entity_id` waits in `buffer`.
 fn waits_in(buffer: &[Buffered], entity_id: &Arc<str>) -> bool {
     buffer
@@ -721,13 +729,7 @@ impl<E: Clone> Slot<E> {
             return Vec::new();
         };
         *requested = false;
-        buffer
-            .drain(..)
-            .filter_map(|buffered| match buffered {
-                Buffered::Message(_, envelope) => Some(envelope),
-                Buffered::Passivate(_) => None,
-            })
-            .collect()
+        messages(std::mem::take(buffer)).collect()
     }
 
     /// A new coordinator: a handoff it did not ask for, that has not
@@ -812,12 +814,7 @@ impl<E: Clone> Slot<E> {
         if matches!(&self.state, State::Remote(_)) {
             return taken;
         }
-        let buffered = |buffer: Vec<Buffered>, into: &mut Vec<LocalEnvelope>| {
-            into.extend(buffer.into_iter().filter_map(|item| match item {
-                Buffered::Message(_, envelope) => Some(envelope),
-                Buffered::Passivate(_) => None,
-            }));
-        };
+        let buffered = |buffer, into: &mut Vec<LocalEnvelope>| into.extend(messages(buffer));
         match std::mem::replace(&mut self.state, State::Stopped) {
             State::Unallocated { buffer, .. } => buffered(buffer, &mut taken.buffered),
             State::Local(mut local) => {

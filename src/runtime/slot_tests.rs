@@ -183,6 +183,14 @@ fn home(generation: u64) -> ShardHome {
     }
 }
 
+/// A home on this node.
+fn here(generation: u64) -> ShardHome {
+    ShardHome {
+        owner: me(),
+        generation,
+    }
+}
+
 fn id(name: &str) -> Arc<str> {
     Arc::from(name)
 }
@@ -485,12 +493,8 @@ fn an_entity_finishing_after_its_shard_moved_away_holds_back_its_next_incarnatio
     let (change, _) = slot.set_home(&mut host, SHARD, home(2), me(), false);
     assert_eq!(change, HomeChange::Remote);
     assert_eq!(host.calls(), [Call::Stop(1)]);
-    let here = ShardHome {
-        owner: me(),
-        generation: 3,
-    };
     assert_eq!(
-        slot.set_home(&mut host, SHARD, here, me(), false).0,
+        slot.set_home(&mut host, SHARD, here(3), me(), false).0,
         HomeChange::HostHere
     );
     slot.install(&mut host, SHARD, 3, 2, None)
@@ -514,11 +518,7 @@ fn an_entity_that_finished_while_its_shard_was_away_is_forgotten() {
     slot.set_home(&mut host, SHARD, home(2), me(), false);
     slot.entity_stopped(&mut host, SHARD, &id("a"), 1);
     host.calls();
-    let here = ShardHome {
-        owner: me(),
-        generation: 3,
-    };
-    slot.set_home(&mut host, SHARD, here, me(), false);
+    slot.set_home(&mut host, SHARD, here(3), me(), false);
     slot.install(&mut host, SHARD, 3, 2, None)
         .expect("installed");
     deliver(&mut slot, &mut host, "a", 2);
@@ -631,11 +631,7 @@ fn a_finishing_entity_outlives_the_loss_of_its_shards_new_home() {
     slot.set_home(&mut host, SHARD, home(2), me(), false);
     assert!(slot.node_lost(&node(2)));
     host.calls();
-    let here = ShardHome {
-        owner: me(),
-        generation: 3,
-    };
-    slot.set_home(&mut host, SHARD, here, me(), false);
+    slot.set_home(&mut host, SHARD, here(3), me(), false);
     slot.install(&mut host, SHARD, 3, 2, None)
         .expect("installed");
     deliver(&mut slot, &mut host, "a", 2);
@@ -656,10 +652,6 @@ fn a_finishing_entity_taken_back_is_still_let_finish() {
     let mut slot = hosted(&mut host);
     deliver(&mut slot, &mut host, "a", 1);
     slot.set_home(&mut host, SHARD, home(2), me(), false);
-    let here = |generation| ShardHome {
-        owner: me(),
-        generation,
-    };
     slot.set_home(&mut host, SHARD, here(3), me(), false);
     slot.install(&mut host, SHARD, 3, 2, None)
         .expect("installed");
@@ -685,10 +677,6 @@ fn a_finishing_entity_taken_back_is_still_let_finish() {
 fn a_proxy_region_takes_no_shard_but_still_sees_stale_homes() {
     let mut host = Fake::new();
     let mut slot = Slot::unallocated(0);
-    let here = |generation| ShardHome {
-        owner: me(),
-        generation,
-    };
     assert_eq!(
         slot.set_home(&mut host, SHARD, here(2), me(), true).0,
         HomeChange::Unchanged

@@ -852,12 +852,13 @@ impl Control {
     /// The region side's timers, step by step: each step's messages (to
     /// this node itself, answered at once) land before the next looks.
     fn tick_side(&mut self, now: Instant) {
-        let commands = self.side.retry_requests(now, &self.hosted());
+        let hosted = self.hosted();
+        let commands = self.side.retry_requests(now, &hosted);
         self.run_side(commands);
         let epoch = self.core.highest_epoch();
-        let commands = self.side.reregister(now, &self.hosted(), epoch);
+        let commands = self.side.reregister(now, &hosted, epoch);
         self.run_side(commands);
-        let commands = self.side.repeat_reports(now, &self.hosted());
+        let commands = self.side.repeat_reports(now, &hosted);
         self.run_side(commands);
     }
 

@@ -151,19 +151,23 @@ impl RegionCore {
         if !self.retired.is_empty() {
             return self.unregister(now);
         }
-        let Some(coordinator) = self.coordinator else {
+        if self.coordinator.is_none() {
             return Vec::new();
-        };
-        let msg = ControlMsg::Register {
-            types: self.registrations(regions),
-            epoch,
-        };
+        }
         self.heard_from = None;
         self.registered_at = Some(now);
-        vec![RegionCommand::Send {
-            to: coordinator,
-            msg,
-        }]
+        self.to_coordinator(ControlMsg::Register {
+            types: self.registrations(regions),
+            epoch,
+        })
+    }
+
+    /// `msg` to the coordinator this node follows (nothing without one).
+    fn to_coordinator(&self, msg: ControlMsg) -> Vec<RegionCommand> {
+        self.coordinator
+            .map(|to| RegionCommand::Send { to, msg })
+            .into_iter()
+            .collect()
     }
 
     /// Tells the coordinator this node's regions stopped. Sent at shutdown,
@@ -171,17 +175,12 @@ impl RegionCore {
     /// is idempotent; a lost one would leave peers routing to regions that
     /// no longer exist).
     fn unregister(&mut self, now: Instant) -> Vec<RegionCommand> {
-        match self.coordinator {
-            Some(coordinator) if !self.retired.is_empty() => {
-                self.registered_at = Some(now);
-                let types = self.retired.clone();
-                vec![RegionCommand::Send {
-                    to: coordinator,
-                    msg: ControlMsg::Unregister { types },
-                }]
-            }
-            _ => Vec::new(),
+        if self.coordinator.is_none() || self.retired.is_empty() {
+            return Vec::new();
         }
+        self.registered_at = Some(now);
+        let types = self.retired.clone();
+        self.to_coordinator(ControlMsg::Unregister { types })
     }
 
     /// The system shut down: its regions are gone.
@@ -211,18 +210,11 @@ impl RegionCore {
         type_name: &'static str,
         shard: u32,
     ) -> Vec<RegionCommand> {
-        let Some(coordinator) = self.coordinator else {
-            return Vec::new();
-        };
-        let msg = ControlMsg::GetHome {
+        self.to_coordinator(ControlMsg::GetHome {
             type_name: type_name.to_owned(),
             shard,
             generation: regions.generation_of(type_name, shard),
-        };
-        vec![RegionCommand::Send {
-            to: coordinator,
-            msg,
-        }]
+        })
     }
 
     /// Starts a graceful leave: `Leave` to the coordinator (and to every
@@ -244,17 +236,12 @@ impl RegionCore {
     }
 
     fn send_leave(&mut self, now: Instant) -> Vec<RegionCommand> {
-        match self.coordinator {
-            Some(coordinator) if !self.leaving.is_empty() && self.retired.is_empty() => {
-                self.left_at = Some(now);
-                let types = self.leaving.clone();
-                vec![RegionCommand::Send {
-                    to: coordinator,
-                    msg: ControlMsg::Leave { types },
-                }]
-            }
-            _ => Vec::new(),
+        if self.coordinator.is_none() || self.leaving.is_empty() || !self.retired.is_empty() {
+            return Vec::new();
         }
+        self.left_at = Some(now);
+        let types = self.leaving.clone();
+        self.to_coordinator(ControlMsg::Leave { types })
     }
 
     /// A handed-off shard stopped and what its entities recorded is in the
@@ -276,18 +263,11 @@ impl RegionCore {
         shard: u32,
         generation: u64,
     ) -> Vec<RegionCommand> {
-        let Some(coordinator) = self.coordinator else {
-            return Vec::new();
-        };
-        let msg = ControlMsg::ShardStopped {
+        self.to_coordinator(ControlMsg::ShardStopped {
             type_name: type_name.to_owned(),
             shard,
             generation,
-        };
-        vec![RegionCommand::Send {
-            to: coordinator,
-            msg,
-        }]
+        })
     }
 
     /// Whether the view puts this node out of the cluster (downed or
