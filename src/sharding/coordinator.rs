@@ -526,6 +526,9 @@ pub(crate) struct CoordinatorCore {
     acting: Option<UniqueAddress>,
     /// The oldest Up member while it is flagged unreachable, and since when.
     oldest_flagged: Option<(UniqueAddress, Instant)>,
+    /// Until when that hold keeps the role with it, while only time can
+    /// end the hold (the member is flagged but not beyond this side).
+    hold_until: Option<Instant>,
 }
 
 impl CoordinatorCore {
@@ -557,6 +560,7 @@ impl CoordinatorCore {
             quiet: false,
             acting: None,
             oldest_flagged: None,
+            hold_until: None,
         }
     }
 
@@ -616,6 +620,7 @@ impl CoordinatorCore {
             .map(|m| m.address);
         let Some(oldest) = oldest.filter(|o| state.unreachable.contains(o)) else {
             self.oldest_flagged = None;
+            self.hold_until = None;
             return state.coordinator;
         };
         let since = match self.oldest_flagged {
@@ -625,7 +630,10 @@ impl CoordinatorCore {
                 now
             }
         };
-        if state.beyond.contains(&oldest) || now.duration_since(since) < self.hold_for(state) {
+        let until = since + self.hold_for(state);
+        let beyond = state.beyond.contains(&oldest);
+        self.hold_until = (!beyond && now < until).then_some(until);
+        if beyond || now < until {
             Some(oldest)
         } else {
             state.coordinator
@@ -748,11 +756,65 @@ impl CoordinatorCore {
         (handoffs, self.open_rounds.len())
     }
 
-    /// When [`tick`](Self::tick) should be called next (the driver ticks
-    /// every 100 ms, which is fine enough for the settle deadline).
-    #[cfg(test)]
+    /// When [`tick`](Self::tick) has something to do, if nothing else
+    /// happens first (`None`: only an event can give it work): the end of
+    /// the settle period or of a quiet margin, the next rebalance round, a
+    /// handoff to send again or that times out, a gone owner's shards at
+    /// the end of their margin, and a hold on a flagged oldest member that
+    /// runs out (the driver then looks at the view again). After the core
+    /// has acted at `now`, never `now` or earlier.
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
-        self.settling_until
+        let mut next: Option<Instant> = None;
+        let mut at = |t: Instant| next = Some(next.map_or(t, |n| n.min(t)));
+        if let Some(until) = self.hold_until {
+            at(until);
+        }
+        if !self.active {
+            return next;
+        }
+        if let Some(until) = self.settling_until {
+            // Nothing acts before the settle period ends.
+            at(until);
+            return next;
+        }
+        match self.quiet_until {
+            // Quiet: nothing is allocated, moved or completed before it ends
+            // (handoffs already asked for are still sent again).
+            Some(until) => at(until),
+            None => {
+                if let Some(rebalance) = self.next_rebalance {
+                    at(rebalance);
+                }
+            }
+        }
+        let margin = self.margin();
+        for table in self.types.values() {
+            for handoff in table.handoffs.values().filter(|h| !h.stopped) {
+                if !self.members.contains_key(&handoff.from) {
+                    continue;
+                }
+                at(handoff.sent + HANDOFF_RESEND);
+                if self.quiet_until.is_none() {
+                    at(handoff.started + self.config.handoff_timeout);
+                }
+            }
+            if self.quiet_until.is_none() {
+                for home in table.homes.iter().flatten() {
+                    if !self.members.contains_key(&home.owner)
+                        && let Some(gone) = self.gone_at.get(&home.owner)
+                    {
+                        at(*gone + margin);
+                    }
+                }
+            }
+        }
+        next
+    }
+
+    /// Whether the core is active and still in its settle period.
+    #[cfg(test)]
+    pub(crate) fn is_settling(&self) -> bool {
+        self.settling_until.is_some()
     }
 
     /// [`acting`](Self::acting), then [`apply_membership`](Self::apply_membership).
@@ -1332,6 +1394,10 @@ impl CoordinatorCore {
         // While quiet nothing is allocated, moved or completed: known homes
         // are still answered, handoffs already asked for still resent.
         self.quiet = self.quiet_until.is_some_and(|until| now < until);
+        if !self.quiet {
+            // Over: no deadline left behind in the past.
+            self.quiet_until = None;
+        }
         for type_name in &type_names {
             self.settle_claims(type_name, &mut out);
             if !self.quiet {

@@ -127,7 +127,7 @@ fn settled(n: u16, num_shards: u32) -> (CoordinatorCore, Instant, Vec<UniqueAddr
     for a in &nodes {
         c.register(t0, *a, &reg(num_shards, vec![]));
     }
-    assert_eq!(c.poll_timeout(), None, "settled: every member registered");
+    assert!(!c.is_settling(), "settled: every member registered");
     (c, t0, nodes)
 }
 
@@ -364,7 +364,9 @@ fn settle_ends_after_the_timeout_without_every_registration() {
     assert!(c.tick(deadline - Duration::from_millis(1)).is_empty());
     let out = c.tick(deadline);
     assert_eq!(out, vec![home(n[0], 0, n[0], 1)]);
-    assert_eq!(c.poll_timeout(), None);
+    assert!(!c.is_settling());
+    // Next: the first rebalance round.
+    assert!(c.poll_timeout().is_some_and(|t| t > deadline));
 }
 
 #[test]
@@ -533,6 +535,37 @@ fn a_handoff_that_times_out_completes_as_a_dead_owner_move() {
     assert_eq!(out, vec![home(n[1], 1, n[0], 2)]);
 }
 
+/// Driven by `poll_timeout` alone, a handoff with no answer is sent again
+/// every second and times out on time.
+#[test]
+fn a_core_woken_only_at_its_poll_timeout_resends_and_times_out_a_handoff() {
+    let (mut c, t0, n) = settled(2, 2);
+    c.get_home(t0, n[0], TYPE, 0, 0);
+    c.get_home(t0, n[0], TYPE, 1, 0);
+    assert_eq!(
+        c.leave(t0, n[1], &[TYPE.to_owned()]),
+        vec![handoff(n[1], 1, 1)]
+    );
+    let timeout = CoordinatorConfig::default().handoff_timeout;
+    let mut resent = Vec::new();
+    let mut now = t0;
+    while c.home(TYPE, 1).is_some_and(|h| h.owner == n[1]) {
+        let due = c
+            .poll_timeout()
+            .expect("a handoff in progress has a deadline");
+        assert!(due > now, "a deadline in the past");
+        now = due;
+        if !handoffs_in(&c.tick(now)).is_empty() {
+            resent.push(now - t0);
+        }
+        assert!(now <= t0 + timeout, "the handoff outlived its timeout");
+    }
+    let every_second: Vec<Duration> = (1..10).map(Duration::from_secs).collect();
+    assert_eq!(resent, every_second);
+    assert_eq!(now, t0 + timeout, "moved at the timeout");
+    assert_eq!(c.home(TYPE, 1).map(|h| h.owner), Some(n[0]));
+}
+
 #[test]
 fn an_owner_that_dies_mid_handoff_loses_the_shard_as_a_dead_owner() {
     let (mut c, t0, n) = settled(3, 3);
@@ -646,6 +679,11 @@ fn history_holds(ops: Vec<Op>) -> bool {
 }
 
 fn check_history(ops: Vec<Op>) -> Result<(), String> {
+    check_history_with(ops, CoordinatorConfig::default())
+}
+
+/// [`check_history`] under `config`.
+fn check_history_with(ops: Vec<Op>, config: CoordinatorConfig) -> Result<(), String> {
     const SHARDS: u32 = 12;
     let t0 = Instant::now();
     let mut now = t0;
@@ -668,7 +706,6 @@ fn check_history(ops: Vec<Op>) -> Result<(), String> {
     let mut reported_at: BTreeMap<(u32, u64), Instant> = BTreeMap::new();
     // The newest home given out for each shard, by any core.
     let mut latest: BTreeMap<u32, (UniqueAddress, u64)> = BTreeMap::new();
-    let config = CoordinatorConfig::default();
     let mut rounds_checked: BTreeMap<usize, usize> = BTreeMap::new();
     let settle_ops = (0..(SHARDS as usize + 8)).flat_map(|_| {
         let mut step: Vec<Op> = (0..SHARDS as u8).map(|s| Op::Ask(u8::MAX, s)).collect();
@@ -761,7 +798,9 @@ fn check_history(ops: Vec<Op>) -> Result<(), String> {
         let mut commands = Vec::new();
         let changed = last_coordinator != Some(ci);
         last_coordinator = Some(ci);
-        let c = cores.entry(ci).or_insert_with(|| core(coord));
+        let c = cores
+            .entry(ci)
+            .or_insert_with(|| CoordinatorCore::new(coord, config, Box::new(LeastShardAllocation)));
         let was_active = c.is_active();
         if changed {
             // A stopped region tells every new coordinator.
@@ -938,6 +977,14 @@ fn check_history(ops: Vec<Op>) -> Result<(), String> {
             }
         }
         let c = &cores[&ci];
+        // Every input ends with the core acting at `now`: what it waits
+        // for is later, or time alone would never give it its turn.
+        if let Some(due) = c.poll_timeout().filter(|due| *due <= now) {
+            return Err(format!(
+                "a deadline left in the past: {:?} before now",
+                now - due
+            ));
+        }
         let seen = rounds_checked.entry(ci).or_insert(0);
         for round in c.rounds().iter().skip(*seen) {
             if round.reason == RebalanceReason::GracefulSpread
@@ -967,7 +1014,11 @@ fn check_history(ops: Vec<Op>) -> Result<(), String> {
         }
         *seen = c.rounds().len();
         let c = &cores[&ci];
-        if c.is_active() && c.poll_timeout().is_none() {
+        // (With a margin, a gone owner's shards wait it out: checked from
+        // the first second of the settle phase.)
+        let margin_over =
+            config.dead_owner_margin.is_zero() || step > history_len + SHARDS as usize + 1;
+        if c.is_active() && !c.is_settling() && margin_over {
             let candidates = alive
                 .iter()
                 .any(|i| registered.contains(i) && !unreachable.contains(i));
@@ -1126,7 +1177,7 @@ fn a_returning_coordinator_settles_on_fresh_registrations() {
     for a in &n {
         c.register(t0, *a, &reg(4, vec![]));
     }
-    assert_eq!(c.poll_timeout(), None, "everyone registered: settled");
+    assert!(!c.is_settling(), "everyone registered: settled");
     // Node 1 is unreachable for a while (node 2 coordinates), then returns.
     c.set_membership(t0, &view(n[0], &n, &[], &n[..1]));
     assert!(!c.is_active());
@@ -1270,6 +1321,24 @@ fn random_histories_keep_the_invariants() {
     QuickCheck::new()
         .tests(2000)
         .quickcheck(history_holds as fn(Vec<Op>) -> bool);
+}
+
+/// The same, with a dead-owner margin: quiet periods come and go, and
+/// the core's deadlines follow them.
+#[test]
+fn random_histories_with_a_dead_owner_margin_keep_the_invariants() {
+    fn holds(ops: Vec<Op>) -> bool {
+        let config = CoordinatorConfig {
+            dead_owner_margin: Duration::from_millis(700),
+            ..CoordinatorConfig::default()
+        };
+        check_history_with(ops, config)
+            .map_err(|e| eprintln!("{e}"))
+            .is_ok()
+    }
+    QuickCheck::new()
+        .tests(1000)
+        .quickcheck(holds as fn(Vec<Op>) -> bool);
 }
 
 #[test]
@@ -1763,10 +1832,20 @@ fn with_a_resolver_the_role_stays_with_an_oldest_member_beyond_a_partition() {
     assert_eq!(c.acting(t0, &bad_link), Some(n[0]));
     assert!(c.holding());
     assert_eq!(
+        c.poll_timeout(),
+        Some(t0 + hold_for),
+        "the driver looks again when the hold runs out"
+    );
+    assert_eq!(
         c.acting(t0 + hold_for - Duration::from_millis(1), &bad_link),
         Some(n[0])
     );
     assert_eq!(c.acting(t0 + hold_for, &bad_link), Some(n[2]));
+    assert_eq!(c.poll_timeout(), None, "no deadline left behind");
+    // Beyond the side, only a view ends the hold: no deadline.
+    let mut c = CoordinatorCore::new(n[1], config, Box::new(LeastShardAllocation));
+    c.acting(t0, &cut_off);
+    assert_eq!(c.poll_timeout(), None);
     // So a core on the side without the oldest stays inactive meanwhile.
     let mut c = CoordinatorCore::new(n[1], config, Box::new(LeastShardAllocation));
     c.set_membership(t0, &cut_off);

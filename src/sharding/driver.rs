@@ -15,9 +15,9 @@
 //! (`coordinator.rs`, acting when this node is the coordinator) and the
 //! region side of the allocation protocol (`region_core.rs`: where this
 //! node's shards wait for a home, registrations, reports, leaving). It
-//! feeds both with `now`, runs their commands, and wakes at the region
-//! core's `poll_timeout` and at a 100 ms tick for the coordinator core
-//! (whose `poll_timeout` covers its settle period only). The data path
+//! feeds both with `now`, runs their commands, and wakes at the earlier of
+//! their `poll_timeout`s (and for stats deadlines and a once-a-second
+//! sweep of asks whose caller gave up). The data path
 //! runs inline on each pipe's reader task (`Transport::register_inline_borrowed`,
 //! the payload read in place): decoding and delivery never block,
 //! so no queue or task hop sits between the socket and an entity's mailbox,
@@ -63,8 +63,8 @@ use crate::wire::channels::{SHARDING_CONTROL, SHARDING_DATA};
 
 /// How many inbound control messages may wait for the control task.
 const CONTROL_CAPACITY: usize = 4_096;
-/// The control task's timer.
-const TICK: Duration = Duration::from_millis(100);
+/// The least time between two of the control task's timed wakes.
+const MIN_WAKE: Duration = Duration::from_millis(5);
 /// How long `stop` waits for the control task to send its goodbye.
 const STOP_WAIT: Duration = Duration::from_secs(1);
 /// How often asks whose caller gave up are swept.
@@ -522,13 +522,24 @@ impl Control {
     async fn run(mut self) {
         let state = self.state.borrow_and_update().clone();
         self.membership(state);
-        let mut tick = tokio::time::interval(TICK);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut last_sweep = Instant::now();
+        let mut next_sweep = Instant::now() + SWEEP_EVERY;
+        let mut woke = Instant::now();
         loop {
-            // The region side wakes at its own deadlines as well as at the
-            // coordinator core's tick.
-            let side_due = self.side.poll_timeout();
+            // Wake when a core has something to do with time alone, when a
+            // stats request runs out, and for the sweep of given-up asks.
+            // (Never sooner than `MIN_WAKE` after the last wake: a deadline
+            // left in the past, a core's bug, must not spin the task.)
+            let due = [
+                self.core.poll_timeout(),
+                self.side.poll_timeout(),
+                self.stats.values().map(|p| p.deadline).min(),
+                Some(next_sweep),
+            ]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(next_sweep)
+            .max(woke + MIN_WAKE);
             tokio::select! {
                 msg = self.rx.recv() => match msg {
                     None => break,
@@ -571,12 +582,6 @@ impl Control {
                     },
                     None => break,
                 },
-                _ = async {
-                    match side_due {
-                        Some(due) => sleep_until(due.into()).await,
-                        None => std::future::pending().await,
-                    }
-                } => self.tick_side(Instant::now()),
                 changed = self.state.changed() => {
                     if changed.is_err() {
                         // The cluster node stopped (downed, or shut down):
@@ -587,22 +592,12 @@ impl Control {
                     let state = self.state.borrow_and_update().clone();
                     self.membership(state);
                 }
-                _ = tick.tick() => {
+                _ = sleep_until(due.into()) => {
                     let now = Instant::now();
-                    if self.core.holding() {
-                        // The role may move when a hold runs out: the view
-                        // is handled again only then.
-                        let state = self.state.borrow().clone();
-                        if self.core.acting(now, &state) != self.core.acting_now() {
-                            self.membership(state);
-                        }
-                    }
-                    let commands = self.core.tick(now);
-                    self.execute(commands);
-                    self.tick_side(now);
-                    self.expire_stats(now);
-                    if now.duration_since(last_sweep) >= SWEEP_EVERY {
-                        last_sweep = now;
+                    woke = now;
+                    self.wake(now);
+                    if now >= next_sweep {
+                        next_sweep = now + SWEEP_EVERY;
                         self.remote.sweep();
                     }
                 }
@@ -847,6 +842,25 @@ impl Control {
                 }
             }
         }
+    }
+
+    /// Time alone has work for a core: the view is looked at again when
+    /// a hold on a flagged coordinator may have run out, then the
+    /// coordinator core and the region side act, and stats requests whose
+    /// time is up are answered.
+    fn wake(&mut self, now: Instant) {
+        if self.core.holding() {
+            // The role may move when a hold runs out: the view is handled
+            // again only then.
+            let state = self.state.borrow().clone();
+            if self.core.acting(now, &state) != self.core.acting_now() {
+                self.membership(state);
+            }
+        }
+        let commands = self.core.tick(now);
+        self.execute(commands);
+        self.tick_side(now);
+        self.expire_stats(now);
     }
 
     /// The region side's timers, step by step: each step's messages (to
