@@ -66,6 +66,7 @@ mod extractor;
 pub mod guarantees;
 pub mod identity;
 pub mod membership;
+pub mod persistence;
 mod protocol;
 mod runtime;
 pub mod sharding;

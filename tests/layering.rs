@@ -22,6 +22,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("entity", 4),
     ("dispatch", 5),
     ("store", 5),
+    ("persistence", 5),
     ("cluster", 5),
     ("runtime", 6),
     ("sharding", 7),

@@ -1,0 +1,295 @@
+//! The persistence contract as tests, for any store.
+//!
+//! Each function takes a way to make an empty store, runs the contract's
+//! cases against fresh stores, and panics with the case's name and what
+//! differed. Every store of this crate runs all three in its tests; a
+//! third-party store can too:
+//!
+//! ```
+//! use datum_cluster_sharding::persistence::{conformance, InMemoryPersistence};
+//! conformance::journal(InMemoryPersistence::new);
+//! conformance::snapshots(InMemoryPersistence::new);
+//! conformance::durable_state(InMemoryPersistence::new);
+//! ```
+//!
+//! What it cannot check: durability across a crash (a store's own tests
+//! must reopen it), and behaviour under concurrent writers beyond what a
+//! batch shows.
+
+use super::{
+    AtomicWrite, DurableStateStore, Journal, Payload, PersistenceError, PersistenceId,
+    SnapshotRecord, SnapshotStore, Writer,
+};
+
+fn pid(entity: &str) -> PersistenceId {
+    PersistenceId::new("conformance", entity)
+}
+
+fn payload(n: u32) -> Payload {
+    Payload {
+        manifest: format!("event-{n}"),
+        version: n % 3,
+        bytes: n.to_be_bytes().to_vec(),
+    }
+}
+
+fn writer(generation: u64) -> Writer {
+    Writer {
+        node_id: 7,
+        incarnation: 9,
+        generation,
+    }
+}
+
+fn write(entity: &str, expected: u64, events: &[u32]) -> AtomicWrite {
+    AtomicWrite {
+        persistence_id: pid(entity),
+        expected,
+        events: events.iter().map(|n| payload(*n)).collect(),
+        writer: writer(expected),
+    }
+}
+
+fn append_one<J: Journal>(journal: &J, w: AtomicWrite) -> Result<(), PersistenceError> {
+    let mut results = journal.append(std::slice::from_ref(&w));
+    assert_eq!(results.len(), 1, "append: one result per write");
+    results.remove(0)
+}
+
+fn sequence_nrs<J: Journal>(journal: &J, entity: &str) -> Vec<u64> {
+    journal
+        .replay(&pid(entity), 1, u64::MAX, usize::MAX)
+        .expect("replay")
+        .iter()
+        .map(|e| e.sequence_nr)
+        .collect()
+}
+
+/// The [`Journal`] contract.
+pub fn journal<J: Journal>(make: impl Fn() -> J) {
+    // Numbering, payloads and writers round-trip.
+    let j = make();
+    assert_eq!(
+        j.highest_sequence_nr(&pid("a")).expect("highest"),
+        0,
+        "empty: 0"
+    );
+    append_one(&j, write("a", 0, &[1, 2])).expect("first append");
+    append_one(&j, write("a", 2, &[3])).expect("second append");
+    let events = j
+        .replay(&pid("a"), 1, u64::MAX, usize::MAX)
+        .expect("replay");
+    let got: Vec<(u64, Payload, Writer)> = events
+        .into_iter()
+        .map(|e| (e.sequence_nr, e.payload, e.writer))
+        .collect();
+    let want = vec![
+        (1, payload(1), writer(0)),
+        (2, payload(2), writer(0)),
+        (3, payload(3), writer(2)),
+    ];
+    assert_eq!(
+        got, want,
+        "events, numbers and writers read back as written"
+    );
+    assert_eq!(j.highest_sequence_nr(&pid("a")).expect("highest"), 3);
+
+    // A stale or future expectation is refused and writes nothing.
+    for expected in [0, 2, 4] {
+        let refused = append_one(&j, write("a", expected, &[9]));
+        assert_eq!(
+            refused,
+            Err(PersistenceError::SequenceConflict {
+                persistence_id: pid("a"),
+                expected,
+                actual: 3
+            }),
+            "an append expecting {expected} of a journal at 3"
+        );
+    }
+    assert_eq!(
+        sequence_nrs(&j, "a"),
+        [1, 2, 3],
+        "a refused append wrote nothing"
+    );
+
+    // An append of no events is refused.
+    assert!(
+        matches!(
+            append_one(&j, write("a", 3, &[])),
+            Err(PersistenceError::Invalid(_))
+        ),
+        "an append of no events"
+    );
+
+    // Persistence ids are independent.
+    append_one(&j, write("b", 0, &[5])).expect("another id");
+    assert_eq!(sequence_nrs(&j, "b"), [1]);
+    assert_eq!(j.highest_sequence_nr(&pid("a")).expect("highest"), 3);
+
+    // Replay bounds: from, to, max.
+    assert_eq!(
+        j.replay(&pid("a"), 2, 3, usize::MAX)
+            .expect("replay")
+            .iter()
+            .map(|e| e.sequence_nr)
+            .collect::<Vec<_>>(),
+        [2, 3],
+        "replay from 2"
+    );
+    assert_eq!(
+        j.replay(&pid("a"), 1, 2, 1).expect("replay").len(),
+        1,
+        "max"
+    );
+    assert!(
+        j.replay(&pid("a"), 3, 2, 10).expect("replay").is_empty(),
+        "from > to"
+    );
+    assert!(
+        j.replay(&pid("zz"), 1, 10, 10).expect("replay").is_empty(),
+        "unknown id"
+    );
+
+    // A batch: each write sees those before it; a refused one does not stop
+    // the others.
+    let j = make();
+    let batch = [
+        write("c", 0, &[1]),
+        write("c", 1, &[2, 3]),
+        write("c", 1, &[4]),
+        write("d", 0, &[1]),
+        write("c", 3, &[5]),
+    ];
+    let results = j.append(&batch);
+    assert_eq!(results.len(), batch.len(), "one result per write");
+    assert!(results[0].is_ok() && results[1].is_ok(), "{results:?}");
+    assert_eq!(
+        results[2],
+        Err(PersistenceError::SequenceConflict {
+            persistence_id: pid("c"),
+            expected: 1,
+            actual: 3
+        }),
+        "a stale write within a batch"
+    );
+    assert!(results[3].is_ok() && results[4].is_ok(), "{results:?}");
+    assert_eq!(sequence_nrs(&j, "c"), [1, 2, 3, 4]);
+    let fifth = j.replay(&pid("c"), 4, 4, 1).expect("replay");
+    assert_eq!(
+        fifth[0].payload,
+        payload(5),
+        "the write after the refused one"
+    );
+
+    // Deleting keeps the highest sequence number, and numbering goes on.
+    j.delete_to(&pid("c"), 2).expect("delete");
+    assert_eq!(sequence_nrs(&j, "c"), [3, 4]);
+    assert_eq!(j.highest_sequence_nr(&pid("c")).expect("highest"), 4);
+    j.delete_to(&pid("c"), 10).expect("delete all");
+    assert!(sequence_nrs(&j, "c").is_empty());
+    assert_eq!(
+        j.highest_sequence_nr(&pid("c")).expect("highest"),
+        4,
+        "kept after deleting all"
+    );
+    append_one(&j, write("c", 4, &[6])).expect("append after delete");
+    assert_eq!(sequence_nrs(&j, "c"), [5]);
+    assert!(
+        append_one(&j, write("c", 0, &[7])).is_err(),
+        "a deleted journal does not start again at 1"
+    );
+}
+
+/// The [`SnapshotStore`] contract.
+pub fn snapshots<S: SnapshotStore>(make: impl Fn() -> S) {
+    let s = make();
+    let id = pid("s");
+    assert_eq!(s.load(&id, u64::MAX).expect("load"), None, "empty");
+    let snapshot = |n: u64| SnapshotRecord {
+        sequence_nr: n,
+        payload: payload(n as u32),
+        writer: writer(n),
+    };
+    for n in [3, 7, 12] {
+        s.save(&id, snapshot(n)).expect("save");
+    }
+    assert_eq!(
+        s.load(&id, u64::MAX).expect("load"),
+        Some(snapshot(12)),
+        "the latest"
+    );
+    assert_eq!(
+        s.load(&id, 11).expect("load"),
+        Some(snapshot(7)),
+        "at or below 11"
+    );
+    assert_eq!(s.load(&id, 7).expect("load"), Some(snapshot(7)), "at 7");
+    assert_eq!(s.load(&id, 2).expect("load"), None, "none at or below 2");
+    assert_eq!(
+        s.load(&pid("other"), u64::MAX).expect("load"),
+        None,
+        "ids independent"
+    );
+    // Saving again at a number replaces it.
+    let again = SnapshotRecord {
+        payload: payload(99),
+        ..snapshot(12)
+    };
+    s.save(&id, again.clone()).expect("save again");
+    assert_eq!(s.load(&id, u64::MAX).expect("load"), Some(again));
+    s.delete_to(&id, 7).expect("delete");
+    assert_eq!(
+        s.load(&id, 11).expect("load"),
+        None,
+        "deleted at or below 7"
+    );
+    assert!(s.load(&id, u64::MAX).expect("load").is_some(), "12 is kept");
+}
+
+/// The [`DurableStateStore`] contract.
+pub fn durable_state<D: DurableStateStore>(make: impl Fn() -> D) {
+    let d = make();
+    let id = pid("d");
+    assert_eq!(d.load(&id).expect("load"), None, "empty");
+    d.save(&id, 0, payload(1), writer(1)).expect("first save");
+    d.save(&id, 1, payload(2), writer(2)).expect("second save");
+    let stored = d.load(&id).expect("load").expect("stored");
+    assert_eq!(
+        (stored.revision, stored.payload, stored.writer),
+        (2, payload(2), writer(2))
+    );
+    for expected in [0, 1, 3] {
+        assert_eq!(
+            d.save(&id, expected, payload(9), writer(9)),
+            Err(PersistenceError::RevisionConflict {
+                persistence_id: id.clone(),
+                expected,
+                actual: 2
+            }),
+            "a save expecting {expected} of revision 2"
+        );
+    }
+    assert_eq!(
+        d.load(&id).expect("load").expect("stored").payload,
+        payload(2),
+        "unchanged"
+    );
+    assert_eq!(
+        d.load(&pid("other")).expect("load"),
+        None,
+        "ids independent"
+    );
+    assert!(
+        matches!(
+            d.delete(&id, 1),
+            Err(PersistenceError::RevisionConflict { .. })
+        ),
+        "a stale delete"
+    );
+    d.delete(&id, 2).expect("delete");
+    assert_eq!(d.load(&id).expect("load"), None, "deleted");
+    d.save(&id, 0, payload(3), writer(3))
+        .expect("a save after a delete starts again");
+    assert_eq!(d.load(&id).expect("load").expect("stored").revision, 1);
+}

@@ -1,0 +1,479 @@
+//! Durable entity state: the store SPI (a journal of events, snapshots,
+//! durable state), the stores, and a conformance suite a store must pass.
+//!
+//! ```text
+//!   entity incarnation (one writer per persistence id at a time)
+//!      │ append(expected = highest seq it knows, events, writer)
+//!      ▼
+//!   Journal ──── refuses a stale expected sequence number: never forks
+//!   SnapshotStore ── latest snapshot at or below a sequence number
+//!   DurableStateStore ── upsert with an expected revision
+//! ```
+//!
+//! An entity's state lives under its [`PersistenceId`] (entity type and
+//! entity id). Every write names what its writer believes the current
+//! position is — the journal's highest sequence number, the durable state's
+//! revision — and the store applies it only if that is still true, in one
+//! atomic step. Two incarnations of one entity (a split brain, a handoff
+//! that timed out) may both try to write; the second one's write is refused
+//! with [`PersistenceError::SequenceConflict`] or
+//! [`PersistenceError::RevisionConflict`], and the journal stays one
+//! history. Each record also carries its [`Writer`] (node incarnation and
+//! shard generation), so what wrote it can be told afterwards.
+//!
+//! The traits are synchronous, as [`RememberEntitiesStore`](crate::RememberEntitiesStore)
+//! is: the system calls them off its async workers (on blocking threads),
+//! and a write takes a whole batch, so a store can make many entities'
+//! appends durable in one commit (group commit). [`conformance`] holds the
+//! contract as tests: every store of this crate runs it, and so can a
+//! third party's.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+pub mod conformance;
+#[cfg(feature = "embedded")]
+mod redb_store;
+#[cfg(feature = "embedded")]
+pub use redb_store::RedbPersistence;
+
+/// Whose state: an entity type and an entity id.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PersistenceId {
+    /// The entity type's name (its protocol's type name).
+    pub type_name: String,
+    /// The entity id.
+    pub entity_id: String,
+}
+
+impl PersistenceId {
+    /// The persistence id of `entity_id` of `type_name`.
+    pub fn new(type_name: impl Into<String>, entity_id: impl Into<String>) -> Self {
+        PersistenceId {
+            type_name: type_name.into(),
+            entity_id: entity_id.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for PersistenceId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}|{}", self.type_name, self.entity_id)
+    }
+}
+
+/// Who wrote a record: the node (its unique identity) and the shard's
+/// allocation generation the entity incarnation ran under.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Writer {
+    /// The writing node's id (`UniqueAddress::node_id`).
+    pub node_id: u64,
+    /// The writing node's incarnation (`UniqueAddress::incarnation`).
+    pub incarnation: u64,
+    /// The allocation generation of the shard the entity ran in.
+    pub generation: u64,
+}
+
+/// A serialized value with its schema: the wire name of its type and the
+/// version of that type's encoding (for evolution: a reader refuses a
+/// version it does not know rather than misread it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Payload {
+    /// The type's wire name.
+    pub manifest: String,
+    /// The encoding's version.
+    pub version: u32,
+    /// The bytes (CBOR, as the crate writes them).
+    pub bytes: Vec<u8>,
+}
+
+/// One event in a journal.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EventRecord {
+    /// Its sequence number: 1 for a persistence id's first event, then one
+    /// more for each.
+    pub sequence_nr: u64,
+    /// The event.
+    pub payload: Payload,
+    /// Who appended it.
+    pub writer: Writer,
+}
+
+/// Events to append to one persistence id, all or none.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AtomicWrite {
+    /// Whose journal.
+    pub persistence_id: PersistenceId,
+    /// The highest sequence number the writer knows (0 for none): the
+    /// write applies only if it is still the journal's highest, and its
+    /// events are numbered on from it.
+    pub expected: u64,
+    /// The events, in order (at least one).
+    pub events: Vec<Payload>,
+    /// Who writes.
+    pub writer: Writer,
+}
+
+/// A snapshot of an entity's state after an event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotRecord {
+    /// The sequence number of the last event the snapshot includes.
+    pub sequence_nr: u64,
+    /// The state.
+    pub payload: Payload,
+    /// Who took it.
+    pub writer: Writer,
+}
+
+/// A durable state and its revision.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StateRecord {
+    /// 1 for the first save, one more for each.
+    pub revision: u64,
+    /// The state.
+    pub payload: Payload,
+    /// Who saved it.
+    pub writer: Writer,
+}
+
+/// Why a persistence operation failed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PersistenceError {
+    /// An append expected another highest sequence number: another writer
+    /// appended since (or the writer is stale). Nothing was written.
+    #[error(
+        "journal of {persistence_id}: the append expected sequence number {expected}, the journal is at {actual}"
+    )]
+    SequenceConflict {
+        /// Whose journal.
+        persistence_id: PersistenceId,
+        /// What the writer expected.
+        expected: u64,
+        /// The journal's highest sequence number.
+        actual: u64,
+    },
+    /// A save expected another revision. Nothing was written.
+    #[error(
+        "durable state of {persistence_id}: the save expected revision {expected}, the store holds {actual}"
+    )]
+    RevisionConflict {
+        /// Whose state.
+        persistence_id: PersistenceId,
+        /// What the writer expected.
+        expected: u64,
+        /// The stored revision (0 for none).
+        actual: u64,
+    },
+    /// The write is malformed (say, an append of no events).
+    #[error("invalid persistence request: {0}")]
+    Invalid(String),
+    /// What the store holds does not read back: a record that does not
+    /// decode, a gap in sequence numbers.
+    #[error("corrupt persistence record of {persistence_id}: {what}")]
+    Corrupt {
+        /// Whose record.
+        persistence_id: PersistenceId,
+        /// What is wrong.
+        what: String,
+    },
+    /// The store failed (IO, the database is unreachable); the write may
+    /// or may not have been applied only where the store says so.
+    #[error("persistence store error: {0}")]
+    Store(String),
+}
+
+/// The result of a persistence operation.
+pub type PersistenceResult<T> = Result<T, PersistenceError>;
+
+/// An append-only journal of events per persistence id.
+///
+/// The contract ([`conformance::journal`] tests it): sequence numbers of a
+/// persistence id start at 1 and have no gaps; an [`AtomicWrite`] is
+/// applied only if its `expected` is the journal's highest sequence number
+/// at that moment, all its events or none, numbered `expected + 1…`;
+/// what [`append`](Self::append) reported written survives a crash of the
+/// process; deleting up to a sequence number removes events but never
+/// lowers the highest sequence number.
+pub trait Journal: Send + Sync + 'static {
+    /// Applies `writes`, one result each, in order: a write to a
+    /// persistence id sees the writes before it in the batch. A store may
+    /// make the whole batch durable in one commit.
+    fn append(&self, writes: &[AtomicWrite]) -> Vec<PersistenceResult<()>>;
+    /// The events of `persistence_id` with sequence numbers `from..=to`,
+    /// in order, at most `max` of them.
+    fn replay(
+        &self,
+        persistence_id: &PersistenceId,
+        from: u64,
+        to: u64,
+        max: usize,
+    ) -> PersistenceResult<Vec<EventRecord>>;
+    /// The highest sequence number of `persistence_id` (0 for none), even
+    /// when its events were deleted.
+    fn highest_sequence_nr(&self, persistence_id: &PersistenceId) -> PersistenceResult<u64>;
+    /// Deletes the events of `persistence_id` up to `to`, inclusive.
+    fn delete_to(&self, persistence_id: &PersistenceId, to: u64) -> PersistenceResult<()>;
+}
+
+/// Snapshots per persistence id.
+///
+/// The contract ([`conformance::snapshots`]): [`load`](Self::load) gives the
+/// snapshot with the highest sequence number at or below the bound; saving
+/// at a sequence number that has one replaces it; [`delete_to`](Self::delete_to)
+/// removes those at or below.
+pub trait SnapshotStore: Send + Sync + 'static {
+    /// Saves `snapshot` for `persistence_id`.
+    fn save(
+        &self,
+        persistence_id: &PersistenceId,
+        snapshot: SnapshotRecord,
+    ) -> PersistenceResult<()>;
+    /// The latest snapshot at or below `max_sequence_nr`.
+    fn load(
+        &self,
+        persistence_id: &PersistenceId,
+        max_sequence_nr: u64,
+    ) -> PersistenceResult<Option<SnapshotRecord>>;
+    /// Deletes the snapshots at or below `to`.
+    fn delete_to(&self, persistence_id: &PersistenceId, to: u64) -> PersistenceResult<()>;
+}
+
+/// One whole state per persistence id, with a revision.
+///
+/// The contract ([`conformance::durable_state`]): a save with `expected`
+/// equal to the stored revision (0 for none) stores the state as revision
+/// `expected + 1`; any other `expected` is refused with
+/// [`PersistenceError::RevisionConflict`] and changes nothing.
+pub trait DurableStateStore: Send + Sync + 'static {
+    /// Saves `payload` as the next revision after `expected`.
+    fn save(
+        &self,
+        persistence_id: &PersistenceId,
+        expected: u64,
+        payload: Payload,
+        writer: Writer,
+    ) -> PersistenceResult<()>;
+    /// The stored state, if any.
+    fn load(&self, persistence_id: &PersistenceId) -> PersistenceResult<Option<StateRecord>>;
+    /// Deletes the state if its revision is `expected`; the next save
+    /// starts again from revision 0 (a writer that loaded nothing before
+    /// the state was saved and deleted can then save: a delete is a reset).
+    fn delete(&self, persistence_id: &PersistenceId, expected: u64) -> PersistenceResult<()>;
+}
+
+/// A journal, snapshot store and durable-state store in memory, for tests
+/// (nothing survives the process). Clones share one store.
+#[derive(Clone, Default)]
+pub struct InMemoryPersistence {
+    inner: Arc<Mutex<Memory>>,
+}
+
+#[derive(Default)]
+struct Memory {
+    journals: HashMap<PersistenceId, MemoryJournal>,
+    snapshots: HashMap<PersistenceId, BTreeMap<u64, SnapshotRecord>>,
+    states: HashMap<PersistenceId, StateRecord>,
+}
+
+#[derive(Default)]
+struct MemoryJournal {
+    highest: u64,
+    events: BTreeMap<u64, EventRecord>,
+}
+
+impl InMemoryPersistence {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Memory> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Checks one atomic write against the highest sequence number: the
+/// numbers its events take, or why it is refused.
+pub(crate) fn check_append(
+    write: &AtomicWrite,
+    highest: u64,
+) -> PersistenceResult<std::ops::RangeInclusive<u64>> {
+    if write.events.is_empty() {
+        return Err(PersistenceError::Invalid(format!(
+            "an append of no events to {}",
+            write.persistence_id
+        )));
+    }
+    if write.expected != highest {
+        return Err(PersistenceError::SequenceConflict {
+            persistence_id: write.persistence_id.clone(),
+            expected: write.expected,
+            actual: highest,
+        });
+    }
+    let last = highest
+        .checked_add(write.events.len() as u64)
+        .ok_or_else(|| PersistenceError::Invalid("sequence numbers overflow".into()))?;
+    Ok(highest + 1..=last)
+}
+
+impl Journal for InMemoryPersistence {
+    fn append(&self, writes: &[AtomicWrite]) -> Vec<PersistenceResult<()>> {
+        let mut memory = self.lock();
+        writes
+            .iter()
+            .map(|write| {
+                let journal = memory
+                    .journals
+                    .entry(write.persistence_id.clone())
+                    .or_default();
+                let numbers = check_append(write, journal.highest)?;
+                for (sequence_nr, payload) in numbers.zip(&write.events) {
+                    let record = EventRecord {
+                        sequence_nr,
+                        payload: payload.clone(),
+                        writer: write.writer,
+                    };
+                    journal.events.insert(sequence_nr, record);
+                    journal.highest = sequence_nr;
+                }
+                Ok(())
+            })
+            .collect()
+    }
+
+    fn replay(
+        &self,
+        persistence_id: &PersistenceId,
+        from: u64,
+        to: u64,
+        max: usize,
+    ) -> PersistenceResult<Vec<EventRecord>> {
+        if from > to {
+            return Ok(Vec::new());
+        }
+        let memory = self.lock();
+        Ok(memory
+            .journals
+            .get(persistence_id)
+            .map(|j| {
+                j.events
+                    .range(from..=to)
+                    .take(max)
+                    .map(|(_, e)| e.clone())
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
+    fn highest_sequence_nr(&self, persistence_id: &PersistenceId) -> PersistenceResult<u64> {
+        Ok(self
+            .lock()
+            .journals
+            .get(persistence_id)
+            .map_or(0, |j| j.highest))
+    }
+
+    fn delete_to(&self, persistence_id: &PersistenceId, to: u64) -> PersistenceResult<()> {
+        if let Some(journal) = self.lock().journals.get_mut(persistence_id) {
+            journal.events.retain(|sequence_nr, _| *sequence_nr > to);
+        }
+        Ok(())
+    }
+}
+
+impl SnapshotStore for InMemoryPersistence {
+    fn save(
+        &self,
+        persistence_id: &PersistenceId,
+        snapshot: SnapshotRecord,
+    ) -> PersistenceResult<()> {
+        self.lock()
+            .snapshots
+            .entry(persistence_id.clone())
+            .or_default()
+            .insert(snapshot.sequence_nr, snapshot);
+        Ok(())
+    }
+
+    fn load(
+        &self,
+        persistence_id: &PersistenceId,
+        max_sequence_nr: u64,
+    ) -> PersistenceResult<Option<SnapshotRecord>> {
+        Ok(self.lock().snapshots.get(persistence_id).and_then(|s| {
+            s.range(..=max_sequence_nr)
+                .next_back()
+                .map(|(_, snapshot)| snapshot.clone())
+        }))
+    }
+
+    fn delete_to(&self, persistence_id: &PersistenceId, to: u64) -> PersistenceResult<()> {
+        if let Some(snapshots) = self.lock().snapshots.get_mut(persistence_id) {
+            snapshots.retain(|sequence_nr, _| *sequence_nr > to);
+        }
+        Ok(())
+    }
+}
+
+/// Checks a save or delete against the stored revision.
+pub(crate) fn check_revision(
+    persistence_id: &PersistenceId,
+    expected: u64,
+    actual: u64,
+) -> PersistenceResult<()> {
+    if expected == actual {
+        Ok(())
+    } else {
+        Err(PersistenceError::RevisionConflict {
+            persistence_id: persistence_id.clone(),
+            expected,
+            actual,
+        })
+    }
+}
+
+impl DurableStateStore for InMemoryPersistence {
+    fn save(
+        &self,
+        persistence_id: &PersistenceId,
+        expected: u64,
+        payload: Payload,
+        writer: Writer,
+    ) -> PersistenceResult<()> {
+        let mut memory = self.lock();
+        let actual = memory.states.get(persistence_id).map_or(0, |s| s.revision);
+        check_revision(persistence_id, expected, actual)?;
+        let record = StateRecord {
+            revision: actual + 1,
+            payload,
+            writer,
+        };
+        memory.states.insert(persistence_id.clone(), record);
+        Ok(())
+    }
+
+    fn load(&self, persistence_id: &PersistenceId) -> PersistenceResult<Option<StateRecord>> {
+        Ok(self.lock().states.get(persistence_id).cloned())
+    }
+
+    fn delete(&self, persistence_id: &PersistenceId, expected: u64) -> PersistenceResult<()> {
+        let mut memory = self.lock();
+        let actual = memory.states.get(persistence_id).map_or(0, |s| s.revision);
+        check_revision(persistence_id, expected, actual)?;
+        memory.states.remove(persistence_id);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_in_memory_store_keeps_the_contract() {
+        conformance::journal(InMemoryPersistence::new);
+        conformance::snapshots(InMemoryPersistence::new);
+        conformance::durable_state(InMemoryPersistence::new);
+    }
+}

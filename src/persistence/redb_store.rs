@@ -1,0 +1,366 @@
+//! The embedded store: journal, snapshots and durable state in one
+//! [redb](https://docs.rs/redb) file per node.
+//!
+//! redb is an ACID key-value store in pure Rust (copy-on-write B-trees, a
+//! commit is durable when it returns), so the store needs no server, builds
+//! with no C compiler, and survives a crash of the process or the machine
+//! with every committed write. One [`Journal::append`] batch is one write
+//! transaction: many entities' appends cost one commit (group commit).
+//!
+//! Tables (keys are `(type name, entity id[, number])`):
+//!
+//! | table | key | value |
+//! |---|---|---|
+//! | `events` | `(type, id, sequence_nr)` | a record (below) |
+//! | `highest` | `(type, id)` | the highest sequence number, `u64` |
+//! | `snapshots` | `(type, id, sequence_nr)` | a record |
+//! | `states` | `(type, id)` | the revision, `u64` big-endian, then a record |
+//!
+//! A record, version 1: byte `1`; the writer's node id, incarnation and
+//! generation (`u64` little-endian each); the payload's version (`u32`
+//! LE); the manifest's length (`u32` LE) and its UTF-8 bytes; the payload's
+//! bytes to the end. A record that does not read so is reported as
+//! [`PersistenceError::Corrupt`], never applied.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use redb::{Database, ReadableTable, TableDefinition};
+
+use super::{
+    AtomicWrite, DurableStateStore, EventRecord, Journal, Payload, PersistenceError, PersistenceId,
+    PersistenceResult, SnapshotRecord, SnapshotStore, StateRecord, Writer, check_append,
+    check_revision,
+};
+
+type Numbered<'a> = (&'a str, &'a str, u64);
+type Named<'a> = (&'a str, &'a str);
+
+const EVENTS: TableDefinition<Numbered, &[u8]> = TableDefinition::new("events");
+const HIGHEST: TableDefinition<Named, u64> = TableDefinition::new("highest");
+const SNAPSHOTS: TableDefinition<Numbered, &[u8]> = TableDefinition::new("snapshots");
+const STATES: TableDefinition<Named, &[u8]> = TableDefinition::new("states");
+
+/// The record format this store writes.
+const RECORD_FORMAT: u8 = 1;
+const HEADER: usize = 1 + 8 * 3 + 4 + 4;
+
+/// The embedded store (see the module docs). Clones share one open file;
+/// a second open of the same file, by this process or another, is refused.
+#[derive(Clone)]
+pub struct RedbPersistence {
+    db: Arc<Database>,
+}
+
+fn store_error(error: impl std::fmt::Display) -> PersistenceError {
+    PersistenceError::Store(error.to_string())
+}
+
+impl RedbPersistence {
+    /// Opens the store at `path`, creating it if missing.
+    pub fn open(path: impl AsRef<Path>) -> PersistenceResult<Self> {
+        let db = Database::create(path.as_ref()).map_err(|e| {
+            PersistenceError::Store(format!("opening {}: {e}", path.as_ref().display()))
+        })?;
+        let txn = db.begin_write().map_err(store_error)?;
+        txn.open_table(EVENTS).map_err(store_error)?;
+        txn.open_table(HIGHEST).map_err(store_error)?;
+        txn.open_table(SNAPSHOTS).map_err(store_error)?;
+        txn.open_table(STATES).map_err(store_error)?;
+        txn.commit().map_err(store_error)?;
+        Ok(RedbPersistence { db: Arc::new(db) })
+    }
+}
+
+fn encode(payload: &Payload, writer: Writer, out: &mut Vec<u8>) {
+    out.reserve(HEADER + payload.manifest.len() + payload.bytes.len());
+    out.push(RECORD_FORMAT);
+    out.extend_from_slice(&writer.node_id.to_le_bytes());
+    out.extend_from_slice(&writer.incarnation.to_le_bytes());
+    out.extend_from_slice(&writer.generation.to_le_bytes());
+    out.extend_from_slice(&payload.version.to_le_bytes());
+    out.extend_from_slice(&(payload.manifest.len() as u32).to_le_bytes());
+    out.extend_from_slice(payload.manifest.as_bytes());
+    out.extend_from_slice(&payload.bytes);
+}
+
+fn decode(id: &PersistenceId, bytes: &[u8]) -> PersistenceResult<(Payload, Writer)> {
+    let corrupt = |what: String| PersistenceError::Corrupt {
+        persistence_id: id.clone(),
+        what,
+    };
+    if bytes.len() < HEADER {
+        return Err(corrupt(format!("a record of {} bytes", bytes.len())));
+    }
+    if bytes[0] != RECORD_FORMAT {
+        return Err(corrupt(format!("record format {}", bytes[0])));
+    }
+    let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
+    let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
+    let writer = Writer {
+        node_id: u64_at(1),
+        incarnation: u64_at(9),
+        generation: u64_at(17),
+    };
+    let version = u32_at(25);
+    let len = u32_at(29) as usize;
+    let rest = &bytes[HEADER..];
+    if rest.len() < len {
+        return Err(corrupt(format!(
+            "a manifest of {len} bytes in {}",
+            rest.len()
+        )));
+    }
+    let manifest = std::str::from_utf8(&rest[..len])
+        .map_err(|_| corrupt("a manifest that is not UTF-8".into()))?
+        .to_owned();
+    let payload = Payload {
+        manifest,
+        version,
+        bytes: rest[len..].to_vec(),
+    };
+    Ok((payload, writer))
+}
+
+fn named(id: &PersistenceId) -> Named<'_> {
+    (id.type_name.as_str(), id.entity_id.as_str())
+}
+
+fn numbered(id: &PersistenceId, n: u64) -> Numbered<'_> {
+    (id.type_name.as_str(), id.entity_id.as_str(), n)
+}
+
+impl Journal for RedbPersistence {
+    fn append(&self, writes: &[AtomicWrite]) -> Vec<PersistenceResult<()>> {
+        let applied = (|| {
+            let txn = self.db.begin_write().map_err(store_error)?;
+            let mut results = Vec::with_capacity(writes.len());
+            {
+                let mut events = txn.open_table(EVENTS).map_err(store_error)?;
+                let mut highest = txn.open_table(HIGHEST).map_err(store_error)?;
+                let mut buffer = Vec::new();
+                for write in writes {
+                    let id = &write.persistence_id;
+                    let top = highest
+                        .get(named(id))
+                        .map_err(store_error)?
+                        .map_or(0, |v| v.value());
+                    let numbers = match check_append(write, top) {
+                        Ok(numbers) => numbers,
+                        Err(refused) => {
+                            results.push(Err(refused));
+                            continue;
+                        }
+                    };
+                    let last = *numbers.end();
+                    for (n, payload) in numbers.zip(&write.events) {
+                        buffer.clear();
+                        encode(payload, write.writer, &mut buffer);
+                        events
+                            .insert(numbered(id, n), buffer.as_slice())
+                            .map_err(store_error)?;
+                    }
+                    highest.insert(named(id), last).map_err(store_error)?;
+                    results.push(Ok(()));
+                }
+            }
+            txn.commit().map_err(store_error)?;
+            Ok::<_, PersistenceError>(results)
+        })();
+        // A failed transaction wrote nothing: every write fails with it.
+        applied.unwrap_or_else(|error| writes.iter().map(|_| Err(error.clone())).collect())
+    }
+
+    fn replay(
+        &self,
+        persistence_id: &PersistenceId,
+        from: u64,
+        to: u64,
+        max: usize,
+    ) -> PersistenceResult<Vec<EventRecord>> {
+        if from > to || max == 0 {
+            return Ok(Vec::new());
+        }
+        let txn = self.db.begin_read().map_err(store_error)?;
+        let events = txn.open_table(EVENTS).map_err(store_error)?;
+        let range = events
+            .range(numbered(persistence_id, from)..=numbered(persistence_id, to))
+            .map_err(store_error)?;
+        let mut out: Vec<EventRecord> = Vec::new();
+        for entry in range.take(max) {
+            let (key, value) = entry.map_err(store_error)?;
+            let sequence_nr = key.value().2;
+            if let Some(previous) = out.last()
+                && previous.sequence_nr + 1 != sequence_nr
+            {
+                // Deletion removes a prefix only: a hole is damage.
+                return Err(PersistenceError::Corrupt {
+                    persistence_id: persistence_id.clone(),
+                    what: format!(
+                        "sequence number {sequence_nr} follows {}",
+                        previous.sequence_nr
+                    ),
+                });
+            }
+            let (payload, writer) = decode(persistence_id, value.value())?;
+            out.push(EventRecord {
+                sequence_nr,
+                payload,
+                writer,
+            });
+        }
+        Ok(out)
+    }
+
+    fn highest_sequence_nr(&self, persistence_id: &PersistenceId) -> PersistenceResult<u64> {
+        let txn = self.db.begin_read().map_err(store_error)?;
+        let highest = txn.open_table(HIGHEST).map_err(store_error)?;
+        Ok(highest
+            .get(named(persistence_id))
+            .map_err(store_error)?
+            .map_or(0, |v| v.value()))
+    }
+
+    fn delete_to(&self, persistence_id: &PersistenceId, to: u64) -> PersistenceResult<()> {
+        let txn = self.db.begin_write().map_err(store_error)?;
+        {
+            let mut events = txn.open_table(EVENTS).map_err(store_error)?;
+            events
+                .retain_in(
+                    numbered(persistence_id, 0)..=numbered(persistence_id, to),
+                    |_, _| false,
+                )
+                .map_err(store_error)?;
+        }
+        txn.commit().map_err(store_error)
+    }
+}
+
+impl SnapshotStore for RedbPersistence {
+    fn save(
+        &self,
+        persistence_id: &PersistenceId,
+        snapshot: SnapshotRecord,
+    ) -> PersistenceResult<()> {
+        let mut buffer = Vec::new();
+        encode(&snapshot.payload, snapshot.writer, &mut buffer);
+        let txn = self.db.begin_write().map_err(store_error)?;
+        {
+            let mut snapshots = txn.open_table(SNAPSHOTS).map_err(store_error)?;
+            snapshots
+                .insert(
+                    numbered(persistence_id, snapshot.sequence_nr),
+                    buffer.as_slice(),
+                )
+                .map_err(store_error)?;
+        }
+        txn.commit().map_err(store_error)
+    }
+
+    fn load(
+        &self,
+        persistence_id: &PersistenceId,
+        max_sequence_nr: u64,
+    ) -> PersistenceResult<Option<SnapshotRecord>> {
+        let txn = self.db.begin_read().map_err(store_error)?;
+        let snapshots = txn.open_table(SNAPSHOTS).map_err(store_error)?;
+        let mut range = snapshots
+            .range(numbered(persistence_id, 0)..=numbered(persistence_id, max_sequence_nr))
+            .map_err(store_error)?;
+        match range.next_back() {
+            None => Ok(None),
+            Some(entry) => {
+                let (key, value) = entry.map_err(store_error)?;
+                let (payload, writer) = decode(persistence_id, value.value())?;
+                Ok(Some(SnapshotRecord {
+                    sequence_nr: key.value().2,
+                    payload,
+                    writer,
+                }))
+            }
+        }
+    }
+
+    fn delete_to(&self, persistence_id: &PersistenceId, to: u64) -> PersistenceResult<()> {
+        let txn = self.db.begin_write().map_err(store_error)?;
+        {
+            let mut snapshots = txn.open_table(SNAPSHOTS).map_err(store_error)?;
+            snapshots
+                .retain_in(
+                    numbered(persistence_id, 0)..=numbered(persistence_id, to),
+                    |_, _| false,
+                )
+                .map_err(store_error)?;
+        }
+        txn.commit().map_err(store_error)
+    }
+}
+
+/// A stored state's revision and record.
+fn read_state(id: &PersistenceId, bytes: &[u8]) -> PersistenceResult<StateRecord> {
+    let Some((revision, record)) = bytes.split_first_chunk::<8>() else {
+        return Err(PersistenceError::Corrupt {
+            persistence_id: id.clone(),
+            what: format!("a state of {} bytes", bytes.len()),
+        });
+    };
+    let (payload, writer) = decode(id, record)?;
+    Ok(StateRecord {
+        revision: u64::from_be_bytes(*revision),
+        payload,
+        writer,
+    })
+}
+
+impl DurableStateStore for RedbPersistence {
+    fn save(
+        &self,
+        persistence_id: &PersistenceId,
+        expected: u64,
+        payload: Payload,
+        writer: Writer,
+    ) -> PersistenceResult<()> {
+        let txn = self.db.begin_write().map_err(store_error)?;
+        {
+            let mut states = txn.open_table(STATES).map_err(store_error)?;
+            let actual = match states.get(named(persistence_id)).map_err(store_error)? {
+                Some(value) => read_state(persistence_id, value.value())?.revision,
+                None => 0,
+            };
+            check_revision(persistence_id, expected, actual)?;
+            let mut buffer = (actual + 1).to_be_bytes().to_vec();
+            encode(&payload, writer, &mut buffer);
+            states
+                .insert(named(persistence_id), buffer.as_slice())
+                .map_err(store_error)?;
+        }
+        txn.commit().map_err(store_error)
+    }
+
+    fn load(&self, persistence_id: &PersistenceId) -> PersistenceResult<Option<StateRecord>> {
+        let txn = self.db.begin_read().map_err(store_error)?;
+        let states = txn.open_table(STATES).map_err(store_error)?;
+        match states.get(named(persistence_id)).map_err(store_error)? {
+            Some(value) => read_state(persistence_id, value.value()).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn delete(&self, persistence_id: &PersistenceId, expected: u64) -> PersistenceResult<()> {
+        let txn = self.db.begin_write().map_err(store_error)?;
+        {
+            let mut states = txn.open_table(STATES).map_err(store_error)?;
+            let actual = match states.get(named(persistence_id)).map_err(store_error)? {
+                Some(value) => read_state(persistence_id, value.value())?.revision,
+                None => 0,
+            };
+            check_revision(persistence_id, expected, actual)?;
+            states.remove(named(persistence_id)).map_err(store_error)?;
+        }
+        txn.commit().map_err(store_error)
+    }
+}
+
+#[cfg(test)]
+#[path = "redb_tests.rs"]
+mod tests;
