@@ -36,10 +36,14 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::error::ShardingResult;
 use crate::extractor::ShardId;
+use crate::persistence::{
+    AtomicWrite, EventRecord, Journal, Payload, PersistenceError, PersistenceId, PersistenceResult,
+    Writer,
+};
 use crate::protocol::{Message, Protocol};
 
 /// A stateful entity of one protocol.
@@ -143,7 +147,11 @@ pub struct EntityContext {
     entity_id: Arc<str>,
     shard_id: ShardId,
     node: Option<crate::identity::UniqueAddress>,
+    /// The allocation generation of the shard's hosting (0 on one node).
+    pub(crate) generation: u64,
     passivate: AtomicBool,
+    /// Of an event-sourced entity: its journal.
+    pub(crate) journal: Option<JournalHandle>,
 }
 
 impl EntityContext {
@@ -158,7 +166,9 @@ impl EntityContext {
             entity_id,
             shard_id,
             node,
+            generation: 0,
             passivate: AtomicBool::new(false),
+            journal: None,
         }
     }
 
@@ -196,5 +206,285 @@ impl EntityContext {
 
     pub(crate) fn take_passivate_request(&self) -> bool {
         self.passivate.swap(false, Ordering::Relaxed)
+    }
+}
+
+/// An entity whose state is the sum of the events it persisted: each
+/// handler persists events with [`persist`](Self::persist) (which applies
+/// them once they are durable), and every incarnation — after a restart,
+/// passivation, a move to another node, a handler panic — recovers by
+/// applying the journal's events, in order, before it handles any message.
+/// Register it with `ShardedSystem::register_event_sourced`, which exists
+/// only on a system built with a journal.
+///
+/// Events are stored as CBOR with the entity type's wire name and
+/// [`EVENT_VERSION`](Self::EVENT_VERSION): to evolve them, add fields as
+/// `#[serde(default)]` (old events still decode) or new enum variants, and
+/// raise the version when old code must not read the new events (an
+/// incarnation refuses events of a version above its own, with
+/// [`PersistenceError::Corrupt`](crate::persistence::PersistenceError::Corrupt),
+/// and applies nothing).
+///
+/// The journal refuses a write whose writer is stale — another
+/// incarnation of the entity (a split brain, a handoff that timed out)
+/// wrote since this one recovered — so the journal is never forked: the
+/// persist fails with [`ShardingError::Persistence`](crate::ShardingError::Persistence)
+/// (a `SequenceConflict`), and this incarnation answers every later
+/// message with that error and is passivated; the next message recovers a
+/// new incarnation from the journal.
+pub trait EventSourced: Entity {
+    /// What happened, as it is journaled.
+    type Event: serde::Serialize + serde::de::DeserializeOwned + Send + Sync + 'static;
+
+    /// The version of the events' encoding, stored with each.
+    const EVENT_VERSION: u32 = 1;
+
+    /// How an event changes the state: recovery and [`persist`](Self::persist)
+    /// both call it, so it must only apply (no IO, no other effects).
+    fn apply(&mut self, event: &Self::Event);
+
+    /// Appends `event` to the journal and, once it is durable, applies it.
+    /// On error nothing was appended and nothing applied.
+    fn persist(
+        &mut self,
+        ctx: &EntityContext,
+        event: Self::Event,
+    ) -> impl Future<Output = ShardingResult<()>> + Send {
+        self.persist_all(ctx, vec![event])
+    }
+
+    /// Appends `events` to the journal atomically (all or none) and, once
+    /// they are durable, applies them in order.
+    fn persist_all(
+        &mut self,
+        ctx: &EntityContext,
+        events: Vec<Self::Event>,
+    ) -> impl Future<Output = ShardingResult<()>> + Send {
+        async move {
+            let payloads = events
+                .iter()
+                .map(|event| encode_event::<Self>(ctx, event))
+                .collect::<ShardingResult<Vec<_>>>()?;
+            if payloads.is_empty() {
+                return Ok(());
+            }
+            ctx.append(payloads).await?;
+            for event in &events {
+                self.apply(event);
+            }
+            Ok(())
+        }
+    }
+}
+
+fn encode_event<E: EventSourced + ?Sized>(
+    ctx: &EntityContext,
+    event: &E::Event,
+) -> ShardingResult<Payload> {
+    let mut bytes = Vec::new();
+    ciborium::into_writer(event, &mut bytes).map_err(|e| {
+        ctx.persistence_error(PersistenceError::Invalid(format!(
+            "an event does not encode: {e}"
+        )))
+    })?;
+    Ok(Payload {
+        manifest: ctx.type_name.to_owned(),
+        version: E::EVENT_VERSION,
+        bytes,
+    })
+}
+
+/// Recovers an event-sourced entity from `events` (the whole journal, in
+/// order): every event is checked and decoded first, and applied only if
+/// all are good, so a bad record leaves the state as the factory made it.
+pub(crate) fn recover<E: EventSourced>(
+    entity: &mut E,
+    ctx: &EntityContext,
+    events: Vec<EventRecord>,
+) -> ShardingResult<()> {
+    let corrupt = |what: String| {
+        let id = PersistenceId::new(ctx.type_name, ctx.entity_id());
+        ctx.persistence_error(PersistenceError::Corrupt {
+            persistence_id: id,
+            what,
+        })
+    };
+    let mut decoded = Vec::with_capacity(events.len());
+    for (i, record) in events.into_iter().enumerate() {
+        if record.sequence_nr != i as u64 + 1 {
+            return Err(corrupt(format!(
+                "event {} where {} was due",
+                record.sequence_nr,
+                i + 1
+            )));
+        }
+        let payload = &record.payload;
+        if payload.manifest != ctx.type_name {
+            return Err(corrupt(format!(
+                "event {} is a `{}`, not a `{}` event",
+                record.sequence_nr, payload.manifest, ctx.type_name
+            )));
+        }
+        if payload.version > E::EVENT_VERSION {
+            return Err(corrupt(format!(
+                "event {} has version {}, above this build's {}",
+                record.sequence_nr,
+                payload.version,
+                E::EVENT_VERSION
+            )));
+        }
+        let event: E::Event = ciborium::from_reader(payload.bytes.as_slice())
+            .map_err(|e| corrupt(format!("event {} does not decode: {e}", record.sequence_nr)))?;
+        decoded.push(event);
+    }
+    for event in &decoded {
+        entity.apply(event);
+    }
+    Ok(())
+}
+
+/// An event-sourced incarnation's link to its journal.
+pub(crate) struct JournalHandle {
+    journal: Arc<dyn Journal>,
+    id: PersistenceId,
+    /// The highest sequence number this incarnation knows.
+    highest: AtomicU64,
+    /// A write was refused because another incarnation wrote since.
+    stale: AtomicBool,
+}
+
+impl std::fmt::Debug for JournalHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JournalHandle")
+            .field("id", &self.id)
+            .field("highest", &self.highest)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Runs a store call on a blocking thread (the SPI is synchronous).
+async fn blocking<T: Send + 'static>(
+    call: impl FnOnce() -> PersistenceResult<T> + Send + 'static,
+) -> PersistenceResult<T> {
+    tokio::task::spawn_blocking(call).await.unwrap_or_else(|e| {
+        Err(PersistenceError::Store(format!(
+            "the store call panicked: {e}"
+        )))
+    })
+}
+
+impl EntityContext {
+    /// Links this incarnation to `journal` (an event-sourced type).
+    pub(crate) fn attach_journal(&mut self, journal: Arc<dyn Journal>) {
+        self.journal = Some(JournalHandle {
+            journal,
+            id: PersistenceId::new(self.type_name, &*self.entity_id),
+            highest: AtomicU64::new(0),
+            stale: AtomicBool::new(false),
+        });
+    }
+
+    fn persistence_error(&self, error: PersistenceError) -> crate::ShardingError {
+        crate::ShardingError::Persistence {
+            type_name: self.type_name,
+            entity_id: self.entity_id.to_string(),
+            error: Box::new(error),
+        }
+    }
+
+    fn handle(&self) -> ShardingResult<&JournalHandle> {
+        self.journal.as_ref().ok_or_else(|| {
+            crate::ShardingError::Bug(format!("`{}` persisted without a journal", self.type_name))
+        })
+    }
+
+    /// Who writes: this node's identity and the shard's generation.
+    fn writer(&self) -> Writer {
+        Writer {
+            node_id: self.node.map_or(0, |n| n.node_id.0),
+            incarnation: self.node.map_or(0, |n| n.incarnation),
+            generation: self.generation,
+        }
+    }
+
+    /// The whole journal of this entity, for its recovery; from then on
+    /// this incarnation appends after its highest sequence number.
+    pub(crate) async fn recover_events(&self) -> ShardingResult<Vec<EventRecord>> {
+        let handle = self.handle()?;
+        let (journal, id) = (handle.journal.clone(), handle.id.clone());
+        let read = blocking(move || {
+            let highest = journal.highest_sequence_nr(&id)?;
+            let events = journal.replay(&id, 1, highest, usize::MAX)?;
+            Ok((highest, events))
+        })
+        .await;
+        let (highest, events) = read.map_err(|e| self.persistence_error(e))?;
+        if events.last().map_or(0, |e| e.sequence_nr) != highest {
+            let what = format!("the journal is at {highest}, its events end before");
+            let id = handle.id.clone();
+            return Err(self.persistence_error(PersistenceError::Corrupt {
+                persistence_id: id,
+                what,
+            }));
+        }
+        handle.highest.store(highest, Ordering::Release);
+        Ok(events)
+    }
+
+    /// Appends `events` after the highest sequence number this incarnation
+    /// knows; a refusal because another incarnation wrote marks it stale.
+    async fn append(&self, events: Vec<Payload>) -> ShardingResult<()> {
+        let handle = self.handle()?;
+        if handle.stale.load(Ordering::Acquire) {
+            return Err(self.stale_error(handle));
+        }
+        let expected = handle.highest.load(Ordering::Acquire);
+        let count = events.len() as u64;
+        let write = AtomicWrite {
+            persistence_id: handle.id.clone(),
+            expected,
+            events,
+            writer: self.writer(),
+        };
+        let journal = handle.journal.clone();
+        let written = blocking(move || {
+            let mut results = journal.append(std::slice::from_ref(&write));
+            results
+                .pop()
+                .unwrap_or_else(|| Err(PersistenceError::Store("no result for an append".into())))
+        })
+        .await;
+        match written {
+            Ok(()) => {
+                handle.highest.store(expected + count, Ordering::Release);
+                Ok(())
+            }
+            Err(error) => {
+                if matches!(error, PersistenceError::SequenceConflict { .. }) {
+                    handle.stale.store(true, Ordering::Release);
+                    tracing::warn!(type_name = self.type_name, entity_id = %self.entity_id, %error, "another incarnation wrote this entity's journal: this one stops");
+                }
+                Err(self.persistence_error(error))
+            }
+        }
+    }
+
+    fn stale_error(&self, handle: &JournalHandle) -> crate::ShardingError {
+        let expected = handle.highest.load(Ordering::Acquire);
+        self.persistence_error(PersistenceError::SequenceConflict {
+            persistence_id: handle.id.clone(),
+            expected,
+            actual: expected,
+        })
+    }
+
+    /// Whether a write of this incarnation was refused as stale: it must
+    /// handle nothing more.
+    pub(crate) fn stale(&self) -> Option<crate::ShardingError> {
+        let handle = self.journal.as_ref()?;
+        handle
+            .stale
+            .load(Ordering::Acquire)
+            .then(|| self.stale_error(handle))
     }
 }

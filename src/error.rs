@@ -125,6 +125,22 @@ pub enum ShardingError {
         /// The store's error.
         message: String,
     },
+    /// A durable entity's journal refused or failed: its recovery read a
+    /// record it cannot apply, the store failed, or — a
+    /// [`PersistenceError::SequenceConflict`](crate::persistence::PersistenceError::SequenceConflict)
+    /// — another incarnation of the entity wrote since this one recovered
+    /// (this incarnation stops; the next message recovers a new one from
+    /// the journal). What was refused was not written; a handler that
+    /// failed so did not finish.
+    #[error("`{type_name}` entity `{entity_id}`: {error}")]
+    Persistence {
+        /// The entity type.
+        type_name: &'static str,
+        /// The entity.
+        entity_id: String,
+        /// What the journal said (boxed: it keeps the error small).
+        error: Box<crate::persistence::PersistenceError>,
+    },
     /// The node that owns the entity's shard was lost (marked Down, or its
     /// pipe refused the message) while the message was on its way or waiting
     /// for a reply. The message may have been processed; a retry goes to the

@@ -394,6 +394,111 @@
 /// }
 /// ```
 ///
+/// ## Registering an event-sourced entity type without a journal
+///
+/// `register_event_sourced` exists only on a `ShardedSystem<S, J>` whose `J` is a `Journal`; a system built without `.journal(..)` is a `ShardedSystem<_, NoJournal>`. Error: `the method register_event_sourced exists for struct ShardedSystem, but its trait bounds were not satisfied`.
+///
+/// Rejected (`E0599`):
+///
+/// ```compile_fail,E0599
+/// # use datum_cluster_sharding::prelude::*;
+/// # #[derive(Serialize, Deserialize)] pub struct Add(pub u64);
+/// # protocol! { pub protocol Tally = "tally" { ask Add -> u64; } }
+/// # #[derive(Serialize, Deserialize)] pub struct Added(pub u64);
+/// # #[derive(Default)] pub struct TallyEntity { total: u64 }
+/// # impl Entity for TallyEntity { type Protocol = Tally; }
+/// # impl EventSourced for TallyEntity {
+/// #     type Event = Added;
+/// #     fn apply(&mut self, e: &Added) { self.total += e.0 }
+/// # }
+/// # impl Handler<Add> for TallyEntity {
+/// #     async fn handle(&mut self, m: Add, ctx: &EntityContext) -> ShardingResult<u64> {
+/// #         self.persist(ctx, Added(m.0)).await?; Ok(self.total)
+/// #     }
+/// # }
+/// # fn main() {}
+/// async fn demo() -> ShardingResult<()> {
+///     let system = ShardedSystem::builder().start().await?;
+///     system.register_event_sourced::<TallyEntity>(|_| TallyEntity::default()).await
+/// }
+/// ```
+///
+/// Its twin, which compiles:
+///
+/// ```
+/// # use datum_cluster_sharding::prelude::*;
+/// # #[derive(Serialize, Deserialize)] pub struct Add(pub u64);
+/// # protocol! { pub protocol Tally = "tally" { ask Add -> u64; } }
+/// # #[derive(Serialize, Deserialize)] pub struct Added(pub u64);
+/// # #[derive(Default)] pub struct TallyEntity { total: u64 }
+/// # impl Entity for TallyEntity { type Protocol = Tally; }
+/// # impl EventSourced for TallyEntity {
+/// #     type Event = Added;
+/// #     fn apply(&mut self, e: &Added) { self.total += e.0 }
+/// # }
+/// # impl Handler<Add> for TallyEntity {
+/// #     async fn handle(&mut self, m: Add, ctx: &EntityContext) -> ShardingResult<u64> {
+/// #         self.persist(ctx, Added(m.0)).await?; Ok(self.total)
+/// #     }
+/// # }
+/// # fn main() {}
+/// async fn demo() -> ShardingResult<()> {
+///     let journal = datum_cluster_sharding::persistence::InMemoryPersistence::new();
+///     let system = ShardedSystem::builder().journal(journal).start().await?;
+///     system.register_event_sourced::<TallyEntity>(|_| TallyEntity::default()).await
+/// }
+/// ```
+///
+/// ## Persisting an event of another entity type
+///
+/// `EventSourced::persist` takes only the entity's own `Event`. Error: `mismatched types: expected Added, found Reset`.
+///
+/// Rejected (`E0308`):
+///
+/// ```compile_fail,E0308
+/// # use datum_cluster_sharding::prelude::*;
+/// # #[derive(Serialize, Deserialize)] pub struct Add(pub u64);
+/// # protocol! { pub protocol Tally = "tally" { ask Add -> u64; } }
+/// # #[derive(Serialize, Deserialize)] pub struct Added(pub u64);
+/// # #[derive(Serialize, Deserialize)] pub struct Reset;
+/// # #[derive(Default)] pub struct TallyEntity { total: u64 }
+/// # impl Entity for TallyEntity { type Protocol = Tally; }
+/// # impl EventSourced for TallyEntity {
+/// #     type Event = Added;
+/// #     fn apply(&mut self, e: &Added) { self.total += e.0 }
+/// # }
+/// # fn main() {}
+/// impl Handler<Add> for TallyEntity {
+///     async fn handle(&mut self, m: Add, ctx: &EntityContext) -> ShardingResult<u64> {
+///         self.persist(ctx, Reset).await?; // another type's event
+///         Ok(self.total)
+///     }
+/// }
+/// ```
+///
+/// Its twin, which compiles:
+///
+/// ```
+/// # use datum_cluster_sharding::prelude::*;
+/// # #[derive(Serialize, Deserialize)] pub struct Add(pub u64);
+/// # protocol! { pub protocol Tally = "tally" { ask Add -> u64; } }
+/// # #[derive(Serialize, Deserialize)] pub struct Added(pub u64);
+/// # #[derive(Serialize, Deserialize)] pub struct Reset;
+/// # #[derive(Default)] pub struct TallyEntity { total: u64 }
+/// # impl Entity for TallyEntity { type Protocol = Tally; }
+/// # impl EventSourced for TallyEntity {
+/// #     type Event = Added;
+/// #     fn apply(&mut self, e: &Added) { self.total += e.0 }
+/// # }
+/// # fn main() {}
+/// impl Handler<Add> for TallyEntity {
+///     async fn handle(&mut self, m: Add, ctx: &EntityContext) -> ShardingResult<u64> {
+///         self.persist(ctx, Added(m.0)).await?;
+///         Ok(self.total)
+///     }
+/// }
+/// ```
+///
 /// ## Malformed protocol lines
 ///
 /// A tell has no reply, an ask needs one, and a message type appears once per

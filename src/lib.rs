@@ -79,7 +79,7 @@ pub mod wire;
 pub use config::{
     MAX_SHARDS, RememberEntitiesConfig, RememberEntitiesFailurePolicy, ShardingConfig,
 };
-pub use entity::{DeferredHandler, Entity, EntityContext, Handler, ReplyPort};
+pub use entity::{DeferredHandler, Entity, EntityContext, EventSourced, Handler, ReplyPort};
 pub use error::{RegionRefusal, ShardingError, ShardingResult};
 pub use extractor::{DefaultShardExtractor, ShardExtractor, ShardId, fnv1a_64};
 pub use protocol::{Ask, Message, MessageInfo, MessageKind, Protocol, Tell};
@@ -93,10 +93,10 @@ pub use system::{EntityRef, ShardedSystem, ShardedSystemBuilder};
 /// Everything a user of the typed façade needs, plus serde's derives.
 pub mod prelude {
     pub use crate::{
-        Ask, DefaultShardExtractor, DeferredHandler, Entity, EntityContext, EntityRef, Handler,
-        InMemoryStore, Message, NoStore, Protocol, RememberEntitiesStore, ReplyPort,
-        ShardExtractor, ShardId, ShardedSystem, ShardingConfig, ShardingError, ShardingResult,
-        Tell, protocol,
+        Ask, DefaultShardExtractor, DeferredHandler, Entity, EntityContext, EntityRef,
+        EventSourced, Handler, InMemoryStore, Message, NoStore, Protocol, RememberEntitiesStore,
+        ReplyPort, ShardExtractor, ShardId, ShardedSystem, ShardingConfig, ShardingError,
+        ShardingResult, Tell, protocol,
     };
     pub use serde::{Deserialize, Serialize};
 }

@@ -37,12 +37,13 @@ use tokio::sync::oneshot;
 use crate::cluster::ClusterNode;
 use crate::config::ShardingConfig;
 use crate::dispatch::{Dispatch, envelope_of};
-use crate::entity::{Entity, EntityContext};
+use crate::entity::{Entity, EntityContext, EventSourced};
 use crate::error::{ShardingError, ShardingResult};
 use crate::extractor::{ShardExtractor, ShardId};
+use crate::persistence::{Journal, NoJournal};
 use crate::protocol::SealedProtocol;
 use crate::protocol::{Ask, Protocol, Tell};
-use crate::runtime::entity_actor::{EntityActor, EntityArgs, Factory, StopNotice};
+use crate::runtime::entity_actor::{EntityActor, EntityArgs, Factory, Recover, StopNotice};
 use crate::runtime::region::{Region, RegionCluster, RegionProtocol, Spawner};
 use crate::runtime::region_actor::RegionActor;
 use crate::sharding::coordinator::{CoordinatorConfig, RebalanceRound, ShardAllocationStrategy};
@@ -65,19 +66,22 @@ fn region_protocol<P: Protocol>() -> RegionProtocol {
 }
 
 /// A running sharded system on this node. `S` is its remember-entities store
-/// ([`NoStore`] when built without one).
+/// ([`NoStore`] when built without one), `J` its journal for event-sourced
+/// entities ([`NoJournal`] when built without one).
 ///
 /// Cheap to clone; clones share the system.
-pub struct ShardedSystem<S = NoStore> {
+pub struct ShardedSystem<S = NoStore, J = NoJournal> {
     shared: Arc<Shared>,
     store: Arc<S>,
+    journal: Arc<J>,
 }
 
-impl<S> Clone for ShardedSystem<S> {
+impl<S, J> Clone for ShardedSystem<S, J> {
     fn clone(&self) -> Self {
         ShardedSystem {
             shared: self.shared.clone(),
             store: self.store.clone(),
+            journal: self.journal.clone(),
         }
     }
 }
@@ -297,16 +301,18 @@ impl SystemPort for Shared {
     }
 }
 
-/// Builds a [`ShardedSystem`]; the store given (if any) becomes part of the system's type.
+/// Builds a [`ShardedSystem`]; the store and the journal given (if any)
+/// become part of the system's type.
 #[must_use = "a builder does nothing until `start` is awaited"]
-pub struct ShardedSystemBuilder<S = NoStore> {
+pub struct ShardedSystemBuilder<S = NoStore, J = NoJournal> {
     config: ShardingConfig,
     store: S,
+    journal: J,
     node: Option<ClusterNode>,
     strategy: Option<Box<dyn ShardAllocationStrategy>>,
 }
 
-impl<S: std::fmt::Debug> std::fmt::Debug for ShardedSystemBuilder<S> {
+impl<S: std::fmt::Debug, J> std::fmt::Debug for ShardedSystemBuilder<S, J> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ShardedSystemBuilder")
             .field("config", &self.config)
@@ -322,13 +328,14 @@ impl ShardedSystem<NoStore> {
         ShardedSystemBuilder {
             config: ShardingConfig::default(),
             store: NoStore,
+            journal: NoJournal,
             node: None,
             strategy: None,
         }
     }
 }
 
-impl<S> ShardedSystemBuilder<S> {
+impl<S, J> ShardedSystemBuilder<S, J> {
     /// Replaces the whole configuration.
     pub fn config(mut self, config: ShardingConfig) -> Self {
         self.config = config;
@@ -354,10 +361,23 @@ impl<S> ShardedSystemBuilder<S> {
     }
 
     /// Uses `store` for remember-entities; enables `register_remembered`.
-    pub fn store<T: RememberEntitiesStore>(self, store: T) -> ShardedSystemBuilder<T> {
+    pub fn store<T: RememberEntitiesStore>(self, store: T) -> ShardedSystemBuilder<T, J> {
         ShardedSystemBuilder {
             config: self.config,
             store,
+            journal: self.journal,
+            node: self.node,
+            strategy: self.strategy,
+        }
+    }
+
+    /// Uses `journal` for event-sourced entities; enables
+    /// `register_event_sourced`.
+    pub fn journal<T: Journal>(self, journal: T) -> ShardedSystemBuilder<S, T> {
+        ShardedSystemBuilder {
+            config: self.config,
+            store: self.store,
+            journal,
             node: self.node,
             strategy: self.strategy,
         }
@@ -382,7 +402,7 @@ impl<S> ShardedSystemBuilder<S> {
     }
 
     /// Validates the configuration and starts the system.
-    pub async fn start(self) -> ShardingResult<ShardedSystem<S>> {
+    pub async fn start(self) -> ShardingResult<ShardedSystem<S, J>> {
         self.config.validate()?;
         let cluster = match self.node {
             Some(node) => {
@@ -443,11 +463,12 @@ impl<S> ShardedSystemBuilder<S> {
         Ok(ShardedSystem {
             shared,
             store: Arc::new(self.store),
+            journal: Arc::new(self.journal),
         })
     }
 }
 
-impl<S> ShardedSystem<S> {
+impl<S, J> ShardedSystem<S, J> {
     /// The configuration the system runs with.
     pub fn config(&self) -> &ShardingConfig {
         &self.shared.config
@@ -519,6 +540,19 @@ impl<S> ShardedSystem<S> {
         E: Entity,
         E::Protocol: Dispatch<E>,
     {
+        self.register_durable::<E>(factory, remember, None).await
+    }
+
+    async fn register_durable<E>(
+        &self,
+        factory: Factory<E>,
+        remember: Option<Arc<Remember>>,
+        journal: Option<(Arc<dyn Journal>, Recover<E>)>,
+    ) -> ShardingResult<()>
+    where
+        E: Entity,
+        E::Protocol: Dispatch<E>,
+    {
         let config = &self.shared.config;
         // Akka's rule: remembered entities are not passivated when idle (a
         // passivated id would be forgotten).
@@ -527,7 +561,11 @@ impl<S> ShardedSystem<S> {
         } else {
             config.passivation_idle_timeout
         };
-        let spawner: Spawner = Box::new(move |ctx, incarnation, region| {
+        let spawner: Spawner = Box::new(move |mut ctx, incarnation, region| {
+            let recover = journal.as_ref().map(|(journal, recover)| {
+                ctx.attach_journal(journal.clone());
+                *recover
+            });
             let notice = StopNotice {
                 region,
                 shard: ctx.shard_id(),
@@ -539,6 +577,7 @@ impl<S> ShardedSystem<S> {
                 ctx,
                 idle_timeout,
                 notice,
+                recover,
             };
             ractor::ActorRuntime::<EntityActor<E>>::spawn_instant(None, EntityActor::new(), args)
                 .map(|(actor, _)| actor)
@@ -757,7 +796,32 @@ impl<S> ShardedSystem<S> {
     }
 }
 
-impl<S: RememberEntitiesStore> ShardedSystem<S> {
+impl<S, J: Journal> ShardedSystem<S, J> {
+    /// Registers `E` as an event-sourced entity type: its incarnations
+    /// recover from the system's journal before their first message, and
+    /// its handlers persist events with [`EventSourced::persist`]. Exists
+    /// only on a system built with `.journal(..)`.
+    pub async fn register_event_sourced<E>(
+        &self,
+        factory: impl Fn(&EntityContext) -> E + Send + Sync + 'static,
+    ) -> ShardingResult<()>
+    where
+        E: EventSourced,
+        E::Protocol: Dispatch<E>,
+    {
+        let journal: Arc<dyn Journal> = self.journal.clone();
+        let recover: Recover<E> = crate::entity::recover::<E>;
+        self.register_durable::<E>(Arc::new(factory), None, Some((journal, recover)))
+            .await
+    }
+
+    /// The system's journal.
+    pub fn journal(&self) -> &J {
+        &self.journal
+    }
+}
+
+impl<S: RememberEntitiesStore, J> ShardedSystem<S, J> {
     /// Registers `E` as a remembered entity type: its started entity ids are
     /// recorded in the system's store and respawned when their shard starts.
     pub async fn register_remembered<E>(

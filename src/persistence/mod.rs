@@ -37,6 +37,11 @@ mod redb_store;
 #[cfg(feature = "embedded")]
 pub use redb_store::RedbPersistence;
 
+/// The marker for a system built without a journal: it has no
+/// `register_event_sourced`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoJournal;
+
 /// Whose state: an entity type and an entity id.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct PersistenceId {

@@ -9,11 +9,17 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 
 use crate::dispatch::{Dispatch, OutcomeKind, panic_message};
 use crate::entity::{Entity, EntityContext};
+use crate::error::{ShardingError, ShardingResult};
 use crate::extractor::ShardId;
+use crate::persistence::EventRecord;
 use crate::runtime::mailbox::{EntityMsg, RegionMsg};
 
 /// Builds an entity incarnation.
 pub(crate) type Factory<E> = Arc<dyn Fn(&EntityContext) -> E + Send + Sync>;
+
+/// Of an event-sourced type: applies the journal's events to a fresh
+/// incarnation (`entity::recover::<E>`).
+pub(crate) type Recover<E> = fn(&mut E, &EntityContext, Vec<EventRecord>) -> ShardingResult<()>;
 
 pub(crate) struct EntityActor<E>(PhantomData<fn() -> E>);
 
@@ -53,6 +59,8 @@ pub(crate) struct EntityArgs<E> {
     pub(crate) ctx: EntityContext,
     pub(crate) idle_timeout: Option<Duration>,
     pub(crate) notice: StopNotice,
+    /// Of an event-sourced type: its recovery.
+    pub(crate) recover: Option<Recover<E>>,
 }
 
 pub(crate) struct EntityState<E> {
@@ -61,6 +69,23 @@ pub(crate) struct EntityState<E> {
     entity: E,
     args: EntityArgs<E>,
     last_activity: Instant,
+    /// Of an event-sourced type: why this incarnation handles nothing (its
+    /// recovery failed, or another incarnation wrote its journal since).
+    /// Every message is answered with it, and the entity is passivated, so
+    /// that the next message recovers a new incarnation.
+    failed: Option<ShardingError>,
+}
+
+/// Recovers a fresh incarnation of an event-sourced type from its journal.
+async fn recover_fresh<E>(entity: &mut E, args: &EntityArgs<E>) -> Option<ShardingError> {
+    let recover = args.recover?;
+    let recovered = match args.ctx.recover_events().await {
+        Ok(events) => recover(entity, &args.ctx, events),
+        Err(error) => Err(error),
+    };
+    recovered.err().inspect(|error| {
+        tracing::warn!(type_name = args.ctx.type_name(), entity_id = args.ctx.entity_id(), %error, "entity recovery failed: its messages fail until it recovers");
+    })
 }
 
 fn build<E>(factory: &Factory<E>, ctx: &EntityContext) -> Result<E, ActorProcessingErr> {
@@ -101,7 +126,12 @@ where
         myself: ActorRef<EntityMsg>,
         args: EntityArgs<E>,
     ) -> Result<EntityState<E>, ActorProcessingErr> {
-        let entity = build(&args.factory, &args.ctx)?;
+        let mut entity = build(&args.factory, &args.ctx)?;
+        let failed = recover_fresh(&mut entity, &args).await;
+        if failed.is_some() {
+            // Passivated after the messages already here are answered.
+            myself.send_message(EntityMsg::IdleCheck).ok();
+        }
         if let Some(idle) = args.idle_timeout {
             myself.send_after(idle, || EntityMsg::IdleCheck);
         }
@@ -109,6 +139,7 @@ where
             entity,
             args,
             last_activity: Instant::now(),
+            failed,
         })
     }
 
@@ -119,6 +150,10 @@ where
         state: &mut EntityState<E>,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
+            EntityMsg::Deliver(envelope) if state.failed.is_some() => {
+                let error = state.failed.clone().expect("checked");
+                envelope.fail(error);
+            }
             EntityMsg::Deliver(envelope) => {
                 let outcome = <E::Protocol as Dispatch<E>>::dispatch(
                     &mut state.entity,
@@ -133,7 +168,8 @@ where
                     let ctx = &state.args.ctx;
                     tracing::warn!(type_name = ctx.type_name(), entity_id = ctx.entity_id(), %panic, "entity handler panicked; restarting the entity");
                     match build(&state.args.factory, ctx) {
-                        Ok(fresh) => {
+                        Ok(mut fresh) => {
+                            state.failed = recover_fresh(&mut fresh, &state.args).await;
                             let old = std::mem::replace(&mut state.entity, fresh);
                             if std::panic::catch_unwind(AssertUnwindSafe(|| drop(old))).is_err() {
                                 tracing::warn!(
@@ -150,11 +186,16 @@ where
                         }
                     }
                 }
-                if state.args.ctx.take_passivate_request() {
+                // A write refused as stale: this incarnation is done.
+                if state.failed.is_none() {
+                    state.failed = state.args.ctx.stale();
+                }
+                if state.failed.is_some() || state.args.ctx.take_passivate_request() {
                     state.request_passivation();
                 }
             }
             EntityMsg::Stop => myself.stop(Some("passivated".into())),
+            EntityMsg::IdleCheck if state.failed.is_some() => state.request_passivation(),
             EntityMsg::IdleCheck => {
                 if let Some(idle) = state.args.idle_timeout {
                     let quiet = state.last_activity.elapsed();

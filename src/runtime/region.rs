@@ -695,6 +695,7 @@ impl SlotHost for Host<'_> {
     fn spawn(
         &mut self,
         shard: ShardId,
+        generation: u64,
         entity_id: &Arc<str>,
         incarnation: u64,
     ) -> ShardingResult<ActorRef<EntityMsg>> {
@@ -704,7 +705,8 @@ impl SlotHost for Host<'_> {
             ));
         };
         let me = self.region.cluster.as_ref().map(|c| c.me);
-        let ctx = EntityContext::new(self.region.type_name, entity_id.clone(), shard, me);
+        let mut ctx = EntityContext::new(self.region.type_name, entity_id.clone(), shard, me);
+        ctx.generation = generation;
         (self.region.spawner)(ctx, incarnation, region_actor.clone())
     }
 

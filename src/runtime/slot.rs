@@ -53,11 +53,13 @@ pub(crate) trait SlotHost {
     /// The store's state for `shard`: an error under FailClosed after a
     /// failed write.
     fn check_store(&self, shard: ShardId) -> ShardingResult<()>;
-    /// Starts incarnation `incarnation` of `entity_id` (its stop notice and
-    /// passivation requests come back to the slot, naming it).
+    /// Starts incarnation `incarnation` of `entity_id`, in the shard's
+    /// hosting of allocation `generation` (its stop notice and passivation
+    /// requests come back to the slot, naming it).
     fn spawn(
         &mut self,
         shard: ShardId,
+        generation: u64,
         entity_id: &Arc<str>,
         incarnation: u64,
     ) -> ShardingResult<Self::Entity>;
@@ -916,7 +918,7 @@ impl<E: Clone> LocalShard<E> {
         self.pending_respawn.remove(entity_id);
         self.last_incarnation += 1;
         let incarnation = self.last_incarnation;
-        let actor = host.spawn(shard, entity_id, incarnation)?;
+        let actor = host.spawn(shard, self.generation, entity_id, incarnation)?;
         self.entities.insert(
             entity_id.clone(),
             Entry::Live(Live {

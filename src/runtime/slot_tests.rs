@@ -87,6 +87,7 @@ impl SlotHost for Fake {
     fn spawn(
         &mut self,
         _shard: ShardId,
+        _generation: u64,
         entity_id: &Arc<str>,
         incarnation: u64,
     ) -> ShardingResult<Mailbox> {

@@ -269,6 +269,7 @@ impl SlotHost for Host {
     fn spawn(
         &mut self,
         shard: ShardId,
+        _generation: u64,
         entity_id: &Arc<str>,
         incarnation: u64,
     ) -> ShardingResult<u32> {

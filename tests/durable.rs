@@ -1,0 +1,240 @@
+#![cfg(feature = "embedded")]
+//! Event-sourced entities: state that survives a restart and passivation,
+//! a journal never forked by two incarnations, and records that do not
+//! read back refused with a typed error.
+
+use std::time::Duration;
+
+use datum_cluster_sharding::persistence::{
+    AtomicWrite, InMemoryPersistence, Journal, Payload, PersistenceError, PersistenceId,
+    RedbPersistence, Writer,
+};
+use datum_cluster_sharding::prelude::*;
+
+#[derive(Serialize, Deserialize)]
+pub struct Add(pub u64);
+#[derive(Serialize, Deserialize)]
+pub struct Get;
+#[derive(Serialize, Deserialize)]
+pub struct Sleep;
+
+protocol! {
+    /// A counter whose additions are journaled.
+    pub protocol Tally = "tally" {
+        ask Add -> u64;
+        ask Get -> u64;
+        tell Sleep;
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+pub enum TallyEvent {
+    Added(u64),
+}
+
+#[derive(Default)]
+struct TallyEntity {
+    total: u64,
+}
+
+impl Entity for TallyEntity {
+    type Protocol = Tally;
+}
+
+impl EventSourced for TallyEntity {
+    type Event = TallyEvent;
+    fn apply(&mut self, event: &TallyEvent) {
+        match event {
+            TallyEvent::Added(n) => self.total += n,
+        }
+    }
+}
+
+impl Handler<Add> for TallyEntity {
+    async fn handle(&mut self, msg: Add, ctx: &EntityContext) -> ShardingResult<u64> {
+        self.persist(ctx, TallyEvent::Added(msg.0)).await?;
+        Ok(self.total)
+    }
+}
+
+impl Handler<Get> for TallyEntity {
+    async fn handle(&mut self, _: Get, _: &EntityContext) -> ShardingResult<u64> {
+        Ok(self.total)
+    }
+}
+
+impl Handler<Sleep> for TallyEntity {
+    async fn handle(&mut self, _: Sleep, ctx: &EntityContext) -> ShardingResult<()> {
+        ctx.passivate();
+        Ok(())
+    }
+}
+
+const T: Duration = Duration::from_secs(10);
+
+async fn system_on<J: Journal>(journal: J) -> ShardedSystem<NoStore, J> {
+    let system = ShardedSystem::builder()
+        .num_shards(8)
+        .journal(journal)
+        .start()
+        .await
+        .expect("start");
+    system
+        .register_event_sourced::<TallyEntity>(|_| TallyEntity::default())
+        .await
+        .expect("register");
+    system
+}
+
+#[tokio::test]
+async fn a_durable_counter_survives_a_restart_and_passivation() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join("node.redb");
+    {
+        let system = system_on(RedbPersistence::open(&path).expect("open")).await;
+        let tally = system.entity_ref::<Tally>("t-1");
+        for n in 1..=10 {
+            tally.ask(Add(n), T).await.expect("add");
+        }
+        assert_eq!(tally.ask(Get, T).await.expect("get"), 55);
+        // Passivated, then recovered by the next message.
+        tally.tell(Sleep).await.expect("sleep");
+        assert_eq!(tally.ask(Add(5), T).await.expect("add"), 60);
+        system.shutdown().await;
+    }
+    // A new process on the same file: the state is recovered before the
+    // first message.
+    let system = system_on(RedbPersistence::open(&path).expect("reopen")).await;
+    let tally = system.entity_ref::<Tally>("t-1");
+    assert_eq!(tally.ask(Get, T).await.expect("get"), 60);
+    assert_eq!(
+        system
+            .entity_ref::<Tally>("t-2")
+            .ask(Get, T)
+            .await
+            .expect("get"),
+        0
+    );
+    let id = PersistenceId::new("tally", "t-1");
+    assert_eq!(system.journal().highest_sequence_nr(&id), Ok(11));
+    system.shutdown().await;
+}
+
+/// Retries `Get` until the incarnation that answers has recovered (a stale
+/// one answers its error until it is passivated).
+async fn get_fresh(tally: &EntityRef<Tally>) -> u64 {
+    for _ in 0..200 {
+        match tally.ask(Get, T).await {
+            Ok(total) => return total,
+            Err(ShardingError::Persistence { .. }) => {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(other) => panic!("get: {other}"),
+        }
+    }
+    panic!("the stale incarnation was never replaced");
+}
+
+#[tokio::test]
+async fn two_incarnations_writing_one_journal_never_fork_it() {
+    // Two systems share one journal and both host entity `x`: as two
+    // incarnations would under a split brain.
+    let journal = InMemoryPersistence::new();
+    let a = system_on(journal.clone()).await;
+    let b = system_on(journal.clone()).await;
+    let (at_a, at_b) = (a.entity_ref::<Tally>("x"), b.entity_ref::<Tally>("x"));
+    // Both recover from the empty journal.
+    assert_eq!(at_a.ask(Get, T).await.expect("get"), 0);
+    assert_eq!(at_b.ask(Get, T).await.expect("get"), 0);
+    assert_eq!(at_a.ask(Add(1), T).await.expect("a writes"), 1);
+    // B's incarnation is stale: its write is refused, with a typed error.
+    match at_b.ask(Add(5), T).await {
+        Err(ShardingError::Persistence { error, .. }) => match *error {
+            PersistenceError::SequenceConflict {
+                expected, actual, ..
+            } => assert_eq!((expected, actual), (0, 1)),
+            other => panic!("a stale write: {other}"),
+        },
+        other => panic!("a stale write: {other:?}"),
+    }
+    // The next incarnation at B recovers A's event, and writes after it.
+    assert_eq!(get_fresh(&at_b).await, 1);
+    assert_eq!(at_b.ask(Add(5), T).await.expect("b writes"), 6);
+    // Now A is the stale one.
+    assert!(matches!(
+        at_a.ask(Add(100), T).await,
+        Err(ShardingError::Persistence { .. })
+    ));
+    assert_eq!(get_fresh(&at_a).await, 6);
+    let id = PersistenceId::new("tally", "x");
+    let events = journal.replay(&id, 1, u64::MAX, 100).expect("replay");
+    let numbers: Vec<u64> = events.iter().map(|e| e.sequence_nr).collect();
+    assert_eq!(
+        numbers,
+        [1, 2],
+        "gap-free, one history: the refused writes are not in it"
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+fn event(manifest: &str, version: u32, bytes: Vec<u8>) -> Payload {
+    Payload {
+        manifest: manifest.into(),
+        version,
+        bytes,
+    }
+}
+
+fn cbor(value: &TallyEvent) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    ciborium::into_writer(value, &mut bytes).expect("encode");
+    bytes
+}
+
+#[tokio::test]
+async fn a_journal_that_does_not_read_back_fails_recovery_and_applies_nothing() {
+    let journal = InMemoryPersistence::new();
+    let cases = [
+        ("undecodable", event("tally", 1, vec![0xff, 0x00])),
+        (
+            "another type's",
+            event("cart", 1, cbor(&TallyEvent::Added(1))),
+        ),
+        (
+            "a newer version",
+            event("tally", 2, cbor(&TallyEvent::Added(1))),
+        ),
+    ];
+    let system = system_on(journal.clone()).await;
+    for (i, (case, bad)) in cases.into_iter().enumerate() {
+        let entity = format!("bad-{i}");
+        let id = PersistenceId::new("tally", entity.as_str());
+        let write = AtomicWrite {
+            persistence_id: id,
+            expected: 0,
+            events: vec![event("tally", 1, cbor(&TallyEvent::Added(7))), bad],
+            writer: Writer::default(),
+        };
+        assert_eq!(journal.append(&[write]), vec![Ok(())]);
+        let tally = system.entity_ref::<Tally>(entity.as_str());
+        match tally.ask(Get, T).await {
+            Err(ShardingError::Persistence { error, .. }) => match *error {
+                PersistenceError::Corrupt { what, .. } => {
+                    assert!(what.contains("event 2"), "{case}: {what}")
+                }
+                other => panic!("{case}: {other}"),
+            },
+            other => panic!("{case}: {other:?}"),
+        }
+        // Nothing was applied, nothing written: an add fails the same way.
+        assert!(
+            matches!(
+                tally.ask(Add(1), T).await,
+                Err(ShardingError::Persistence { .. })
+            ),
+            "{case}"
+        );
+    }
+    system.shutdown().await;
+}
