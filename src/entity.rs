@@ -343,9 +343,83 @@ pub(crate) fn recover<E: EventSourced>(
     Ok(())
 }
 
+/// How many appends one journal call takes at most.
+const MAX_BATCH: usize = 1_024;
+
+/// The appends of every event-sourced entity of a system, batched: one
+/// task hands the journal everything that waits at once, in one
+/// [`Journal::append`] call, so many entities' events cost one commit
+/// (group commit); while a batch commits, the next one gathers. It holds
+/// the journal weakly: the system's handle alone decides how long the
+/// store stays open.
+pub(crate) struct JournalWriter {
+    journal: std::sync::Weak<dyn Journal>,
+    tx: tokio::sync::mpsc::UnboundedSender<Append>,
+}
+
+type Append = (
+    AtomicWrite,
+    tokio::sync::oneshot::Sender<PersistenceResult<()>>,
+);
+
+fn writer_stopped() -> PersistenceError {
+    PersistenceError::Store("the system's journal writer stopped".into())
+}
+
+impl JournalWriter {
+    /// Starts the writer of `journal` (on the current tokio runtime).
+    pub(crate) fn start(journal: &Arc<dyn Journal>) -> Arc<Self> {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Append>();
+        let weak = Arc::downgrade(journal);
+        let store = weak.clone();
+        tokio::spawn(async move {
+            while let Some(first) = rx.recv().await {
+                let mut batch = vec![first];
+                while batch.len() < MAX_BATCH {
+                    match rx.try_recv() {
+                        Ok(next) => batch.push(next),
+                        Err(_) => break,
+                    }
+                }
+                let (writes, replies): (Vec<AtomicWrite>, Vec<_>) = batch.into_iter().unzip();
+                let count = writes.len();
+                let mut results = match store.upgrade() {
+                    Some(journal) => tokio::task::spawn_blocking(move || journal.append(&writes))
+                        .await
+                        .unwrap_or_else(|e| {
+                            let panicked =
+                                PersistenceError::Store(format!("the journal panicked: {e}"));
+                            vec![Err(panicked); count]
+                        }),
+                    None => vec![Err(writer_stopped()); count],
+                };
+                // (A store that answers fewer results than writes failed
+                // the rest.)
+                results.resize_with(count, || {
+                    Err(PersistenceError::Store("the journal gave no result".into()))
+                });
+                for (reply, result) in replies.into_iter().zip(results) {
+                    let _ = reply.send(result);
+                }
+            }
+        });
+        Arc::new(JournalWriter { journal: weak, tx })
+    }
+
+    async fn append(&self, write: AtomicWrite) -> PersistenceResult<()> {
+        let (done, result) = tokio::sync::oneshot::channel();
+        self.tx.send((write, done)).map_err(|_| writer_stopped())?;
+        result.await.unwrap_or_else(|_| Err(writer_stopped()))
+    }
+
+    fn journal(&self) -> PersistenceResult<Arc<dyn Journal>> {
+        self.journal.upgrade().ok_or_else(writer_stopped)
+    }
+}
+
 /// An event-sourced incarnation's link to its journal.
 pub(crate) struct JournalHandle {
-    journal: Arc<dyn Journal>,
+    writer: Arc<JournalWriter>,
     id: PersistenceId,
     /// The highest sequence number this incarnation knows.
     highest: AtomicU64,
@@ -375,9 +449,9 @@ async fn blocking<T: Send + 'static>(
 
 impl EntityContext {
     /// Links this incarnation to `journal` (an event-sourced type).
-    pub(crate) fn attach_journal(&mut self, journal: Arc<dyn Journal>) {
+    pub(crate) fn attach_journal(&mut self, writer: Arc<JournalWriter>) {
         self.journal = Some(JournalHandle {
-            journal,
+            writer,
             id: PersistenceId::new(self.type_name, &*self.entity_id),
             highest: AtomicU64::new(0),
             stale: AtomicBool::new(false),
@@ -411,7 +485,11 @@ impl EntityContext {
     /// this incarnation appends after its highest sequence number.
     pub(crate) async fn recover_events(&self) -> ShardingResult<Vec<EventRecord>> {
         let handle = self.handle()?;
-        let (journal, id) = (handle.journal.clone(), handle.id.clone());
+        let journal = handle
+            .writer
+            .journal()
+            .map_err(|e| self.persistence_error(e))?;
+        let id = handle.id.clone();
         let read = blocking(move || {
             let highest = journal.highest_sequence_nr(&id)?;
             let events = journal.replay(&id, 1, highest, usize::MAX)?;
@@ -446,15 +524,7 @@ impl EntityContext {
             events,
             writer: self.writer(),
         };
-        let journal = handle.journal.clone();
-        let written = blocking(move || {
-            let mut results = journal.append(std::slice::from_ref(&write));
-            results
-                .pop()
-                .unwrap_or_else(|| Err(PersistenceError::Store("no result for an append".into())))
-        })
-        .await;
-        match written {
+        match handle.writer.append(write).await {
             Ok(()) => {
                 handle.highest.store(expected + count, Ordering::Release);
                 Ok(())

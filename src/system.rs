@@ -37,7 +37,7 @@ use tokio::sync::oneshot;
 use crate::cluster::ClusterNode;
 use crate::config::ShardingConfig;
 use crate::dispatch::{Dispatch, envelope_of};
-use crate::entity::{Entity, EntityContext, EventSourced};
+use crate::entity::{Entity, EntityContext, EventSourced, JournalWriter};
 use crate::error::{ShardingError, ShardingResult};
 use crate::extractor::{ShardExtractor, ShardId};
 use crate::persistence::{Journal, NoJournal};
@@ -97,6 +97,9 @@ pub(crate) struct Shared {
     cluster: Option<ClusterLink>,
     /// The remember-entities write-behind queue, started on first use.
     remember: Mutex<Option<Arc<Remember>>>,
+    /// The batching writer of the journal, once an event-sourced type is
+    /// registered.
+    journal_writer: OnceLock<Arc<JournalWriter>>,
     /// The one graceful stop (`shutdown` from the system or its node): the
     /// task running it, as a watch that turns true when it is done.
     stop_task: Mutex<Option<tokio::sync::watch::Receiver<bool>>>,
@@ -454,6 +457,7 @@ impl<S, J> ShardedSystemBuilder<S, J> {
             cluster,
             remember: Mutex::new(None),
             stop_task: Mutex::new(None),
+            journal_writer: OnceLock::new(),
         });
         if let Some(link) = &shared.cluster {
             let weak: Weak<Shared> = Arc::downgrade(&shared);
@@ -547,7 +551,7 @@ impl<S, J> ShardedSystem<S, J> {
         &self,
         factory: Factory<E>,
         remember: Option<Arc<Remember>>,
-        journal: Option<(Arc<dyn Journal>, Recover<E>)>,
+        journal: Option<(Arc<JournalWriter>, Recover<E>)>,
     ) -> ShardingResult<()>
     where
         E: Entity,
@@ -810,8 +814,13 @@ impl<S, J: Journal> ShardedSystem<S, J> {
         E::Protocol: Dispatch<E>,
     {
         let journal: Arc<dyn Journal> = self.journal.clone();
+        let writer = self
+            .shared
+            .journal_writer
+            .get_or_init(|| JournalWriter::start(&journal))
+            .clone();
         let recover: Recover<E> = crate::entity::recover::<E>;
-        self.register_durable::<E>(Arc::new(factory), None, Some((journal, recover)))
+        self.register_durable::<E>(Arc::new(factory), None, Some((writer, recover)))
             .await
     }
 

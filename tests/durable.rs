@@ -238,3 +238,56 @@ async fn a_journal_that_does_not_read_back_fails_recovery_and_applies_nothing() 
     }
     system.shutdown().await;
 }
+
+/// A journal that counts its append calls and takes 5 ms for each, as a
+/// commit to a disk would.
+#[derive(Clone, Default)]
+struct SlowCountingJournal {
+    inner: InMemoryPersistence,
+    calls: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Journal for SlowCountingJournal {
+    fn append(&self, writes: &[AtomicWrite]) -> Vec<Result<(), PersistenceError>> {
+        self.calls
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(5));
+        self.inner.append(writes)
+    }
+    fn replay(
+        &self,
+        id: &PersistenceId,
+        from: u64,
+        to: u64,
+        max: usize,
+    ) -> Result<Vec<datum_cluster_sharding::persistence::EventRecord>, PersistenceError> {
+        self.inner.replay(id, from, to, max)
+    }
+    fn highest_sequence_nr(&self, id: &PersistenceId) -> Result<u64, PersistenceError> {
+        self.inner.highest_sequence_nr(id)
+    }
+    fn delete_to(&self, id: &PersistenceId, to: u64) -> Result<(), PersistenceError> {
+        Journal::delete_to(&self.inner, id, to)
+    }
+}
+
+#[tokio::test]
+async fn many_entities_appending_at_once_share_commits() {
+    let journal = SlowCountingJournal::default();
+    let system = system_on(journal.clone()).await;
+    const ENTITIES: u64 = 200;
+    let asks = (0..ENTITIES).map(|i| {
+        let tally = system.entity_ref::<Tally>(format!("g-{i}").as_str());
+        async move { tally.ask(Add(i), T).await }
+    });
+    let totals = futures_util::future::join_all(asks).await;
+    for (i, total) in totals.into_iter().enumerate() {
+        assert_eq!(total.expect("add"), i as u64);
+    }
+    let calls = journal.calls.load(std::sync::atomic::Ordering::Relaxed);
+    println!("{ENTITIES} appends in {calls} journal calls");
+    // One at a time would take 200 calls; while one commits, the next
+    // batch gathers.
+    assert!(calls <= 20, "{calls} journal calls for {ENTITIES} appends");
+    system.shutdown().await;
+}
