@@ -313,7 +313,7 @@ pub(crate) fn recover<E: EventSourced>(
     for (i, record) in events.into_iter().enumerate() {
         if record.sequence_nr != i as u64 + 1 {
             return Err(corrupt(format!(
-                "event {} where {} was due",
+                "event {} where {} was due (events before it deleted, with no snapshot to recover from?)",
                 record.sequence_nr,
                 i + 1
             )));
@@ -423,8 +423,41 @@ pub(crate) struct JournalHandle {
     id: PersistenceId,
     /// The highest sequence number this incarnation knows.
     highest: AtomicU64,
-    /// A write was refused because another incarnation wrote since.
-    stale: AtomicBool,
+    /// Why this incarnation must handle nothing more: a write refused
+    /// because another incarnation wrote since, or one whose outcome is
+    /// unknown (a store error, an append whose caller went away).
+    retired: std::sync::Mutex<Option<PersistenceError>>,
+}
+
+impl JournalHandle {
+    fn retire(&self, why: PersistenceError) {
+        let mut retired = self.retired.lock().unwrap_or_else(|p| p.into_inner());
+        retired.get_or_insert(why);
+    }
+
+    fn retired(&self) -> Option<PersistenceError> {
+        self.retired
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+/// Retires the incarnation if an append is dropped before its outcome is
+/// known (the journal writer may still commit it).
+struct InFlight<'a> {
+    handle: &'a JournalHandle,
+    done: bool,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.handle.retire(PersistenceError::Store(
+                "an append was abandoned before its outcome was known".into(),
+            ));
+        }
+    }
 }
 
 impl std::fmt::Debug for JournalHandle {
@@ -454,7 +487,7 @@ impl EntityContext {
             writer,
             id: PersistenceId::new(self.type_name, &*self.entity_id),
             highest: AtomicU64::new(0),
-            stale: AtomicBool::new(false),
+            retired: std::sync::Mutex::new(None),
         });
     }
 
@@ -498,7 +531,10 @@ impl EntityContext {
         .await;
         let (highest, events) = read.map_err(|e| self.persistence_error(e))?;
         if events.last().map_or(0, |e| e.sequence_nr) != highest {
-            let what = format!("the journal is at {highest}, its events end before");
+            let last = events.last().map_or(0, |e| e.sequence_nr);
+            let what = format!(
+                "the journal is at {highest} but holds events up to {last} only (deleted, with no snapshot to recover from)"
+            );
             let id = handle.id.clone();
             return Err(self.persistence_error(PersistenceError::Corrupt {
                 persistence_id: id,
@@ -510,11 +546,14 @@ impl EntityContext {
     }
 
     /// Appends `events` after the highest sequence number this incarnation
-    /// knows; a refusal because another incarnation wrote marks it stale.
+    /// knows. A refusal because another incarnation wrote, or an outcome
+    /// that is not known (a store error: the events may be in the journal;
+    /// the caller gone before the answer), retires this incarnation: the
+    /// next one recovers what the journal holds.
     async fn append(&self, events: Vec<Payload>) -> ShardingResult<()> {
         let handle = self.handle()?;
-        if handle.stale.load(Ordering::Acquire) {
-            return Err(self.stale_error(handle));
+        if let Some(why) = handle.retired() {
+            return Err(self.persistence_error(why));
         }
         let expected = handle.highest.load(Ordering::Acquire);
         let count = events.len() as u64;
@@ -524,37 +563,34 @@ impl EntityContext {
             events,
             writer: self.writer(),
         };
-        match handle.writer.append(write).await {
+        let mut in_flight = InFlight {
+            handle,
+            done: false,
+        };
+        let written = handle.writer.append(write).await;
+        in_flight.done = true;
+        match written {
             Ok(()) => {
                 handle.highest.store(expected + count, Ordering::Release);
                 Ok(())
             }
+            // Refused before anything was written: this incarnation may go on.
+            Err(error @ PersistenceError::Invalid(_)) => Err(self.persistence_error(error)),
             Err(error) => {
                 if matches!(error, PersistenceError::SequenceConflict { .. }) {
-                    handle.stale.store(true, Ordering::Release);
                     tracing::warn!(type_name = self.type_name, entity_id = %self.entity_id, %error, "another incarnation wrote this entity's journal: this one stops");
+                } else {
+                    tracing::warn!(type_name = self.type_name, entity_id = %self.entity_id, %error, "an append's outcome is unknown: this incarnation stops");
                 }
+                handle.retire(error.clone());
                 Err(self.persistence_error(error))
             }
         }
     }
 
-    fn stale_error(&self, handle: &JournalHandle) -> crate::ShardingError {
-        let expected = handle.highest.load(Ordering::Acquire);
-        self.persistence_error(PersistenceError::SequenceConflict {
-            persistence_id: handle.id.clone(),
-            expected,
-            actual: expected,
-        })
-    }
-
-    /// Whether a write of this incarnation was refused as stale: it must
-    /// handle nothing more.
+    /// Why this incarnation must handle nothing more (see `append`).
     pub(crate) fn stale(&self) -> Option<crate::ShardingError> {
-        let handle = self.journal.as_ref()?;
-        handle
-            .stale
-            .load(Ordering::Acquire)
-            .then(|| self.stale_error(handle))
+        let why = self.journal.as_ref()?.retired()?;
+        Some(self.persistence_error(why))
     }
 }

@@ -100,6 +100,8 @@ pub(crate) struct Shared {
     /// The batching writer of the journal, once an event-sourced type is
     /// registered.
     journal_writer: OnceLock<Arc<JournalWriter>>,
+    /// The journal, once an event-sourced type is registered.
+    journal: OnceLock<Arc<dyn Journal>>,
     /// The one graceful stop (`shutdown` from the system or its node): the
     /// task running it, as a watch that turns true when it is done.
     stop_task: Mutex<Option<tokio::sync::watch::Receiver<bool>>>,
@@ -458,6 +460,7 @@ impl<S, J> ShardedSystemBuilder<S, J> {
             remember: Mutex::new(None),
             stop_task: Mutex::new(None),
             journal_writer: OnceLock::new(),
+            journal: OnceLock::new(),
         });
         if let Some(link) = &shared.cluster {
             let weak: Weak<Shared> = Arc::downgrade(&shared);
@@ -814,6 +817,9 @@ impl<S, J: Journal> ShardedSystem<S, J> {
         E::Protocol: Dispatch<E>,
     {
         let journal: Arc<dyn Journal> = self.journal.clone();
+        // The system holds its journal while it lives (an entity ref alone
+        // may keep it running); the writer and the entities hold it weakly.
+        let journal = self.shared.journal.get_or_init(|| journal).clone();
         let writer = self
             .shared
             .journal_writer

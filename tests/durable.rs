@@ -291,3 +291,75 @@ async fn many_entities_appending_at_once_share_commits() {
     assert!(calls <= 20, "{calls} journal calls for {ENTITIES} appends");
     system.shutdown().await;
 }
+
+#[tokio::test]
+async fn an_entity_ref_alone_keeps_the_journal_open() {
+    let system = system_on(InMemoryPersistence::new()).await;
+    let tally = system.entity_ref::<Tally>("kept");
+    drop(system);
+    assert_eq!(
+        tally
+            .ask(Add(2), T)
+            .await
+            .expect("an add after the handle is gone"),
+        2
+    );
+    assert_eq!(tally.ask(Add(3), T).await.expect("and another"), 5);
+}
+
+/// A journal whose next append writes and then reports a store error, as
+/// a commit whose answer was lost would.
+#[derive(Clone, Default)]
+struct LostAnswerJournal {
+    inner: InMemoryPersistence,
+    lose_next: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Journal for LostAnswerJournal {
+    fn append(&self, writes: &[AtomicWrite]) -> Vec<Result<(), PersistenceError>> {
+        let results = self.inner.append(writes);
+        if self
+            .lose_next
+            .swap(false, std::sync::atomic::Ordering::Relaxed)
+        {
+            let lost = PersistenceError::Store("the commit's answer was lost".into());
+            return results.iter().map(|_| Err(lost.clone())).collect();
+        }
+        results
+    }
+    fn replay(
+        &self,
+        id: &PersistenceId,
+        from: u64,
+        to: u64,
+        max: usize,
+    ) -> Result<Vec<datum_cluster_sharding::persistence::EventRecord>, PersistenceError> {
+        self.inner.replay(id, from, to, max)
+    }
+    fn highest_sequence_nr(&self, id: &PersistenceId) -> Result<u64, PersistenceError> {
+        self.inner.highest_sequence_nr(id)
+    }
+    fn delete_to(&self, id: &PersistenceId, to: u64) -> Result<(), PersistenceError> {
+        Journal::delete_to(&self.inner, id, to)
+    }
+}
+
+#[tokio::test]
+async fn an_append_whose_outcome_is_unknown_retires_the_incarnation() {
+    let journal = LostAnswerJournal::default();
+    let system = system_on(journal.clone()).await;
+    let tally = system.entity_ref::<Tally>("u");
+    assert_eq!(tally.ask(Add(1), T).await.expect("add"), 1);
+    journal
+        .lose_next
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(matches!(
+        tally.ask(Add(10), T).await,
+        Err(ShardingError::Persistence { .. })
+    ));
+    // The event was written after all: the next incarnation recovers it,
+    // rather than answer from a state without it and conflict with itself.
+    assert_eq!(get_fresh(&tally).await, 11);
+    assert_eq!(tally.ask(Add(100), T).await.expect("add"), 111);
+    system.shutdown().await;
+}

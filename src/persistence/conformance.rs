@@ -122,10 +122,19 @@ pub fn journal<J: Journal>(make: impl Fn() -> J) {
         "an append of no events"
     );
 
-    // Persistence ids are independent.
+    // Persistence ids are independent: another id, one that the first is
+    // a prefix of, the same id of another type.
     append_one(&j, write("b", 0, &[5])).expect("another id");
     assert_eq!(sequence_nrs(&j, "b"), [1]);
+    append_one(&j, write("ab", 0, &[6])).expect("a longer id");
+    let other_type = AtomicWrite {
+        persistence_id: PersistenceId::new("conformance-2", "a"),
+        ..write("a", 0, &[7])
+    };
+    append_one(&j, other_type).expect("another type's id");
+    assert_eq!(sequence_nrs(&j, "a"), [1, 2, 3], "ids do not mix");
     assert_eq!(j.highest_sequence_nr(&pid("a")).expect("highest"), 3);
+    assert_eq!(j.highest_sequence_nr(&pid("ab")).expect("highest"), 1);
 
     // Replay bounds: from, to, max.
     assert_eq!(
@@ -287,9 +296,23 @@ pub fn durable_state<D: DurableStateStore>(make: impl Fn() -> D) {
         ),
         "a stale delete"
     );
+    assert_eq!(d.revision(&id), Ok(2));
     d.delete(&id, 2).expect("delete");
     assert_eq!(d.load(&id).expect("load"), None, "deleted");
-    d.save(&id, 0, payload(3), writer(3))
-        .expect("a save after a delete starts again");
-    assert_eq!(d.load(&id).expect("load").expect("stored").revision, 1);
+    assert_eq!(d.revision(&id), Ok(3), "a delete is a revision");
+    // A writer that loaded revision 1 or 2 before the delete, or nothing,
+    // cannot save over what follows it.
+    for expected in [0, 1, 2] {
+        assert!(
+            matches!(
+                d.save(&id, expected, payload(8), writer(8)),
+                Err(PersistenceError::RevisionConflict { actual: 3, .. })
+            ),
+            "a save expecting {expected} after the delete"
+        );
+    }
+    d.save(&id, 3, payload(3), writer(3))
+        .expect("a save after the delete");
+    assert_eq!(d.load(&id).expect("load").expect("stored").revision, 4);
+    assert_eq!(d.revision(&pid("never")), Ok(0));
 }

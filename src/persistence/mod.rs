@@ -216,7 +216,10 @@ pub trait Journal: Send + Sync + 'static {
     /// The highest sequence number of `persistence_id` (0 for none), even
     /// when its events were deleted.
     fn highest_sequence_nr(&self, persistence_id: &PersistenceId) -> PersistenceResult<u64>;
-    /// Deletes the events of `persistence_id` up to `to`, inclusive.
+    /// Deletes the events of `persistence_id` up to `to`, inclusive. (An
+    /// event-sourced entity recovers from its whole journal: until it
+    /// recovers from snapshots, deleting its events makes its recovery
+    /// fail, closed.)
     fn delete_to(&self, persistence_id: &PersistenceId, to: u64) -> PersistenceResult<()>;
 }
 
@@ -246,9 +249,12 @@ pub trait SnapshotStore: Send + Sync + 'static {
 /// One whole state per persistence id, with a revision.
 ///
 /// The contract ([`conformance::durable_state`]): a save with `expected`
-/// equal to the stored revision (0 for none) stores the state as revision
+/// equal to the current revision (0 for none) stores the state as revision
 /// `expected + 1`; any other `expected` is refused with
-/// [`PersistenceError::RevisionConflict`] and changes nothing.
+/// [`PersistenceError::RevisionConflict`] and changes nothing. Revisions
+/// never go back: a delete is a revision too (a tombstone), so a writer
+/// that loaded a state before it was deleted and saved again cannot
+/// overwrite what came after.
 pub trait DurableStateStore: Send + Sync + 'static {
     /// Saves `payload` as the next revision after `expected`.
     fn save(
@@ -258,11 +264,13 @@ pub trait DurableStateStore: Send + Sync + 'static {
         payload: Payload,
         writer: Writer,
     ) -> PersistenceResult<()>;
-    /// The stored state, if any.
+    /// The stored state, if any (none after a delete).
     fn load(&self, persistence_id: &PersistenceId) -> PersistenceResult<Option<StateRecord>>;
-    /// Deletes the state if its revision is `expected`; the next save
-    /// starts again from revision 0 (a writer that loaded nothing before
-    /// the state was saved and deleted can then save: a delete is a reset).
+    /// The current revision: the last save's or delete's (0 for none); the
+    /// next save expects it.
+    fn revision(&self, persistence_id: &PersistenceId) -> PersistenceResult<u64>;
+    /// Deletes the state if the current revision is `expected`, as revision
+    /// `expected + 1`.
     fn delete(&self, persistence_id: &PersistenceId, expected: u64) -> PersistenceResult<()>;
 }
 
@@ -277,7 +285,8 @@ pub struct InMemoryPersistence {
 struct Memory {
     journals: HashMap<PersistenceId, MemoryJournal>,
     snapshots: HashMap<PersistenceId, BTreeMap<u64, SnapshotRecord>>,
-    states: HashMap<PersistenceId, StateRecord>,
+    /// The current revision, and the state unless deleted.
+    states: HashMap<PersistenceId, (u64, Option<StateRecord>)>,
 }
 
 #[derive(Default)]
@@ -447,26 +456,38 @@ impl DurableStateStore for InMemoryPersistence {
         writer: Writer,
     ) -> PersistenceResult<()> {
         let mut memory = self.lock();
-        let actual = memory.states.get(persistence_id).map_or(0, |s| s.revision);
+        let actual = memory.states.get(persistence_id).map_or(0, |s| s.0);
         check_revision(persistence_id, expected, actual)?;
         let record = StateRecord {
             revision: actual + 1,
             payload,
             writer,
         };
-        memory.states.insert(persistence_id.clone(), record);
+        memory
+            .states
+            .insert(persistence_id.clone(), (actual + 1, Some(record)));
         Ok(())
     }
 
     fn load(&self, persistence_id: &PersistenceId) -> PersistenceResult<Option<StateRecord>> {
-        Ok(self.lock().states.get(persistence_id).cloned())
+        Ok(self
+            .lock()
+            .states
+            .get(persistence_id)
+            .and_then(|(_, state)| state.clone()))
+    }
+
+    fn revision(&self, persistence_id: &PersistenceId) -> PersistenceResult<u64> {
+        Ok(self.lock().states.get(persistence_id).map_or(0, |s| s.0))
     }
 
     fn delete(&self, persistence_id: &PersistenceId, expected: u64) -> PersistenceResult<()> {
         let mut memory = self.lock();
-        let actual = memory.states.get(persistence_id).map_or(0, |s| s.revision);
+        let actual = memory.states.get(persistence_id).map_or(0, |s| s.0);
         check_revision(persistence_id, expected, actual)?;
-        memory.states.remove(persistence_id);
+        memory
+            .states
+            .insert(persistence_id.clone(), (actual + 1, None));
         Ok(())
     }
 }

@@ -14,7 +14,7 @@
 //! | `events` | `(type, id, sequence_nr)` | a record (below) |
 //! | `highest` | `(type, id)` | the highest sequence number, `u64` |
 //! | `snapshots` | `(type, id, sequence_nr)` | a record |
-//! | `states` | `(type, id)` | the revision, `u64` big-endian, then a record |
+//! | `states` | `(type, id)` | the revision, `u64` big-endian, then a record (none: deleted) |
 //!
 //! A record, version 1: byte `1`; the writer's node id, incarnation and
 //! generation (`u64` little-endian each); the payload's version (`u32`
@@ -296,20 +296,37 @@ impl SnapshotStore for RedbPersistence {
     }
 }
 
-/// A stored state's revision and record.
-fn read_state(id: &PersistenceId, bytes: &[u8]) -> PersistenceResult<StateRecord> {
+/// A stored state's revision, and its record unless it is a delete's
+/// tombstone (the revision alone).
+fn read_state(id: &PersistenceId, bytes: &[u8]) -> PersistenceResult<(u64, Option<StateRecord>)> {
     let Some((revision, record)) = bytes.split_first_chunk::<8>() else {
         return Err(PersistenceError::Corrupt {
             persistence_id: id.clone(),
             what: format!("a state of {} bytes", bytes.len()),
         });
     };
+    let revision = u64::from_be_bytes(*revision);
+    if record.is_empty() {
+        return Ok((revision, None));
+    }
     let (payload, writer) = decode(id, record)?;
-    Ok(StateRecord {
-        revision: u64::from_be_bytes(*revision),
+    let state = StateRecord {
+        revision,
         payload,
         writer,
-    })
+    };
+    Ok((revision, Some(state)))
+}
+
+/// The current revision of a state (0 for none), in a transaction.
+fn revision_in(
+    states: &impl ReadableTable<Named<'static>, &'static [u8]>,
+    id: &PersistenceId,
+) -> PersistenceResult<u64> {
+    match states.get(named(id)).map_err(store_error)? {
+        Some(value) => Ok(read_state(id, value.value())?.0),
+        None => Ok(0),
+    }
 }
 
 impl DurableStateStore for RedbPersistence {
@@ -323,10 +340,7 @@ impl DurableStateStore for RedbPersistence {
         let txn = self.db.begin_write().map_err(store_error)?;
         {
             let mut states = txn.open_table(STATES).map_err(store_error)?;
-            let actual = match states.get(named(persistence_id)).map_err(store_error)? {
-                Some(value) => read_state(persistence_id, value.value())?.revision,
-                None => 0,
-            };
+            let actual = revision_in(&states, persistence_id)?;
             check_revision(persistence_id, expected, actual)?;
             let mut buffer = (actual + 1).to_be_bytes().to_vec();
             encode(&payload, writer, &mut buffer);
@@ -341,21 +355,28 @@ impl DurableStateStore for RedbPersistence {
         let txn = self.db.begin_read().map_err(store_error)?;
         let states = txn.open_table(STATES).map_err(store_error)?;
         match states.get(named(persistence_id)).map_err(store_error)? {
-            Some(value) => read_state(persistence_id, value.value()).map(Some),
+            Some(value) => Ok(read_state(persistence_id, value.value())?.1),
             None => Ok(None),
         }
+    }
+
+    fn revision(&self, persistence_id: &PersistenceId) -> PersistenceResult<u64> {
+        let txn = self.db.begin_read().map_err(store_error)?;
+        let states = txn.open_table(STATES).map_err(store_error)?;
+        revision_in(&states, persistence_id)
     }
 
     fn delete(&self, persistence_id: &PersistenceId, expected: u64) -> PersistenceResult<()> {
         let txn = self.db.begin_write().map_err(store_error)?;
         {
             let mut states = txn.open_table(STATES).map_err(store_error)?;
-            let actual = match states.get(named(persistence_id)).map_err(store_error)? {
-                Some(value) => read_state(persistence_id, value.value())?.revision,
-                None => 0,
-            };
+            let actual = revision_in(&states, persistence_id)?;
             check_revision(persistence_id, expected, actual)?;
-            states.remove(named(persistence_id)).map_err(store_error)?;
+            // The tombstone: the revision alone.
+            let tombstone = (actual + 1).to_be_bytes();
+            states
+                .insert(named(persistence_id), tombstone.as_slice())
+                .map_err(store_error)?;
         }
         txn.commit().map_err(store_error)
     }
