@@ -42,7 +42,7 @@ use crate::error::ShardingResult;
 use crate::extractor::ShardId;
 use crate::persistence::{
     AtomicWrite, EventRecord, Journal, Payload, PersistenceError, PersistenceId, PersistenceResult,
-    Writer,
+    SnapshotRecord, SnapshotStore, Writer,
 };
 use crate::protocol::{Message, Protocol};
 
@@ -249,7 +249,10 @@ pub trait EventSourced: Entity {
         &mut self,
         ctx: &EntityContext,
         event: Self::Event,
-    ) -> impl Future<Output = ShardingResult<()>> + Send {
+    ) -> impl Future<Output = ShardingResult<()>> + Send
+    where
+        Self: Sized,
+    {
         self.persist_all(ctx, vec![event])
     }
 
@@ -259,7 +262,10 @@ pub trait EventSourced: Entity {
         &mut self,
         ctx: &EntityContext,
         events: Vec<Self::Event>,
-    ) -> impl Future<Output = ShardingResult<()>> + Send {
+    ) -> impl Future<Output = ShardingResult<()>> + Send
+    where
+        Self: Sized,
+    {
         async move {
             let payloads = events
                 .iter()
@@ -271,6 +277,10 @@ pub trait EventSourced: Entity {
             ctx.append(payloads).await?;
             for event in &events {
                 self.apply(event);
+            }
+            let entity: &Self = self;
+            if let Some(snapshot) = ctx.snapshot_due(entity, events.len() as u64) {
+                ctx.save_snapshot(snapshot).await;
             }
             Ok(())
         }
@@ -294,53 +304,192 @@ fn encode_event<E: EventSourced + ?Sized>(
     })
 }
 
-/// Recovers an event-sourced entity from `events` (the whole journal, in
-/// order): every event is checked and decoded first, and applied only if
-/// all are good, so a bad record leaves the state as the factory made it.
-pub(crate) fn recover<E: EventSourced>(
-    entity: &mut E,
+/// What an incarnation recovers from: the latest snapshot (of a
+/// [`Snapshotted`] type) and the journal's events after it.
+pub(crate) struct Recovered {
+    pub(crate) snapshot: Option<SnapshotRecord>,
+    pub(crate) events: Vec<EventRecord>,
+}
+
+fn corrupt(ctx: &EntityContext, what: String) -> crate::ShardingError {
+    let id = PersistenceId::new(ctx.type_name, ctx.entity_id());
+    ctx.persistence_error(PersistenceError::Corrupt {
+        persistence_id: id,
+        what,
+    })
+}
+
+/// Checks and decodes `events`, which must be numbered from `first` on.
+fn decode_events<E: EventSourced>(
     ctx: &EntityContext,
+    first: u64,
     events: Vec<EventRecord>,
-) -> ShardingResult<()> {
-    let corrupt = |what: String| {
-        let id = PersistenceId::new(ctx.type_name, ctx.entity_id());
-        ctx.persistence_error(PersistenceError::Corrupt {
-            persistence_id: id,
-            what,
-        })
-    };
+) -> ShardingResult<Vec<E::Event>> {
     let mut decoded = Vec::with_capacity(events.len());
     for (i, record) in events.into_iter().enumerate() {
-        if record.sequence_nr != i as u64 + 1 {
-            return Err(corrupt(format!(
-                "event {} where {} was due (events before it deleted, with no snapshot to recover from?)",
-                record.sequence_nr,
-                i + 1
-            )));
+        let due = first + i as u64;
+        if record.sequence_nr != due {
+            return Err(corrupt(
+                ctx,
+                format!(
+                    "event {} where {due} was due (events before it deleted, with no snapshot to recover from?)",
+                    record.sequence_nr
+                ),
+            ));
         }
         let payload = &record.payload;
         if payload.manifest != ctx.type_name {
-            return Err(corrupt(format!(
-                "event {} is a `{}`, not a `{}` event",
-                record.sequence_nr, payload.manifest, ctx.type_name
-            )));
+            return Err(corrupt(
+                ctx,
+                format!(
+                    "event {} is a `{}`, not a `{}` event",
+                    record.sequence_nr, payload.manifest, ctx.type_name
+                ),
+            ));
         }
         if payload.version > E::EVENT_VERSION {
-            return Err(corrupt(format!(
-                "event {} has version {}, above this build's {}",
-                record.sequence_nr,
-                payload.version,
-                E::EVENT_VERSION
-            )));
+            return Err(corrupt(
+                ctx,
+                format!(
+                    "event {} has version {}, above this build's {}",
+                    record.sequence_nr,
+                    payload.version,
+                    E::EVENT_VERSION
+                ),
+            ));
         }
-        let event: E::Event = ciborium::from_reader(payload.bytes.as_slice())
-            .map_err(|e| corrupt(format!("event {} does not decode: {e}", record.sequence_nr)))?;
+        let event: E::Event = ciborium::from_reader(payload.bytes.as_slice()).map_err(|e| {
+            corrupt(
+                ctx,
+                format!("event {} does not decode: {e}", record.sequence_nr),
+            )
+        })?;
         decoded.push(event);
     }
-    for event in &decoded {
+    Ok(decoded)
+}
+
+/// Recovers an event-sourced entity from its whole journal: every event is
+/// checked and decoded first, and applied only if all are good, so a bad
+/// record leaves the state as the factory made it.
+pub(crate) fn recover<E: EventSourced>(
+    entity: &mut E,
+    ctx: &EntityContext,
+    recovered: Recovered,
+) -> ShardingResult<()> {
+    let events = decode_events::<E>(ctx, 1, recovered.events)?;
+    for event in &events {
         entity.apply(event);
     }
     Ok(())
+}
+
+/// The manifest of a type's snapshots.
+fn snapshot_manifest(type_name: &str) -> String {
+    format!("{type_name}#snapshot")
+}
+
+/// Recovers a snapshotted entity: its latest snapshot, then the events
+/// after it, all checked and decoded before anything is applied.
+pub(crate) fn recover_snapshotted<E: Snapshotted>(
+    entity: &mut E,
+    ctx: &EntityContext,
+    recovered: Recovered,
+) -> ShardingResult<()> {
+    let (first, snapshot) = match recovered.snapshot {
+        None => (1, None),
+        Some(record) => {
+            let seq = record.sequence_nr;
+            let payload = record.payload;
+            if payload.manifest != snapshot_manifest(ctx.type_name) {
+                return Err(corrupt(
+                    ctx,
+                    format!("snapshot {seq} is a `{}`", payload.manifest),
+                ));
+            }
+            if payload.version > E::SNAPSHOT_VERSION {
+                return Err(corrupt(
+                    ctx,
+                    format!(
+                        "snapshot {seq} has version {}, above this build's {}",
+                        payload.version,
+                        E::SNAPSHOT_VERSION
+                    ),
+                ));
+            }
+            let snapshot: E::Snapshot = ciborium::from_reader(payload.bytes.as_slice())
+                .map_err(|e| corrupt(ctx, format!("snapshot {seq} does not decode: {e}")))?;
+            (seq + 1, Some(snapshot))
+        }
+    };
+    let events = decode_events::<E>(ctx, first, recovered.events)?;
+    if let Some(snapshot) = snapshot {
+        entity.restore(snapshot);
+    }
+    for event in &events {
+        entity.apply(event);
+    }
+    Ok(())
+}
+
+/// An [`EventSourced`] entity that also saves snapshots of its state: one
+/// after every `SNAPSHOT_EVERY` events, keeping the last `SNAPSHOTS_KEPT`;
+/// an incarnation recovers from the latest snapshot and the events after
+/// it. Register it with `ShardedSystem::register_snapshotted`, which needs
+/// a journal that is also a [`SnapshotStore`](crate::persistence::SnapshotStore).
+pub trait Snapshotted: EventSourced {
+    /// The state as it is saved.
+    type Snapshot: serde::Serialize + serde::de::DeserializeOwned + Send + Sync + 'static;
+    /// A snapshot after this many events (at least 1).
+    const SNAPSHOT_EVERY: u64 = 100;
+    /// How many snapshots are kept (the older ones are deleted).
+    const SNAPSHOTS_KEPT: u64 = 2;
+    /// The version of the snapshots' encoding, stored with each.
+    const SNAPSHOT_VERSION: u32 = 1;
+    /// The state to save.
+    fn snapshot(&self) -> Self::Snapshot;
+    /// Takes a saved state (into an incarnation fresh from the factory).
+    fn restore(&mut self, snapshot: Self::Snapshot);
+}
+
+/// A snapshotted type's snapshot rule, shared by its incarnations.
+pub(crate) struct Snapshots {
+    store: std::sync::Weak<dyn SnapshotStore>,
+    every: u64,
+    kept: u64,
+    take: fn(&dyn std::any::Any, &EntityContext) -> ShardingResult<Payload>,
+}
+
+impl Snapshots {
+    /// The rule of `E`, saving to `store`.
+    pub(crate) fn of<E: Snapshotted>(store: &Arc<dyn SnapshotStore>) -> Arc<Self> {
+        Arc::new(Snapshots {
+            store: Arc::downgrade(store),
+            every: E::SNAPSHOT_EVERY.max(1),
+            kept: E::SNAPSHOTS_KEPT.max(1),
+            take: take_snapshot::<E>,
+        })
+    }
+}
+
+fn take_snapshot<E: Snapshotted>(
+    entity: &dyn std::any::Any,
+    ctx: &EntityContext,
+) -> ShardingResult<Payload> {
+    let entity = entity
+        .downcast_ref::<E>()
+        .ok_or_else(|| crate::ShardingError::Bug("a snapshot of another entity type".into()))?;
+    let mut bytes = Vec::new();
+    ciborium::into_writer(&entity.snapshot(), &mut bytes).map_err(|e| {
+        ctx.persistence_error(PersistenceError::Invalid(format!(
+            "a snapshot does not encode: {e}"
+        )))
+    })?;
+    Ok(Payload {
+        manifest: snapshot_manifest(ctx.type_name),
+        version: E::SNAPSHOT_VERSION,
+        bytes,
+    })
 }
 
 /// How many appends one journal call takes at most.
@@ -420,6 +569,8 @@ impl JournalWriter {
 /// An event-sourced incarnation's link to its journal.
 pub(crate) struct JournalHandle {
     writer: Arc<JournalWriter>,
+    /// Of a snapshotted type: its snapshot rule.
+    snapshots: Option<Arc<Snapshots>>,
     id: PersistenceId,
     /// The highest sequence number this incarnation knows.
     highest: AtomicU64,
@@ -482,9 +633,14 @@ async fn blocking<T: Send + 'static>(
 
 impl EntityContext {
     /// Links this incarnation to `journal` (an event-sourced type).
-    pub(crate) fn attach_journal(&mut self, writer: Arc<JournalWriter>) {
+    pub(crate) fn attach_journal(
+        &mut self,
+        writer: Arc<JournalWriter>,
+        snapshots: Option<Arc<Snapshots>>,
+    ) {
         self.journal = Some(JournalHandle {
             writer,
+            snapshots,
             id: PersistenceId::new(self.type_name, &*self.entity_id),
             highest: AtomicU64::new(0),
             retired: std::sync::Mutex::new(None),
@@ -514,35 +670,107 @@ impl EntityContext {
         }
     }
 
-    /// The whole journal of this entity, for its recovery; from then on
-    /// this incarnation appends after its highest sequence number.
-    pub(crate) async fn recover_events(&self) -> ShardingResult<Vec<EventRecord>> {
+    /// What this entity recovers from: its latest snapshot (of a
+    /// snapshotted type) and the journal's events after it; from then on
+    /// this incarnation appends after the journal's highest sequence number.
+    pub(crate) async fn recover_events(&self) -> ShardingResult<Recovered> {
         let handle = self.handle()?;
         let journal = handle
             .writer
             .journal()
             .map_err(|e| self.persistence_error(e))?;
+        let store = match &handle.snapshots {
+            Some(snapshots) => Some(snapshots.store.upgrade().ok_or_else(|| {
+                self.persistence_error(PersistenceError::Store(
+                    "the system's snapshot store is gone".into(),
+                ))
+            })?),
+            None => None,
+        };
         let id = handle.id.clone();
         let read = blocking(move || {
             let highest = journal.highest_sequence_nr(&id)?;
-            let events = journal.replay(&id, 1, highest, usize::MAX)?;
-            Ok((highest, events))
+            let snapshot = match store {
+                Some(store) => store.load(&id, highest)?,
+                None => None,
+            };
+            let from = snapshot.as_ref().map_or(1, |s| s.sequence_nr + 1);
+            let events = journal.replay(&id, from, highest, usize::MAX)?;
+            Ok((highest, Recovered { snapshot, events }))
         })
         .await;
-        let (highest, events) = read.map_err(|e| self.persistence_error(e))?;
-        if events.last().map_or(0, |e| e.sequence_nr) != highest {
-            let last = events.last().map_or(0, |e| e.sequence_nr);
+        let (highest, recovered) = read.map_err(|e| self.persistence_error(e))?;
+        let last = recovered
+            .events
+            .last()
+            .map(|e| e.sequence_nr)
+            .or(recovered.snapshot.as_ref().map(|s| s.sequence_nr))
+            .unwrap_or(0);
+        if last != highest {
             let what = format!(
                 "the journal is at {highest} but holds events up to {last} only (deleted, with no snapshot to recover from)"
             );
-            let id = handle.id.clone();
-            return Err(self.persistence_error(PersistenceError::Corrupt {
-                persistence_id: id,
-                what,
-            }));
+            return Err(corrupt(self, what));
         }
         handle.highest.store(highest, Ordering::Release);
-        Ok(events)
+        Ok(recovered)
+    }
+
+    /// After `count` events were appended and applied to `entity`: its
+    /// snapshot, when the count crossed a multiple of the type's
+    /// `SNAPSHOT_EVERY`.
+    fn snapshot_due(
+        &self,
+        entity: &dyn std::any::Any,
+        count: u64,
+    ) -> Option<ShardingResult<SnapshotRecord>> {
+        let handle = self.journal.as_ref()?;
+        let snapshots = handle.snapshots.as_ref()?;
+        let after = handle.highest.load(Ordering::Acquire);
+        let before = after.saturating_sub(count);
+        if after / snapshots.every == before / snapshots.every {
+            return None;
+        }
+        Some(
+            (snapshots.take)(entity, self).map(|payload| SnapshotRecord {
+                sequence_nr: after,
+                payload,
+                writer: self.writer(),
+            }),
+        )
+    }
+
+    /// Saves `snapshot` and deletes those older than the kept ones. A
+    /// failure is logged (the events are durable; recovery replays more).
+    async fn save_snapshot(&self, snapshot: ShardingResult<SnapshotRecord>) {
+        let Some(handle) = self.journal.as_ref() else {
+            return;
+        };
+        let Some(snapshots) = &handle.snapshots else {
+            return;
+        };
+        let saved = match (snapshot, snapshots.store.upgrade()) {
+            (Ok(record), Some(store)) => {
+                let id = handle.id.clone();
+                let older = record
+                    .sequence_nr
+                    .saturating_sub(snapshots.kept * snapshots.every);
+                blocking(move || {
+                    store.save(&id, record)?;
+                    if older > 0 {
+                        store.delete_to(&id, older)?;
+                    }
+                    Ok(())
+                })
+                .await
+                .map_err(|e| self.persistence_error(e))
+            }
+            (Err(error), _) => Err(error),
+            (_, None) => return,
+        };
+        if let Err(error) = saved {
+            tracing::warn!(type_name = self.type_name, entity_id = %self.entity_id, %error, "a snapshot was not saved; recovery replays the events instead");
+        }
     }
 
     /// Appends `events` after the highest sequence number this incarnation

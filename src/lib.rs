@@ -79,7 +79,9 @@ pub mod wire;
 pub use config::{
     MAX_SHARDS, RememberEntitiesConfig, RememberEntitiesFailurePolicy, ShardingConfig,
 };
-pub use entity::{DeferredHandler, Entity, EntityContext, EventSourced, Handler, ReplyPort};
+pub use entity::{
+    DeferredHandler, Entity, EntityContext, EventSourced, Handler, ReplyPort, Snapshotted,
+};
 pub use error::{RegionRefusal, ShardingError, ShardingResult};
 pub use extractor::{DefaultShardExtractor, ShardExtractor, ShardId, fnv1a_64};
 pub use protocol::{Ask, Message, MessageInfo, MessageKind, Protocol, Tell};
@@ -96,7 +98,7 @@ pub mod prelude {
         Ask, DefaultShardExtractor, DeferredHandler, Entity, EntityContext, EntityRef,
         EventSourced, Handler, InMemoryStore, Message, NoStore, Protocol, RememberEntitiesStore,
         ReplyPort, ShardExtractor, ShardId, ShardedSystem, ShardingConfig, ShardingError,
-        ShardingResult, Tell, protocol,
+        ShardingResult, Snapshotted, Tell, protocol,
     };
     pub use serde::{Deserialize, Serialize};
 }

@@ -37,10 +37,10 @@ use tokio::sync::oneshot;
 use crate::cluster::ClusterNode;
 use crate::config::ShardingConfig;
 use crate::dispatch::{Dispatch, envelope_of};
-use crate::entity::{Entity, EntityContext, EventSourced, JournalWriter};
+use crate::entity::{Entity, EntityContext, EventSourced, JournalWriter, Snapshots, Snapshotted};
 use crate::error::{ShardingError, ShardingResult};
 use crate::extractor::{ShardExtractor, ShardId};
-use crate::persistence::{Journal, NoJournal};
+use crate::persistence::{Journal, NoJournal, SnapshotStore};
 use crate::protocol::SealedProtocol;
 use crate::protocol::{Ask, Protocol, Tell};
 use crate::runtime::entity_actor::{EntityActor, EntityArgs, Factory, Recover, StopNotice};
@@ -102,6 +102,8 @@ pub(crate) struct Shared {
     journal_writer: OnceLock<Arc<JournalWriter>>,
     /// The journal, once an event-sourced type is registered.
     journal: OnceLock<Arc<dyn Journal>>,
+    /// The snapshot store, once a snapshotted type is registered.
+    snapshot_store: OnceLock<Arc<dyn SnapshotStore>>,
     /// The one graceful stop (`shutdown` from the system or its node): the
     /// task running it, as a watch that turns true when it is done.
     stop_task: Mutex<Option<tokio::sync::watch::Receiver<bool>>>,
@@ -306,6 +308,13 @@ impl SystemPort for Shared {
     }
 }
 
+/// What an event-sourced type's spawner gives each incarnation.
+struct Durable<E> {
+    writer: Arc<JournalWriter>,
+    snapshots: Option<Arc<Snapshots>>,
+    recover: Recover<E>,
+}
+
 /// Builds a [`ShardedSystem`]; the store and the journal given (if any)
 /// become part of the system's type.
 #[must_use = "a builder does nothing until `start` is awaited"]
@@ -461,6 +470,7 @@ impl<S, J> ShardedSystemBuilder<S, J> {
             stop_task: Mutex::new(None),
             journal_writer: OnceLock::new(),
             journal: OnceLock::new(),
+            snapshot_store: OnceLock::new(),
         });
         if let Some(link) = &shared.cluster {
             let weak: Weak<Shared> = Arc::downgrade(&shared);
@@ -554,7 +564,7 @@ impl<S, J> ShardedSystem<S, J> {
         &self,
         factory: Factory<E>,
         remember: Option<Arc<Remember>>,
-        journal: Option<(Arc<JournalWriter>, Recover<E>)>,
+        durable: Option<Durable<E>>,
     ) -> ShardingResult<()>
     where
         E: Entity,
@@ -569,9 +579,9 @@ impl<S, J> ShardedSystem<S, J> {
             config.passivation_idle_timeout
         };
         let spawner: Spawner = Box::new(move |mut ctx, incarnation, region| {
-            let recover = journal.as_ref().map(|(journal, recover)| {
-                ctx.attach_journal(journal.clone());
-                *recover
+            let recover = durable.as_ref().map(|d| {
+                ctx.attach_journal(d.writer.clone(), d.snapshots.clone());
+                d.recover
             });
             let notice = StopNotice {
                 region,
@@ -816,23 +826,61 @@ impl<S, J: Journal> ShardedSystem<S, J> {
         E: EventSourced,
         E::Protocol: Dispatch<E>,
     {
+        let writer = self.journal_writer();
+        let recover: Recover<E> = crate::entity::recover::<E>;
+        let durable = Some(Durable {
+            writer,
+            snapshots: None,
+            recover,
+        });
+        self.register_durable::<E>(Arc::new(factory), None, durable)
+            .await
+    }
+
+    /// The system's journal writer, started on first use. The system holds
+    /// its journal while it lives (an entity ref alone may keep it
+    /// running); the writer and the entities hold it weakly.
+    fn journal_writer(&self) -> Arc<JournalWriter> {
         let journal: Arc<dyn Journal> = self.journal.clone();
-        // The system holds its journal while it lives (an entity ref alone
-        // may keep it running); the writer and the entities hold it weakly.
         let journal = self.shared.journal.get_or_init(|| journal).clone();
-        let writer = self
-            .shared
+        self.shared
             .journal_writer
             .get_or_init(|| JournalWriter::start(&journal))
-            .clone();
-        let recover: Recover<E> = crate::entity::recover::<E>;
-        self.register_durable::<E>(Arc::new(factory), None, Some((writer, recover)))
-            .await
+            .clone()
     }
 
     /// The system's journal.
     pub fn journal(&self) -> &J {
         &self.journal
+    }
+}
+
+impl<S, J: Journal + SnapshotStore> ShardedSystem<S, J> {
+    /// Registers `E` as a snapshotted event-sourced type: as
+    /// [`register_event_sourced`](Self::register_event_sourced), and its
+    /// incarnations save a snapshot every `E::SNAPSHOT_EVERY` events (to the
+    /// journal's snapshot store, keeping `E::SNAPSHOTS_KEPT`) and recover
+    /// from the latest one and the events after it.
+    pub async fn register_snapshotted<E>(
+        &self,
+        factory: impl Fn(&EntityContext) -> E + Send + Sync + 'static,
+    ) -> ShardingResult<()>
+    where
+        E: Snapshotted,
+        E::Protocol: Dispatch<E>,
+    {
+        let writer = self.journal_writer();
+        let store: Arc<dyn SnapshotStore> = self.journal.clone();
+        let store = self.shared.snapshot_store.get_or_init(|| store).clone();
+        let snapshots = Some(Snapshots::of::<E>(&store));
+        let recover: Recover<E> = crate::entity::recover_snapshotted::<E>;
+        let durable = Some(Durable {
+            writer,
+            snapshots,
+            recover,
+        });
+        self.register_durable::<E>(Arc::new(factory), None, durable)
+            .await
     }
 }
 

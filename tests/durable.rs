@@ -363,3 +363,99 @@ async fn an_append_whose_outcome_is_unknown_retires_the_incarnation() {
     assert_eq!(tally.ask(Add(100), T).await.expect("add"), 111);
     system.shutdown().await;
 }
+
+protocol! {
+    /// A counter that snapshots its state.
+    pub protocol SnapTally = "snap-tally" {
+        ask Add -> u64;
+        ask Get -> u64;
+    }
+}
+
+#[derive(Default)]
+struct SnapTallyEntity {
+    total: u64,
+    restored_from: Option<u64>,
+}
+
+impl Entity for SnapTallyEntity {
+    type Protocol = SnapTally;
+}
+
+impl EventSourced for SnapTallyEntity {
+    type Event = TallyEvent;
+    fn apply(&mut self, event: &TallyEvent) {
+        match event {
+            TallyEvent::Added(n) => self.total += n,
+        }
+    }
+}
+
+impl Snapshotted for SnapTallyEntity {
+    type Snapshot = u64;
+    const SNAPSHOT_EVERY: u64 = 3;
+    const SNAPSHOTS_KEPT: u64 = 2;
+    fn snapshot(&self) -> u64 {
+        self.total
+    }
+    fn restore(&mut self, total: u64) {
+        self.total = total;
+        self.restored_from = Some(total);
+    }
+}
+
+impl Handler<Add> for SnapTallyEntity {
+    async fn handle(&mut self, msg: Add, ctx: &EntityContext) -> ShardingResult<u64> {
+        self.persist(ctx, TallyEvent::Added(msg.0)).await?;
+        Ok(self.total)
+    }
+}
+
+impl Handler<Get> for SnapTallyEntity {
+    async fn handle(&mut self, _: Get, _: &EntityContext) -> ShardingResult<u64> {
+        // The total, and (in the thousands) the snapshot it started from.
+        Ok(self.total + self.restored_from.map_or(0, |s| s * 1_000))
+    }
+}
+
+#[tokio::test]
+async fn a_snapshotted_entity_recovers_from_its_latest_snapshot() {
+    use datum_cluster_sharding::persistence::SnapshotStore;
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join("node.redb");
+    let id = PersistenceId::new("snap-tally", "s-1");
+    let start = |store: RedbPersistence| async move {
+        let system = ShardedSystem::builder()
+            .num_shards(8)
+            .journal(store)
+            .start()
+            .await
+            .expect("start");
+        system
+            .register_snapshotted::<SnapTallyEntity>(|_| SnapTallyEntity::default())
+            .await
+            .expect("register");
+        system
+    };
+    {
+        let system = start(RedbPersistence::open(&path).expect("open")).await;
+        let tally = system.entity_ref::<SnapTally>("s-1");
+        for n in 1..=10 {
+            assert_eq!(tally.ask(Add(n), T).await.expect("add"), n * (n + 1) / 2);
+        }
+        // Snapshots after events 3, 6 and 9; the last two are kept.
+        let store = system.journal();
+        let at = |max| SnapshotStore::load(store, &id, max).expect("load");
+        assert_eq!(at(u64::MAX).map(|s| s.sequence_nr), Some(9));
+        assert_eq!(at(8).map(|s| s.sequence_nr), Some(6));
+        assert_eq!(at(5), None, "the snapshot after event 3 was deleted");
+        // The events the snapshot covers are no longer needed.
+        Journal::delete_to(store, &id, 9).expect("delete");
+        system.shutdown().await;
+    }
+    let system = start(RedbPersistence::open(&path).expect("reopen")).await;
+    let tally = system.entity_ref::<SnapTally>("s-1");
+    // 55, restored from the snapshot of 45 (after event 9) and event 10.
+    assert_eq!(tally.ask(Get, T).await.expect("get"), 45_000 + 55);
+    system.shutdown().await;
+}

@@ -8,10 +8,9 @@ use std::time::{Duration, Instant};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
 use crate::dispatch::{Dispatch, OutcomeKind, panic_message};
-use crate::entity::{Entity, EntityContext};
+use crate::entity::{Entity, EntityContext, Recovered};
 use crate::error::{ShardingError, ShardingResult};
 use crate::extractor::ShardId;
-use crate::persistence::EventRecord;
 use crate::runtime::mailbox::{EntityMsg, RegionMsg};
 
 /// Builds an entity incarnation.
@@ -19,7 +18,7 @@ pub(crate) type Factory<E> = Arc<dyn Fn(&EntityContext) -> E + Send + Sync>;
 
 /// Of an event-sourced type: applies the journal's events to a fresh
 /// incarnation (`entity::recover::<E>`).
-pub(crate) type Recover<E> = fn(&mut E, &EntityContext, Vec<EventRecord>) -> ShardingResult<()>;
+pub(crate) type Recover<E> = fn(&mut E, &EntityContext, Recovered) -> ShardingResult<()>;
 
 pub(crate) struct EntityActor<E>(PhantomData<fn() -> E>);
 
