@@ -41,8 +41,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::error::ShardingResult;
 use crate::extractor::ShardId;
 use crate::persistence::{
-    AtomicWrite, EventRecord, Journal, Payload, PersistenceError, PersistenceId, PersistenceResult,
-    SnapshotRecord, SnapshotStore, Writer,
+    AtomicWrite, DurableStateStore, EventRecord, Journal, Payload, PersistenceError, PersistenceId,
+    PersistenceResult, SnapshotRecord, SnapshotStore, StateRecord, Writer,
 };
 use crate::protocol::{Message, Protocol};
 
@@ -152,6 +152,8 @@ pub struct EntityContext {
     passivate: AtomicBool,
     /// Of an event-sourced entity: its journal.
     pub(crate) journal: Option<JournalHandle>,
+    /// Of a durable-state entity: its state store.
+    state: Option<StateHandle>,
 }
 
 impl EntityContext {
@@ -169,6 +171,7 @@ impl EntityContext {
             generation: 0,
             passivate: AtomicBool::new(false),
             journal: None,
+            state: None,
         }
     }
 
@@ -309,6 +312,8 @@ fn encode_event<E: EventSourced + ?Sized>(
 pub(crate) struct Recovered {
     pub(crate) snapshot: Option<SnapshotRecord>,
     pub(crate) events: Vec<EventRecord>,
+    /// Of a durable-state type: the stored state.
+    pub(crate) state: Option<StateRecord>,
 }
 
 fn corrupt(ctx: &EntityContext, what: String) -> crate::ShardingError {
@@ -674,6 +679,9 @@ impl EntityContext {
     /// snapshotted type) and the journal's events after it; from then on
     /// this incarnation appends after the journal's highest sequence number.
     pub(crate) async fn recover_events(&self) -> ShardingResult<Recovered> {
+        if let Some(state) = &self.state {
+            return self.recover_state(state).await;
+        }
         let handle = self.handle()?;
         let journal = handle
             .writer
@@ -696,7 +704,12 @@ impl EntityContext {
             };
             let from = snapshot.as_ref().map_or(1, |s| s.sequence_nr + 1);
             let events = journal.replay(&id, from, highest, usize::MAX)?;
-            Ok((highest, Recovered { snapshot, events }))
+            let recovered = Recovered {
+                snapshot,
+                events,
+                state: None,
+            };
+            Ok((highest, recovered))
         })
         .await;
         let (highest, recovered) = read.map_err(|e| self.persistence_error(e))?;
@@ -816,9 +829,207 @@ impl EntityContext {
         }
     }
 
-    /// Why this incarnation must handle nothing more (see `append`).
+    /// Why this incarnation must handle nothing more (see `append` and
+    /// `save_state`).
     pub(crate) fn stale(&self) -> Option<crate::ShardingError> {
-        let why = self.journal.as_ref()?.retired()?;
-        Some(self.persistence_error(why))
+        let journal = self.journal.as_ref().and_then(JournalHandle::retired);
+        let state = self
+            .state
+            .as_ref()
+            .and_then(|s| s.retired.lock().unwrap_or_else(|p| p.into_inner()).clone());
+        Some(self.persistence_error(journal.or(state)?))
     }
+
+    /// Links this incarnation to `store` (a durable-state type).
+    pub(crate) fn attach_state(&mut self, store: std::sync::Weak<dyn DurableStateStore>) {
+        self.state = Some(StateHandle {
+            store,
+            id: PersistenceId::new(self.type_name, &*self.entity_id),
+            revision: AtomicU64::new(0),
+            retired: std::sync::Mutex::new(None),
+        });
+    }
+
+    fn state_store(&self, handle: &StateHandle) -> ShardingResult<Arc<dyn DurableStateStore>> {
+        handle.store.upgrade().ok_or_else(|| {
+            self.persistence_error(PersistenceError::Store(
+                "the system's state store is gone".into(),
+            ))
+        })
+    }
+
+    async fn recover_state(&self, handle: &StateHandle) -> ShardingResult<Recovered> {
+        let store = self.state_store(handle)?;
+        let id = handle.id.clone();
+        let read = blocking(move || Ok((store.revision(&id)?, store.load(&id)?))).await;
+        let (revision, state) = read.map_err(|e| self.persistence_error(e))?;
+        handle.revision.store(revision, Ordering::Release);
+        Ok(Recovered {
+            snapshot: None,
+            events: Vec::new(),
+            state,
+        })
+    }
+
+    /// Saves `payload` as the next revision after the one this incarnation
+    /// knows. A conflict (another incarnation saved since) or an outcome
+    /// that is not known retires this incarnation, as for an append.
+    async fn save_state(&self, payload: Payload) -> ShardingResult<()> {
+        let Some(handle) = &self.state else {
+            return Err(crate::ShardingError::Bug(format!(
+                "`{}` saved a state without a state store",
+                self.type_name
+            )));
+        };
+        let retired = |why: PersistenceError| {
+            let mut retired = handle.retired.lock().unwrap_or_else(|p| p.into_inner());
+            retired.get_or_insert(why);
+        };
+        if let Some(why) = handle
+            .retired
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+        {
+            return Err(self.persistence_error(why));
+        }
+        let store = self.state_store(handle)?;
+        let expected = handle.revision.load(Ordering::Acquire);
+        let (id, writer) = (handle.id.clone(), self.writer());
+        let mut guard = StateInFlight {
+            retire: &retired,
+            done: false,
+        };
+        let saved = blocking(move || store.save(&id, expected, payload, writer)).await;
+        guard.done = true;
+        match saved {
+            Ok(()) => {
+                handle.revision.store(expected + 1, Ordering::Release);
+                Ok(())
+            }
+            Err(error @ PersistenceError::Invalid(_)) => Err(self.persistence_error(error)),
+            Err(error) => {
+                tracing::warn!(type_name = self.type_name, entity_id = %self.entity_id, %error, "a state save was refused or its outcome is unknown: this incarnation stops");
+                retired(error.clone());
+                Err(self.persistence_error(error))
+            }
+        }
+    }
+}
+
+/// A durable-state incarnation's link to its store.
+struct StateHandle {
+    store: std::sync::Weak<dyn DurableStateStore>,
+    id: PersistenceId,
+    /// The revision this incarnation knows.
+    revision: AtomicU64,
+    /// Why this incarnation must handle nothing more.
+    retired: std::sync::Mutex<Option<PersistenceError>>,
+}
+
+impl std::fmt::Debug for StateHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StateHandle")
+            .field("id", &self.id)
+            .field("revision", &self.revision)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Retires the incarnation if a save is dropped before its outcome is known.
+struct StateInFlight<'a, F: Fn(PersistenceError)> {
+    retire: &'a F,
+    done: bool,
+}
+
+impl<F: Fn(PersistenceError)> Drop for StateInFlight<'_, F> {
+    fn drop(&mut self) {
+        if !self.done {
+            (self.retire)(PersistenceError::Store(
+                "a save was abandoned before its outcome was known".into(),
+            ));
+        }
+    }
+}
+
+/// An entity whose whole state is saved, with a revision (Akka's durable
+/// state, Orleans' grain storage): a handler changes the state and calls
+/// [`save_state`](Self::save_state), which stores it as the next revision
+/// only if no other incarnation saved since this one loaded; every
+/// incarnation loads the stored state before its first message. Register
+/// it with `ShardedSystem::register_durable_state`, which needs a system
+/// whose journal is also a [`DurableStateStore`]. A save refused as stale,
+/// or whose outcome is unknown, retires the incarnation as a stale
+/// [`EventSourced`] one is.
+pub trait DurableState: Entity {
+    /// The state as it is saved.
+    type State: serde::Serialize + serde::de::DeserializeOwned + Send + Sync + 'static;
+    /// The version of the state's encoding, stored with it.
+    const STATE_VERSION: u32 = 1;
+    /// The state to save.
+    fn state(&self) -> &Self::State;
+    /// Takes the stored state (into an incarnation fresh from the factory;
+    /// not called when nothing is stored).
+    fn set_state(&mut self, state: Self::State);
+
+    /// Saves [`state`](Self::state) as the next revision; on error nothing
+    /// was saved unless the error is a store's (outcome unknown: the next
+    /// incarnation loads what is there).
+    fn save_state(&mut self, ctx: &EntityContext) -> impl Future<Output = ShardingResult<()>> + Send
+    where
+        Self: Sized,
+    {
+        let payload = encode_state::<Self>(ctx, self.state());
+        async move { ctx.save_state(payload?).await }
+    }
+}
+
+fn state_manifest(type_name: &str) -> String {
+    format!("{type_name}#state")
+}
+
+fn encode_state<E: DurableState>(ctx: &EntityContext, state: &E::State) -> ShardingResult<Payload> {
+    let mut bytes = Vec::new();
+    ciborium::into_writer(state, &mut bytes).map_err(|e| {
+        ctx.persistence_error(PersistenceError::Invalid(format!(
+            "a state does not encode: {e}"
+        )))
+    })?;
+    Ok(Payload {
+        manifest: state_manifest(ctx.type_name),
+        version: E::STATE_VERSION,
+        bytes,
+    })
+}
+
+/// Loads a durable-state entity's stored state, checked and decoded first.
+pub(crate) fn recover_state<E: DurableState>(
+    entity: &mut E,
+    ctx: &EntityContext,
+    recovered: Recovered,
+) -> ShardingResult<()> {
+    let Some(record) = recovered.state else {
+        return Ok(());
+    };
+    let payload = record.payload;
+    if payload.manifest != state_manifest(ctx.type_name) {
+        return Err(corrupt(
+            ctx,
+            format!("the state is a `{}`", payload.manifest),
+        ));
+    }
+    if payload.version > E::STATE_VERSION {
+        return Err(corrupt(
+            ctx,
+            format!(
+                "the state has version {}, above this build's {}",
+                payload.version,
+                E::STATE_VERSION
+            ),
+        ));
+    }
+    let state: E::State = ciborium::from_reader(payload.bytes.as_slice())
+        .map_err(|e| corrupt(ctx, format!("the state does not decode: {e}")))?;
+    entity.set_state(state);
+    Ok(())
 }

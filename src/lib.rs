@@ -80,7 +80,8 @@ pub use config::{
     MAX_SHARDS, RememberEntitiesConfig, RememberEntitiesFailurePolicy, ShardingConfig,
 };
 pub use entity::{
-    DeferredHandler, Entity, EntityContext, EventSourced, Handler, ReplyPort, Snapshotted,
+    DeferredHandler, DurableState, Entity, EntityContext, EventSourced, Handler, ReplyPort,
+    Snapshotted,
 };
 pub use error::{RegionRefusal, ShardingError, ShardingResult};
 pub use extractor::{DefaultShardExtractor, ShardExtractor, ShardId, fnv1a_64};
@@ -95,10 +96,10 @@ pub use system::{EntityRef, ShardedSystem, ShardedSystemBuilder};
 /// Everything a user of the typed façade needs, plus serde's derives.
 pub mod prelude {
     pub use crate::{
-        Ask, DefaultShardExtractor, DeferredHandler, Entity, EntityContext, EntityRef,
-        EventSourced, Handler, InMemoryStore, Message, NoStore, Protocol, RememberEntitiesStore,
-        ReplyPort, ShardExtractor, ShardId, ShardedSystem, ShardingConfig, ShardingError,
-        ShardingResult, Snapshotted, Tell, protocol,
+        Ask, DefaultShardExtractor, DeferredHandler, DurableState, Entity, EntityContext,
+        EntityRef, EventSourced, Handler, InMemoryStore, Message, NoStore, Protocol,
+        RememberEntitiesStore, ReplyPort, ShardExtractor, ShardId, ShardedSystem, ShardingConfig,
+        ShardingError, ShardingResult, Snapshotted, Tell, protocol,
     };
     pub use serde::{Deserialize, Serialize};
 }

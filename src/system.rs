@@ -37,10 +37,12 @@ use tokio::sync::oneshot;
 use crate::cluster::ClusterNode;
 use crate::config::ShardingConfig;
 use crate::dispatch::{Dispatch, envelope_of};
-use crate::entity::{Entity, EntityContext, EventSourced, JournalWriter, Snapshots, Snapshotted};
+use crate::entity::{
+    DurableState, Entity, EntityContext, EventSourced, JournalWriter, Snapshots, Snapshotted,
+};
 use crate::error::{ShardingError, ShardingResult};
 use crate::extractor::{ShardExtractor, ShardId};
-use crate::persistence::{Journal, NoJournal, SnapshotStore};
+use crate::persistence::{DurableStateStore, Journal, NoJournal, SnapshotStore};
 use crate::protocol::SealedProtocol;
 use crate::protocol::{Ask, Protocol, Tell};
 use crate::runtime::entity_actor::{EntityActor, EntityArgs, Factory, Recover, StopNotice};
@@ -104,6 +106,8 @@ pub(crate) struct Shared {
     journal: OnceLock<Arc<dyn Journal>>,
     /// The snapshot store, once a snapshotted type is registered.
     snapshot_store: OnceLock<Arc<dyn SnapshotStore>>,
+    /// The durable-state store, once a durable-state type is registered.
+    state_store: OnceLock<Arc<dyn DurableStateStore>>,
     /// The one graceful stop (`shutdown` from the system or its node): the
     /// task running it, as a watch that turns true when it is done.
     stop_task: Mutex<Option<tokio::sync::watch::Receiver<bool>>>,
@@ -310,8 +314,9 @@ impl SystemPort for Shared {
 
 /// What an event-sourced type's spawner gives each incarnation.
 struct Durable<E> {
-    writer: Arc<JournalWriter>,
+    writer: Option<Arc<JournalWriter>>,
     snapshots: Option<Arc<Snapshots>>,
+    state: Option<std::sync::Weak<dyn DurableStateStore>>,
     recover: Recover<E>,
 }
 
@@ -471,6 +476,7 @@ impl<S, J> ShardedSystemBuilder<S, J> {
             journal_writer: OnceLock::new(),
             journal: OnceLock::new(),
             snapshot_store: OnceLock::new(),
+            state_store: OnceLock::new(),
         });
         if let Some(link) = &shared.cluster {
             let weak: Weak<Shared> = Arc::downgrade(&shared);
@@ -580,7 +586,12 @@ impl<S, J> ShardedSystem<S, J> {
         };
         let spawner: Spawner = Box::new(move |mut ctx, incarnation, region| {
             let recover = durable.as_ref().map(|d| {
-                ctx.attach_journal(d.writer.clone(), d.snapshots.clone());
+                if let Some(writer) = &d.writer {
+                    ctx.attach_journal(writer.clone(), d.snapshots.clone());
+                }
+                if let Some(store) = &d.state {
+                    ctx.attach_state(store.clone());
+                }
                 d.recover
             });
             let notice = StopNotice {
@@ -829,8 +840,9 @@ impl<S, J: Journal> ShardedSystem<S, J> {
         let writer = self.journal_writer();
         let recover: Recover<E> = crate::entity::recover::<E>;
         let durable = Some(Durable {
-            writer,
+            writer: Some(writer),
             snapshots: None,
+            state: None,
             recover,
         });
         self.register_durable::<E>(Arc::new(factory), None, durable)
@@ -855,6 +867,33 @@ impl<S, J: Journal> ShardedSystem<S, J> {
     }
 }
 
+impl<S, J: DurableStateStore> ShardedSystem<S, J> {
+    /// Registers `E` as a durable-state type: its incarnations load their
+    /// state from the system's store before their first message, and its
+    /// handlers save it with [`DurableState::save_state`]. Needs a system
+    /// whose journal is also a [`DurableStateStore`].
+    pub async fn register_durable_state<E>(
+        &self,
+        factory: impl Fn(&EntityContext) -> E + Send + Sync + 'static,
+    ) -> ShardingResult<()>
+    where
+        E: DurableState,
+        E::Protocol: Dispatch<E>,
+    {
+        let store: Arc<dyn DurableStateStore> = self.journal.clone();
+        let store = self.shared.state_store.get_or_init(|| store).clone();
+        let recover: Recover<E> = crate::entity::recover_state::<E>;
+        let durable = Some(Durable {
+            writer: None,
+            snapshots: None,
+            state: Some(Arc::downgrade(&store)),
+            recover,
+        });
+        self.register_durable::<E>(Arc::new(factory), None, durable)
+            .await
+    }
+}
+
 impl<S, J: Journal + SnapshotStore> ShardedSystem<S, J> {
     /// Registers `E` as a snapshotted event-sourced type: as
     /// [`register_event_sourced`](Self::register_event_sourced), and its
@@ -875,8 +914,9 @@ impl<S, J: Journal + SnapshotStore> ShardedSystem<S, J> {
         let snapshots = Some(Snapshots::of::<E>(&store));
         let recover: Recover<E> = crate::entity::recover_snapshotted::<E>;
         let durable = Some(Durable {
-            writer,
+            writer: Some(writer),
             snapshots,
+            state: None,
             recover,
         });
         self.register_durable::<E>(Arc::new(factory), None, durable)

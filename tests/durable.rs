@@ -459,3 +459,134 @@ async fn a_snapshotted_entity_recovers_from_its_latest_snapshot() {
     assert_eq!(tally.ask(Get, T).await.expect("get"), 45_000 + 55);
     system.shutdown().await;
 }
+
+protocol! {
+    /// A counter whose whole state is saved.
+    pub protocol StateTally = "state-tally" {
+        ask Add -> u64;
+        ask Get -> u64;
+    }
+}
+
+#[derive(Default)]
+struct StateTallyEntity {
+    total: u64,
+}
+
+impl Entity for StateTallyEntity {
+    type Protocol = StateTally;
+}
+
+impl DurableState for StateTallyEntity {
+    type State = u64;
+    fn state(&self) -> &u64 {
+        &self.total
+    }
+    fn set_state(&mut self, total: u64) {
+        self.total = total;
+    }
+}
+
+impl Handler<Add> for StateTallyEntity {
+    async fn handle(&mut self, msg: Add, ctx: &EntityContext) -> ShardingResult<u64> {
+        let before = self.total;
+        self.total += msg.0;
+        if let Err(error) = self.save_state(ctx).await {
+            self.total = before;
+            return Err(error);
+        }
+        Ok(self.total)
+    }
+}
+
+impl Handler<Get> for StateTallyEntity {
+    async fn handle(&mut self, _: Get, _: &EntityContext) -> ShardingResult<u64> {
+        Ok(self.total)
+    }
+}
+
+async fn state_system_on<J: datum_cluster_sharding::persistence::DurableStateStore + Journal>(
+    store: J,
+) -> ShardedSystem<NoStore, J> {
+    let system = ShardedSystem::builder()
+        .num_shards(8)
+        .journal(store)
+        .start()
+        .await
+        .expect("start");
+    system
+        .register_durable_state::<StateTallyEntity>(|_| StateTallyEntity::default())
+        .await
+        .expect("register");
+    system
+}
+
+#[tokio::test]
+async fn a_durable_state_survives_a_restart_and_a_second_writer_is_refused() {
+    use datum_cluster_sharding::persistence::DurableStateStore;
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join("node.redb");
+    {
+        let system = state_system_on(RedbPersistence::open(&path).expect("open")).await;
+        let tally = system.entity_ref::<StateTally>("d-1");
+        assert_eq!(tally.ask(Add(4), T).await.expect("add"), 4);
+        assert_eq!(tally.ask(Add(5), T).await.expect("add"), 9);
+        system.shutdown().await;
+    }
+    let system = state_system_on(RedbPersistence::open(&path).expect("reopen")).await;
+    let id = PersistenceId::new("state-tally", "d-1");
+    assert_eq!(system.journal().revision(&id), Ok(2));
+    let tally = system.entity_ref::<StateTally>("d-1");
+    assert_eq!(tally.ask(Get, T).await.expect("get"), 9);
+    system.shutdown().await;
+
+    // Two incarnations of one entity, on two systems sharing a store.
+    let store = InMemoryPersistence::new();
+    let a = state_system_on(store.clone()).await;
+    let b = state_system_on(store.clone()).await;
+    let (at_a, at_b) = (
+        a.entity_ref::<StateTally>("x"),
+        b.entity_ref::<StateTally>("x"),
+    );
+    assert_eq!(at_a.ask(Get, T).await.expect("get"), 0);
+    assert_eq!(at_b.ask(Get, T).await.expect("get"), 0);
+    assert_eq!(at_a.ask(Add(1), T).await.expect("a saves"), 1);
+    match at_b.ask(Add(5), T).await {
+        Err(ShardingError::Persistence { error, .. }) => assert!(
+            matches!(
+                *error,
+                PersistenceError::RevisionConflict {
+                    expected: 0,
+                    actual: 1,
+                    ..
+                }
+            ),
+            "{error}"
+        ),
+        other => panic!("a stale save: {other:?}"),
+    }
+    // B's next incarnation loads A's state and saves after it.
+    let mut fresh = None;
+    for _ in 0..200 {
+        match at_b.ask(Get, T).await {
+            Ok(total) => {
+                fresh = Some(total);
+                break;
+            }
+            Err(ShardingError::Persistence { .. }) => {
+                tokio::time::sleep(Duration::from_millis(10)).await
+            }
+            Err(other) => panic!("get: {other}"),
+        }
+    }
+    assert_eq!(fresh, Some(1));
+    assert_eq!(at_b.ask(Add(5), T).await.expect("b saves"), 6);
+    assert_eq!(
+        DurableStateStore::load(&store, &PersistenceId::new("state-tally", "x"))
+            .expect("load")
+            .map(|s| s.revision),
+        Some(2)
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+}
