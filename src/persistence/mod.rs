@@ -36,6 +36,10 @@ pub mod conformance;
 mod redb_store;
 #[cfg(feature = "embedded")]
 pub use redb_store::RedbPersistence;
+#[cfg(feature = "postgres")]
+mod pg_store;
+#[cfg(feature = "postgres")]
+pub use pg_store::PgPersistence;
 
 /// The marker for a system built without a journal: it has no
 /// `register_event_sourced`.

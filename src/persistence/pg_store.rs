@@ -1,0 +1,475 @@
+//! The PostgreSQL store: journal, snapshots and durable state in one
+//! database that every node of a cluster shares (feature `postgres`).
+//!
+//! Through [`postgres`](https://docs.rs/postgres) (tokio-postgres's
+//! blocking client; the SPI is synchronous and runs on blocking threads)
+//! and an [`r2d2`](https://docs.rs/r2d2) pool of connections. The schema is
+//! created on first use. One [`Journal::append`] batch is one transaction:
+//! many entities' appends cost one round of commits (group commit).
+//!
+//! Tables (`type_name`, `entity_id` text; numbers `bigint`, holding the
+//! `u64`s' bits):
+//!
+//! | table | key | columns |
+//! |---|---|---|
+//! | `datum_events` | `(type_name, entity_id, sequence_nr)` | `manifest, version, payload, writer_node, writer_incarnation, writer_generation` |
+//! | `datum_highest` | `(type_name, entity_id)` | `highest` |
+//! | `datum_snapshots` | `(type_name, entity_id, sequence_nr)` | as events |
+//! | `datum_states` | `(type_name, entity_id)` | `revision`, then as events, nullable (a delete's tombstone) |
+//!
+//! Fencing: an append first makes sure its persistence id has a
+//! `datum_highest` row, then locks it (`SELECT … FOR UPDATE`), so two
+//! nodes appending to one journal are serialized by the database and the
+//! second one's expected sequence number is checked against the first's
+//! commit.
+
+use r2d2_postgres::PostgresConnectionManager;
+use r2d2_postgres::postgres::{GenericClient, NoTls, Row};
+
+use super::{
+    AtomicWrite, DurableStateStore, EventRecord, Journal, Payload, PersistenceError, PersistenceId,
+    PersistenceResult, SnapshotRecord, SnapshotStore, StateRecord, Writer, check_append,
+    check_revision,
+};
+
+type Pool = r2d2::Pool<PostgresConnectionManager<NoTls>>;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS datum_events (
+    type_name text NOT NULL, entity_id text NOT NULL, sequence_nr bigint NOT NULL,
+    manifest text NOT NULL, version integer NOT NULL, payload bytea NOT NULL,
+    writer_node bigint NOT NULL, writer_incarnation bigint NOT NULL, writer_generation bigint NOT NULL,
+    PRIMARY KEY (type_name, entity_id, sequence_nr));
+CREATE TABLE IF NOT EXISTS datum_highest (
+    type_name text NOT NULL, entity_id text NOT NULL, highest bigint NOT NULL,
+    PRIMARY KEY (type_name, entity_id));
+CREATE TABLE IF NOT EXISTS datum_snapshots (
+    type_name text NOT NULL, entity_id text NOT NULL, sequence_nr bigint NOT NULL,
+    manifest text NOT NULL, version integer NOT NULL, payload bytea NOT NULL,
+    writer_node bigint NOT NULL, writer_incarnation bigint NOT NULL, writer_generation bigint NOT NULL,
+    PRIMARY KEY (type_name, entity_id, sequence_nr));
+CREATE TABLE IF NOT EXISTS datum_states (
+    type_name text NOT NULL, entity_id text NOT NULL, revision bigint NOT NULL,
+    manifest text, version integer, payload bytea,
+    writer_node bigint, writer_incarnation bigint, writer_generation bigint,
+    PRIMARY KEY (type_name, entity_id));
+";
+
+/// The PostgreSQL store (see the module docs). Clones share one pool.
+///
+/// Its calls block (they run on the system's blocking threads); call them
+/// yourself only where blocking is allowed, not on an async task.
+#[derive(Clone)]
+pub struct PgPersistence {
+    pool: std::sync::Arc<Holder>,
+}
+
+/// Owns the pool. The blocking client drives each connection with a
+/// runtime of its own, which must not be dropped inside another runtime:
+/// the last clone of a store may go on an async task, so the pool is
+/// dropped on a thread of its own.
+struct Holder(Option<Pool>);
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        if let Some(pool) = self.0.take() {
+            let _ = std::thread::Builder::new()
+                .name("datum-pg-close".into())
+                .spawn(move || drop(pool))
+                .map(|t| t.join());
+        }
+    }
+}
+
+fn store_error(error: impl std::fmt::Display) -> PersistenceError {
+    PersistenceError::Store(error.to_string())
+}
+
+/// A `u64` in a `bigint` column (the same bits).
+fn big(n: u64) -> i64 {
+    n as i64
+}
+
+fn unbig(n: i64) -> u64 {
+    n as u64
+}
+
+impl PgPersistence {
+    /// Connects to `url` (a libpq connection string, say `host=127.0.0.1
+    /// port=5432 user=app dbname=app`) with a pool of up to `pool_size`
+    /// connections, and creates the schema if it is missing.
+    ///
+    /// It connects on a thread of its own, so it may be called anywhere,
+    /// an async task included.
+    pub fn connect(url: &str, pool_size: u32) -> PersistenceResult<Self> {
+        let config = url.parse().map_err(store_error)?;
+        std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    let manager = PostgresConnectionManager::new(config, NoTls);
+                    let pool = r2d2::Pool::builder()
+                        .max_size(pool_size.max(1))
+                        .build(manager)
+                        .map_err(store_error)?;
+                    let store = PgPersistence {
+                        pool: std::sync::Arc::new(Holder(Some(pool))),
+                    };
+                    store.client()?.batch_execute(SCHEMA).map_err(store_error)?;
+                    Ok(store)
+                })
+                .join()
+                .unwrap_or_else(|_| Err(store_error("connecting panicked")))
+        })
+    }
+
+    fn client(
+        &self,
+    ) -> PersistenceResult<r2d2::PooledConnection<PostgresConnectionManager<NoTls>>> {
+        let pool = self
+            .pool
+            .0
+            .as_ref()
+            .ok_or_else(|| store_error("the store is closed"))?;
+        pool.get().map_err(store_error)
+    }
+}
+
+fn payload_of(row: &Row, id: &PersistenceId) -> PersistenceResult<(Payload, Writer)> {
+    let read = || -> Result<(Payload, Writer), r2d2_postgres::postgres::Error> {
+        let version: i32 = row.try_get("version")?;
+        let payload = Payload {
+            manifest: row.try_get("manifest")?,
+            version: version as u32,
+            bytes: row.try_get("payload")?,
+        };
+        let writer = Writer {
+            node_id: unbig(row.try_get("writer_node")?),
+            incarnation: unbig(row.try_get("writer_incarnation")?),
+            generation: unbig(row.try_get("writer_generation")?),
+        };
+        Ok((payload, writer))
+    };
+    read().map_err(|e| PersistenceError::Corrupt {
+        persistence_id: id.clone(),
+        what: e.to_string(),
+    })
+}
+
+/// Locks (creating it if missing) a persistence id's highest row.
+fn lock_highest(client: &mut impl GenericClient, id: &PersistenceId) -> PersistenceResult<u64> {
+    client
+        .execute(
+            "INSERT INTO datum_highest VALUES ($1, $2, 0) ON CONFLICT DO NOTHING",
+            &[&id.type_name, &id.entity_id],
+        )
+        .map_err(store_error)?;
+    let row = client
+        .query_one(
+            "SELECT highest FROM datum_highest WHERE type_name = $1 AND entity_id = $2 FOR UPDATE",
+            &[&id.type_name, &id.entity_id],
+        )
+        .map_err(store_error)?;
+    Ok(unbig(row.get(0)))
+}
+
+impl Journal for PgPersistence {
+    fn append(&self, writes: &[AtomicWrite]) -> Vec<PersistenceResult<()>> {
+        let applied = (|| {
+            let mut client = self.client()?;
+            let mut txn = client.transaction().map_err(store_error)?;
+            let mut results = Vec::with_capacity(writes.len());
+            for write in writes {
+                let id = &write.persistence_id;
+                let top = lock_highest(&mut txn, id)?;
+                let numbers = match check_append(write, top) {
+                    Ok(numbers) => numbers,
+                    Err(refused) => {
+                        results.push(Err(refused));
+                        continue;
+                    }
+                };
+                let last = *numbers.end();
+                let w = write.writer;
+                for (n, payload) in numbers.zip(&write.events) {
+                    txn.execute(
+                        "INSERT INTO datum_events VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                        &[
+                            &id.type_name,
+                            &id.entity_id,
+                            &big(n),
+                            &payload.manifest,
+                            &(payload.version as i32),
+                            &payload.bytes,
+                            &big(w.node_id),
+                            &big(w.incarnation),
+                            &big(w.generation),
+                        ],
+                    )
+                    .map_err(store_error)?;
+                }
+                txn.execute(
+                    "UPDATE datum_highest SET highest = $3 WHERE type_name = $1 AND entity_id = $2",
+                    &[&id.type_name, &id.entity_id, &big(last)],
+                )
+                .map_err(store_error)?;
+                results.push(Ok(()));
+            }
+            txn.commit().map_err(store_error)?;
+            Ok::<_, PersistenceError>(results)
+        })();
+        // A failed transaction wrote nothing (unless the commit's answer
+        // was lost): every write fails with it.
+        applied.unwrap_or_else(|error| writes.iter().map(|_| Err(error.clone())).collect())
+    }
+
+    fn replay(
+        &self,
+        persistence_id: &PersistenceId,
+        from: u64,
+        to: u64,
+        max: usize,
+    ) -> PersistenceResult<Vec<EventRecord>> {
+        if from > to || max == 0 {
+            return Ok(Vec::new());
+        }
+        let limit = i64::try_from(max).unwrap_or(i64::MAX);
+        // (Sequence numbers above i64::MAX are not stored: the bounds are clamped.)
+        let clamp = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        let rows = self
+            .client()?
+            .query(
+                "SELECT * FROM datum_events WHERE type_name = $1 AND entity_id = $2 \
+                 AND sequence_nr BETWEEN $3 AND $4 ORDER BY sequence_nr LIMIT $5",
+                &[
+                    &persistence_id.type_name,
+                    &persistence_id.entity_id,
+                    &clamp(from),
+                    &clamp(to),
+                    &limit,
+                ],
+            )
+            .map_err(store_error)?;
+        let mut out: Vec<EventRecord> = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let sequence_nr = unbig(row.get("sequence_nr"));
+            if let Some(previous) = out.last()
+                && previous.sequence_nr + 1 != sequence_nr
+            {
+                return Err(PersistenceError::Corrupt {
+                    persistence_id: persistence_id.clone(),
+                    what: format!(
+                        "sequence number {sequence_nr} follows {}",
+                        previous.sequence_nr
+                    ),
+                });
+            }
+            let (payload, writer) = payload_of(row, persistence_id)?;
+            out.push(EventRecord {
+                sequence_nr,
+                payload,
+                writer,
+            });
+        }
+        Ok(out)
+    }
+
+    fn highest_sequence_nr(&self, persistence_id: &PersistenceId) -> PersistenceResult<u64> {
+        let row = self
+            .client()?
+            .query_opt(
+                "SELECT highest FROM datum_highest WHERE type_name = $1 AND entity_id = $2",
+                &[&persistence_id.type_name, &persistence_id.entity_id],
+            )
+            .map_err(store_error)?;
+        Ok(row.map_or(0, |r| unbig(r.get(0))))
+    }
+
+    fn delete_to(&self, persistence_id: &PersistenceId, to: u64) -> PersistenceResult<()> {
+        self.client()?
+            .execute(
+                "DELETE FROM datum_events WHERE type_name = $1 AND entity_id = $2 \
+                 AND sequence_nr >= 0 AND sequence_nr <= $3",
+                &[
+                    &persistence_id.type_name,
+                    &persistence_id.entity_id,
+                    &i64::try_from(to).unwrap_or(i64::MAX),
+                ],
+            )
+            .map_err(store_error)?;
+        Ok(())
+    }
+}
+
+impl SnapshotStore for PgPersistence {
+    fn save(
+        &self,
+        persistence_id: &PersistenceId,
+        snapshot: SnapshotRecord,
+    ) -> PersistenceResult<()> {
+        let (p, w) = (&snapshot.payload, snapshot.writer);
+        self.client()?
+            .execute(
+                "INSERT INTO datum_snapshots VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+                 ON CONFLICT (type_name, entity_id, sequence_nr) DO UPDATE SET \
+                 manifest = $4, version = $5, payload = $6, writer_node = $7, \
+                 writer_incarnation = $8, writer_generation = $9",
+                &[
+                    &persistence_id.type_name,
+                    &persistence_id.entity_id,
+                    &big(snapshot.sequence_nr),
+                    &p.manifest,
+                    &(p.version as i32),
+                    &p.bytes,
+                    &big(w.node_id),
+                    &big(w.incarnation),
+                    &big(w.generation),
+                ],
+            )
+            .map_err(store_error)?;
+        Ok(())
+    }
+
+    fn load(
+        &self,
+        persistence_id: &PersistenceId,
+        max_sequence_nr: u64,
+    ) -> PersistenceResult<Option<SnapshotRecord>> {
+        let row = self
+            .client()?
+            .query_opt(
+                "SELECT * FROM datum_snapshots WHERE type_name = $1 AND entity_id = $2 \
+                 AND sequence_nr >= 0 AND sequence_nr <= $3 ORDER BY sequence_nr DESC LIMIT 1",
+                &[
+                    &persistence_id.type_name,
+                    &persistence_id.entity_id,
+                    &i64::try_from(max_sequence_nr).unwrap_or(i64::MAX),
+                ],
+            )
+            .map_err(store_error)?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let (payload, writer) = payload_of(&row, persistence_id)?;
+        Ok(Some(SnapshotRecord {
+            sequence_nr: unbig(row.get("sequence_nr")),
+            payload,
+            writer,
+        }))
+    }
+
+    fn delete_to(&self, persistence_id: &PersistenceId, to: u64) -> PersistenceResult<()> {
+        self.client()?
+            .execute(
+                "DELETE FROM datum_snapshots WHERE type_name = $1 AND entity_id = $2 \
+                 AND sequence_nr >= 0 AND sequence_nr <= $3",
+                &[
+                    &persistence_id.type_name,
+                    &persistence_id.entity_id,
+                    &i64::try_from(to).unwrap_or(i64::MAX),
+                ],
+            )
+            .map_err(store_error)?;
+        Ok(())
+    }
+}
+
+/// The current revision of a state, locked for this transaction.
+fn lock_revision(client: &mut impl GenericClient, id: &PersistenceId) -> PersistenceResult<u64> {
+    client
+        .execute(
+            "INSERT INTO datum_states (type_name, entity_id, revision) VALUES ($1, $2, 0) \
+             ON CONFLICT DO NOTHING",
+            &[&id.type_name, &id.entity_id],
+        )
+        .map_err(store_error)?;
+    let row = client
+        .query_one(
+            "SELECT revision FROM datum_states WHERE type_name = $1 AND entity_id = $2 FOR UPDATE",
+            &[&id.type_name, &id.entity_id],
+        )
+        .map_err(store_error)?;
+    Ok(unbig(row.get(0)))
+}
+
+impl DurableStateStore for PgPersistence {
+    fn save(
+        &self,
+        persistence_id: &PersistenceId,
+        expected: u64,
+        payload: Payload,
+        writer: Writer,
+    ) -> PersistenceResult<()> {
+        let mut client = self.client()?;
+        let mut txn = client.transaction().map_err(store_error)?;
+        let actual = lock_revision(&mut txn, persistence_id)?;
+        check_revision(persistence_id, expected, actual)?;
+        txn.execute(
+            "UPDATE datum_states SET revision = $3, manifest = $4, version = $5, payload = $6, \
+             writer_node = $7, writer_incarnation = $8, writer_generation = $9 \
+             WHERE type_name = $1 AND entity_id = $2",
+            &[
+                &persistence_id.type_name,
+                &persistence_id.entity_id,
+                &big(actual + 1),
+                &payload.manifest,
+                &(payload.version as i32),
+                &payload.bytes,
+                &big(writer.node_id),
+                &big(writer.incarnation),
+                &big(writer.generation),
+            ],
+        )
+        .map_err(store_error)?;
+        txn.commit().map_err(store_error)
+    }
+
+    fn load(&self, persistence_id: &PersistenceId) -> PersistenceResult<Option<StateRecord>> {
+        let row = self
+            .client()?
+            .query_opt(
+                "SELECT * FROM datum_states WHERE type_name = $1 AND entity_id = $2 \
+                 AND payload IS NOT NULL",
+                &[&persistence_id.type_name, &persistence_id.entity_id],
+            )
+            .map_err(store_error)?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let (payload, writer) = payload_of(&row, persistence_id)?;
+        Ok(Some(StateRecord {
+            revision: unbig(row.get("revision")),
+            payload,
+            writer,
+        }))
+    }
+
+    fn revision(&self, persistence_id: &PersistenceId) -> PersistenceResult<u64> {
+        let row = self
+            .client()?
+            .query_opt(
+                "SELECT revision FROM datum_states WHERE type_name = $1 AND entity_id = $2",
+                &[&persistence_id.type_name, &persistence_id.entity_id],
+            )
+            .map_err(store_error)?;
+        Ok(row.map_or(0, |r| unbig(r.get(0))))
+    }
+
+    fn delete(&self, persistence_id: &PersistenceId, expected: u64) -> PersistenceResult<()> {
+        let mut client = self.client()?;
+        let mut txn = client.transaction().map_err(store_error)?;
+        let actual = lock_revision(&mut txn, persistence_id)?;
+        check_revision(persistence_id, expected, actual)?;
+        txn.execute(
+            "UPDATE datum_states SET revision = $3, manifest = NULL, version = NULL, \
+             payload = NULL, writer_node = NULL, writer_incarnation = NULL, \
+             writer_generation = NULL WHERE type_name = $1 AND entity_id = $2",
+            &[
+                &persistence_id.type_name,
+                &persistence_id.entity_id,
+                &big(actual + 1),
+            ],
+        )
+        .map_err(store_error)?;
+        txn.commit().map_err(store_error)
+    }
+}
