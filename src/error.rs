@@ -277,6 +277,8 @@ pub enum RemoteError {
         /// That node.
         node: String,
     },
+    /// A durable entity's journal or state store refused or failed.
+    Persistence(Box<crate::persistence::PersistenceError>),
     /// Anything else, as text.
     Other(String),
 }
@@ -317,6 +319,7 @@ impl From<&ShardingError> for RemoteError {
             },
             E::TooManyHops { hops, .. } => RemoteError::TooManyHops { hops: *hops },
             E::PeerLost { node, .. } => RemoteError::PeerLost { node: node.clone() },
+            E::Persistence { error, .. } => RemoteError::Persistence(error.clone()),
             other => RemoteError::Other(other.to_string()),
         }
     }
@@ -373,6 +376,11 @@ impl RemoteError {
                 type_name,
                 entity_id: entity_id.to_owned(),
                 node,
+            },
+            RemoteError::Persistence(error) => ShardingError::Persistence {
+                type_name,
+                entity_id: entity_id.to_owned(),
+                error,
             },
             RemoteError::Other(message) => ShardingError::Remote(message),
         }

@@ -47,7 +47,9 @@ pub use pg_store::PgPersistence;
 pub struct NoJournal;
 
 /// Whose state: an entity type and an entity id.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub struct PersistenceId {
     /// The entity type's name (its protocol's type name).
     pub type_name: String,
@@ -146,7 +148,7 @@ pub struct StateRecord {
 }
 
 /// Why a persistence operation failed.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum PersistenceError {
     /// An append expected another highest sequence number: another writer
     /// appended since (or the writer is stale). Nothing was written.

@@ -654,6 +654,13 @@ mod tests {
             },
             RemoteError::TooManyHops { hops: 4 },
             RemoteError::PeerLost { node: "n".into() },
+            RemoteError::Persistence(Box::new(
+                crate::persistence::PersistenceError::SequenceConflict {
+                    persistence_id: crate::persistence::PersistenceId::new("t", "e"),
+                    expected: 0,
+                    actual: 1,
+                },
+            )),
             RemoteError::Other("o".into()),
         ];
         for error in errors {
@@ -670,5 +677,35 @@ mod tests {
             };
             assert_eq!(back, error);
         }
+    }
+
+    /// A durable entity's error reaches a remote asker as the same typed
+    /// error (SPEC §13.4's `Persistence` row).
+    #[test]
+    fn a_persistence_error_crosses_the_wire_typed() {
+        use crate::ShardingError;
+        use crate::persistence::{PersistenceError, PersistenceId};
+        let conflict = PersistenceError::SequenceConflict {
+            persistence_id: PersistenceId::new("tally", "x"),
+            expected: 0,
+            actual: 1,
+        };
+        let error = ShardingError::Persistence {
+            type_name: "tally",
+            entity_id: "x".into(),
+            error: Box::new(conflict.clone()),
+        };
+        let node = UniqueAddress {
+            addr: "127.0.0.1:1".parse().expect("an address"),
+            node_id: crate::identity::NodeId(1),
+            incarnation: 1,
+        };
+        let back = RemoteError::from(&error).into_error("tally", "x", &node);
+        assert_eq!(back, error);
+        let mut bytes = Vec::new();
+        ciborium::into_writer(&RemoteError::Persistence(Box::new(conflict)), &mut bytes)
+            .expect("encode");
+        let text = String::from_utf8_lossy(&bytes);
+        assert!(text.contains("Persistence") && text.contains("SequenceConflict"));
     }
 }
