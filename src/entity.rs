@@ -247,7 +247,9 @@ pub trait EventSourced: Entity {
     fn apply(&mut self, event: &Self::Event);
 
     /// Appends `event` to the journal and, once it is durable, applies it.
-    /// On error nothing was appended and nothing applied.
+    /// On error nothing was applied, and nothing appended — except after a
+    /// `Store` error, whose outcome is unknown (the incarnation is then
+    /// retired, and the next one recovers what the journal holds).
     fn persist(
         &mut self,
         ctx: &EntityContext,
