@@ -4,9 +4,6 @@
 //! Without the binaries the tests say so in one line and pass.
 #![cfg(feature = "postgres")]
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use datum_cluster_sharding::persistence::{
@@ -14,162 +11,19 @@ use datum_cluster_sharding::persistence::{
 };
 use datum_cluster_sharding::prelude::*;
 
-/// A PostgreSQL server in a temporary directory, stopped when dropped.
-struct Server {
-    bin: PathBuf,
-    dir: tempfile::TempDir,
-    port: u16,
-    databases: AtomicU32,
+#[path = "../protocols/pg_server.rs"]
+mod pg_server;
+use pg_server::{Durability, Server};
+
+/// A store on a fresh database of `server`.
+fn store(server: &Server) -> PgPersistence {
+    PgPersistence::connect(&server.database(), 4).expect("connect")
 }
 
-/// The package's binaries, newest version first.
-fn binaries() -> Option<PathBuf> {
-    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
-        .ok()?
-        .flatten()
-        .map(|e| e.path().join("bin"))
-        .filter(|bin| bin.join("initdb").exists() && bin.join("pg_ctl").exists())
-        .collect();
-    versions.sort();
-    versions.pop()
-}
-
-/// Runs a server binary, as the package's unprivileged user when root
-/// (PostgreSQL refuses to run as root).
-fn run(bin: &Path, program: &str, args: &[&str]) -> std::process::Output {
-    let exe = bin.join(program);
-    let root = std::env::var("USER").map(|u| u == "root").unwrap_or(false)
-        || Command::new("id")
-            .arg("-u")
-            .output()
-            .is_ok_and(|o| o.stdout.starts_with(b"0"));
-    let mut command = if root {
-        let mut c = Command::new("runuser");
-        c.args(["-u", "postgres", "--"]).arg(&exe);
-        c
-    } else {
-        Command::new(&exe)
-    };
-    command
-        .args(args)
-        .output()
-        .expect("run a PostgreSQL binary")
-}
-
-impl Server {
-    fn start() -> Option<Server> {
-        let Some(bin) = binaries() else {
-            println!(
-                "PostgreSQL binaries not found: install the `postgresql` package to run these tests"
-            );
-            return None;
-        };
-        let dir = tempfile::Builder::new()
-            .prefix("datum-pg-")
-            .tempdir()
-            .expect("a temporary directory");
-        // The server's user must own its directory.
-        let _ = Command::new("chown")
-            .args(["-R", "postgres:postgres"])
-            .arg(dir.path())
-            .status();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
-        let data = dir.path().join("data");
-        let data = data.to_str().expect("a UTF-8 path");
-        let init = run(
-            &bin,
-            "initdb",
-            &["-D", data, "-U", "postgres", "-A", "trust", "--no-sync"],
-        );
-        assert!(
-            init.status.success(),
-            "initdb: {}",
-            String::from_utf8_lossy(&init.stderr)
-        );
-        let log = dir.path().join("server.log");
-        let options = format!(
-            "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
-            dir.path().display()
-        );
-        let started = run(
-            &bin,
-            "pg_ctl",
-            &[
-                "-D",
-                data,
-                "-l",
-                log.to_str().expect("UTF-8"),
-                "-o",
-                &options,
-                "-w",
-                "-t",
-                "60",
-                "start",
-            ],
-        );
-        assert!(
-            started.status.success(),
-            "pg_ctl start: {} {}",
-            String::from_utf8_lossy(&started.stderr),
-            std::fs::read_to_string(&log).unwrap_or_default()
-        );
-        Some(Server {
-            bin,
-            dir,
-            port,
-            databases: AtomicU32::new(0),
-        })
-    }
-
-    /// A fresh, empty database's connection string.
-    fn database(&self) -> String {
-        let name = format!("t{}", self.databases.fetch_add(1, Ordering::Relaxed));
-        let created = Command::new(self.bin.join("createdb"))
-            .args([
-                "-h",
-                "127.0.0.1",
-                "-p",
-                &self.port.to_string(),
-                "-U",
-                "postgres",
-                &name,
-            ])
-            .output()
-            .expect("createdb");
-        assert!(
-            created.status.success(),
-            "createdb: {}",
-            String::from_utf8_lossy(&created.stderr)
-        );
-        format!(
-            "host=127.0.0.1 port={} user=postgres dbname={name}",
-            self.port
-        )
-    }
-
-    fn store(&self) -> PgPersistence {
-        PgPersistence::connect(&self.database(), 4).expect("connect")
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let data = self.dir.path().join("data");
-        let _ = run(
-            &self.bin,
-            "pg_ctl",
-            &[
-                "-D",
-                data.to_str().unwrap_or("."),
-                "-m",
-                "immediate",
-                "stop",
-            ],
-        );
-    }
+/// A test's server: fsync off (the tests check behaviour, not crash
+/// safety); `None`, said in one line, without the package.
+fn server() -> Option<Server> {
+    Server::start(Durability::NoFsync)
 }
 
 #[derive(Serialize, Deserialize)]
@@ -232,20 +86,17 @@ async fn system_on(store: PgPersistence) -> ShardedSystem<NoStore, PgPersistence
 
 #[test]
 fn the_postgres_store_keeps_the_contract() {
-    let Some(server) = Server::start() else {
+    let Some(server) = server() else {
         return;
     };
-    conformance::journal(|| server.store());
-    conformance::snapshots(|| server.store());
-    conformance::durable_state(|| server.store());
+    conformance::journal(|| store(&server));
+    conformance::snapshots(|| store(&server));
+    conformance::durable_state(|| store(&server));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_nodes_share_one_journal_on_postgres_and_never_fork_it() {
-    let Some(server) = tokio::task::spawn_blocking(Server::start)
-        .await
-        .expect("start")
-    else {
+    let Some(server) = tokio::task::spawn_blocking(server).await.expect("start") else {
         return;
     };
     let url = server.database();
