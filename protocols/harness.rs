@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use datum_cluster_sharding::cluster::{ClusterConfig, ClusterNode};
+use datum_cluster_sharding::persistence::NoJournal;
 use datum_cluster_sharding::prelude::*;
 use futures_util::StreamExt;
 use hdrhistogram::Histogram;
@@ -24,9 +25,9 @@ pub const SHARDS: u32 = 128;
 pub const ASK_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// One node: its cluster membership and its sharded system.
-pub struct Node<S = NoStore> {
+pub struct Node<S = NoStore, J = NoJournal> {
     pub cluster: ClusterNode,
-    pub system: ShardedSystem<S>,
+    pub system: ShardedSystem<S, J>,
 }
 
 /// `entity-{k}`.
@@ -77,7 +78,7 @@ pub fn sharding_config() -> ShardingConfig {
 
 /// One ask per entity from each node: every shard allocated and every
 /// entity spawned before the clock starts. Driver ids 90.. are used.
-pub async fn warm_up<S>(nodes: &[Node<S>]) -> Result<Duration, ShardingError> {
+pub async fn warm_up<S, J>(nodes: &[Node<S, J>]) -> Result<Duration, ShardingError> {
     let warm = Instant::now();
     for (i, n) in nodes.iter().enumerate() {
         for k in 0..ENTITIES {
@@ -95,7 +96,7 @@ pub async fn warm_up<S>(nodes: &[Node<S>]) -> Result<Duration, ShardingError> {
 }
 
 /// The entities (by number) whose shard node `index` hosts now.
-pub fn entities_hosted_on<S>(nodes: &[Node<S>], index: usize) -> Vec<u64> {
+pub fn entities_hosted_on<S, J>(nodes: &[Node<S, J>], index: usize) -> Vec<u64> {
     (0..ENTITIES)
         .filter(|k| {
             let shard = nodes[0]
@@ -162,8 +163,8 @@ pub const GIVE_UP: Duration = Duration::from_secs(60);
 /// with at most `in_flight` asks outstanding (so an entity sees one driver's
 /// seqs in order); a failed ask is retried with the same `(driver, seq)`.
 /// Entity `k`'s ask goes to `entity-{(stride * k + d) mod 1000}`.
-pub async fn drive<S>(
-    system: ShardedSystem<S>,
+pub async fn drive<S, J>(
+    system: ShardedSystem<S, J>,
     d: u32,
     stride: u64,
     count: u64,
@@ -209,8 +210,8 @@ async fn note_answer(answered: &Mutex<Answered>, id: u64, attempts: &Attempts) {
 
 /// W1's shape with a fresh entity per message (W3's spawning variant):
 /// driver `d`'s message `k` goes to entity `spawn-d-k`, which it starts.
-pub async fn drive_fresh<S>(
-    system: ShardedSystem<S>,
+pub async fn drive_fresh<S, J>(
+    system: ShardedSystem<S, J>,
     d: u32,
     count: u64,
     in_flight: usize,

@@ -25,10 +25,16 @@ pub struct Ack {
     pub seq: u64,
 }
 
+/// How many pings the entity has handled (its incarnation's count; for a
+/// durable entity, its whole journal's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Count;
+
 protocol! {
     /// The benchmark entity.
     pub protocol Pinger = "pinger" {
         ask Ping -> Ack;
+        ask Count -> u64;
     }
 }
 
@@ -52,6 +58,23 @@ impl Checks {
     pub fn unexplained(&self, retried: &std::collections::HashSet<(u32, u64)>) -> usize {
         let flagged = self.flagged.lock().unwrap_or_else(|e| e.into_inner());
         flagged.iter().filter(|p| !retried.contains(p)).count()
+    }
+
+    /// Counts a ping `last` (the driver's highest seq seen) says is a
+    /// duplicate or out of order.
+    fn check(&self, msg: Ping, last: Option<u64>) {
+        self.processed.fetch_add(1, Ordering::Relaxed);
+        match last {
+            Some(last) if last == msg.seq => {
+                self.duplicate_processings.fetch_add(1, Ordering::Relaxed);
+                self.flag(msg.driver, msg.seq);
+            }
+            Some(last) if last > msg.seq => {
+                self.order_violations.fetch_add(1, Ordering::Relaxed);
+                self.flag(msg.driver, msg.seq);
+            }
+            _ => {}
+        }
     }
 
     fn flag(&self, driver: u32, seq: u64) {
@@ -88,24 +111,63 @@ impl Entity for PingEntity {
 impl Handler<Ping> for PingEntity {
     async fn handle(&mut self, msg: Ping, _ctx: &EntityContext) -> ShardingResult<Ack> {
         self.handled += 1;
+        let last = self.last_seq.get(&msg.driver).copied();
         if let Some(checks) = &self.checks {
-            checks.processed.fetch_add(1, Ordering::Relaxed);
-            match self.last_seq.insert(msg.driver, msg.seq) {
-                Some(last) if last == msg.seq => {
-                    checks.duplicate_processings.fetch_add(1, Ordering::Relaxed);
-                    checks.flag(msg.driver, msg.seq);
-                }
-                Some(last) if last > msg.seq => {
-                    checks.order_violations.fetch_add(1, Ordering::Relaxed);
-                    checks.flag(msg.driver, msg.seq);
-                    self.last_seq.insert(msg.driver, last);
-                }
-                _ => {}
-            }
+            checks.check(msg, last);
+        }
+        if last.is_none_or(|last| last < msg.seq) {
+            self.last_seq.insert(msg.driver, msg.seq);
         }
         Ok(Ack {
             driver: msg.driver,
             seq: msg.seq,
         })
+    }
+}
+
+impl Handler<Count> for PingEntity {
+    async fn handle(&mut self, _: Count, _ctx: &EntityContext) -> ShardingResult<u64> {
+        Ok(self.handled)
+    }
+}
+
+/// W4's entity (BENCHMARK.md): the ping entity, event-sourced. Each ping
+/// is journaled as an event before its ack; a new incarnation recovers the
+/// count and each driver's highest seq from the journal, so its checks see
+/// a duplicate of a ping an earlier incarnation handled.
+#[allow(dead_code)] // not every program that includes this file runs W4
+#[derive(Debug, Default)]
+pub struct DurablePingEntity(pub PingEntity);
+
+impl Entity for DurablePingEntity {
+    type Protocol = Pinger;
+}
+
+impl EventSourced for DurablePingEntity {
+    type Event = Ping;
+    fn apply(&mut self, event: &Ping) {
+        let entity = &mut self.0;
+        entity.handled += 1;
+        let last = entity.last_seq.entry(event.driver).or_insert(event.seq);
+        *last = (*last).max(event.seq);
+    }
+}
+
+impl Handler<Ping> for DurablePingEntity {
+    async fn handle(&mut self, msg: Ping, ctx: &EntityContext) -> ShardingResult<Ack> {
+        if let Some(checks) = &self.0.checks {
+            checks.check(msg, self.0.last_seq.get(&msg.driver).copied());
+        }
+        self.persist(ctx, msg).await?; // durable, then applied
+        Ok(Ack {
+            driver: msg.driver,
+            seq: msg.seq,
+        })
+    }
+}
+
+impl Handler<Count> for DurablePingEntity {
+    async fn handle(&mut self, _: Count, _ctx: &EntityContext) -> ShardingResult<u64> {
+        Ok(self.0.handled)
     }
 }

@@ -106,6 +106,45 @@ fn w3_runs_without_store_and_with_both_stores() {
 }
 
 #[test]
+fn w4_reports_a_ratio_to_raw_appends_on_both_journals() {
+    for journal in ["embedded", "postgres"] {
+        let record = run_with("w4", &["--journal", journal, "--rounds", "1"]);
+        no_missing(&record);
+        assert_eq!(record["journal"], journal, "{record}");
+        assert_eq!(record["unexplained_violations"], 0, "{record}");
+        let ratio = record["median_ratio_to_raw"].as_f64().expect("a ratio");
+        assert!(ratio > 0.0 && ratio.is_finite(), "{record}");
+        // Every acknowledged ping was one event, and group commit put
+        // them into fewer commits than events.
+        let round = &record["rounds"][0];
+        assert_eq!(round["raw"]["events"], 20000, "{record}");
+        let commits = record["commits"].as_u64().expect("commits");
+        assert!(commits > 0 && commits < 20000, "{record}");
+    }
+}
+
+#[test]
+fn w2_on_a_journal_loses_no_acknowledged_event() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let chart = dir.path().join("w2.svg");
+    let chart_arg = chart.to_str().expect("a UTF-8 path");
+    let record = run_with("w2", &["--journal", "embedded", "--chart", chart_arg]);
+    no_missing(&record);
+    assert!(
+        record["affected_entities"].as_u64().unwrap() > 0,
+        "{record}"
+    );
+    let durable = &record["durable"];
+    assert_eq!(durable["acked_not_journaled"], 0, "{record}");
+    assert_eq!(durable["journaled_twice_unretried"], 0, "{record}");
+    assert_eq!(durable["count_not_journal"], 0, "{record}");
+    assert!(
+        durable["journaled_events"].as_u64().unwrap() >= 20000,
+        "{record}"
+    );
+}
+
+#[test]
 fn w1_in_three_processes_reports_every_node() {
     let record = run_with("w1", &["--mode", "multi-process"]);
     no_missing(&record);

@@ -1,4 +1,4 @@
-//! `shard-bench`: the workloads of BENCHMARK.md (W1, W1-sat, W2, W3) through
+//! `shard-bench`: the workloads of BENCHMARK.md (W1, W1-sat, W2, W3, W4) through
 //! the public `EntityRef` API, three nodes in one process or in three
 //! (`--mode multi-process`); baseline (a), the transport alone
 //! (`transport`); the workload and its baselines interleaved (`--pairs N
@@ -51,6 +51,9 @@ enum Workload {
     W2,
     /// W1 without a store, with the in-memory store, with the file store.
     W3,
+    /// W1 where every ask journals one event before its ack (`--journal`),
+    /// interleaved with the store's raw batched appends (`--rounds`).
+    W4,
     /// Baseline (a): the same three nodes and pipes, request/reply answered
     /// inline by the receiver, no sharding (16 in flight per node unless
     /// `--in-flight`).
@@ -83,7 +86,7 @@ impl Downing {
 }
 
 #[derive(Parser, Debug)]
-#[command(about = "The sharding workloads W1, W1-sat, W2 and W3 (BENCHMARK.md)")]
+#[command(about = "The sharding workloads W1, W1-sat, W2, W3 and W4 (BENCHMARK.md)")]
 struct Args {
     /// Which workload.
     workload: Workload,
@@ -123,6 +126,14 @@ struct Args {
     /// shards move after a takeover). The two others drive.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(0..=2))]
     victim: u8,
+    /// W4, and W2 on durable entities: the journal — `embedded` (redb) or
+    /// `postgres` (a throwaway server; build with `--features postgres`).
+    /// W2 without it runs the plain ping entity.
+    #[arg(long, value_enum)]
+    journal: Option<durable::JournalKind>,
+    /// W4 only: how many (W4, raw appends) pairs to run.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
     /// W2 only: where to write the latency-over-time chart (SVG).
     #[arg(long, default_value = "w2-latency.svg")]
     chart: std::path::PathBuf,
@@ -260,7 +271,7 @@ async fn remembered_cluster<S: RememberEntitiesStore + Clone>(
     Ok(nodes)
 }
 
-async fn stop<S>(nodes: Vec<Node<S>>) {
+async fn stop<S, J>(nodes: Vec<Node<S, J>>) {
     for n in &nodes {
         n.system.shutdown().await;
     }
@@ -324,8 +335,8 @@ async fn w1<S: Send + Sync + 'static>(
 
 /// Three drivers, one per node, `in_flight` asks each: W1's, or with
 /// `fresh` W3's spawning variant (a new entity per message).
-async fn run_drivers<S: Send + Sync + 'static>(
-    nodes: &[Node<S>],
+async fn run_drivers<S: Send + Sync + 'static, J: Send + Sync + 'static>(
+    nodes: &[Node<S, J>],
     messages: u64,
     in_flight: usize,
     checks: Arc<Checks>,
@@ -450,16 +461,58 @@ async fn run_w3(
 /// The chart's interval.
 const W2_INTERVAL: Duration = Duration::from_millis(20);
 
+/// W2 on the ping entity, or with `journal` on the durable one (and its
+/// checks after the run: `durable::check_w2`).
 async fn run_w2(
     messages: u64,
     downing: Downing,
     victim_index: usize,
     chart_path: &std::path::Path,
+    journal: Option<durable::JournalKind>,
 ) -> Result<(serde_json::Value, bool), Box<dyn std::error::Error>> {
     let checks = Arc::new(Checks::default());
     let timeout_downing = downing == Downing::Timeout;
+    let Some(kind) = journal else {
+        let nodes = cluster("shard-bench-w2", &checks, timeout_downing).await?;
+        let done = w2_on(nodes, checks, messages, downing, victim_index, chart_path).await?;
+        stop(done.survivors).await;
+        return Ok((done.json, done.correct));
+    };
+    let stores = durable::Stores::new(kind)?;
+    // One journal the three share (the killed node's entities recover
+    // from it on the survivors).
+    let journals = stores.fresh(true)?;
+    let nodes =
+        durable::durable_cluster("shard-bench-w2", &checks, timeout_downing, journals).await?;
+    let mut done = w2_on(nodes, checks, messages, downing, victim_index, chart_path).await?;
+    let (checked, ok) =
+        durable::check_w2(&done.survivors[0], 2, messages / 2, &done.retried).await?;
+    stop(done.survivors).await;
+    done.json["journal"] = kind.name().into();
+    done.json["durable"] = checked;
+    Ok((done.json, done.correct && ok))
+}
+
+/// What a W2 run gives.
+struct W2Done<J> {
+    json: serde_json::Value,
+    correct: bool,
+    /// The two nodes that were not killed.
+    survivors: Vec<Node<NoStore, J>>,
+    /// The messages that took more than one attempt.
+    retried: std::collections::HashSet<(u32, u64)>,
+}
+
+/// W2 on `nodes`.
+async fn w2_on<J: Send + Sync + 'static>(
+    nodes: Vec<Node<NoStore, J>>,
+    checks: Arc<Checks>,
+    messages: u64,
+    downing: Downing,
+    victim_index: usize,
+    chart_path: &std::path::Path,
+) -> Result<W2Done<J>, Box<dyn std::error::Error>> {
     let downing = downing.label();
-    let nodes = cluster("shard-bench-w2", &checks, timeout_downing).await?;
     // Node 0, the oldest, is the coordinator.
     let affected = entities_hosted_on(&nodes, victim_index);
     let driving: Vec<usize> = (0..3).filter(|i| *i != victim_index).collect();
@@ -543,8 +596,13 @@ async fn run_w2(
     let mut nodes = nodes;
     let dead = nodes.remove(victim_index);
     dead.system.shutdown().await;
-    stop(nodes).await;
-    Ok((json, run.correct()))
+    let correct = run.correct();
+    Ok(W2Done {
+        json,
+        correct,
+        survivors: nodes,
+        retried: run.retried,
+    })
 }
 
 /// Baseline (a): the transport alone (`transport.rs`).
@@ -662,8 +720,13 @@ fn main() -> ExitCode {
         return multi::child(index, &args, in_flight);
     }
     if args.mode == Mode::MultiProcess {
-        if matches!(args.workload, Workload::Transport) || args.spawning {
-            eprintln!("shard-bench: multi-process mode runs w1, w1-sat, w2 and w3");
+        if matches!(args.workload, Workload::Transport | Workload::W4)
+            || args.spawning
+            || args.journal.is_some()
+        {
+            eprintln!(
+                "shard-bench: multi-process mode runs w1, w1-sat, w2 and w3, without --journal"
+            );
             return ExitCode::from(2);
         }
         return multi::parent(&args, in_flight);
@@ -687,10 +750,20 @@ async fn in_process(args: Args, in_flight: usize) -> ExitCode {
                 args.downing,
                 args.victim as usize,
                 &args.chart,
+                args.journal,
             )
             .await
         }
         Workload::W3 => run_w3(args.messages, args.spawning).await,
+        Workload::W4 => {
+            durable::run_w4(
+                args.journal.unwrap_or(durable::JournalKind::Embedded),
+                args.messages,
+                in_flight,
+                args.rounds,
+            )
+            .await
+        }
     };
     match result {
         Ok((json, correct)) => {
@@ -709,5 +782,10 @@ async fn in_process(args: Args, in_flight: usize) -> ExitCode {
     }
 }
 
+#[path = "shard_bench/durable.rs"]
+mod durable;
 #[path = "shard_bench/multi.rs"]
 mod multi;
+#[cfg(feature = "postgres")]
+#[path = "../../protocols/pg_server.rs"]
+mod pg_server;
