@@ -39,7 +39,7 @@ pub use redb_store::RedbPersistence;
 #[cfg(feature = "postgres")]
 mod pg_store;
 #[cfg(feature = "postgres")]
-pub use pg_store::PgPersistence;
+pub use pg_store::{PG_CONNECTION_TIMEOUT, PgPersistence};
 
 /// The marker for a system built without a journal: it has no
 /// `register_event_sourced`.

@@ -4,8 +4,9 @@
 //! Through [`postgres`](https://docs.rs/postgres) (tokio-postgres's
 //! blocking client; the SPI is synchronous and runs on blocking threads)
 //! and an [`r2d2`](https://docs.rs/r2d2) pool of connections. The schema is
-//! created on first use. One [`Journal::append`] batch is one transaction:
-//! many entities' appends cost one round of commits (group commit).
+//! created on first use. One [`Journal::append`] batch is one transaction
+//! of a fixed number of statements, whatever its size: many entities'
+//! appends cost one commit and six round trips (group commit).
 //!
 //! Tables (`type_name`, `entity_id` text; numbers `bigint`, holding the
 //! `u64`s' bits):
@@ -17,11 +18,16 @@
 //! | `datum_snapshots` | `(type_name, entity_id, sequence_nr)` | as events |
 //! | `datum_states` | `(type_name, entity_id)` | `revision`, then as events, nullable (a delete's tombstone) |
 //!
-//! Fencing: an append first makes sure its persistence id has a
-//! `datum_highest` row, then locks it (`SELECT … FOR UPDATE`), so two
-//! nodes appending to one journal are serialized by the database and the
-//! second one's expected sequence number is checked against the first's
-//! commit.
+//! A batch: `BEGIN`; one `INSERT … ON CONFLICT DO NOTHING` makes sure
+//! every persistence id it writes has a `datum_highest` row; one `SELECT
+//! … FOR UPDATE` locks and reads them all, in key order; the expected
+//! sequence numbers are checked here; one `INSERT … SELECT FROM unnest`
+//! writes every accepted event and one `UPDATE … FROM unnest` the new
+//! highest numbers; `COMMIT`. Fencing: two nodes appending to one journal
+//! are serialized by the row lock, and the second one's expected sequence
+//! number is checked against the first's commit.
+
+use std::collections::{BTreeMap, BTreeSet};
 
 use r2d2_postgres::PostgresConnectionManager;
 use r2d2_postgres::postgres::{GenericClient, NoTls, Row};
@@ -33,6 +39,14 @@ use super::{
 };
 
 type Pool = r2d2::Pool<PostgresConnectionManager<NoTls>>;
+
+/// How long a call waits for a connection (a pooled one, or a new one
+/// while the server is away) before it fails with a `Store` error.
+pub const PG_CONNECTION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The advisory lock key that serializes schema creation ("datum" in
+/// ASCII).
+const SCHEMA_LOCK: i64 = 0x64_61_74_75_6d;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS datum_events (
@@ -81,8 +95,17 @@ impl Drop for Holder {
     }
 }
 
-fn store_error(error: impl std::fmt::Display) -> PersistenceError {
-    PersistenceError::Store(error.to_string())
+/// A client or pool error, with its causes: the client's own text for a
+/// server error is only "db error", the server's message is its source.
+fn store_error(error: impl std::error::Error) -> PersistenceError {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(e) = cause {
+        text.push_str(": ");
+        text.push_str(&e.to_string());
+        cause = e.source();
+    }
+    PersistenceError::Store(text)
 }
 
 /// A `u64` in a `bigint` column (the same bits).
@@ -100,7 +123,10 @@ impl PgPersistence {
     /// connections, and creates the schema if it is missing.
     ///
     /// It connects on a thread of its own, so it may be called anywhere,
-    /// an async task included.
+    /// an async task included. A later call that cannot get a connection
+    /// within [`PG_CONNECTION_TIMEOUT`] (the server is away) fails with
+    /// [`PersistenceError::Store`]; the pool reconnects once the server is
+    /// back.
     pub fn connect(url: &str, pool_size: u32) -> PersistenceResult<Self> {
         let config = url.parse().map_err(store_error)?;
         std::thread::scope(|scope| {
@@ -109,16 +135,25 @@ impl PgPersistence {
                     let manager = PostgresConnectionManager::new(config, NoTls);
                     let pool = r2d2::Pool::builder()
                         .max_size(pool_size.max(1))
+                        .connection_timeout(PG_CONNECTION_TIMEOUT)
                         .build(manager)
                         .map_err(store_error)?;
                     let store = PgPersistence {
                         pool: std::sync::Arc::new(Holder(Some(pool))),
                     };
-                    store.client()?.batch_execute(SCHEMA).map_err(store_error)?;
+                    // Nodes starting together on a fresh database would
+                    // race `CREATE TABLE IF NOT EXISTS` (which is not safe
+                    // concurrently): one at a time, under a lock.
+                    store
+                        .client()?
+                        .batch_execute(&format!(
+                            "BEGIN; SELECT pg_advisory_xact_lock({SCHEMA_LOCK}); {SCHEMA} COMMIT;"
+                        ))
+                        .map_err(store_error)?;
                     Ok(store)
                 })
                 .join()
-                .unwrap_or_else(|_| Err(store_error("connecting panicked")))
+                .unwrap_or_else(|_| Err(PersistenceError::Store("connecting panicked".into())))
         })
     }
 
@@ -129,7 +164,7 @@ impl PgPersistence {
             .pool
             .0
             .as_ref()
-            .ok_or_else(|| store_error("the store is closed"))?;
+            .ok_or_else(|| PersistenceError::Store("the store is closed".into()))?;
         pool.get().map_err(store_error)
     }
 }
@@ -155,21 +190,97 @@ fn payload_of(row: &Row, id: &PersistenceId) -> PersistenceResult<(Payload, Writ
     })
 }
 
-/// Locks (creating it if missing) a persistence id's highest row.
-fn lock_highest(client: &mut impl GenericClient, id: &PersistenceId) -> PersistenceResult<u64> {
+/// Locks (creating the missing ones) the highest rows of every
+/// persistence id a batch writes, in key order so that two nodes' batches
+/// cannot deadlock, and reads them: two statements whatever the batch.
+fn lock_highest(
+    client: &mut impl GenericClient,
+    writes: &[AtomicWrite],
+) -> PersistenceResult<BTreeMap<(String, String), u64>> {
+    let ids: BTreeSet<(&str, &str)> = writes
+        .iter()
+        .map(|w| {
+            (
+                w.persistence_id.type_name.as_str(),
+                w.persistence_id.entity_id.as_str(),
+            )
+        })
+        .collect();
+    let (type_names, entity_ids): (Vec<&str>, Vec<&str>) = ids.iter().copied().unzip();
     client
         .execute(
-            "INSERT INTO datum_highest VALUES ($1, $2, 0) ON CONFLICT DO NOTHING",
-            &[&id.type_name, &id.entity_id],
+            "INSERT INTO datum_highest \
+             SELECT type_name, entity_id, 0 FROM unnest($1::text[], $2::text[]) AS u(type_name, entity_id) \
+             ORDER BY type_name, entity_id ON CONFLICT DO NOTHING",
+            &[&type_names, &entity_ids],
         )
         .map_err(store_error)?;
-    let row = client
-        .query_one(
-            "SELECT highest FROM datum_highest WHERE type_name = $1 AND entity_id = $2 FOR UPDATE",
-            &[&id.type_name, &id.entity_id],
+    let rows = client
+        .query(
+            "SELECT h.type_name, h.entity_id, h.highest FROM datum_highest AS h \
+             JOIN unnest($1::text[], $2::text[]) AS u(type_name, entity_id) \
+             ON h.type_name = u.type_name AND h.entity_id = u.entity_id \
+             ORDER BY h.type_name, h.entity_id FOR UPDATE OF h",
+            &[&type_names, &entity_ids],
         )
         .map_err(store_error)?;
-    Ok(unbig(row.get(0)))
+    Ok(rows
+        .iter()
+        .map(|row| ((row.get(0), row.get(1)), unbig(row.get(2))))
+        .collect())
+}
+
+/// The accepted events of a batch, column by column, for one `INSERT`.
+#[derive(Default)]
+struct EventRows<'w> {
+    type_names: Vec<&'w str>,
+    entity_ids: Vec<&'w str>,
+    sequence_nrs: Vec<i64>,
+    manifests: Vec<&'w str>,
+    versions: Vec<i32>,
+    payloads: Vec<&'w [u8]>,
+    nodes: Vec<i64>,
+    incarnations: Vec<i64>,
+    generations: Vec<i64>,
+}
+
+impl<'w> EventRows<'w> {
+    fn push(&mut self, write: &'w AtomicWrite, numbers: std::ops::RangeInclusive<u64>) {
+        let (id, w) = (&write.persistence_id, write.writer);
+        for (n, payload) in numbers.zip(&write.events) {
+            self.type_names.push(&id.type_name);
+            self.entity_ids.push(&id.entity_id);
+            self.sequence_nrs.push(big(n));
+            self.manifests.push(&payload.manifest);
+            self.versions.push(payload.version as i32);
+            self.payloads.push(&payload.bytes);
+            self.nodes.push(big(w.node_id));
+            self.incarnations.push(big(w.incarnation));
+            self.generations.push(big(w.generation));
+        }
+    }
+
+    fn insert(&self, client: &mut impl GenericClient) -> PersistenceResult<()> {
+        client
+            .execute(
+                "INSERT INTO datum_events SELECT * FROM unnest($1::text[], $2::text[], \
+                 $3::bigint[], $4::text[], $5::integer[], $6::bytea[], $7::bigint[], \
+                 $8::bigint[], $9::bigint[])",
+                &[
+                    &self.type_names,
+                    &self.entity_ids,
+                    &self.sequence_nrs,
+                    &self.manifests,
+                    &self.versions,
+                    &self.payloads,
+                    &self.nodes,
+                    &self.incarnations,
+                    &self.generations,
+                ],
+            )
+            .map_err(store_error)?;
+        Ok(())
+    }
 }
 
 impl Journal for PgPersistence {
@@ -177,42 +288,41 @@ impl Journal for PgPersistence {
         let applied = (|| {
             let mut client = self.client()?;
             let mut txn = client.transaction().map_err(store_error)?;
+            let mut highest = lock_highest(&mut txn, writes)?;
+            // Checked in batch order, as if one after the other: a second
+            // write to one id in a batch sees the first one's events.
             let mut results = Vec::with_capacity(writes.len());
+            let mut rows = EventRows::default();
             for write in writes {
                 let id = &write.persistence_id;
-                let top = lock_highest(&mut txn, id)?;
-                let numbers = match check_append(write, top) {
-                    Ok(numbers) => numbers,
-                    Err(refused) => {
-                        results.push(Err(refused));
-                        continue;
-                    }
+                let key = (id.type_name.clone(), id.entity_id.clone());
+                let Some(top) = highest.get_mut(&key) else {
+                    results.push(Err(PersistenceError::Store(format!("{id} was not locked"))));
+                    continue;
                 };
-                let last = *numbers.end();
-                let w = write.writer;
-                for (n, payload) in numbers.zip(&write.events) {
-                    txn.execute(
-                        "INSERT INTO datum_events VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-                        &[
-                            &id.type_name,
-                            &id.entity_id,
-                            &big(n),
-                            &payload.manifest,
-                            &(payload.version as i32),
-                            &payload.bytes,
-                            &big(w.node_id),
-                            &big(w.incarnation),
-                            &big(w.generation),
-                        ],
-                    )
-                    .map_err(store_error)?;
+                match check_append(write, *top) {
+                    Ok(numbers) => {
+                        *top = *numbers.end();
+                        rows.push(write, numbers);
+                        results.push(Ok(()));
+                    }
+                    Err(refused) => results.push(Err(refused)),
                 }
+            }
+            if !rows.type_names.is_empty() {
+                rows.insert(&mut txn)?;
+                let (type_names, (entity_ids, tops)): (Vec<&str>, (Vec<&str>, Vec<i64>)) = highest
+                    .iter()
+                    .map(|((t, e), &top)| (t.as_str(), (e.as_str(), big(top))))
+                    .unzip();
                 txn.execute(
-                    "UPDATE datum_highest SET highest = $3 WHERE type_name = $1 AND entity_id = $2",
-                    &[&id.type_name, &id.entity_id, &big(last)],
+                    "UPDATE datum_highest AS h SET highest = u.highest \
+                     FROM unnest($1::text[], $2::text[], $3::bigint[]) AS u(type_name, entity_id, highest) \
+                     WHERE h.type_name = u.type_name AND h.entity_id = u.entity_id \
+                     AND h.highest <> u.highest",
+                    &[&type_names, &entity_ids, &tops],
                 )
                 .map_err(store_error)?;
-                results.push(Ok(()));
             }
             txn.commit().map_err(store_error)?;
             Ok::<_, PersistenceError>(results)
