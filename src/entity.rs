@@ -37,6 +37,7 @@
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use crate::error::ShardingResult;
 use crate::extractor::ShardId;
@@ -502,15 +503,64 @@ fn take_snapshot<E: Snapshotted>(
 /// How many appends one journal call takes at most.
 const MAX_BATCH: usize = 1_024;
 
+/// The longest a batch waits for appends that a commit just answered.
+const MAX_LINGER: Duration = Duration::from_millis(1);
+
+/// How the journal writer gathers a batch. Entities persist, reply, and
+/// are sent their next message: the appends a commit answers tend to come
+/// back soon after it. Started at once, the next batch would hold only
+/// what waited during the commit, the answered ones would wait for it,
+/// and the writer would settle into two half batches taking turns — half
+/// the journal's rate. So a batch waits, for at most half the last
+/// commit's time (and [`MAX_LINGER`]), until as many appends are queued as
+/// were queued when the commit ended plus the ones it answered; it never
+/// waits for more than that, so a lone writer's append goes at once.
+#[derive(Default)]
+struct Linger {
+    /// At least this many appends make a batch that goes at once.
+    target: usize,
+    /// Until when a smaller batch waits.
+    until: Option<Instant>,
+}
+
+impl Linger {
+    fn committed(&mut self, answered: usize, took: Duration, queued: usize) {
+        self.target = (queued + answered).clamp(1, MAX_BATCH);
+        self.until = Some(Instant::now() + (took / 2).min(MAX_LINGER));
+    }
+
+    /// Fills `batch` with what waits, up to [`MAX_BATCH`], lingering as
+    /// above.
+    fn gather(&mut self, rx: &std::sync::mpsc::Receiver<Append>, batch: &mut Vec<Append>) {
+        let until = self.until.take();
+        loop {
+            batch.extend(rx.try_iter().take(MAX_BATCH - batch.len()));
+            if batch.len() >= self.target || batch.len() >= MAX_BATCH {
+                return;
+            }
+            let left = until.map_or(Duration::ZERO, |u| {
+                u.saturating_duration_since(Instant::now())
+            });
+            match rx.recv_timeout(left) {
+                Ok(next) => batch.push(next),
+                Err(_) => return,
+            }
+        }
+    }
+}
+
 /// The appends of every event-sourced entity of a system, batched: one
-/// task hands the journal everything that waits at once, in one
-/// [`Journal::append`] call, so many entities' events cost one commit
-/// (group commit); while a batch commits, the next one gathers. It holds
-/// the journal weakly: the system's handle alone decides how long the
-/// store stays open.
+/// thread hands the journal everything that waits at once (lingering as
+/// [`Linger`] says), in one [`Journal::append`] call, so many entities'
+/// events cost one commit (group commit); while a batch commits, the next
+/// one gathers. It holds the journal weakly: the system's handle alone
+/// decides how long the store stays open; the thread ends when the last
+/// handle to the writer goes.
 pub(crate) struct JournalWriter {
     journal: std::sync::Weak<dyn Journal>,
-    tx: tokio::sync::mpsc::UnboundedSender<Append>,
+    tx: std::sync::mpsc::Sender<Append>,
+    /// Appends sent and not yet taken by the thread.
+    waiting: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 type Append = (
@@ -523,30 +573,32 @@ fn writer_stopped() -> PersistenceError {
 }
 
 impl JournalWriter {
-    /// Starts the writer of `journal` (on the current tokio runtime).
+    /// Starts the writer of `journal`, on a thread of its own (the
+    /// journal's calls block; a thread also times a linger finer than the
+    /// async timer's millisecond).
     pub(crate) fn start(journal: &Arc<dyn Journal>) -> Arc<Self> {
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Append>();
+        let (tx, rx) = std::sync::mpsc::channel::<Append>();
         let weak = Arc::downgrade(journal);
         let store = weak.clone();
-        tokio::spawn(async move {
-            while let Some(first) = rx.recv().await {
+        let waiting = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let queued = waiting.clone();
+        let run = move || {
+            let mut linger = Linger::default();
+            while let Ok(first) = rx.recv() {
                 let mut batch = vec![first];
-                while batch.len() < MAX_BATCH {
-                    match rx.try_recv() {
-                        Ok(next) => batch.push(next),
-                        Err(_) => break,
-                    }
-                }
+                linger.gather(&rx, &mut batch);
+                queued.fetch_sub(batch.len(), Ordering::Relaxed);
                 let (writes, replies): (Vec<AtomicWrite>, Vec<_>) = batch.into_iter().unzip();
                 let count = writes.len();
+                let began = Instant::now();
                 let mut results = match store.upgrade() {
-                    Some(journal) => tokio::task::spawn_blocking(move || journal.append(&writes))
-                        .await
-                        .unwrap_or_else(|e| {
-                            let panicked =
-                                PersistenceError::Store(format!("the journal panicked: {e}"));
-                            vec![Err(panicked); count]
-                        }),
+                    Some(journal) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        journal.append(&writes)
+                    }))
+                    .unwrap_or_else(|_| {
+                        let panicked = PersistenceError::Store("the journal panicked".into());
+                        vec![Err(panicked); count]
+                    }),
                     None => vec![Err(writer_stopped()); count],
                 };
                 // (A store that answers fewer results than writes failed
@@ -557,14 +609,27 @@ impl JournalWriter {
                 for (reply, result) in replies.into_iter().zip(results) {
                     let _ = reply.send(result);
                 }
+                linger.committed(count, began.elapsed(), queued.load(Ordering::Relaxed));
             }
-        });
-        Arc::new(JournalWriter { journal: weak, tx })
+        };
+        // Without a thread there is no writer: every append fails typed.
+        let _ = std::thread::Builder::new()
+            .name("datum-journal".into())
+            .spawn(run);
+        Arc::new(JournalWriter {
+            journal: weak,
+            tx,
+            waiting,
+        })
     }
 
     async fn append(&self, write: AtomicWrite) -> PersistenceResult<()> {
         let (done, result) = tokio::sync::oneshot::channel();
-        self.tx.send((write, done)).map_err(|_| writer_stopped())?;
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+        if self.tx.send((write, done)).is_err() {
+            self.waiting.fetch_sub(1, Ordering::Relaxed);
+            return Err(writer_stopped());
+        }
         result.await.unwrap_or_else(|_| Err(writer_stopped()))
     }
 
@@ -1034,4 +1099,73 @@ pub(crate) fn recover_state<E: DurableState>(
         .map_err(|e| corrupt(ctx, format!("the state does not decode: {e}")))?;
     entity.set_state(state);
     Ok(())
+}
+
+#[cfg(test)]
+mod linger_tests {
+    use super::*;
+
+    fn append() -> (
+        Append,
+        tokio::sync::oneshot::Receiver<PersistenceResult<()>>,
+    ) {
+        let (done, result) = tokio::sync::oneshot::channel();
+        let write = AtomicWrite {
+            persistence_id: crate::persistence::PersistenceId::new("t", "e"),
+            expected: 0,
+            events: Vec::new(),
+            writer: crate::persistence::Writer {
+                node_id: 1,
+                incarnation: 1,
+                generation: 1,
+            },
+        };
+        ((write, done), result)
+    }
+
+    #[test]
+    fn a_first_batch_takes_what_waits_and_goes() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut kept = Vec::new();
+        for _ in 0..3 {
+            let (a, r) = append();
+            tx.send(a).unwrap();
+            kept.push(r);
+        }
+        let mut batch = vec![rx.recv().unwrap()];
+        Linger::default().gather(&rx, &mut batch);
+        assert_eq!(batch.len(), 3);
+    }
+
+    #[test]
+    fn after_a_commit_a_batch_waits_for_the_answered_then_no_longer() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut linger = Linger::default();
+        // A commit answered 4 while 1 waited: a batch of 5 goes at once...
+        linger.committed(4, Duration::from_secs(1), 1);
+        let mut kept = Vec::new();
+        for _ in 0..6 {
+            let (a, r) = append();
+            tx.send(a).unwrap();
+            kept.push(r);
+        }
+        let mut batch = vec![rx.recv().unwrap()];
+        linger.gather(&rx, &mut batch);
+        assert_eq!(batch.len(), 6, "everything waiting, at least the target");
+        // ...and a smaller one waits at most the linger, then goes.
+        linger.committed(4, Duration::from_secs(1), 0);
+        let (a, _r) = append();
+        tx.send(a).unwrap();
+        let began = Instant::now();
+        let mut batch = vec![rx.recv().unwrap()];
+        linger.gather(&rx, &mut batch);
+        assert_eq!(batch.len(), 1);
+        assert!(
+            began.elapsed() < Duration::from_secs(1),
+            "bounded by MAX_LINGER"
+        );
+        // A lone writer (one answered, one back) has its batch at once.
+        linger.committed(1, Duration::from_secs(1), 0);
+        assert_eq!(linger.target, 1, "one append is a whole batch");
+    }
 }
