@@ -630,10 +630,12 @@ impl CoordinatorCore {
                 now
             }
         };
-        let until = since + self.hold_for(state);
+        // (A hold too long to add to an instant never runs out.)
+        let until = since.checked_add(self.hold_for(state));
         let beyond = state.beyond.contains(&oldest);
-        self.hold_until = (!beyond && now < until).then_some(until);
-        if beyond || now < until {
+        let holding = until.is_none_or(|until| now < until);
+        self.hold_until = until.filter(|_| !beyond && holding);
+        if beyond || holding {
             Some(oldest)
         } else {
             state.coordinator
@@ -795,15 +797,19 @@ impl CoordinatorCore {
                 }
                 at(handoff.sent + HANDOFF_RESEND);
                 if self.quiet_until.is_none() {
-                    at(handoff.started + self.config.handoff_timeout);
+                    // (A timeout too long to add to an instant never comes.)
+                    if let Some(t) = handoff.started.checked_add(self.config.handoff_timeout) {
+                        at(t);
+                    }
                 }
             }
             if self.quiet_until.is_none() {
                 for home in table.homes.iter().flatten() {
                     if !self.members.contains_key(&home.owner)
                         && let Some(gone) = self.gone_at.get(&home.owner)
+                        && let Some(t) = gone.checked_add(margin)
                     {
-                        at(*gone + margin);
+                        at(t);
                     }
                 }
             }

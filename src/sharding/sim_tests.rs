@@ -1110,6 +1110,9 @@ impl Sim {
         ));
         self.excuse(refused, "refused by a stopped region");
         if others && done {
+            // A leave is done only when it hosts no shard, and `take`
+            // yields entities of hosted shards only: this stays empty
+            // unless that rule breaks — a guard, which fails the history.
             self.excuse(hosted, LOST_BY_A_GRACEFUL_LEAVE);
         } else {
             self.excuse(
