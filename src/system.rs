@@ -676,7 +676,12 @@ impl<S, J> ShardedSystem<S, J> {
             let _ = link.driver.send(DriverMsg::TypeRegistered);
         }
         if !proxy {
-            region.start_remembered_shards();
+            // (The store's calls block: off the async worker.)
+            let reader = region.clone();
+            let shards = tokio::task::spawn_blocking(move || reader.remembered_shards())
+                .await
+                .unwrap_or_default();
+            region.start_shards(shards);
         }
         Ok(())
     }

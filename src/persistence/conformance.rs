@@ -2,7 +2,9 @@
 //!
 //! Each function takes a way to make an empty store, runs the contract's
 //! cases against fresh stores, and panics with the case's name and what
-//! differed. Every store of this crate runs all three in its tests; a
+//! differed. Every store of this crate runs those it implements in its
+//! tests (the journal, snapshot and durable-state contracts, and the
+//! remember-entities one, [`remember_entities`]); a
 //! third-party store can too:
 //!
 //! ```
@@ -10,11 +12,17 @@
 //! conformance::journal(InMemoryPersistence::new);
 //! conformance::snapshots(InMemoryPersistence::new);
 //! conformance::durable_state(InMemoryPersistence::new);
+//! conformance::remember_entities(datum_cluster_sharding::InMemoryStore::new);
 //! ```
 //!
 //! What it cannot check: durability across a crash (a store's own tests
 //! must reopen it), and behaviour under concurrent writers beyond what a
 //! batch shows.
+
+use std::collections::BTreeSet;
+
+use crate::extractor::ShardId;
+use crate::store::{RememberEntitiesStore, RememberRecord};
 
 use super::{
     AtomicWrite, DurableStateStore, Journal, Payload, PersistenceError, PersistenceId,
@@ -315,4 +323,88 @@ pub fn durable_state<D: DurableStateStore>(make: impl Fn() -> D) {
         .expect("a save after the delete");
     assert_eq!(d.load(&id).expect("load").expect("stored").revision, 4);
     assert_eq!(d.revision(&pid("never")), Ok(0));
+}
+
+/// The [`RememberEntitiesStore`] contract: ids are remembered per type and
+/// shard until stopped; starting twice is one id; stopping an unknown id
+/// is not an error; a batch applies its records in order, one result
+/// each; every shard with a remembered id is listed by `list_shards`, and
+/// no shard that was never written.
+pub fn remember_entities<S: RememberEntitiesStore>(make: impl Fn() -> S) {
+    const T: &str = "conformance";
+    let ids = |s: &S, t: &str, shard: u32| -> BTreeSet<String> {
+        s.list_entities_for_shard(t, ShardId(shard))
+            .expect("list")
+            .into_iter()
+            .collect()
+    };
+    let set = |v: &[&str]| -> BTreeSet<String> { v.iter().map(|x| (*x).to_owned()).collect() };
+    let shards = |s: &S, t: &str| -> BTreeSet<u32> {
+        s.list_shards(t)
+            .expect("shards")
+            .into_iter()
+            .map(|s| s.0)
+            .collect()
+    };
+
+    let s = make();
+    assert!(ids(&s, T, 1).is_empty(), "empty: no ids");
+    assert!(shards(&s, T).is_empty(), "empty: no shards");
+
+    // Per type and shard; a prefix is another id; shard u32::MAX works.
+    for (t, shard, id) in [
+        (T, 1, "a"),
+        (T, 1, "b"),
+        (T, 1, "ab"),
+        (T, 2, "c"),
+        (T, u32::MAX, "far"),
+        ("conformance-2", 1, "d"),
+    ] {
+        s.record_entity_started(t, ShardId(shard), id)
+            .expect("started");
+    }
+    s.record_entity_started(T, ShardId(1), "a")
+        .expect("started twice");
+    assert_eq!(ids(&s, T, 1), set(&["a", "ab", "b"]), "shard 1");
+    assert_eq!(ids(&s, T, 2), set(&["c"]), "shard 2");
+    assert_eq!(ids(&s, T, u32::MAX), set(&["far"]), "the last shard");
+    assert_eq!(ids(&s, "conformance-2", 1), set(&["d"]), "types do not mix");
+    assert!(ids(&s, T, 3).is_empty(), "a shard never written");
+    let listed = shards(&s, T);
+    for shard in [1, 2, u32::MAX] {
+        assert!(listed.contains(&shard), "shard {shard} listed: {listed:?}");
+    }
+    assert!(!listed.contains(&3), "a shard never written is not listed");
+
+    // Stopping forgets; stopping an unknown id is not an error.
+    s.record_entity_stopped(T, ShardId(1), "b")
+        .expect("stopped");
+    s.record_entity_stopped(T, ShardId(1), "never")
+        .expect("unknown");
+    s.record_entity_stopped(T, ShardId(2), "a")
+        .expect("another shard's id");
+    assert_eq!(ids(&s, T, 1), set(&["a", "ab"]), "after a stop");
+
+    // A batch, in order: the last record of an id decides.
+    let r = |shard: u32, id: &'static str, started: bool| RememberRecord {
+        type_name: T,
+        shard_id: ShardId(shard),
+        entity_id: id,
+        started,
+    };
+    let batch = [
+        r(5, "x", true),
+        r(5, "x", false),
+        r(5, "y", false),
+        r(5, "y", true),
+        r(1, "a", false),
+        r(1, "z", true),
+    ];
+    let results = s.record_batch(&batch);
+    assert_eq!(results.len(), batch.len(), "one result per record");
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    assert_eq!(ids(&s, T, 5), set(&["y"]), "in order within a batch");
+    assert_eq!(ids(&s, T, 1), set(&["ab", "z"]), "a batch across shards");
+    assert!(shards(&s, T).contains(&5), "a batch's shard listed");
+    assert!(s.record_batch(&[]).is_empty(), "an empty batch");
 }

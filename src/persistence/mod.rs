@@ -507,5 +507,6 @@ mod tests {
         conformance::journal(InMemoryPersistence::new);
         conformance::snapshots(InMemoryPersistence::new);
         conformance::durable_state(InMemoryPersistence::new);
+        conformance::remember_entities(crate::store::InMemoryStore::new);
     }
 }

@@ -17,6 +17,7 @@
 //! | `datum_highest` | `(type_name, entity_id)` | `highest` |
 //! | `datum_snapshots` | `(type_name, entity_id, sequence_nr)` | as events |
 //! | `datum_states` | `(type_name, entity_id)` | `revision`, then as events, nullable (a delete's tombstone) |
+//! | `datum_remembered` | `(type_name, shard_id, entity_id)` | — (remember-entities: a row is a remembered id) |
 //!
 //! A batch: `BEGIN`; one `INSERT … ON CONFLICT DO NOTHING` makes sure
 //! every persistence id it writes has a `datum_highest` row; one `SELECT
@@ -31,6 +32,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use r2d2_postgres::PostgresConnectionManager;
 use r2d2_postgres::postgres::{GenericClient, NoTls, Row};
+
+use crate::extractor::ShardId;
+use crate::store::{RememberEntitiesStore, RememberRecord, StoreError, final_states};
 
 use super::{
     AtomicWrite, DurableStateStore, EventRecord, Journal, Payload, PersistenceError, PersistenceId,
@@ -62,6 +66,9 @@ CREATE TABLE IF NOT EXISTS datum_snapshots (
     manifest text NOT NULL, version integer NOT NULL, payload bytea NOT NULL,
     writer_node bigint NOT NULL, writer_incarnation bigint NOT NULL, writer_generation bigint NOT NULL,
     PRIMARY KEY (type_name, entity_id, sequence_nr));
+CREATE TABLE IF NOT EXISTS datum_remembered (
+    type_name text NOT NULL, shard_id bigint NOT NULL, entity_id text NOT NULL,
+    PRIMARY KEY (type_name, shard_id, entity_id));
 CREATE TABLE IF NOT EXISTS datum_states (
     type_name text NOT NULL, entity_id text NOT NULL, revision bigint NOT NULL,
     manifest text, version integer, payload bytea,
@@ -582,4 +589,122 @@ impl DurableStateStore for PgPersistence {
         .map_err(store_error)?;
         txn.commit().map_err(store_error)
     }
+}
+
+/// Remember-entities in the same database: every node sees every node's
+/// remembered ids, so a shard's ids are respawned wherever it lands — after
+/// its old owner died too. A batch is one transaction: its records reduced
+/// to each id's last state, one `INSERT … FROM unnest` of the started ones
+/// and one `DELETE … USING unnest` of the stopped ones.
+impl RememberEntitiesStore for PgPersistence {
+    fn record_entity_started(
+        &self,
+        type_name: &str,
+        shard_id: ShardId,
+        entity_id: &str,
+    ) -> Result<(), StoreError> {
+        let record = RememberRecord {
+            type_name,
+            shard_id,
+            entity_id,
+            started: true,
+        };
+        self.record_batch(&[record]).pop().unwrap_or(Ok(()))
+    }
+
+    fn record_entity_stopped(
+        &self,
+        type_name: &str,
+        shard_id: ShardId,
+        entity_id: &str,
+    ) -> Result<(), StoreError> {
+        let record = RememberRecord {
+            type_name,
+            shard_id,
+            entity_id,
+            started: false,
+        };
+        self.record_batch(&[record]).pop().unwrap_or(Ok(()))
+    }
+
+    fn list_entities_for_shard(
+        &self,
+        type_name: &str,
+        shard_id: ShardId,
+    ) -> Result<Vec<String>, StoreError> {
+        let rows = self
+            .client()
+            .map_err(remember_error)?
+            .query(
+                "SELECT entity_id FROM datum_remembered WHERE type_name = $1 AND shard_id = $2 \
+                 ORDER BY entity_id",
+                &[&type_name, &i64::from(shard_id.0)],
+            )
+            .map_err(|e| remember_error(store_error(e)))?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+
+    fn list_shards(&self, type_name: &str) -> Result<Vec<ShardId>, StoreError> {
+        let rows = self
+            .client()
+            .map_err(remember_error)?
+            .query(
+                "SELECT DISTINCT shard_id FROM datum_remembered WHERE type_name = $1 ORDER BY 1",
+                &[&type_name],
+            )
+            .map_err(|e| remember_error(store_error(e)))?;
+        Ok(rows
+            .iter()
+            .map(|r| ShardId(r.get::<_, i64>(0) as u32))
+            .collect())
+    }
+
+    fn record_batch(&self, records: &[RememberRecord<'_>]) -> Vec<Result<(), StoreError>> {
+        let states = final_states(records);
+        let column = |started: bool| {
+            let mut columns = (Vec::new(), Vec::new(), Vec::new());
+            for (&(t, s, e), _) in states.iter().filter(|(_, up)| **up == started) {
+                columns.0.push(t);
+                columns.1.push(i64::from(s.0));
+                columns.2.push(e);
+            }
+            columns
+        };
+        let (started, stopped) = (column(true), column(false));
+        let applied = (|| {
+            let mut client = self.client()?;
+            let mut txn = client.transaction().map_err(store_error)?;
+            if !started.0.is_empty() {
+                txn.execute(
+                    "INSERT INTO datum_remembered \
+                     SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[]) \
+                     ON CONFLICT DO NOTHING",
+                    &[&started.0, &started.1, &started.2],
+                )
+                .map_err(store_error)?;
+            }
+            if !stopped.0.is_empty() {
+                txn.execute(
+                    "DELETE FROM datum_remembered AS r \
+                     USING unnest($1::text[], $2::bigint[], $3::text[]) AS u(type_name, shard_id, entity_id) \
+                     WHERE r.type_name = u.type_name AND r.shard_id = u.shard_id \
+                     AND r.entity_id = u.entity_id",
+                    &[&stopped.0, &stopped.1, &stopped.2],
+                )
+                .map_err(store_error)?;
+            }
+            txn.commit().map_err(store_error)
+        })();
+        match applied {
+            Ok(()) => records.iter().map(|_| Ok(())).collect(),
+            Err(e) => {
+                let e = remember_error(e);
+                records.iter().map(|_| Err(e.clone())).collect()
+            }
+        }
+    }
+}
+
+fn remember_error(error: PersistenceError) -> StoreError {
+    StoreError(error.to_string())
 }

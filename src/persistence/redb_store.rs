@@ -15,6 +15,7 @@
 //! | `highest` | `(type, id)` | the highest sequence number, `u64` |
 //! | `snapshots` | `(type, id, sequence_nr)` | a record |
 //! | `states` | `(type, id)` | the revision, `u64` big-endian, then a record (none: deleted) |
+//! | `remembered` | `(type, shard, id)` | `()` — remember-entities: a key is a remembered id |
 //!
 //! A record, version 1: byte `1`; the writer's node id, incarnation and
 //! generation (`u64` little-endian each); the payload's version (`u32`
@@ -26,6 +27,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use redb::{Database, ReadableTable, TableDefinition};
+
+use crate::extractor::ShardId;
+use crate::store::{RememberEntitiesStore, RememberRecord, StoreError, final_states};
 
 use super::{
     AtomicWrite, DurableStateStore, EventRecord, Journal, Payload, PersistenceError, PersistenceId,
@@ -40,6 +44,9 @@ const EVENTS: TableDefinition<Numbered, &[u8]> = TableDefinition::new("events");
 const HIGHEST: TableDefinition<Named, u64> = TableDefinition::new("highest");
 const SNAPSHOTS: TableDefinition<Numbered, &[u8]> = TableDefinition::new("snapshots");
 const STATES: TableDefinition<Named, &[u8]> = TableDefinition::new("states");
+const REMEMBERED: TableDefinition<Remembered, ()> = TableDefinition::new("remembered");
+
+type Remembered<'a> = (&'a str, u32, &'a str);
 
 /// The record format this store writes.
 const RECORD_FORMAT: u8 = 1;
@@ -67,6 +74,7 @@ impl RedbPersistence {
         txn.open_table(HIGHEST).map_err(store_error)?;
         txn.open_table(SNAPSHOTS).map_err(store_error)?;
         txn.open_table(STATES).map_err(store_error)?;
+        txn.open_table(REMEMBERED).map_err(store_error)?;
         txn.commit().map_err(store_error)?;
         Ok(RedbPersistence { db: Arc::new(db) })
     }
@@ -385,3 +393,112 @@ impl DurableStateStore for RedbPersistence {
 #[cfg(test)]
 #[path = "redb_tests.rs"]
 mod tests;
+
+fn remember_error(error: impl std::fmt::Display) -> StoreError {
+    StoreError(error.to_string())
+}
+
+/// Remember-entities in the node's file: one write transaction (one
+/// commit) per batch, its records reduced to each id's last state. The
+/// file is the node's own, so, as with `FileStore`, a dead node's
+/// remembered ids come back only when that node (its file) does.
+impl RememberEntitiesStore for RedbPersistence {
+    fn record_entity_started(
+        &self,
+        type_name: &str,
+        shard_id: ShardId,
+        entity_id: &str,
+    ) -> Result<(), StoreError> {
+        let record = RememberRecord {
+            type_name,
+            shard_id,
+            entity_id,
+            started: true,
+        };
+        self.record_batch(&[record]).pop().unwrap_or(Ok(()))
+    }
+
+    fn record_entity_stopped(
+        &self,
+        type_name: &str,
+        shard_id: ShardId,
+        entity_id: &str,
+    ) -> Result<(), StoreError> {
+        let record = RememberRecord {
+            type_name,
+            shard_id,
+            entity_id,
+            started: false,
+        };
+        self.record_batch(&[record]).pop().unwrap_or(Ok(()))
+    }
+
+    fn list_entities_for_shard(
+        &self,
+        type_name: &str,
+        shard_id: ShardId,
+    ) -> Result<Vec<String>, StoreError> {
+        let txn = self.db.begin_read().map_err(remember_error)?;
+        let table = txn.open_table(REMEMBERED).map_err(remember_error)?;
+        let mut ids = Vec::new();
+        for entry in table
+            .range((type_name, shard_id.0, "")..)
+            .map_err(remember_error)?
+        {
+            let (key, _) = entry.map_err(remember_error)?;
+            let (t, s, id) = key.value();
+            if t != type_name || s != shard_id.0 {
+                break;
+            }
+            ids.push(id.to_owned());
+        }
+        Ok(ids)
+    }
+
+    fn list_shards(&self, type_name: &str) -> Result<Vec<ShardId>, StoreError> {
+        let txn = self.db.begin_read().map_err(remember_error)?;
+        let table = txn.open_table(REMEMBERED).map_err(remember_error)?;
+        let mut shards = Vec::new();
+        let mut from = 0u32;
+        // One look-up per shard: from each shard found, on to the next.
+        loop {
+            let first = table
+                .range((type_name, from, "")..)
+                .map_err(remember_error)?
+                .next();
+            let Some(entry) = first else { break };
+            let (key, _) = entry.map_err(remember_error)?;
+            let (t, s, _) = key.value();
+            if t != type_name {
+                break;
+            }
+            shards.push(ShardId(s));
+            match s.checked_add(1) {
+                Some(next) => from = next,
+                None => break,
+            }
+        }
+        Ok(shards)
+    }
+
+    fn record_batch(&self, records: &[RememberRecord<'_>]) -> Vec<Result<(), StoreError>> {
+        let applied = (|| {
+            let txn = self.db.begin_write().map_err(remember_error)?;
+            {
+                let mut table = txn.open_table(REMEMBERED).map_err(remember_error)?;
+                for ((t, s, id), started) in final_states(records) {
+                    if started {
+                        table.insert((t, s.0, id), ()).map_err(remember_error)?;
+                    } else {
+                        table.remove((t, s.0, id)).map_err(remember_error)?;
+                    }
+                }
+            }
+            txn.commit().map_err(remember_error)
+        })();
+        match applied {
+            Ok(()) => records.iter().map(|_| Ok(())).collect(),
+            Err(e) => records.iter().map(|_| Err(e.clone())).collect(),
+        }
+    }
+}

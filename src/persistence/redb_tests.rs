@@ -15,6 +15,7 @@ fn the_embedded_store_keeps_the_contract() {
     conformance::journal(fresh());
     conformance::snapshots(fresh());
     conformance::durable_state(fresh());
+    conformance::remember_entities(fresh());
 }
 
 fn payload(n: u8) -> Payload {

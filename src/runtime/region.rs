@@ -346,24 +346,32 @@ impl Region {
         lock(&self.slots[shard.0 as usize]).respawn_more(&mut self.host(), shard, install);
     }
 
-    /// Starts shards that have remembered entities (used at registration).
-    pub(crate) fn start_remembered_shards(&self) {
+    /// The shards that have remembered entities, read from the store (it
+    /// may block: call it where blocking is allowed). A failed read is
+    /// reported through the failure policy and lists none.
+    pub(crate) fn remembered_shards(&self) -> Vec<ShardId> {
         let Some(remember) = &self.remember else {
-            return;
+            return Vec::new();
         };
         match remember.store().list_shards(self.type_name) {
-            Ok(shards) => {
-                for shard in shards.into_iter().filter(|s| s.0 < self.num_shards()) {
-                    lock(&self.slots[shard.0 as usize]).request_if_idle(&mut self.host(), shard);
-                }
+            Ok(shards) => shards,
+            Err(error) => {
+                remember.failure(
+                    self.type_name,
+                    None,
+                    None,
+                    RememberEntitiesOperation::ListShards,
+                    &error.0,
+                );
+                Vec::new()
             }
-            Err(error) => remember.failure(
-                self.type_name,
-                None,
-                None,
-                RememberEntitiesOperation::ListShards,
-                &error.0,
-            ),
+        }
+    }
+
+    /// Starts `shards` (those with remembered entities, at registration).
+    pub(crate) fn start_shards(&self, shards: Vec<ShardId>) {
+        for shard in shards.into_iter().filter(|s| s.0 < self.num_shards()) {
+            lock(&self.slots[shard.0 as usize]).request_if_idle(&mut self.host(), shard);
         }
     }
 

@@ -38,6 +38,16 @@ fn tree(dir: &Path) -> Vec<PathBuf> {
 }
 
 #[test]
+fn the_file_store_keeps_the_remember_entities_contract() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let counter = std::sync::atomic::AtomicU32::new(0);
+    crate::persistence::conformance::remember_entities(|| {
+        let n = counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        FileStore::open(dir.path().join(n.to_string()), FileStoreFsyncPolicy::Never).expect("open")
+    });
+}
+
+#[test]
 fn layout_is_hex_type_then_hex_shard() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = FileStore::open(dir.path(), FileStoreFsyncPolicy::Always).expect("opens");

@@ -94,6 +94,18 @@ pub trait RememberEntitiesStore: Send + Sync + 'static {
     }
 }
 
+/// A batch's records reduced to what each id ends as (started or not),
+/// in key order: applying this is applying the records in order.
+#[cfg_attr(not(any(feature = "embedded", feature = "postgres")), allow(dead_code))]
+pub(crate) fn final_states<'a>(
+    records: &[RememberRecord<'a>],
+) -> std::collections::BTreeMap<(&'a str, ShardId, &'a str), bool> {
+    records
+        .iter()
+        .map(|r| ((r.type_name, r.shard_id, r.entity_id), r.started))
+        .collect()
+}
+
 /// One record of a batch ([`RememberEntitiesStore::record_batch`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RememberRecord<'a> {
