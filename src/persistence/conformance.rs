@@ -21,8 +21,8 @@
 
 use std::collections::BTreeSet;
 
+use super::remember::{RememberEntitiesStore, RememberRecord};
 use crate::extractor::ShardId;
-use crate::store::{RememberEntitiesStore, RememberRecord};
 
 use super::{
     AtomicWrite, DurableStateStore, Journal, Payload, PersistenceError, PersistenceId,

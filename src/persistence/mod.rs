@@ -34,6 +34,7 @@ use std::sync::{Arc, Mutex};
 pub mod conformance;
 #[cfg(feature = "embedded")]
 mod redb_store;
+pub(crate) mod remember;
 #[cfg(feature = "embedded")]
 pub use redb_store::RedbPersistence;
 #[cfg(feature = "postgres")]
@@ -507,6 +508,5 @@ mod tests {
         conformance::journal(InMemoryPersistence::new);
         conformance::snapshots(InMemoryPersistence::new);
         conformance::durable_state(InMemoryPersistence::new);
-        conformance::remember_entities(crate::store::InMemoryStore::new);
     }
 }

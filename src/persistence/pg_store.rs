@@ -33,8 +33,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use r2d2_postgres::PostgresConnectionManager;
 use r2d2_postgres::postgres::{GenericClient, NoTls, Row};
 
+use super::remember::{RememberEntitiesStore, RememberRecord, StoreError, final_states};
 use crate::extractor::ShardId;
-use crate::store::{RememberEntitiesStore, RememberRecord, StoreError, final_states};
 
 use super::{
     AtomicWrite, DurableStateStore, EventRecord, Journal, Payload, PersistenceError, PersistenceId,

@@ -28,8 +28,8 @@ use std::sync::Arc;
 
 use redb::{Database, ReadableTable, TableDefinition};
 
+use super::remember::{RememberEntitiesStore, RememberRecord, StoreError, final_states};
 use crate::extractor::ShardId;
-use crate::store::{RememberEntitiesStore, RememberRecord, StoreError, final_states};
 
 use super::{
     AtomicWrite, DurableStateStore, EventRecord, Journal, Payload, PersistenceError, PersistenceId,

@@ -38,6 +38,11 @@ fn tree(dir: &Path) -> Vec<PathBuf> {
 }
 
 #[test]
+fn the_in_memory_store_keeps_the_remember_entities_contract() {
+    crate::persistence::conformance::remember_entities(crate::store::InMemoryStore::new);
+}
+
+#[test]
 fn the_file_store_keeps_the_remember_entities_contract() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let counter = std::sync::atomic::AtomicU32::new(0);
