@@ -411,3 +411,99 @@ async fn remembered_ids_of_a_dead_node_come_back_on_the_survivors() {
         let _ = cluster.shutdown().await;
     }
 }
+
+/// A split brain on one journal: two systems that do not know each other
+/// (each the whole cluster in its own eyes) host the same entities and
+/// write them at once. The database's fencing refuses every stale append
+/// (the asker gets a typed `SequenceConflict`, the stale incarnation
+/// retires and recovers on its next message): after it, every journal is
+/// gap-free, every acknowledged add is in it, and what each side's
+/// entities hold is their journal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_brain_on_one_journal_never_forks_it() {
+    let Some(server) = tokio::task::spawn_blocking(server).await.expect("start") else {
+        return;
+    };
+    let url = server.database();
+    let mut sides = Vec::new();
+    for _ in 0..2 {
+        let url = url.clone();
+        let store = tokio::task::spawn_blocking(move || store_on(&url))
+            .await
+            .expect("connect");
+        sides.push(system_on(store).await);
+    }
+    const ENTITIES: usize = 10;
+    const ADDS: usize = 60;
+    let mut drivers = tokio::task::JoinSet::new();
+    for (side, system) in sides.iter().enumerate() {
+        for k in 0..ENTITIES {
+            let entity = system.entity_ref::<Tally>(format!("e{k}"));
+            drivers.spawn(async move {
+                let (mut acked, mut conflicts) = (0u64, 0u64);
+                for _ in 0..ADDS {
+                    match entity.ask(Add(1), T).await {
+                        Ok(_) => acked += 1,
+                        Err(ShardingError::Persistence { error, .. }) => {
+                            assert!(
+                                matches!(*error, PersistenceError::SequenceConflict { .. }),
+                                "side {side}: only a conflict may refuse: {error}"
+                            );
+                            conflicts += 1;
+                        }
+                        Err(other) => panic!("side {side}: {other:?}"),
+                    }
+                }
+                (k, acked, conflicts)
+            });
+        }
+    }
+    let mut acked = [0u64; ENTITIES];
+    let mut conflicts = 0;
+    while let Some(done) = drivers.join_next().await {
+        let (k, a, c) = done.expect("a driver");
+        acked[k] += a;
+        conflicts += c;
+    }
+    assert!(conflicts > 0, "the two sides did race");
+    let journal = sides[0].journal().clone();
+    for (k, acked) in acked.iter().enumerate() {
+        let id = PersistenceId::new("tally", format!("e{k}"));
+        let journal = journal.clone();
+        let events = tokio::task::spawn_blocking(move || journal.replay(&id, 1, u64::MAX, 10_000))
+            .await
+            .expect("replay")
+            .expect("replay");
+        let numbers: Vec<u64> = events.iter().map(|e| e.sequence_nr).collect();
+        assert_eq!(
+            numbers,
+            (1..=events.len() as u64).collect::<Vec<_>>(),
+            "e{k}: gap-free"
+        );
+        assert_eq!(events.len() as u64, *acked, "e{k}: every acked add, once");
+        for side in &sides {
+            let total = side.entity_ref::<Tally>(format!("e{k}")).ask(Get, T).await;
+            // A side whose incarnation is stale learns it on its next
+            // append, not on a read: its total is at most the journal's.
+            let total = total.expect("get");
+            assert!(total <= *acked, "e{k}: {total} > {acked}");
+        }
+    }
+    for side in &sides {
+        side.shutdown().await;
+    }
+    // A fresh system recovers exactly the journal.
+    let store = tokio::task::spawn_blocking(move || store_on(&url))
+        .await
+        .expect("connect");
+    let fresh = system_on(store).await;
+    for (k, acked) in acked.iter().enumerate() {
+        let total = fresh
+            .entity_ref::<Tally>(format!("e{k}"))
+            .ask(Get, T)
+            .await
+            .expect("get");
+        assert_eq!(total, *acked, "e{k}: recovered");
+    }
+    fresh.shutdown().await;
+}
