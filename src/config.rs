@@ -79,13 +79,33 @@ pub enum RememberEntitiesFailurePolicy {
     FailClosed,
 }
 
+/// What a record does that finds the write-behind queue full.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RememberEntitiesQueueFull {
+    /// Nothing is dropped: the record is queued all the same, and a local
+    /// sender of a message to a remembered type waits for the queue to
+    /// have room again before its message goes (an ask within its timeout,
+    /// a tell within `full_queue_wait`), so a burst of new entities runs at
+    /// the store's pace (the default; Akka's stores back-pressure too).
+    #[default]
+    BackPressure,
+    /// The record is dropped and reported as a failure (`failure_policy`):
+    /// senders never wait, and an application must check its flushes.
+    Drop,
+}
+
 /// Remember-entities settings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RememberEntitiesConfig {
-    /// Records waiting for the store at most; a record that finds the queue
-    /// full is a failure, handled by `failure_policy`.
+    /// Records waiting for the store before the queue counts as full.
     pub queue_capacity: usize,
+    /// What a full queue does.
+    pub when_full: RememberEntitiesQueueFull,
+    /// Under `BackPressure`, how long a tell waits for room at most (an
+    /// ask waits at most its own timeout); past it the message fails with
+    /// `ShardingError::RememberEntities`.
+    pub full_queue_wait: Duration,
     /// What a failed (or dropped) record does.
     pub failure_policy: RememberEntitiesFailurePolicy,
     /// When a shard starts, how many of its remembered ids are respawned at
@@ -99,6 +119,8 @@ impl Default for RememberEntitiesConfig {
     fn default() -> Self {
         RememberEntitiesConfig {
             queue_capacity: 10_000,
+            when_full: RememberEntitiesQueueFull::BackPressure,
+            full_queue_wait: Duration::from_secs(10),
             failure_policy: RememberEntitiesFailurePolicy::FailOpen,
             respawn_batch: 1_000,
             respawn_interval: Duration::from_millis(100),
@@ -110,6 +132,12 @@ impl RememberEntitiesConfig {
     /// The defaults with another queue capacity.
     pub fn with_queue_capacity(mut self, queue_capacity: usize) -> Self {
         self.queue_capacity = queue_capacity;
+        self
+    }
+
+    /// With another full-queue rule.
+    pub fn with_when_full(mut self, when_full: RememberEntitiesQueueFull) -> Self {
+        self.when_full = when_full;
         self
     }
 
@@ -157,7 +185,7 @@ impl ShardingConfig {
             || self.remember_entities.queue_capacity > 10_000_000
         {
             return Err(ShardingError::InvalidConfig(
-                "remember_entities.queue_capacity must be in 1..=10,000,000 (the queue is allocated up front)".into(),
+                "remember_entities.queue_capacity must be in 1..=10,000,000".into(),
             ));
         }
         if self.rebalance_interval.is_zero() || self.handoff_timeout.is_zero() {

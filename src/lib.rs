@@ -77,7 +77,8 @@ mod warn_limit;
 pub mod wire;
 
 pub use config::{
-    MAX_SHARDS, RememberEntitiesConfig, RememberEntitiesFailurePolicy, ShardingConfig,
+    MAX_SHARDS, RememberEntitiesConfig, RememberEntitiesFailurePolicy, RememberEntitiesQueueFull,
+    ShardingConfig,
 };
 pub use entity::{
     DeferredHandler, DurableState, Entity, EntityContext, EventSourced, Handler, ReplyPort,

@@ -1066,23 +1066,39 @@ impl<P: Protocol> EntityRef<P> {
 
     /// Sends a tell message. Returns once the message is accepted (enqueued or
     /// buffered), not when it is processed.
+    ///
+    /// To a remembered type whose write-behind queue is full (under
+    /// `RememberEntitiesQueueFull::BackPressure`), it first waits for room,
+    /// `full_queue_wait` at most.
     pub async fn tell<M: Tell<P>>(&self, msg: M) -> ShardingResult<()> {
         let region = self.region()?;
+        if let Some(remember) = region.remember() {
+            remember.room(P::TYPE_NAME, self.shard, None).await?;
+        }
         region.deliver(self.shard, &self.entity_id, envelope_of::<P, M>(msg, None))
     }
 
     /// Sends an ask message and waits up to `timeout` for its reply.
     ///
     /// On [`ShardingError::AskTimeout`] the message may still be processed.
+    /// To a remembered type whose write-behind queue is full (under
+    /// `RememberEntitiesQueueFull::BackPressure`), it first waits for room,
+    /// within `timeout`.
     pub async fn ask<M: Ask<P>>(&self, msg: M, timeout: Duration) -> ShardingResult<M::Reply> {
         let region = self.region()?;
+        let deadline = tokio::time::Instant::now() + timeout;
+        if let Some(remember) = region.remember() {
+            remember
+                .room(P::TYPE_NAME, self.shard, Some(deadline))
+                .await?;
+        }
         let (reply, replied) = oneshot::channel();
         region.deliver(
             self.shard,
             &self.entity_id,
             envelope_of::<P, M>(msg, Some(reply)),
         )?;
-        match tokio::time::timeout(timeout, replied).await {
+        match tokio::time::timeout_at(deadline, replied).await {
             Ok(Ok(result)) => result,
             Ok(Err(_closed)) if region.is_stopped() => Err(ShardingError::ShuttingDown),
             Ok(Err(_closed)) => Err(ShardingError::EntityStopped {

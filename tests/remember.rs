@@ -9,7 +9,8 @@ use std::time::Duration;
 use datum_cluster_sharding::prelude::*;
 use datum_cluster_sharding::{
     FileStore, FileStoreFsyncPolicy, RememberEntitiesConfig, RememberEntitiesEvent,
-    RememberEntitiesFailurePolicy, RememberEntitiesOperation, StoreError,
+    RememberEntitiesFailurePolicy, RememberEntitiesOperation, RememberEntitiesQueueFull,
+    StoreError,
 };
 
 const LONG: Duration = Duration::from_secs(10);
@@ -157,13 +158,23 @@ async fn system_with(
     policy: RememberEntitiesFailurePolicy,
     capacity: usize,
 ) -> ShardedSystem<Faulty> {
+    system_full(store, policy, capacity, RememberEntitiesQueueFull::Drop).await
+}
+
+async fn system_full(
+    store: Faulty,
+    policy: RememberEntitiesFailurePolicy,
+    capacity: usize,
+    when_full: RememberEntitiesQueueFull,
+) -> ShardedSystem<Faulty> {
     let config = ShardingConfig::builder()
         .num_shards(16)
         .passivation_idle_timeout(None)
         .remember_entities(
             RememberEntitiesConfig::default()
                 .with_failure_policy(policy)
-                .with_queue_capacity(capacity),
+                .with_queue_capacity(capacity)
+                .with_when_full(when_full),
         )
         .build();
     let system = ShardedSystem::builder()
@@ -394,7 +405,7 @@ async fn fail_closed_fails_the_shard_and_only_that_shard() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_full_queue_never_blocks_a_sender_and_is_reported() {
+async fn under_drop_a_full_queue_never_blocks_a_sender_and_is_reported() {
     let store = Faulty::default();
     store.0.hold();
     let system = system_with(store.clone(), RememberEntitiesFailurePolicy::FailOpen, 1).await;
@@ -418,6 +429,62 @@ async fn a_full_queue_never_blocks_a_sender_and_is_reported() {
         other => panic!("expected RememberEntities, got {other:?}"),
     }
     system.flush_remember_entities().await.unwrap();
+    system.shutdown().await;
+}
+
+/// The default: a full queue drops nothing — a sender waits for room (an
+/// ask within its timeout; past it the message is not sent and the ask
+/// fails typed), and once the store catches up everything waiting goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_holds_senders_back_by_default_and_drops_nothing() {
+    assert_eq!(
+        RememberEntitiesConfig::default().when_full,
+        RememberEntitiesQueueFull::BackPressure
+    );
+    let store = Faulty::default();
+    store.0.hold();
+    let system = system_full(
+        store.clone(),
+        RememberEntitiesFailurePolicy::FailOpen,
+        1,
+        RememberEntitiesQueueFull::BackPressure,
+    )
+    .await;
+    let mut events = system.subscribe_remember_entities_events().unwrap();
+    // The writer is stuck in the store with the first record: the queue
+    // is full from then on.
+    let first = system.entity_ref::<Greeter>("w-0");
+    assert_eq!(first.ask(Hello, LONG).await, Ok(7));
+    // A sender waits; past its timeout its message is not sent.
+    let short = system.entity_ref::<Greeter>("w-1");
+    match short.ask(Hello, Duration::from_millis(300)).await {
+        Err(ShardingError::RememberEntities { message, .. }) => {
+            assert!(message.contains("stayed full"), "{message}")
+        }
+        other => panic!("expected RememberEntities, got {other:?}"),
+    }
+    // Another waits, and goes once the store catches up.
+    let patient = system.entity_ref::<Greeter>("w-2");
+    let waiting = tokio::spawn(async move { patient.ask(Hello, LONG).await });
+    assert!(!waiting.is_finished());
+    store.0.release();
+    assert_eq!(waiting.await.unwrap(), Ok(7));
+    // Nothing was dropped: the flush is clean, no failure was published,
+    // and the store has both started entities (not the unsent one).
+    system.flush_remember_entities().await.unwrap();
+    assert!(events.try_recv().is_err(), "no failure event");
+    let shard = |id: &str| system.entity_ref::<Greeter>(id.to_owned()).shard_id();
+    let mut stored = BTreeSet::new();
+    for id in ["w-0", "w-1", "w-2"] {
+        let listed = store
+            .0
+            .inner
+            .list_entities_for_shard("greeter", shard(id))
+            .unwrap();
+        stored.extend(listed);
+    }
+    let want: BTreeSet<String> = ["w-0", "w-2"].iter().map(|s| s.to_string()).collect();
+    assert_eq!(stored, want);
     system.shutdown().await;
 }
 

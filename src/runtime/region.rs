@@ -237,6 +237,11 @@ impl Region {
         self.remember.clone()
     }
 
+    /// The same, borrowed (the message path's look, no count taken).
+    pub(crate) fn remember(&self) -> Option<&Arc<Remember>> {
+        self.remember.as_ref()
+    }
+
     pub(crate) fn is_stopped(&self) -> bool {
         self.stopped.load(Ordering::Acquire)
     }

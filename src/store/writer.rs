@@ -1,8 +1,9 @@
 //! The write-behind queue between the regions and a remember-entities store.
 //!
 //! ```text
-//!   region (under a shard lock) ── try_send ──► bounded queue ──► writer thread ──► store
-//!        never waits                               FIFO             (fsync here)
+//!   region (under a shard lock) ── send ──► queue ──► writer thread ──► store
+//!        never waits                         FIFO       (fsync here)
+//!   EntityRef::ask / tell ── waits while the queue is full (BackPressure)
 //!   flush_remember_entities() ── Flush marker ──► answered when every write
 //!                                                  queued before it is done
 //! ```
@@ -10,22 +11,27 @@
 //! Recording an id never blocks the message hot path or holds a shard lock
 //! across a store call: the region only enqueues. One writer thread per
 //! system applies the writes in order, so a start and a later stop of one id
-//! reach the store in that order. What a failure does is the
+//! reach the store in that order. A full queue (more records waiting than
+//! its capacity) holds local senders back under
+//! [`RememberEntitiesQueueFull::BackPressure`], the default, or drops the
+//! record as a failure under `Drop`. What a failure does is the
 //! [`RememberEntitiesFailurePolicy`]'s choice: `FailOpen` keeps routing and
 //! publishes a [`RememberEntitiesEvent`]; `FailClosed` also marks the shard
 //! failed, and its messages then fail with
 //! [`ShardingError::RememberEntities`](crate::ShardingError::RememberEntities).
-//! A full queue is such a failure of the write that did not fit.
 
 use std::collections::HashSet;
+use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, SyncSender, TrySendError};
+use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{broadcast, oneshot};
 
 use super::{RememberEntitiesStore, RememberRecord};
-use crate::config::{RememberEntitiesConfig, RememberEntitiesFailurePolicy};
+use crate::config::{
+    RememberEntitiesConfig, RememberEntitiesFailurePolicy, RememberEntitiesQueueFull,
+};
 use crate::error::{ShardingError, ShardingResult};
 use crate::extractor::ShardId;
 
@@ -131,7 +137,15 @@ const EVENT_CAPACITY: usize = 1_024;
 pub(crate) struct Remember {
     store: Arc<dyn RememberEntitiesStore>,
     respawn: (usize, std::time::Duration),
-    tx: SyncSender<Job>,
+    tx: Sender<Job>,
+    /// Records queued and not yet handed to the store, the queue's
+    /// capacity, what a full queue does, and a tell's longest wait.
+    backlog: AtomicUsize,
+    capacity: usize,
+    when_full: RememberEntitiesQueueFull,
+    full_queue_wait: std::time::Duration,
+    /// Told when the backlog falls below the capacity.
+    room: tokio::sync::Notify,
     policy: RememberEntitiesFailurePolicy,
     events: broadcast::Sender<RememberEntitiesEvent>,
     failed: Failed,
@@ -175,12 +189,17 @@ impl Remember {
         store: Arc<dyn RememberEntitiesStore>,
         config: &RememberEntitiesConfig,
     ) -> ShardingResult<Arc<Self>> {
-        let (tx, rx) = mpsc::sync_channel::<Job>(config.queue_capacity);
+        let (tx, rx) = mpsc::channel::<Job>();
         let (events, _) = broadcast::channel(EVENT_CAPACITY);
         let remember = Arc::new(Remember {
             store,
             respawn: (config.respawn_batch, config.respawn_interval),
             tx,
+            backlog: AtomicUsize::new(0),
+            capacity: config.queue_capacity.max(1),
+            when_full: config.when_full,
+            full_queue_wait: config.full_queue_wait,
+            room: tokio::sync::Notify::new(),
             policy: config.failure_policy,
             events,
             failed: Failed::default(),
@@ -220,6 +239,9 @@ impl Remember {
                             break;
                         };
                         apply(&*store, &writer, &batch);
+                        if let Some(remember) = writer.upgrade() {
+                            remember.taken(batch.len());
+                        }
                         batch.clear();
                     }
                     if let Some(done) = flush {
@@ -245,7 +267,9 @@ impl Remember {
         &self.store
     }
 
-    /// Queues a record; never waits. A full queue is a failure of this write.
+    /// Queues a record; never waits. A full queue drops it as a failure
+    /// under `Drop`; under `BackPressure` it is queued all the same (the
+    /// senders wait instead: [`Remember::room`]).
     pub(crate) fn record(
         &self,
         type_name: &'static str,
@@ -253,28 +277,76 @@ impl Remember {
         entity_id: &Arc<str>,
         operation: RememberEntitiesOperation,
     ) {
+        if self.when_full == RememberEntitiesQueueFull::Drop
+            && self.backlog.load(Ordering::Acquire) >= self.capacity
+        {
+            self.failure(
+                type_name,
+                Some(shard),
+                Some(entity_id),
+                operation,
+                "the write-behind queue is full; the record was dropped",
+            );
+            return;
+        }
         let job = Job::Write(Write {
             type_name,
             shard,
             entity_id: entity_id.clone(),
             operation,
         });
-        match self.tx.try_send(job) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_)) => self.failure(
-                type_name,
-                Some(shard),
-                Some(entity_id),
-                operation,
-                "the write-behind queue is full; the record was dropped",
-            ),
-            Err(TrySendError::Disconnected(_)) => self.failure(
+        self.backlog.fetch_add(1, Ordering::AcqRel);
+        if self.tx.send(job).is_err() {
+            self.backlog.fetch_sub(1, Ordering::AcqRel);
+            self.failure(
                 type_name,
                 Some(shard),
                 Some(entity_id),
                 operation,
                 "the remember-entities writer has stopped",
-            ),
+            );
+        }
+    }
+
+    /// The writer handed `n` records to the store.
+    fn taken(&self, n: usize) {
+        let before = self.backlog.fetch_sub(n, Ordering::AcqRel);
+        if before.saturating_sub(n) < self.capacity {
+            self.room.notify_waiters();
+        }
+    }
+
+    /// Under `BackPressure`, waits until the queue has room (fewer records
+    /// waiting than its capacity), until `deadline` at most (`None`: a
+    /// tell's `full_queue_wait`); at once otherwise. Past the deadline:
+    /// `RememberEntities`, and the message is not sent.
+    pub(crate) async fn room(
+        &self,
+        type_name: &'static str,
+        shard: ShardId,
+        deadline: Option<tokio::time::Instant>,
+    ) -> ShardingResult<()> {
+        if self.when_full == RememberEntitiesQueueFull::Drop
+            || self.backlog.load(Ordering::Acquire) < self.capacity
+        {
+            return Ok(());
+        }
+        let deadline =
+            deadline.unwrap_or_else(|| tokio::time::Instant::now() + self.full_queue_wait);
+        loop {
+            let notified = self.room.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.backlog.load(Ordering::Acquire) < self.capacity {
+                return Ok(());
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return Err(ShardingError::RememberEntities {
+                    type_name,
+                    shard_id: shard,
+                    message: "the write-behind queue stayed full; the message was not sent".into(),
+                });
+            }
         }
     }
 
@@ -358,11 +430,8 @@ impl Remember {
     /// hears of failures).
     pub(crate) async fn barrier(&self) -> ShardingResult<u64> {
         let (done, flushed) = oneshot::channel();
-        let tx = self.tx.clone();
-        // The marker waits for room in the queue, off the runtime's threads.
-        tokio::task::spawn_blocking(move || tx.send(Job::Flush(done)))
-            .await
-            .map_err(|e| ShardingError::Bug(format!("flush task failed: {e}")))?
+        self.tx
+            .send(Job::Flush(done))
             .map_err(|_| ShardingError::ShuttingDown)?;
         flushed.await.map_err(|_| ShardingError::ShuttingDown)
     }
