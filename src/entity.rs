@@ -606,10 +606,14 @@ impl JournalWriter {
                 results.resize_with(count, || {
                     Err(PersistenceError::Store("the journal gave no result".into()))
                 });
+                // What waits is read before the replies go: an entity they
+                // wake may queue its next append at once, and would count
+                // twice (as waiting and as answered).
+                let waiting = queued.load(Ordering::Relaxed);
                 for (reply, result) in replies.into_iter().zip(results) {
                     let _ = reply.send(result);
                 }
-                linger.committed(count, began.elapsed(), queued.load(Ordering::Relaxed));
+                linger.committed(count, began.elapsed(), waiting);
             }
         };
         // Without a thread there is no writer: every append fails typed.

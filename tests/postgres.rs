@@ -507,3 +507,51 @@ async fn a_split_brain_on_one_journal_never_forks_it() {
     }
     fresh.shutdown().await;
 }
+
+/// Text PostgreSQL cannot hold (a NUL byte in an id) fails that write
+/// alone, typed; the writes batched with it go on.
+#[test]
+fn an_unstorable_id_fails_alone() {
+    use datum_cluster_sharding::persistence::{AtomicWrite, Payload, Writer};
+    use datum_cluster_sharding::{RememberEntitiesStore, RememberRecord, ShardId};
+    let Some(server) = server() else {
+        return;
+    };
+    let store = store(&server);
+    let write = |entity: &str| AtomicWrite {
+        persistence_id: PersistenceId::new("nul", entity),
+        expected: 0,
+        events: vec![Payload {
+            manifest: "nul".into(),
+            version: 1,
+            bytes: vec![1],
+        }],
+        writer: Writer {
+            node_id: 1,
+            incarnation: 1,
+            generation: 1,
+        },
+    };
+    let results = store.append(&[write("bad\0id"), write("good")]);
+    assert!(
+        matches!(results[0], Err(PersistenceError::Invalid(_))),
+        "{results:?}"
+    );
+    assert_eq!(results[1], Ok(()));
+    assert_eq!(
+        store.highest_sequence_nr(&PersistenceId::new("nul", "good")),
+        Ok(1)
+    );
+    let record = |entity_id| RememberRecord {
+        type_name: "nul",
+        shard_id: ShardId(1),
+        entity_id,
+        started: true,
+    };
+    let results = store.record_batch(&[record("bad\0id"), record("good")]);
+    assert!(results[0].is_err() && results[1].is_ok(), "{results:?}");
+    assert_eq!(
+        store.list_entities_for_shard("nul", ShardId(1)),
+        Ok(vec!["good".to_owned()])
+    );
+}

@@ -6,7 +6,7 @@
 //! and an [`r2d2`](https://docs.rs/r2d2) pool of connections. The schema is
 //! created on first use. One [`Journal::append`] batch is one transaction
 //! of a fixed number of statements, whatever its size: many entities'
-//! appends cost one commit and six round trips (group commit).
+//! appends cost one commit and eleven round trips (group commit).
 //!
 //! Tables (`type_name`, `entity_id` text; numbers `bigint`, holding the
 //! `u64`s' bits):
@@ -31,7 +31,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use r2d2_postgres::PostgresConnectionManager;
-use r2d2_postgres::postgres::{GenericClient, NoTls, Row};
+use r2d2_postgres::postgres::{Client, GenericClient, IsolationLevel, NoTls, Row};
 
 use super::remember::{RememberEntitiesStore, RememberRecord, StoreError, final_states};
 use crate::extractor::ShardId;
@@ -115,6 +115,57 @@ fn store_error(error: impl std::error::Error) -> PersistenceError {
     PersistenceError::Store(text)
 }
 
+/// A transaction at READ COMMITTED, whatever the database's default: the
+/// fencing relies on a statement that waited for a row lock reading the
+/// row as committed by the other transaction.
+fn read_committed(
+    client: &mut Client,
+) -> PersistenceResult<r2d2_postgres::postgres::Transaction<'_>> {
+    client
+        .build_transaction()
+        .isolation_level(IsolationLevel::ReadCommitted)
+        .start()
+        .map_err(store_error)
+}
+
+/// A server that goes away mid-query without closing the connection (a
+/// partition, a dead host) must not hold the journal's one writer thread
+/// for the kernel's minutes: TCP keepalives and a user timeout end the
+/// connection within about 10 s, and a statement (one waiting for another
+/// node's row lock included) is cancelled after 30 s, unless the URL sets
+/// its own `statement_timeout`.
+fn bound_stalls(config: &mut r2d2_postgres::postgres::Config) {
+    config
+        .keepalives(true)
+        .keepalives_idle(std::time::Duration::from_secs(5))
+        .keepalives_interval(std::time::Duration::from_secs(1))
+        .keepalives_retries(5)
+        .tcp_user_timeout(std::time::Duration::from_secs(10));
+    let options = config.get_options().unwrap_or_default().to_owned();
+    if !options.contains("statement_timeout") {
+        config.options(format!("{options} -c statement_timeout=30000").trim());
+    }
+}
+
+/// Text PostgreSQL cannot store (a NUL byte), refused for that write
+/// only: the rest of its batch goes on.
+fn unstorable(text: &str) -> bool {
+    text.contains('\0')
+}
+
+fn storable(write: &AtomicWrite) -> PersistenceResult<()> {
+    let id = &write.persistence_id;
+    if unstorable(&id.type_name)
+        || unstorable(&id.entity_id)
+        || write.events.iter().any(|e| unstorable(&e.manifest))
+    {
+        return Err(PersistenceError::Invalid(format!(
+            "{id}: PostgreSQL text cannot hold a NUL byte (in the type name, the entity id or a manifest)"
+        )));
+    }
+    Ok(())
+}
+
 /// A `u64` in a `bigint` column (the same bits).
 fn big(n: u64) -> i64 {
     n as i64
@@ -135,7 +186,8 @@ impl PgPersistence {
     /// [`PersistenceError::Store`]; the pool reconnects once the server is
     /// back.
     pub fn connect(url: &str, pool_size: u32) -> PersistenceResult<Self> {
-        let config = url.parse().map_err(store_error)?;
+        let mut config: r2d2_postgres::postgres::Config = url.parse().map_err(store_error)?;
+        bound_stalls(&mut config);
         std::thread::scope(|scope| {
             scope
                 .spawn(|| {
@@ -206,6 +258,7 @@ fn lock_highest(
 ) -> PersistenceResult<BTreeMap<(String, String), u64>> {
     let ids: BTreeSet<(&str, &str)> = writes
         .iter()
+        .filter(|w| storable(w).is_ok())
         .map(|w| {
             (
                 w.persistence_id.type_name.as_str(),
@@ -294,13 +347,17 @@ impl Journal for PgPersistence {
     fn append(&self, writes: &[AtomicWrite]) -> Vec<PersistenceResult<()>> {
         let applied = (|| {
             let mut client = self.client()?;
-            let mut txn = client.transaction().map_err(store_error)?;
+            let mut txn = read_committed(&mut client)?;
             let mut highest = lock_highest(&mut txn, writes)?;
             // Checked in batch order, as if one after the other: a second
             // write to one id in a batch sees the first one's events.
             let mut results = Vec::with_capacity(writes.len());
             let mut rows = EventRows::default();
             for write in writes {
+                if let Err(refused) = storable(write) {
+                    results.push(Err(refused));
+                    continue;
+                }
                 let id = &write.persistence_id;
                 let key = (id.type_name.clone(), id.entity_id.clone());
                 let Some(top) = highest.get_mut(&key) else {
@@ -517,7 +574,7 @@ impl DurableStateStore for PgPersistence {
         writer: Writer,
     ) -> PersistenceResult<()> {
         let mut client = self.client()?;
-        let mut txn = client.transaction().map_err(store_error)?;
+        let mut txn = read_committed(&mut client)?;
         let actual = lock_revision(&mut txn, persistence_id)?;
         check_revision(persistence_id, expected, actual)?;
         txn.execute(
@@ -573,7 +630,7 @@ impl DurableStateStore for PgPersistence {
 
     fn delete(&self, persistence_id: &PersistenceId, expected: u64) -> PersistenceResult<()> {
         let mut client = self.client()?;
-        let mut txn = client.transaction().map_err(store_error)?;
+        let mut txn = read_committed(&mut client)?;
         let actual = lock_revision(&mut txn, persistence_id)?;
         check_revision(persistence_id, expected, actual)?;
         txn.execute(
@@ -641,7 +698,10 @@ impl RememberEntitiesStore for PgPersistence {
                 &[&type_name, &i64::from(shard_id.0)],
             )
             .map_err(|e| remember_error(store_error(e)))?;
-        Ok(rows.iter().map(|r| r.get(0)).collect())
+        rows.iter()
+            .map(|r| r.try_get(0))
+            .collect::<Result<_, _>>()
+            .map_err(|e| remember_error(store_error(e)))
     }
 
     fn list_shards(&self, type_name: &str) -> Result<Vec<ShardId>, StoreError> {
@@ -653,14 +713,21 @@ impl RememberEntitiesStore for PgPersistence {
                 &[&type_name],
             )
             .map_err(|e| remember_error(store_error(e)))?;
-        Ok(rows
-            .iter()
-            .map(|r| ShardId(r.get::<_, i64>(0) as u32))
-            .collect())
+        rows.iter()
+            .map(|r| {
+                let shard: i64 = r.try_get(0).map_err(|e| remember_error(store_error(e)))?;
+                u32::try_from(shard)
+                    .map(ShardId)
+                    .map_err(|_| StoreError(format!("a remembered shard id {shard} out of range")))
+            })
+            .collect()
     }
 
     fn record_batch(&self, records: &[RememberRecord<'_>]) -> Vec<Result<(), StoreError>> {
-        let states = final_states(records);
+        // An id PostgreSQL cannot store fails alone; the rest go on.
+        let unfit = |r: &RememberRecord<'_>| unstorable(r.type_name) || unstorable(r.entity_id);
+        let fit: Vec<RememberRecord<'_>> = records.iter().filter(|r| !unfit(r)).copied().collect();
+        let states = final_states(&fit);
         let column = |started: bool| {
             let mut columns = (Vec::new(), Vec::new(), Vec::new());
             for (&(t, s, e), _) in states.iter().filter(|(_, up)| **up == started) {
@@ -673,17 +740,28 @@ impl RememberEntitiesStore for PgPersistence {
         let (started, stopped) = (column(true), column(false));
         let applied = (|| {
             let mut client = self.client()?;
-            let mut txn = client.transaction().map_err(store_error)?;
+            let mut txn = read_committed(&mut client)?;
             if !started.0.is_empty() {
                 txn.execute(
                     "INSERT INTO datum_remembered \
-                     SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[]) \
-                     ON CONFLICT DO NOTHING",
+                     SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[]) AS u(t, s, e) \
+                     ORDER BY t, s, e ON CONFLICT DO NOTHING",
                     &[&started.0, &started.1, &started.2],
                 )
                 .map_err(store_error)?;
             }
             if !stopped.0.is_empty() {
+                // Rows locked in key order first, as the inserts take them,
+                // so two nodes' batches cannot deadlock.
+                txn.query(
+                    "SELECT 1 FROM datum_remembered AS r \
+                     JOIN unnest($1::text[], $2::bigint[], $3::text[]) AS u(type_name, shard_id, entity_id) \
+                     ON r.type_name = u.type_name AND r.shard_id = u.shard_id \
+                     AND r.entity_id = u.entity_id \
+                     ORDER BY r.type_name, r.shard_id, r.entity_id FOR UPDATE OF r",
+                    &[&stopped.0, &stopped.1, &stopped.2],
+                )
+                .map_err(store_error)?;
                 txn.execute(
                     "DELETE FROM datum_remembered AS r \
                      USING unnest($1::text[], $2::bigint[], $3::text[]) AS u(type_name, shard_id, entity_id) \
@@ -695,13 +773,20 @@ impl RememberEntitiesStore for PgPersistence {
             }
             txn.commit().map_err(store_error)
         })();
-        match applied {
-            Ok(()) => records.iter().map(|_| Ok(())).collect(),
-            Err(e) => {
-                let e = remember_error(e);
-                records.iter().map(|_| Err(e.clone())).collect()
-            }
-        }
+        let applied = applied.map_err(remember_error);
+        records
+            .iter()
+            .map(|r| {
+                if unfit(r) {
+                    Err(StoreError(format!(
+                        "{}/{}: PostgreSQL text cannot hold a NUL byte",
+                        r.type_name, r.entity_id
+                    )))
+                } else {
+                    applied.clone()
+                }
+            })
+            .collect()
     }
 }
 

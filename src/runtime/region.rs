@@ -358,7 +358,11 @@ impl Region {
         let Some(remember) = &self.remember else {
             return Vec::new();
         };
-        match remember.store().list_shards(self.type_name) {
+        let listed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            remember.store().list_shards(self.type_name)
+        }))
+        .unwrap_or_else(|_| Err(crate::store::StoreError("the store panicked".into())));
+        match listed {
             Ok(shards) => shards,
             Err(error) => {
                 remember.failure(
