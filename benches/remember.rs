@@ -12,6 +12,11 @@
 //! rate (1,000 every 100 ms per shard) — concurrently, since issue 28: until
 //! every id is respawned, and until one ask to each shard is answered.
 //!
+//! And a burst of new remembered entities on a `FileStore` (`Always`) with
+//! the default settings: 40,000 first asks from 256 concurrent askers,
+//! until every record is durable; the flush must report nothing dropped
+//! (under the old drop-when-full default it lost records at this rate).
+//!
 //! Run: `cargo bench --bench remember`.
 
 use std::sync::Arc;
@@ -213,4 +218,58 @@ fn shutdown_of_every_respawned_id(bencher: divan::Bencher) {
             })
         })
         .bench_local_values(|system| runtime.block_on(system.shutdown()));
+}
+
+const BURST_IDS: usize = 40_000;
+const BURST_ASKERS: usize = 256;
+
+/// From a fresh system until `BURST_IDS` new remembered entities have
+/// answered and their records are flushed (and the system shut down).
+#[divan::bench(sample_count = 5)]
+fn burst_of_new_remembered_ids_until_durable(bencher: divan::Bencher) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    bencher
+        .with_inputs(|| tempfile::tempdir().expect("a temporary directory"))
+        .bench_values(|dir| {
+            runtime.block_on(async {
+                let store =
+                    FileStore::open(dir.path(), FileStoreFsyncPolicy::Always).expect("open");
+                let system = ShardedSystem::builder()
+                    .num_shards(64)
+                    .store(store)
+                    .start()
+                    .await
+                    .expect("system");
+                system
+                    .register_remembered::<KeptEntity>(|_| KeptEntity)
+                    .await
+                    .expect("registered");
+                let mut askers = tokio::task::JoinSet::new();
+                for a in 0..BURST_ASKERS {
+                    let system = system.clone();
+                    askers.spawn(async move {
+                        for k in (a..BURST_IDS).step_by(BURST_ASKERS) {
+                            system
+                                .entity_ref::<Kept>(kept_id(k))
+                                .ask(Hello, Duration::from_secs(60))
+                                .await
+                                .expect("answered");
+                        }
+                    });
+                }
+                while let Some(done) = askers.join_next().await {
+                    done.expect("an asker");
+                }
+                system
+                    .flush_remember_entities()
+                    .await
+                    .expect("nothing dropped");
+                system.shutdown().await;
+            });
+            dir
+        });
 }
