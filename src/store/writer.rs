@@ -11,8 +11,8 @@
 //! Recording an id never blocks the message hot path or holds a shard lock
 //! across a store call: the region only enqueues. One writer thread per
 //! system applies the writes in order, so a start and a later stop of one id
-//! reach the store in that order. A full queue (more records waiting than
-//! its capacity) holds local senders back under
+//! reach the store in that order. A full queue (as many records waiting as
+//! its capacity, or more) holds local senders back under
 //! [`RememberEntitiesQueueFull::BackPressure`], the default, or drops the
 //! record as a failure under `Drop`. What a failure does is the
 //! [`RememberEntitiesFailurePolicy`]'s choice: `FailOpen` keeps routing and
@@ -138,7 +138,7 @@ pub(crate) struct Remember {
     store: Arc<dyn RememberEntitiesStore>,
     respawn: (usize, std::time::Duration),
     tx: Sender<Job>,
-    /// Records queued and not yet handed to the store, the queue's
+    /// Records queued and not yet applied by the store, the queue's
     /// capacity, what a full queue does, and a tell's longest wait.
     backlog: AtomicUsize,
     capacity: usize,
@@ -297,7 +297,7 @@ impl Remember {
         });
         self.backlog.fetch_add(1, Ordering::AcqRel);
         if self.tx.send(job).is_err() {
-            self.backlog.fetch_sub(1, Ordering::AcqRel);
+            self.taken(1);
             self.failure(
                 type_name,
                 Some(shard),
@@ -308,7 +308,15 @@ impl Remember {
         }
     }
 
-    /// The writer handed `n` records to the store.
+    /// Whether the queue counts as full (as many records waiting as its
+    /// capacity, or more) under `BackPressure`: the message path's check,
+    /// before anything waits.
+    pub(crate) fn is_full(&self) -> bool {
+        self.when_full == RememberEntitiesQueueFull::BackPressure
+            && self.backlog.load(Ordering::Acquire) >= self.capacity
+    }
+
+    /// The writer's store applied `n` records (or one was not queued).
     fn taken(&self, n: usize) {
         let before = self.backlog.fetch_sub(n, Ordering::AcqRel);
         if before.saturating_sub(n) < self.capacity {
@@ -331,8 +339,11 @@ impl Remember {
         {
             return Ok(());
         }
-        let deadline =
-            deadline.unwrap_or_else(|| tokio::time::Instant::now() + self.full_queue_wait);
+        let deadline = deadline.unwrap_or_else(|| {
+            let now = tokio::time::Instant::now();
+            now.checked_add(self.full_queue_wait)
+                .unwrap_or_else(|| now + std::time::Duration::from_secs(365 * 24 * 3600))
+        });
         loop {
             let notified = self.room.notified();
             tokio::pin!(notified);
