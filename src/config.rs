@@ -141,6 +141,12 @@ impl RememberEntitiesConfig {
         self
     }
 
+    /// With another longest wait of a tell for room (under `BackPressure`).
+    pub fn with_full_queue_wait(mut self, full_queue_wait: Duration) -> Self {
+        self.full_queue_wait = full_queue_wait;
+        self
+    }
+
     /// With another respawn rate: `batch` ids per `interval` per shard.
     pub fn with_respawn_rate(mut self, batch: usize, interval: Duration) -> Self {
         self.respawn_batch = batch;
