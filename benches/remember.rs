@@ -98,22 +98,32 @@ fn kept_id(k: usize) -> String {
     format!("kept-{k:06}")
 }
 
+/// A fresh system on a `FileStore` in `dir`, `KeptEntity` remembered.
+async fn kept_on(
+    dir: &std::path::Path,
+    fsync: FileStoreFsyncPolicy,
+    shards: u32,
+) -> ShardedSystem<FileStore> {
+    let store = FileStore::open(dir, fsync).expect("open");
+    let system = ShardedSystem::builder()
+        .num_shards(shards)
+        .store(store)
+        .start()
+        .await
+        .expect("system");
+    system
+        .register_remembered::<KeptEntity>(|_| KeptEntity)
+        .await
+        .expect("registered");
+    system
+}
+
 /// A store directory holding `RESTART_IDS` remembered ids over
 /// `RESTART_SHARDS` shards, written by a system that then shut down.
 fn remembered_store(runtime: &tokio::runtime::Runtime) -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("a temporary directory");
     runtime.block_on(async {
-        let store = FileStore::open(dir.path(), FileStoreFsyncPolicy::Never).expect("open");
-        let system = ShardedSystem::builder()
-            .num_shards(RESTART_SHARDS)
-            .store(store)
-            .start()
-            .await
-            .expect("system");
-        system
-            .register_remembered::<KeptEntity>(|_| KeptEntity)
-            .await
-            .expect("registered");
+        let system = kept_on(dir.path(), FileStoreFsyncPolicy::Never, RESTART_SHARDS).await;
         for k in 0..RESTART_IDS {
             system
                 .entity_ref::<Kept>(kept_id(k))
@@ -236,18 +246,7 @@ fn burst_of_new_remembered_ids_until_durable(bencher: divan::Bencher) {
         .with_inputs(|| tempfile::tempdir().expect("a temporary directory"))
         .bench_values(|dir| {
             runtime.block_on(async {
-                let store =
-                    FileStore::open(dir.path(), FileStoreFsyncPolicy::Always).expect("open");
-                let system = ShardedSystem::builder()
-                    .num_shards(64)
-                    .store(store)
-                    .start()
-                    .await
-                    .expect("system");
-                system
-                    .register_remembered::<KeptEntity>(|_| KeptEntity)
-                    .await
-                    .expect("registered");
+                let system = kept_on(dir.path(), FileStoreFsyncPolicy::Always, 64).await;
                 let mut askers = tokio::task::JoinSet::new();
                 for a in 0..BURST_ASKERS {
                     let system = system.clone();

@@ -1086,8 +1086,7 @@ impl<P: Protocol> EntityRef<P> {
     /// within `timeout`.
     pub async fn ask<M: Ask<P>>(&self, msg: M, timeout: Duration) -> ShardingResult<M::Reply> {
         let region = self.region()?;
-        // (A timeout too long to add to now is no deadline at all.)
-        let deadline = far_or(tokio::time::Instant::now().checked_add(timeout));
+        let deadline = crate::store::writer::deadline_after(timeout);
         if let Some(remember) = region.remember().filter(|r| r.is_full()) {
             remember
                 .room(P::TYPE_NAME, self.shard, Some(deadline))
@@ -1121,11 +1120,6 @@ impl<P: Protocol> EntityRef<P> {
         let region = self.region()?;
         region.passivate(self.shard, &self.entity_id, None)
     }
-}
-
-/// `deadline`, or a year from now when there is none.
-fn far_or(deadline: Option<tokio::time::Instant>) -> tokio::time::Instant {
-    deadline.unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(365 * 24 * 3600))
 }
 
 #[cfg(test)]

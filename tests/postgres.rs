@@ -296,120 +296,23 @@ async fn the_database_going_away_fails_asks_typed_and_loses_nothing() {
     system.shutdown().await;
 }
 
-#[derive(Serialize, Deserialize)]
-pub struct Where;
+#[path = "../protocols/remembered_kill.rs"]
+mod remembered_kill;
 
-protocol! {
-    /// An entity that says which node hosts it.
-    pub protocol Kept = "kept" {
-        ask Where -> usize;
-    }
-}
-
-struct KeptEntity {
-    node: usize,
-}
-
-impl Entity for KeptEntity {
-    type Protocol = Kept;
-}
-
-impl Handler<Where> for KeptEntity {
-    async fn handle(&mut self, _: Where, _: &EntityContext) -> ShardingResult<usize> {
-        Ok(self.node)
-    }
-}
-
-/// Remember-entities on PostgreSQL, which the nodes share: after a node
-/// dies, each id it hosted is respawned by the survivor its shard lands
-/// on, with no message sent — what a per-node file cannot do.
+/// Remember-entities on PostgreSQL, which the nodes share (a pool each, as
+/// separate processes would have): after a node dies, each id it hosted is
+/// respawned by the survivor its shard lands on, with no message sent —
+/// what a per-node file cannot do.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn remembered_ids_of_a_dead_node_come_back_on_the_survivors() {
-    use datum_cluster_sharding::cluster::{ClusterConfig, ClusterNode};
-    use std::collections::BTreeSet;
     let Some(server) = tokio::task::spawn_blocking(server).await.expect("start") else {
         return;
     };
     let url = server.database();
-    let config = |seeds| {
-        ClusterConfig::builder()
-            .cluster_name("postgres-test")
-            .secret("postgres-secret")
-            .seed_nodes(seeds)
-            .build()
-    };
-    let long = Duration::from_secs(30);
-    let first = ClusterNode::start(config(vec![]))
+    let stores = tokio::task::spawn_blocking(move || [(); 3].map(|()| store_on(&url)))
         .await
-        .expect("node starts");
-    let mut clusters = vec![first.clone()];
-    for _ in 1..3 {
-        let node = ClusterNode::start(config(vec![first.bound_addr()]));
-        clusters.push(node.await.expect("node starts"));
-    }
-    for c in &clusters {
-        c.wait_until(|s| s.up_members().count() == 3, long)
-            .await
-            .expect("three Up");
-    }
-    let (started_tx, mut started) = tokio::sync::mpsc::unbounded_channel::<(usize, String)>();
-    let mut systems = Vec::new();
-    for (i, cluster) in clusters.iter().enumerate() {
-        // A pool of its own per node, as separate processes would have.
-        let url = url.clone();
-        let store = tokio::task::spawn_blocking(move || store_on(&url))
-            .await
-            .expect("connect");
-        let system = ShardedSystem::builder()
-            .num_shards(16)
-            .node(cluster.clone())
-            .store(store)
-            .start()
-            .await
-            .expect("system starts");
-        let tx = started_tx.clone();
-        system
-            .register_remembered::<KeptEntity>(move |ctx| {
-                let _ = tx.send((i, ctx.entity_id().to_owned()));
-                KeptEntity { node: i }
-            })
-            .await
-            .expect("registered");
-        systems.push(system);
-    }
-    let mut on_victim = BTreeSet::new();
-    for k in 0..40 {
-        let id = format!("kept-{k}");
-        let home = systems[0]
-            .entity_ref::<Kept>(id.as_str())
-            .ask(Where, T)
-            .await
-            .expect("ask");
-        if home == 2 {
-            on_victim.insert(id);
-        }
-    }
-    assert!(!on_victim.is_empty(), "node 2 hosts some");
-    for system in &systems {
-        system.flush_remember_entities().await.expect("flushed");
-    }
-    while started.try_recv().is_ok() {}
-    clusters[2].crash().await;
-    let mut back = BTreeSet::new();
-    while !on_victim.is_subset(&back) {
-        let (node, id) = tokio::time::timeout(long, started.recv())
-            .await
-            .expect("respawned in time")
-            .expect("factories alive");
-        assert_ne!(node, 2, "respawned on the dead node");
-        back.insert(id);
-    }
-    for system in &systems {
-        system.shutdown().await;
-    }
-    for cluster in &clusters[..2] {
-        let _ = cluster.shutdown().await;
-    }
+        .expect("connect");
+    remembered_kill::remembered_ids_come_back_after_a_kill(stores).await;
 }
 
 /// A split brain on one journal: two systems that do not know each other

@@ -749,84 +749,14 @@ async fn with_the_coordinators_system_shut_down_the_others_still_get_homes() {
     stop(nodes).await;
 }
 
+#[path = "../protocols/remembered_kill.rs"]
+mod remembered_kill;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn remembered_entities_come_back_on_the_new_owner_after_a_kill() {
     // One store shared by the three systems (as a shared database would be).
     let store = InMemoryStore::new();
-    let first = ClusterNode::start(config(vec![]))
-        .await
-        .expect("node starts");
-    let mut clusters = vec![first.clone()];
-    for _ in 1..3 {
-        clusters.push(
-            ClusterNode::start(config(vec![first.bound_addr()]))
-                .await
-                .expect("node starts"),
-        );
-    }
-    for c in &clusters {
-        c.wait_until(|s| s.up_members().count() == 3, LONG)
-            .await
-            .expect("three Up");
-    }
-    let (started_tx, mut started) = tokio::sync::mpsc::unbounded_channel::<(usize, String)>();
-    let mut systems = Vec::new();
-    for (i, cluster) in clusters.iter().enumerate() {
-        let system = ShardedSystem::builder()
-            .num_shards(SHARDS)
-            .node(cluster.clone())
-            .store(store.clone())
-            .start()
-            .await
-            .expect("system starts");
-        let tx = started_tx.clone();
-        system
-            .register_remembered::<TallyEntity>(move |ctx| {
-                let _ = tx.send((i, ctx.entity_id().to_owned()));
-                TallyEntity {
-                    node: format!("node-{i}"),
-                    log: Vec::new(),
-                }
-            })
-            .await
-            .expect("registered");
-        systems.push(system);
-    }
-    let ids: Vec<String> = (0..40).map(|k| format!("kept-{k}")).collect();
-    let mut on_victim = BTreeSet::new();
-    for id in &ids {
-        let home = systems[0]
-            .entity_ref::<Tally>(id.as_str())
-            .ask(Home, ASK)
-            .await
-            .expect("ask");
-        if home == "node-2" {
-            on_victim.insert(id.clone());
-        }
-    }
-    assert!(!on_victim.is_empty());
-    for system in &systems {
-        system.flush_remember_entities().await.expect("flushed");
-    }
-    while started.try_recv().is_ok() {}
-    clusters[2].crash().await;
-    // With no message sent, each entity that lived on node 2 is respawned by
-    // a survivor once its shard lands there.
-    let mut back = BTreeSet::new();
-    while !on_victim.is_subset(&back) {
-        let (node, id) = tokio::time::timeout(LONG, started.recv())
-            .await
-            .expect("respawned in time")
-            .expect("factories alive");
-        assert_ne!(node, 2, "respawned on the dead node");
-        back.insert(id);
-    }
-    for system in &systems {
-        system.shutdown().await;
-    }
-    for cluster in &clusters[..2] {
-        let _ = cluster.shutdown().await;
-    }
+    remembered_kill::remembered_ids_come_back_after_a_kill([(); 3].map(|()| store.clone())).await;
 }
 
 // ---- bad input from an authenticated peer, spoken from SPEC's wire form ----

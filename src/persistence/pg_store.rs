@@ -33,7 +33,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use r2d2_postgres::PostgresConnectionManager;
 use r2d2_postgres::postgres::{Client, GenericClient, IsolationLevel, NoTls, Row};
 
-use super::remember::{RememberEntitiesStore, RememberRecord, StoreError, final_states};
+use super::remember::{
+    RememberEntitiesStore, RememberRecord, StoreError, final_states, record_one,
+};
 use crate::extractor::ShardId;
 
 use super::{
@@ -660,13 +662,7 @@ impl RememberEntitiesStore for PgPersistence {
         shard_id: ShardId,
         entity_id: &str,
     ) -> Result<(), StoreError> {
-        let record = RememberRecord {
-            type_name,
-            shard_id,
-            entity_id,
-            started: true,
-        };
-        self.record_batch(&[record]).pop().unwrap_or(Ok(()))
+        record_one(self, type_name, shard_id, entity_id, true)
     }
 
     fn record_entity_stopped(
@@ -675,13 +671,7 @@ impl RememberEntitiesStore for PgPersistence {
         shard_id: ShardId,
         entity_id: &str,
     ) -> Result<(), StoreError> {
-        let record = RememberRecord {
-            type_name,
-            shard_id,
-            entity_id,
-            started: false,
-        };
-        self.record_batch(&[record]).pop().unwrap_or(Ok(()))
+        record_one(self, type_name, shard_id, entity_id, false)
     }
 
     fn list_entities_for_shard(

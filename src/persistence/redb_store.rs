@@ -28,7 +28,9 @@ use std::sync::Arc;
 
 use redb::{Database, ReadableTable, TableDefinition};
 
-use super::remember::{RememberEntitiesStore, RememberRecord, StoreError, final_states};
+use super::remember::{
+    RememberEntitiesStore, RememberRecord, StoreError, final_states, record_one,
+};
 use crate::extractor::ShardId;
 
 use super::{
@@ -409,13 +411,7 @@ impl RememberEntitiesStore for RedbPersistence {
         shard_id: ShardId,
         entity_id: &str,
     ) -> Result<(), StoreError> {
-        let record = RememberRecord {
-            type_name,
-            shard_id,
-            entity_id,
-            started: true,
-        };
-        self.record_batch(&[record]).pop().unwrap_or(Ok(()))
+        record_one(self, type_name, shard_id, entity_id, true)
     }
 
     fn record_entity_stopped(
@@ -424,13 +420,7 @@ impl RememberEntitiesStore for RedbPersistence {
         shard_id: ShardId,
         entity_id: &str,
     ) -> Result<(), StoreError> {
-        let record = RememberRecord {
-            type_name,
-            shard_id,
-            entity_id,
-            started: false,
-        };
-        self.record_batch(&[record]).pop().unwrap_or(Ok(()))
+        record_one(self, type_name, shard_id, entity_id, false)
     }
 
     fn list_entities_for_shard(

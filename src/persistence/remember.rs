@@ -137,3 +137,23 @@ impl<T: RememberEntitiesStore + ?Sized> RememberEntitiesStore for Arc<T> {
         (**self).take_repairs()
     }
 }
+
+/// One start or stop through `store`'s batch: for a store whose batch is
+/// its real write (one transaction), so that a single record takes the
+/// same path.
+#[cfg_attr(not(any(feature = "embedded", feature = "postgres")), allow(dead_code))]
+pub(crate) fn record_one(
+    store: &(impl RememberEntitiesStore + ?Sized),
+    type_name: &str,
+    shard_id: ShardId,
+    entity_id: &str,
+    started: bool,
+) -> Result<(), StoreError> {
+    let record = RememberRecord {
+        type_name,
+        shard_id,
+        entity_id,
+        started,
+    };
+    store.record_batch(&[record]).pop().unwrap_or(Ok(()))
+}

@@ -233,11 +233,6 @@ impl Region {
     }
 
     /// The remember-entities queue, for a remembered type.
-    pub(crate) fn remember_queue(&self) -> Option<Arc<Remember>> {
-        self.remember.clone()
-    }
-
-    /// The same, borrowed (the message path's look, no count taken).
     pub(crate) fn remember(&self) -> Option<&Arc<Remember>> {
         self.remember.as_ref()
     }

@@ -109,7 +109,7 @@ fn read_then_install(
     if region.is_stopped() {
         return;
     }
-    if region.remember_queue().is_none() {
+    if region.remember().is_none() {
         region.install_local(shard, generation, None);
         return;
     }

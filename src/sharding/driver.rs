@@ -647,7 +647,7 @@ impl Control {
             shard,
             generation,
         };
-        let remember = self.region(type_name).and_then(|r| r.remember_queue());
+        let remember = self.region(type_name).and_then(|r| r.remember().cloned());
         match (remember, self.self_tx.upgrade()) {
             (Some(remember), Some(tx)) => {
                 tokio::spawn(async move {

@@ -130,6 +130,14 @@ enum Job {
     Flush(oneshot::Sender<u64>),
 }
 
+/// `wait` from now, or a year from now when that is past what an instant
+/// can hold (a huge timeout is no deadline, not a panic).
+pub(crate) fn deadline_after(wait: std::time::Duration) -> tokio::time::Instant {
+    let now = tokio::time::Instant::now();
+    now.checked_add(wait)
+        .unwrap_or_else(|| now + std::time::Duration::from_secs(365 * 24 * 3600))
+}
+
 /// How many events a slow subscriber may lag behind.
 const EVENT_CAPACITY: usize = 1_024;
 
@@ -334,16 +342,10 @@ impl Remember {
         shard: ShardId,
         deadline: Option<tokio::time::Instant>,
     ) -> ShardingResult<()> {
-        if self.when_full == RememberEntitiesQueueFull::Drop
-            || self.backlog.load(Ordering::Acquire) < self.capacity
-        {
+        if !self.is_full() {
             return Ok(());
         }
-        let deadline = deadline.unwrap_or_else(|| {
-            let now = tokio::time::Instant::now();
-            now.checked_add(self.full_queue_wait)
-                .unwrap_or_else(|| now + std::time::Duration::from_secs(365 * 24 * 3600))
-        });
+        let deadline = deadline.unwrap_or_else(|| deadline_after(self.full_queue_wait));
         loop {
             let notified = self.room.notified();
             tokio::pin!(notified);
