@@ -1,8 +1,8 @@
 //! A throwaway PostgreSQL server for the tests and the benchmark runner:
 //! the Debian package's `initdb` and `pg_ctl`, a temporary directory, a
-//! free port on 127.0.0.1; stopped (and its directory removed) when
-//! dropped. PostgreSQL refuses to run as root, so as root the server runs
-//! as the package's `postgres` user.
+//! free port on 127.0.0.1 (or on an address of a network namespace);
+//! stopped (and its directory removed) when dropped. PostgreSQL refuses to
+//! run as root, so as root the server runs as the package's `postgres` user.
 
 #![allow(dead_code)] // not every program that includes this file uses all of it
 
@@ -17,6 +17,10 @@ pub struct Server {
     port: u16,
     options: String,
     databases: AtomicU32,
+    /// Where clients connect over TCP.
+    host: String,
+    /// The network namespace it runs in, if not this process's.
+    netns: Option<String>,
 }
 
 /// Whether commits reach the disk before they are acknowledged.
@@ -41,20 +45,24 @@ pub fn binaries() -> Option<PathBuf> {
     versions.pop()
 }
 
-/// Runs a server binary, as the package's unprivileged user when root.
-fn run(bin: &Path, program: &str, args: &[&str]) -> std::process::Output {
+/// Runs a server binary, as the package's unprivileged user when root,
+/// inside network namespace `netns` if one is given.
+fn run(bin: &Path, netns: Option<&str>, program: &str, args: &[&str]) -> std::process::Output {
     let exe = bin.join(program);
     let root = Command::new("id")
         .arg("-u")
         .output()
         .is_ok_and(|o| o.stdout.starts_with(b"0\n"));
-    let mut command = if root {
-        let mut c = Command::new("runuser");
-        c.args(["-u", "postgres", "--"]).arg(&exe);
-        c
-    } else {
-        Command::new(&exe)
-    };
+    let mut argv: Vec<std::ffi::OsString> = Vec::new();
+    if let Some(ns) = netns {
+        argv.extend(["ip", "netns", "exec", ns].map(Into::into));
+    }
+    if root {
+        argv.extend(["runuser", "-u", "postgres", "--"].map(Into::into));
+    }
+    argv.push(exe.into());
+    let mut command = Command::new(&argv[0]);
+    command.args(&argv[1..]);
     command
         .args(args)
         .output()
@@ -65,6 +73,18 @@ impl Server {
     /// Starts a server, or says in one line why it cannot (the package is
     /// not installed) and gives `None`.
     pub fn start(durability: Durability) -> Option<Server> {
+        Server::start_on(durability, None, "127.0.0.1")
+    }
+
+    /// [`start`](Self::start), inside network namespace `netns`, listening
+    /// there on `addr` (an address of one of its interfaces). Its socket
+    /// directory, which [`psql`](Self::psql) and [`database`](Self::database)
+    /// use, is reachable from every namespace.
+    pub fn start_in(durability: Durability, netns: &str, addr: &str) -> Option<Server> {
+        Server::start_on(durability, Some(netns), addr)
+    }
+
+    fn start_on(durability: Durability, netns: Option<&str>, addr: &str) -> Option<Server> {
         let Some(bin) = binaries() else {
             println!(
                 "PostgreSQL binaries not found: install the `postgresql` package to run these tests"
@@ -90,18 +110,28 @@ impl Server {
         if durability == Durability::NoFsync {
             init_args.push("--no-sync");
         }
-        let init = run(&bin, "initdb", &init_args);
+        let init = run(&bin, None, "initdb", &init_args);
         assert!(
             init.status.success(),
             "initdb: {}",
             String::from_utf8_lossy(&init.stderr)
         );
+        if netns.is_some() {
+            // initdb trusts loopback only; let in the namespace's subnets.
+            use std::io::Write;
+            let hba = dir.path().join("data/pg_hba.conf");
+            std::fs::OpenOptions::new()
+                .append(true)
+                .open(hba)
+                .and_then(|mut f| f.write_all(b"host all all samenet trust\n"))
+                .expect("pg_hba.conf");
+        }
         let fsync = match durability {
             Durability::Fsync => "on",
             Durability::NoFsync => "off",
         };
         let options = format!(
-            "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync={fsync}",
+            "-p {port} -k {} -c listen_addresses={addr} -c fsync={fsync}",
             dir.path().display()
         );
         let server = Server {
@@ -110,6 +140,8 @@ impl Server {
             port,
             options,
             databases: AtomicU32::new(0),
+            host: addr.to_owned(),
+            netns: netns.map(str::to_owned),
         };
         server.resume();
         Some(server)
@@ -130,6 +162,7 @@ impl Server {
     pub fn halt(&self) {
         let stopped = run(
             &self.bin,
+            self.netns.as_deref(),
             "pg_ctl",
             &["-D", &self.data(), "-m", "immediate", "-w", "stop"],
         );
@@ -145,6 +178,7 @@ impl Server {
         let log = self.dir.path().join("server.log");
         let started = run(
             &self.bin,
+            self.netns.as_deref(),
             "pg_ctl",
             &[
                 "-D",
@@ -167,19 +201,12 @@ impl Server {
         );
     }
 
-    /// A fresh, empty database's connection string.
+    /// A fresh, empty database's connection string (over TCP).
     pub fn database(&self) -> String {
         let name = format!("t{}", self.databases.fetch_add(1, Ordering::Relaxed));
-        let created = Command::new(self.bin.join("createdb"))
-            .args([
-                "-h",
-                "127.0.0.1",
-                "-p",
-                &self.port.to_string(),
-                "-U",
-                "postgres",
-                &name,
-            ])
+        let created = self
+            .client("createdb")
+            .arg(&name)
             .output()
             .expect("createdb");
         assert!(
@@ -188,9 +215,48 @@ impl Server {
             String::from_utf8_lossy(&created.stderr)
         );
         format!(
-            "host=127.0.0.1 port={} user=postgres dbname={name}",
-            self.port
+            "host={} port={} user=postgres dbname={name}",
+            self.host, self.port
         )
+    }
+
+    /// The rows `sql` gives in `database` (a [`database`](Self::database)
+    /// connection string), one line each, columns separated by `|`.
+    pub fn psql(&self, database: &str, sql: &str) -> String {
+        let name = database
+            .split_whitespace()
+            .find_map(|kv| kv.strip_prefix("dbname="))
+            .expect("a dbname");
+        let out = self
+            .client("psql")
+            .args([
+                "-X",
+                "-A",
+                "-t",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-d",
+                name,
+                "-c",
+                sql,
+            ])
+            .output()
+            .expect("psql");
+        assert!(
+            out.status.success(),
+            "psql: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).expect("UTF-8 rows")
+    }
+
+    /// A client program of the package, to reach the server through its
+    /// socket directory.
+    fn client(&self, program: &str) -> Command {
+        let mut command = Command::new(self.bin.join(program));
+        command.arg("-h").arg(self.dir.path());
+        command.args(["-p", &self.port.to_string(), "-U", "postgres"]);
+        command
     }
 }
 
@@ -198,6 +264,7 @@ impl Drop for Server {
     fn drop(&mut self) {
         let _ = run(
             &self.bin,
+            self.netns.as_deref(),
             "pg_ctl",
             &["-D", &self.data(), "-m", "immediate", "stop"],
         );

@@ -3,11 +3,14 @@
 //! namespace, the bridges linked by one veth pair; this test makes (and
 //! removes) every namespace itself, and addresses live only on those veth
 //! interfaces. Setting the bridges' link down partitions the cluster
-//! cleanly: each side still reaches itself. Under the default
+//! cleanly: each side still reaches itself. A third bridge, on its own
+//! subnet, joins every node to the switch namespace itself, where a shared
+//! PostgreSQL journal can run: a cut leaves it reachable from both sides. Under the default
 //! keep-majority resolver the minority downs itself and exits with code 3,
 //! the majority downs it and nobody else. Needs root (`ip netns`); skips
 //! with a message otherwise.
 
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
@@ -16,6 +19,8 @@ use std::time::{Duration, Instant};
 
 mod common;
 use common::{field, number, numbers};
+#[path = "../protocols/pg_server.rs"]
+mod pg_server;
 
 const BIN: &str = env!("CARGO_BIN_EXE_datum-node");
 const LONG: Duration = Duration::from_secs(30);
@@ -50,6 +55,9 @@ impl Net {
         format!("10.77.0.{}", i + 1)
     }
 
+    /// The switch namespace's address on the database bridge.
+    const DB_ADDR: &str = "10.78.0.254";
+
     /// A switch namespace with two bridges joined by a veth pair, and one
     /// namespace per node with a veth to its side's bridge: nodes
     /// `0..side_a` on side A, the others on side B.
@@ -72,24 +80,40 @@ impl Net {
             ip(&["-n", &sw, "link", "set", end, "master", br])?;
             ip(&["-n", &sw, "link", "set", end, "up"])?;
         }
+        ip(&["-n", &sw, "link", "add", "br2", "type", "bridge"])?;
+        let db_cidr = format!("{}/24", Net::DB_ADDR);
+        ip(&["-n", &sw, "addr", "add", &db_cidr, "dev", "br2"])?;
+        ip(&["-n", &sw, "link", "set", "br2", "up"])?;
         for i in 0..nodes {
-            let bridge = if i < side_a { "br0" } else { "br1" };
             let ns = net.ns(&format!("n{i}"));
-            let (here, there) = (format!("{}v{i}", net.prefix), format!("s{i}"));
             ip(&["netns", "add", &ns])?;
             ip(&["-n", &ns, "link", "set", "lo", "up"])?;
-            ip(&[
-                "-n", &ns, "link", "add", "eth0", "type", "veth", "peer", "name", &here,
-            ])?;
-            ip(&["-n", &ns, "link", "set", &here, "netns", &sw])?;
-            ip(&["-n", &sw, "link", "set", &here, "name", &there])?;
-            ip(&["-n", &sw, "link", "set", &there, "master", bridge])?;
-            ip(&["-n", &sw, "link", "set", &there, "up"])?;
-            let cidr = format!("{}/24", Net::node_addr(i));
-            ip(&["-n", &ns, "addr", "add", &cidr, "dev", "eth0"])?;
-            ip(&["-n", &ns, "link", "set", "eth0", "up"])?;
+            let side = if i < side_a { "br0" } else { "br1" };
+            net.plug(i, ("eth0", &Net::node_addr(i)), (side, "s"))?;
+            net.plug(i, ("eth1", &format!("10.78.0.{}", i + 1)), ("br2", "t"))?;
         }
         Ok(net)
+    }
+
+    /// A veth from node `i`'s namespace (`dev` with address `addr`/24) to
+    /// `bridge` in the switch namespace (its end there named `tag` + `i`).
+    fn plug(
+        &self,
+        i: usize,
+        (dev, addr): (&str, &str),
+        (bridge, tag): (&str, &str),
+    ) -> Result<(), String> {
+        let (ns, sw) = (self.ns(&format!("n{i}")), self.ns("sw"));
+        let (here, there) = (format!("{}{tag}{i}", self.prefix), format!("{tag}{i}"));
+        ip(&[
+            "-n", &ns, "link", "add", dev, "type", "veth", "peer", "name", &here,
+        ])?;
+        ip(&["-n", &ns, "link", "set", &here, "netns", &sw])?;
+        ip(&["-n", &sw, "link", "set", &here, "name", &there])?;
+        ip(&["-n", &sw, "link", "set", &there, "master", bridge])?;
+        ip(&["-n", &sw, "link", "set", &there, "up"])?;
+        ip(&["-n", &ns, "addr", "add", &format!("{addr}/24"), "dev", dev])?;
+        ip(&["-n", &ns, "link", "set", dev, "up"])
     }
 
     /// Cuts (or heals) the link between the two sides.
@@ -283,6 +307,34 @@ fn start_driving(net: &Net, flags: &[&str], acked: u64) -> Vec<Node> {
     nodes
 }
 
+/// Side B's nodes joined last and get their share by rebalance: waits
+/// until the per-node counts are within one (least-shards then moves
+/// nothing more) with no handoff under way, in two snapshots in a row of
+/// every node's newest line, so that nothing moves at a cut. Gives each
+/// node's shard ids.
+fn wait_balanced(nodes: &mut [Node]) -> Vec<Vec<u32>> {
+    let mut ids: Vec<Vec<u32>> = vec![Vec::new(); nodes.len()];
+    let mut previous = Vec::new();
+    let deadline = Instant::now() + LONG;
+    loop {
+        let mut idle = true;
+        for (i, n) in nodes.iter_mut().enumerate() {
+            let line = n.newest("region_state");
+            ids[i] = numbers(&line, "shard_ids");
+            idle &= number(&line, "handing_off") == Some(0);
+        }
+        let counts: Vec<usize> = ids.iter().map(Vec::len).collect();
+        let (min, max) = (counts.iter().min(), counts.iter().max());
+        let balanced = min > Some(&0) && max.zip(min).is_some_and(|(a, b)| a - b <= 1);
+        if balanced && idle && ids == previous {
+            return ids;
+        }
+        previous = ids.clone();
+        assert!(Instant::now() < deadline, "never balanced: {counts:?}");
+        thread::sleep(Duration::from_millis(100));
+    }
+}
+
 fn all_up(nodes: &mut [Node]) {
     let n = nodes.len();
     for node in nodes {
@@ -373,30 +425,7 @@ fn a_three_two_split_under_sharding_traffic_keeps_one_owner_per_shard() {
     // Every node's driver has reached every counter once (retrying while
     // the coordinator placed the shards), and every shard has a home.
     let mut nodes = start_driving(&net, &flags, 256);
-    // Side B's nodes joined last and get their share by rebalance: wait
-    // until the per-node counts are within one (least-shards then moves
-    // nothing more) with no handoff under way, in two snapshots in a row
-    // of every node's newest line, so that nothing moves at the cut.
-    let mut ids: Vec<Vec<u32>> = vec![Vec::new(); nodes.len()];
-    let mut previous = Vec::new();
-    let deadline = Instant::now() + LONG;
-    loop {
-        let mut idle = true;
-        for (i, n) in nodes.iter_mut().enumerate() {
-            let line = n.newest("region_state");
-            ids[i] = numbers(&line, "shard_ids");
-            idle &= number(&line, "handing_off") == Some(0);
-        }
-        let counts: Vec<usize> = ids.iter().map(Vec::len).collect();
-        let (min, max) = (counts.iter().min(), counts.iter().max());
-        let balanced = min > Some(&0) && max.zip(min).is_some_and(|(a, b)| a - b <= 1);
-        if balanced && idle && ids == previous {
-            break;
-        }
-        previous = ids.clone();
-        assert!(Instant::now() < deadline, "never balanced: {counts:?}");
-        thread::sleep(Duration::from_millis(100));
-    }
+    let ids = wait_balanced(&mut nodes);
     let hosted: std::collections::BTreeSet<u32> = ids.iter().flatten().copied().collect();
     let minority_shards: Vec<(usize, Vec<u32>)> = (3..5).map(|i| (i, ids[i].clone())).collect();
     // (128 counters need not touch all 32 shards: the ones hosted count.)
@@ -638,4 +667,224 @@ fn a_split_with_the_coordinator_on_the_minority_places_no_shard_twice() {
         assert_eq!(number(&line, "missing"), Some(0), "{line}");
     }
     leave_gracefully(&mut nodes[2..]);
+}
+
+/// Five nodes in [`Net`]'s namespaces, 3/2, journaling to one PostgreSQL
+/// in the switch namespace (reachable from both sides throughout), every
+/// driver loop asking `Add(1)` of a counter shared by all five nodes, each
+/// side hosting some of them; `extra` flags go to every node.
+fn journaling(extra: &[&str]) -> Option<(Net, pg_server::Server, String, Vec<Node>)> {
+    let net = Net::try_make(5, 3)?;
+    let server =
+        pg_server::Server::start_in(pg_server::Durability::NoFsync, &net.ns("sw"), Net::DB_ADDR)?;
+    let db = server.database();
+    let mut flags = vec![
+        "--counter",
+        "--shards",
+        "32",
+        "--stats-ms",
+        "50",
+        "--drive",
+        "64",
+    ];
+    flags.extend(["--journal-url", &db]);
+    flags.extend(extra);
+    let mut nodes = start_driving(&net, &flags, 256);
+    let ids = wait_balanced(&mut nodes);
+    assert!(
+        ids[3..].iter().all(|s| !s.is_empty()),
+        "side B hosts nothing: {ids:?}"
+    );
+    Some((net, server, db, nodes))
+}
+
+/// `datum-node`'s journaled event (`Added { by, onto }`, CBOR).
+#[derive(serde::Deserialize)]
+struct Added {
+    by: u64,
+    onto: u64,
+}
+
+/// Each counter's journal as its writers in sequence-number order — one
+/// entry per run of events by one writer (`node/incarnation/generation`) —
+/// after checking it holds exactly `1..=n` and that each event was added
+/// onto the sum of those before it (its writer had applied them all: no
+/// fork); and how many events they hold.
+fn journal_writers(server: &pg_server::Server, db: &str) -> (BTreeMap<String, Vec<String>>, u64) {
+    let rows = server.psql(
+        db,
+        "SELECT entity_id, sequence_nr, writer_node, writer_incarnation, writer_generation, \
+         encode(payload, 'hex') FROM datum_events WHERE type_name = 'journaled-counter' \
+         ORDER BY entity_id, sequence_nr",
+    );
+    let mut runs = BTreeMap::<String, Vec<String>>::new();
+    // Per counter: the events read so far, and the sum of their `by`.
+    let mut read = BTreeMap::<String, (u64, u64)>::new();
+    for row in rows.lines() {
+        let cols: Vec<&str> = row.split('|').collect();
+        let [entity, seq, node, incarnation, generation, payload] = cols[..] else {
+            panic!("a row of six columns: {row}");
+        };
+        let (events, total) = read.entry(entity.to_owned()).or_default();
+        *events += 1;
+        assert_eq!(
+            seq.parse().ok(),
+            Some(*events),
+            "{entity}: a gap before {row}"
+        );
+        let bytes: Vec<u8> = (0..payload.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&payload[i..i + 2], 16).expect("hex"))
+            .collect();
+        let added: Added = ciborium::from_reader(&bytes[..]).expect("an Added event");
+        assert_eq!(added.onto, *total, "{entity}: a fork at {row}");
+        *total += added.by;
+        // Node ids are u64s stored as bigint, printed as 16 hex digits.
+        let node = node.parse::<i64>().expect("a node id") as u64;
+        let writer = format!("{node:016x}/{incarnation}/{generation}");
+        let writers = runs.entry(entity.to_owned()).or_default();
+        if writers.last() != Some(&writer) {
+            writers.push(writer);
+        }
+    }
+    let events = read.values().map(|(n, _)| n).sum();
+    assert_eq!(runs.len(), 64, "one journal per driven counter");
+    (runs, events)
+}
+
+/// The node ids of `nodes`.
+fn node_ids(nodes: &[Node]) -> Vec<String> {
+    nodes.iter().map(|n| n.node_id.clone()).collect()
+}
+
+/// Whether `writer` (as [`journal_writers`] names them) is one of `ids`.
+fn written_by(writer: &str, ids: &[String]) -> bool {
+    ids.iter().any(|id| writer.starts_with(id.as_str()))
+}
+
+/// A 3/2 split over a shared journal (see [`journaling`]): side B writes
+/// until it downs itself, side A takes its shards over and writes on.
+/// After the heal every counter's journal is `1..=n` without a gap, and it
+/// was written by one writer at a time: once another writer (node,
+/// incarnation, shard generation) has appended to a counter, no earlier one
+/// appends to it again. Every answered ask is in the journal.
+#[test]
+fn a_split_over_a_shared_postgres_journal_never_forks_it() {
+    let _serial = one_at_a_time();
+    let Some((net, server, db, mut nodes)) = journaling(&[]) else {
+        return;
+    };
+    let side_b = node_ids(&nodes[3..]);
+    net.sides_linked(false);
+    let mut acked = 0;
+    for n in &mut nodes[3..] {
+        let mut last_drive = 0;
+        let stopped = n.expect(|l| {
+            if field(l, "event") == Some("drive") {
+                last_drive = number(l, "acked").unwrap_or(0);
+            }
+            field(l, "event") == Some("stopped")
+        });
+        assert_eq!(field(&stopped, "reason"), Some("downed"), "{stopped}");
+        assert_eq!(n.wait().code(), Some(3));
+        acked += last_drive;
+    }
+    // Side A takes side B's shards over and its drivers go on answering.
+    for n in &mut nodes[..3] {
+        let line = n.expect(|l| field(l, "event") == Some("drive"));
+        let before = number(&line, "acked").expect("acked");
+        n.expect(|l| {
+            field(l, "event") == Some("drive") && number(l, "acked") >= Some(before + 512)
+        });
+    }
+    net.sides_linked(true);
+    for n in &mut nodes[..3] {
+        n.drain(Duration::from_secs(1));
+        let line = n.newest("drive");
+        assert_eq!(number(&line, "missing"), Some(0), "{line}");
+        acked += number(&line, "acked").expect("acked");
+    }
+    leave_gracefully(&mut nodes[..3]);
+
+    let (journals, events) = journal_writers(&server, &db);
+    let mut taken_over = 0;
+    for (entity, writers) in &journals {
+        for (i, w) in writers.iter().enumerate() {
+            assert!(
+                !writers[..i].contains(w),
+                "{entity}: {w} wrote again after another: {writers:?}"
+            );
+        }
+        let from_b = |w: &String| written_by(w, &side_b);
+        if writers.windows(2).any(|w| from_b(&w[0]) && !from_b(&w[1])) {
+            taken_over += 1;
+        }
+    }
+    assert!(
+        taken_over > 0,
+        "no counter was written on side B, then on side A"
+    );
+    assert!(
+        events >= acked,
+        "{acked} asks answered, {events} events journaled"
+    );
+    eprintln!(
+        "{events} events in 64 journals, {acked} asks answered; {taken_over} counters moved from side B to side A"
+    );
+}
+
+/// The same split with no resolver (`--split-brain off`: each side downs
+/// the other and goes on): both sides host every counter and write the
+/// journal at once, the worst a cluster can do to it. The store refuses
+/// every stale append, so the journals still hold `1..=n` without a gap or
+/// a fork, counters are written by both sides, and the refused asks come
+/// back to side B's drivers as errors they retry. (Side A, with more
+/// drivers per counter, mostly wins: a refused incarnation must recover
+/// before it appends again, and the other side writes meanwhile. SPEC §8
+/// says so.)
+#[test]
+fn a_split_brain_writing_one_journal_from_both_sides_never_forks_it() {
+    let _serial = one_at_a_time();
+    let Some((net, server, db, mut nodes)) = journaling(&["--split-brain", "off"]) else {
+        return;
+    };
+    let drive = |n: &mut Node, key| number(&n.newest("drive"), key).expect(key);
+    let retries_before: Vec<u64> = nodes[3..].iter_mut().map(|n| drive(n, "retries")).collect();
+    net.sides_linked(false);
+    for n in &mut nodes {
+        n.expect(|l| field(l, "event") == Some("member_downed"));
+    }
+    for n in &mut nodes[..3] {
+        let before = drive(n, "acked");
+        n.expect(|l| {
+            field(l, "event") == Some("drive") && number(l, "acked") >= Some(before + 512)
+        });
+    }
+    let retries: Vec<u64> = nodes[3..].iter_mut().map(|n| drive(n, "retries")).collect();
+    let refused = retries
+        .iter()
+        .zip(&retries_before)
+        .map(|(a, b)| a - b)
+        .sum::<u64>();
+    assert!(refused > 0, "side B's asks were never refused");
+    let side_b = node_ids(&nodes[3..]);
+    drop(nodes); // killed: the two clusters cannot merge again anyway
+    net.sides_linked(true);
+
+    let (journals, events) = journal_writers(&server, &db);
+    let (mut both, mut alternating) = (0, 0);
+    for writers in journals.values() {
+        let side_b = |w: &String| written_by(w, &side_b);
+        both += usize::from(writers.iter().any(side_b) && !writers.iter().all(side_b));
+        alternating += usize::from(
+            writers
+                .iter()
+                .enumerate()
+                .any(|(i, w)| writers[..i].contains(w)),
+        );
+    }
+    assert!(both > 0, "no counter was written by both sides");
+    eprintln!(
+        "{events} events in 64 journals, none forked; {both} counters written by both sides, {alternating} by one writer again after another; side B retried {refused} asks after the split"
+    );
 }

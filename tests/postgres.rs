@@ -458,3 +458,18 @@ fn an_unstorable_id_fails_alone() {
         Ok(vec!["good".to_owned()])
     );
 }
+
+/// A connection the server refuses fails `connect` with the server's own
+/// reason, not the client's bare "db error".
+#[test]
+fn a_refused_connection_says_why() {
+    let Some(server) = server() else {
+        return;
+    };
+    let url = server.database().replace("dbname=", "dbname=missing_");
+    let Err(error) = PgPersistence::connect(&url, 1) else {
+        panic!("connected to a database that does not exist");
+    };
+    let text = error.to_string();
+    assert!(text.contains("does not exist"), "{text}");
+}

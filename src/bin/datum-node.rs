@@ -6,7 +6,8 @@
 //! Ctrl-C makes the node leave gracefully and exit 0. With `--counter` it
 //! also hosts the guide's counter entity type in a sharded system (its
 //! shards handed off before the node leaves) and can print that region's
-//! state now and then (`--stats-ms`). See `SPEC.md` §10c.
+//! state now and then (`--stats-ms`); with `--journal-url` that counter is
+//! durable, journaled to a PostgreSQL the nodes share. See `SPEC.md` §10c.
 //!
 //! The node runs on a current-thread runtime: the event subscription is taken
 //! before the membership driver first runs, so no event is missed, and one
@@ -23,7 +24,9 @@ use clap::Parser;
 use datum_cluster_sharding::cluster::{ClusterConfig, ClusterNode};
 use datum_cluster_sharding::identity::UniqueAddress;
 use datum_cluster_sharding::membership::{MemberStatus, MembershipEvent, SplitBrainStrategy};
-use datum_cluster_sharding::{EntityRef, ShardedSystem, ShardingError};
+#[cfg(feature = "postgres")]
+use datum_cluster_sharding::persistence::PgPersistence;
+use datum_cluster_sharding::{Ask, EntityRef, NoStore, Protocol, ShardedSystem, ShardingError};
 use serde::Serialize;
 use tokio::sync::broadcast::error::RecvError;
 
@@ -166,6 +169,19 @@ struct Args {
     /// shards, keep being placed.
     #[arg(long, env = "DATUM_DRIVE_FRESH", requires = "drive")]
     drive_fresh: bool,
+
+    /// With --counter: host the durable `journaled-counter` type instead
+    /// (`ask Add -> u64`, journaled before it is answered; `ask Get ->
+    /// u64`), its events in the PostgreSQL database at this connection
+    /// string (libpq `key=value` form), which every node may share; then
+    /// --drive asks `Add(1)`. Needs a build with `--features postgres`.
+    #[arg(
+        long,
+        env = "DATUM_JOURNAL_URL",
+        requires = "counter",
+        hide_env_values = true
+    )]
+    journal_url: Option<String>,
 }
 
 /// The seed addresses (a newtype so clap takes the whole list as one value).
@@ -318,7 +334,7 @@ async fn run(args: Args) -> ExitCode {
     let me = node.self_address();
     emit(&Line::member("started", &me, 0));
     let system = if args.counter {
-        match start_counter(&node, args.shards).await {
+        match Hosted::start(&node, args.shards, args.journal_url.as_deref()).await {
             Ok(system) => Some(system),
             Err(error) => {
                 eprintln!("datum-node: cannot start the counter's sharded system: {error}");
@@ -334,7 +350,7 @@ async fn run(args: Args) -> ExitCode {
     let drive = match &system {
         Some(system) if args.drive > 0 => {
             let counts = Arc::new(DriveCounts::default());
-            drive_counters(system, (args.drive, args.drive_fresh), &counts);
+            system.drive((args.drive, args.drive_fresh), &counts);
             Some(counts)
         }
         _ => None,
@@ -346,7 +362,7 @@ async fn run(args: Args) -> ExitCode {
             () = stop.recv() => break,
             _ = stats.tick(), if print_stats => {
                 if let Some(system) = &system {
-                    emit(&RegionLine::of(system, "region_state", started));
+                    emit(&system.region_line("region_state", started));
                 }
                 if let Some(counts) = &drive {
                     emit(&DriveLine::of(counts, started));
@@ -392,8 +408,7 @@ async fn run(args: Args) -> ExitCode {
     // Graceful leave: the shards first (the node still routes meanwhile),
     // then the membership; events keep being printed throughout.
     if let Some(system) = &system {
-        let before = RegionLine::of(system, "handoff_started", started);
-        emit(&before);
+        emit(&system.region_line("handoff_started", started));
         let shutdown = system.shutdown();
         tokio::pin!(shutdown);
         loop {
@@ -405,7 +420,7 @@ async fn run(args: Args) -> ExitCode {
                 () = &mut shutdown => break,
             }
         }
-        emit(&RegionLine::of(system, "handed_off", started));
+        emit(&system.region_line("handed_off", started));
     }
     let leave = tokio::spawn({
         let node = node.clone();
@@ -439,20 +454,147 @@ async fn run(args: Args) -> ExitCode {
     }
 }
 
-/// Starts a sharded system on `node` hosting the counter entity type.
-async fn start_counter(
-    node: &ClusterNode,
-    shards: u32,
-) -> datum_cluster_sharding::ShardingResult<ShardedSystem> {
-    let system = ShardedSystem::builder()
-        .num_shards(shards)
-        .node(node.clone())
-        .start()
-        .await?;
-    system
-        .register::<counter::CounterEntity>(|_| counter::CounterEntity::default())
-        .await?;
-    Ok(system)
+/// The sharded system `--counter` runs: the counter, or with
+/// `--journal-url` the journaled counter (its system typed by its journal).
+enum Hosted {
+    Counter(ShardedSystem),
+    #[cfg(feature = "postgres")]
+    Journaled(ShardedSystem<NoStore, PgPersistence>),
+}
+
+impl Hosted {
+    /// Starts the system on `node` and registers its entity type.
+    async fn start(
+        node: &ClusterNode,
+        shards: u32,
+        journal_url: Option<&str>,
+    ) -> Result<Hosted, Box<dyn std::error::Error>> {
+        let builder = ShardedSystem::builder()
+            .num_shards(shards)
+            .node(node.clone());
+        let Some(url) = journal_url else {
+            let system = builder.start().await?;
+            system
+                .register::<counter::CounterEntity>(|_| counter::CounterEntity::default())
+                .await?;
+            return Ok(Hosted::Counter(system));
+        };
+        #[cfg(feature = "postgres")]
+        {
+            // Connecting blocks (up to the store's connection timeout).
+            let url = url.to_owned();
+            let journal =
+                tokio::task::spawn_blocking(move || PgPersistence::connect(&url, 4)).await??;
+            let system = builder.journal(journal).start().await?;
+            system
+                .register_event_sourced::<journaled::JournaledCounterEntity>(|_| Default::default())
+                .await?;
+            Ok(Hosted::Journaled(system))
+        }
+        #[cfg(not(feature = "postgres"))]
+        {
+            let _ = url;
+            Err("--journal-url needs a build with `--features postgres`".into())
+        }
+    }
+
+    /// A line about the hosted type's region on this node.
+    fn region_line<'a>(&self, event: &'a str, started: Instant) -> RegionLine<'a> {
+        match self {
+            Hosted::Counter(system) => {
+                RegionLine::of::<counter::Counter, _>(system, event, started)
+            }
+            #[cfg(feature = "postgres")]
+            Hosted::Journaled(system) => {
+                RegionLine::of::<journaled::JournaledCounter, _>(system, event, started)
+            }
+        }
+    }
+
+    /// `--drive`: asks `Get` of counters, `Add(1)` of journaled counters.
+    fn drive(&self, loops: (u32, bool), counts: &Arc<DriveCounts>) {
+        match self {
+            Hosted::Counter(system) => {
+                drive_counters::<counter::Counter, _, _>(system, counter::Get, loops, counts)
+            }
+            #[cfg(feature = "postgres")]
+            Hosted::Journaled(system) => drive_counters::<journaled::JournaledCounter, _, _>(
+                system,
+                counter::Add(1),
+                loops,
+                counts,
+            ),
+        }
+    }
+
+    async fn shutdown(&self) {
+        match self {
+            Hosted::Counter(system) => system.shutdown().await,
+            #[cfg(feature = "postgres")]
+            Hosted::Journaled(system) => system.shutdown().await,
+        }
+    }
+}
+
+/// The `--journal-url` counter: event-sourced, its total recovered from
+/// the journal wherever it starts.
+#[cfg(feature = "postgres")]
+mod journaled {
+    use datum_cluster_sharding::prelude::*;
+
+    use super::counter::{Add, Get};
+
+    protocol! {
+        /// A counter whose additions are journaled before they are answered.
+        pub protocol JournaledCounter = "journaled-counter" {
+            ask Add -> u64;
+            ask Get -> u64;
+        }
+    }
+
+    /// One journaled addition, with the total it was added to: a journal
+    /// whose every event was written by an incarnation that had applied
+    /// all the events before it has `onto` equal to the sum of their `by`
+    /// (so a fork shows in the rows alone).
+    #[derive(Debug, Serialize, Deserialize)]
+    pub struct Added {
+        pub by: u64,
+        pub onto: u64,
+    }
+
+    /// The total of the journaled additions.
+    #[derive(Debug, Default)]
+    pub struct JournaledCounterEntity {
+        total: u64,
+    }
+
+    impl Entity for JournaledCounterEntity {
+        type Protocol = JournaledCounter;
+    }
+
+    impl EventSourced for JournaledCounterEntity {
+        type Event = Added;
+        fn apply(&mut self, event: &Added) {
+            self.total += event.by;
+        }
+    }
+
+    impl Handler<Add> for JournaledCounterEntity {
+        async fn handle(&mut self, msg: Add, ctx: &EntityContext) -> ShardingResult<u64> {
+            let event = Added {
+                by: msg.0,
+                onto: self.total,
+            };
+            self.persist(ctx, event).await?;
+            Ok(self.total)
+        }
+    }
+
+    impl Handler<Get> for JournaledCounterEntity {
+        async fn handle(&mut self, _: Get, _: &EntityContext) -> ShardingResult<u64> {
+            Ok(self.total)
+        }
+    }
 }
 
 /// What `--drive` counts: logical asks answered, retries of failed asks,
@@ -464,26 +606,32 @@ struct DriveCounts {
     missing: AtomicU64,
 }
 
-/// `--drive N`: N asking loops, loop `i` asking counter `drive-i` (with
-/// `--drive-fresh`, `drive-R-i` in its round R) forever, each ask retried
-/// until answered or given up after 30 s.
-fn drive_counters(
-    system: &ShardedSystem,
+/// `--drive N`: N asking loops, loop `i` asking `msg` of entity `drive-i`
+/// (with `--drive-fresh`, `drive-R-i` in its round R) forever, each ask
+/// retried until answered or given up after 30 s.
+fn drive_counters<
+    P: Protocol,
+    M: Ask<P> + Clone + Send + Sync + 'static,
+    J: Send + Sync + 'static,
+>(
+    system: &ShardedSystem<NoStore, J>,
+    msg: M,
     (entities, fresh): (u32, bool),
     counts: &Arc<DriveCounts>,
 ) {
     for i in 0..entities {
         let system = system.clone();
         let counts = counts.clone();
+        let msg = msg.clone();
         tokio::spawn(async move {
-            let fixed = system.entity_ref::<counter::Counter>(format!("drive-{i}"));
+            let fixed = system.entity_ref::<P>(format!("drive-{i}"));
             for round in 0u64.. {
                 let entity = if fresh {
-                    system.entity_ref::<counter::Counter>(format!("drive-{round}-{i}"))
+                    system.entity_ref::<P>(format!("drive-{round}-{i}"))
                 } else {
                     fixed.clone()
                 };
-                if !ask_until_answered(&entity, &counts).await {
+                if !ask_until_answered(&entity, &msg, &counts).await {
                     return;
                 }
             }
@@ -492,11 +640,15 @@ fn drive_counters(
 }
 
 /// One logical ask, retried; false once the system is shutting down.
-async fn ask_until_answered(entity: &EntityRef<counter::Counter>, counts: &DriveCounts) -> bool {
+async fn ask_until_answered<P: Protocol, M: Ask<P> + Clone>(
+    entity: &EntityRef<P>,
+    msg: &M,
+    counts: &DriveCounts,
+) -> bool {
     const GIVE_UP: Duration = Duration::from_secs(30);
     let first = Instant::now();
     loop {
-        match entity.ask(counter::Get, Duration::from_secs(1)).await {
+        match entity.ask(msg.clone(), Duration::from_secs(1)).await {
             Ok(_) => {
                 counts.acked.fetch_add(1, Ordering::Relaxed);
                 return true;
@@ -555,11 +707,15 @@ struct RegionLine<'a> {
 }
 
 impl<'a> RegionLine<'a> {
-    fn of(system: &ShardedSystem, event: &'a str, started: Instant) -> Self {
-        let state = system.shard_region_state::<counter::Counter>();
+    fn of<P: Protocol, J>(
+        system: &ShardedSystem<NoStore, J>,
+        event: &'a str,
+        started: Instant,
+    ) -> Self {
+        let state = system.shard_region_state::<P>();
         RegionLine {
             event,
-            type_name: "counter",
+            type_name: P::TYPE_NAME,
             shards: state.as_ref().map_or(0, |s| s.shards.len()),
             shard_ids: state
                 .as_ref()

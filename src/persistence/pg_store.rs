@@ -85,6 +85,50 @@ CREATE TABLE IF NOT EXISTS datum_states (
 #[derive(Clone)]
 pub struct PgPersistence {
     pool: std::sync::Arc<Holder>,
+    connect_errors: ConnectErrors,
+}
+
+/// The pool's handler of failed connection attempts. r2d2's own logs the
+/// client's bare "db error" and its errors carry only that; this one logs
+/// the causes too, and keeps the last failure since the last connection
+/// made, for the error a call that got no connection returns.
+#[derive(Clone, Debug, Default)]
+struct ConnectErrors(std::sync::Arc<std::sync::Mutex<Option<String>>>);
+
+impl ConnectErrors {
+    fn set(&self, last: Option<String>) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = last;
+    }
+}
+
+impl r2d2::HandleError<r2d2_postgres::postgres::Error> for ConnectErrors {
+    fn handle_error(&self, error: r2d2_postgres::postgres::Error) {
+        let text = error_text(error);
+        tracing::warn!(error = %text, "cannot connect to PostgreSQL");
+        self.set(Some(text));
+    }
+}
+
+impl r2d2::CustomizeConnection<r2d2_postgres::postgres::Client, r2d2_postgres::postgres::Error>
+    for ConnectErrors
+{
+    fn on_acquire(
+        &self,
+        _: &mut r2d2_postgres::postgres::Client,
+    ) -> Result<(), r2d2_postgres::postgres::Error> {
+        self.set(None); // connected: earlier failures explain nothing now
+        Ok(())
+    }
+}
+
+impl ConnectErrors {
+    /// `error` (the pool gave no connection), with the last attempt's cause.
+    fn explain(&self, error: r2d2::Error) -> PersistenceError {
+        match self.0.lock().unwrap_or_else(|e| e.into_inner()).as_deref() {
+            Some(last) => PersistenceError::Store(format!("{error} (last attempt: {last})")),
+            None => store_error(error),
+        }
+    }
 }
 
 /// Owns the pool. The blocking client drives each connection with a
@@ -107,6 +151,11 @@ impl Drop for Holder {
 /// A client or pool error, with its causes: the client's own text for a
 /// server error is only "db error", the server's message is its source.
 fn store_error(error: impl std::error::Error) -> PersistenceError {
+    PersistenceError::Store(error_text(error))
+}
+
+/// `error`'s text followed by its causes'.
+fn error_text(error: impl std::error::Error) -> String {
     let mut text = error.to_string();
     let mut cause = error.source();
     while let Some(e) = cause {
@@ -114,7 +163,7 @@ fn store_error(error: impl std::error::Error) -> PersistenceError {
         text.push_str(&e.to_string());
         cause = e.source();
     }
-    PersistenceError::Store(text)
+    text
 }
 
 /// A transaction at READ COMMITTED, whatever the database's default: the
@@ -194,13 +243,17 @@ impl PgPersistence {
             scope
                 .spawn(|| {
                     let manager = PostgresConnectionManager::new(config, NoTls);
+                    let connect_errors = ConnectErrors::default();
                     let pool = r2d2::Pool::builder()
                         .max_size(pool_size.max(1))
                         .connection_timeout(PG_CONNECTION_TIMEOUT)
+                        .error_handler(Box::new(connect_errors.clone()))
+                        .connection_customizer(Box::new(connect_errors.clone()))
                         .build(manager)
-                        .map_err(store_error)?;
+                        .map_err(|e| connect_errors.explain(e))?;
                     let store = PgPersistence {
                         pool: std::sync::Arc::new(Holder(Some(pool))),
+                        connect_errors,
                     };
                     // Nodes starting together on a fresh database would
                     // race `CREATE TABLE IF NOT EXISTS` (which is not safe
@@ -226,7 +279,7 @@ impl PgPersistence {
             .0
             .as_ref()
             .ok_or_else(|| PersistenceError::Store("the store is closed".into()))?;
-        pool.get().map_err(store_error)
+        pool.get().map_err(|e| self.connect_errors.explain(e))
     }
 }
 
