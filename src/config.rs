@@ -58,6 +58,12 @@ pub struct ShardingConfig {
     /// idle passivation.
     #[builder(default = Some(Duration::from_secs(120)))]
     pub passivation_idle_timeout: Option<Duration>,
+    /// At most this many live entities per region (of each entity type on
+    /// this node), shared over its hosted shards; a new entity beyond a
+    /// shard's share passivates the one the policy picks. `None` (the
+    /// default): no limit. Not applied to remembered types.
+    #[builder(default)]
+    pub entity_limit: Option<EntityLimit>,
     /// How long `shutdown()` lets entities finish the message in hand (and
     /// the entities of a shard that moved away finish their mailboxes).
     #[builder(default = Duration::from_secs(5))]
@@ -66,6 +72,46 @@ pub struct ShardingConfig {
     /// types registered with `register_remembered`).
     #[builder(default)]
     pub remember_entities: RememberEntitiesConfig,
+}
+
+/// Passivation by an active-entity limit (SPEC §6.1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EntityLimit {
+    /// Live entities a region may hold; each hosted shard may hold this
+    /// divided by the number of hosted shards (at least one).
+    pub max_live: usize,
+    /// Which entity makes room for a new one.
+    pub policy: PassivationPolicy,
+}
+
+impl EntityLimit {
+    /// `max_live` entities per region, under the default policy.
+    pub fn new(max_live: usize) -> Self {
+        EntityLimit {
+            max_live,
+            policy: PassivationPolicy::default(),
+        }
+    }
+
+    /// The same limit under `policy`.
+    pub fn with_policy(self, policy: PassivationPolicy) -> Self {
+        EntityLimit { policy, ..self }
+    }
+}
+
+/// Which live entity a shard at its share passivates for a new one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PassivationPolicy {
+    /// The one whose last message is oldest.
+    LeastRecentlyUsed,
+    /// Least recently used among the entities seen once since they
+    /// started, before any seen again (which keep 80 % of the share).
+    SegmentedLru,
+    /// W-TinyLFU: new entities wait in a small window; the window's oldest
+    /// and the main area's victim compete by recent access frequency.
+    /// Best on skewed loads with scans.
+    #[default]
+    WTinyLfu,
 }
 
 /// What a remember-entities store failure does to routing.

@@ -77,8 +77,8 @@ mod warn_limit;
 pub mod wire;
 
 pub use config::{
-    MAX_SHARDS, RememberEntitiesConfig, RememberEntitiesFailurePolicy, RememberEntitiesQueueFull,
-    ShardingConfig,
+    EntityLimit, MAX_SHARDS, PassivationPolicy, RememberEntitiesConfig,
+    RememberEntitiesFailurePolicy, RememberEntitiesQueueFull, ShardingConfig,
 };
 pub use entity::{
     DeferredHandler, DurableState, Entity, EntityContext, EventSourced, Handler, ReplyPort,
@@ -98,9 +98,9 @@ pub use system::{EntityRef, ShardedSystem, ShardedSystemBuilder};
 pub mod prelude {
     pub use crate::{
         Ask, DefaultShardExtractor, DeferredHandler, DurableState, Entity, EntityContext,
-        EntityRef, EventSourced, Handler, InMemoryStore, Message, NoStore, Protocol,
-        RememberEntitiesStore, ReplyPort, ShardExtractor, ShardId, ShardedSystem, ShardingConfig,
-        ShardingError, ShardingResult, Snapshotted, Tell, protocol,
+        EntityLimit, EntityRef, EventSourced, Handler, InMemoryStore, Message, NoStore,
+        PassivationPolicy, Protocol, RememberEntitiesStore, ReplyPort, ShardExtractor, ShardId,
+        ShardedSystem, ShardingConfig, ShardingError, ShardingResult, Snapshotted, Tell, protocol,
     };
     pub use serde::{Deserialize, Serialize};
 }

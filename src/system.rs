@@ -631,6 +631,7 @@ impl<S, J> ShardedSystem<S, J> {
             return Err(ShardingError::AlreadyRegistered { type_name });
         }
         let config = &self.shared.config;
+        let remembers = remember.is_some();
         let cluster = self.shared.cluster.as_ref().map(|link| RegionCluster {
             me: link.remote.me(),
             port: Arc::new(RegionLink {
@@ -639,15 +640,20 @@ impl<S, J> ShardedSystem<S, J> {
             }),
             proxy,
         });
-        let region = Arc::new(Region::new(
-            protocol,
-            config.num_shards,
-            config.allocation_buffer,
-            spawner,
-            remember,
-            config.shutdown_timeout,
-            cluster,
-        ));
+        let region = Arc::new(
+            Region::new(
+                protocol,
+                config.num_shards,
+                config.allocation_buffer,
+                spawner,
+                remember,
+                config.shutdown_timeout,
+                cluster,
+            )
+            // (Akka's rule: remembered entities are not passivated by a limit,
+            // which would forget them.)
+            .with_entity_limit(config.entity_limit.filter(|_| !remembers)),
+        );
         // The region actor exists before any sender can see the region, so
         // every allocation request has somewhere to go.
         let (actor, _) = RegionActor::spawn(None, RegionActor, region.clone())

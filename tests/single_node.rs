@@ -851,3 +851,52 @@ async fn sends_racing_registration_are_all_delivered() {
     }
     system.shutdown().await;
 }
+
+/// With an active-entity limit, a region never holds more live entities
+/// than the limit, shared over its shards as they start, passivating by
+/// the policy to make room; every message still reaches an entity.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entity_limit_bounds_the_live_entities_and_loses_no_message() {
+    for policy in [
+        PassivationPolicy::LeastRecentlyUsed,
+        PassivationPolicy::SegmentedLru,
+        PassivationPolicy::WTinyLfu,
+    ] {
+        let config = ShardingConfig::builder()
+            .num_shards(4)
+            .passivation_idle_timeout(None)
+            .entity_limit(Some(EntityLimit::new(8).with_policy(policy)))
+            .build();
+        let system = ShardedSystem::builder()
+            .config(config)
+            .start()
+            .await
+            .unwrap();
+        system
+            .register::<CounterEntity>(|_| CounterEntity::default())
+            .await
+            .unwrap();
+        let mut most = 0;
+        for round in 0..400u64 {
+            // Skewed: ids 0..4 every other round, the rest a scan of 100.
+            let id = if round % 2 == 0 {
+                round / 2 % 4
+            } else {
+                4 + round % 100
+            };
+            let entity = system.entity_ref::<Counter>(format!("e{id}"));
+            entity.tell(Add(1)).await.unwrap();
+            entity.ask(Get, LONG).await.unwrap();
+            let state = system.shard_region_state::<Counter>().expect("registered");
+            most = most.max(state.shards.values().sum::<usize>());
+            assert_eq!(state.entity_limit, Some(8));
+        }
+        let state = system.shard_region_state::<Counter>().expect("registered");
+        assert!(most <= 8, "{policy:?}: {most} live entities, limit 8");
+        assert!(
+            state.passivated_by_limit > 0,
+            "{policy:?}: nothing passivated"
+        );
+        system.shutdown().await;
+    }
+}

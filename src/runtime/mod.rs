@@ -30,6 +30,7 @@
 
 pub(crate) mod entity_actor;
 pub(crate) mod mailbox;
+pub(crate) mod passivation;
 pub(crate) mod region;
 pub(crate) mod region_actor;
 pub(crate) mod slot;

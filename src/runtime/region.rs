@@ -1,11 +1,12 @@
 //! One entity type's routing table: a slot per shard.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use ractor::{ActorCell, ActorRef, MessagingErr, RactorErr};
 
+use crate::config::{EntityLimit, PassivationPolicy};
 use crate::entity::EntityContext;
 use crate::envelope::{LocalEnvelope, RemoteReply, Undecodable};
 use crate::error::{ShardingError, ShardingResult};
@@ -96,6 +97,13 @@ pub(crate) struct Region {
     /// every message fails with it until a coordinator accepts the region.
     refused: AtomicBool,
     refusal: Mutex<Option<ShardingError>>,
+    /// The active-entity limit (none for a remembered type).
+    entity_limit: Option<EntityLimit>,
+    /// Shards hosted here (installed and not moved away), over which the
+    /// limit is shared.
+    hosted: AtomicUsize,
+    /// Entities passivated to keep a shard within its share.
+    passivated_by_limit: AtomicU64,
 }
 
 /// One region's state on this node, as
@@ -128,6 +136,12 @@ pub struct ShardRegionState {
     /// count than the type's in the cluster): the error every message to
     /// the type through this node fails with (`ShardingError::RegionRefused`).
     pub refused: Option<crate::ShardingError>,
+    /// The active-entity limit (`ShardingConfig::entity_limit`), if the
+    /// type has one; the live entities are the sum of `shards`.
+    pub entity_limit: Option<usize>,
+    /// Entities passivated so far to keep a shard within its share of the
+    /// limit.
+    pub passivated_by_limit: u64,
 }
 
 /// What a region needs to know of its protocol.
@@ -183,6 +197,36 @@ impl Region {
             shutdown_timeout,
             refused: AtomicBool::new(false),
             refusal: Mutex::new(None),
+            entity_limit: None,
+            hosted: AtomicUsize::new(0),
+            passivated_by_limit: AtomicU64::new(0),
+        }
+    }
+
+    /// The region with an active-entity limit (`None`: none).
+    pub(crate) fn with_entity_limit(self, entity_limit: Option<EntityLimit>) -> Self {
+        Region {
+            entity_limit,
+            ..self
+        }
+    }
+
+    /// Each hosted shard's share of the limit, with `hosted` shards.
+    fn share_with(&self, hosted: usize) -> Option<(usize, PassivationPolicy)> {
+        let limit = self.entity_limit?;
+        Some(((limit.max_live / hosted.max(1)).max(1), limit.policy))
+    }
+
+    /// A shard was counted in: every hosted shard's share is now the
+    /// smaller one for the current count, and each passivates what no
+    /// longer fits. (A share that grows, when a shard moves away, is taken
+    /// up by the next start.)
+    fn reshare(&self) {
+        let Some((share, _)) = self.share_with(self.hosted.load(Ordering::Acquire)) else {
+            return;
+        };
+        for (i, slot) in self.slots.iter().enumerate() {
+            lock(slot).reshare(&mut self.host(), ShardId(i as u32), share);
         }
     }
 
@@ -269,7 +313,7 @@ impl Region {
         envelope: LocalEnvelope,
     ) -> ShardingResult<()> {
         let envelope = {
-            let guard = lock(&self.slots[shard.0 as usize]);
+            let mut guard = lock(&self.slots[shard.0 as usize]);
             if !self.is_stopped() {
                 match guard.deliver_live(&mut self.host(), shard, entity_id, envelope) {
                     Ok(result) => return result,
@@ -304,11 +348,22 @@ impl Region {
     ) -> bool {
         let install = self.installs.fetch_add(1, Ordering::Relaxed);
         let mut guard = lock(&self.slots[shard.0 as usize]);
+        // Counted in before it starts, so that its own share is right.
+        let counted = self.entity_limit.is_some() && !guard.is_local();
+        if counted {
+            self.hosted.fetch_add(1, Ordering::AcqRel);
+        }
         let installed = guard.install(&mut self.host(), shard, generation, install, remembered);
+        if counted && installed.is_none() {
+            self.hosted.fetch_sub(1, Ordering::AcqRel);
+        }
         drop(guard);
         match installed {
             Some(undelivered) => {
                 fail_undelivered(undelivered);
+                if counted {
+                    self.reshare();
+                }
                 true
             }
             None => false,
@@ -445,9 +500,14 @@ impl Region {
             return HomeChange::Unchanged;
         };
         let mut guard = lock(&self.slots[shard.0 as usize]);
+        let was_local = guard.is_local();
         let (change, undelivered) =
             guard.set_home(&mut self.host(), shard, home, cluster.me, cluster.proxy);
+        let moved_away = was_local && !guard.is_local();
         drop(guard);
+        if moved_away && self.entity_limit.is_some() {
+            self.hosted.fetch_sub(1, Ordering::AcqRel);
+        }
         fail_undelivered(undelivered);
         if change == HomeChange::HostHere
             && let Some(actor) = self.region_actor.get()
@@ -550,6 +610,8 @@ impl Region {
             buffered,
             proxy: self.is_proxy(),
             refused: self.refusal(),
+            entity_limit: self.entity_limit.map(|l| l.max_live),
+            passivated_by_limit: self.passivated_by_limit.load(Ordering::Relaxed),
         }
     }
 
@@ -676,6 +738,17 @@ struct Host<'a> {
 
 impl SlotHost for Host<'_> {
     type Entity = ActorRef<EntityMsg>;
+
+    fn entity_share(&self) -> Option<(usize, PassivationPolicy)> {
+        self.region
+            .share_with(self.region.hosted.load(Ordering::Acquire))
+    }
+
+    fn passivated_by_limit(&mut self, _shard: ShardId) {
+        self.region
+            .passivated_by_limit
+            .fetch_add(1, Ordering::Relaxed);
+    }
 
     fn type_name(&self) -> &'static str {
         self.region.type_name

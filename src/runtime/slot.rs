@@ -19,6 +19,8 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
+use super::passivation::Passivator;
+use crate::config::PassivationPolicy;
 use crate::envelope::LocalEnvelope;
 use crate::error::{ShardingError, ShardingResult};
 use crate::extractor::ShardId;
@@ -101,6 +103,11 @@ pub(crate) trait SlotHost {
     fn request_allocation(&mut self, shard: ShardId) -> bool;
     /// Reports that a handed-off shard has no entity left.
     fn shard_stopped(&mut self, shard: ShardId, generation: u64);
+    /// Of a type with an active-entity limit: each hosted shard's share of
+    /// it now, and the policy.
+    fn entity_share(&self) -> Option<(usize, PassivationPolicy)>;
+    /// An entity was passivated to keep its shard within its share.
+    fn passivated_by_limit(&mut self, shard: ShardId);
 }
 
 /// Something waiting in a buffer: a message, or a passivation request that
@@ -192,6 +199,9 @@ struct LocalShard<E> {
     pending_respawn: HashSet<Arc<str>>,
     /// Set while the shard is handed off to another node.
     handoff: Option<HandingOff>,
+    /// Of a type with an active-entity limit: the live entities, in the
+    /// policy's order.
+    passivator: Option<Box<Passivator>>,
 }
 
 /// A hosted shard being handed off: its entities stop (each after its
@@ -362,13 +372,13 @@ impl<E: Clone> Slot<E> {
     /// live entity of a hosted shard. Gives the envelope back for anything
     /// else (which then takes [`deliver`](Self::deliver)).
     pub(crate) fn deliver_live<H: SlotHost<Entity = E>>(
-        &self,
+        &mut self,
         host: &mut H,
         shard: ShardId,
         entity_id: &str,
         envelope: LocalEnvelope,
     ) -> Result<Result<(), ShardingError>, LocalEnvelope> {
-        let State::Local(local) = &self.state else {
+        let State::Local(local) = &mut self.state else {
             return Err(envelope);
         };
         // (A shard failed under FailClosed takes the general way, which
@@ -378,7 +388,10 @@ impl<E: Clone> Slot<E> {
         }
         match local.entities.get(entity_id) {
             Some(Entry::Live(live)) => match host.send(&live.actor, envelope) {
-                Ok(()) => Ok(Ok(())),
+                Ok(()) => {
+                    local.accessed(entity_id);
+                    Ok(Ok(()))
+                }
                 Err(Some(envelope)) => Err(envelope),
                 Err(None) => Ok(Err(refused())),
             },
@@ -427,6 +440,9 @@ impl<E: Clone> Slot<E> {
             install,
             pending_respawn: HashSet::new(),
             handoff: None,
+            passivator: host
+                .entity_share()
+                .map(|(share, policy)| Box::new(Passivator::new(policy, share))),
         };
         if let Some(ids) = remembered {
             local.pending_respawn = ids.into_iter().map(Arc::<str>::from).collect();
@@ -449,6 +465,19 @@ impl<E: Clone> Slot<E> {
             && local.install == install
         {
             local.respawn_batch(host, shard);
+        }
+    }
+
+    /// The region's shards changed: a hosted shard's share of the
+    /// active-entity limit is now `share`.
+    pub(crate) fn reshare<H: SlotHost<Entity = E>>(
+        &mut self,
+        host: &mut H,
+        shard: ShardId,
+        share: usize,
+    ) {
+        if let State::Local(local) = &mut self.state {
+            local.reshare(host, shard, share);
         }
     }
 
@@ -582,6 +611,9 @@ impl<E: Clone> Slot<E> {
                 }
                 if !host.remembers() {
                     respawn.clear();
+                }
+                if let Some(passivator) = &mut local.passivator {
+                    passivator.clear(); // every entity is stopping
                 }
                 local.handoff = Some(HandingOff {
                     buffer,
@@ -853,6 +885,64 @@ impl<E: Clone> LocalShard<E> {
         self.handoff.is_some() && self.entities.is_empty()
     }
 
+    /// A live entity was sent a message.
+    fn accessed(&mut self, entity_id: &str) {
+        if let Some(passivator) = &mut self.passivator {
+            passivator.access(entity_id);
+        }
+    }
+
+    /// Before `entity_id` starts: within the shard's share of the limit
+    /// (as it is now: the region's shards come and go), passivating what
+    /// the policy picks to make room. An incarnation replacing a crashed
+    /// one takes its place.
+    fn make_room<H: SlotHost<Entity = E>>(
+        &mut self,
+        host: &mut H,
+        shard: ShardId,
+        entity_id: &Arc<str>,
+    ) {
+        let Some(passivator) = &mut self.passivator else {
+            return;
+        };
+        if passivator.contains(entity_id) {
+            passivator.access(entity_id);
+            return;
+        }
+        let share = host
+            .entity_share()
+            .map_or(passivator.share(), |(share, _)| share);
+        let mut victims = passivator.resize(share);
+        victims.extend(passivator.admit(entity_id));
+        self.passivate_for_room(host, shard, victims);
+    }
+
+    /// The shard's share changed: passivates what no longer fits.
+    fn reshare<H: SlotHost<Entity = E>>(&mut self, host: &mut H, shard: ShardId, share: usize) {
+        if self.handoff.is_some() {
+            return; // every entity is stopping already
+        }
+        if let Some(passivator) = &mut self.passivator {
+            let victims = passivator.resize(share);
+            self.passivate_for_room(host, shard, victims);
+        }
+    }
+
+    fn passivate_for_room<H: SlotHost<Entity = E>>(
+        &mut self,
+        host: &mut H,
+        shard: ShardId,
+        victims: Vec<Arc<str>>,
+    ) {
+        for victim in victims {
+            // A live entity's passivation leaves nothing undelivered: its
+            // buffer starts empty.
+            let (result, undelivered) = self.passivate(host, shard, &victim, None);
+            debug_assert!(result.is_ok() && undelivered.is_empty());
+            host.passivated_by_limit(shard);
+        }
+    }
+
     /// Routing within a hosted shard: enqueue to the live entity (the
     /// common case), buffer behind a passivation or handoff, or spawn the
     /// entity (replacing a dead incarnation) and enqueue.
@@ -879,7 +969,10 @@ impl<E: Clone> LocalShard<E> {
         }
         let envelope = match self.entities.get_mut(entity_id) {
             Some(Entry::Live(live)) => match host.send(&live.actor, envelope) {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    self.accessed(entity_id);
+                    return Ok(());
+                }
                 // The actor is gone without its stop notice handled yet: replace it.
                 Err(Some(envelope)) => envelope,
                 Err(None) => return Err((refused(), None)),
@@ -916,6 +1009,7 @@ impl<E: Clone> LocalShard<E> {
         record: bool,
     ) -> ShardingResult<E> {
         self.pending_respawn.remove(entity_id);
+        self.make_room(host, shard, entity_id);
         self.last_incarnation += 1;
         let incarnation = self.last_incarnation;
         let actor = host.spawn(shard, self.generation, entity_id, incarnation)?;
@@ -1018,6 +1112,9 @@ impl<E: Clone> LocalShard<E> {
             }
             None => return (Ok(()), Vec::new()),
         };
+        if let Some(passivator) = &mut self.passivator {
+            passivator.remove(entity_id);
+        }
         host.record(shard, entity_id, RememberEntitiesOperation::RecordStopped);
         // Stop after what is queued (the host's marker, not ractor's
         // `drain`). Nothing can be enqueued behind it: the entity is no
@@ -1050,6 +1147,9 @@ impl<E: Clone> LocalShard<E> {
         match self.entities.get(entity_id) {
             Some(entry) if entry.incarnation() == incarnation => {}
             _ => return Vec::new(),
+        }
+        if let Some(passivator) = &mut self.passivator {
+            passivator.remove(entity_id); // (a crashed one was live)
         }
         let undelivered = match self.entities.remove(entity_id) {
             Some(Entry::Passivating { buffer, .. }) => self.replay(host, shard, buffer),

@@ -25,6 +25,7 @@ enum Call {
     PassivateAt(String),
     RequestAllocation,
     ShardStopped(u64),
+    PassivatedByLimit,
 }
 
 struct Fake {
@@ -36,6 +37,8 @@ struct Fake {
     /// Mailboxes whose entity is gone (sends give the envelope back).
     gone: HashSet<Mailbox>,
     refusal: Option<ShardingError>,
+    /// The shard's share of an active-entity limit.
+    share: Option<(usize, PassivationPolicy)>,
 }
 
 impl Fake {
@@ -48,6 +51,7 @@ impl Fake {
             spawned: 0,
             gone: HashSet::new(),
             refusal: None,
+            share: None,
         }
     }
 
@@ -160,6 +164,14 @@ impl SlotHost for Fake {
 
     fn shard_stopped(&mut self, _shard: ShardId, generation: u64) {
         self.calls.push(Call::ShardStopped(generation));
+    }
+
+    fn entity_share(&self) -> Option<(usize, PassivationPolicy)> {
+        self.share
+    }
+
+    fn passivated_by_limit(&mut self, _shard: ShardId) {
+        self.calls.push(Call::PassivatedByLimit);
     }
 }
 
@@ -687,4 +699,75 @@ fn a_proxy_region_takes_no_shard_but_still_sees_stale_homes() {
         slot.set_home(&mut host, SHARD, here(2), me(), true).0,
         HomeChange::Stale
     );
+}
+
+#[test]
+fn a_shard_at_its_share_passivates_the_least_recent_entity_and_loses_nothing() {
+    let mut host = Fake::new();
+    host.share = Some((2, PassivationPolicy::LeastRecentlyUsed));
+    let mut slot = hosted(&mut host);
+    deliver(&mut slot, &mut host, "a", 1);
+    deliver(&mut slot, &mut host, "b", 2);
+    deliver(&mut slot, &mut host, "a", 3);
+    host.calls();
+    // A third entity: b, the least recently sent to, makes room, stopping
+    // after its mailbox; c starts.
+    deliver(&mut slot, &mut host, "c", 4);
+    assert_eq!(
+        host.calls(),
+        [
+            Call::Stop(2),
+            Call::PassivatedByLimit,
+            spawn("c", 3),
+            Call::Send(3, 4)
+        ]
+    );
+    assert_eq!(slot.live_entities(), 2);
+    // What comes for b meanwhile waits, and goes to its next incarnation,
+    // which in turn makes room (a is now the least recent).
+    deliver(&mut slot, &mut host, "b", 5);
+    assert_eq!(host.calls(), [], "waits behind the stop");
+    let undelivered = slot.entity_stopped(&mut host, SHARD, &id("b"), 2);
+    assert!(undelivered.is_empty());
+    assert_eq!(
+        host.calls(),
+        [
+            Call::Stop(1),
+            Call::PassivatedByLimit,
+            spawn("b", 4),
+            Call::Send(4, 5)
+        ]
+    );
+    assert_eq!(slot.live_entities(), 2);
+}
+
+#[test]
+fn a_smaller_share_passivates_what_no_longer_fits_and_a_crash_frees_a_place() {
+    let mut host = Fake::new();
+    host.share = Some((3, PassivationPolicy::LeastRecentlyUsed));
+    let mut slot = hosted(&mut host);
+    for (n, name) in ["a", "b", "c"].into_iter().enumerate() {
+        deliver(&mut slot, &mut host, name, n as u64);
+    }
+    host.calls();
+    host.share = Some((1, PassivationPolicy::LeastRecentlyUsed));
+    slot.reshare(&mut host, SHARD, 1);
+    assert_eq!(
+        host.calls(),
+        [
+            Call::Stop(1),
+            Call::PassivatedByLimit,
+            Call::Stop(2),
+            Call::PassivatedByLimit
+        ]
+    );
+    assert_eq!(slot.live_entities(), 1);
+    // c crashes (its stop notice, no passivation): a new entity starts
+    // without passivating anything.
+    assert!(
+        slot.entity_stopped(&mut host, SHARD, &id("c"), 3)
+            .is_empty()
+    );
+    deliver(&mut slot, &mut host, "d", 9);
+    assert_eq!(host.calls(), [spawn("d", 4), Call::Send(4, 9)]);
 }

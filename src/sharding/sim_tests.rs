@@ -361,6 +361,12 @@ impl SlotHost for Host {
     fn shard_stopped(&mut self, shard: ShardId, generation: u64) {
         self.effects.push(Effect::ShardStopped(shard.0, generation));
     }
+
+    fn entity_share(&self) -> Option<(usize, crate::config::PassivationPolicy)> {
+        None // (the simulator's histories run without a limit)
+    }
+
+    fn passivated_by_limit(&mut self, _shard: ShardId) {}
 }
 
 /// A node's region of the one entity type: what `runtime/region.rs` does
