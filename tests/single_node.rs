@@ -204,6 +204,11 @@ async fn idle_entities_are_passivated_and_respawn_on_demand() {
     // Fresh incarnation on the next message.
     assert_eq!(r.ask(Total, LONG).await.unwrap(), 1);
     expect_event(&mut events, Event::Started("sleepy".into(), 2), LONG).await;
+    let by = system
+        .shard_region_state::<Probe>()
+        .expect("registered")
+        .passivations;
+    assert!(by.idle >= 1 && by.limit == 0 && by.explicit == 0, "{by:?}");
     system.shutdown().await;
 }
 
@@ -235,6 +240,11 @@ async fn explicit_passivation_hands_later_messages_to_the_next_incarnation() {
         log[50..].iter().all(|(inc, _)| *inc == 2),
         "after passivate: second incarnation"
     );
+    let by = system
+        .shard_region_state::<Probe>()
+        .expect("registered")
+        .passivations;
+    assert_eq!((by.idle, by.limit, by.explicit), (0, 0, 1));
     system.shutdown().await;
 }
 
@@ -893,10 +903,9 @@ async fn an_entity_limit_bounds_the_live_entities_and_loses_no_message() {
         }
         let state = system.shard_region_state::<Counter>().expect("registered");
         assert!(most <= 8, "{policy:?}: {most} live entities, limit 8");
-        assert!(
-            state.passivated_by_limit > 0,
-            "{policy:?}: nothing passivated"
-        );
+        let by = state.passivations;
+        assert!(by.limit > 0, "{policy:?}: nothing passivated");
+        assert_eq!((by.idle, by.explicit), (0, 0), "{policy:?}");
         system.shutdown().await;
     }
 }

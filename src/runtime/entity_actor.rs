@@ -100,12 +100,15 @@ fn build<E>(factory: &Factory<E>, ctx: &EntityContext) -> Result<E, ActorProcess
 }
 
 impl<E> EntityState<E> {
-    fn request_passivation(&self) {
+    /// Asks the region to passivate this incarnation (`idle`: its idle
+    /// timeout ran out).
+    fn request_passivation(&self, idle: bool) {
         let notice = &self.args.notice;
         let msg = RegionMsg::Passivate {
             shard: notice.shard,
             entity_id: notice.entity_id.clone(),
             incarnation: notice.incarnation,
+            idle,
         };
         let _ = notice.region.cast(msg);
     }
@@ -190,16 +193,16 @@ where
                     state.failed = state.args.ctx.stale();
                 }
                 if state.failed.is_some() || state.args.ctx.take_passivate_request() {
-                    state.request_passivation();
+                    state.request_passivation(false);
                 }
             }
             EntityMsg::Stop => myself.stop(Some("passivated".into())),
-            EntityMsg::IdleCheck if state.failed.is_some() => state.request_passivation(),
+            EntityMsg::IdleCheck if state.failed.is_some() => state.request_passivation(false),
             EntityMsg::IdleCheck => {
                 if let Some(idle) = state.args.idle_timeout {
                     let quiet = state.last_activity.elapsed();
                     if quiet >= idle {
-                        state.request_passivation();
+                        state.request_passivation(true);
                     } else {
                         myself.send_after(idle - quiet, || EntityMsg::IdleCheck);
                     }

@@ -35,11 +35,13 @@ pub(crate) enum RegionMsg {
     /// Respawn the next remembered ids of a shard (a bounded-rate
     /// recovery), if it is still the same hosting of it.
     Respawn { shard: ShardId, install: u64 },
-    /// An entity incarnation asks to be passivated (idle, or `ctx.passivate()`).
+    /// An entity incarnation asks to be passivated: `idle`, or asked
+    /// (`ctx.passivate()`, or it retired itself).
     Passivate {
         shard: ShardId,
         entity_id: Arc<str>,
         incarnation: u64,
+        idle: bool,
     },
     /// An entity incarnation ended.
     EntityStopped {

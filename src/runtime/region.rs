@@ -102,8 +102,33 @@ pub(crate) struct Region {
     /// Shards hosted here (installed and not moved away), over which the
     /// limit is shared.
     hosted: AtomicUsize,
-    /// Entities passivated to keep a shard within its share.
-    passivated_by_limit: AtomicU64,
+    /// Passivations of live entities so far, by cause.
+    passivated: [AtomicU64; 3],
+}
+
+/// Why a live entity was passivated (an index into `Region::passivated`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PassivationCause {
+    /// Its idle timeout ran out.
+    Idle = 0,
+    /// Its shard was at its share of the active-entity limit.
+    Limit = 1,
+    /// Asked: `ctx.passivate()`, `EntityRef::passivate`, or an incarnation
+    /// retiring itself (a failed recovery, a refused write).
+    Explicit = 2,
+}
+
+/// Passivations of a region's live entities so far, by cause.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Passivations {
+    /// The idle timeout ran out (`passivation_idle_timeout`).
+    pub idle: u64,
+    /// The shard was at its share of the active-entity limit (§6.1).
+    pub limit: u64,
+    /// Asked: `ctx.passivate()`, `EntityRef::passivate`, or an incarnation
+    /// retiring itself after a failed recovery or a refused write.
+    pub explicit: u64,
 }
 
 /// One region's state on this node, as
@@ -139,9 +164,8 @@ pub struct ShardRegionState {
     /// The active-entity limit (`ShardingConfig::entity_limit`), if the
     /// type has one; the live entities are the sum of `shards`.
     pub entity_limit: Option<usize>,
-    /// Entities passivated so far to keep a shard within its share of the
-    /// limit.
-    pub passivated_by_limit: u64,
+    /// Passivations of live entities so far, by cause.
+    pub passivations: Passivations,
 }
 
 /// What a region needs to know of its protocol.
@@ -199,7 +223,7 @@ impl Region {
             refusal: Mutex::new(None),
             entity_limit: None,
             hosted: AtomicUsize::new(0),
-            passivated_by_limit: AtomicU64::new(0),
+            passivated: Default::default(),
         }
     }
 
@@ -232,7 +256,10 @@ impl Region {
 
     /// The slot's host: this region's effects.
     fn host(&self) -> Host<'_> {
-        Host { region: self }
+        Host {
+            region: self,
+            cause: PassivationCause::Explicit,
+        }
     }
 
     /// Why the coordinator refused this region, if it did (and no
@@ -447,6 +474,27 @@ impl Region {
         self.passivate_from(shard, entity_id, incarnation, false)
     }
 
+    /// An entity incarnation's own request: idle, or asked (its
+    /// `ctx.passivate()`, or it retired itself).
+    pub(crate) fn passivate_incarnation(
+        &self,
+        shard: ShardId,
+        entity_id: &Arc<str>,
+        incarnation: u64,
+        idle: bool,
+    ) -> ShardingResult<()> {
+        let mut host = self.host();
+        if idle {
+            host.cause = PassivationCause::Idle;
+        }
+        let mut guard = lock(&self.slots[shard.0 as usize]);
+        let (result, undelivered) =
+            guard.passivate(&mut host, shard, entity_id, Some(incarnation), false);
+        drop(guard);
+        fail_undelivered(undelivered);
+        result
+    }
+
     /// [`passivate`](Self::passivate); a request `from_remote` (another node
     /// sent it here) is not sent on again when the shard is not hosted here,
     /// so two disagreeing tables cannot bounce it between them.
@@ -611,7 +659,12 @@ impl Region {
             proxy: self.is_proxy(),
             refused: self.refusal(),
             entity_limit: self.entity_limit.map(|l| l.max_live),
-            passivated_by_limit: self.passivated_by_limit.load(Ordering::Relaxed),
+            passivations: Passivations {
+                idle: self.passivated[PassivationCause::Idle as usize].load(Ordering::Relaxed),
+                limit: self.passivated[PassivationCause::Limit as usize].load(Ordering::Relaxed),
+                explicit: self.passivated[PassivationCause::Explicit as usize]
+                    .load(Ordering::Relaxed),
+            },
         }
     }
 
@@ -734,6 +787,8 @@ impl Region {
 /// pipes and the driver.
 struct Host<'a> {
     region: &'a Region,
+    /// Whose request a passivation it makes answers.
+    cause: PassivationCause,
 }
 
 impl SlotHost for Host<'_> {
@@ -744,10 +799,13 @@ impl SlotHost for Host<'_> {
             .share_with(self.region.hosted.load(Ordering::Acquire))
     }
 
-    fn passivated_by_limit(&mut self, _shard: ShardId) {
-        self.region
-            .passivated_by_limit
-            .fetch_add(1, Ordering::Relaxed);
+    fn passivated(&mut self, _shard: ShardId, by_limit: bool) {
+        let cause = if by_limit {
+            PassivationCause::Limit
+        } else {
+            self.cause
+        };
+        self.region.passivated[cause as usize].fetch_add(1, Ordering::Relaxed);
     }
 
     fn type_name(&self) -> &'static str {

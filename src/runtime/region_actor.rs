@@ -81,8 +81,9 @@ fn handle(myself: ActorRef<RegionMsg>, msg: RegionMsg, state: &RegionActorState)
             shard,
             entity_id,
             incarnation,
+            idle,
         } => {
-            if let Err(error) = region.passivate(shard, &entity_id, Some(incarnation)) {
+            if let Err(error) = region.passivate_incarnation(shard, &entity_id, incarnation, idle) {
                 tracing::warn!(%error, "passivation request dropped");
             }
         }

@@ -106,8 +106,9 @@ pub(crate) trait SlotHost {
     /// Of a type with an active-entity limit: each hosted shard's share of
     /// it now, and the policy.
     fn entity_share(&self) -> Option<(usize, PassivationPolicy)>;
-    /// An entity was passivated to keep its shard within its share.
-    fn passivated_by_limit(&mut self, shard: ShardId);
+    /// A live entity began passivating: `by_limit` to keep its shard
+    /// within its share, else on a request (the host knows whose).
+    fn passivated(&mut self, shard: ShardId, by_limit: bool);
 }
 
 /// Something waiting in a buffer: a message, or a passivation request that
@@ -522,7 +523,7 @@ impl<E: Clone> Slot<E> {
                 };
                 (result, Vec::new())
             }
-            State::Local(local) => local.passivate(host, shard, entity_id, incarnation),
+            State::Local(local) => local.passivate(host, shard, entity_id, incarnation, false),
             State::Remote(_) if from_remote => (Ok(()), Vec::new()),
             // A request from an entity's own incarnation is always local.
             State::Remote(home) if incarnation.is_none() => {
@@ -937,9 +938,8 @@ impl<E: Clone> LocalShard<E> {
         for victim in victims {
             // A live entity's passivation leaves nothing undelivered: its
             // buffer starts empty.
-            let (result, undelivered) = self.passivate(host, shard, &victim, None);
+            let (result, undelivered) = self.passivate(host, shard, &victim, None, true);
             debug_assert!(result.is_ok() && undelivered.is_empty());
-            host.passivated_by_limit(shard);
         }
     }
 
@@ -1061,6 +1061,7 @@ impl<E: Clone> LocalShard<E> {
         shard: ShardId,
         entity_id: &Arc<str>,
         incarnation: Option<u64>,
+        by_limit: bool,
     ) -> (ShardingResult<()>, Undelivered) {
         if let Some(handoff) = &mut self.handoff {
             // Every entity is stopping already; a remembered one is now
@@ -1115,6 +1116,7 @@ impl<E: Clone> LocalShard<E> {
         if let Some(passivator) = &mut self.passivator {
             passivator.remove(entity_id);
         }
+        host.passivated(shard, by_limit);
         host.record(shard, entity_id, RememberEntitiesOperation::RecordStopped);
         // Stop after what is queued (the host's marker, not ractor's
         // `drain`). Nothing can be enqueued behind it: the entity is no
@@ -1191,7 +1193,7 @@ impl<E: Clone> LocalShard<E> {
                     }
                 }
                 Buffered::Passivate(entity_id) => {
-                    let (result, more) = self.passivate(host, shard, &entity_id, None);
+                    let (result, more) = self.passivate(host, shard, &entity_id, None, false);
                     if let Err(error) = result {
                         tracing::warn!(type_name = host.type_name(), %shard, %error, "buffered passivation dropped");
                     }

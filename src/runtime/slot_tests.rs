@@ -170,8 +170,10 @@ impl SlotHost for Fake {
         self.share
     }
 
-    fn passivated_by_limit(&mut self, _shard: ShardId) {
-        self.calls.push(Call::PassivatedByLimit);
+    fn passivated(&mut self, _shard: ShardId, by_limit: bool) {
+        if by_limit {
+            self.calls.push(Call::PassivatedByLimit);
+        }
     }
 }
 
@@ -716,8 +718,8 @@ fn a_shard_at_its_share_passivates_the_least_recent_entity_and_loses_nothing() {
     assert_eq!(
         host.calls(),
         [
-            Call::Stop(2),
             Call::PassivatedByLimit,
+            Call::Stop(2),
             spawn("c", 3),
             Call::Send(3, 4)
         ]
@@ -732,8 +734,8 @@ fn a_shard_at_its_share_passivates_the_least_recent_entity_and_loses_nothing() {
     assert_eq!(
         host.calls(),
         [
-            Call::Stop(1),
             Call::PassivatedByLimit,
+            Call::Stop(1),
             spawn("b", 4),
             Call::Send(4, 5)
         ]
@@ -755,10 +757,10 @@ fn a_smaller_share_passivates_what_no_longer_fits_and_a_crash_frees_a_place() {
     assert_eq!(
         host.calls(),
         [
+            Call::PassivatedByLimit,
             Call::Stop(1),
             Call::PassivatedByLimit,
-            Call::Stop(2),
-            Call::PassivatedByLimit
+            Call::Stop(2)
         ]
     );
     assert_eq!(slot.live_entities(), 1);

@@ -39,5 +39,5 @@ pub use coordinator::{
     LeastShardAllocation, RebalanceReason, RebalanceRound, ShardAllocationStrategy, ShardHome,
     ShardMovement,
 };
-pub use stats::{ClusterShardingStats, CoordinatorStatus, ShardRegionState};
+pub use stats::{ClusterShardingStats, CoordinatorStatus, Passivations, ShardRegionState};
 pub use wire::RemoteError;

@@ -366,7 +366,7 @@ impl SlotHost for Host {
         None // (the simulator's histories run without a limit)
     }
 
-    fn passivated_by_limit(&mut self, _shard: ShardId) {}
+    fn passivated(&mut self, _shard: ShardId, _by_limit: bool) {}
 }
 
 /// A node's region of the one entity type: what `runtime/region.rs` does

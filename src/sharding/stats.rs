@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::extractor::ShardId;
 use crate::identity::UniqueAddress;
 
-pub use crate::runtime::region::ShardRegionState;
+pub use crate::runtime::region::{Passivations, ShardRegionState};
 
 /// The cluster-wide view of one entity type, as
 /// [`ShardedSystem::cluster_sharding_stats`](crate::ShardedSystem::cluster_sharding_stats)
