@@ -205,3 +205,17 @@ fn w2_and_w3_run_in_three_processes() {
         );
     }
 }
+
+#[test]
+fn w5_runs_under_a_limit_and_idle_only() {
+    // One child per (policy, mix) would be eight runs; one of each kind
+    // keeps CI short: the limit's default policy on the scan mix, and
+    // idle-only on the Zipf mix.
+    for (passivation, mix) in [("w-tiny-lfu", "scan"), ("idle", "zipf")] {
+        let record = run_with("w5", &["--passivation", passivation, "--mix", mix]);
+        assert_eq!(record["failed_asks"], 0, "{record}");
+        let (hit, asks) = (record["hit_rate"].as_f64(), record["asks"].as_u64());
+        assert!(hit.is_some_and(|h| (0.0..1.0).contains(&h)), "{record}");
+        assert!(asks > Some(19_000), "{record}");
+    }
+}

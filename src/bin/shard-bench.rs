@@ -1,4 +1,4 @@
-//! `shard-bench`: the workloads of BENCHMARK.md (W1, W1-sat, W2, W3, W4) through
+//! `shard-bench`: the workloads of BENCHMARK.md (W1, W1-sat, W2, W3, W4, W5) through
 //! the public `EntityRef` API, three nodes in one process or in three
 //! (`--mode multi-process`); baseline (a), the transport alone
 //! (`transport`); the workload and its baselines interleaved (`--pairs N
@@ -54,6 +54,10 @@ enum Workload {
     /// W1 where every ask journals one event before its ack (`--journal`),
     /// interleaved with the store's raw batched appends (`--rounds`).
     W4,
+    /// Passivation by an active-entity limit on a skewed load: every
+    /// policy and idle-only passivation, on a Zipf mix and a scan mix, each
+    /// in a child process (`--passivation` and `--mix` run one).
+    W5,
     /// Baseline (a): the same three nodes and pipes, request/reply answered
     /// inline by the receiver, no sharding (16 in flight per node unless
     /// `--in-flight`).
@@ -86,7 +90,7 @@ impl Downing {
 }
 
 #[derive(Parser, Debug)]
-#[command(about = "The sharding workloads W1, W1-sat, W2, W3 and W4 (BENCHMARK.md)")]
+#[command(about = "The sharding workloads W1, W1-sat, W2, W3, W4 and W5 (BENCHMARK.md)")]
 struct Args {
     /// Which workload.
     workload: Workload,
@@ -134,6 +138,12 @@ struct Args {
     /// W4 only: how many (W4, raw appends) pairs to run.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
+    /// W5 only: run this passivation alone, in this process (with --mix).
+    #[arg(long, value_enum, requires = "mix")]
+    passivation: Option<limit::Passivation>,
+    /// W5 only: run this mix alone, in this process (with --passivation).
+    #[arg(long, value_enum, requires = "passivation")]
+    mix: Option<limit::Mix>,
     /// W2 only: where to write the latency-over-time chart (SVG).
     #[arg(long, default_value = "w2-latency.svg")]
     chart: std::path::PathBuf,
@@ -716,12 +726,30 @@ fn main() -> ExitCode {
             }
         };
     }
+    if args.workload == Workload::W5 && args.passivation.is_none() {
+        return match limit::run_all(args.messages, in_flight) {
+            Ok((json, correct)) => {
+                println!("{json}");
+                if correct {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::from(1)
+                }
+            }
+            Err(error) => {
+                eprintln!("shard-bench: {error}");
+                ExitCode::from(2)
+            }
+        };
+    }
     if let Some(index) = args.child {
         return multi::child(index, &args, in_flight);
     }
     if args.mode == Mode::MultiProcess {
-        if matches!(args.workload, Workload::Transport | Workload::W4)
-            || args.spawning
+        if matches!(
+            args.workload,
+            Workload::Transport | Workload::W4 | Workload::W5
+        ) || args.spawning
             || args.journal.is_some()
         {
             eprintln!(
@@ -755,6 +783,12 @@ async fn in_process(args: Args, in_flight: usize) -> ExitCode {
             .await
         }
         Workload::W3 => run_w3(args.messages, args.spawning).await,
+        Workload::W5 => match (args.passivation, args.mix) {
+            (Some(passivation), Some(mix)) => {
+                limit::run_one(args.messages, in_flight, passivation, mix).await
+            }
+            _ => unreachable!("w5 without --passivation runs its children above"),
+        },
         Workload::W4 => {
             durable::run_w4(
                 args.journal.unwrap_or(durable::JournalKind::Embedded),
@@ -784,6 +818,8 @@ async fn in_process(args: Args, in_flight: usize) -> ExitCode {
 
 #[path = "shard_bench/durable.rs"]
 mod durable;
+#[path = "shard_bench/limit.rs"]
+mod limit;
 #[path = "shard_bench/multi.rs"]
 mod multi;
 #[cfg(feature = "postgres")]

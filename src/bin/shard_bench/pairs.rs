@@ -29,7 +29,7 @@ fn figures(record: &Value) -> Option<Figures> {
 }
 
 /// Runs `program args`, returning the JSON record on its last stdout line.
-fn run(program: &Path, args: &[String]) -> Result<Value, String> {
+pub fn run(program: &Path, args: &[String]) -> Result<Value, String> {
     let out = Command::new(program)
         .args(args)
         .stderr(std::process::Stdio::inherit())
