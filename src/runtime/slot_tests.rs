@@ -773,3 +773,121 @@ fn a_smaller_share_passivates_what_no_longer_fits_and_a_crash_frees_a_place() {
     deliver(&mut slot, &mut host, "d", 9);
     assert_eq!(host.calls(), [spawn("d", 4), Call::Send(4, 9)]);
 }
+
+/// One step of a region under an active-entity limit, for quickcheck.
+#[derive(Clone, Debug)]
+enum LimitOp {
+    /// A message to entity `id` of shard `shard` (hosting it first if it
+    /// is not hosted yet: every share shrinks).
+    Deliver { shard: u8, id: u8 },
+    /// The oldest stop marker sent is reached: that entity stops.
+    Stopped,
+}
+
+impl quickcheck::Arbitrary for LimitOp {
+    fn arbitrary(g: &mut quickcheck::Gen) -> Self {
+        if u8::arbitrary(g) % 3 == 0 {
+            LimitOp::Stopped
+        } else {
+            LimitOp::Deliver {
+                shard: u8::arbitrary(g) % 4,
+                id: u8::arbitrary(g) % 12,
+            }
+        }
+    }
+}
+
+/// Four slots sharing a limit of `limit` as the region does (each hosted
+/// shard gets `limit / hosted`), driven by `ops`: the region's live
+/// entities never exceed the limit, and once every stop has been reached,
+/// every message was enqueued exactly once.
+fn a_region_under_a_limit(limit: u8, policy: u8, ops: Vec<LimitOp>) -> bool {
+    let limit = usize::from(limit % 8) + 4; // ≥ the four shards
+    let policy = [
+        PassivationPolicy::LeastRecentlyUsed,
+        PassivationPolicy::SegmentedLru,
+        PassivationPolicy::WTinyLfu,
+    ][usize::from(policy % 3)];
+    let mut host = Fake::new();
+    let mut slots: Vec<Option<Slot<Mailbox>>> = (0..4).map(|_| None).collect();
+    // Mailbox → (slot, id, incarnation); stop markers not yet reached.
+    let mut mailboxes: Vec<(usize, String, u64)> = Vec::new();
+    let mut stops: std::collections::VecDeque<Mailbox> = Default::default();
+    let mut sent = 0u64;
+    let mut enqueued: Vec<u64> = Vec::new();
+    let mut absorb = |host: &mut Fake,
+                      slot: usize,
+                      mailboxes: &mut Vec<_>,
+                      stops: &mut std::collections::VecDeque<_>| {
+        for call in host.calls() {
+            match call {
+                Call::Spawn(id, incarnation) => mailboxes.push((slot, id, incarnation)),
+                Call::Stop(mailbox) => stops.push_back(mailbox),
+                Call::Send(_, n) => enqueued.push(n),
+                _ => {}
+            }
+        }
+    };
+    for op in ops {
+        match op {
+            LimitOp::Deliver { shard, id: entity } => {
+                let s = usize::from(shard);
+                if slots[s].is_none() {
+                    let hosted = slots.iter().filter(|x| x.is_some()).count() + 1;
+                    host.share = Some(((limit / hosted).max(1), policy));
+                    let mut slot = Slot::unallocated(0);
+                    slot.install(&mut host, ShardId(u32::from(shard)), 1, 1, None);
+                    slots[s] = Some(slot);
+                    for (i, other) in slots.iter_mut().enumerate() {
+                        if let Some(other) = other {
+                            other.reshare(&mut host, ShardId(i as u32), (limit / hosted).max(1));
+                            absorb(&mut host, i, &mut mailboxes, &mut stops);
+                        }
+                    }
+                }
+                sent += 1;
+                let slot = slots[s].as_mut().expect("hosted");
+                let name = format!("s{shard}-e{entity}");
+                if slot
+                    .deliver(&mut host, ShardId(u32::from(shard)), &id(&name), tell(sent))
+                    .is_err()
+                {
+                    return false;
+                }
+                absorb(&mut host, s, &mut mailboxes, &mut stops);
+            }
+            LimitOp::Stopped => {
+                let Some(mailbox) = stops.pop_front() else {
+                    continue;
+                };
+                let (s, name, incarnation) = mailboxes[mailbox as usize - 1].clone();
+                let slot = slots[s].as_mut().expect("hosted");
+                if !slot
+                    .entity_stopped(&mut host, ShardId(s as u32), &id(&name), incarnation)
+                    .is_empty()
+                {
+                    return false;
+                }
+                absorb(&mut host, s, &mut mailboxes, &mut stops);
+            }
+        }
+        let live: usize = slots.iter().flatten().map(Slot::live_entities).sum();
+        if live > limit {
+            return false;
+        }
+    }
+    while let Some(mailbox) = stops.pop_front() {
+        let (s, name, incarnation) = mailboxes[mailbox as usize - 1].clone();
+        let slot = slots[s].as_mut().expect("hosted");
+        let _ = slot.entity_stopped(&mut host, ShardId(s as u32), &id(&name), incarnation);
+        absorb(&mut host, s, &mut mailboxes, &mut stops);
+    }
+    enqueued.sort_unstable();
+    enqueued == (1..=sent).collect::<Vec<_>>()
+}
+
+quickcheck::quickcheck! {
+    fn a_region_under_a_limit_never_exceeds_it_and_loses_nothing(limit: u8, policy: u8, ops: Vec<LimitOp>) -> bool {
+        a_region_under_a_limit(limit, policy, ops)
+    }
+}
