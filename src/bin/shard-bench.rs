@@ -687,6 +687,21 @@ impl Drop for Progress {
     }
 }
 
+/// Prints a parent run's JSON record and exits 0, 1 if a run was not
+/// correct, 2 if one could not run.
+fn exit_with(result: Result<(serde_json::Value, bool), String>) -> ExitCode {
+    match result {
+        Ok((json, correct)) => {
+            println!("{json}");
+            ExitCode::from(if correct { 0 } else { 1 })
+        }
+        Err(error) => {
+            eprintln!("shard-bench: {error}");
+            ExitCode::from(2)
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
     let in_flight = args
@@ -705,42 +720,16 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
         };
-        return match pairs::interleave(
+        return exit_with(pairs::interleave(
             name,
             args.messages,
             in_flight,
             rounds,
             args.limits.as_deref(),
-        ) {
-            Ok((json, correct)) => {
-                println!("{json}");
-                if correct {
-                    ExitCode::SUCCESS
-                } else {
-                    ExitCode::from(1)
-                }
-            }
-            Err(error) => {
-                eprintln!("shard-bench: {error}");
-                ExitCode::from(2)
-            }
-        };
+        ));
     }
     if args.workload == Workload::W5 && args.passivation.is_none() {
-        return match limit::run_all(args.messages, in_flight) {
-            Ok((json, correct)) => {
-                println!("{json}");
-                if correct {
-                    ExitCode::SUCCESS
-                } else {
-                    ExitCode::from(1)
-                }
-            }
-            Err(error) => {
-                eprintln!("shard-bench: {error}");
-                ExitCode::from(2)
-            }
-        };
+        return exit_with(limit::run_all(args.messages, in_flight));
     }
     if let Some(index) = args.child {
         return multi::child(index, &args, in_flight);

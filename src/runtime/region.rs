@@ -487,12 +487,7 @@ impl Region {
         if idle {
             host.cause = PassivationCause::Idle;
         }
-        let mut guard = lock(&self.slots[shard.0 as usize]);
-        let (result, undelivered) =
-            guard.passivate(&mut host, shard, entity_id, Some(incarnation), false);
-        drop(guard);
-        fail_undelivered(undelivered);
-        result
+        self.passivate_by(host, shard, entity_id, Some(incarnation), false)
     }
 
     /// [`passivate`](Self::passivate); a request `from_remote` (another node
@@ -505,9 +500,21 @@ impl Region {
         incarnation: Option<u64>,
         from_remote: bool,
     ) -> ShardingResult<()> {
+        self.passivate_by(self.host(), shard, entity_id, incarnation, from_remote)
+    }
+
+    /// The slot's passivation, counted under `host`'s cause.
+    fn passivate_by(
+        &self,
+        mut host: Host<'_>,
+        shard: ShardId,
+        entity_id: &Arc<str>,
+        incarnation: Option<u64>,
+        from_remote: bool,
+    ) -> ShardingResult<()> {
         let mut guard = lock(&self.slots[shard.0 as usize]);
         let (result, undelivered) =
-            guard.passivate(&mut self.host(), shard, entity_id, incarnation, from_remote);
+            guard.passivate(&mut host, shard, entity_id, incarnation, from_remote);
         drop(guard);
         fail_undelivered(undelivered);
         result
