@@ -240,6 +240,22 @@ impl ShardingConfig {
                 "remember_entities.queue_capacity must be in 1..=10,000,000".into(),
             ));
         }
+        if let Some(limit) = self.entity_limit {
+            if limit.max_live == 0 {
+                return Err(ShardingError::InvalidConfig(
+                    "entity_limit must allow at least one live entity".into(),
+                ));
+            }
+            if (limit.max_live as u64) < u64::from(self.num_shards) {
+                // Every shard keeps a share of at least one, so a node
+                // hosting every shard can hold up to num_shards.
+                tracing::warn!(
+                    max_live = limit.max_live,
+                    num_shards = self.num_shards,
+                    "entity_limit is below num_shards: a region hosting every shard may hold one entity per shard"
+                );
+            }
+        }
         if self.rebalance_interval.is_zero() || self.handoff_timeout.is_zero() {
             return Err(ShardingError::InvalidConfig(
                 "rebalance_interval and handoff_timeout must be positive".into(),

@@ -654,6 +654,12 @@ impl<S, J> ShardedSystem<S, J> {
             // which would forget them.)
             .with_entity_limit(config.entity_limit.filter(|_| !remembers)),
         );
+        if remembers && config.entity_limit.is_some() {
+            tracing::warn!(
+                entity_type = type_name,
+                "entity_limit ignored: a remembered type is not passivated by a limit"
+            );
+        }
         // The region actor exists before any sender can see the region, so
         // every allocation request has somewhere to go.
         let (actor, _) = RegionActor::spawn(None, RegionActor, region.clone())

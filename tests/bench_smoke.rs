@@ -217,5 +217,16 @@ fn w5_runs_under_a_limit_and_idle_only() {
         let (hit, asks) = (record["hit_rate"].as_f64(), record["asks"].as_u64());
         assert!(hit.is_some_and(|h| (0.0..1.0).contains(&h)), "{record}");
         assert!(asks > Some(19_000), "{record}");
+        if passivation != "idle" {
+            // Three regions, each under its limit.
+            let (live, limit) = (
+                record["live_at_end"].as_u64(),
+                record["limit_per_region"].as_u64(),
+            );
+            assert!(
+                live.zip(limit).is_some_and(|(l, m)| l > 0 && l <= 3 * m),
+                "{record}"
+            );
+        }
     }
 }

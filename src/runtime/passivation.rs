@@ -19,7 +19,8 @@
 //!   by halving every ten accesses per entity of the share). The window's
 //!   oldest entity competes with the main area's victim; the one accessed
 //!   less often is passivated. Scans and one-off ids stay in the window;
-//!   a popular id that was passivated wins its place back at once.
+//!   a popular id that was passivated wins a main-area place back as soon
+//!   as it reaches the window's end, since the sketch remembers it.
 //!
 //! The lists are the `lru` crate's (O(1) promote, pop and remove by key);
 //! the sketch is the `count-min-sketch` crate's (8-bit counters,
@@ -176,7 +177,8 @@ impl Passivator {
 
 /// The protected segment's part of a segmented LRU of `share` entries.
 fn protected_share(share: usize) -> usize {
-    share * 4 / 5
+    // 4/5 of it, rounded down, without overflowing on a huge share.
+    share / 5 * 4 + share % 5 * 4 / 5
 }
 
 /// A segmented LRU: probation (new entries, victims first) and protected
@@ -257,6 +259,9 @@ struct TinyLfu {
     window_cap: usize,
     main: Segmented,
     sketch: CountMinSketch8<Arc<str>>,
+    /// The share the sketch was sized for (rebuilt when the share moves
+    /// away from it by more than a factor of two).
+    sketch_for: usize,
     /// Accesses counted since the sketch was last halved.
     counted: usize,
     /// Halve the sketch after this many.
@@ -268,18 +273,26 @@ fn window_share(share: usize) -> usize {
     (share / 100).max(1)
 }
 
+/// The largest share a sketch is sized for: 4 Mi entries (four rows of
+/// 16 Mi 8-bit counters, 64 MiB). A larger share shares its counters.
+const MAX_SKETCH_SHARE: usize = 1 << 22;
+
+/// About four 8-bit counters per entry of `share`, four rows: an estimate
+/// off by more than a few accesses is rare.
+fn sketch(share: usize) -> CountMinSketch8<Arc<str>> {
+    CountMinSketch8::new(share.clamp(16, MAX_SKETCH_SHARE), 0.95, 0.5)
+        .expect("the sketch's capacity is bounded and its other parameters are constants")
+}
+
 impl TinyLfu {
     fn new(share: usize) -> Self {
         let window_cap = window_share(share);
-        // About four 8-bit counters per entry of the share, four rows: an
-        // estimate off by more than a few accesses is rare.
-        let sketch = CountMinSketch8::new(share.max(16), 0.95, 0.5)
-            .expect("the sketch's parameters are constants");
         TinyLfu {
             window: recency(),
             window_cap,
             main: Segmented::new(protected_share(share - window_cap)),
-            sketch,
+            sketch: sketch(share),
+            sketch_for: share,
             counted: 0,
             sample: share.saturating_mul(10).max(16),
         }
@@ -289,7 +302,22 @@ impl TinyLfu {
         self.window_cap = window_share(share);
         self.main.protected_cap = protected_share(share - self.window_cap);
         self.main.fit_protected();
+        // A window left over its cap by a smaller share hands its oldest
+        // to the main area, so it stays 1 % of the share.
+        while self.window.len() > self.window_cap {
+            let (id, ()) = self.window.pop_lru().expect("the window is over its cap");
+            self.main.insert(id);
+        }
         self.sample = share.saturating_mul(10).max(16);
+        // A sketch sized for another share is either wasted memory or too
+        // small to tell ids apart: size it anew (its counts start again).
+        let sized = |s: usize| s.clamp(16, MAX_SKETCH_SHARE);
+        let (now, before) = (sized(share), sized(self.sketch_for));
+        if now > before.saturating_mul(2) || now.saturating_mul(2) < before {
+            self.sketch = sketch(share);
+            self.sketch_for = share;
+            self.counted = 0;
+        }
     }
 
     fn len(&self) -> usize {

@@ -94,6 +94,37 @@ fn a_smaller_share_passivates_the_excess_in_policy_order() {
     }
 }
 
+#[test]
+fn a_new_share_resizes_w_tiny_lfus_window_and_sketch() {
+    use super::Kind;
+    let lfu = |p: &Passivator| match &p.kind {
+        Kind::WTinyLfu(lfu) => (lfu.window.len(), lfu.window_cap, lfu.sketch_for),
+        _ => unreachable!(),
+    };
+    // Share 1000: window 10, filled while the shard is below its share.
+    let mut p = Passivator::new(WTinyLfu, 1000);
+    for i in 0..10 {
+        run(&mut p, &format!("+w{i}"));
+    }
+    assert_eq!(lfu(&p), (10, 10, 1000));
+    // Share 50 (well above the 10 live): the window hands its overflow to
+    // the main area (it was stuck at 10 before), the sketch is sized anew.
+    assert!(p.resize(50).is_empty());
+    assert_eq!(lfu(&p), (1, 1, 50));
+    assert_eq!(
+        p.len(),
+        10,
+        "no entity passivated: the share is not exceeded"
+    );
+    // A share within a factor of two keeps the sketch and its counts.
+    p.resize(80);
+    assert_eq!(lfu(&p).2, 50);
+    // A share of every entry there could be neither panics nor allocates
+    // for it: the sketch stops growing at 4 Mi entries.
+    let mut huge = Passivator::new(WTinyLfu, usize::MAX);
+    assert!(run(&mut huge, "+a +b a").is_empty());
+}
+
 #[derive(Clone, Debug)]
 enum Op {
     Start(u8),

@@ -99,9 +99,12 @@ pub(crate) struct Region {
     refusal: Mutex<Option<ShardingError>>,
     /// The active-entity limit (none for a remembered type).
     entity_limit: Option<EntityLimit>,
-    /// Shards hosted here (installed and not moved away), over which the
-    /// limit is shared.
+    /// How many shards are hosted here (installed and not moved away), over
+    /// which the limit is shared; read by every start.
     hosted: AtomicUsize,
+    /// Which shards those are (kept only under a limit), so that a new
+    /// share visits them alone rather than every slot.
+    hosted_shards: Mutex<std::collections::BTreeSet<u32>>,
     /// Passivations of live entities so far, by cause.
     passivated: [AtomicU64; 3],
 }
@@ -223,6 +226,7 @@ impl Region {
             refusal: Mutex::new(None),
             entity_limit: None,
             hosted: AtomicUsize::new(0),
+            hosted_shards: Mutex::new(std::collections::BTreeSet::new()),
             passivated: Default::default(),
         }
     }
@@ -249,8 +253,15 @@ impl Region {
         let Some((share, _)) = self.share_with(self.hosted.load(Ordering::Acquire)) else {
             return;
         };
-        for (i, slot) in self.slots.iter().enumerate() {
-            lock(slot).reshare(&mut self.host(), ShardId(i as u32), share);
+        let hosted: Vec<u32> = self
+            .hosted_shards
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .copied()
+            .collect();
+        for i in hosted {
+            lock(&self.slots[i as usize]).reshare(&mut self.host(), ShardId(i), share);
         }
     }
 
@@ -379,10 +390,18 @@ impl Region {
         let counted = self.entity_limit.is_some() && !guard.is_local();
         if counted {
             self.hosted.fetch_add(1, Ordering::AcqRel);
+            self.hosted_shards
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .insert(shard.0);
         }
         let installed = guard.install(&mut self.host(), shard, generation, install, remembered);
         if counted && installed.is_none() {
             self.hosted.fetch_sub(1, Ordering::AcqRel);
+            self.hosted_shards
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .remove(&shard.0);
         }
         drop(guard);
         match installed {
@@ -562,6 +581,10 @@ impl Region {
         drop(guard);
         if moved_away && self.entity_limit.is_some() {
             self.hosted.fetch_sub(1, Ordering::AcqRel);
+            self.hosted_shards
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .remove(&shard.0);
         }
         fail_undelivered(undelivered);
         if change == HomeChange::HostHere

@@ -1012,7 +1012,16 @@ impl<E: Clone> LocalShard<E> {
         self.make_room(host, shard, entity_id);
         self.last_incarnation += 1;
         let incarnation = self.last_incarnation;
-        let actor = host.spawn(shard, self.generation, entity_id, incarnation)?;
+        let actor = match host.spawn(shard, self.generation, entity_id, incarnation) {
+            Ok(actor) => actor,
+            Err(e) => {
+                // Not live after all: it holds no place in the policy.
+                if let Some(passivator) = &mut self.passivator {
+                    passivator.remove(entity_id);
+                }
+                return Err(e);
+            }
+        };
         self.entities.insert(
             entity_id.clone(),
             Entry::Live(Live {
@@ -1116,7 +1125,6 @@ impl<E: Clone> LocalShard<E> {
         if let Some(passivator) = &mut self.passivator {
             passivator.remove(entity_id);
         }
-        host.passivated(shard, by_limit);
         host.record(shard, entity_id, RememberEntitiesOperation::RecordStopped);
         // Stop after what is queued (the host's marker, not ractor's
         // `drain`). Nothing can be enqueued behind it: the entity is no
@@ -1132,9 +1140,10 @@ impl<E: Clone> LocalShard<E> {
             },
         );
         if stop_sent {
+            host.passivated(shard, by_limit);
             (Ok(()), Vec::new())
         } else {
-            // Already gone: finish the passivation now.
+            // Already gone (it crashed, not passivated): finish now.
             (Ok(()), self.stopped(host, shard, entity_id, stopped))
         }
     }

@@ -39,6 +39,8 @@ struct Fake {
     refusal: Option<ShardingError>,
     /// The shard's share of an active-entity limit.
     share: Option<(usize, PassivationPolicy)>,
+    /// Spawns fail.
+    spawn_fails: bool,
 }
 
 impl Fake {
@@ -52,6 +54,7 @@ impl Fake {
             gone: HashSet::new(),
             refusal: None,
             share: None,
+            spawn_fails: false,
         }
     }
 
@@ -97,6 +100,9 @@ impl SlotHost for Fake {
     ) -> ShardingResult<Mailbox> {
         self.calls
             .push(Call::Spawn(entity_id.to_string(), incarnation));
+        if self.spawn_fails {
+            return Err(ShardingError::Spawn(format!("{entity_id}: refused")));
+        }
         self.spawned += 1;
         Ok(self.spawned)
     }
@@ -718,8 +724,8 @@ fn a_shard_at_its_share_passivates_the_least_recent_entity_and_loses_nothing() {
     assert_eq!(
         host.calls(),
         [
-            Call::PassivatedByLimit,
             Call::Stop(2),
+            Call::PassivatedByLimit,
             spawn("c", 3),
             Call::Send(3, 4)
         ]
@@ -734,12 +740,32 @@ fn a_shard_at_its_share_passivates_the_least_recent_entity_and_loses_nothing() {
     assert_eq!(
         host.calls(),
         [
-            Call::PassivatedByLimit,
             Call::Stop(1),
+            Call::PassivatedByLimit,
             spawn("b", 4),
             Call::Send(4, 5)
         ]
     );
+    assert_eq!(slot.live_entities(), 2);
+}
+
+#[test]
+fn a_spawn_that_fails_holds_no_place_under_the_limit() {
+    let mut host = Fake::new();
+    host.share = Some((2, PassivationPolicy::LeastRecentlyUsed));
+    let mut slot = hosted(&mut host);
+    deliver(&mut slot, &mut host, "a", 1);
+    deliver(&mut slot, &mut host, "b", 2);
+    let undelivered = slot.entity_stopped(&mut host, SHARD, &id("a"), 1);
+    assert!(undelivered.is_empty(), "a crashed: one place free");
+    host.calls();
+    host.spawn_fails = true;
+    assert!(slot.deliver(&mut host, SHARD, &id("c"), tell(3)).is_err());
+    assert_eq!(host.calls(), [spawn("c", 3)], "room without a victim");
+    // c never started: d takes the free place, b stays.
+    host.spawn_fails = false;
+    deliver(&mut slot, &mut host, "d", 4);
+    assert_eq!(host.calls(), [spawn("d", 4), Call::Send(3, 4)]);
     assert_eq!(slot.live_entities(), 2);
 }
 
@@ -757,10 +783,10 @@ fn a_smaller_share_passivates_what_no_longer_fits_and_a_crash_frees_a_place() {
     assert_eq!(
         host.calls(),
         [
-            Call::PassivatedByLimit,
             Call::Stop(1),
             Call::PassivatedByLimit,
-            Call::Stop(2)
+            Call::Stop(2),
+            Call::PassivatedByLimit
         ]
     );
     assert_eq!(slot.live_entities(), 1);
