@@ -147,7 +147,7 @@ impl Server {
         Some(server)
     }
 
-    /// The server's port on 127.0.0.1.
+    /// The server's port (on 127.0.0.1, or on the address it was started on).
     pub fn port(&self) -> u16 {
         self.port
     }

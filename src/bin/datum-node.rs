@@ -320,6 +320,15 @@ async fn run(args: Args) -> ExitCode {
             return ExitCode::from(EXIT_START_FAILED);
         }
     };
+    // The journal is connected before the node joins: a bad URL or an
+    // unreachable database fails the start without a member to down.
+    let journal = match open_journal(args.journal_url.as_deref().filter(|_| args.counter)).await {
+        Ok(journal) => journal,
+        Err(error) => {
+            eprintln!("datum-node: cannot open the journal: {error}");
+            return ExitCode::from(EXIT_START_FAILED);
+        }
+    };
     let node = match ClusterNode::start(config).await {
         Ok(node) => node,
         Err(error) => {
@@ -334,7 +343,7 @@ async fn run(args: Args) -> ExitCode {
     let me = node.self_address();
     emit(&Line::member("started", &me, 0));
     let system = if args.counter {
-        match Hosted::start(&node, args.shards, args.journal_url.as_deref()).await {
+        match Hosted::start(&node, args.shards, journal).await {
             Ok(system) => Some(system),
             Err(error) => {
                 eprintln!("datum-node: cannot start the counter's sharded system: {error}");
@@ -462,17 +471,44 @@ enum Hosted {
     Journaled(ShardedSystem<NoStore, PgPersistence>),
 }
 
+/// The `--journal-url` store.
+#[cfg(feature = "postgres")]
+type Journal = PgPersistence;
+/// Without the `postgres` feature there is none.
+#[cfg(not(feature = "postgres"))]
+type Journal = std::convert::Infallible;
+
+/// Connects the journal `url` names (none without a URL).
+async fn open_journal(url: Option<&str>) -> Result<Option<Journal>, Box<dyn std::error::Error>> {
+    let Some(url) = url else {
+        return Ok(None);
+    };
+    #[cfg(feature = "postgres")]
+    {
+        // Connecting blocks (up to the store's connection timeout).
+        let url = url.to_owned();
+        let journal =
+            tokio::task::spawn_blocking(move || PgPersistence::connect(&url, 4)).await??;
+        Ok(Some(journal))
+    }
+    #[cfg(not(feature = "postgres"))]
+    {
+        let _ = url;
+        Err("--journal-url needs a build with `--features postgres`".into())
+    }
+}
+
 impl Hosted {
     /// Starts the system on `node` and registers its entity type.
     async fn start(
         node: &ClusterNode,
         shards: u32,
-        journal_url: Option<&str>,
+        journal: Option<Journal>,
     ) -> Result<Hosted, Box<dyn std::error::Error>> {
         let builder = ShardedSystem::builder()
             .num_shards(shards)
             .node(node.clone());
-        let Some(url) = journal_url else {
+        let Some(journal) = journal else {
             let system = builder.start().await?;
             system
                 .register::<counter::CounterEntity>(|_| counter::CounterEntity::default())
@@ -481,10 +517,6 @@ impl Hosted {
         };
         #[cfg(feature = "postgres")]
         {
-            // Connecting blocks (up to the store's connection timeout).
-            let url = url.to_owned();
-            let journal =
-                tokio::task::spawn_blocking(move || PgPersistence::connect(&url, 4)).await??;
             let system = builder.journal(journal).start().await?;
             system
                 .register_event_sourced::<journaled::JournaledCounterEntity>(|_| Default::default())
@@ -492,10 +524,7 @@ impl Hosted {
             Ok(Hosted::Journaled(system))
         }
         #[cfg(not(feature = "postgres"))]
-        {
-            let _ = url;
-            Err("--journal-url needs a build with `--features postgres`".into())
-        }
+        match journal {}
     }
 
     /// A line about the hosted type's region on this node.

@@ -104,7 +104,7 @@ impl ConnectErrors {
 impl r2d2::HandleError<r2d2_postgres::postgres::Error> for ConnectErrors {
     fn handle_error(&self, error: r2d2_postgres::postgres::Error) {
         let text = error_text(error);
-        tracing::warn!(error = %text, "cannot connect to PostgreSQL");
+        tracing::warn!(error = %text, "a PostgreSQL connection failed or broke");
         self.set(Some(text));
     }
 }
