@@ -58,7 +58,8 @@ mod counter;
     after_help = "Every flag can also be set by the environment variable shown. Logs go to stderr \
 (RUST_LOG, default `warn`). SIGTERM or Ctrl-C: leave gracefully, exit 0.\n\
 Exit codes: 0 left gracefully; 1 could not start (bind failure, refused configuration); \
-2 bad flags; 3 downed or removed by the cluster; 4 the graceful leave did not complete in time."
+2 bad flags; 3 downed or removed by the cluster; 4 the graceful leave did not complete in time.\n\
+`datum-node certs --out DIR --nodes IP,IP,...` writes a test CA and node certificates for --tls-* (see `datum-node certs --help`)."
 )]
 struct Args {
     /// Name of the cluster; nodes with another name are refused.
@@ -182,6 +183,99 @@ struct Args {
         hide_env_values = true
     )]
     journal_url: Option<String>,
+
+    /// TLS 1.3 on every pipe (needs a build with `--features tls`): this
+    /// node's certificate chain, PEM. With --tls-key and --tls-ca.
+    #[arg(long, env = "DATUM_TLS_CERT", requires_all = ["tls_key", "tls_ca"])]
+    tls_cert: Option<std::path::PathBuf>,
+
+    /// The certificate's private key, PEM.
+    #[arg(long, env = "DATUM_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<std::path::PathBuf>,
+
+    /// The CA certificates peers' certificates must chain to, PEM.
+    #[arg(long, env = "DATUM_TLS_CA", requires = "tls_cert")]
+    tls_ca: Option<std::path::PathBuf>,
+
+    /// The name every peer's certificate must carry (default: the peer's
+    /// node address, as an IP subject alternative name).
+    #[arg(long, env = "DATUM_TLS_PEER_NAME", requires = "tls_cert")]
+    tls_peer_name: Option<String>,
+}
+
+/// `datum-node certs`: a test CA and node certificates.
+#[derive(Debug, Parser)]
+#[command(
+    name = "datum-node certs",
+    about = "Writes a test CA and one certificate per node (PEM) into a directory, for a TLS \
+cluster: ca.pem, ca-key.pem, node-<i>.pem, node-<i>-key.pem. Needs a build with `--features tls`."
+)]
+struct CertsArgs {
+    /// The directory to write into (created if missing).
+    #[arg(long)]
+    out: std::path::PathBuf,
+
+    /// The nodes' names, comma-separated: IP addresses (each node's
+    /// advertised IP) or DNS names (with --tls-peer-name).
+    #[arg(long, value_delimiter = ',', required = true)]
+    nodes: Vec<String>,
+
+    /// How long the certificates are valid, in days.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3650))]
+    days: u64,
+}
+
+/// Runs `datum-node certs`.
+fn certs(args: CertsArgs) -> ExitCode {
+    #[cfg(feature = "tls")]
+    {
+        let names: Vec<&str> = args.nodes.iter().map(String::as_str).collect();
+        let valid_for = Duration::from_secs(args.days * 86_400);
+        match datum_cluster_sharding::transport::generate_test_certificates(
+            &args.out, &names, valid_for,
+        ) {
+            Ok(configs) => {
+                for (name, c) in names.iter().zip(&configs) {
+                    println!(
+                        "{name}: --tls-cert {} --tls-key {} --tls-ca {}",
+                        c.cert_chain.display(),
+                        c.private_key.display(),
+                        c.ca_roots.display()
+                    );
+                }
+                ExitCode::SUCCESS
+            }
+            Err(error) => {
+                eprintln!("datum-node certs: {error}");
+                ExitCode::from(EXIT_START_FAILED)
+            }
+        }
+    }
+    #[cfg(not(feature = "tls"))]
+    {
+        let _ = args;
+        eprintln!("datum-node certs: needs a build with `--features tls`");
+        ExitCode::from(EXIT_START_FAILED)
+    }
+}
+
+/// The TLS material the --tls-* flags name (none without them).
+fn tls(args: &Args) -> Result<Option<datum_cluster_sharding::transport::Tls>, String> {
+    let (Some(cert), Some(key), Some(ca)) = (&args.tls_cert, &args.tls_key, &args.tls_ca) else {
+        return Ok(None);
+    };
+    #[cfg(feature = "tls")]
+    {
+        use datum_cluster_sharding::transport::{Tls, TlsConfig};
+        let mut config = TlsConfig::new(cert, key, ca);
+        config.peer_name = args.tls_peer_name.clone();
+        Tls::load(config).map(Some).map_err(|e| e.to_string())
+    }
+    #[cfg(not(feature = "tls"))]
+    {
+        let _ = (cert, key, ca);
+        Err("--tls-cert needs a build with `--features tls`".into())
+    }
 }
 
 /// The seed addresses (a newtype so clap takes the whole list as one value).
@@ -269,6 +363,9 @@ fn max_frame(s: &str) -> Result<usize, String> {
 }
 
 fn main() -> ExitCode {
+    if std::env::args_os().nth(1).is_some_and(|a| a == "certs") {
+        return certs(CertsArgs::parse_from(std::env::args_os().skip(1)));
+    }
     // Exits 2 with clap's message on bad flags; `--help` and `--version` exit 0.
     let args = Args::parse();
     init_logging();
@@ -297,6 +394,13 @@ fn init_logging() {
 
 async fn run(args: Args) -> ExitCode {
     let started = Instant::now();
+    let tls = match tls(&args) {
+        Ok(tls) => tls,
+        Err(error) => {
+            eprintln!("datum-node: cannot load the TLS files: {error}");
+            return ExitCode::from(EXIT_START_FAILED);
+        }
+    };
     let mut config = ClusterConfig::builder()
         .cluster_name(args.cluster_name)
         .secret(args.secret)
@@ -313,6 +417,7 @@ async fn run(args: Args) -> ExitCode {
         .build();
     config.split_brain = args.split_brain.0;
     config.advertised_addr = args.advertise;
+    config.tls = tls;
     let mut stop = match StopSignals::install() {
         Ok(stop) => stop,
         Err(error) => {

@@ -108,6 +108,11 @@ pub struct ClusterConfig {
     /// published).
     #[builder(default = 5)]
     pub join_refusal_limit: u32,
+    /// TLS 1.3 on every pipe, mutually authenticated (feature `tls`; see
+    /// [`Tls`](crate::transport::Tls) and [`TransportConfig::tls`]).
+    /// Default `None`: plaintext.
+    #[builder(default, setter(strip_option))]
+    pub tls: Option<crate::transport::Tls>,
 }
 
 impl ClusterConfig {
@@ -133,6 +138,7 @@ impl ClusterConfig {
         t.advertised_addr = self.advertised_addr;
         t.max_frame_len = self.max_frame_size;
         t.handshake_timeout = self.handshake_timeout;
+        t.tls = self.tls.clone();
         // A seed that is not up yet is retried by membership every 250 ms;
         // a long dial backoff would swallow those joins for seconds.
         t.backoff_max = Duration::from_secs(1);

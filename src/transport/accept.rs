@@ -12,6 +12,7 @@ use super::connection::lock;
 use super::error::ConnectError;
 use super::handshake::{self};
 use super::pipe::{handshake_framed, socket_addrs};
+use super::stream::PipeIo;
 use super::table::Shared;
 use crate::identity::UniqueAddress;
 use crate::wire::{Frame, RejectReason};
@@ -48,6 +49,30 @@ pub(crate) async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
                     _ = tokio::time::sleep(Duration::from_millis(100)) => {}
                 }
             }
+        }
+    }
+}
+
+/// Under TLS, what checks the accepted peer's name, and the certificate it
+/// presented.
+#[cfg(feature = "tls")]
+pub(crate) type PeerCert<'a> = (&'a super::Tls, rustls::pki_types::CertificateDer<'static>);
+/// Without the `tls` feature there is never a certificate.
+#[cfg(not(feature = "tls"))]
+pub(crate) type PeerCert<'a> = (&'a super::Tls, ());
+
+/// Whether the certificate (if any) names the identity the peer claims.
+fn check_certificate(cert: Option<&PeerCert<'_>>, peer: &UniqueAddress) -> Result<(), String> {
+    match cert {
+        None => Ok(()),
+        #[cfg(feature = "tls")]
+        Some((tls, cert)) => tls
+            .check_peer_name(cert, peer.addr)
+            .map_err(|why| format!("the certificate of {} does not name it: {why}", peer.addr)),
+        #[cfg(not(feature = "tls"))]
+        Some((tls, ())) => {
+            let _ = peer;
+            match **tls {}
         }
     }
 }
@@ -115,9 +140,10 @@ impl Shared {
         Ok(())
     }
 
-    /// Serves one inbound TCP connection: handshake, then the pipe.
-    /// `permit` (one of `max_inbound_handshakes`) is held until the peer is
-    /// authenticated or the handshake ends.
+    /// Serves one inbound TCP connection: TLS (when configured), the
+    /// handshake, then the pipe. `permit` (one of `max_inbound_handshakes`)
+    /// is held until the peer is authenticated or the handshake ends; both
+    /// handshakes together must end within `handshake_timeout`.
     pub(crate) async fn serve_inbound(
         self: Arc<Self>,
         stream: TcpStream,
@@ -126,33 +152,63 @@ impl Shared {
     ) {
         let _ = stream.set_nodelay(true);
         let sockets = socket_addrs(&stream);
+        let deadline = tokio::time::Instant::now() + self.config.handshake_timeout;
+        let peer = match &self.config.tls {
+            None => {
+                self.handshake_inbound(stream, sockets, None, deadline)
+                    .await
+            }
+            #[cfg(feature = "tls")]
+            Some(tls) => match tokio::time::timeout_at(deadline, tls.accept(stream)).await {
+                Ok(Ok((stream, cert))) => self
+                    .handshake_inbound(stream, sockets, Some((tls, cert)), deadline)
+                    .await
+                    .map_err(super::tls::inside_tls),
+                Ok(Err(e)) => Err(e),
+                Err(_) => Err(ConnectError::Timeout),
+            },
+            #[cfg(not(feature = "tls"))]
+            Some(tls) => match *tls {},
+        };
+        drop(permit);
+        if let Err(e) = peer {
+            self.refusals.log(self.local, remote, &e);
+        }
+    }
+
+    /// The acceptor's handshake on a (TLS or TCP) stream, then the pipe.
+    /// Under TLS, the certificate the peer presented must name the address
+    /// its `Hello` claims.
+    async fn handshake_inbound<S: PipeIo>(
+        self: &Arc<Self>,
+        stream: S,
+        sockets: (SocketAddr, SocketAddr),
+        cert: Option<PeerCert<'_>>,
+        deadline: tokio::time::Instant,
+    ) -> Result<(), ConnectError> {
         let mut framed = handshake_framed(stream);
         let local = self.local_handshake();
         let slot = InboundSlot {
             shared: self.clone(),
             addr: Mutex::new(None),
         };
-        let handshake = handshake::accept(&mut framed, &local, |p| self.admit_inbound(p, &slot));
-        let outcome = tokio::time::timeout(self.config.handshake_timeout, handshake).await;
-        drop(permit);
-        let peer = match outcome {
-            Err(_) => {
-                self.refusals
-                    .log(self.local, remote, &ConnectError::Timeout);
-                return;
+        let mismatch = Mutex::new(None);
+        let admit = |p: &UniqueAddress| {
+            if let Err(why) = check_certificate(cert.as_ref(), p) {
+                *lock(&mismatch) = Some(why);
+                return Err(RejectReason::CertificateMismatch);
             }
-            Ok(Err(e)) => {
-                self.refusals.log(self.local, remote, &e);
-                return;
-            }
+            self.admit_inbound(p, &slot)
+        };
+        let handshake = handshake::accept(&mut framed, &local, admit);
+        let peer = match tokio::time::timeout_at(deadline, handshake).await {
+            Err(_) => return Err(ConnectError::Timeout),
+            Ok(Err(e)) => return Err(lock(&mismatch).take().map_or(e, ConnectError::Tls)),
             Ok(Ok(peer)) => peer,
         };
-        if let Err(reason) = self
-            .start_conn(framed, sockets, peer, peer.node_id, Some(Frame::Accepted))
+        self.start_conn(framed, sockets, peer, peer.node_id, Some(Frame::Accepted))
             .await
-        {
-            let e = ConnectError::Refused(reason);
-            self.refusals.log(self.local, remote, &e);
-        }
+            .map(drop)
+            .map_err(ConnectError::Refused)
     }
 }

@@ -92,6 +92,9 @@ impl Transport {
             tracing::warn!(%bound, "listening on an unspecified address without advertised_addr: peers cannot dial this identity");
         }
         let local = UniqueAddress::new_at(config.advertised_addr.unwrap_or(bound));
+        if config.tls.is_none() && !(bound.ip().is_loopback() && local.addr.ip().is_loopback()) {
+            tracing::warn!(%bound, advertised = %local.addr, "PLAINTEXT pipes on a non-loopback address: frames after the handshake travel unencrypted and unauthenticated; set TransportConfig::tls (feature `tls`)");
+        }
         let codec = FrameCodec::new(config.max_frame_len);
         let mut control = config.control_channels.clone();
         control.sort_unstable();

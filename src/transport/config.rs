@@ -88,6 +88,12 @@ pub struct TransportConfig {
     /// Inbound handshakes that may be under way (not yet authenticated) at
     /// once; a connection accepted beyond it is closed at once. Default 256.
     pub max_inbound_handshakes: usize,
+    /// TLS 1.3 on every pipe, mutually authenticated (feature `tls`; see
+    /// [`Tls`](super::Tls)): the handshake then runs inside the TLS
+    /// session, and a peer must present a certificate from the CA roots
+    /// that names it. Default `None`: plaintext, logged as a warning at
+    /// bind on a non-loopback address.
+    pub tls: Option<super::Tls>,
 }
 
 impl TransportConfig {
@@ -106,6 +112,7 @@ impl TransportConfig {
             dial_queue_capacity: 4_096,
             control_channels: crate::wire::channels::PRIORITY.to_vec(),
             max_inbound_handshakes: 256,
+            tls: None,
         }
     }
 

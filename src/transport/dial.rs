@@ -12,6 +12,7 @@ use super::connection::{Conn, lock};
 use super::error::ConnectError;
 use super::handshake::{self};
 use super::pipe::{handshake_framed, socket_addrs};
+use super::stream::PipeIo;
 use super::table::{Dial, Shared, State, after, log_refusal};
 use crate::identity::UniqueAddress;
 use crate::wire::RejectReason;
@@ -162,7 +163,8 @@ impl Shared {
         }
     }
 
-    /// One dial attempt: TCP connect, handshake, install.
+    /// One dial attempt: TCP connect, TLS (when configured), handshake,
+    /// install.
     pub(crate) async fn dial_once(
         self: &Arc<Self>,
         addr: SocketAddr,
@@ -170,6 +172,27 @@ impl Shared {
         let stream = TcpStream::connect(addr).await?;
         let _ = stream.set_nodelay(true);
         let sockets = socket_addrs(&stream);
+        match &self.config.tls {
+            None => self.handshake_outbound(stream, addr, sockets).await,
+            #[cfg(feature = "tls")]
+            Some(tls) => {
+                let stream = tls.connect(stream, addr).await?;
+                self.handshake_outbound(stream, addr, sockets)
+                    .await
+                    .map_err(super::tls::inside_tls)
+            }
+            #[cfg(not(feature = "tls"))]
+            Some(tls) => match *tls {},
+        }
+    }
+
+    /// The initiator's handshake on a (TLS or TCP) stream, then the pipe.
+    async fn handshake_outbound<S: PipeIo>(
+        self: &Arc<Self>,
+        stream: S,
+        addr: SocketAddr,
+        sockets: (SocketAddr, SocketAddr),
+    ) -> Result<Dialed, ConnectError> {
         let mut framed = handshake_framed(stream);
         let local = self.local_handshake();
         let existing = Mutex::new(None);

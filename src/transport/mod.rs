@@ -60,13 +60,15 @@
 //!   table.rs       shared state: connection table, dials, handlers, marked-down ids
 //!   connection.rs  one pipe's state: outbox lanes, pending requests, ReplyHandle
 //!   handshake.rs   the handshake frames and checks
-//!   stream.rs      PipeIo: the stream a pipe runs over (TCP; TLS to come)
+//!   tls.rs         TLS 1.3 under the handshake (feature `tls`), reloaded when its files change
+//!   stream.rs      PipeIo: the stream a pipe runs over (TCP, or TLS over TCP)
 //!   config.rs, error.rs, events.rs
 //! ```
 //!
 //! The handshake, the reader and the writer are generic over the stream
-//! (`PipeIo`: read, write, split into owned halves), so a TLS stream can
-//! take TCP's place in `accept.rs` and `dial.rs` without touching the rest.
+//! (`PipeIo`: read, write, split into owned halves): with
+//! [`TransportConfig::tls`] set, `accept.rs` and `dial.rs` wrap each TCP
+//! stream in TLS before the handshake, and nothing above them changes.
 //!
 //! # Usage
 //!
@@ -108,6 +110,8 @@ mod pipe;
 mod reader;
 mod stream;
 mod table;
+#[cfg(feature = "tls")]
+mod tls;
 mod writer;
 
 pub use api::{ConnectionInfo, FRAME_OVERHEAD, Transport, TransportStats};
@@ -115,6 +119,16 @@ pub use config::{Secret, TransportConfig};
 pub use connection::{Incoming, ReplyHandle};
 pub use error::{ConnectError, RegisterError, RequestError, SendError, SendFailure};
 pub use events::{DisconnectReason, TransportEvent};
+#[cfg(feature = "tls")]
+pub use tls::{Tls, TlsConfig, TlsError, generate_test_certificates};
+
+/// TLS material, which needs the crate's `tls` feature: without it this type
+/// has no values, so [`TransportConfig::tls`] is always `None`.
+#[cfg(not(feature = "tls"))]
+#[derive(Clone, Debug)]
+pub enum Tls {}
 
 #[cfg(test)]
 mod tests;
+#[cfg(all(test, feature = "tls"))]
+mod tls_tests;

@@ -1,5 +1,6 @@
 //! Faults on established connections, driven by a raw peer that completes
-//! the real handshake and then misbehaves.
+//! the real handshake and then misbehaves; each over plaintext and, with
+//! the `tls` feature, inside a TLS session (`name::plain`, `name::tls`).
 
 use std::time::Duration;
 
@@ -25,22 +26,165 @@ async fn within<T>(f: impl std::future::Future<Output = T>) -> T {
     tokio::time::timeout(PATIENCE, f).await.expect("timed out")
 }
 
+/// What the hostile-input tests run over: plaintext pipes, or TLS ones
+/// (feature `tls`), where the raw peer speaks TLS with a certificate of the
+/// transport's CA and then misbehaves inside the session.
+#[derive(Clone)]
+enum Mode {
+    Plain,
+    #[cfg(feature = "tls")]
+    Tls(std::sync::Arc<TestPki>),
+}
+
+/// A test CA's material: every certificate names 127.0.0.1.
+#[cfg(feature = "tls")]
+struct TestPki {
+    _dir: tempfile::TempDir,
+    tls: Tls,
+}
+
+impl Mode {
+    #[cfg(feature = "tls")]
+    fn tls() -> Mode {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let certs =
+            generate_test_certificates(dir.path(), &["127.0.0.1"], Duration::from_secs(3_600))
+                .expect("certificates");
+        let tls = Tls::load(certs[0].clone()).expect("loads");
+        Mode::Tls(std::sync::Arc::new(TestPki { _dir: dir, tls }))
+    }
+
+    /// The transport's config in this mode.
+    fn config(&self) -> TransportConfig {
+        let mut c = config();
+        #[cfg(feature = "tls")]
+        if let Mode::Tls(pki) = self {
+            c.tls = Some(pki.tls.clone());
+        }
+        c
+    }
+
+    /// A raw peer's stream to `addr`: TCP, or a TLS session over it.
+    async fn dial(&self, addr: std::net::SocketAddr) -> RawIo {
+        let tcp = TcpStream::connect(addr).await.expect("tcp");
+        match self {
+            Mode::Plain => RawIo::Tcp(tcp),
+            #[cfg(feature = "tls")]
+            Mode::Tls(pki) => RawIo::Tls(Box::new(
+                within(pki.tls.connect(tcp, addr)).await.expect("tls"),
+            )),
+        }
+    }
+}
+
+/// Runs the async test `$name(mode: Mode)` as `$name::plain` and, with the
+/// `tls` feature, as `$name::tls`.
+macro_rules! plain_and_tls {
+    ($name:ident) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn plain() {
+                super::$name(super::Mode::Plain).await
+            }
+
+            #[cfg(feature = "tls")]
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn tls() {
+                super::$name(super::Mode::tls()).await
+            }
+        }
+    };
+}
+
+/// A raw peer's byte stream.
+enum RawIo {
+    Tcp(TcpStream),
+    #[cfg(feature = "tls")]
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+}
+
+impl tokio::io::AsyncRead for RawIo {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            RawIo::Tcp(s) => std::pin::Pin::new(s).poll_read(cx, buf),
+            #[cfg(feature = "tls")]
+            RawIo::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl tokio::io::AsyncWrite for RawIo {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            RawIo::Tcp(s) => std::pin::Pin::new(s).poll_write(cx, buf),
+            #[cfg(feature = "tls")]
+            RawIo::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            RawIo::Tcp(s) => std::pin::Pin::new(s).poll_flush(cx),
+            #[cfg(feature = "tls")]
+            RawIo::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            RawIo::Tcp(s) => std::pin::Pin::new(s).poll_shutdown(cx),
+            #[cfg(feature = "tls")]
+            RawIo::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+impl super::stream::PipeIo for RawIo {
+    type Read = tokio::io::ReadHalf<Self>;
+    type Write = tokio::io::WriteHalf<Self>;
+
+    fn into_halves(self) -> (Self::Read, Self::Write) {
+        tokio::io::split(self)
+    }
+}
+
+/// A raw peer's framed stream after its handshake.
+type RawStream = HandshakeStream<RawIo>;
+
 /// A raw peer that has completed the handshake with `t`.
-async fn raw_peer(t: &Transport) -> (HandshakeStream, UniqueAddress) {
+async fn raw_peer(t: &Transport, mode: &Mode) -> (RawStream, UniqueAddress) {
     let me = UniqueAddress::new_at("127.0.0.1:1".parse().expect("literal"));
-    let framed = raw_handshake(t, me).await.expect("handshake");
+    let framed = raw_handshake(t, me, mode).await.expect("handshake");
     (framed, me)
 }
 
 /// A raw client handshaking with `t` as `me`.
-async fn raw_handshake(t: &Transport, me: UniqueAddress) -> Result<HandshakeStream, ConnectError> {
+async fn raw_handshake(
+    t: &Transport,
+    me: UniqueAddress,
+    mode: &Mode,
+) -> Result<RawStream, ConnectError> {
     let secret = Secret::from("sesame");
     let local = Local {
         me,
         cluster: "unit",
         secret: &secret,
     };
-    let stream = TcpStream::connect(t.bound_addr()).await.expect("tcp");
+    let stream = mode.dial(t.bound_addr()).await;
     let mut framed = Framed::new(stream, FrameCodec::default());
     let peer = within(handshake::initiate(
         &mut framed,
@@ -70,8 +214,9 @@ async fn disconnected(
 async fn healthy_peer_still_works(
     t: &Transport,
     inbox: &mut tokio::sync::mpsc::Receiver<Incoming>,
+    mode: &Mode,
 ) {
-    let other = Transport::bind(config()).await.expect("bind");
+    let other = Transport::bind(mode.config()).await.expect("bind");
     other
         .send(&t.local(), CH, Bytes::from_static(b"still here"))
         .expect("send");
@@ -82,11 +227,11 @@ async fn healthy_peer_still_works(
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn raw_peer_traffic_is_delivered() {
-    let t = Transport::bind(config()).await.expect("bind");
+plain_and_tls!(raw_peer_traffic_is_delivered);
+async fn raw_peer_traffic_is_delivered(mode: Mode) {
+    let t = Transport::bind(mode.config()).await.expect("bind");
     let mut inbox = t.register(CH, 16).expect("register");
-    let (mut raw, me) = raw_peer(&t).await;
+    let (mut raw, me) = raw_peer(&t, &mode).await;
     send_request(&mut raw, CH, 42).await;
     let msg = within(inbox.recv()).await.expect("delivered");
     assert_eq!(msg.from, me);
@@ -104,12 +249,12 @@ async fn raw_peer_traffic_is_delivered() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn garbage_after_handshake_closes_only_that_connection() {
-    let t = Transport::bind(config()).await.expect("bind");
+plain_and_tls!(garbage_after_handshake_closes_only_that_connection);
+async fn garbage_after_handshake_closes_only_that_connection(mode: Mode) {
+    let t = Transport::bind(mode.config()).await.expect("bind");
     let mut inbox = t.register(CH, 16).expect("register");
     let mut events = t.events();
-    let (raw, _) = raw_peer(&t).await;
+    let (raw, _) = raw_peer(&t, &mode).await;
     let mut io = raw.into_inner();
     let mut bad = BytesMut::new();
     bad.put_u32(3);
@@ -119,15 +264,15 @@ async fn garbage_after_handshake_closes_only_that_connection() {
         disconnected(&mut events).await,
         DisconnectReason::Malformed(_)
     ));
-    healthy_peer_still_works(&t, &mut inbox).await;
+    healthy_peer_still_works(&t, &mut inbox, &mode).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn oversized_frame_after_handshake_closes_only_that_connection() {
-    let t = Transport::bind(config()).await.expect("bind");
+plain_and_tls!(oversized_frame_after_handshake_closes_only_that_connection);
+async fn oversized_frame_after_handshake_closes_only_that_connection(mode: Mode) {
+    let t = Transport::bind(mode.config()).await.expect("bind");
     let mut inbox = t.register(CH, 16).expect("register");
     let mut events = t.events();
-    let (raw, _) = raw_peer(&t).await;
+    let (raw, _) = raw_peer(&t, &mode).await;
     let mut io = raw.into_inner();
     io.write_all(&(64u32 * 1024 * 1024).to_be_bytes())
         .await
@@ -136,14 +281,14 @@ async fn oversized_frame_after_handshake_closes_only_that_connection() {
         disconnected(&mut events).await,
         DisconnectReason::Malformed(_)
     ));
-    healthy_peer_still_works(&t, &mut inbox).await;
+    healthy_peer_still_works(&t, &mut inbox, &mode).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn handshake_frame_after_handshake_is_a_violation() {
-    let t = Transport::bind(config()).await.expect("bind");
+plain_and_tls!(handshake_frame_after_handshake_is_a_violation);
+async fn handshake_frame_after_handshake_is_a_violation(mode: Mode) {
+    let t = Transport::bind(mode.config()).await.expect("bind");
     let mut events = t.events();
-    let (mut raw, _) = raw_peer(&t).await;
+    let (mut raw, _) = raw_peer(&t, &mode).await;
     raw.send(Frame::Proof {
         proof: Bytes::new(),
     })
@@ -153,13 +298,14 @@ async fn handshake_frame_after_handshake_is_a_violation() {
         disconnected(&mut events).await,
         DisconnectReason::ProtocolViolation
     );
-    assert!(within(raw.next()).await.is_none(), "closed");
+    // Closed (under TLS possibly without a close_notify, an error).
+    assert!(!matches!(within(raw.next()).await, Some(Ok(_))), "closed");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reply_after_timeout_is_ignored() {
-    let t = Transport::bind(config()).await.expect("bind");
-    let (mut raw, me) = raw_peer(&t).await;
+plain_and_tls!(reply_after_timeout_is_ignored);
+async fn reply_after_timeout_is_ignored(mode: Mode) {
+    let t = Transport::bind(mode.config()).await.expect("bind");
+    let (mut raw, me) = raw_peer(&t, &mode).await;
     let err = t
         .request(
             &me,
@@ -242,9 +388,9 @@ async fn regression_frames_after_accepted_are_not_stranded() {
     drop(raw.await);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn older_incarnation_cannot_push_out_a_newer_one() {
-    let t = Transport::bind(config()).await.expect("bind");
+plain_and_tls!(older_incarnation_cannot_push_out_a_newer_one);
+async fn older_incarnation_cannot_push_out_a_newer_one(mode: Mode) {
+    let t = Transport::bind(mode.config()).await.expect("bind");
     let addr = "127.0.0.1:7".parse().expect("literal");
     let newer = UniqueAddress {
         addr,
@@ -256,8 +402,10 @@ async fn older_incarnation_cannot_push_out_a_newer_one() {
         node_id: crate::identity::NodeId(1),
         incarnation: 10,
     };
-    let _keep = raw_handshake(&t, newer).await.expect("newer connects");
-    let refused = raw_handshake(&t, older).await.map(|_| ());
+    let _keep = raw_handshake(&t, newer, &mode)
+        .await
+        .expect("newer connects");
+    let refused = raw_handshake(&t, older, &mode).await.map(|_| ());
     assert_eq!(
         refused,
         Err(ConnectError::Rejected(RejectReason::Quarantined))
@@ -268,7 +416,7 @@ async fn older_incarnation_cannot_push_out_a_newer_one() {
 /// Reads frames from a raw peer's stream (starting with what its handshake
 /// had buffered) until the transport closes it. `Err` if the connection was
 /// reset instead of closed.
-async fn read_to_end(mut io: TcpStream, mut buf: BytesMut) -> Result<Vec<Frame>, std::io::Error> {
+async fn read_to_end(mut io: RawIo, mut buf: BytesMut) -> Result<Vec<Frame>, std::io::Error> {
     use tokio::io::AsyncReadExt;
     use tokio_util::codec::Decoder;
     let mut codec = FrameCodec::default();
@@ -284,16 +432,16 @@ async fn read_to_end(mut io: TcpStream, mut buf: BytesMut) -> Result<Vec<Frame>,
     }
 }
 
+plain_and_tls!(mark_down_flushes_without_a_reset_despite_unread_input);
 /// `mark_down` writes what was queued, and the peer receives all of it even
 /// though it kept sending after the mark-down: the closing side reads and
 /// drops that input instead of closing on it unread (which makes the kernel
 /// reset the connection and throw away the flushed frames). Nothing the peer
 /// sent after the mark-down is dispatched.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mark_down_flushes_without_a_reset_despite_unread_input() {
-    let t = Transport::bind(config()).await.expect("bind");
+async fn mark_down_flushes_without_a_reset_despite_unread_input(mode: Mode) {
+    let t = Transport::bind(mode.config()).await.expect("bind");
     let mut inbox = t.register(CH, 1024).expect("register");
-    let (raw, me) = raw_peer(&t).await;
+    let (raw, me) = raw_peer(&t, &mode).await;
     const FRAMES: usize = 32;
     for i in 0..FRAMES {
         t.send(&me, CH, Bytes::from(vec![i as u8; 64 * 1024]))
@@ -329,13 +477,13 @@ async fn mark_down_flushes_without_a_reset_despite_unread_input() {
     );
 }
 
+plain_and_tls!(control_channel_frames_overtake_bulk_traffic);
 /// A frame on a control channel (1 by default) queued behind megabytes of
 /// bulk frames is written within about one batch, not after all of them;
 /// the bulk frames keep their order.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn control_channel_frames_overtake_bulk_traffic() {
-    let t = Transport::bind(config()).await.expect("bind");
-    let (raw, me) = raw_peer(&t).await;
+async fn control_channel_frames_overtake_bulk_traffic(mode: Mode) {
+    let t = Transport::bind(mode.config()).await.expect("bind");
+    let (raw, me) = raw_peer(&t, &mode).await;
     const BULK: usize = 400;
     for i in 0..BULK {
         let mut p = vec![0u8; 64 * 1024];
@@ -392,18 +540,18 @@ async fn malformed_handshake_frame_closes_without_a_reject() {
     }
 }
 
+plain_and_tls!(inbound_handshakes_claiming_one_address);
 /// Two inbound handshakes claiming one address: the second is admitted
 /// while the first is still under way (a claim blocks no other claim), and
 /// when both complete, the later pipe replaces the earlier one to the same
 /// identity (closed; no event).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn inbound_handshakes_claiming_one_address() {
-    let t = Transport::bind(config()).await.expect("bind");
+async fn inbound_handshakes_claiming_one_address(mode: Mode) {
+    let t = Transport::bind(mode.config()).await.expect("bind");
     let mut events = t.events();
     let me = UniqueAddress::new_at("127.0.0.1:1".parse().expect("literal"));
     // A: a handshake left hanging after `Welcome`: it holds the address.
-    let tcp = TcpStream::connect(t.bound_addr()).await.expect("tcp");
-    let mut hanging = Framed::new(tcp, FrameCodec::default());
+    let io = mode.dial(t.bound_addr()).await;
+    let mut hanging = Framed::new(io, FrameCodec::default());
     hanging
         .send(Frame::Hello {
             version: crate::wire::PROTOCOL_VERSION,
@@ -419,15 +567,18 @@ async fn inbound_handshakes_claiming_one_address() {
         .expect("decodes");
     assert!(matches!(welcome, Frame::Welcome { .. }), "{welcome:?}");
     // B: the same claim, completed, while A is still under way.
-    let mut first = raw_handshake(&t, me).await.expect("admitted despite A");
+    let mut first = raw_handshake(&t, me, &mode)
+        .await
+        .expect("admitted despite A");
     assert!(matches!(
         within(events.recv()).await,
         Some(TransportEvent::Connected { peer }) if peer == me
     ));
     // C: the same identity again: replaces B's pipe.
-    let _second = raw_handshake(&t, me).await.expect("admitted");
+    let _second = raw_handshake(&t, me, &mode).await.expect("admitted");
+    // (Under TLS the close may come without a close_notify: an error.)
     assert!(
-        within(first.next()).await.is_none(),
+        !matches!(within(first.next()).await, Some(Ok(_))),
         "the earlier pipe is closed"
     );
     assert_eq!(t.connected_peers(), vec![me]);
@@ -454,7 +605,10 @@ fn bad_frames_on_pipes_log_a_bounded_number_of_warnings() {
             let mut events = t.events();
             for port in 100..115 {
                 let me = UniqueAddress::new_at(([127, 0, 0, 1], port).into());
-                let mut io = raw_handshake(&t, me).await.expect("handshake").into_inner();
+                let mut io = raw_handshake(&t, me, &Mode::Plain)
+                    .await
+                    .expect("handshake")
+                    .into_inner();
                 io.write_all(&[0, 0, 0, 3, 0xff, 0x00, 0x13])
                     .await
                     .expect("write");
@@ -482,7 +636,7 @@ fn bad_frames_on_pipes_log_a_bounded_number_of_warnings() {
 }
 
 /// A raw peer's request `q` on `channel`, correlation `corr`.
-async fn send_request(raw: &mut HandshakeStream, channel: u16, corr: u64) {
+async fn send_request(raw: &mut RawStream, channel: u16, corr: u64) {
     raw.send(Frame::Request {
         corr,
         channel,
@@ -493,7 +647,7 @@ async fn send_request(raw: &mut HandshakeStream, channel: u16, corr: u64) {
 }
 
 /// Sends a canonical `Oneway` on `CH` from a raw peer.
-async fn send_oneway(raw: &mut HandshakeStream, payload: Bytes) {
+async fn send_oneway(raw: &mut RawStream, payload: Bytes) {
     raw.send(Frame::Oneway {
         channel: CH,
         payload,
@@ -502,20 +656,20 @@ async fn send_oneway(raw: &mut HandshakeStream, payload: Bytes) {
     .expect("send");
 }
 
+plain_and_tls!(a_borrowed_handler_sees_its_channels_oneways_in_order);
 /// A borrowed inline handler registered after the pipe is up sees every
 /// oneway on its channel in order, in place (canonical frames) or through
 /// the general decoder (a frame written in another valid CBOR form), and
 /// nothing once unregistered; a request on the channel is answered
 /// `Dropped`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_borrowed_handler_sees_its_channels_oneways_in_order() {
-    let t = Transport::bind(config()).await.expect("bind");
+async fn a_borrowed_handler_sees_its_channels_oneways_in_order(mode: Mode) {
+    let t = Transport::bind(mode.config()).await.expect("bind");
     let mut other = t.register(CH + 1, 4).expect("register");
-    let (mut raw, me) = raw_peer(&t).await;
+    let (mut raw, me) = raw_peer(&t, &mode).await;
     // A request on a channel with a queue: once it is delivered, the
     // reader has handled every frame sent before it.
     let mut corr = 0;
-    let mut handled_so_far = async |raw: &mut HandshakeStream| {
+    let mut handled_so_far = async |raw: &mut RawStream| {
         corr += 1;
         send_request(raw, CH + 1, corr).await;
         drop(within(other.recv()).await.expect("delivered"));

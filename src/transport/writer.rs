@@ -70,7 +70,9 @@ pub(crate) async fn write_loop<W: AsyncWrite + Unpin>(
             let written = tokio::select! {
                 biased;
                 _ = conn.cancel.cancelled() => return,
-                r = io.write_all(&batch) => r,
+                // A TLS stream holds records until flushed; TCP's flush is
+                // a no-op.
+                r = async { io.write_all(&batch).await?; io.flush().await } => r,
                 _ = async {
                     conn.closing.cancelled().await;
                     tokio::time::sleep_until(conn.flush_deadline()).await;

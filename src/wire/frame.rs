@@ -122,6 +122,9 @@ pub enum RejectReason {
     ProtocolViolation,
     /// The refusing node is shutting down.
     ShuttingDown,
+    /// The peer's TLS certificate does not name the address it claims
+    /// (only under TLS).
+    CertificateMismatch,
 }
 
 /// The outcome of a request, as carried in [`Frame::Reply`].

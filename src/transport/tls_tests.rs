@@ -1,0 +1,340 @@
+//! TLS pipes between real transports on 127.0.0.1: traffic, each refusal,
+//! loading errors, and a reload of the files under an established pipe.
+
+use std::path::Path;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::*;
+use crate::wire::RejectReason;
+
+const CH: u16 = 7;
+const PATIENCE: Duration = Duration::from_secs(10);
+const DAY: Duration = Duration::from_secs(86_400);
+
+fn pki(dir: &Path, names: &[&str]) -> Vec<TlsConfig> {
+    generate_test_certificates(dir, names, DAY).expect("certificates")
+}
+
+fn plain_config() -> TransportConfig {
+    let mut c = TransportConfig::new("unit", "sesame");
+    c.handshake_timeout = Duration::from_secs(3);
+    c
+}
+
+/// A transport on 127.0.0.1 under `tls` that echoes every request on `CH`.
+async fn node(tls: Option<&TlsConfig>) -> Transport {
+    let mut c = plain_config();
+    c.tls = tls.map(|t| Tls::load(t.clone()).expect("loads"));
+    let t = Transport::bind(c).await.expect("bind");
+    let mut inbox = t.register(CH, 1024).expect("register");
+    tokio::spawn(async move {
+        while let Some(msg) = inbox.recv().await {
+            if let Some(reply) = msg.reply {
+                let _ = reply.reply(msg.payload);
+            }
+        }
+    });
+    t
+}
+
+/// `from` dials `to` and a request goes there and back.
+async fn round_trip(from: &Transport, to: &Transport) -> Result<(), String> {
+    let peer = tokio::time::timeout(PATIENCE, from.connect(to.bound_addr()))
+        .await
+        .map_err(|_| "connect timed out".to_string())?
+        .map_err(|e| e.to_string())?;
+    let answer = from
+        .request(&peer, CH, Bytes::from_static(b"ping"), PATIENCE)
+        .await
+        .map_err(|e| e.to_string())?;
+    assert_eq!(&answer[..], b"ping");
+    Ok(())
+}
+
+/// [`round_trip`] until it succeeds (within `PATIENCE`): after a failed
+/// dial, `connect` fails fast with that error while the next attempt waits
+/// out its backoff.
+async fn round_trip_eventually(from: &Transport, to: &Transport) -> Result<(), String> {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        match round_trip(from, to).await {
+            Ok(()) => return Ok(()),
+            Err(e) if tokio::time::Instant::now() >= deadline => return Err(e),
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
+async fn connect_error(from: &Transport, to: &Transport) -> ConnectError {
+    tokio::time::timeout(PATIENCE, from.connect(to.bound_addr()))
+        .await
+        .expect("refused within the handshake timeout")
+        .expect_err("refused")
+}
+
+#[tokio::test]
+async fn a_tls_pipe_carries_requests_both_ways() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let certs = pki(dir.path(), &["127.0.0.1", "127.0.0.1"]);
+    let (a, b) = (node(Some(&certs[0])).await, node(Some(&certs[1])).await);
+    round_trip(&a, &b).await.expect("a to b");
+    round_trip(&b, &a).await.expect("b to a, on the same pipe");
+    // Many frames in one batch, each through the one session.
+    let peer = a.connect(b.bound_addr()).await.expect("connected");
+    let asks = (0..500u32).map(|i| {
+        let a = a.clone();
+        async move {
+            let payload = Bytes::from(vec![i as u8; 1 + i as usize * 7]);
+            let answer = a.request(&peer, CH, payload.clone(), PATIENCE).await;
+            answer.expect("answered") == payload
+        }
+    });
+    let answers = futures_util::future::join_all(asks).await;
+    assert!(answers.into_iter().all(|same| same));
+    assert_eq!(a.connected_peers().len(), 1);
+}
+
+#[tokio::test]
+async fn a_certificate_from_another_ca_is_refused_by_either_side() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ours = pki(&dir.path().join("ours"), &["127.0.0.1"]);
+    let theirs = pki(&dir.path().join("theirs"), &["127.0.0.1"]);
+    let (a, stranger) = (node(Some(&ours[0])).await, node(Some(&theirs[0])).await);
+    for (from, to) in [(&a, &stranger), (&stranger, &a)] {
+        match connect_error(from, to).await {
+            ConnectError::Tls(why) => assert!(why.contains("UnknownIssuer"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(a.connected_peers().is_empty() && stranger.connected_peers().is_empty());
+}
+
+#[tokio::test]
+async fn a_certificate_must_name_the_node_on_both_sides() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // One CA; a certificate for 127.0.0.1 and one for another address.
+    let certs = pki(dir.path(), &["127.0.0.1", "10.9.9.9"]);
+    let (honest, misnamed) = (node(Some(&certs[0])).await, node(Some(&certs[1])).await);
+    // Dialing the misnamed node: its server certificate does not name the
+    // address dialed.
+    match connect_error(&honest, &misnamed).await {
+        ConnectError::Tls(why) => assert!(why.contains("not valid for name"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    // The misnamed node dialing: TLS passes (its chain is good, and the
+    // acceptor is named), but its Hello claims 127.0.0.1:port, which its
+    // certificate does not name.
+    assert_eq!(
+        connect_error(&misnamed, &honest).await,
+        ConnectError::Rejected(RejectReason::CertificateMismatch)
+    );
+    // Under a shared peer name, the address no longer matters.
+    let shared = pki(
+        &dir.path().join("named"),
+        &["nodes.unit.test", "nodes.unit.test"],
+    );
+    let named = |i: usize| shared[i].clone().with_peer_name("nodes.unit.test");
+    let (x, y) = (node(Some(&named(0))).await, node(Some(&named(1))).await);
+    round_trip(&x, &y).await.expect("named peers");
+}
+
+#[tokio::test]
+async fn plaintext_and_garbage_cost_a_tls_node_only_that_connection() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let certs = pki(dir.path(), &["127.0.0.1", "127.0.0.1"]);
+    let (secure, friend) = (node(Some(&certs[0])).await, node(Some(&certs[1])).await);
+    let plain = node(None).await;
+    // A plaintext node's Hello is not a TLS ClientHello: closed.
+    let refused = connect_error(&plain, &secure).await;
+    assert!(
+        matches!(
+            refused,
+            ConnectError::Closed | ConnectError::Io { .. } | ConnectError::Protocol(_)
+        ),
+        "{refused:?}"
+    );
+    // A TLS client's ClientHello is not a frame to a plaintext node.
+    let refused = connect_error(&secure, &plain).await;
+    assert!(matches!(refused, ConnectError::Tls(_)), "{refused:?}");
+    // Garbage before the TLS handshake: the node answers with at most an
+    // alert and closes.
+    let mut raw = TcpStream::connect(secure.bound_addr()).await.expect("tcp");
+    raw.write_all(&[0x16, 0x03, 0x01, 0xff, 0xff, 1, 2, 3, 4, 5, 6, 7])
+        .await
+        .expect("write");
+    let mut buf = [0u8; 256];
+    let closed = tokio::time::timeout(PATIENCE, async {
+        loop {
+            match raw.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    });
+    closed.await.expect("closed");
+    assert!(secure.connected_peers().is_empty());
+    round_trip(&friend, &secure)
+        .await
+        .expect("the node still serves its peers");
+}
+
+#[test]
+fn bad_files_are_refused_with_the_file_named() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let certs = pki(dir.path(), &["127.0.0.1", "127.0.0.1"]);
+    let missing = TlsConfig::new(
+        dir.path().join("nope.pem"),
+        &certs[0].private_key,
+        &certs[0].ca_roots,
+    );
+    match Tls::load(missing).expect_err("refused") {
+        TlsError::Read { path, .. } => assert!(path.ends_with("nope.pem")),
+        other => panic!("{other:?}"),
+    }
+    let not_pem = TlsConfig::new(
+        &certs[0].cert_chain,
+        &certs[0].private_key,
+        dir.path().join("ca-key.pem"),
+    );
+    assert!(matches!(Tls::load(not_pem), Err(TlsError::Pem { .. })));
+    // Node 0's certificate with node 1's key.
+    let mismatched = TlsConfig::new(
+        &certs[0].cert_chain,
+        &certs[1].private_key,
+        &certs[0].ca_roots,
+    );
+    match Tls::load(mismatched).expect_err("refused") {
+        TlsError::Certificate { path, .. } => assert_eq!(path, certs[1].private_key),
+        other => panic!("{other:?}"),
+    }
+    // A certificate from another CA than the roots.
+    let other = pki(&dir.path().join("other"), &["127.0.0.1"]);
+    let foreign = TlsConfig::new(
+        &other[0].cert_chain,
+        &other[0].private_key,
+        &certs[0].ca_roots,
+    );
+    match Tls::load(foreign).expect_err("refused") {
+        TlsError::Certificate { path, reason } => {
+            assert_eq!(path, other[0].cert_chain);
+            assert!(reason.contains("UnknownIssuer"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        Tls::load(certs[0].clone().with_peer_name("not a name")),
+        Err(TlsError::PeerName(_))
+    ));
+}
+
+#[tokio::test]
+async fn an_expired_certificate_is_refused_by_name_at_load_and_by_peers() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let good = pki(&dir.path().join("good"), &["127.0.0.1", "127.0.0.1"]);
+    // Valid for two seconds from now (and since a minute ago).
+    let short = generate_test_certificates(
+        &dir.path().join("short"),
+        &["127.0.0.1"],
+        Duration::from_secs(2),
+    )
+    .expect("certificates");
+    // Both CAs in one bundle, trusted by every node here.
+    let bundle = dir.path().join("both.pem");
+    let pem = |p: &Path| std::fs::read(p).expect("read");
+    std::fs::write(
+        &bundle,
+        [pem(&good[0].ca_roots), pem(&short[0].ca_roots)].concat(),
+    )
+    .expect("write");
+    let trusting = |c: &TlsConfig| TlsConfig::new(&c.cert_chain, &c.private_key, &bundle);
+    let short_lived = trusting(&short[0]);
+    let (a, b) = (
+        node(Some(&short_lived)).await,
+        node(Some(&trusting(&good[0]))).await,
+    );
+    round_trip(&a, &b).await.expect("valid for now");
+    // X.509 times are whole seconds: wait past the end of the validity.
+    tokio::time::sleep(Duration::from_millis(3_100)).await;
+    match Tls::load(short_lived).expect_err("expired") {
+        TlsError::Certificate { path, reason } => {
+            assert_eq!(path, short[0].cert_chain);
+            assert!(reason.contains("expired"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // A node whose certificate expired while it ran is refused by a peer
+    // (which says why in its alert), whichever side dials.
+    let c = node(Some(&trusting(&good[1]))).await;
+    for refused in [connect_error(&a, &c).await, connect_error(&c, &a).await] {
+        match refused {
+            ConnectError::Tls(why) => assert!(why.contains("xpired"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+    }
+    // The established pipe between a and b is unaffected: TLS checked the
+    // certificates once, at its handshake.
+    let peer = a.connected_peers()[0];
+    let answer = a
+        .request(&peer, CH, Bytes::from_static(b"old"), PATIENCE)
+        .await;
+    assert_eq!(&answer.expect("the old pipe still works")[..], b"old");
+}
+
+#[tokio::test]
+async fn replaced_files_are_used_by_new_connections_and_old_pipes_keep_working() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let first = pki(&dir.path().join("first"), &["127.0.0.1", "127.0.0.1"]);
+    let second = pki(&dir.path().join("second"), &["127.0.0.1", "127.0.0.1"]);
+    // a's files live where they can be replaced.
+    let live = dir.path().join("live");
+    std::fs::create_dir(&live).expect("mkdir");
+    let a_files = TlsConfig::new(
+        live.join("a.pem"),
+        live.join("a-key.pem"),
+        live.join("ca.pem"),
+    );
+    let install = |from: &TlsConfig| {
+        for (src, dst) in [
+            (&from.cert_chain, &a_files.cert_chain),
+            (&from.private_key, &a_files.private_key),
+            (&from.ca_roots, &a_files.ca_roots),
+        ] {
+            // Written aside, then renamed over: never half a file.
+            let tmp = dst.with_extension("tmp");
+            std::fs::copy(src, &tmp).expect("copy");
+            std::fs::rename(&tmp, dst).expect("rename");
+        }
+    };
+    install(&first[0]);
+    let a = node(Some(&a_files)).await;
+    let old_friend = node(Some(&first[1])).await;
+    let new_friend = node(Some(&second[1])).await;
+    round_trip(&old_friend, &a).await.expect("first CA");
+    assert!(matches!(
+        connect_error(&new_friend, &a).await,
+        ConnectError::Tls(_)
+    ));
+
+    install(&second[0]);
+    // The next connection sees the new files without a restart.
+    round_trip_eventually(&new_friend, &a)
+        .await
+        .expect("second CA, after the reload");
+    // The pipe made under the first certificates goes on.
+    let peer = old_friend.connected_peers()[0];
+    let answer = old_friend
+        .request(&peer, CH, Bytes::from_static(b"still"), PATIENCE)
+        .await
+        .expect("old pipe");
+    assert_eq!(&answer[..], b"still");
+    // A change that does not load keeps the current material in use.
+    std::fs::write(&a_files.cert_chain, b"half a file").expect("write");
+    let third = node(Some(&second[1])).await;
+    round_trip(&third, &a)
+        .await
+        .expect("the previous material stays");
+}
