@@ -44,7 +44,17 @@ pub async fn form_cluster(
     name: &str,
     timeout_downing: bool,
 ) -> Result<(Vec<ClusterNode>, Duration), Box<dyn std::error::Error>> {
-    let config = |seeds| {
+    form_cluster_with(name, timeout_downing, &[]).await
+}
+
+/// [`form_cluster`], node `i`'s pipes under TLS with `tls[i]` when `tls`
+/// is not empty (one per node).
+pub async fn form_cluster_with(
+    name: &str,
+    timeout_downing: bool,
+    tls: &[datum_cluster_sharding::transport::Tls],
+) -> Result<(Vec<ClusterNode>, Duration), Box<dyn std::error::Error>> {
+    let config = |i: usize, seeds| {
         let mut config = ClusterConfig::builder()
             .cluster_name(name)
             .secret("demo-secret")
@@ -53,13 +63,14 @@ pub async fn form_cluster(
         if timeout_downing {
             config.split_brain = None;
         }
+        config.tls = tls.get(i).cloned();
         config
     };
     let formed = Instant::now();
-    let first = ClusterNode::start(config(vec![])).await?;
+    let first = ClusterNode::start(config(0, vec![])).await?;
     let mut clusters = vec![first.clone()];
-    for _ in 1..3 {
-        clusters.push(ClusterNode::start(config(vec![first.bound_addr()])).await?);
+    for i in 1..3 {
+        clusters.push(ClusterNode::start(config(i, vec![first.bound_addr()])).await?);
     }
     for c in &clusters {
         c.wait_until(|s| s.up_members().count() == 3, Duration::from_secs(30))

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use clap::{Parser, ValueEnum};
 use datum_cluster_sharding::membership::MembershipEvent;
 use datum_cluster_sharding::prelude::*;
+use datum_cluster_sharding::transport::Tls;
 use datum_cluster_sharding::{FileStore, FileStoreFsyncPolicy};
 use hdrhistogram::Histogram;
 use serde_json::json;
@@ -144,6 +145,10 @@ struct Args {
     /// W5 only: run this mix alone, in this process (with --passivation).
     #[arg(long, value_enum, requires = "passivation")]
     mix: Option<limit::Mix>,
+    /// W1 and W1-sat in one process: every pipe under TLS 1.3 (a build with
+    /// `--features tls`), the three nodes' certificates from a throwaway CA.
+    #[arg(long)]
+    tls: bool,
     /// W2 only: where to write the latency-over-time chart (SVG).
     #[arg(long, default_value = "w2-latency.svg")]
     chart: std::path::PathBuf,
@@ -242,8 +247,9 @@ async fn cluster(
     name: &str,
     checks: &Arc<Checks>,
     timeout_downing: bool,
+    tls: &[Tls],
 ) -> Result<Vec<Node>, Box<dyn std::error::Error>> {
-    let (clusters, _) = form_cluster(name, timeout_downing).await?;
+    let (clusters, _) = harness::form_cluster_with(name, timeout_downing, tls).await?;
     let mut nodes = Vec::new();
     for cluster in clusters {
         let builder = ShardedSystem::builder().config(sharding_config());
@@ -376,9 +382,11 @@ async fn run_w1(
     messages: u64,
     in_flight: usize,
     label: &str,
+    tls: bool,
 ) -> Result<(serde_json::Value, bool), Box<dyn std::error::Error>> {
     let checks = Arc::new(Checks::default());
-    let nodes = cluster("shard-bench", &checks, false).await?;
+    let (_certificates, tls) = bench_tls(tls)?;
+    let nodes = cluster("shard-bench", &checks, false, &tls).await?;
     let before = pipe_writes(&nodes);
     let run = w1(&nodes, messages, in_flight, checks).await?;
     let (frames, writes) = pipe_writes(&nodes);
@@ -392,7 +400,33 @@ async fn run_w1(
     json["workload"] = label.into();
     json["in_flight_per_driver"] = in_flight.into();
     json["peak_rss_kib"] = peak_rss_kib().into();
+    json["tls"] = (!tls.is_empty()).into();
     Ok((json, run.correct()))
+}
+
+/// With `tls`, a throwaway CA's certificates for the three nodes (in a
+/// temporary directory, kept while the run reads them) and each node's
+/// loaded material; else none.
+fn bench_tls(
+    tls: bool,
+) -> Result<(Option<tempfile::TempDir>, Vec<Tls>), Box<dyn std::error::Error>> {
+    if !tls {
+        return Ok((None, Vec::new()));
+    }
+    #[cfg(feature = "tls")]
+    {
+        use datum_cluster_sharding::transport::generate_test_certificates;
+        let dir = tempfile::tempdir()?;
+        let day = Duration::from_secs(86_400);
+        let configs = generate_test_certificates(dir.path(), &["127.0.0.1"; 3], day)?;
+        let tls = configs
+            .into_iter()
+            .map(Tls::load)
+            .collect::<Result<_, _>>()?;
+        Ok((Some(dir), tls))
+    }
+    #[cfg(not(feature = "tls"))]
+    Err("--tls needs a build with `--features tls`".into())
 }
 
 /// Frames written and `write_all` calls so far, over every node's pipes.
@@ -416,7 +450,7 @@ async fn run_w3(
     let mut flushes: Vec<(&str, Duration)> = Vec::new();
     {
         let checks = Arc::new(Checks::default());
-        let nodes = cluster("shard-bench-w3a", &checks, false).await?;
+        let nodes = cluster("shard-bench-w3a", &checks, false, &[]).await?;
         let run = run_drivers(&nodes, messages, 16, checks, spawn).await?;
         run.print("no store");
         ok &= run.correct();
@@ -483,7 +517,7 @@ async fn run_w2(
     let checks = Arc::new(Checks::default());
     let timeout_downing = downing == Downing::Timeout;
     let Some(kind) = journal else {
-        let nodes = cluster("shard-bench-w2", &checks, timeout_downing).await?;
+        let nodes = cluster("shard-bench-w2", &checks, timeout_downing, &[]).await?;
         let done = w2_on(nodes, checks, messages, downing, victim_index, chart_path).await?;
         stop(done.survivors).await;
         return Ok((done.json, done.correct));
@@ -711,6 +745,11 @@ fn main() -> ExitCode {
         } else {
             16
         });
+    let w1 = matches!(args.workload, Workload::W1 | Workload::W1Sat);
+    if args.tls && (!w1 || args.mode == Mode::MultiProcess || args.pairs.is_some()) {
+        eprintln!("shard-bench: --tls runs w1 and w1-sat in one process (compare with farm-bench)");
+        return ExitCode::from(2);
+    }
     if let Some(rounds) = args.pairs {
         let name = match args.workload {
             Workload::W1 => "w1",
@@ -758,8 +797,8 @@ fn main() -> ExitCode {
 
 async fn in_process(args: Args, in_flight: usize) -> ExitCode {
     let result = match args.workload {
-        Workload::W1 => run_w1(args.messages, in_flight, "w1").await,
-        Workload::W1Sat => run_w1(args.messages, in_flight, "w1-sat").await,
+        Workload::W1 => run_w1(args.messages, in_flight, "w1", args.tls).await,
+        Workload::W1Sat => run_w1(args.messages, in_flight, "w1-sat", args.tls).await,
         Workload::Transport => run_transport(args.messages, in_flight).await,
         Workload::W2 => {
             run_w2(
