@@ -187,10 +187,12 @@ fn install(from: &TlsConfig, to: &TlsConfig) {
 async fn certificates_renewed_on_disk_under_traffic_lose_no_ask() {
     let dir = tempfile::tempdir().expect("tempdir");
     let names = ["127.0.0.1"; 4];
-    // Short-lived certificates (eight seconds), and their renewals: a year,
+    // Short-lived certificates (twelve seconds: the cluster forms well within
+    // them), and their renewals: a year,
     // from another CA. Every node trusts both CAs (one bundle).
+    let issued = Instant::now();
     let short =
-        generate_test_certificates(&dir.path().join("short"), &names, Duration::from_secs(8))
+        generate_test_certificates(&dir.path().join("short"), &names, Duration::from_secs(12))
             .expect("certificates");
     let renewed = generate_test_certificates(&dir.path().join("renewed"), &names, DAY * 365)
         .expect("certificates");
@@ -212,7 +214,6 @@ async fn certificates_renewed_on_disk_under_traffic_lose_no_ask() {
             files
         })
         .collect();
-    let issued = Instant::now();
     let first = node(&live[0], None).await;
     let second = node(&live[1], Some(&first)).await;
     let third = node(&live[2], Some(&first)).await;
@@ -255,7 +256,7 @@ async fn certificates_renewed_on_disk_under_traffic_lose_no_ask() {
     }
     // Past the old certificates' expiry (and a second for whole-second
     // X.509 times), the established pipes still carry the traffic...
-    let expired = issued + Duration::from_secs(10);
+    let expired = issued + Duration::from_secs(14);
     tokio::time::sleep_until(expired.into()).await;
     let before = answered.load(Ordering::Relaxed);
     // ...and a new node joins through the first: the handshakes of its new

@@ -208,7 +208,7 @@ struct Args {
 #[command(
     name = "datum-node certs",
     about = "Writes a test CA and one certificate per node (PEM) into a directory, for a TLS \
-cluster: ca.pem, ca-key.pem, node-<i>.pem, node-<i>-key.pem. Needs a build with `--features tls`."
+cluster: ca.pem, node-<i>.pem, node-<i>-key.pem (new files; the CA's key is not kept). Needs a build with `--features tls`."
 )]
 struct CertsArgs {
     /// The directory to write into (created if missing).

@@ -155,13 +155,13 @@ impl Shared {
         let deadline = tokio::time::Instant::now() + self.config.handshake_timeout;
         let peer = match &self.config.tls {
             None => {
-                self.handshake_inbound(stream, sockets, None, deadline)
+                self.handshake_inbound(stream, sockets, None, deadline, permit)
                     .await
             }
             #[cfg(feature = "tls")]
             Some(tls) => match tokio::time::timeout_at(deadline, tls.accept(stream)).await {
                 Ok(Ok((stream, cert))) => self
-                    .handshake_inbound(stream, sockets, Some((tls, cert)), deadline)
+                    .handshake_inbound(stream, sockets, Some((tls, cert)), deadline, permit)
                     .await
                     .map_err(super::tls::inside_tls),
                 Ok(Err(e)) => Err(e),
@@ -170,7 +170,6 @@ impl Shared {
             #[cfg(not(feature = "tls"))]
             Some(tls) => match *tls {},
         };
-        drop(permit);
         if let Err(e) = peer {
             self.refusals.log(self.local, remote, &e);
         }
@@ -178,13 +177,14 @@ impl Shared {
 
     /// The acceptor's handshake on a (TLS or TCP) stream, then the pipe.
     /// Under TLS, the certificate the peer presented must name the address
-    /// its `Hello` claims.
+    /// its `Hello` claims. `permit` is released once the handshake ends.
     async fn handshake_inbound<S: PipeIo>(
         self: &Arc<Self>,
         stream: S,
         sockets: (SocketAddr, SocketAddr),
         cert: Option<PeerCert<'_>>,
         deadline: tokio::time::Instant,
+        permit: OwnedSemaphorePermit,
     ) -> Result<(), ConnectError> {
         let mut framed = handshake_framed(stream);
         let local = self.local_handshake();
@@ -206,6 +206,7 @@ impl Shared {
             Ok(Err(e)) => return Err(lock(&mismatch).take().map_or(e, ConnectError::Tls)),
             Ok(Ok(peer)) => peer,
         };
+        drop(permit); // authenticated
         self.start_conn(framed, sockets, peer, peer.node_id, Some(Frame::Accepted))
             .await
             .map(drop)

@@ -92,6 +92,13 @@ impl Transport {
             tracing::warn!(%bound, "listening on an unspecified address without advertised_addr: peers cannot dial this identity");
         }
         let local = UniqueAddress::new_at(config.advertised_addr.unwrap_or(bound));
+        #[cfg(feature = "tls")]
+        if let Some(tls) = &config.tls {
+            // Every peer would refuse a certificate that does not name us.
+            tls.check_own_name(local.addr).map_err(|why| {
+                std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("TLS: {why}"))
+            })?;
+        }
         if config.tls.is_none() && !(bound.ip().is_loopback() && local.addr.ip().is_loopback()) {
             tracing::warn!(%bound, advertised = %local.addr, "PLAINTEXT pipes on a non-loopback address: frames after the handshake travel unencrypted and unauthenticated; set TransportConfig::tls (feature `tls`)");
         }

@@ -101,11 +101,6 @@ pub enum SendFailure {
     /// reply) the request's connection is gone.
     #[error("the connection is closed")]
     ConnectionClosed,
-    /// The TLS handshake failed (feature `tls`): the peer's certificate is
-    /// not from the CA roots, has expired, does not name it, or the peer
-    /// does not speak TLS. rustls's reason.
-    #[error("TLS: {0}")]
-    Tls(String),
     /// The local transport is shut down.
     #[error("the transport is shut down")]
     ShutDown,

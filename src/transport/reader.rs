@@ -66,6 +66,11 @@ pub(crate) async fn read_loop<R: AsyncRead + Unpin>(
         match read {
             Ok(0) => break Some(DisconnectReason::PeerClosed),
             Ok(_) => {}
+            // A TLS peer that closed without a close_notify (it crashed, or
+            // dropped the pipe): closed, as a TCP peer's end of stream is.
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                break Some(DisconnectReason::PeerClosed);
+            }
             Err(e) => break Some(DisconnectReason::Io(e.to_string())),
         }
     };

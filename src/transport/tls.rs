@@ -118,12 +118,18 @@ struct Inner {
     peer_name: Option<ServerName<'static>>,
     provider: Arc<CryptoProvider>,
     current: Mutex<Arc<Loaded>>,
+    /// The files' metadata when they last failed to load: not tried again
+    /// until it changes (so a broken change costs one load, not one per
+    /// connection).
+    failed: Mutex<Option<Stamps>>,
     reload_failures: WarnLimit,
 }
 
 /// What one load of the files made.
 struct Loaded {
     stamps: Stamps,
+    /// This node's certificate (the chain's first).
+    own: CertificateDer<'static>,
     server: TlsAcceptor,
     client: TlsConnector,
 }
@@ -157,6 +163,7 @@ impl Tls {
             peer_name,
             provider,
             current: Mutex::new(Arc::new(loaded)),
+            failed: Mutex::new(None),
             reload_failures: WarnLimit::default(),
         })))
     }
@@ -172,6 +179,7 @@ impl Tls {
     pub fn reload(&self) -> Result<(), TlsError> {
         let loaded = load(&self.0.config, &self.0.provider)?;
         *lock(&self.0.current) = Arc::new(loaded);
+        *lock(&self.0.failed) = None;
         Ok(())
     }
 
@@ -180,21 +188,36 @@ impl Tls {
     /// load, the current one.
     fn current(&self) -> Arc<Loaded> {
         let current = lock(&self.0.current).clone();
-        if stamps(&self.0.config) == current.stamps {
+        let now = stamps(&self.0.config);
+        if now == current.stamps || lock(&self.0.failed).as_ref() == Some(&now) {
             return current;
         }
         match load(&self.0.config, &self.0.provider) {
             Ok(loaded) => {
                 let loaded = Arc::new(loaded);
                 *lock(&self.0.current) = loaded.clone();
+                *lock(&self.0.failed) = None;
                 tracing::info!(cert = %self.0.config.cert_chain.display(), "TLS files changed: reloaded");
                 loaded
             }
             Err(error) => {
+                *lock(&self.0.failed) = Some(now);
                 warn_limited!(self.0.reload_failures, "TLS files changed but do not load; still using the previous ones"; %error);
                 current
             }
         }
+    }
+
+    /// Whether this node's own certificate names `addr` (or the peer name):
+    /// a node whose certificate does not would be refused by every peer.
+    pub(crate) fn check_own_name(&self, addr: SocketAddr) -> Result<(), String> {
+        let own = lock(&self.0.current).own.clone();
+        self.check_peer_name(&own, addr).map_err(|why| {
+            format!(
+                "this node's certificate {} does not name its address {addr}: {why}",
+                self.0.config.cert_chain.display()
+            )
+        })
     }
 
     /// The name a peer at `addr` must have in its certificate.
@@ -271,7 +294,7 @@ pub(crate) fn inside_tls(e: ConnectError) -> ConnectError {
 /// configurations (TLS 1.3 only).
 fn load(config: &TlsConfig, provider: &Arc<CryptoProvider>) -> Result<Loaded, TlsError> {
     let stamps = stamps(config);
-    let chain = certificates(&config.cert_chain)?;
+    let mut chain = certificates(&config.cert_chain)?;
     let key_pem = read(&config.private_key)?;
     let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| TlsError::Pem {
         path: config.private_key.clone(),
@@ -296,20 +319,34 @@ fn load(config: &TlsConfig, provider: &Arc<CryptoProvider>) -> Result<Loaded, Tl
     let verifier = WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone())
         .build()
         .map_err(|e| refused(&config.ca_roots, e))?;
-    let server = ServerConfig::builder_with_provider(provider.clone())
+    // This node's certificate must also do for client authentication (the
+    // check above asked for server authentication): every pipe it dials
+    // presents it.
+    verifier
+        .verify_client_cert(&chain[0], &chain[1..], UnixTime::now())
+        .map_err(|e| refused(&config.cert_chain, e))?;
+    let mut server = ServerConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| refused(&config.cert_chain, e))?
         .with_client_cert_verifier(verifier)
         .with_single_cert(chain.clone(), key.clone_key())
         .map_err(|e| refused(&config.private_key, e))?;
-    let client = ClientConfig::builder_with_provider(provider.clone())
+    let mut client = ClientConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| refused(&config.cert_chain, e))?
         .with_root_certificates(roots)
-        .with_client_auth_cert(chain, key)
+        .with_client_auth_cert(chain.clone(), key)
         .map_err(|e| refused(&config.private_key, e))?;
+    // No session resumption: a resumed handshake checks no certificate, so
+    // a peer whose certificate expired (or was replaced) since could come
+    // back on its old session. Pipes live long; a full handshake per pipe
+    // costs nothing that matters.
+    server.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+    server.send_tls13_tickets = 0;
+    client.resumption = rustls::client::Resumption::disabled();
     Ok(Loaded {
         stamps,
+        own: chain.swap_remove(0),
         server: TlsAcceptor::from(Arc::new(server)),
         client: TlsConnector::from(Arc::new(client)),
     })
@@ -391,9 +428,10 @@ impl PipeIo for client::TlsStream<TcpStream> {
 }
 
 /// Makes a test certificate authority and one certificate per node, and
-/// writes them into `dir` (created if missing) as PEM files: `ca.pem`,
-/// `ca-key.pem`, and `node-<i>.pem` with `node-<i>-key.pem` for each of
-/// `names` in order. A name that parses as an IP address becomes an IP
+/// writes them into `dir` (created if missing) as PEM files: `ca.pem`, and
+/// `node-<i>.pem` with `node-<i>-key.pem` for each of `names` in order.
+/// Files are created new: an existing one is an error, not overwritten.
+/// The CA's own key is not kept. A name that parses as an IP address becomes an IP
 /// subject alternative name, anything else a DNS name; each node's
 /// certificate serves both sides of a pipe (server and client
 /// authentication). Everything is valid from now for `valid_for`. Private
@@ -429,11 +467,7 @@ pub fn generate_test_certificates(
     })?;
     let write = |name: &str, pem: &str, private: bool| -> Result<PathBuf, TlsError> {
         let path = dir.join(name);
-        let written = if private {
-            write_private(&path, pem.as_bytes())
-        } else {
-            fs::write(&path, pem)
-        };
+        let written = write_new(&path, pem.as_bytes(), private);
         written.map_err(|e| TlsError::Read {
             path: path.clone(),
             message: e.to_string(),
@@ -459,10 +493,10 @@ pub fn generate_test_certificates(
     ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
     validity(&mut ca_params);
     let ca_key = KeyPair::generate().map_err(|e| failed("the CA key", e))?;
-    let ca_key_pem = ca_key.serialize_pem();
+    // The CA's key is not written: nothing can mint more certificates of
+    // this CA once these exist (make a new CA for more).
     let ca = CertifiedIssuer::self_signed(ca_params, ca_key).map_err(|e| failed("the CA", e))?;
     let ca_roots = write("ca.pem", &ca.pem(), false)?;
-    write("ca-key.pem", &ca_key_pem, true)?;
 
     let mut configs = Vec::with_capacity(names.len());
     for (i, name) in names.iter().enumerate() {
@@ -485,12 +519,17 @@ pub fn generate_test_certificates(
     Ok(configs)
 }
 
-/// Writes a file only its owner may read (on Unix; elsewhere as any file).
-fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+/// Writes a new file (never over one that exists, nor through a symbolic
+/// link), `private` ones readable by their owner only (on Unix).
+fn write_new(path: &Path, bytes: &[u8], private: bool) -> std::io::Result<()> {
     use std::io::Write;
     let mut options = fs::OpenOptions::new();
-    options.write(true).create(true).truncate(true);
+    options.write(true).create_new(true);
     #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    if private {
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    }
+    #[cfg(not(unix))]
+    let _ = private;
     options.open(path)?.write_all(bytes)
 }

@@ -27,7 +27,13 @@ fn plain_config() -> TransportConfig {
 
 /// A transport on 127.0.0.1 under `tls` that echoes every request on `CH`.
 async fn node(tls: Option<&TlsConfig>) -> Transport {
+    node_with(tls, Duration::from_secs(3)).await
+}
+
+/// [`node`], with this handshake timeout.
+async fn node_with(tls: Option<&TlsConfig>, handshake_timeout: Duration) -> Transport {
     let mut c = plain_config();
+    c.handshake_timeout = handshake_timeout;
     c.tls = tls.map(|t| Tls::load(t.clone()).expect("loads"));
     let t = Transport::bind(c).await.expect("bind");
     let mut inbox = t.register(CH, 1024).expect("register");
@@ -118,20 +124,57 @@ async fn a_certificate_must_name_the_node_on_both_sides() {
     let dir = tempfile::tempdir().expect("tempdir");
     // One CA; a certificate for 127.0.0.1 and one for another address.
     let certs = pki(dir.path(), &["127.0.0.1", "10.9.9.9"]);
-    let (honest, misnamed) = (node(Some(&certs[0])).await, node(Some(&certs[1])).await);
-    // Dialing the misnamed node: its server certificate does not name the
-    // address dialed.
-    match connect_error(&honest, &misnamed).await {
-        ConnectError::Tls(why) => assert!(why.contains("not valid for name"), "{why}"),
+    let honest = node(Some(&certs[0])).await;
+    let misnamed = Tls::load(certs[1].clone()).expect("loads");
+    // A transport whose own certificate does not name it is refused at
+    // bind: every peer would refuse it.
+    let mut c = plain_config();
+    c.tls = Some(misnamed.clone());
+    let refused = Transport::bind(c).await.expect_err("refused at bind");
+    assert!(refused.to_string().contains("does not name"), "{refused}");
+    // So the misnamed side is played by hand. As the acceptor: its
+    // certificate does not name the address dialed.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let impostor = listener.local_addr().expect("addr");
+    let acceptor = misnamed.clone();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let _ = acceptor.accept(tcp).await;
+        }
+    });
+    match tokio::time::timeout(PATIENCE, honest.connect(impostor))
+        .await
+        .expect("answered")
+    {
+        Err(ConnectError::Tls(why)) => assert!(why.contains("not valid for name"), "{why}"),
         other => panic!("{other:?}"),
     }
-    // The misnamed node dialing: TLS passes (its chain is good, and the
-    // acceptor is named), but its Hello claims 127.0.0.1:port, which its
-    // certificate does not name.
+    // As the dialer: TLS passes (its chain is good and the acceptor is
+    // named), but its Hello claims 127.0.0.1:1, which its certificate does
+    // not name.
+    let tcp = TcpStream::connect(honest.bound_addr()).await.expect("tcp");
+    let tls = misnamed
+        .connect(tcp, honest.bound_addr())
+        .await
+        .expect("TLS passes");
+    let mut framed = super::pipe::handshake_framed(tls);
+    let secret = Secret::from("sesame");
+    let me = crate::identity::UniqueAddress::new_at("127.0.0.1:1".parse().expect("literal"));
+    let local = super::handshake::Local {
+        me,
+        cluster: "unit",
+        secret: &secret,
+    };
+    let refused = super::handshake::initiate(&mut framed, &local, honest.bound_addr(), |_| Ok(()));
     assert_eq!(
-        connect_error(&misnamed, &honest).await,
-        ConnectError::Rejected(RejectReason::CertificateMismatch)
+        tokio::time::timeout(PATIENCE, refused)
+            .await
+            .expect("answered"),
+        Err(ConnectError::Rejected(RejectReason::CertificateMismatch))
     );
+    assert!(honest.connected_peers().is_empty());
     // Under a shared peer name, the address no longer matters.
     let shared = pki(
         &dir.path().join("named"),
@@ -142,11 +185,55 @@ async fn a_certificate_must_name_the_node_on_both_sides() {
     round_trip(&x, &y).await.expect("named peers");
 }
 
+/// Every connection is a full TLS handshake that checks the certificates:
+/// no session is resumed (a resumed one checks none, so a peer whose
+/// certificate expired since could come back on it).
+#[tokio::test]
+async fn no_tls_session_is_resumed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let certs = pki(dir.path(), &["127.0.0.1", "127.0.0.1"]);
+    let (server, client) = (
+        Tls::load(certs[0].clone()).expect("loads"),
+        Tls::load(certs[1].clone()).expect("loads"),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    for attempt in 0..3 {
+        let accepting = async {
+            let (tcp, _) = listener.accept().await.expect("accept");
+            let (mut stream, _) = server.accept(tcp).await.expect("accepted");
+            // A byte after the handshake, behind any session tickets.
+            stream.write_all(b"x").await.expect("write");
+            stream.flush().await.expect("flush");
+            stream
+        };
+        let dialing = async {
+            let tcp = TcpStream::connect(addr).await.expect("tcp");
+            let mut stream = client.connect(tcp, addr).await.expect("connected");
+            let mut byte = [0u8; 1];
+            stream.read_exact(&mut byte).await.expect("read");
+            stream
+        };
+        let (accepted, dialed) = tokio::join!(accepting, dialing);
+        for kind in [
+            accepted.get_ref().1.handshake_kind(),
+            dialed.get_ref().1.handshake_kind(),
+        ] {
+            assert_eq!(kind, Some(rustls::HandshakeKind::Full), "attempt {attempt}");
+        }
+    }
+}
+
 #[tokio::test]
 async fn plaintext_and_garbage_cost_a_tls_node_only_that_connection() {
     let dir = tempfile::tempdir().expect("tempdir");
     let certs = pki(dir.path(), &["127.0.0.1", "127.0.0.1"]);
-    let (secure, friend) = (node(Some(&certs[0])).await, node(Some(&certs[1])).await);
+    // The secure node's handshake timeout is longer than the test's
+    // patience: what closes a connection here is what it received.
+    let secure = node_with(Some(&certs[0]), Duration::from_secs(60)).await;
+    let friend = node(Some(&certs[1])).await;
     let plain = node(None).await;
     // A plaintext node's Hello is not a TLS ClientHello: closed.
     let refused = connect_error(&plain, &secure).await;
@@ -198,7 +285,7 @@ fn bad_files_are_refused_with_the_file_named() {
     let not_pem = TlsConfig::new(
         &certs[0].cert_chain,
         &certs[0].private_key,
-        dir.path().join("ca-key.pem"),
+        &certs[1].private_key,
     );
     assert!(matches!(Tls::load(not_pem), Err(TlsError::Pem { .. })));
     // Node 0's certificate with node 1's key.
@@ -235,11 +322,13 @@ fn bad_files_are_refused_with_the_file_named() {
 async fn an_expired_certificate_is_refused_by_name_at_load_and_by_peers() {
     let dir = tempfile::tempdir().expect("tempdir");
     let good = pki(&dir.path().join("good"), &["127.0.0.1", "127.0.0.1"]);
-    // Valid for two seconds from now (and since a minute ago).
+    // Valid for five seconds from now (and since a minute ago); X.509
+    // times are whole seconds, so at least four.
+    let issued = tokio::time::Instant::now();
     let short = generate_test_certificates(
         &dir.path().join("short"),
         &["127.0.0.1"],
-        Duration::from_secs(2),
+        Duration::from_secs(5),
     )
     .expect("certificates");
     // Both CAs in one bundle, trusted by every node here.
@@ -257,8 +346,8 @@ async fn an_expired_certificate_is_refused_by_name_at_load_and_by_peers() {
         node(Some(&trusting(&good[0]))).await,
     );
     round_trip(&a, &b).await.expect("valid for now");
-    // X.509 times are whole seconds: wait past the end of the validity.
-    tokio::time::sleep(Duration::from_millis(3_100)).await;
+    // Past the end of the validity (and the second X.509 rounds to).
+    tokio::time::sleep_until(issued + Duration::from_millis(6_200)).await;
     match Tls::load(short_lived).expect_err("expired") {
         TlsError::Certificate { path, reason } => {
             assert_eq!(path, short[0].cert_chain);

@@ -301,6 +301,7 @@ impl Arbitrary for AnyFrame {
             RejectReason::Quarantined,
             RejectReason::ProtocolViolation,
             RejectReason::ShuttingDown,
+            RejectReason::CertificateMismatch,
         ];
         let failures = [
             RemoteFailure::NoHandler(u16::arbitrary(g)),
