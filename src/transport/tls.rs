@@ -123,13 +123,20 @@ struct Inner {
     /// connection).
     failed: Mutex<Option<Stamps>>,
     reload_failures: WarnLimit,
+    /// When this node's certificate was last found still valid, and the
+    /// warnings that it no longer is.
+    own_checked: Mutex<Option<std::time::Instant>>,
+    own_expired: WarnLimit,
 }
 
 /// What one load of the files made.
 struct Loaded {
     stamps: Stamps,
-    /// This node's certificate (the chain's first).
+    /// This node's certificate (the chain's first), its intermediates, and
+    /// the roots: to see, while it runs, that it has not expired.
     own: CertificateDer<'static>,
+    intermediates: Vec<CertificateDer<'static>>,
+    roots: Arc<RootCertStore>,
     server: TlsAcceptor,
     client: TlsConnector,
 }
@@ -165,6 +172,8 @@ impl Tls {
             current: Mutex::new(Arc::new(loaded)),
             failed: Mutex::new(None),
             reload_failures: WarnLimit::default(),
+            own_checked: Mutex::new(None),
+            own_expired: WarnLimit::default(),
         })))
     }
 
@@ -190,6 +199,7 @@ impl Tls {
         let current = lock(&self.0.current).clone();
         let now = stamps(&self.0.config);
         if now == current.stamps || lock(&self.0.failed).as_ref() == Some(&now) {
+            self.check_own_validity(&current);
             return current;
         }
         match load(&self.0.config, &self.0.provider) {
@@ -205,6 +215,32 @@ impl Tls {
                 warn_limited!(self.0.reload_failures, "TLS files changed but do not load; still using the previous ones"; %error);
                 current
             }
+        }
+    }
+
+    /// Warns (rate-limited), naming the file, when this node's certificate
+    /// has expired while it ran: every peer now refuses its new pipes.
+    /// Checked at most once a second (a signature verification).
+    fn check_own_validity(&self, current: &Loaded) {
+        {
+            let mut checked = lock(&self.0.own_checked);
+            if checked.is_some_and(|at| at.elapsed() < std::time::Duration::from_secs(1)) {
+                return;
+            }
+            *checked = Some(std::time::Instant::now());
+        }
+        let valid = ParsedCertificate::try_from(&current.own).and_then(|own| {
+            verify_server_cert_signed_by_trust_anchor(
+                &own,
+                &current.roots,
+                &current.intermediates,
+                UnixTime::now(),
+                self.0.provider.signature_verification_algorithms.all,
+            )
+        });
+        if let Err(error) = valid {
+            let cert = self.0.config.cert_chain.display();
+            warn_limited!(self.0.own_expired, "this node's TLS certificate is no longer valid: peers refuse its new connections; replace the files"; %cert, %error);
         }
     }
 
@@ -305,6 +341,7 @@ fn load(config: &TlsConfig, provider: &Arc<CryptoProvider>) -> Result<Loaded, Tl
         roots.add(ca).map_err(|e| refused(&config.ca_roots, e))?;
     }
     let roots = Arc::new(roots);
+    let roots_kept = roots.clone();
 
     let own = ParsedCertificate::try_from(&chain[0]).map_err(|e| refused(&config.cert_chain, e))?;
     verify_server_cert_signed_by_trust_anchor(
@@ -346,7 +383,9 @@ fn load(config: &TlsConfig, provider: &Arc<CryptoProvider>) -> Result<Loaded, Tl
     client.resumption = rustls::client::Resumption::disabled();
     Ok(Loaded {
         stamps,
-        own: chain.swap_remove(0),
+        own: chain.remove(0),
+        intermediates: chain,
+        roots: roots_kept,
         server: TlsAcceptor::from(Arc::new(server)),
         client: TlsConnector::from(Arc::new(client)),
     })

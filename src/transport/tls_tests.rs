@@ -320,6 +320,11 @@ fn bad_files_are_refused_with_the_file_named() {
 
 #[tokio::test]
 async fn an_expired_certificate_is_refused_by_name_at_load_and_by_peers() {
+    use tracing_subscriber::layer::SubscriberExt;
+    // This test's tasks run on its one thread: their logs come here.
+    let captured = crate::warn_limit::capture::Captured::default();
+    let _logs =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(captured.clone()));
     let dir = tempfile::tempdir().expect("tempdir");
     let good = pki(&dir.path().join("good"), &["127.0.0.1", "127.0.0.1"]);
     // Valid for five seconds from now (and since a minute ago); X.509
@@ -364,6 +369,13 @@ async fn an_expired_certificate_is_refused_by_name_at_load_and_by_peers() {
             other => panic!("{other:?}"),
         }
     }
+    // The node whose certificate expired says so, naming the file.
+    let warned = captured.events().into_iter().any(|(level, fields)| {
+        level == tracing::Level::WARN
+            && fields.contains("no longer valid")
+            && fields.contains(&short[0].cert_chain.display().to_string())
+    });
+    assert!(warned, "{:?}", captured.events());
     // The established pipe between a and b is unaffected: TLS checked the
     // certificates once, at its handshake.
     let peer = a.connected_peers()[0];
