@@ -193,6 +193,15 @@ impl Shared {
             }
         }
         self.stopped.store(true, Ordering::Release);
+        // Senders waiting for room in the remember-entities queue give up...
+        if let Some(remember) = self
+            .remember
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            remember.end_waits();
+        }
         // No new message is accepted from here on (senders see ShuttingDown)...
         for region in &regions {
             region.stop_accepting();

@@ -18,10 +18,15 @@ const LONG: Duration = Duration::from_secs(10);
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Hello;
 
+/// Asks nothing back.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Wave;
+
 protocol! {
     /// Answers 7.
     pub protocol Greeter = "greeter" {
         ask Hello -> u64;
+        tell Wave;
     }
 }
 
@@ -32,6 +37,11 @@ impl Entity for GreeterEntity {
 impl Handler<Hello> for GreeterEntity {
     async fn handle(&mut self, _: Hello, _: &EntityContext) -> ShardingResult<u64> {
         Ok(7)
+    }
+}
+impl Handler<Wave> for GreeterEntity {
+    async fn handle(&mut self, _: Wave, _: &EntityContext) -> ShardingResult<()> {
+        Ok(())
     }
 }
 
@@ -487,6 +497,52 @@ async fn a_full_queue_holds_senders_back_by_default_and_drops_nothing() {
     let want: BTreeSet<String> = ["w-0", "w-2"].iter().map(|s| s.to_string()).collect();
     assert_eq!(stored, want);
     system.shutdown().await;
+}
+
+/// A sender waiting for room in a full queue does not outlive the system:
+/// its shutdown ends the wait at once with `ShuttingDown` (the message is
+/// not sent), not after the ask's timeout or a tell's `full_queue_wait`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_ends_the_waits_for_room() {
+    let store = Faulty::default();
+    store.0.hold();
+    let system = system_full(
+        store.clone(),
+        RememberEntitiesFailurePolicy::FailOpen,
+        1,
+        RememberEntitiesQueueFull::BackPressure,
+    )
+    .await;
+    // The writer is stuck in the store with the first record.
+    let first = system.entity_ref::<Greeter>("s-0");
+    assert_eq!(first.ask(Hello, LONG).await, Ok(7));
+    let asker = system.entity_ref::<Greeter>("s-1");
+    let teller = system.entity_ref::<Greeter>("s-2");
+    let waiting_ask = tokio::spawn(async move { asker.ask(Hello, LONG).await });
+    let waiting_tell = tokio::spawn(async move { teller.tell(Wave).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        !waiting_ask.is_finished() && !waiting_tell.is_finished(),
+        "both wait for room"
+    );
+    let stopping = {
+        let system = system.clone();
+        tokio::spawn(async move { system.shutdown().await })
+    };
+    let ended = tokio::time::timeout(Duration::from_secs(2), async {
+        (waiting_ask.await.unwrap(), waiting_tell.await.unwrap())
+    })
+    .await
+    .expect("the waits end with the shutdown, not at their deadlines");
+    assert_eq!(
+        ended,
+        (
+            Err(ShardingError::ShuttingDown),
+            Err(ShardingError::ShuttingDown)
+        )
+    );
+    store.0.release();
+    stopping.await.unwrap();
 }
 
 /// The child half of `flushed_ids_survive_a_sigkill`: run only when the

@@ -138,6 +138,18 @@ pub(crate) fn deadline_after(wait: std::time::Duration) -> tokio::time::Instant 
         .unwrap_or_else(|| now + std::time::Duration::from_secs(365 * 24 * 3600))
 }
 
+/// Ends the waits for room when the writer thread ends while its
+/// `Remember` lives on.
+struct WriterEnded(std::sync::Weak<Remember>);
+
+impl Drop for WriterEnded {
+    fn drop(&mut self) {
+        if let Some(remember) = self.0.upgrade() {
+            remember.end_waits_with(2);
+        }
+    }
+}
+
 /// How many events a slow subscriber may lag behind.
 const EVENT_CAPACITY: usize = 1_024;
 
@@ -152,8 +164,12 @@ pub(crate) struct Remember {
     capacity: usize,
     when_full: RememberEntitiesQueueFull,
     full_queue_wait: std::time::Duration,
-    /// Told when the backlog falls below the capacity.
+    /// Told when the backlog falls below the capacity, and when waiting
+    /// ends for good (`waits_end`).
     room: tokio::sync::Notify,
+    /// Why no sender waits for room any more: 0 none (they wait), 1 the
+    /// system is shutting down, 2 the writer thread has ended.
+    waits_end: std::sync::atomic::AtomicU8,
     policy: RememberEntitiesFailurePolicy,
     events: broadcast::Sender<RememberEntitiesEvent>,
     failed: Failed,
@@ -208,6 +224,7 @@ impl Remember {
             when_full: config.when_full,
             full_queue_wait: config.full_queue_wait,
             room: tokio::sync::Notify::new(),
+            waits_end: std::sync::atomic::AtomicU8::new(0),
             policy: config.failure_policy,
             events,
             failed: Failed::default(),
@@ -222,6 +239,10 @@ impl Remember {
         std::thread::Builder::new()
             .name("remember-entities".into())
             .spawn(move || {
+                // If this thread ends while the queue is still in use (it
+                // panicked outside a store call), senders waiting for room
+                // stop waiting.
+                let _ended = WriterEnded(writer.clone());
                 // Ends when every sender (the `Remember`) is gone.
                 // Every write waiting goes to the store as one batch (a
                 // store may sync once for all of them); a flush marker ends
@@ -324,6 +345,19 @@ impl Remember {
             && self.backlog.load(Ordering::Acquire) >= self.capacity
     }
 
+    /// Senders waiting for room stop waiting, now and from now on: the
+    /// system is shutting down (`ShuttingDown`).
+    pub(crate) fn end_waits(&self) {
+        self.end_waits_with(1);
+    }
+
+    fn end_waits_with(&self, why: u8) {
+        let _ = self
+            .waits_end
+            .compare_exchange(0, why, Ordering::AcqRel, Ordering::Acquire);
+        self.room.notify_waiters();
+    }
+
     /// The writer's store applied `n` records (or one was not queued).
     fn taken(&self, n: usize) {
         let before = self.backlog.fetch_sub(n, Ordering::AcqRel);
@@ -350,6 +384,19 @@ impl Remember {
             let notified = self.room.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
+            match self.waits_end.load(Ordering::Acquire) {
+                0 => {}
+                1 => return Err(ShardingError::ShuttingDown),
+                _ => {
+                    return Err(ShardingError::RememberEntities {
+                        type_name,
+                        shard_id: shard,
+                        message:
+                            "the remember-entities writer has stopped; the message was not sent"
+                                .into(),
+                    });
+                }
+            }
             if self.backlog.load(Ordering::Acquire) < self.capacity {
                 return Ok(());
             }
