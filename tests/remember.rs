@@ -442,15 +442,9 @@ async fn under_drop_a_full_queue_never_blocks_a_sender_and_is_reported() {
     system.shutdown().await;
 }
 
-/// The default: a full queue drops nothing — a sender waits for room (an
-/// ask within its timeout; past it the message is not sent and the ask
-/// fails typed), and once the store catches up everything waiting goes.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_full_queue_holds_senders_back_by_default_and_drops_nothing() {
-    assert_eq!(
-        RememberEntitiesConfig::default().when_full,
-        RememberEntitiesQueueFull::BackPressure
-    );
+/// A held store behind a system whose queue holds one record and holds
+/// senders back when full.
+async fn held_back_pressure() -> (Faulty, ShardedSystem<Faulty>) {
     let store = Faulty::default();
     store.0.hold();
     let system = system_full(
@@ -460,6 +454,19 @@ async fn a_full_queue_holds_senders_back_by_default_and_drops_nothing() {
         RememberEntitiesQueueFull::BackPressure,
     )
     .await;
+    (store, system)
+}
+
+/// The default: a full queue drops nothing — a sender waits for room (an
+/// ask within its timeout; past it the message is not sent and the ask
+/// fails typed), and once the store catches up everything waiting goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_holds_senders_back_by_default_and_drops_nothing() {
+    assert_eq!(
+        RememberEntitiesConfig::default().when_full,
+        RememberEntitiesQueueFull::BackPressure
+    );
+    let (store, system) = held_back_pressure().await;
     let mut events = system.subscribe_remember_entities_events().unwrap();
     // The writer is stuck in the store with the first record: the queue
     // is full from then on.
@@ -504,15 +511,7 @@ async fn a_full_queue_holds_senders_back_by_default_and_drops_nothing() {
 /// not sent), not after the ask's timeout or a tell's `full_queue_wait`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_ends_the_waits_for_room() {
-    let store = Faulty::default();
-    store.0.hold();
-    let system = system_full(
-        store.clone(),
-        RememberEntitiesFailurePolicy::FailOpen,
-        1,
-        RememberEntitiesQueueFull::BackPressure,
-    )
-    .await;
+    let (store, system) = held_back_pressure().await;
     // The writer is stuck in the store with the first record.
     let first = system.entity_ref::<Greeter>("s-0");
     assert_eq!(first.ask(Hello, LONG).await, Ok(7));
