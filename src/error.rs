@@ -214,6 +214,35 @@ pub enum ShardingError {
     Bug(String),
 }
 
+impl ShardingError {
+    /// The variant's name in snake case: the `kind` label of the
+    /// `datum_ask_failures_total` metric (SPEC §14).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ShardingError::BufferOverflow { .. } => "buffer_overflow",
+            ShardingError::AskTimeout { .. } => "ask_timeout",
+            ShardingError::EntityPanicked { .. } => "entity_panicked",
+            ShardingError::EntityStopped { .. } => "entity_stopped",
+            ShardingError::Handler(_) => "handler",
+            ShardingError::ShuttingDown => "shutting_down",
+            ShardingError::NotRegistered { .. } => "not_registered",
+            ShardingError::AlreadyRegistered { .. } => "already_registered",
+            ShardingError::InvalidShard { .. } => "invalid_shard",
+            ShardingError::InvalidConfig(_) => "invalid_config",
+            ShardingError::RememberEntities { .. } => "remember_entities",
+            ShardingError::Persistence { .. } => "persistence",
+            ShardingError::PeerLost { .. } => "peer_lost",
+            ShardingError::RegionRefused(_) => "region_refused",
+            ShardingError::ProtocolMismatch { .. } => "protocol_mismatch",
+            ShardingError::Undecodable { .. } => "undecodable",
+            ShardingError::TooManyHops { .. } => "too_many_hops",
+            ShardingError::Remote(_) => "remote",
+            ShardingError::Spawn(_) => "spawn",
+            ShardingError::Bug(_) => "bug",
+        }
+    }
+}
+
 /// The result of a sharding operation.
 pub type ShardingResult<T> = Result<T, ShardingError>;
 

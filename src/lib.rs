@@ -72,6 +72,7 @@ mod runtime;
 pub mod sharding;
 mod store;
 mod system;
+pub mod telemetry;
 pub mod transport;
 mod warn_limit;
 pub mod wire;

@@ -1107,6 +1107,26 @@ impl<P: Protocol> EntityRef<P> {
     /// within `timeout`.
     pub async fn ask<M: Ask<P>>(&self, msg: M, timeout: Duration) -> ShardingResult<M::Reply> {
         let region = self.region()?;
+        let sent = std::time::Instant::now();
+        region.metrics.asks.increment(1);
+        let answer = self.ask_in(region, msg, timeout).await;
+        match &answer {
+            Ok(_) => region
+                .metrics
+                .ask_seconds
+                .record(sent.elapsed().as_secs_f64()),
+            Err(e) => region.metrics.ask_failed(e.kind()),
+        }
+        answer
+    }
+
+    /// [`ask`](Self::ask) on the region it resolved.
+    async fn ask_in<M: Ask<P>>(
+        &self,
+        region: &Region,
+        msg: M,
+        timeout: Duration,
+    ) -> ShardingResult<M::Reply> {
         let deadline = crate::store::writer::deadline_after(timeout);
         if let Some(remember) = region.remember().filter(|r| r.is_full()) {
             remember

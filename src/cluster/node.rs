@@ -114,6 +114,27 @@ fn incurable(error: &ConnectError) -> Option<(RejectReason, bool)> {
     .then(|| (reason.clone(), by_seed))
 }
 
+/// This node's view as `datum_cluster_members` (by status) and
+/// `datum_cluster_unreachable` gauges.
+fn publish_members(state: &MembershipState) {
+    use MemberStatus::*;
+    let statuses = [
+        (Joining, "joining"),
+        (Up, "up"),
+        (Leaving, "leaving"),
+        (Exiting, "exiting"),
+        (Down, "down"),
+    ];
+    let by_status = statuses.map(|(status, name)| {
+        (
+            name,
+            state.members.iter().filter(|m| m.status == status).count(),
+        )
+    });
+    let node = state.self_member.addr.to_string();
+    crate::telemetry::members(&node, &by_status, state.unreachable.len());
+}
+
 /// Requests from handles to the driver.
 enum Control {
     Leave,
@@ -609,7 +630,9 @@ impl Driver {
             || changed
             || self.state.borrow().self_status() != self.core.self_status()
         {
-            self.state.send_replace(self.core.state());
+            let state = self.core.state();
+            publish_members(&state);
+            self.state.send_replace(state);
         }
         self.core.is_terminated()
             || matches!(

@@ -16,6 +16,7 @@ use crate::runtime::mailbox::{EntityMsg, RegionMsg};
 use crate::runtime::slot::{HomeChange, Refused, ShardHome, Slot, SlotHost, Undelivered};
 use crate::store::RememberEntitiesOperation;
 use crate::store::writer::Remember;
+use crate::telemetry::RegionMetrics;
 
 /// Spawns one entity actor (type-erased over the entity type): its context,
 /// its incarnation number, and the region actor to notify.
@@ -107,6 +108,8 @@ pub(crate) struct Region {
     hosted_shards: Mutex<std::collections::BTreeSet<u32>>,
     /// Passivations of live entities so far, by cause.
     passivated: [AtomicU64; 3],
+    /// Its handles for the `metrics` facade.
+    pub(crate) metrics: RegionMetrics,
 }
 
 /// Why a live entity was passivated (an index into `Region::passivated`).
@@ -205,6 +208,9 @@ impl Region {
         let slots = (0..num_shards)
             .map(|_| Mutex::new(Slot::unallocated(0)))
             .collect();
+        let node = cluster
+            .as_ref()
+            .map_or_else(|| "local".to_owned(), |c| c.me.addr.to_string());
         Region {
             type_name: protocol.type_name,
             protocol: protocol.id,
@@ -228,6 +234,7 @@ impl Region {
             hosted: AtomicUsize::new(0),
             hosted_shards: Mutex::new(std::collections::BTreeSet::new()),
             passivated: Default::default(),
+            metrics: RegionMetrics::new(protocol.type_name, node),
         }
     }
 
@@ -386,8 +393,9 @@ impl Region {
     ) -> bool {
         let install = self.installs.fetch_add(1, Ordering::Relaxed);
         let mut guard = lock(&self.slots[shard.0 as usize]);
+        let newly_local = !guard.is_local();
         // Counted in before it starts, so that its own share is right.
-        let counted = self.entity_limit.is_some() && !guard.is_local();
+        let counted = self.entity_limit.is_some() && newly_local;
         if counted {
             self.hosted.fetch_add(1, Ordering::AcqRel);
             self.hosted_shards
@@ -406,6 +414,9 @@ impl Region {
         drop(guard);
         match installed {
             Some(undelivered) => {
+                if newly_local {
+                    self.metrics.shards.increment(1.0);
+                }
                 fail_undelivered(undelivered);
                 if counted {
                     self.reshare();
@@ -546,6 +557,8 @@ impl Region {
         let mut guard = lock(&self.slots[shard.0 as usize]);
         let undelivered = guard.entity_stopped(&mut self.host(), shard, entity_id, incarnation);
         drop(guard);
+        // Every actor spawned sends one stop notice: one fewer live.
+        self.metrics.entities.decrement(1.0);
         fail_undelivered(undelivered);
     }
 
@@ -579,6 +592,9 @@ impl Region {
             guard.set_home(&mut self.host(), shard, home, cluster.me, cluster.proxy);
         let moved_away = was_local && !guard.is_local();
         drop(guard);
+        if moved_away {
+            self.metrics.shards.decrement(1.0);
+        }
         if moved_away && self.entity_limit.is_some() {
             self.hosted.fetch_sub(1, Ordering::AcqRel);
             self.hosted_shards
@@ -755,6 +771,10 @@ impl Region {
         if let Some(actor) = self.region_actor.get() {
             stop_or_kill(actor.get_cell(), timeout).await;
         }
+        // Nothing is hosted or live here any more (stop notices that the
+        // region actor no longer heard are not counted down).
+        self.metrics.shards.set(0.0);
+        self.metrics.entities.set(0.0);
     }
 
     /// What `shutdown` does, at once and without waiting: every actor is
@@ -836,6 +856,7 @@ impl SlotHost for Host<'_> {
             self.cause
         };
         self.region.passivated[cause as usize].fetch_add(1, Ordering::Relaxed);
+        self.region.metrics.passivations[cause as usize].increment(1);
     }
 
     fn type_name(&self) -> &'static str {
@@ -880,7 +901,11 @@ impl SlotHost for Host<'_> {
         let me = self.region.cluster.as_ref().map(|c| c.me);
         let mut ctx = EntityContext::new(self.region.type_name, entity_id.clone(), shard, me);
         ctx.generation = generation;
-        (self.region.spawner)(ctx, incarnation, region_actor.clone())
+        let spawned = (self.region.spawner)(ctx, incarnation, region_actor.clone());
+        if spawned.is_ok() {
+            self.region.metrics.entities.increment(1.0);
+        }
+        spawned
     }
 
     #[inline]

@@ -178,6 +178,9 @@ pub(crate) struct Remember {
     record_failures: std::sync::atomic::AtomicU64,
     last_record_failure: Mutex<Option<(&'static str, ShardId, String)>>,
     reported_failures: Mutex<u64>,
+    /// `datum_remember_queue_depth` and `datum_remember_failures_total`.
+    depth: metrics::Gauge,
+    failures: metrics::Counter,
 }
 
 /// Shards marked failed under `FailClosed`; checked on every message of a
@@ -231,6 +234,8 @@ impl Remember {
             record_failures: std::sync::atomic::AtomicU64::new(0),
             last_record_failure: Mutex::new(None),
             reported_failures: Mutex::new(0),
+            depth: metrics::gauge!(crate::telemetry::REMEMBER_QUEUE),
+            failures: metrics::counter!(crate::telemetry::REMEMBER_FAILURES),
         });
         let writer = Arc::downgrade(&remember);
         // Weak: the thread must not keep the store (and a file store's
@@ -325,6 +330,7 @@ impl Remember {
             operation,
         });
         self.backlog.fetch_add(1, Ordering::AcqRel);
+        self.depth.increment(1.0);
         if self.tx.send(job).is_err() {
             self.taken(1);
             self.failure(
@@ -361,6 +367,7 @@ impl Remember {
     /// The writer's store applied `n` records (or one was not queued).
     fn taken(&self, n: usize) {
         let before = self.backlog.fetch_sub(n, Ordering::AcqRel);
+        self.depth.decrement(n as f64);
         if before.saturating_sub(n) < self.capacity {
             self.room.notify_waiters();
         }
@@ -430,6 +437,7 @@ impl Remember {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner()) = Some((type_name, shard, error.to_owned()));
             self.record_failures.fetch_add(1, Ordering::AcqRel);
+            self.failures.increment(1);
         }
         if self.policy == RememberEntitiesFailurePolicy::FailClosed
             && let Some(shard) = shard

@@ -125,7 +125,7 @@ impl Transport {
             handlers_version: AtomicU64::new(0),
             shutdown: CancellationToken::new(),
             next_conn_id: AtomicU64::new(1),
-            stats: Stats::default(),
+            stats: Stats::new(local.addr.to_string()),
             accept_task: Mutex::new(None),
             handshakes: Arc::new(Semaphore::new(config.max_inbound_handshakes.max(1))),
             slots: Notify::new(),

@@ -24,17 +24,30 @@ use crate::identity::UniqueAddress;
 use crate::warn_limit::{WarnLimit, warn_limited};
 use crate::wire::{Channel, Frame, FrameCodec, RejectReason, RemoteFailure};
 
-#[derive(Default)]
 pub(crate) struct Stats {
     pub(crate) frames: AtomicU64,
     pub(crate) writes: AtomicU64,
     pub(crate) overflow: AtomicU64,
+    /// The same, and the pipes up, for the `metrics` facade.
+    pub(crate) metrics: crate::telemetry::PipeMetrics,
 }
 
 impl Stats {
+    /// `node`: the transport's address, the metrics' `node` label.
+    pub(crate) fn new(node: String) -> Self {
+        Stats {
+            frames: AtomicU64::new(0),
+            writes: AtomicU64::new(0),
+            overflow: AtomicU64::new(0),
+            metrics: crate::telemetry::PipeMetrics::new(node),
+        }
+    }
+
     pub(crate) fn record_batch(&self, frames: usize) {
         self.frames.fetch_add(frames as u64, Ordering::Relaxed);
         self.writes.fetch_add(1, Ordering::Relaxed);
+        self.metrics.frames.increment(frames as u64);
+        self.metrics.writes.increment(1);
     }
 }
 
@@ -366,7 +379,10 @@ impl Shared {
                 });
                 st.emit(TransportEvent::Connected { peer: conn.peer });
             }
-            None => st.emit(TransportEvent::Connected { peer: conn.peer }),
+            None => {
+                self.stats.metrics.pipes.increment(1.0);
+                st.emit(TransportEvent::Connected { peer: conn.peer })
+            }
         }
         Self::flush_dial(st, addr, conn);
         Ok(())
@@ -411,6 +427,7 @@ impl Shared {
                 .is_some_and(|c| c.id == conn.id)
             {
                 st.conns.remove(&conn.peer.addr);
+                self.stats.metrics.pipes.decrement(1.0);
                 let reason = conn.reason();
                 tracing::info!(peer = %conn.peer, ?reason, "pipe closed");
                 st.emit(TransportEvent::Disconnected {
@@ -435,6 +452,7 @@ impl Shared {
             }
             st.closed = true;
             let conns: Vec<_> = st.conns.drain().map(|(_, c)| c).collect();
+            self.stats.metrics.pipes.decrement(conns.len() as f64);
             for c in &conns {
                 st.emit(TransportEvent::Disconnected {
                     peer: c.peer,

@@ -1,0 +1,110 @@
+//! Metrics through the [`metrics`] facade (SPEC §14): the names and labels
+//! this crate records, and the handles each part resolves once.
+//!
+//! The application installs a recorder (its exporter: Prometheus, StatsD,
+//! …) before it starts nodes and systems; without one, every call is a
+//! no-op. Handles are resolved when a region, node or transport starts, so
+//! a recorder installed later sees only what starts after it.
+
+use metrics::{Counter, Gauge, Histogram, counter, gauge, histogram};
+
+/// Members of the cluster in this node's view, by `status`.
+pub const MEMBERS: &str = "datum_cluster_members";
+/// Members this node's view holds unreachable.
+pub const UNREACHABLE: &str = "datum_cluster_unreachable";
+/// Shards an entity type's region hosts on this node.
+pub const SHARDS: &str = "datum_sharding_shards";
+/// Live entities started by this node's region (counted up at a start,
+/// down when an entity stops, however it stops).
+pub const ENTITIES: &str = "datum_sharding_entities";
+/// Passivations of live entities, by `cause` (idle, limit, explicit).
+pub const PASSIVATIONS: &str = "datum_sharding_passivations_total";
+/// Asks sent through an `EntityRef` of this node.
+pub const ASKS: &str = "datum_asks_total";
+/// Asks that failed, by `kind` (the `ShardingError` variant, snake case).
+pub const ASK_FAILURES: &str = "datum_ask_failures_total";
+/// Seconds from an ask's send to its answer (answered asks only).
+pub const ASK_SECONDS: &str = "datum_ask_duration_seconds";
+/// Remember-entities records queued and not yet written.
+pub const REMEMBER_QUEUE: &str = "datum_remember_queue_depth";
+/// Remember-entities records that failed (or were dropped by a full queue).
+pub const REMEMBER_FAILURES: &str = "datum_remember_failures_total";
+/// Frames the pipes' writers took out of their outboxes.
+pub const PIPE_FRAMES: &str = "datum_pipe_frames_total";
+/// Batches the pipes' writers wrote (one write each): frames / writes is
+/// the frames per write.
+pub const PIPE_WRITES: &str = "datum_pipe_writes_total";
+/// Pipes established now.
+pub const PIPES: &str = "datum_pipes";
+
+/// One entity type's region's handles (labels `entity_type`, `node`).
+pub(crate) struct RegionMetrics {
+    entity_type: &'static str,
+    node: String,
+    pub(crate) shards: Gauge,
+    pub(crate) entities: Gauge,
+    /// By `PassivationCause` (idle, limit, explicit).
+    pub(crate) passivations: [Counter; 3],
+    pub(crate) asks: Counter,
+    pub(crate) ask_seconds: Histogram,
+}
+
+impl RegionMetrics {
+    /// `node`: the node's address, or `local` for a system without one.
+    pub(crate) fn new(entity_type: &'static str, node: String) -> Self {
+        let labels = |more: Option<(&'static str, &'static str)>| {
+            let mut labels = vec![
+                metrics::Label::new("entity_type", entity_type),
+                metrics::Label::new("node", node.clone()),
+            ];
+            labels.extend(more.map(|(k, v)| metrics::Label::new(k, v)));
+            labels
+        };
+        let passivation = |cause| counter!(PASSIVATIONS, labels(Some(("cause", cause))));
+        RegionMetrics {
+            entity_type,
+            shards: gauge!(SHARDS, labels(None)),
+            entities: gauge!(ENTITIES, labels(None)),
+            passivations: [
+                passivation("idle"),
+                passivation("limit"),
+                passivation("explicit"),
+            ],
+            asks: counter!(ASKS, labels(None)),
+            ask_seconds: histogram!(ASK_SECONDS, labels(None)),
+            node,
+        }
+    }
+
+    /// An ask failed with `kind` (rare: looked up each time).
+    pub(crate) fn ask_failed(&self, kind: &'static str) {
+        counter!(ASK_FAILURES, "entity_type" => self.entity_type, "node" => self.node.clone(), "kind" => kind)
+            .increment(1);
+    }
+}
+
+/// The transport's handles (label `node`: its address).
+pub(crate) struct PipeMetrics {
+    pub(crate) frames: Counter,
+    pub(crate) writes: Counter,
+    pub(crate) pipes: Gauge,
+}
+
+impl PipeMetrics {
+    pub(crate) fn new(node: String) -> Self {
+        PipeMetrics {
+            frames: counter!(PIPE_FRAMES, "node" => node.clone()),
+            writes: counter!(PIPE_WRITES, "node" => node.clone()),
+            pipes: gauge!(PIPES, "node" => node),
+        }
+    }
+}
+
+/// Sets node `node`'s members-by-status gauges (every status, so one that
+/// empties reads 0) and its unreachable count.
+pub(crate) fn members(node: &str, by_status: &[(&'static str, usize)], unreachable: usize) {
+    for (status, n) in by_status {
+        gauge!(MEMBERS, "node" => node.to_owned(), "status" => *status).set(*n as f64);
+    }
+    gauge!(UNREACHABLE, "node" => node.to_owned()).set(unreachable as f64);
+}

@@ -1,0 +1,243 @@
+//! The metrics a two-node cluster records through the `metrics` facade,
+//! read off a recorder installed before the nodes start (the one test of
+//! this binary: the recorder is process-wide), against what the nodes'
+//! own APIs say.
+
+use std::time::{Duration, Instant};
+
+use datum_cluster_sharding::cluster::{ClusterConfig, ClusterNode};
+use datum_cluster_sharding::prelude::*;
+use datum_cluster_sharding::telemetry;
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+
+#[path = "../protocols/counter.rs"]
+mod counter;
+use counter::{Add, Counter, CounterEntity, Get};
+
+const LONG: Duration = Duration::from_secs(20);
+
+/// Naps longer than the asks to it wait.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Nap;
+
+protocol! {
+    /// Never answers in time.
+    pub protocol Sleepy = "sleepy" {
+        ask Nap -> ();
+    }
+}
+
+struct SleepyEntity;
+impl Entity for SleepyEntity {
+    type Protocol = Sleepy;
+}
+impl Handler<Nap> for SleepyEntity {
+    async fn handle(&mut self, _: Nap, _: &EntityContext) -> ShardingResult<()> {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        Ok(())
+    }
+}
+
+/// Every metric's name, labels and value, at one instant. (Taking a
+/// snapshot resets what it read: counters and gauges to 0, histograms
+/// emptied; so one snapshot is read for everything, and a gauge counted up
+/// and down is the sum of its snapshots.)
+struct Taken(Vec<(String, Labels, DebugValue)>);
+
+/// A metric's labels, as (key, value) pairs.
+type Labels = Vec<(String, String)>;
+
+fn take(snapshotter: &Snapshotter) -> Taken {
+    Taken(
+        snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .map(|(key, _, _, value)| {
+                let key = key.key();
+                let labels = key
+                    .labels()
+                    .map(|l| (l.key().to_owned(), l.value().to_owned()))
+                    .collect();
+                (key.name().to_owned(), labels, value)
+            })
+            .collect(),
+    )
+}
+
+/// The values of `name` whose labels include every one of `labels`.
+fn values<'a>(taken: &'a Taken, name: &str, labels: &[(&str, &str)]) -> Vec<&'a DebugValue> {
+    taken
+        .0
+        .iter()
+        .filter(|(n, have, _)| {
+            n == name
+                && labels
+                    .iter()
+                    .all(|(k, v)| have.iter().any(|(hk, hv)| hk == k && hv == v))
+        })
+        .map(|(_, _, value)| value)
+        .collect()
+}
+
+fn counter_sum(snapshotter: &Taken, name: &str, labels: &[(&str, &str)]) -> u64 {
+    values(snapshotter, name, labels)
+        .into_iter()
+        .map(|v| match v {
+            DebugValue::Counter(n) => *n,
+            other => panic!("{name}: {other:?} is not a counter"),
+        })
+        .sum()
+}
+
+fn gauge_sum(snapshotter: &Taken, name: &str, labels: &[(&str, &str)]) -> f64 {
+    values(snapshotter, name, labels)
+        .into_iter()
+        .map(|v| match v {
+            DebugValue::Gauge(g) => g.into_inner(),
+            other => panic!("{name}: {other:?} is not a gauge"),
+        })
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clusters_metrics_agree_with_what_its_nodes_say() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    recorder
+        .install()
+        .expect("the only recorder of this process");
+
+    let config = |seeds| {
+        ClusterConfig::builder()
+            .cluster_name("metrics-test")
+            .secret("metrics-secret")
+            .seed_nodes(seeds)
+            .build()
+    };
+    let first = ClusterNode::start(config(vec![])).await.expect("starts");
+    let second = ClusterNode::start(config(vec![first.bound_addr()]))
+        .await
+        .expect("starts");
+    let mut systems = Vec::new();
+    for node in [&first, &second] {
+        node.wait_until(|s| s.up_members().count() == 2, LONG)
+            .await
+            .expect("two Up");
+        let system = ShardedSystem::builder()
+            .num_shards(16)
+            .passivation_idle_timeout(None)
+            .node(node.clone())
+            .start()
+            .await
+            .expect("system");
+        system
+            .register::<CounterEntity>(|_| CounterEntity::default())
+            .await
+            .expect("registered");
+        system
+            .register::<SleepyEntity>(|_| SleepyEntity)
+            .await
+            .expect("registered");
+        systems.push(system);
+    }
+    let me = first.bound_addr().to_string();
+    let node0 = [("node", me.as_str())];
+
+    // 40 counters, each added to and read from the first node.
+    let ids: Vec<String> = (0..40).map(|k| format!("m{k}")).collect();
+    for id in &ids {
+        let counter = systems[0].entity_ref::<Counter>(id.as_str());
+        counter.tell(Add(1)).await.expect("tell");
+        assert_eq!(counter.ask(Get, LONG).await, Ok(1));
+    }
+    let timed_out = systems[0]
+        .entity_ref::<Sleepy>("nap")
+        .ask(Nap, Duration::from_millis(50))
+        .await;
+    assert!(
+        matches!(timed_out, Err(ShardingError::AskTimeout { .. })),
+        "{timed_out:?}"
+    );
+    systems[0]
+        .entity_ref::<Counter>(ids[0].as_str())
+        .passivate()
+        .await
+        .expect("passivate");
+
+    let counter_type = [("entity_type", "counter")];
+    let taken = take(&snapshotter);
+    let answered = values(&taken, telemetry::ASK_SECONDS, &[counter_type[0], node0[0]]);
+    let samples: usize = answered
+        .iter()
+        .map(|v| match v {
+            DebugValue::Histogram(samples) => {
+                assert!(
+                    samples
+                        .iter()
+                        .all(|s| s.into_inner() > 0.0 && s.into_inner() < 20.0)
+                );
+                samples.len()
+            }
+            other => panic!("{other:?} is not a histogram"),
+        })
+        .sum();
+    assert_eq!(samples, 40, "one latency per answered ask");
+    let asks = counter_sum(&taken, telemetry::ASKS, &[counter_type[0], node0[0]]);
+    assert_eq!(asks, 40, "asks from the first node to counters");
+    let timeouts = counter_sum(
+        &taken,
+        telemetry::ASK_FAILURES,
+        &[("entity_type", "sleepy"), ("kind", "ask_timeout")],
+    );
+    assert_eq!(timeouts, 1);
+    let explicit = counter_sum(
+        &taken,
+        telemetry::PASSIVATIONS,
+        &[counter_type[0], ("cause", "explicit")],
+    );
+    assert_eq!(explicit, 1);
+    // Shards: the gauges, summed over both nodes, are what the regions say.
+    let hosted: usize = systems.iter().map(|s| s.hosted_shards::<Counter>()).sum();
+    assert!(hosted > 0);
+    assert_eq!(
+        gauge_sum(&taken, telemetry::SHARDS, &counter_type),
+        hosted as f64
+    );
+    // Membership and pipes, in the first node's view.
+    let up = gauge_sum(&taken, telemetry::MEMBERS, &[node0[0], ("status", "up")]);
+    assert_eq!(up, 2.0);
+    assert_eq!(gauge_sum(&taken, telemetry::UNREACHABLE, &node0), 0.0);
+    assert_eq!(gauge_sum(&taken, telemetry::PIPES, &node0), 1.0);
+    let frames = counter_sum(&taken, telemetry::PIPE_FRAMES, &node0);
+    let writes = counter_sum(&taken, telemetry::PIPE_WRITES, &node0);
+    assert!(
+        writes > 0 && frames >= writes,
+        "{frames} frames in {writes} writes"
+    );
+
+    // Live entities: 40 started, one passivated; the gauge (counted up and
+    // down, so the sum of its snapshots) reaches 39 once that one stopped.
+    let mut entities = gauge_sum(&taken, telemetry::ENTITIES, &counter_type);
+    let deadline = Instant::now() + LONG;
+    while entities != 39.0 {
+        assert!(
+            Instant::now() < deadline,
+            "{entities} live entities counted"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        entities += gauge_sum(&take(&snapshotter), telemetry::ENTITIES, &counter_type);
+    }
+    let live: usize = systems
+        .iter()
+        .filter_map(|s| s.shard_region_state::<Counter>())
+        .map(|state| state.shards.values().sum::<usize>())
+        .sum();
+    assert_eq!(live, 39);
+
+    for system in &systems {
+        system.shutdown().await;
+    }
+    let _ = first.shutdown().await;
+    let _ = second.shutdown().await;
+}
