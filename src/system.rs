@@ -192,16 +192,8 @@ impl Shared {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         }
-        self.stopped.store(true, Ordering::Release);
         // Senders waiting for room in the remember-entities queue give up...
-        if let Some(remember) = self
-            .remember
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-        {
-            remember.end_waits();
-        }
+        self.mark_stopped();
         // No new message is accepted from here on (senders see ShuttingDown)...
         for region in &regions {
             region.stop_accepting();
@@ -248,6 +240,15 @@ impl Shared {
     /// new type may register, new refs are refused.
     pub(crate) fn mark_stopped(&self) {
         self.stopped.store(true, Ordering::Release);
+        // No sender waits for room in the remember-entities queue any more.
+        if let Some(remember) = self
+            .remember
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            remember.end_waits();
+        }
     }
 
     /// This node is out of the cluster (downed, removed, or its node

@@ -6,6 +6,8 @@
 //! no-op. Handles are resolved when a region, node or transport starts, so
 //! a recorder installed later sees only what starts after it.
 
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+
 use metrics::{Counter, Gauge, Histogram, counter, gauge, histogram};
 
 /// Members of the cluster in this node's view, by `status`.
@@ -38,11 +40,17 @@ pub const PIPE_WRITES: &str = "datum_pipe_writes_total";
 pub const PIPES: &str = "datum_pipes";
 
 /// One entity type's region's handles (labels `entity_type`, `node`).
+/// Its gauges move by what this region adds and takes away, so two regions
+/// with the same labels (two systems of one node) add up; what a region
+/// still holds when it stops is taken away then ([`RegionMetrics::release`]).
 pub(crate) struct RegionMetrics {
     entity_type: &'static str,
     node: String,
-    pub(crate) shards: Gauge,
-    pub(crate) entities: Gauge,
+    shards: Gauge,
+    entities: Gauge,
+    /// This region's part of the two gauges, and whether it has stopped.
+    held: [AtomicI64; 2],
+    released: AtomicBool,
     /// By `PassivationCause` (idle, limit, explicit).
     pub(crate) passivations: [Counter; 3],
     pub(crate) asks: Counter,
@@ -65,6 +73,8 @@ impl RegionMetrics {
             entity_type,
             shards: gauge!(SHARDS, labels(None)),
             entities: gauge!(ENTITIES, labels(None)),
+            held: Default::default(),
+            released: AtomicBool::new(false),
             passivations: [
                 passivation("idle"),
                 passivation("limit"),
@@ -73,6 +83,35 @@ impl RegionMetrics {
             asks: counter!(ASKS, labels(None)),
             ask_seconds: histogram!(ASK_SECONDS, labels(None)),
             node,
+        }
+    }
+
+    /// `n` (±) shards hosted here.
+    pub(crate) fn shards(&self, n: i64) {
+        self.held_by(0, n);
+    }
+
+    /// `n` (±) entity actors running here.
+    pub(crate) fn entities(&self, n: i64) {
+        self.held_by(1, n);
+    }
+
+    fn held_by(&self, which: usize, n: i64) {
+        if self.released.load(Ordering::Acquire) {
+            return; // (a stop notice after the region stopped)
+        }
+        self.held[which].fetch_add(n, Ordering::AcqRel);
+        [&self.shards, &self.entities][which].increment(n as f64);
+    }
+
+    /// The region stopped: what it still counted in leaves the gauges, and
+    /// nothing it does later counts.
+    pub(crate) fn release(&self) {
+        if self.released.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        for (held, gauge) in self.held.iter().zip([&self.shards, &self.entities]) {
+            gauge.decrement(held.swap(0, Ordering::AcqRel) as f64);
         }
     }
 

@@ -216,17 +216,22 @@ async fn a_clusters_metrics_agree_with_what_its_nodes_say() {
         "{frames} frames in {writes} writes"
     );
 
-    // Live entities: 40 started, one passivated; the gauge (counted up and
-    // down, so the sum of its snapshots) reaches 39 once that one stopped.
-    let mut entities = gauge_sum(&taken, telemetry::ENTITIES, &counter_type);
+    // From here on, gauges counted up and down are read as the sum of
+    // their snapshots (each snapshot resets them).
+    let mut sums = Sums::default();
+    sums.add(&taken);
+    // Live entities: 40 started, one passivated; the gauge reaches 39 once
+    // that one stopped.
+    let entities = |sums: &Sums| sums.of(telemetry::ENTITIES, &counter_type);
     let deadline = Instant::now() + LONG;
-    while entities != 39.0 {
+    while entities(&sums) != 39.0 {
         assert!(
             Instant::now() < deadline,
-            "{entities} live entities counted"
+            "{} live entities counted",
+            entities(&sums)
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
-        entities += gauge_sum(&take(&snapshotter), telemetry::ENTITIES, &counter_type);
+        sums.add(&take(&snapshotter));
     }
     let live: usize = systems
         .iter()
@@ -235,9 +240,59 @@ async fn a_clusters_metrics_agree_with_what_its_nodes_say() {
         .sum();
     assert_eq!(live, 39);
 
-    for system in &systems {
-        system.shutdown().await;
+    // The first node downs the second (alive: their pipe is up until the
+    // first marks it down), and the pipe is gone.
+    let second_system = systems.pop().expect("two");
+    first.down(second.self_address()).await.expect("downed");
+    let deadline = Instant::now() + LONG;
+    while sums.of(telemetry::PIPES, &node0) != 0.0 {
+        assert!(
+            Instant::now() < deadline,
+            "{} pipes counted",
+            sums.of(telemetry::PIPES, &node0)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        sums.add(&take(&snapshotter));
     }
+    // The first node's system shuts down: what its region held leaves the
+    // gauges, which end at 0 for it.
+    systems[0].shutdown().await;
+    sums.add(&take(&snapshotter));
+    let here = [counter_type[0], node0[0]];
+    assert_eq!(sums.of(telemetry::SHARDS, &here), 0.0);
+    assert_eq!(sums.of(telemetry::ENTITIES, &here), 0.0);
+    second_system.shutdown().await;
     let _ = first.shutdown().await;
     let _ = second.shutdown().await;
+}
+
+/// Gauges counted up and down, as the sums of every snapshot taken.
+#[derive(Default)]
+struct Sums(Vec<(String, Labels, f64)>);
+
+impl Sums {
+    fn add(&mut self, taken: &Taken) {
+        for (name, labels, value) in &taken.0 {
+            let DebugValue::Gauge(g) = value else {
+                continue;
+            };
+            match self.0.iter_mut().find(|(n, l, _)| n == name && l == labels) {
+                Some((_, _, sum)) => *sum += g.into_inner(),
+                None => self.0.push((name.clone(), labels.clone(), g.into_inner())),
+            }
+        }
+    }
+
+    fn of(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.0
+            .iter()
+            .filter(|(n, have, _)| {
+                n == name
+                    && labels
+                        .iter()
+                        .all(|(k, v)| have.iter().any(|(hk, hv)| hk == k && hv == v))
+            })
+            .map(|(_, _, sum)| sum)
+            .sum()
+    }
 }

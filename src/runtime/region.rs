@@ -415,7 +415,7 @@ impl Region {
         match installed {
             Some(undelivered) => {
                 if newly_local {
-                    self.metrics.shards.increment(1.0);
+                    self.metrics.shards(1);
                 }
                 fail_undelivered(undelivered);
                 if counted {
@@ -558,7 +558,7 @@ impl Region {
         let undelivered = guard.entity_stopped(&mut self.host(), shard, entity_id, incarnation);
         drop(guard);
         // Every actor spawned sends one stop notice: one fewer live.
-        self.metrics.entities.decrement(1.0);
+        self.metrics.entities(-1);
         fail_undelivered(undelivered);
     }
 
@@ -593,7 +593,7 @@ impl Region {
         let moved_away = was_local && !guard.is_local();
         drop(guard);
         if moved_away {
-            self.metrics.shards.decrement(1.0);
+            self.metrics.shards(-1);
         }
         if moved_away && self.entity_limit.is_some() {
             self.hosted.fetch_sub(1, Ordering::AcqRel);
@@ -773,14 +773,14 @@ impl Region {
         }
         // Nothing is hosted or live here any more (stop notices that the
         // region actor no longer heard are not counted down).
-        self.metrics.shards.set(0.0);
-        self.metrics.entities.set(0.0);
+        self.metrics.release();
     }
 
     /// What `shutdown` does, at once and without waiting: every actor is
     /// killed (no mailbox is finished). For a system dropped without
     /// `shutdown`, which stops like a crash.
     pub(crate) fn kill(&self) {
+        self.metrics.release();
         let (cells, finishing) = self.take_actors();
         for cell in cells.into_iter().chain(finishing) {
             cell.kill();
@@ -903,7 +903,7 @@ impl SlotHost for Host<'_> {
         ctx.generation = generation;
         let spawned = (self.region.spawner)(ctx, incarnation, region_actor.clone());
         if spawned.is_ok() {
-            self.region.metrics.entities.increment(1.0);
+            self.region.metrics.entities(1);
         }
         spawned
     }

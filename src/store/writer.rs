@@ -138,6 +138,14 @@ pub(crate) fn deadline_after(wait: std::time::Duration) -> tokio::time::Instant 
         .unwrap_or_else(|| now + std::time::Duration::from_secs(365 * 24 * 3600))
 }
 
+impl Drop for Remember {
+    /// Records still queued leave the process-wide depth gauge with it.
+    fn drop(&mut self) {
+        self.depth
+            .decrement(self.backlog.load(Ordering::Acquire) as f64);
+    }
+}
+
 /// Ends the waits for room when the writer thread ends while its
 /// `Remember` lives on.
 struct WriterEnded(std::sync::Weak<Remember>);

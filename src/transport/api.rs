@@ -474,6 +474,7 @@ impl Transport {
                 None
             };
             if conn.is_some() {
+                self.shared.stats.metrics.pipes.decrement(1.0);
                 st.emit(TransportEvent::Disconnected {
                     peer: *peer,
                     reason: DisconnectReason::MarkedDown,
