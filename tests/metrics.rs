@@ -70,14 +70,16 @@ fn values<'a>(taken: &'a Taken, name: &str, labels: &[(&str, &str)]) -> Vec<&'a 
     taken
         .0
         .iter()
-        .filter(|(n, have, _)| {
-            n == name
-                && labels
-                    .iter()
-                    .all(|(k, v)| have.iter().any(|(hk, hv)| hk == k && hv == v))
-        })
+        .filter(|(n, have, _)| n == name && has_labels(have, labels))
         .map(|(_, _, value)| value)
         .collect()
+}
+
+/// Whether `have` includes every one of `labels`.
+fn has_labels(have: &Labels, labels: &[(&str, &str)]) -> bool {
+    labels
+        .iter()
+        .all(|(k, v)| have.iter().any(|(hk, hv)| hk == k && hv == v))
 }
 
 fn counter_sum(snapshotter: &Taken, name: &str, labels: &[(&str, &str)]) -> u64 {
@@ -286,12 +288,7 @@ impl Sums {
     fn of(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
         self.0
             .iter()
-            .filter(|(n, have, _)| {
-                n == name
-                    && labels
-                        .iter()
-                        .all(|(k, v)| have.iter().any(|(hk, hv)| hk == k && hv == v))
-            })
+            .filter(|(n, have, _)| n == name && has_labels(have, labels))
             .map(|(_, _, sum)| sum)
             .sum()
     }

@@ -100,12 +100,12 @@ pub(crate) struct Region {
     refusal: Mutex<Option<ShardingError>>,
     /// The active-entity limit (none for a remembered type).
     entity_limit: Option<EntityLimit>,
-    /// How many shards are hosted here (installed and not moved away), over
-    /// which the limit is shared; read by every start.
-    hosted: AtomicUsize,
-    /// Which shards those are (kept only under a limit), so that a new
-    /// share visits them alone rather than every slot.
+    /// The shards hosted here (installed and not moved away), over which
+    /// the limit is shared: a new share visits them alone. Kept by
+    /// [`Region::count_hosted`] only.
     hosted_shards: Mutex<std::collections::BTreeSet<u32>>,
+    /// Their number, read by every start without the lock.
+    hosted: AtomicUsize,
     /// Passivations of live entities so far, by cause.
     passivated: [AtomicU64; 3],
     /// Its handles for the `metrics` facade.
@@ -260,15 +260,31 @@ impl Region {
         let Some((share, _)) = self.share_with(self.hosted.load(Ordering::Acquire)) else {
             return;
         };
-        let hosted: Vec<u32> = self
-            .hosted_shards
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .iter()
-            .copied()
-            .collect();
+        let hosted: Vec<u32> = self.hosted_shards().iter().copied().collect();
         for i in hosted {
             lock(&self.slots[i as usize]).reshare(&mut self.host(), ShardId(i), share);
+        }
+    }
+
+    fn hosted_shards(&self) -> MutexGuard<'_, std::collections::BTreeSet<u32>> {
+        self.hosted_shards
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Counts `shard` in (`here`) or out of the shards hosted here: the
+    /// set a new share visits, its size every start reads, and the
+    /// `datum_sharding_shards` gauge, in step.
+    fn count_hosted(&self, shard: ShardId, here: bool) {
+        let mut hosted = self.hosted_shards();
+        let changed = if here {
+            hosted.insert(shard.0)
+        } else {
+            hosted.remove(&shard.0)
+        };
+        if changed {
+            self.hosted.store(hosted.len(), Ordering::Release);
+            self.metrics.shards(if here { 1 } else { -1 });
         }
     }
 
@@ -395,30 +411,18 @@ impl Region {
         let mut guard = lock(&self.slots[shard.0 as usize]);
         let newly_local = !guard.is_local();
         // Counted in before it starts, so that its own share is right.
-        let counted = self.entity_limit.is_some() && newly_local;
-        if counted {
-            self.hosted.fetch_add(1, Ordering::AcqRel);
-            self.hosted_shards
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .insert(shard.0);
+        if newly_local {
+            self.count_hosted(shard, true);
         }
         let installed = guard.install(&mut self.host(), shard, generation, install, remembered);
-        if counted && installed.is_none() {
-            self.hosted.fetch_sub(1, Ordering::AcqRel);
-            self.hosted_shards
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .remove(&shard.0);
+        if newly_local && installed.is_none() {
+            self.count_hosted(shard, false);
         }
         drop(guard);
         match installed {
             Some(undelivered) => {
-                if newly_local {
-                    self.metrics.shards(1);
-                }
                 fail_undelivered(undelivered);
-                if counted {
+                if newly_local {
                     self.reshare();
                 }
                 true
@@ -593,14 +597,7 @@ impl Region {
         let moved_away = was_local && !guard.is_local();
         drop(guard);
         if moved_away {
-            self.metrics.shards(-1);
-        }
-        if moved_away && self.entity_limit.is_some() {
-            self.hosted.fetch_sub(1, Ordering::AcqRel);
-            self.hosted_shards
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .remove(&shard.0);
+            self.count_hosted(shard, false);
         }
         fail_undelivered(undelivered);
         if change == HomeChange::HostHere
