@@ -46,6 +46,13 @@ pub struct ShardingConfig {
     /// Used in cluster mode.
     #[builder(default = Duration::from_secs(10))]
     pub handoff_timeout: Duration,
+    /// Of a migratable type (`register_migratable`): how long a shard's
+    /// new owner waits for the states its entities handed over on the old
+    /// one (its messages wait meanwhile) before it starts them from the
+    /// factory; the old owner keeps them twice as long. Used in cluster
+    /// mode.
+    #[builder(default = Duration::from_secs(5))]
+    pub migration_timeout: Duration,
     /// How long the coordinator waits, after a member is gone (downed or
     /// removed), before it reallocates that member's shards: time for a node
     /// on the losing side of a partition to stop its entities first. `None`
@@ -256,9 +263,12 @@ impl ShardingConfig {
                 );
             }
         }
-        if self.rebalance_interval.is_zero() || self.handoff_timeout.is_zero() {
+        if self.rebalance_interval.is_zero()
+            || self.handoff_timeout.is_zero()
+            || self.migration_timeout.is_zero()
+        {
             return Err(ShardingError::InvalidConfig(
-                "rebalance_interval and handoff_timeout must be positive".into(),
+                "rebalance_interval, handoff_timeout and migration_timeout must be positive".into(),
             ));
         }
         if self.passivation_idle_timeout == Some(Duration::ZERO) {

@@ -460,6 +460,150 @@ pub trait Snapshotted: EventSourced {
     fn restore(&mut self, snapshot: Self::Snapshot);
 }
 
+/// An entity whose in-memory state moves with it when its shard moves
+/// gracefully (live migration, Orleans' dehydrate / rehydrate): a
+/// rebalance, a graceful leave, a rolling restart, a system's `shutdown()`.
+/// The old owner lets each live entity finish its mailbox, takes its state
+/// with [`dehydrate`](Self::dehydrate) and sends it to the new owner, which
+/// builds the next incarnation with the factory and hands it the state with
+/// [`rehydrate`](Self::rehydrate) before any message. Register it with
+/// `ShardedSystem::register_migratable`.
+///
+/// When the state cannot come — the old owner died, the move timed out,
+/// the state does not decode, or its version is above this build's
+/// [`STATE_VERSION`](Self::STATE_VERSION) — the incarnation starts as the
+/// factory made it, and a [`MigrationEvent`](crate::MigrationEvent) says
+/// so. A state is applied at most once, to one incarnation.
+///
+/// ```
+/// # use datum_cluster_sharding::prelude::*;
+/// # #[derive(Serialize, Deserialize)] pub struct Add(pub u64);
+/// # protocol! { pub protocol Counter = "counter" { tell Add; } }
+/// #[derive(Default)]
+/// struct CounterEntity { total: u64 }
+/// impl Entity for CounterEntity { type Protocol = Counter; }
+/// # impl Handler<Add> for CounterEntity {
+/// #     async fn handle(&mut self, m: Add, _: &EntityContext) -> ShardingResult<()> { self.total += m.0; Ok(()) }
+/// # }
+/// impl Migratable for CounterEntity {
+///     type Dehydrated = u64;
+///     fn dehydrate(&mut self) -> u64 { self.total }
+///     fn rehydrate(&mut self, total: u64) { self.total = total; }
+/// }
+/// # fn main() {}
+/// ```
+pub trait Migratable: Entity {
+    /// The state as it travels (CBOR).
+    type Dehydrated: serde::Serialize + serde::de::DeserializeOwned + Send + 'static;
+    /// The version of the state's encoding, sent with it: a receiver
+    /// refuses a state of a version above its own.
+    const STATE_VERSION: u32 = 1;
+    /// Takes the state out of an incarnation that has handled its last
+    /// message here (it is dropped next).
+    fn dehydrate(&mut self) -> Self::Dehydrated;
+    /// Puts a migrated state into an incarnation fresh from the factory,
+    /// before its first message.
+    fn rehydrate(&mut self, state: Self::Dehydrated);
+}
+
+/// One entity's dehydrated state, encoded: what a move carries.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct MigratedState {
+    /// The type's `Migratable::STATE_VERSION` when it was taken.
+    pub(crate) version: u32,
+    /// Its CBOR.
+    pub(crate) bytes: bytes::Bytes,
+}
+
+/// A migratable type's two conversions, type-erased for its spawner.
+pub(crate) struct Migration<E> {
+    /// Dehydrates and encodes; `Err` says why it could not.
+    pub(crate) take: fn(&mut E) -> Result<MigratedState, String>,
+    /// Decodes and rehydrates; `Err` (nothing applied) says why not.
+    pub(crate) put: fn(&mut E, &MigratedState) -> Result<(), String>,
+}
+
+impl<E> Clone for Migration<E> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<E> Copy for Migration<E> {}
+
+impl<E: Migratable> Migration<E> {
+    pub(crate) fn of() -> Self {
+        Migration {
+            take: |entity| {
+                let mut bytes = Vec::new();
+                ciborium::into_writer(&entity.dehydrate(), &mut bytes)
+                    .map_err(|e| format!("the state does not encode: {e}"))?;
+                Ok(MigratedState {
+                    version: E::STATE_VERSION,
+                    bytes: bytes.into(),
+                })
+            },
+            put: |entity, state| {
+                if state.version > E::STATE_VERSION {
+                    return Err(format!(
+                        "the state has version {}, above this build's {}",
+                        state.version,
+                        E::STATE_VERSION
+                    ));
+                }
+                let decoded: E::Dehydrated = ciborium::from_reader(&state.bytes[..])
+                    .map_err(|e| format!("the state does not decode: {e}"))?;
+                entity.rehydrate(decoded);
+                Ok(())
+            },
+        }
+    }
+}
+
+/// What became of migrated states on this node
+/// (`ShardedSystem::subscribe_migration_events`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MigrationEvent {
+    /// A shard moved here with the states of `entities` entities
+    /// (`bytes` of them, encoded), each given to its next incarnation.
+    Received {
+        /// The entity type.
+        type_name: &'static str,
+        /// The shard.
+        shard: ShardId,
+        /// Its old owner.
+        from: crate::identity::UniqueAddress,
+        /// How many states came.
+        entities: usize,
+        /// Their encoded size.
+        bytes: usize,
+    },
+    /// A shard started here without the states it was moved with: its
+    /// entities start from the factory.
+    FellBack {
+        /// The entity type.
+        type_name: &'static str,
+        /// The shard.
+        shard: ShardId,
+        /// Its old owner.
+        from: crate::identity::UniqueAddress,
+        /// Why: the old owner is gone, had none for this node, or the
+        /// migration timed out.
+        reason: String,
+    },
+    /// One entity's state came but was refused (it does not decode, or its
+    /// version is above this build's): that entity starts from the factory.
+    StateRefused {
+        /// The entity type.
+        type_name: &'static str,
+        /// The entity.
+        entity_id: String,
+        /// Why.
+        reason: String,
+    },
+}
+
 /// A snapshotted type's snapshot rule, shared by its incarnations.
 pub(crate) struct Snapshots {
     store: std::sync::Weak<dyn SnapshotStore>,

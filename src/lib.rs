@@ -82,8 +82,8 @@ pub use config::{
     RememberEntitiesFailurePolicy, RememberEntitiesQueueFull, ShardingConfig,
 };
 pub use entity::{
-    DeferredHandler, DurableState, Entity, EntityContext, EventSourced, Handler, ReplyPort,
-    Snapshotted,
+    DeferredHandler, DurableState, Entity, EntityContext, EventSourced, Handler, Migratable,
+    MigrationEvent, ReplyPort, Snapshotted,
 };
 pub use error::{RegionRefusal, ShardingError, ShardingResult};
 pub use extractor::{DefaultShardExtractor, ShardExtractor, ShardId, fnv1a_64};
@@ -99,7 +99,7 @@ pub use system::{EntityRef, ShardedSystem, ShardedSystemBuilder};
 pub mod prelude {
     pub use crate::{
         Ask, DefaultShardExtractor, DeferredHandler, DurableState, Entity, EntityContext,
-        EntityLimit, EntityRef, EventSourced, Handler, InMemoryStore, Message, NoStore,
+        EntityLimit, EntityRef, EventSourced, Handler, InMemoryStore, Message, Migratable, NoStore,
         PassivationPolicy, Protocol, RememberEntitiesStore, ReplyPort, ShardExtractor, ShardId,
         ShardedSystem, ShardingConfig, ShardingError, ShardingResult, Snapshotted, Tell, protocol,
     };

@@ -38,7 +38,8 @@ use crate::cluster::ClusterNode;
 use crate::config::ShardingConfig;
 use crate::dispatch::{Dispatch, envelope_of};
 use crate::entity::{
-    DurableState, Entity, EntityContext, EventSourced, JournalWriter, Snapshots, Snapshotted,
+    DurableState, Entity, EntityContext, EventSourced, JournalWriter, Migratable, Migration,
+    MigrationEvent, Snapshots, Snapshotted,
 };
 use crate::error::{ShardingError, ShardingResult};
 use crate::extractor::{ShardExtractor, ShardId};
@@ -46,7 +47,7 @@ use crate::persistence::{DurableStateStore, Journal, NoJournal, SnapshotStore};
 use crate::protocol::SealedProtocol;
 use crate::protocol::{Ask, Protocol, Tell};
 use crate::runtime::entity_actor::{EntityActor, EntityArgs, Factory, Recover, StopNotice};
-use crate::runtime::region::{Region, RegionCluster, RegionProtocol, Spawner};
+use crate::runtime::region::{MigrationSettings, Region, RegionCluster, RegionProtocol, Spawner};
 use crate::runtime::region_actor::RegionActor;
 use crate::sharding::coordinator::{CoordinatorConfig, RebalanceRound, ShardAllocationStrategy};
 use crate::sharding::driver::{BoxFuture, ClusterLink, DriverMsg, RegionLink, SystemPort};
@@ -111,6 +112,8 @@ pub(crate) struct Shared {
     /// The one graceful stop (`shutdown` from the system or its node): the
     /// task running it, as a watch that turns true when it is done.
     stop_task: Mutex<Option<tokio::sync::watch::Receiver<bool>>>,
+    /// What became of migrated states here.
+    migration_events: tokio::sync::broadcast::Sender<MigrationEvent>,
 }
 
 impl Drop for Shared {
@@ -186,6 +189,20 @@ impl Shared {
                     tracing::warn!(
                         ?patience,
                         "graceful leave: not every shard was handed off in time"
+                    );
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            // The states handed over stay until the new owners fetched
+            // them (or the migration timeout passes: they start without).
+            let patience = self.config.migration_timeout;
+            let deadline = tokio::time::Instant::now() + patience;
+            while regions.iter().any(|r| r.migrations_pending()) {
+                if tokio::time::Instant::now() >= deadline {
+                    tracing::warn!(
+                        ?patience,
+                        "graceful leave: migrated states not all fetched in time"
                     );
                     break;
                 }
@@ -487,6 +504,7 @@ impl<S, J> ShardedSystemBuilder<S, J> {
             journal: OnceLock::new(),
             snapshot_store: OnceLock::new(),
             state_store: OnceLock::new(),
+            migration_events: tokio::sync::broadcast::channel(1_024).0,
         });
         if let Some(link) = &shared.cluster {
             let weak: Weak<Shared> = Arc::downgrade(&shared);
@@ -554,13 +572,13 @@ impl<S, J> ShardedSystem<S, J> {
                 P::TYPE_NAME
             )));
         }
-        let spawner: Spawner = Box::new(|ctx, _, _| {
+        let spawner: Spawner = Box::new(|ctx, _, _, _| {
             Err(ShardingError::Bug(format!(
                 "an entity of `{}` was spawned in a proxy-only region",
                 ctx.type_name()
             )))
         });
-        self.install_region(region_protocol::<P>(), spawner, None, true)
+        self.install_region(region_protocol::<P>(), spawner, None, true, false)
             .await
     }
 
@@ -576,11 +594,47 @@ impl<S, J> ShardedSystem<S, J> {
         self.register_durable::<E>(factory, remember, None).await
     }
 
+    /// Registers `E` as a migratable entity type: as
+    /// [`register`](Self::register), and when a shard of it moves
+    /// gracefully (a rebalance, a graceful leave, a rolling restart) each
+    /// live entity's state moves with it ([`Migratable`], SPEC §13.16): the
+    /// next incarnation, on the new owner, starts from it before any
+    /// message. On a single node there is nowhere to move, and this is
+    /// `register`.
+    pub async fn register_migratable<E>(
+        &self,
+        factory: impl Fn(&EntityContext) -> E + Send + Sync + 'static,
+    ) -> ShardingResult<()>
+    where
+        E: Migratable,
+        E::Protocol: Dispatch<E>,
+    {
+        self.register_spawned::<E>(Arc::new(factory), None, None, Some(Migration::of()))
+            .await
+    }
+
     async fn register_durable<E>(
         &self,
         factory: Factory<E>,
         remember: Option<Arc<Remember>>,
         durable: Option<Durable<E>>,
+    ) -> ShardingResult<()>
+    where
+        E: Entity,
+        E::Protocol: Dispatch<E>,
+    {
+        self.register_spawned::<E>(factory, remember, durable, None)
+            .await
+    }
+
+    /// Registers `E` with what each incarnation is given: the factory, the
+    /// store it is remembered in, its durable store, its migration.
+    async fn register_spawned<E>(
+        &self,
+        factory: Factory<E>,
+        remember: Option<Arc<Remember>>,
+        durable: Option<Durable<E>>,
+        migration: Option<Migration<E>>,
     ) -> ShardingResult<()>
     where
         E: Entity,
@@ -594,7 +648,9 @@ impl<S, J> ShardedSystem<S, J> {
         } else {
             config.passivation_idle_timeout
         };
-        let spawner: Spawner = Box::new(move |mut ctx, incarnation, region| {
+        let migration = migration.map(|m| (m, self.shared.migration_events.clone()));
+        let migratable = migration.is_some();
+        let spawner: Spawner = Box::new(move |mut ctx, incarnation, region, migrated| {
             let recover = durable.as_ref().map(|d| {
                 if let Some(writer) = &d.writer {
                     ctx.attach_journal(writer.clone(), d.snapshots.clone());
@@ -609,6 +665,7 @@ impl<S, J> ShardedSystem<S, J> {
                 shard: ctx.shard_id(),
                 entity_id: ctx.entity_id_arc(),
                 incarnation,
+                state: None,
             };
             let args = EntityArgs {
                 factory: factory.clone(),
@@ -616,13 +673,21 @@ impl<S, J> ShardedSystem<S, J> {
                 idle_timeout,
                 notice,
                 recover,
+                migration: migration.clone(),
+                migrated,
             };
             ractor::ActorRuntime::<EntityActor<E>>::spawn_instant(None, EntityActor::new(), args)
                 .map(|(actor, _)| actor)
                 .map_err(|e| ShardingError::Spawn(e.to_string()))
         });
-        self.install_region(region_protocol::<E::Protocol>(), spawner, remember, false)
-            .await
+        self.install_region(
+            region_protocol::<E::Protocol>(),
+            spawner,
+            remember,
+            false,
+            migratable,
+        )
+        .await
     }
 
     /// Starts a region (and its actor) for `protocol` and makes it visible.
@@ -632,6 +697,7 @@ impl<S, J> ShardedSystem<S, J> {
         spawner: Spawner,
         remember: Option<Arc<Remember>>,
         proxy: bool,
+        migratable: bool,
     ) -> ShardingResult<()> {
         let type_name = protocol.type_name;
         if self.is_shut_down() || self.shared.leaving.load(Ordering::Acquire) {
@@ -642,6 +708,16 @@ impl<S, J> ShardedSystem<S, J> {
         }
         let config = &self.shared.config;
         let remembers = remember.is_some();
+        // A state travels in a chunk of its own at most: the frame's payload
+        // less room for the chunk's framing and the entity's id.
+        let migration_settings = match &self.shared.cluster {
+            Some(link) if migratable => Some(MigrationSettings {
+                timeout: config.migration_timeout,
+                max_state: link.remote.transport().max_payload().saturating_sub(1_024),
+                events: self.shared.migration_events.clone(),
+            }),
+            _ => None,
+        };
         let cluster = self.shared.cluster.as_ref().map(|link| RegionCluster {
             me: link.remote.me(),
             port: Arc::new(RegionLink {
@@ -662,7 +738,8 @@ impl<S, J> ShardedSystem<S, J> {
             )
             // (Akka's rule: remembered entities are not passivated by a limit,
             // which would forget them.)
-            .with_entity_limit(config.entity_limit.filter(|_| !remembers)),
+            .with_entity_limit(config.entity_limit.filter(|_| !remembers))
+            .with_migration(migration_settings),
         );
         if remembers && config.entity_limit.is_some() {
             tracing::warn!(
@@ -740,6 +817,14 @@ impl<S, J> ShardedSystem<S, J> {
     /// the handler before it is handed off (spawn a task instead).
     pub async fn shutdown(&self) {
         self.shared.shutdown().await;
+    }
+
+    /// What becomes of migrated states on this node from now on (SPEC
+    /// §13.16): shards that came with their entities' states, shards that
+    /// started without them and why, states refused. A subscriber more than
+    /// 1,024 events behind misses the oldest.
+    pub fn subscribe_migration_events(&self) -> tokio::sync::broadcast::Receiver<MigrationEvent> {
+        self.shared.migration_events.subscribe()
     }
 
     /// The cluster node this system runs on, if it was built with one.
@@ -1297,7 +1382,7 @@ mod finishing_tests {
             owner: elsewhere,
             generation,
         };
-        assert_eq!(region.set_home(shard, home), HomeChange::Remote);
+        assert_eq!(region.set_home(shard, home, None), HomeChange::Remote);
         assert!(
             counts.done.load(Ordering::Relaxed) < WORK,
             "the mailbox is still being worked through"
@@ -1339,7 +1424,7 @@ mod finishing_tests {
             generation: moved.generation + 1,
         };
         assert_eq!(
-            moved.region.set_home(moved.shard, back),
+            moved.region.set_home(moved.shard, back, None),
             HomeChange::HostHere
         );
         moved.entity.tell(Work).await.expect("accepted");

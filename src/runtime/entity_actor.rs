@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
 use crate::dispatch::{Dispatch, OutcomeKind, panic_message};
-use crate::entity::{Entity, EntityContext, Recovered};
+use crate::entity::{Entity, EntityContext, MigratedState, Migration, MigrationEvent, Recovered};
 use crate::error::{ShardingError, ShardingResult};
 use crate::extractor::ShardId;
 use crate::runtime::mailbox::{EntityMsg, RegionMsg};
@@ -39,6 +39,8 @@ pub(crate) struct StopNotice {
     pub(crate) shard: ShardId,
     pub(crate) entity_id: Arc<str>,
     pub(crate) incarnation: u64,
+    /// The state this incarnation handed over, stopped to move.
+    pub(crate) state: Option<MigratedState>,
 }
 
 impl Drop for StopNotice {
@@ -47,6 +49,7 @@ impl Drop for StopNotice {
             shard: self.shard,
             entity_id: self.entity_id.clone(),
             incarnation: self.incarnation,
+            state: self.state.take(),
         };
         // The region actor stops only at shutdown, when nobody needs the notice.
         let _ = self.region.cast(msg);
@@ -60,6 +63,40 @@ pub(crate) struct EntityArgs<E> {
     pub(crate) notice: StopNotice,
     /// Of an event-sourced type: its recovery.
     pub(crate) recover: Option<Recover<E>>,
+    /// Of a migratable type: its conversions, and where a refused state
+    /// is reported.
+    pub(crate) migration: Option<(Migration<E>, MigrationEvents)>,
+    /// The state this incarnation starts from, migrated with its shard.
+    pub(crate) migrated: Option<MigratedState>,
+}
+
+/// Where migration events go.
+pub(crate) type MigrationEvents = tokio::sync::broadcast::Sender<MigrationEvent>;
+
+/// Gives a fresh incarnation the state migrated with its shard; a state
+/// that does not decode, or panics the entity's `rehydrate`, is reported
+/// and the incarnation keeps what the factory made.
+fn rehydrate<E>(entity: &mut E, args: &mut EntityArgs<E>) {
+    let (Some(state), Some((migration, events))) = (args.migrated.take(), &args.migration) else {
+        return;
+    };
+    let put = migration.put;
+    let applied = std::panic::catch_unwind(AssertUnwindSafe(|| put(entity, &state)))
+        .unwrap_or_else(|payload| {
+            Err(format!(
+                "rehydrate panicked: {}",
+                panic_message(payload.as_ref())
+            ))
+        });
+    if let Err(reason) = applied {
+        let ctx = &args.ctx;
+        tracing::warn!(type_name = ctx.type_name(), entity_id = ctx.entity_id(), %reason, "a migrated state was refused; the entity starts from its factory");
+        let _ = events.send(MigrationEvent::StateRefused {
+            type_name: ctx.type_name(),
+            entity_id: ctx.entity_id().to_owned(),
+            reason,
+        });
+    }
 }
 
 pub(crate) struct EntityState<E> {
@@ -128,7 +165,9 @@ where
         myself: ActorRef<EntityMsg>,
         args: EntityArgs<E>,
     ) -> Result<EntityState<E>, ActorProcessingErr> {
+        let mut args = args;
         let mut entity = build(&args.factory, &args.ctx)?;
+        rehydrate(&mut entity, &mut args);
         let failed = recover_fresh(&mut entity, &args).await;
         if failed.is_some() {
             // Passivated after the messages already here are answered.
@@ -197,6 +236,27 @@ where
                 }
             }
             EntityMsg::Stop => myself.stop(Some("passivated".into())),
+            EntityMsg::StopToMove => {
+                if let (Some((migration, _)), None) = (&state.args.migration, &state.failed) {
+                    let take = migration.take;
+                    let entity = &mut state.entity;
+                    let taken = std::panic::catch_unwind(AssertUnwindSafe(|| take(entity)))
+                        .unwrap_or_else(|payload| {
+                            Err(format!(
+                                "dehydrate panicked: {}",
+                                panic_message(payload.as_ref())
+                            ))
+                        });
+                    match taken {
+                        Ok(migrated) => state.args.notice.state = Some(migrated),
+                        Err(reason) => {
+                            let ctx = &state.args.ctx;
+                            tracing::warn!(type_name = ctx.type_name(), entity_id = ctx.entity_id(), %reason, "an entity's state could not be taken; its next incarnation starts from the factory");
+                        }
+                    }
+                }
+                myself.stop(Some("moved".into()));
+            }
             EntityMsg::IdleCheck if state.failed.is_some() => state.request_passivation(false),
             EntityMsg::IdleCheck => {
                 if let Some(idle) = state.args.idle_timeout {

@@ -4,8 +4,13 @@
 
 use std::sync::Arc;
 
+use crate::entity::MigratedState;
 use crate::envelope::LocalEnvelope;
 use crate::extractor::ShardId;
+use crate::identity::UniqueAddress;
+
+/// Migrated states of one shard's entities, by entity id.
+pub(crate) type States = Vec<(Arc<str>, MigratedState)>;
 
 /// What an entity actor receives.
 #[derive(Debug)]
@@ -16,6 +21,9 @@ pub(crate) enum EntityMsg {
     IdleCheck,
     /// Stop once everything queued before this marker is handled (passivation).
     Stop,
+    /// As `Stop`, for a graceful move of the entity's shard: a migratable
+    /// entity hands its dehydrated state over with its stop notice.
+    StopToMove,
 }
 
 /// What a region actor receives.
@@ -23,15 +31,26 @@ pub(crate) enum EntityMsg {
 pub(crate) enum RegionMsg {
     /// A shard has buffered messages and no home: allocate it here (single node).
     Allocate(ShardId),
-    /// The coordinator made this node the shard's home under `generation`.
-    Host(ShardId, u64),
+    /// The coordinator made this node the shard's home under `generation`;
+    /// `from`: the old owner that stopped it by a handoff (its entities'
+    /// states may follow).
+    Host {
+        shard: ShardId,
+        generation: u64,
+        from: Option<UniqueAddress>,
+    },
     /// A shard's remembered ids have been read (`None`: not remembered, or
-    /// the read failed): start hosting it.
+    /// the read failed), and the states migrated with it fetched: start
+    /// hosting it.
     Install {
         shard: ShardId,
         generation: u64,
         remembered: Option<Vec<String>>,
+        migrated: States,
     },
+    /// The states a handoff took from a shard, kept for its new owner to
+    /// fetch, are dropped if still here (that owner never came for them).
+    ExpireMigration { shard: ShardId, generation: u64 },
     /// Respawn the next remembered ids of a shard (a bounded-rate
     /// recovery), if it is still the same hosting of it.
     Respawn { shard: ShardId, install: u64 },
@@ -43,10 +62,12 @@ pub(crate) enum RegionMsg {
         incarnation: u64,
         idle: bool,
     },
-    /// An entity incarnation ended.
+    /// An entity incarnation ended; `state`: the one it handed over,
+    /// stopped to move.
     EntityStopped {
         shard: ShardId,
         entity_id: Arc<str>,
         incarnation: u64,
+        state: Option<MigratedState>,
     },
 }

@@ -7,24 +7,34 @@ use std::time::Duration;
 use ractor::{ActorCell, ActorRef, MessagingErr, RactorErr};
 
 use crate::config::{EntityLimit, PassivationPolicy};
-use crate::entity::EntityContext;
+use crate::entity::{EntityContext, MigratedState, MigrationEvent};
 use crate::envelope::{LocalEnvelope, RemoteReply, Undecodable};
 use crate::error::{ShardingError, ShardingResult};
 use crate::extractor::ShardId;
 use crate::identity::UniqueAddress;
-use crate::runtime::mailbox::{EntityMsg, RegionMsg};
+use crate::runtime::entity_actor::MigrationEvents;
+use crate::runtime::mailbox::{EntityMsg, RegionMsg, States};
 use crate::runtime::slot::{HomeChange, Refused, ShardHome, Slot, SlotHost, Undelivered};
 use crate::store::RememberEntitiesOperation;
 use crate::store::writer::Remember;
 use crate::telemetry::RegionMetrics;
 
 /// Spawns one entity actor (type-erased over the entity type): its context,
-/// its incarnation number, and the region actor to notify.
+/// its incarnation number, the region actor to notify, and the state it
+/// starts from if one migrated with its shard.
 pub(crate) type Spawner = Box<
-    dyn Fn(EntityContext, u64, ActorRef<RegionMsg>) -> Result<ActorRef<EntityMsg>, ShardingError>
+    dyn Fn(
+            EntityContext,
+            u64,
+            ActorRef<RegionMsg>,
+            Option<MigratedState>,
+        ) -> Result<ActorRef<EntityMsg>, ShardingError>
         + Send
         + Sync,
 >;
+
+/// A boxed future, as a [`ClusterPort`] returns one.
+pub(crate) type PortFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
 
 /// Decodes one message of the region's protocol that came from another node.
 pub(crate) type DecodeFn =
@@ -58,6 +68,54 @@ pub(crate) trait ClusterPort: Send + Sync + 'static {
     /// Reports that a handed-off shard has no entity left (hosted here
     /// under `generation`).
     fn shard_stopped(&self, type_name: &'static str, shard: ShardId, generation: u64);
+    /// Fetches, from `from`, the states its entities handed over when it
+    /// stopped `shard`, now hosted here under `generation`; within
+    /// `timeout`. `Err` says why they did not come.
+    fn fetch_states(
+        &self,
+        type_name: &'static str,
+        shard: ShardId,
+        generation: u64,
+        from: UniqueAddress,
+        timeout: Duration,
+    ) -> PortFuture<Result<States, String>>;
+}
+
+/// The largest migrated states chunk a pull is answered with (a state
+/// larger than it travels alone).
+pub(crate) const MIGRATION_CHUNK: usize = 256 * 1024;
+
+/// What a handoff took from one shard's entities, kept for the node the
+/// shard moved to until it has fetched them (or for the migration
+/// timeout).
+struct Outgoing {
+    home: ShardHome,
+    /// The states, cut into chunks of about [`MIGRATION_CHUNK`] (at least
+    /// one, maybe empty).
+    chunks: Vec<States>,
+}
+
+/// The answer to a pull for one chunk of a shard's migrated states.
+#[derive(Debug)]
+pub(crate) enum ChunkAnswer {
+    /// Chunk `index` of them; `last`: nothing follows.
+    Chunk { states: States, last: bool },
+    /// The shard has not moved on from here yet (this node has not applied
+    /// its new home): ask again.
+    NotYet,
+    /// None here for that node and allocation.
+    Nothing(&'static str),
+}
+
+/// The migration settings of a region of a migratable type.
+pub(crate) struct MigrationSettings {
+    /// How long a new owner waits for the states, and an old one keeps
+    /// them for it.
+    pub(crate) timeout: Duration,
+    /// The largest state that can travel (a frame's payload, less room
+    /// for its chunk's framing): a larger one is dropped.
+    pub(crate) max_state: usize,
+    pub(crate) events: MigrationEvents,
 }
 
 /// A region's link to the cluster, when its system runs on one.
@@ -108,6 +166,10 @@ pub(crate) struct Region {
     hosted: AtomicUsize,
     /// Passivations of live entities so far, by cause.
     passivated: [AtomicU64; 3],
+    /// Of a migratable type on a cluster: its settings.
+    migration: Option<MigrationSettings>,
+    /// States kept for the nodes shards moved to, by shard.
+    outgoing: Mutex<std::collections::HashMap<u32, Outgoing>>,
     /// Its handles for the `metrics` facade.
     pub(crate) metrics: RegionMetrics,
 }
@@ -234,7 +296,142 @@ impl Region {
             hosted: AtomicUsize::new(0),
             hosted_shards: Mutex::new(std::collections::BTreeSet::new()),
             passivated: Default::default(),
+            migration: None,
+            outgoing: Mutex::new(std::collections::HashMap::new()),
             metrics: RegionMetrics::new(protocol.type_name, node),
+        }
+    }
+
+    /// The region of a migratable type (`None`: not migratable).
+    pub(crate) fn with_migration(self, migration: Option<MigrationSettings>) -> Self {
+        Region { migration, ..self }
+    }
+
+    /// The region's way to the cluster, on a cluster.
+    pub(crate) fn port(&self) -> Option<&Arc<dyn ClusterPort>> {
+        self.cluster.as_ref().map(|c| &c.port)
+    }
+
+    /// How long a new owner waits for migrated states, if the type migrates.
+    pub(crate) fn migration_timeout(&self) -> Option<Duration> {
+        self.migration.as_ref().map(|m| m.timeout)
+    }
+
+    fn outgoing(&self) -> MutexGuard<'_, std::collections::HashMap<u32, Outgoing>> {
+        self.outgoing
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Keeps the states `shard`'s entities handed over for its new `home`,
+    /// in chunks, until it fetches them or the migration timeout ends.
+    fn keep_outgoing(&self, shard: ShardId, home: ShardHome, states: States) {
+        let Some(settings) = &self.migration else {
+            return;
+        };
+        let mut chunks: Vec<States> = vec![Vec::new()];
+        let mut size = 0;
+        let chunk = MIGRATION_CHUNK.min(settings.max_state);
+        for (id, state) in states {
+            // (Each entry's CBOR framing is a few bytes more.)
+            let len = state.bytes.len() + id.len() + 16;
+            if len > settings.max_state {
+                tracing::warn!(type_name = self.type_name, %shard, entity_id = %id, len, max = settings.max_state, "a state too large to migrate is dropped; the entity starts from its factory");
+                continue;
+            }
+            if size > 0 && size + len > chunk {
+                chunks.push(Vec::new());
+                size = 0;
+            }
+            size += len;
+            chunks.last_mut().expect("one at least").push((id, state));
+        }
+        self.outgoing().insert(shard.0, Outgoing { home, chunks });
+        if let Some(actor) = self.region_actor.get() {
+            let generation = home.generation;
+            actor.send_after(settings.timeout * 2, move || RegionMsg::ExpireMigration {
+                shard,
+                generation,
+            });
+        }
+    }
+
+    /// Chunk `index` of the states kept for `requester`, which hosts
+    /// `shard` under `generation`.
+    pub(crate) fn migration_chunk(
+        &self,
+        requester: &UniqueAddress,
+        shard: ShardId,
+        generation: u64,
+        index: u32,
+    ) -> ChunkAnswer {
+        if self.migration.is_none() {
+            return ChunkAnswer::Nothing("the type does not migrate on this node");
+        }
+        let Some(slot) = self.slots.get(shard.0 as usize) else {
+            return ChunkAnswer::Nothing("no such shard");
+        };
+        // Under the shard's lock, which `set_home` keeps the states under:
+        // a shard that has moved on has its states kept already.
+        let slot = lock(slot);
+        if slot.is_local() && slot.generation() < generation {
+            // Still hosted here (its handoff finishing, or its new home not
+            // applied yet): the states come once it has moved on.
+            return ChunkAnswer::NotYet;
+        }
+        let outgoing = self.outgoing();
+        match outgoing.get(&shard.0) {
+            Some(o) if o.home.owner == *requester && o.home.generation == generation => {
+                match o.chunks.get(index as usize) {
+                    Some(states) => ChunkAnswer::Chunk {
+                        states: states.clone(),
+                        last: index as usize + 1 == o.chunks.len(),
+                    },
+                    None => ChunkAnswer::Nothing("no such chunk"),
+                }
+            }
+            _ => ChunkAnswer::Nothing("no states kept for that node and allocation"),
+        }
+    }
+
+    /// `requester` has fetched every chunk of `shard`'s states: they go.
+    pub(crate) fn migration_done(
+        &self,
+        requester: &UniqueAddress,
+        shard: ShardId,
+        generation: u64,
+    ) {
+        let mut outgoing = self.outgoing();
+        if outgoing
+            .get(&shard.0)
+            .is_some_and(|o| o.home.owner == *requester && o.home.generation == generation)
+        {
+            outgoing.remove(&shard.0);
+        }
+    }
+
+    /// The states kept for `shard`'s allocation `generation` were not
+    /// fetched in time: they go.
+    pub(crate) fn expire_migration(&self, shard: ShardId, generation: u64) {
+        let mut outgoing = self.outgoing();
+        if outgoing
+            .get(&shard.0)
+            .is_some_and(|o| o.home.generation == generation)
+        {
+            outgoing.remove(&shard.0);
+            tracing::warn!(type_name = self.type_name, %shard, generation, "migrated states not fetched in time are dropped");
+        }
+    }
+
+    /// Whether states wait here for a node to fetch them.
+    pub(crate) fn migrations_pending(&self) -> bool {
+        !self.outgoing().is_empty()
+    }
+
+    /// Reports what became of a shard's migration here.
+    pub(crate) fn migration_event(&self, event: MigrationEvent) {
+        if let Some(settings) = &self.migration {
+            let _ = settings.events.send(event);
         }
     }
 
@@ -406,6 +603,7 @@ impl Region {
         shard: ShardId,
         generation: u64,
         remembered: Option<Vec<String>>,
+        migrated: States,
     ) -> bool {
         let install = self.installs.fetch_add(1, Ordering::Relaxed);
         let mut guard = lock(&self.slots[shard.0 as usize]);
@@ -414,7 +612,14 @@ impl Region {
         if newly_local {
             self.count_hosted(shard, true);
         }
-        let installed = guard.install(&mut self.host(), shard, generation, install, remembered);
+        let installed = guard.install(
+            &mut self.host(),
+            shard,
+            generation,
+            install,
+            remembered,
+            migrated,
+        );
         if newly_local && installed.is_none() {
             self.count_hosted(shard, false);
         }
@@ -557,9 +762,16 @@ impl Region {
     /// Incarnation `incarnation` of `entity_id` stopped (its stop notice, sent
     /// on every exit path): finish its passivation by replaying the messages
     /// buffered meanwhile, or forget a crashed incarnation.
-    pub(crate) fn entity_stopped(&self, shard: ShardId, entity_id: &Arc<str>, incarnation: u64) {
+    pub(crate) fn entity_stopped(
+        &self,
+        shard: ShardId,
+        entity_id: &Arc<str>,
+        incarnation: u64,
+        state: Option<MigratedState>,
+    ) {
         let mut guard = lock(&self.slots[shard.0 as usize]);
-        let undelivered = guard.entity_stopped(&mut self.host(), shard, entity_id, incarnation);
+        let undelivered =
+            guard.entity_stopped(&mut self.host(), shard, entity_id, incarnation, state);
         drop(guard);
         // Every actor spawned sends one stop notice: one fewer live.
         self.metrics.entities(-1);
@@ -585,8 +797,16 @@ impl Region {
     /// Applies a home for `shard` from the coordinator (see
     /// [`Slot::set_home`]); the entities of a shard that moved away finish
     /// their mailboxes and stop, and `shutdown` waits for them. A shard
-    /// whose home is now here is started by the region actor.
-    pub(crate) fn set_home(&self, shard: ShardId, home: ShardHome) -> HomeChange {
+    /// whose home is now here is started by the region actor; `from`, the
+    /// old owner that handed it off, has its entities' states for it. A
+    /// shard handed off from here keeps its entities' states for its new
+    /// home to fetch.
+    pub(crate) fn set_home(
+        &self,
+        shard: ShardId,
+        home: ShardHome,
+        from: Option<UniqueAddress>,
+    ) -> HomeChange {
         let Some(cluster) = &self.cluster else {
             return HomeChange::Unchanged;
         };
@@ -595,6 +815,11 @@ impl Region {
         let (change, undelivered) =
             guard.set_home(&mut self.host(), shard, home, cluster.me, cluster.proxy);
         let moved_away = was_local && !guard.is_local();
+        // Kept under the shard's lock: a pull sees the shard either still
+        // here or moved on with its states kept.
+        if let Some((home, states)) = guard.take_outgoing() {
+            self.keep_outgoing(shard, home, states);
+        }
         drop(guard);
         if moved_away {
             self.count_hosted(shard, false);
@@ -605,7 +830,11 @@ impl Region {
         {
             // The region actor starts hosting the shard (messages wait in
             // the slot meanwhile).
-            let _ = actor.cast(RegionMsg::Host(shard, home.generation));
+            let _ = actor.cast(RegionMsg::Host {
+                shard,
+                generation: home.generation,
+                from: from.filter(|f| *f != cluster.me),
+            });
         }
         change
     }
@@ -889,6 +1118,7 @@ impl SlotHost for Host<'_> {
         generation: u64,
         entity_id: &Arc<str>,
         incarnation: u64,
+        state: Option<MigratedState>,
     ) -> ShardingResult<ActorRef<EntityMsg>> {
         let Some(region_actor) = self.region.region_actor.get() else {
             return Err(ShardingError::Bug(
@@ -898,7 +1128,7 @@ impl SlotHost for Host<'_> {
         let me = self.region.cluster.as_ref().map(|c| c.me);
         let mut ctx = EntityContext::new(self.region.type_name, entity_id.clone(), shard, me);
         ctx.generation = generation;
-        let spawned = (self.region.spawner)(ctx, incarnation, region_actor.clone());
+        let spawned = (self.region.spawner)(ctx, incarnation, region_actor.clone(), state);
         if spawned.is_ok() {
             self.region.metrics.entities(1);
         }
@@ -918,6 +1148,15 @@ impl SlotHost for Host<'_> {
         // Not ractor's `drain`: draining an actor whose `pre_start` has not
         // run yet makes ractor refuse to start it, losing its mailbox.
         entity.send_message(EntityMsg::Stop).is_ok()
+    }
+
+    fn stop_to_move(&mut self, entity: &ActorRef<EntityMsg>) -> bool {
+        let msg = if self.region.migration.is_some() {
+            EntityMsg::StopToMove
+        } else {
+            EntityMsg::Stop
+        };
+        entity.send_message(msg).is_ok()
     }
 
     fn record(&mut self, shard: ShardId, entity_id: &Arc<str>, op: RememberEntitiesOperation) {

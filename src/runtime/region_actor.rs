@@ -13,7 +13,9 @@ use std::sync::Arc;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
 use crate::dispatch::panic_message;
+use crate::entity::MigrationEvent;
 use crate::extractor::ShardId;
+use crate::identity::UniqueAddress;
 use crate::runtime::mailbox::RegionMsg;
 use crate::runtime::region::Region;
 
@@ -26,6 +28,10 @@ const CONCURRENT_READS: usize = 16;
 pub(crate) struct RegionActorState {
     region: Arc<Region>,
     reads: Arc<tokio::sync::Semaphore>,
+    /// Shard hostings being prepared off this actor (a store read, states
+    /// fetched from the old owner): a second word of the same hosting
+    /// waits for the first rather than start the shard without them.
+    preparing: std::collections::HashSet<(ShardId, u64)>,
 }
 
 impl Actor for RegionActor {
@@ -41,6 +47,7 @@ impl Actor for RegionActor {
         Ok(RegionActorState {
             region,
             reads: Arc::new(tokio::sync::Semaphore::new(CONCURRENT_READS)),
+            preparing: std::collections::HashSet::new(),
         })
     }
 
@@ -53,7 +60,8 @@ impl Actor for RegionActor {
         // This actor carries every shard's notices: a panic while handling
         // one (an answered envelope's value runs user `Drop` code) must not
         // end it, or the region's later notices would all be lost.
-        let handled = std::panic::catch_unwind(AssertUnwindSafe(|| handle(myself, msg, state)));
+        let handled =
+            std::panic::catch_unwind(AssertUnwindSafe(|| handle(myself, msg, &mut *state)));
         if let Err(payload) = handled {
             let panic = panic_message(payload.as_ref());
             tracing::error!(type_name = state.region.type_name, %panic, "a panic while handling a region message (user Drop code?); the region goes on");
@@ -62,19 +70,28 @@ impl Actor for RegionActor {
     }
 }
 
-fn handle(myself: ActorRef<RegionMsg>, msg: RegionMsg, state: &RegionActorState) {
-    let region = &state.region;
+fn handle(myself: ActorRef<RegionMsg>, msg: RegionMsg, state: &mut RegionActorState) {
+    let region = state.region.clone();
     match msg {
-        RegionMsg::Allocate(shard) => read_then_install(myself, state, shard, 0),
-        RegionMsg::Host(shard, generation) => read_then_install(myself, state, shard, generation),
+        RegionMsg::Allocate(shard) => read_then_install(myself, state, shard, 0, None),
+        RegionMsg::Host {
+            shard,
+            generation,
+            from,
+        } => read_then_install(myself, state, shard, generation, from),
         RegionMsg::Install {
             shard,
             generation,
             remembered,
+            migrated,
         } => {
+            state.preparing.remove(&(shard, generation));
             if !region.is_stopped() {
-                region.install_local(shard, generation, remembered);
+                region.install_local(shard, generation, remembered, migrated);
             }
+        }
+        RegionMsg::ExpireMigration { shard, generation } => {
+            region.expire_migration(shard, generation);
         }
         RegionMsg::Respawn { shard, install } => region.respawn_more(shard, install),
         RegionMsg::Passivate {
@@ -91,42 +108,103 @@ fn handle(myself: ActorRef<RegionMsg>, msg: RegionMsg, state: &RegionActorState)
             shard,
             entity_id,
             incarnation,
-        } => region.entity_stopped(shard, &entity_id, incarnation),
+            state,
+        } => region.entity_stopped(shard, &entity_id, incarnation, state),
     }
 }
 
 /// Reads a shard's remembered ids off every shard lock and off the
-/// runtime's worker threads (a file store may load and fsync a log), on a
-/// task of its own (at most `CONCURRENT_READS` at once), so that this actor
-/// goes on hearing stop notices meanwhile; then has this actor install the
-/// shard.
+/// runtime's worker threads (a file store may load and fsync a log), and
+/// fetches the states its entities handed over from `from` (its old owner,
+/// for a migratable type), on a task of its own (at most
+/// `CONCURRENT_READS` reads at once), so that this actor goes on hearing
+/// stop notices meanwhile; then has this actor install the shard. Messages
+/// for the shard wait in its slot meanwhile.
 fn read_then_install(
     myself: ActorRef<RegionMsg>,
-    state: &RegionActorState,
+    state: &mut RegionActorState,
     shard: ShardId,
     generation: u64,
+    from: Option<UniqueAddress>,
 ) {
     let region = &state.region;
     if region.is_stopped() {
         return;
     }
-    if region.remember().is_none() {
-        region.install_local(shard, generation, None);
+    if state.preparing.contains(&(shard, generation)) {
+        return; // being prepared already; it installs once ready
+    }
+    let fetch = from.zip(region.migration_timeout());
+    if region.remember().is_none() && fetch.is_none() {
+        region.install_local(shard, generation, None, Vec::new());
         return;
     }
-    let reader = region.clone();
+    state.preparing.insert((shard, generation));
+    let region = region.clone();
     let reads = state.reads.clone();
     tokio::spawn(async move {
-        let Ok(_permit) = reads.acquire_owned().await else {
-            return;
+        let migrated = match fetch {
+            None => Vec::new(),
+            Some((from, timeout)) => fetch_states(&region, shard, generation, from, timeout).await,
         };
-        let remembered = tokio::task::spawn_blocking(move || reader.remembered_ids(shard))
-            .await
-            .unwrap_or(None);
+        let remembered = if region.remember().is_some() {
+            let Ok(_permit) = reads.acquire_owned().await else {
+                return;
+            };
+            let reader = region.clone();
+            tokio::task::spawn_blocking(move || reader.remembered_ids(shard))
+                .await
+                .unwrap_or(None)
+        } else {
+            None
+        };
         let _ = myself.cast(RegionMsg::Install {
             shard,
             generation,
             remembered,
+            migrated,
         });
     });
+}
+
+/// The states `shard`'s entities handed over on `from`, fetched through the
+/// region's port; none (and an event saying why) when they do not come.
+async fn fetch_states(
+    region: &Region,
+    shard: ShardId,
+    generation: u64,
+    from: UniqueAddress,
+    timeout: std::time::Duration,
+) -> crate::runtime::mailbox::States {
+    let Some(port) = region.port() else {
+        return Vec::new();
+    };
+    let type_name = region.type_name;
+    match port
+        .fetch_states(type_name, shard, generation, from, timeout)
+        .await
+    {
+        Ok(states) => {
+            let bytes = states.iter().map(|(_, s)| s.bytes.len()).sum();
+            tracing::debug!(type_name, %shard, %from, entities = states.len(), bytes, "migrated states fetched");
+            region.migration_event(MigrationEvent::Received {
+                type_name,
+                shard,
+                from,
+                entities: states.len(),
+                bytes,
+            });
+            states
+        }
+        Err(reason) => {
+            tracing::warn!(type_name, %shard, %from, %reason, "migrated states did not come; the shard's entities start from their factory");
+            region.migration_event(MigrationEvent::FellBack {
+                type_name,
+                shard,
+                from,
+                reason,
+            });
+            Vec::new()
+        }
+    }
 }

@@ -19,8 +19,10 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
+use super::mailbox::States;
 use super::passivation::Passivator;
 use crate::config::PassivationPolicy;
+use crate::entity::MigratedState;
 use crate::envelope::LocalEnvelope;
 use crate::error::{ShardingError, ShardingResult};
 use crate::extractor::ShardId;
@@ -57,13 +59,15 @@ pub(crate) trait SlotHost {
     fn check_store(&self, shard: ShardId) -> ShardingResult<()>;
     /// Starts incarnation `incarnation` of `entity_id`, in the shard's
     /// hosting of allocation `generation` (its stop notice and passivation
-    /// requests come back to the slot, naming it).
+    /// requests come back to the slot, naming it), from `state` if one
+    /// migrated with the shard.
     fn spawn(
         &mut self,
         shard: ShardId,
         generation: u64,
         entity_id: &Arc<str>,
         incarnation: u64,
+        state: Option<MigratedState>,
     ) -> ShardingResult<Self::Entity>;
     /// Enqueues into a mailbox. `Err(Some)` gives the envelope back (the
     /// entity is gone); `Err(None)`: the mailbox dropped it.
@@ -74,6 +78,9 @@ pub(crate) trait SlotHost {
     ) -> Result<(), Option<LocalEnvelope>>;
     /// Queues a stop marker behind the mailbox; false if the entity is gone.
     fn stop(&mut self, entity: &Self::Entity) -> bool;
+    /// As [`stop`](Self::stop), for a handoff: a migratable entity hands
+    /// its state over with its stop notice.
+    fn stop_to_move(&mut self, entity: &Self::Entity) -> bool;
     /// Queues a record for the remember-entities store (nothing for a type
     /// that does not remember).
     fn record(&mut self, shard: ShardId, entity_id: &Arc<str>, op: RememberEntitiesOperation);
@@ -155,6 +162,10 @@ pub(crate) struct Slot<E> {
     /// come back here first, a message for one waits until it has stopped:
     /// two incarnations of an entity never run side by side on this node.
     finishing: HashMap<Arc<str>, Live<E>>,
+    /// The states a handoff took from the shard's entities, when the shard
+    /// moved on to another node: for the region to keep for that node
+    /// ([`take_outgoing`](Self::take_outgoing)).
+    outgoing: Option<(ShardHome, States)>,
 }
 
 /// One shard's state in its region.
@@ -203,6 +214,11 @@ struct LocalShard<E> {
     /// Of a type with an active-entity limit: the live entities, in the
     /// policy's order.
     passivator: Option<Box<Passivator>>,
+    /// States migrated with the shard (or handed over by its entities
+    /// stopping for a handoff) for ids not running here: the next
+    /// incarnation of each starts from its state. Taken whole when the
+    /// shard moves on to another node.
+    migrated: HashMap<Arc<str>, MigratedState>,
 }
 
 /// A hosted shard being handed off: its entities stop (each after its
@@ -297,6 +313,7 @@ impl<E: Clone> Slot<E> {
             state: State::unallocated(generation),
             last_incarnation: 0,
             finishing: HashMap::new(),
+            outgoing: None,
         }
     }
 
@@ -400,7 +417,8 @@ impl<E: Clone> Slot<E> {
         }
     }
 
-    /// Makes the shard local (hosting number `install`), starts
+    /// Makes the shard local (hosting number `install`), starts each
+    /// entity whose state `migrated` with the shard from it, starts
     /// respawning `remembered` and replays the buffer in order. `None`
     /// (and the slot left as it was) when a newer home arrived meanwhile,
     /// the shard is local already or the region stopped. An entity of an
@@ -413,6 +431,7 @@ impl<E: Clone> Slot<E> {
         generation: u64,
         install: u64,
         remembered: Option<Vec<String>>,
+        migrated: States,
     ) -> Option<Undelivered> {
         if self.generation() > generation {
             return None;
@@ -444,9 +463,15 @@ impl<E: Clone> Slot<E> {
             passivator: host
                 .entity_share()
                 .map(|(share, policy)| Box::new(Passivator::new(policy, share))),
+            migrated: migrated.into_iter().collect(),
         };
         if let Some(ids) = remembered {
             local.pending_respawn = ids.into_iter().map(Arc::<str>::from).collect();
+        }
+        // The migrated entities were live on their old owner: they start
+        // at once, each from its state, before any message.
+        local.start_migrated(host, shard);
+        if !local.pending_respawn.is_empty() {
             local.respawn_batch(host, shard);
         }
         let undelivered = local.replay(host, shard, buffer);
@@ -536,17 +561,23 @@ impl<E: Clone> Slot<E> {
 
     /// Incarnation `incarnation` of `entity_id` stopped (its stop notice):
     /// finish its passivation by replaying what waited, or forget a crashed
-    /// incarnation.
+    /// incarnation. `state`: the one it handed over, stopped to move, kept
+    /// for its next incarnation wherever the shard goes (dropped when the
+    /// shard has moved on without it: a move that did not wait for it).
     pub(crate) fn entity_stopped<H: SlotHost<Entity = E>>(
         &mut self,
         host: &mut H,
         shard: ShardId,
         entity_id: &Arc<str>,
         incarnation: u64,
+        state: Option<MigratedState>,
     ) -> Undelivered {
         match &mut self.state {
-            State::Local(local) => local.stopped(host, shard, entity_id, incarnation),
+            State::Local(local) => local.stopped(host, shard, entity_id, incarnation, state),
             _ => {
+                if state.is_some() {
+                    tracing::debug!(type_name = host.type_name(), %shard, %entity_id, "a state handed over after its shard moved on is dropped");
+                }
                 if self
                     .finishing
                     .get(entity_id)
@@ -594,7 +625,7 @@ impl<E: Clone> Slot<E> {
                                 actor: live.actor.clone(),
                                 incarnation: live.incarnation,
                             };
-                            if !host.stop(&live.actor) {
+                            if !host.stop_to_move(&live.actor) {
                                 tracing::debug!(type_name = host.type_name(), %shard, "entity gone before its handoff stop");
                             }
                             respawn.insert(id.clone());
@@ -700,6 +731,7 @@ impl<E: Clone> Slot<E> {
                 // What waited behind passivations came before what arrived
                 // during a handoff (which took those buffers when it began).
                 let handed_off = local.handoff.take().map(|h| h.buffer);
+                let was_handed_off = handed_off.is_some();
                 for (id, entry) in local.entities {
                     let live = match entry {
                         Entry::Live(live) => {
@@ -720,6 +752,11 @@ impl<E: Clone> Slot<E> {
                 }
                 self.last_incarnation = local.last_incarnation;
                 buffer.extend(handed_off.into_iter().flatten());
+                // Handed off: what its entities handed over (maybe nothing)
+                // waits for the new home to fetch it.
+                if was_handed_off || !local.migrated.is_empty() {
+                    self.outgoing = Some((home, local.migrated.into_iter().collect()));
+                }
                 buffer
             }
             State::Remote(_) | State::Stopped => Vec::new(),
@@ -740,6 +777,13 @@ impl<E: Clone> Slot<E> {
             }
         }
         (HomeChange::Remote, undelivered)
+    }
+
+    /// The states the shard's entities handed over, with the home the
+    /// shard moved to, once it has moved on (see
+    /// [`set_home`](Self::set_home)).
+    pub(crate) fn take_outgoing(&mut self) -> Option<(ShardHome, States)> {
+        self.outgoing.take()
     }
 
     /// `node` is gone: a shard routed to it waits for a new home (the next
@@ -1012,7 +1056,8 @@ impl<E: Clone> LocalShard<E> {
         self.make_room(host, shard, entity_id);
         self.last_incarnation += 1;
         let incarnation = self.last_incarnation;
-        let actor = match host.spawn(shard, self.generation, entity_id, incarnation) {
+        let state = self.migrated.remove(entity_id);
+        let actor = match host.spawn(shard, self.generation, entity_id, incarnation, state) {
             Ok(actor) => actor,
             Err(e) => {
                 // Not live after all: it holds no place in the policy.
@@ -1033,6 +1078,34 @@ impl<E: Clone> LocalShard<E> {
             host.record(shard, entity_id, RememberEntitiesOperation::RecordStarted);
         }
         Ok(actor)
+    }
+
+    /// Starts every entity whose state is kept here and that is not
+    /// running (one still finishing starts when it has stopped).
+    fn start_migrated<H: SlotHost<Entity = E>>(&mut self, host: &mut H, shard: ShardId) {
+        let ids: Vec<Arc<str>> = self
+            .migrated
+            .keys()
+            .filter(|id| !self.entities.contains_key(*id))
+            .cloned()
+            .collect();
+        for id in ids {
+            self.start_from_state(host, shard, &id);
+        }
+    }
+
+    /// Starts `entity_id` from the state kept for it (a spawn that fails
+    /// loses the state: its next message starts it from the factory).
+    fn start_from_state<H: SlotHost<Entity = E>>(
+        &mut self,
+        host: &mut H,
+        shard: ShardId,
+        entity_id: &Arc<str>,
+    ) {
+        let record = !self.pending_respawn.contains(entity_id);
+        if let Err(error) = self.spawn(host, shard, entity_id, record) {
+            tracing::warn!(type_name = host.type_name(), %shard, %entity_id, %error, "an entity with a migrated state did not start");
+        }
     }
 
     /// Respawns up to a batch of the shard's pending remembered ids, and has
@@ -1144,7 +1217,7 @@ impl<E: Clone> LocalShard<E> {
             (Ok(()), Vec::new())
         } else {
             // Already gone (it crashed, not passivated): finish now.
-            (Ok(()), self.stopped(host, shard, entity_id, stopped))
+            (Ok(()), self.stopped(host, shard, entity_id, stopped, None))
         }
     }
 
@@ -1154,6 +1227,7 @@ impl<E: Clone> LocalShard<E> {
         shard: ShardId,
         entity_id: &Arc<str>,
         incarnation: u64,
+        state: Option<MigratedState>,
     ) -> Undelivered {
         match self.entities.get(entity_id) {
             Some(entry) if entry.incarnation() == incarnation => {}
@@ -1162,7 +1236,17 @@ impl<E: Clone> LocalShard<E> {
         if let Some(passivator) = &mut self.passivator {
             passivator.remove(entity_id); // (a crashed one was live)
         }
-        let undelivered = match self.entities.remove(entity_id) {
+        if let Some(state) = state {
+            self.migrated.insert(entity_id.clone(), state);
+        }
+        let removed = self.entities.remove(entity_id);
+        // A state kept for this id (handed over by a handoff called off,
+        // or migrated in while an earlier incarnation finished) starts the
+        // next incarnation at once: it was live.
+        if self.handoff.is_none() && self.migrated.contains_key(entity_id) {
+            self.start_from_state(host, shard, entity_id);
+        }
+        let undelivered = match removed {
             Some(Entry::Passivating { buffer, .. }) => self.replay(host, shard, buffer),
             _ => Vec::new(),
         };
@@ -1220,6 +1304,7 @@ impl<E: Clone> LocalShard<E> {
         let Some(handoff) = self.handoff.take() else {
             return Vec::new();
         };
+        self.start_migrated(host, shard);
         let undelivered = self.replay(host, shard, handoff.buffer);
         let respawn = handoff
             .respawn

@@ -15,6 +15,8 @@ type Mailbox = u32;
 enum Call {
     /// Spawned `id` as `incarnation`.
     Spawn(String, u64),
+    /// Spawned `id` as `incarnation` from a migrated state (its bytes).
+    SpawnFrom(String, u64, Vec<u8>),
     /// Enqueued message `n` into a mailbox.
     Send(Mailbox, u64),
     Stop(Mailbox),
@@ -97,9 +99,14 @@ impl SlotHost for Fake {
         _generation: u64,
         entity_id: &Arc<str>,
         incarnation: u64,
+        state: Option<MigratedState>,
     ) -> ShardingResult<Mailbox> {
-        self.calls
-            .push(Call::Spawn(entity_id.to_string(), incarnation));
+        self.calls.push(match state {
+            Some(state) => {
+                Call::SpawnFrom(entity_id.to_string(), incarnation, state.bytes.to_vec())
+            }
+            None => Call::Spawn(entity_id.to_string(), incarnation),
+        });
         if self.spawn_fails {
             return Err(ShardingError::Spawn(format!("{entity_id}: refused")));
         }
@@ -122,6 +129,10 @@ impl SlotHost for Fake {
     fn stop(&mut self, entity: &Mailbox) -> bool {
         self.calls.push(Call::Stop(*entity));
         !self.gone.contains(entity)
+    }
+
+    fn stop_to_move(&mut self, entity: &Mailbox) -> bool {
+        self.stop(entity)
     }
 
     fn record(&mut self, _shard: ShardId, entity_id: &Arc<str>, op: RememberEntitiesOperation) {
@@ -239,7 +250,9 @@ fn deliver(slot: &mut Slot<Mailbox>, host: &mut Fake, name: &str, n: u64) {
 /// A slot hosted here under generation 1, no entity yet.
 fn hosted(host: &mut Fake) -> Slot<Mailbox> {
     let mut slot = Slot::unallocated(0);
-    let undelivered = slot.install(host, SHARD, 1, 1, None).expect("installed");
+    let undelivered = slot
+        .install(host, SHARD, 1, 1, None, Vec::new())
+        .expect("installed");
     assert!(undelivered.is_empty());
     host.calls();
     slot
@@ -254,7 +267,7 @@ fn messages_wait_for_a_home_and_are_replayed_in_order_when_it_comes() {
     deliver(&mut slot, &mut host, "a", 3);
     assert_eq!(host.calls(), [Call::RequestAllocation], "asked once");
     let undelivered = slot
-        .install(&mut host, SHARD, 1, 1, None)
+        .install(&mut host, SHARD, 1, 1, None, Vec::new())
         .expect("installed");
     assert!(undelivered.is_empty());
     assert_eq!(
@@ -341,7 +354,7 @@ fn a_passivation_buffers_what_comes_until_the_entity_has_stopped() {
     deliver(&mut slot, &mut host, "a", 2);
     assert_eq!(host.calls(), [], "waits behind the stop");
     assert_eq!(slot.live_entities(), 0);
-    let undelivered = slot.entity_stopped(&mut host, SHARD, &id("a"), 1);
+    let undelivered = slot.entity_stopped(&mut host, SHARD, &id("a"), 1, None);
     assert!(undelivered.is_empty());
     assert_eq!(host.calls(), [spawn("a", 2), Call::Send(2, 2)]);
 }
@@ -357,7 +370,7 @@ fn notices_of_an_earlier_incarnation_change_nothing() {
     // Incarnation 2 is current: a stop notice and a passivation request of
     // incarnation 1 are stale.
     assert!(
-        slot.entity_stopped(&mut host, SHARD, &id("a"), 1)
+        slot.entity_stopped(&mut host, SHARD, &id("a"), 1, None)
             .is_empty()
     );
     let (result, _) = slot.passivate(&mut host, SHARD, &id("a"), Some(1), false);
@@ -383,13 +396,13 @@ fn a_handoff_stops_every_entity_and_what_waited_follows_the_shard_in_order() {
     assert!(result.is_ok());
     assert_eq!(host.calls(), [], "both wait for the next home");
     assert!(
-        slot.entity_stopped(&mut host, SHARD, &id("a"), 1)
+        slot.entity_stopped(&mut host, SHARD, &id("a"), 1, None)
             .is_empty()
     );
     assert_eq!(host.calls(), []);
     assert!(!slot.is_handed_off(1));
     assert!(
-        slot.entity_stopped(&mut host, SHARD, &id("b"), 2)
+        slot.entity_stopped(&mut host, SHARD, &id("b"), 2, None)
             .is_empty()
     );
     assert_eq!(host.calls(), [Call::ShardStopped(1)], "reported once");
@@ -439,11 +452,11 @@ fn a_called_off_handoff_delivers_here_what_waited() {
     host.calls();
     assert!(slot.call_off_handoff(&mut host, SHARD).is_empty());
     assert_eq!(host.calls(), [], "a is still stopping: 2 waits behind it");
-    slot.entity_stopped(&mut host, SHARD, &id("a"), 1);
+    slot.entity_stopped(&mut host, SHARD, &id("a"), 1, None);
     assert_eq!(host.calls(), [spawn("a", 2), Call::Send(2, 2)]);
     // A reported handoff is not called off.
     slot.hand_off(&mut host, SHARD, 1);
-    slot.entity_stopped(&mut host, SHARD, &id("a"), 2);
+    slot.entity_stopped(&mut host, SHARD, &id("a"), 2, None);
     assert_eq!(host.calls(), [Call::Stop(2), Call::ShardStopped(1)]);
     deliver(&mut slot, &mut host, "a", 3);
     assert!(slot.call_off_handoff(&mut host, SHARD).is_empty());
@@ -518,7 +531,7 @@ fn an_entity_finishing_after_its_shard_moved_away_holds_back_its_next_incarnatio
         slot.set_home(&mut host, SHARD, here(3), me(), false).0,
         HomeChange::HostHere
     );
-    slot.install(&mut host, SHARD, 3, 2, None)
+    slot.install(&mut host, SHARD, 3, 2, None, Vec::new())
         .expect("installed");
     deliver(&mut slot, &mut host, "a", 2);
     deliver(&mut slot, &mut host, "b", 3);
@@ -527,7 +540,7 @@ fn an_entity_finishing_after_its_shard_moved_away_holds_back_its_next_incarnatio
         [spawn("b", 2), Call::Send(2, 3)],
         "a waits for its finishing incarnation"
     );
-    slot.entity_stopped(&mut host, SHARD, &id("a"), 1);
+    slot.entity_stopped(&mut host, SHARD, &id("a"), 1, None);
     assert_eq!(host.calls(), [spawn("a", 3), Call::Send(3, 2)]);
 }
 
@@ -537,10 +550,10 @@ fn an_entity_that_finished_while_its_shard_was_away_is_forgotten() {
     let mut slot = hosted(&mut host);
     deliver(&mut slot, &mut host, "a", 1);
     slot.set_home(&mut host, SHARD, home(2), me(), false);
-    slot.entity_stopped(&mut host, SHARD, &id("a"), 1);
+    slot.entity_stopped(&mut host, SHARD, &id("a"), 1, None);
     host.calls();
     slot.set_home(&mut host, SHARD, here(3), me(), false);
-    slot.install(&mut host, SHARD, 3, 2, None)
+    slot.install(&mut host, SHARD, 3, 2, None, Vec::new())
         .expect("installed");
     deliver(&mut slot, &mut host, "a", 2);
     assert_eq!(host.calls(), [spawn("a", 2), Call::Send(2, 2)]);
@@ -560,7 +573,7 @@ fn remembered_ids_respawn_in_batches_of_the_hosting_that_listed_them() {
     host.batch = 2;
     let mut slot = Slot::unallocated(0);
     let ids = vec!["x".to_owned(), "y".to_owned(), "z".to_owned()];
-    slot.install(&mut host, SHARD, 1, 7, Some(ids))
+    slot.install(&mut host, SHARD, 1, 7, Some(ids), Vec::new())
         .expect("installed");
     let calls = host.calls();
     let spawned: Vec<_> = calls
@@ -653,14 +666,14 @@ fn a_finishing_entity_outlives_the_loss_of_its_shards_new_home() {
     assert!(slot.node_lost(&node(2)));
     host.calls();
     slot.set_home(&mut host, SHARD, here(3), me(), false);
-    slot.install(&mut host, SHARD, 3, 2, None)
+    slot.install(&mut host, SHARD, 3, 2, None, Vec::new())
         .expect("installed");
     deliver(&mut slot, &mut host, "a", 2);
     assert_eq!(host.calls(), [], "waits for incarnation 1");
-    slot.entity_stopped(&mut host, SHARD, &id("a"), 1);
+    slot.entity_stopped(&mut host, SHARD, &id("a"), 1, None);
     assert_eq!(host.calls(), [spawn("a", 2), Call::Send(2, 2)]);
     // A stale notice of incarnation 1 leaves incarnation 2 alone.
-    slot.entity_stopped(&mut host, SHARD, &id("a"), 1);
+    slot.entity_stopped(&mut host, SHARD, &id("a"), 1, None);
     deliver(&mut slot, &mut host, "a", 3);
     assert_eq!(host.calls(), [Call::Send(2, 3)]);
 }
@@ -674,7 +687,7 @@ fn a_finishing_entity_taken_back_is_still_let_finish() {
     deliver(&mut slot, &mut host, "a", 1);
     slot.set_home(&mut host, SHARD, home(2), me(), false);
     slot.set_home(&mut host, SHARD, here(3), me(), false);
-    slot.install(&mut host, SHARD, 3, 2, None)
+    slot.install(&mut host, SHARD, 3, 2, None, Vec::new())
         .expect("installed");
     deliver(&mut slot, &mut host, "b", 2);
     host.calls();
@@ -685,7 +698,7 @@ fn a_finishing_entity_taken_back_is_still_let_finish() {
         "only b is stopped: a was already"
     );
     slot.set_home(&mut host, SHARD, here(5), me(), false);
-    slot.install(&mut host, SHARD, 5, 3, None)
+    slot.install(&mut host, SHARD, 5, 3, None, Vec::new())
         .expect("installed");
     let taken = slot.take();
     let mut finishing = taken.finishing;
@@ -735,7 +748,7 @@ fn a_shard_at_its_share_passivates_the_least_recent_entity_and_loses_nothing() {
     // which in turn makes room (a is now the least recent).
     deliver(&mut slot, &mut host, "b", 5);
     assert_eq!(host.calls(), [], "waits behind the stop");
-    let undelivered = slot.entity_stopped(&mut host, SHARD, &id("b"), 2);
+    let undelivered = slot.entity_stopped(&mut host, SHARD, &id("b"), 2, None);
     assert!(undelivered.is_empty());
     assert_eq!(
         host.calls(),
@@ -756,7 +769,7 @@ fn a_spawn_that_fails_holds_no_place_under_the_limit() {
     let mut slot = hosted(&mut host);
     deliver(&mut slot, &mut host, "a", 1);
     deliver(&mut slot, &mut host, "b", 2);
-    let undelivered = slot.entity_stopped(&mut host, SHARD, &id("a"), 1);
+    let undelivered = slot.entity_stopped(&mut host, SHARD, &id("a"), 1, None);
     assert!(undelivered.is_empty(), "a crashed: one place free");
     host.calls();
     host.spawn_fails = true;
@@ -793,7 +806,7 @@ fn a_smaller_share_passivates_what_no_longer_fits_and_a_crash_frees_a_place() {
     // c crashes (its stop notice, no passivation): a new entity starts
     // without passivating anything.
     assert!(
-        slot.entity_stopped(&mut host, SHARD, &id("c"), 3)
+        slot.entity_stopped(&mut host, SHARD, &id("c"), 3, None)
             .is_empty()
     );
     deliver(&mut slot, &mut host, "d", 9);
@@ -862,7 +875,7 @@ fn a_region_under_a_limit(limit: u8, policy: u8, ops: Vec<LimitOp>) -> bool {
                     let hosted = slots.iter().filter(|x| x.is_some()).count() + 1;
                     host.share = Some(((limit / hosted).max(1), policy));
                     let mut slot = Slot::unallocated(0);
-                    slot.install(&mut host, ShardId(u32::from(shard)), 1, 1, None);
+                    slot.install(&mut host, ShardId(u32::from(shard)), 1, 1, None, Vec::new());
                     slots[s] = Some(slot);
                     for (i, other) in slots.iter_mut().enumerate() {
                         if let Some(other) = other {
@@ -889,7 +902,7 @@ fn a_region_under_a_limit(limit: u8, policy: u8, ops: Vec<LimitOp>) -> bool {
                 let (s, name, incarnation) = mailboxes[mailbox as usize - 1].clone();
                 let slot = slots[s].as_mut().expect("hosted");
                 if !slot
-                    .entity_stopped(&mut host, ShardId(s as u32), &id(&name), incarnation)
+                    .entity_stopped(&mut host, ShardId(s as u32), &id(&name), incarnation, None)
                     .is_empty()
                 {
                     return false;
@@ -905,7 +918,7 @@ fn a_region_under_a_limit(limit: u8, policy: u8, ops: Vec<LimitOp>) -> bool {
     while let Some(mailbox) = stops.pop_front() {
         let (s, name, incarnation) = mailboxes[mailbox as usize - 1].clone();
         let slot = slots[s].as_mut().expect("hosted");
-        let _ = slot.entity_stopped(&mut host, ShardId(s as u32), &id(&name), incarnation);
+        let _ = slot.entity_stopped(&mut host, ShardId(s as u32), &id(&name), incarnation, None);
         absorb(&mut host, s, &mut mailboxes, &mut stops);
     }
     enqueued.sort_unstable();

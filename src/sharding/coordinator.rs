@@ -345,20 +345,22 @@ impl TypeTable {
         Some(home)
     }
 
-    /// Tells every region of the type the new `home` of `shard`.
+    /// Tells every region of the type the new `home` of `shard`; `from`:
+    /// the old owner, whose handoff of the shard this allocation follows.
     fn tell_regions(
         &self,
         type_name: &str,
         shard: u32,
-        home: ShardHome,
+        (home, from): (ShardHome, Option<UniqueAddress>),
         epoch: u64,
         out: &mut Vec<Command>,
     ) {
         for region in &self.regions {
-            out.push(Command::Send {
-                to: *region,
-                msg: self.home_msg(type_name, shard, home, epoch),
-            });
+            let mut msg = self.home_msg(type_name, shard, home, epoch);
+            if let ControlMsg::Home { from: f, .. } = &mut msg {
+                *f = from;
+            }
+            out.push(Command::Send { to: *region, msg });
         }
     }
 
@@ -370,6 +372,7 @@ impl TypeTable {
             owner: home.owner,
             generation: home.generation,
             epoch,
+            from: None,
         }
     }
 }
@@ -1476,7 +1479,7 @@ impl CoordinatorCore {
             };
             match placed {
                 // A new home, as an allocation's: every region hears it.
-                Some(home) => table.tell_regions(type_name, shard, home, epoch, out),
+                Some(home) => table.tell_regions(type_name, shard, (home, None), epoch, out),
                 None if !claimants.is_empty() => {
                     table.claims.insert(shard, claimants);
                 }
@@ -1870,7 +1873,14 @@ impl CoordinatorCore {
             );
             return None;
         };
-        table.tell_regions(type_name, shard, home, self.epoch, out);
+        // After a handoff that stopped the shard, its old owner holds the
+        // states its entities handed over (none after a timeout: no stop).
+        let from = table
+            .handoffs
+            .get(&shard)
+            .filter(|h| h.stopped)
+            .map(|h| h.from);
+        table.tell_regions(type_name, shard, (home, from), self.epoch, out);
         Some(home)
     }
 }

@@ -98,6 +98,7 @@ fn home(to: UniqueAddress, shard: u32, owner: UniqueAddress, generation: u64) ->
             owner,
             generation,
             epoch: 1,
+            from: None,
         },
     }
 }
@@ -1771,6 +1772,7 @@ fn a_node_ignores_coordinator_messages_from_an_older_epoch() {
         owner: n[0],
         generation: 1,
         epoch,
+        from: None,
     };
     assert!(region.accept_epoch(&home_at(3)));
     assert_eq!(region.highest_epoch(), 3);

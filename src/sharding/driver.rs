@@ -40,13 +40,15 @@ use crate::error::{RegionRefusal, ShardingError, ShardingResult};
 use crate::extractor::ShardId;
 use crate::identity::UniqueAddress;
 use crate::membership::{MemberStatus, MembershipState};
-use crate::runtime::region::{ClusterPort, Region};
+use crate::runtime::mailbox::States;
+use crate::runtime::region::{ClusterPort, PortFuture, Region};
 use crate::runtime::slot::HomeChange;
 use crate::sharding::coordinator::{
     Command, CoordinatorConfig, CoordinatorCore, LeastShardAllocation, RebalanceRound,
     ShardAllocationStrategy, ShardHome,
 };
 use crate::sharding::fast::{self, DataRef, EnvelopeRef};
+use crate::sharding::migration;
 use crate::sharding::region_core::{LocalRegions, RegionCommand, RegionCore};
 use crate::sharding::remote::Remote;
 use crate::sharding::stats::{ClusterShardingStats, CoordinatorStatus};
@@ -59,7 +61,7 @@ use crate::warn_limit::{WarnLimit, warn_limited};
 /// most ten per ten seconds in this process (the rest at debug).
 static BAD_DATA: WarnLimit = WarnLimit::new(10, Duration::from_secs(10));
 use crate::transport::Incoming;
-use crate::wire::channels::{SHARDING_CONTROL, SHARDING_DATA};
+use crate::wire::channels::{SHARDING_CONTROL, SHARDING_DATA, SHARDING_MIGRATION};
 
 /// How many inbound control messages may wait for the control task.
 const CONTROL_CAPACITY: usize = 4_096;
@@ -194,6 +196,20 @@ impl ClusterPort for RegionLink {
             generation,
         });
     }
+
+    fn fetch_states(
+        &self,
+        type_name: &'static str,
+        shard: ShardId,
+        generation: u64,
+        from: UniqueAddress,
+        timeout: Duration,
+    ) -> PortFuture<Result<States, String>> {
+        let transport = self.remote.transport().clone();
+        Box::pin(migration::fetch(
+            transport, type_name, shard, generation, from, timeout,
+        ))
+    }
 }
 
 /// What the tasks take when they start.
@@ -238,6 +254,19 @@ impl ClusterLink {
         });
         if let Err(error) = registered {
             transport.unregister(SHARDING_CONTROL);
+            return Err(taken(error));
+        }
+        // A new owner's pulls of migrated states, answered on the reader
+        // task (copies of references to the kept chunks, and their CBOR).
+        let target = system.clone();
+        let registered = transport.register_inline(SHARDING_MIGRATION, move |incoming| {
+            if let Some(shared) = target.get().and_then(Weak::upgrade) {
+                migration::serve(&*shared, incoming);
+            }
+        });
+        if let Err(error) = registered {
+            transport.unregister(SHARDING_CONTROL);
+            transport.unregister(SHARDING_DATA);
             return Err(taken(error));
         }
         let (driver, rx) = mpsc::unbounded_channel();
@@ -328,6 +357,7 @@ impl Drop for ClusterLink {
         let transport = self.node.transport();
         transport.unregister(SHARDING_DATA);
         transport.unregister(SHARDING_CONTROL);
+        transport.unregister(SHARDING_MIGRATION);
         for task in lock(&self.tasks).drain(..) {
             task.abort();
         }
@@ -1052,9 +1082,13 @@ impl LocalRegions for Hosted {
         type_name: &str,
         shard: u32,
         home: ShardHome,
+        from: Option<UniqueAddress>,
     ) -> Option<(&'static str, HomeChange)> {
         let region = self.with_shard(type_name, shard)?;
-        Some((region.type_name, region.set_home(ShardId(shard), home)))
+        Some((
+            region.type_name,
+            region.set_home(ShardId(shard), home, from),
+        ))
     }
 
     fn node_lost(&self, node: &UniqueAddress) -> usize {

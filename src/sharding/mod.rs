@@ -28,6 +28,7 @@
 pub mod coordinator;
 pub(crate) mod driver;
 pub(crate) mod fast;
+pub(crate) mod migration;
 pub(crate) mod region_core;
 pub(crate) mod remote;
 #[cfg(test)]

@@ -39,13 +39,15 @@ pub(crate) trait LocalRegions {
     /// Whether a shard is hosted here under `generation`, handed off and
     /// empty: its report still needs an answer.
     fn is_handed_off(&self, type_name: &str, shard: u32, generation: u64) -> bool;
-    /// Applies a home from the coordinator; `None` for no such region or
-    /// shard, else the type's name as the region holds it and what changed.
+    /// Applies a home from the coordinator (`from`: the old owner that
+    /// handed the shard off, §13.16); `None` for no such region or shard,
+    /// else the type's name as the region holds it and what changed.
     fn set_home(
         &self,
         type_name: &str,
         shard: u32,
         home: ShardHome,
+        from: Option<UniqueAddress>,
     ) -> Option<(&'static str, HomeChange)>;
     /// A member is gone: shards routed to it wait for a new home. How many
     /// were routed there.
@@ -420,15 +422,20 @@ impl RegionCore {
                 shard,
                 owner,
                 generation,
+                from,
                 ..
-            } => self.apply_home(regions, &type_name, shard, ShardHome { owner, generation }),
+            } => {
+                let home = ShardHome { owner, generation };
+                self.apply_home(regions, &type_name, shard, home, from);
+            }
             ControlMsg::Table {
                 type_name, homes, ..
             } => {
                 self.heard_from = Some(from);
                 regions.accepted(&type_name);
                 for (shard, owner, generation) in homes {
-                    self.apply_home(regions, &type_name, shard, ShardHome { owner, generation });
+                    let home = ShardHome { owner, generation };
+                    self.apply_home(regions, &type_name, shard, home, None);
                 }
             }
             ControlMsg::HandOff {
@@ -461,11 +468,12 @@ impl RegionCore {
         type_name: &str,
         shard: u32,
         home: ShardHome,
+        from: Option<UniqueAddress>,
     ) {
         if self.lost.contains(&home.owner) {
             return;
         }
-        match regions.set_home(type_name, shard, home) {
+        match regions.set_home(type_name, shard, home, from) {
             Some((name, HomeChange::HostHere | HomeChange::Remote | HomeChange::Unchanged)) => {
                 self.waiting.remove(&(name, shard));
             }

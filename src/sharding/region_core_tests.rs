@@ -68,6 +68,7 @@ impl LocalRegions for Fake {
         type_name: &str,
         shard: u32,
         home: ShardHome,
+        _from: Option<UniqueAddress>,
     ) -> Option<(&'static str, HomeChange)> {
         self.calls
             .borrow_mut()
@@ -212,6 +213,7 @@ fn a_request_is_asked_again_until_its_home_comes() {
         owner: node(C),
         generation,
         epoch: 1,
+        from: None,
     };
     core.coordinator_said(node(C), home(3), &regions);
     assert_eq!(
@@ -314,6 +316,7 @@ fn a_member_that_left_gracefully_with_nothing_routed_keeps_its_asks() {
         owner: node(6),
         generation: 9,
         epoch: 1,
+        from: None,
     };
     core.coordinator_said(node(C), home, &regions);
     assert_eq!(regions.calls(), Vec::<String>::new());

@@ -79,6 +79,11 @@ impl Remote {
         self.me
     }
 
+    /// The pipes.
+    pub(crate) fn transport(&self) -> &Transport {
+        &self.transport
+    }
+
     fn stripe(&self, ask_id: u64) -> &Mutex<HashMap<u64, Pending>> {
         &self.pending[(ask_id % PENDING_STRIPES as u64) as usize]
     }

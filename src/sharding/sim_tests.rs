@@ -45,6 +45,7 @@ use super::coordinator::{
 use super::region_core::{LocalRegions, RegionCommand, RegionCore};
 use super::remote::MAX_HOPS;
 use super::wire::{ControlMsg, TypeRegistration};
+use crate::entity::MigratedState;
 use crate::envelope::{LocalEnvelope, ReplyTo};
 use crate::error::{ShardingError, ShardingResult};
 use crate::extractor::ShardId;
@@ -272,6 +273,7 @@ impl SlotHost for Host {
         _generation: u64,
         entity_id: &Arc<str>,
         incarnation: u64,
+        _state: Option<MigratedState>,
     ) -> ShardingResult<u32> {
         self.next_mailbox += 1;
         let mailbox = Mailbox {
@@ -292,6 +294,10 @@ impl SlotHost for Host {
             }
             None => Err(Some(envelope)),
         }
+    }
+
+    fn stop_to_move(&mut self, entity: &u32) -> bool {
+        self.stop(entity)
     }
 
     fn stop(&mut self, entity: &u32) -> bool {
@@ -462,7 +468,8 @@ impl Region {
         self.installs.set(install + 1);
         self.with(shard, |slot, host| {
             let finishing = host.mailboxes.values().any(|m| m.shard == shard);
-            if let Some(undelivered) = slot.install(host, ShardId(shard), generation, install, None)
+            if let Some(undelivered) =
+                slot.install(host, ShardId(shard), generation, install, None, Vec::new())
             {
                 if finishing {
                     cover(|c| c.back_while_finishing += 1);
@@ -474,7 +481,7 @@ impl Region {
 
     fn entity_stopped(&self, shard: u32, entity: &Arc<str>, incarnation: u64) {
         self.with(shard, |slot, host| {
-            let undelivered = slot.entity_stopped(host, ShardId(shard), entity, incarnation);
+            let undelivered = slot.entity_stopped(host, ShardId(shard), entity, incarnation, None);
             host.failed(undelivered);
         });
     }
@@ -550,6 +557,7 @@ impl LocalRegions for Region {
         type_name: &str,
         shard: u32,
         home: ShardHome,
+        _from: Option<UniqueAddress>,
     ) -> Option<(&'static str, HomeChange)> {
         if type_name != TYPE || shard >= SHARDS {
             return None;

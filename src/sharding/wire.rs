@@ -97,6 +97,58 @@ impl DataMsgOut<'_> {
     }
 }
 
+/// A new owner's request on the migration channel (a transport `Request`
+/// frame), to the old owner of a shard it now hosts.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum MigrationRequest {
+    /// Chunk `chunk` (from 0) of the states kept for the asker, which
+    /// hosts `shard` of `type_name` under `generation`.
+    Pull {
+        type_name: String,
+        shard: u32,
+        generation: u64,
+        chunk: u32,
+    },
+    /// The asker has every chunk: the old owner may drop them.
+    Done {
+        type_name: String,
+        shard: u32,
+        generation: u64,
+    },
+}
+
+/// The old owner's answer to a [`MigrationRequest::Pull`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum MigrationReply {
+    /// The chunk: `[entity_id, version, state]` each; `last`: nothing follows.
+    Chunk {
+        states: Vec<MigratedEntry>,
+        last: bool,
+    },
+    /// The shard has not moved on from the old owner yet: ask again.
+    NotYet,
+    /// No states for the asker (why).
+    Nothing { reason: String },
+}
+
+/// One entity's state in a [`MigrationReply::Chunk`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct MigratedEntry(
+    pub(crate) String,
+    pub(crate) u32,
+    #[serde(with = "payload")] pub(crate) Bytes,
+);
+
+/// CBOR bytes of a migration message.
+pub(crate) fn encode_cbor<T: Serialize>(msg: &T) -> Bytes {
+    let mut out = Vec::with_capacity(64);
+    // Writing into a Vec cannot fail, and every field serializes.
+    if let Err(error) = ciborium::into_writer(msg, &mut out) {
+        tracing::error!(%error, "BUG: a sharding migration message did not encode");
+    }
+    out.into()
+}
+
 /// One entity type as a region registers it with the coordinator.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct TypeRegistration {
@@ -153,6 +205,11 @@ pub(crate) enum ControlMsg {
         /// ignores a message from an epoch below the highest it accepted.
         #[serde(default)]
         epoch: u64,
+        /// The old owner, when this allocation follows its handoff of the
+        /// shard (its `ShardStopped`): the new owner may fetch the states
+        /// its entities handed over (§13.16). Absent otherwise.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        from: Option<UniqueAddress>,
     },
     /// Coordinator → a registering region: every known home of the type.
     Table {
@@ -406,6 +463,7 @@ mod tests {
             owner: origin(),
             generation: 3,
             epoch: 2,
+            from: None,
         };
         let spec = format!(
             "a1 64 48 6f 6d 65

@@ -1,0 +1,526 @@
+//! Live migration (SPEC §13.16): a migratable entity keeps its in-memory
+//! state when its shard moves gracefully — a rebalance after a join, a
+//! graceful leave, rolling restarts — and starts from its factory, with an
+//! event saying why, when the old owner dies before the state came. Real
+//! clusters on 127.0.0.1 ports, in one process.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use datum_cluster_sharding::cluster::{ClusterConfig, ClusterNode};
+use datum_cluster_sharding::prelude::*;
+use datum_cluster_sharding::sharding::RebalanceReason;
+use datum_cluster_sharding::{MigrationEvent, ShardId};
+use tokio::sync::broadcast::Receiver;
+use tokio::task::JoinHandle;
+
+const LONG: Duration = Duration::from_secs(30);
+const ASK: Duration = Duration::from_secs(5);
+const SHARDS: u32 = 24;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Append(pub u64);
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Entries;
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Where;
+
+protocol! {
+    /// An entity that keeps, in memory only, the sequence it is sent.
+    pub protocol Tally = "tally-migrating" {
+        ask Append -> u64;
+        ask Entries -> Vec<u64>;
+        ask Where -> String;
+    }
+}
+
+/// What every entity handled, in order, kept outside the entities (shared
+/// by the nodes of one process, as a database would be): the truth an
+/// entity's own memory is checked against.
+type Ledger = Arc<Mutex<BTreeMap<String, Vec<u64>>>>;
+
+struct TallyEntity {
+    node: String,
+    id: String,
+    /// The whole state: it survives a move only by migration.
+    log: Vec<u64>,
+    ledger: Ledger,
+}
+
+impl Entity for TallyEntity {
+    type Protocol = Tally;
+}
+impl Handler<Append> for TallyEntity {
+    async fn handle(&mut self, msg: Append, _: &EntityContext) -> ShardingResult<u64> {
+        self.log.push(msg.0);
+        let mut ledger = self.ledger.lock().unwrap_or_else(|p| p.into_inner());
+        ledger.entry(self.id.clone()).or_default().push(msg.0);
+        Ok(self.log.len() as u64)
+    }
+}
+impl Handler<Entries> for TallyEntity {
+    async fn handle(&mut self, _: Entries, _: &EntityContext) -> ShardingResult<Vec<u64>> {
+        Ok(self.log.clone())
+    }
+}
+impl Handler<Where> for TallyEntity {
+    async fn handle(&mut self, _: Where, _: &EntityContext) -> ShardingResult<String> {
+        Ok(self.node.clone())
+    }
+}
+impl Migratable for TallyEntity {
+    type Dehydrated = Vec<u64>;
+    fn dehydrate(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.log)
+    }
+    fn rehydrate(&mut self, log: Vec<u64>) {
+        self.log = log;
+    }
+}
+
+struct Node {
+    cluster: ClusterNode,
+    system: ShardedSystem,
+    events: Receiver<MigrationEvent>,
+}
+
+async fn start_cluster_node(seeds: Vec<SocketAddr>) -> ClusterNode {
+    let config = ClusterConfig::builder()
+        .cluster_name("migration-test")
+        .secret("migration-secret")
+        .seed_nodes(seeds)
+        .build();
+    ClusterNode::start(config).await.expect("node starts")
+}
+
+async fn host(cluster: ClusterNode, label: &str, ledger: &Ledger) -> Node {
+    let config = ShardingConfig::builder()
+        .num_shards(SHARDS)
+        .passivation_idle_timeout(None)
+        .rebalance_interval(Duration::from_millis(300))
+        .build();
+    let system = ShardedSystem::builder()
+        .config(config)
+        .node(cluster.clone())
+        .start()
+        .await
+        .expect("system starts");
+    let events = system.subscribe_migration_events();
+    let (node, ledger) = (label.to_owned(), ledger.clone());
+    system
+        .register_migratable::<TallyEntity>(move |ctx| TallyEntity {
+            node: node.clone(),
+            id: ctx.entity_id().to_owned(),
+            log: Vec::new(),
+            ledger: ledger.clone(),
+        })
+        .await
+        .expect("registered");
+    Node {
+        cluster,
+        system,
+        events,
+    }
+}
+
+async fn wait_up(clusters: &[&ClusterNode], n: usize) {
+    for c in clusters {
+        c.wait_until(|s| s.up_members().count() == n, LONG)
+            .await
+            .expect("members Up");
+    }
+}
+
+/// `n` hosting nodes, all Up, sharing `ledger`.
+async fn cluster_of(n: usize, ledger: &Ledger) -> Vec<Node> {
+    let first = start_cluster_node(vec![]).await;
+    let mut clusters = vec![first.clone()];
+    for _ in 1..n {
+        clusters.push(start_cluster_node(vec![first.bound_addr()]).await);
+    }
+    wait_up(&clusters.iter().collect::<Vec<_>>(), n).await;
+    let mut nodes = Vec::new();
+    for (i, cluster) in clusters.into_iter().enumerate() {
+        nodes.push(host(cluster, &format!("node-{i}"), ledger).await);
+    }
+    nodes
+}
+
+async fn stop(nodes: &[Node]) {
+    for n in nodes {
+        n.system.shutdown().await;
+    }
+    for n in nodes {
+        let _ = n.cluster.shutdown().await;
+    }
+}
+
+/// Polls `cond` until it holds; fails the test after `LONG`.
+async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + LONG;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn hosted(nodes: &[Node]) -> Vec<usize> {
+    nodes
+        .iter()
+        .map(|n| n.system.hosted_shards::<Tally>())
+        .collect()
+}
+
+fn balanced(counts: &[usize]) -> bool {
+    let (min, max) = (counts.iter().min(), counts.iter().max());
+    matches!((min, max), (Some(min), Some(max)) if max - min <= 1)
+}
+
+/// Awaiting senders: each writer appends 1, 2, 3, … to its own entities,
+/// one ask at a time, retrying a failed ask.
+struct Writers {
+    ids: Vec<String>,
+    stop: Arc<AtomicBool>,
+    rounds: Arc<AtomicU64>,
+    tasks: Vec<JoinHandle<Written>>,
+}
+
+/// What a writer sent last to each of its entities, and the errors it retried.
+type Written = (BTreeMap<String, u64>, Vec<ShardingError>);
+
+impl Writers {
+    fn start(system: &ShardedSystem, prefix: &str, writers: usize, per_writer: usize) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let rounds = Arc::new(AtomicU64::new(0));
+        let mut tasks = Vec::new();
+        let mut all = Vec::new();
+        for w in 0..writers {
+            let ids: Vec<String> = (0..per_writer)
+                .map(|k| format!("{prefix}-{w}-{k}"))
+                .collect();
+            all.extend(ids.iter().cloned());
+            let (system, stop, rounds) = (system.clone(), stop.clone(), rounds.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut last = BTreeMap::new();
+                let mut errors = Vec::new();
+                let mut seq = 0;
+                while !stop.load(Ordering::Acquire) {
+                    seq += 1;
+                    for id in &ids {
+                        let entity = system.entity_ref::<Tally>(id.as_str());
+                        let deadline = Instant::now() + LONG;
+                        loop {
+                            match entity.ask(Append(seq), ASK).await {
+                                Ok(_) => break,
+                                Err(error) => {
+                                    assert!(
+                                        Instant::now() < deadline,
+                                        "{id} never answered: {errors:?}"
+                                    );
+                                    errors.push(error);
+                                    tokio::time::sleep(Duration::from_millis(10)).await;
+                                }
+                            }
+                        }
+                        last.insert(id.clone(), seq);
+                    }
+                    rounds.fetch_add(1, Ordering::AcqRel);
+                }
+                (last, errors)
+            }));
+        }
+        Writers {
+            ids: all,
+            stop,
+            rounds,
+            tasks,
+        }
+    }
+
+    /// How many shards the writers' entities fall in.
+    fn shards(&self, system: &ShardedSystem) -> usize {
+        self.ids
+            .iter()
+            .map(|id| system.entity_ref::<Tally>(id.as_str()).shard_id())
+            .collect::<BTreeSet<_>>()
+            .len()
+    }
+
+    /// Waits until every writer has done `more` further rounds.
+    async fn run_for(&self, more: u64) {
+        let target = self.rounds.load(Ordering::Acquire) + more * self.tasks.len() as u64;
+        wait_for("writer rounds", || {
+            self.rounds.load(Ordering::Acquire) >= target
+        })
+        .await;
+    }
+
+    async fn finish(self) -> Written {
+        self.stop.store(true, Ordering::Release);
+        let mut last = BTreeMap::new();
+        let mut errors = Vec::new();
+        for task in self.tasks {
+            let (l, e) = task.await.expect("writer");
+            last.extend(l);
+            errors.extend(e);
+        }
+        (last, errors)
+    }
+}
+
+/// Every entity handled exactly 1..=last (the ledger), and its own memory
+/// holds all of it: its state came along on every move.
+async fn check_memories(system: &ShardedSystem, ledger: &Ledger, last: &BTreeMap<String, u64>) {
+    for (id, n) in last {
+        let expected: Vec<u64> = (1..=*n).collect();
+        let handled = ledger
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+            .cloned();
+        assert_eq!(handled, Some(expected.clone()), "{id}: handled");
+        let remembered = system
+            .entity_ref::<Tally>(id.as_str())
+            .ask(Entries, ASK)
+            .await
+            .expect("entries");
+        if remembered != expected {
+            let first_off = remembered
+                .iter()
+                .zip(&expected)
+                .position(|(a, b)| a != b)
+                .unwrap_or(remembered.len().min(expected.len()));
+            panic!(
+                "{id} (shard {}): its state after the moves holds {} of {} entries, first off at {first_off}: {:?}",
+                system.entity_ref::<Tally>(id.as_str()).shard_id(),
+                remembered.len(),
+                expected.len(),
+                &remembered[first_off.saturating_sub(2)..(first_off + 3).min(remembered.len())]
+            );
+        }
+    }
+}
+
+/// The migration events waiting on `events`: (states received, fallbacks).
+fn drain(events: &mut Receiver<MigrationEvent>) -> (usize, Vec<MigrationEvent>) {
+    let (mut received, mut others) = (0, Vec::new());
+    while let Ok(event) = events.try_recv() {
+        match event {
+            MigrationEvent::Received { entities, .. } => received += entities,
+            other => others.push(other),
+        }
+    }
+    (received, others)
+}
+
+/// Every error a writer retried is a refusal of an unprocessed message by
+/// a region that was stopping (SPEC §13.12).
+fn only_shutting_down(errors: &[ShardingError]) {
+    for e in errors {
+        assert!(
+            matches!(e, ShardingError::ShuttingDown),
+            "{e:?} (all: {errors:?})"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entities_keep_their_state_through_a_rebalance_after_a_join() {
+    let ledger = Ledger::default();
+    let mut nodes = cluster_of(3, &ledger).await;
+    let writers = Writers::start(&nodes[1].system, "join", 6, 8);
+    writers.run_for(3).await;
+    let allocated = writers.shards(&nodes[0].system);
+    wait_for("every written shard hosted", || {
+        hosted(&nodes).iter().sum::<usize>() == allocated
+    })
+    .await;
+    let fourth = start_cluster_node(vec![nodes[0].cluster.bound_addr()]).await;
+    let all: Vec<&ClusterNode> = nodes.iter().map(|n| &n.cluster).chain([&fourth]).collect();
+    wait_up(&all, 4).await;
+    nodes.push(host(fourth, "node-3", &ledger).await);
+    wait_for("balanced with the fourth node", || {
+        let counts = hosted(&nodes);
+        counts[3] > 0 && balanced(&counts) && counts.iter().sum::<usize>() == allocated
+    })
+    .await;
+    writers.run_for(2).await;
+    let (last, errors) = writers.finish().await;
+    assert!(errors.is_empty(), "errors during rebalance: {errors:?}");
+    check_memories(&nodes[0].system, &ledger, &last).await;
+    let moved: usize = nodes[0]
+        .system
+        .rebalance_rounds()
+        .iter()
+        .filter(|r| r.reason == RebalanceReason::GracefulSpread)
+        .map(|r| r.moves.len())
+        .sum();
+    assert!(moved > 0, "shards moved to the fourth node");
+    let (received, others) = drain(&mut nodes[3].events);
+    assert!(received > 0, "the fourth node received states");
+    assert!(others.is_empty(), "no fallback: {others:?}");
+    println!("{moved} shards moved with {received} entity states");
+    stop(&nodes).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entities_keep_their_state_through_a_graceful_leave() {
+    let ledger = Ledger::default();
+    let mut nodes = cluster_of(3, &ledger).await;
+    let writers: Vec<Writers> = (0..2)
+        .map(|i| Writers::start(&nodes[i].system, &format!("leave{i}"), 4, 8))
+        .collect();
+    for w in &writers {
+        w.run_for(3).await;
+    }
+    let before = nodes[2]
+        .system
+        .shard_region_state::<Tally>()
+        .expect("state");
+    let live_before: usize = before.shards.values().sum();
+    assert!(live_before > 0, "node 2 hosts live entities");
+    // Node 2 leaves gracefully: its system first, then its node.
+    let leaver = nodes.remove(2);
+    leaver.cluster.shutdown().await.expect("leaves");
+    for w in &writers {
+        w.run_for(2).await;
+    }
+    for w in writers {
+        let (last, errors) = w.finish().await;
+        only_shutting_down(&errors);
+        check_memories(&nodes[0].system, &ledger, &last).await;
+    }
+    let mut received = 0;
+    for n in &mut nodes {
+        let (got, others) = drain(&mut n.events);
+        assert!(others.is_empty(), "no fallback: {others:?}");
+        received += got;
+    }
+    // (A later spread round may move more.)
+    assert!(
+        received >= live_before,
+        "every live entity's state moved: {received} of {live_before}"
+    );
+    stop(&nodes).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entities_keep_their_state_through_ten_rolling_restarts() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(std::env::var("RUST_LOG").unwrap_or_default())
+        .try_init();
+    let ledger = Ledger::default();
+    let mut nodes = cluster_of(3, &ledger).await;
+    // The writers run on node 0, which stays (it coordinates); the oldest
+    // of the others restarts each time: a graceful leave, and a new
+    // incarnation joins.
+    let writers = Writers::start(&nodes[0].system, "rolling", 4, 6);
+    writers.run_for(2).await;
+    let allocated = writers.shards(&nodes[0].system);
+    let mut others = Vec::new();
+    for i in 0..10 {
+        let mut old = nodes.remove(1);
+        old.cluster.shutdown().await.expect("leaves");
+        others.extend(drain(&mut old.events).1);
+        let fresh = start_cluster_node(vec![nodes[0].cluster.bound_addr()]).await;
+        let all: Vec<&ClusterNode> = nodes.iter().map(|n| &n.cluster).chain([&fresh]).collect();
+        wait_up(&all, 3).await;
+        nodes.push(host(fresh, &format!("restart-{i}"), &ledger).await);
+        wait_for("balanced after a restart", || {
+            let counts = hosted(&nodes);
+            balanced(&counts) && counts.iter().sum::<usize>() == allocated
+        })
+        .await;
+        writers.run_for(1).await;
+    }
+    let (last, errors) = writers.finish().await;
+    only_shutting_down(&errors);
+    for n in &mut nodes {
+        others.extend(drain(&mut n.events).1);
+    }
+    assert!(others.is_empty(), "no fallback: {others:?}");
+    check_memories(&nodes[0].system, &ledger, &last).await;
+    println!(
+        "10 rolling restarts: {} asks retried after ShuttingDown",
+        errors.len()
+    );
+    stop(&nodes).await;
+}
+
+/// The shard of the first entity `<prefix>-k` that lives on `label`, with
+/// that entity.
+async fn entity_on(system: &ShardedSystem, prefix: &str, label: &str) -> (String, ShardId) {
+    for k in 0..200 {
+        let id = format!("{prefix}-{k}");
+        let entity = system.entity_ref::<Tally>(id.as_str());
+        if entity.ask(Where, ASK).await.expect("where") == label {
+            return (id, entity.shard_id());
+        }
+    }
+    panic!("no entity of 200 lives on {label}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_whose_old_owner_dies_before_its_states_came_starts_from_the_factory() {
+    let ledger = Ledger::default();
+    let mut nodes = cluster_of(3, &ledger).await;
+    let (id, shard) = entity_on(&nodes[0].system, "doomed", "node-2").await;
+    let entity = nodes[0].system.entity_ref::<Tally>(id.as_str());
+    assert_eq!(entity.ask(Append(1), ASK).await.expect("append"), 1);
+    // Node 2 leaves; as soon as it hosts nothing more (its states wait for
+    // the new owners) it crashes, before or while they are fetched.
+    let leaver = nodes.remove(2);
+    let system = leaver.system.clone();
+    let leave = tokio::spawn(async move { system.shutdown().await });
+    wait_for("node 2 handed its shards off", || {
+        leaver.system.hosted_shards::<Tally>() == 0
+    })
+    .await;
+    leaver.cluster.crash().await;
+    leave.abort();
+    // The entity answers from a survivor either way: with its state if it
+    // came in time, from the factory if not; never with a gap or twice.
+    let deadline = Instant::now() + LONG;
+    let log = loop {
+        match entity.ask(Entries, ASK).await {
+            Ok(log) => break log,
+            Err(error) => assert!(Instant::now() < deadline, "{error}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(log == vec![1] || log.is_empty(), "{log:?}");
+    let count = entity.ask(Append(2), ASK).await.expect("append");
+    assert_eq!(count, log.len() as u64 + 1);
+    // The new owner says which it was.
+    let mut said = Vec::new();
+    let deadline = Instant::now() + LONG;
+    while said.is_empty() {
+        assert!(Instant::now() < deadline, "no migration event for {shard}");
+        for n in &mut nodes {
+            while let Ok(event) = n.events.try_recv() {
+                match &event {
+                    MigrationEvent::Received { shard: s, .. }
+                    | MigrationEvent::FellBack { shard: s, .. }
+                        if *s == shard =>
+                    {
+                        said.push(event)
+                    }
+                    _ => {}
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    match &said[0] {
+        MigrationEvent::Received { entities, .. } => assert_eq!(log, vec![1], "{entities}"),
+        MigrationEvent::FellBack { reason, .. } => {
+            assert!(log.is_empty(), "fell back ({reason}) yet kept {log:?}")
+        }
+        other => panic!("{other:?}"),
+    }
+    println!("the shard's migration after the crash: {said:?}");
+    stop(&nodes).await;
+}
