@@ -605,4 +605,53 @@
 /// protocol! { pub protocol Good = "has-no.space_1" { tell Add; } }
 /// # fn main() {}
 /// ```
+///
+/// ## A migratable entity whose state is not serde
+///
+/// A [`Migratable`](crate::Migratable) entity's `Dehydrated` state crosses
+/// the wire when its shard moves, so it must be `Serialize` and
+/// `DeserializeOwned`. Errors: ``the trait bound `Unserializable:
+/// serde::Serialize` is not satisfied`` (and the same for
+/// `serde::Deserialize<'de>`).
+///
+/// Rejected (`E0277`):
+///
+/// ```compile_fail,E0277
+/// # use datum_cluster_sharding::prelude::*;
+/// # #[derive(Serialize, Deserialize)] pub struct Add(pub u64);
+/// # protocol! { pub protocol Counter = "counter" { tell Add; } }
+/// # #[derive(Default)] pub struct CounterEntity { total: u64 }
+/// # impl Entity for CounterEntity { type Protocol = Counter; }
+/// # impl Handler<Add> for CounterEntity {
+/// #     async fn handle(&mut self, m: Add, _: &EntityContext) -> ShardingResult<()> { self.total += m.0; Ok(()) }
+/// # }
+/// pub struct Unserializable(u64);
+/// impl Migratable for CounterEntity {
+///     type Dehydrated = Unserializable;
+///     fn dehydrate(&mut self) -> Unserializable { Unserializable(self.total) }
+///     fn rehydrate(&mut self, state: Unserializable) { self.total = state.0; }
+/// }
+/// # fn main() {}
+/// ```
+///
+/// Its twin, which compiles: the same state, deriving serde's traits.
+///
+/// ```
+/// # use datum_cluster_sharding::prelude::*;
+/// # #[derive(Serialize, Deserialize)] pub struct Add(pub u64);
+/// # protocol! { pub protocol Counter = "counter" { tell Add; } }
+/// # #[derive(Default)] pub struct CounterEntity { total: u64 }
+/// # impl Entity for CounterEntity { type Protocol = Counter; }
+/// # impl Handler<Add> for CounterEntity {
+/// #     async fn handle(&mut self, m: Add, _: &EntityContext) -> ShardingResult<()> { self.total += m.0; Ok(()) }
+/// # }
+/// #[derive(Serialize, Deserialize)]
+/// pub struct Unserializable(u64);
+/// impl Migratable for CounterEntity {
+///     type Dehydrated = Unserializable;
+///     fn dehydrate(&mut self) -> Unserializable { Unserializable(self.total) }
+///     fn rehydrate(&mut self, state: Unserializable) { self.total = state.0; }
+/// }
+/// # fn main() {}
+/// ```
 pub enum Guarantees {}

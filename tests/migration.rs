@@ -524,3 +524,146 @@ async fn a_shard_whose_old_owner_dies_before_its_states_came_starts_from_the_fac
     println!("the shard's migration after the crash: {said:?}");
     stop(&nodes).await;
 }
+
+/// The same protocol as `TallyEntity`, from a newer build: its states are
+/// version 2.
+struct TallyV2(TallyEntity);
+
+impl Entity for TallyV2 {
+    type Protocol = Tally;
+}
+impl Handler<Append> for TallyV2 {
+    async fn handle(&mut self, msg: Append, ctx: &EntityContext) -> ShardingResult<u64> {
+        self.0.handle(msg, ctx).await
+    }
+}
+impl Handler<Entries> for TallyV2 {
+    async fn handle(&mut self, msg: Entries, ctx: &EntityContext) -> ShardingResult<Vec<u64>> {
+        self.0.handle(msg, ctx).await
+    }
+}
+impl Handler<Where> for TallyV2 {
+    async fn handle(&mut self, msg: Where, ctx: &EntityContext) -> ShardingResult<String> {
+        self.0.handle(msg, ctx).await
+    }
+}
+impl Migratable for TallyV2 {
+    type Dehydrated = Vec<u64>;
+    const STATE_VERSION: u32 = 2;
+    fn dehydrate(&mut self) -> Vec<u64> {
+        self.0.dehydrate()
+    }
+    fn rehydrate(&mut self, log: Vec<u64>) {
+        self.0.rehydrate(log)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_of_a_newer_version_is_refused_and_its_entity_starts_from_the_factory() {
+    let ledger = Ledger::default();
+    // Node 0 runs the older build, node 1 the newer one.
+    let mut nodes = cluster_of(1, &ledger).await;
+    let newer = start_cluster_node(vec![nodes[0].cluster.bound_addr()]).await;
+    wait_up(&[&nodes[0].cluster, &newer], 2).await;
+    let config = ShardingConfig::builder()
+        .num_shards(SHARDS)
+        .passivation_idle_timeout(None)
+        .build();
+    let system = ShardedSystem::builder()
+        .config(config)
+        .node(newer.clone())
+        .start()
+        .await
+        .expect("system starts");
+    let ledger2 = ledger.clone();
+    system
+        .register_migratable::<TallyV2>(move |ctx| {
+            TallyV2(TallyEntity {
+                node: "newer".into(),
+                id: ctx.entity_id().to_owned(),
+                log: Vec::new(),
+                ledger: ledger2.clone(),
+            })
+        })
+        .await
+        .expect("registered");
+    let (id, _) = entity_on(&nodes[0].system, "newer", "newer").await;
+    let entity = nodes[0].system.entity_ref::<Tally>(id.as_str());
+    assert_eq!(entity.ask(Append(1), ASK).await.expect("append"), 1);
+    // The newer node leaves: its state (version 2) reaches the older build.
+    system.shutdown().await;
+    let deadline = Instant::now() + LONG;
+    let refused = loop {
+        assert!(Instant::now() < deadline, "no StateRefused event");
+        match nodes[0].events.try_recv() {
+            Ok(event @ MigrationEvent::StateRefused { .. }) => break event,
+            Ok(_) => {}
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    };
+    let MigrationEvent::StateRefused {
+        entity_id, reason, ..
+    } = &refused
+    else {
+        unreachable!()
+    };
+    assert_eq!(entity_id, &id);
+    assert!(reason.contains("version 2"), "{reason}");
+    // It answers, from the factory, on the older node; nothing else broke.
+    assert_eq!(
+        entity.ask(Entries, ASK).await.expect("entries"),
+        Vec::<u64>::new()
+    );
+    assert_eq!(entity.ask(Where, ASK).await.expect("where"), "node-0");
+    let _ = newer.shutdown().await;
+    stop(&nodes.drain(..).collect::<Vec<_>>()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_migration_channel_refuses_bad_requests_and_pulls_from_another_node() {
+    let ledger = Ledger::default();
+    let nodes = cluster_of(2, &ledger).await;
+    let to = nodes[0].cluster.self_address();
+    let transport = nodes[1].cluster.transport();
+    let channel = datum_cluster_sharding::wire::channels::SHARDING_MIGRATION;
+    // Garbage: refused with a failure, the pipe goes on.
+    let garbage = transport
+        .request(&to, channel, bytes::Bytes::from_static(&[0xff, 0x00]), ASK)
+        .await;
+    assert!(
+        matches!(
+            garbage,
+            Err(datum_cluster_sharding::transport::RequestError::Remote(
+                datum_cluster_sharding::wire::RemoteFailure::Failed(_)
+            ))
+        ),
+        "{garbage:?}"
+    );
+    // A well-formed pull (SPEC §13.16) for states node 0 does not keep for
+    // node 1: `Nothing`, with a reason.
+    let pull = ciborium::Value::Map(vec![(
+        "Pull".into(),
+        ciborium::Value::Map(vec![
+            ("type_name".into(), "tally-migrating".into()),
+            ("shard".into(), 3.into()),
+            ("generation".into(), 7.into()),
+            ("chunk".into(), 0.into()),
+        ]),
+    )]);
+    let mut bytes = Vec::new();
+    ciborium::into_writer(&pull, &mut bytes).expect("encodes");
+    let answer = transport
+        .request(&to, channel, bytes.into(), ASK)
+        .await
+        .expect("answered");
+    let answer: ciborium::Value = ciborium::from_reader(&answer[..]).expect("CBOR");
+    let nothing = answer
+        .as_map()
+        .and_then(|m| m.first())
+        .and_then(|(k, _)| k.as_text());
+    assert_eq!(nothing, Some("Nothing"), "{answer:?}");
+    // The cluster still serves.
+    let entity = nodes[1].system.entity_ref::<Tally>("after-garbage");
+    assert_eq!(entity.ask(Append(1), ASK).await.expect("append"), 1);
+    stop(&nodes).await;
+}

@@ -59,6 +59,9 @@ enum Workload {
     /// policy and idle-only passivation, on a Zipf mix and a scan mix, each
     /// in a child process (`--passivation` and `--mix` run one).
     W5,
+    /// Live migration: 30,000 entities of 1 KiB, node 2 leaves gracefully
+    /// and its third move; with migration and without (SPEC §13.16).
+    Handoff,
     /// Baseline (a): the same three nodes and pipes, request/reply answered
     /// inline by the receiver, no sharding (16 in flight per node unless
     /// `--in-flight`).
@@ -776,7 +779,7 @@ fn main() -> ExitCode {
     if args.mode == Mode::MultiProcess {
         if matches!(
             args.workload,
-            Workload::Transport | Workload::W4 | Workload::W5
+            Workload::Transport | Workload::W4 | Workload::W5 | Workload::Handoff
         ) || args.spawning
             || args.journal.is_some()
         {
@@ -811,6 +814,7 @@ async fn in_process(args: Args, in_flight: usize) -> ExitCode {
             .await
         }
         Workload::W3 => run_w3(args.messages, args.spawning).await,
+        Workload::Handoff => handoff::run().await,
         Workload::W5 => match (args.passivation, args.mix) {
             (Some(passivation), Some(mix)) => {
                 limit::run_one(args.messages, in_flight, passivation, mix).await
@@ -846,6 +850,8 @@ async fn in_process(args: Args, in_flight: usize) -> ExitCode {
 
 #[path = "shard_bench/durable.rs"]
 mod durable;
+#[path = "shard_bench/handoff.rs"]
+mod handoff;
 #[path = "shard_bench/limit.rs"]
 mod limit;
 #[path = "shard_bench/multi.rs"]

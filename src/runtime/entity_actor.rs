@@ -73,16 +73,19 @@ pub(crate) struct EntityArgs<E> {
 /// Where migration events go.
 pub(crate) type MigrationEvents = tokio::sync::broadcast::Sender<MigrationEvent>;
 
-/// Gives a fresh incarnation the state migrated with its shard; a state
-/// that does not decode, or panics the entity's `rehydrate`, is reported
-/// and the incarnation keeps what the factory made.
-fn rehydrate<E>(entity: &mut E, args: &mut EntityArgs<E>) {
+/// Gives a fresh incarnation the state migrated with its shard. A state
+/// that does not decode is reported, and the incarnation keeps what the
+/// factory made; one whose `rehydrate` panics is reported too, and the
+/// incarnation (perhaps half changed) is built again by the factory.
+fn rehydrate<E>(entity: &mut E, args: &mut EntityArgs<E>) -> Result<(), ActorProcessingErr> {
     let (Some(state), Some((migration, events))) = (args.migrated.take(), &args.migration) else {
-        return;
+        return Ok(());
     };
     let put = migration.put;
+    let mut panicked = false;
     let applied = std::panic::catch_unwind(AssertUnwindSafe(|| put(entity, &state)))
         .unwrap_or_else(|payload| {
+            panicked = true;
             Err(format!(
                 "rehydrate panicked: {}",
                 panic_message(payload.as_ref())
@@ -97,6 +100,10 @@ fn rehydrate<E>(entity: &mut E, args: &mut EntityArgs<E>) {
             reason,
         });
     }
+    if panicked {
+        *entity = build(&args.factory, &args.ctx)?;
+    }
+    Ok(())
 }
 
 pub(crate) struct EntityState<E> {
@@ -167,7 +174,7 @@ where
     ) -> Result<EntityState<E>, ActorProcessingErr> {
         let mut args = args;
         let mut entity = build(&args.factory, &args.ctx)?;
-        rehydrate(&mut entity, &mut args);
+        rehydrate(&mut entity, &mut args)?;
         let failed = recover_fresh(&mut entity, &args).await;
         if failed.is_some() {
             // Passivated after the messages already here are answered.

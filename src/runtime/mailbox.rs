@@ -47,6 +47,8 @@ pub(crate) enum RegionMsg {
         generation: u64,
         remembered: Option<Vec<String>>,
         migrated: States,
+        /// The node the states came from, and their encoded size.
+        fetched: Option<(UniqueAddress, usize)>,
     },
     /// The states a handoff took from a shard, kept for its new owner to
     /// fetch, are dropped if still here (that owner never came for them).

@@ -423,9 +423,12 @@ impl Region {
         }
     }
 
-    /// Whether states wait here for a node to fetch them.
+    /// Whether states wait here for a node to fetch them: kept for it, or
+    /// still in a handed-off shard whose new home this node has not
+    /// applied yet.
     pub(crate) fn migrations_pending(&self) -> bool {
-        !self.outgoing().is_empty()
+        self.migration.is_some()
+            && (!self.outgoing().is_empty() || self.slots.iter().any(|s| lock(s).holds_states()))
     }
 
     /// Reports what became of a shard's migration here.
@@ -810,8 +813,34 @@ impl Region {
         let Some(cluster) = &self.cluster else {
             return HomeChange::Unchanged;
         };
+        let from = from.filter(|f| *f != cluster.me);
         let mut guard = lock(&self.slots[shard.0 as usize]);
         let was_local = guard.is_local();
+        if let Some(from) = from
+            && was_local
+            && home.owner == cluster.me
+            && home.generation >= guard.generation()
+        {
+            // Hosted here already, yet the coordinator says the shard comes
+            // from `from`: either it started here from a word without
+            // `from` (a Table, a GetHome answer) before this one, or this
+            // node missed a move, and the states it kept are older than
+            // `from`'s. Neither is pulled: its entities start from the
+            // factory (and this says so).
+            let dropped = guard.drop_states();
+            let reason = if dropped > 0 {
+                format!("this node missed a move: {dropped} older states kept here dropped")
+            } else {
+                "the shard started here before its states were asked for".to_owned()
+            };
+            tracing::warn!(type_name = self.type_name, %shard, %from, %reason, "migrated states not fetched");
+            self.migration_event(MigrationEvent::FellBack {
+                type_name: self.type_name,
+                shard,
+                from,
+                reason,
+            });
+        }
         let (change, undelivered) =
             guard.set_home(&mut self.host(), shard, home, cluster.me, cluster.proxy);
         let moved_away = was_local && !guard.is_local();
@@ -833,7 +862,7 @@ impl Region {
             let _ = actor.cast(RegionMsg::Host {
                 shard,
                 generation: home.generation,
-                from: from.filter(|f| *f != cluster.me),
+                from,
             });
         }
         change

@@ -16,7 +16,7 @@ use crate::dispatch::panic_message;
 use crate::entity::MigrationEvent;
 use crate::extractor::ShardId;
 use crate::identity::UniqueAddress;
-use crate::runtime::mailbox::RegionMsg;
+use crate::runtime::mailbox::{RegionMsg, States};
 use crate::runtime::region::Region;
 
 pub(crate) struct RegionActor;
@@ -84,10 +84,25 @@ fn handle(myself: ActorRef<RegionMsg>, msg: RegionMsg, state: &mut RegionActorSt
             generation,
             remembered,
             migrated,
+            fetched,
         } => {
             state.preparing.remove(&(shard, generation));
-            if !region.is_stopped() {
-                region.install_local(shard, generation, remembered, migrated);
+            let entities = migrated.len();
+            let installed = !region.is_stopped()
+                && region.install_local(shard, generation, remembered, migrated);
+            if let Some((from, bytes)) = fetched {
+                let type_name = region.type_name;
+                if installed {
+                    region.migration_event(MigrationEvent::Received {
+                        type_name,
+                        shard,
+                        from,
+                        entities,
+                        bytes,
+                    });
+                } else {
+                    tracing::warn!(type_name, %shard, %from, entities, "migrated states fetched for a hosting that did not start (a newer home came meanwhile): dropped");
+                }
             }
         }
         RegionMsg::ExpireMigration { shard, generation } => {
@@ -143,8 +158,8 @@ fn read_then_install(
     let region = region.clone();
     let reads = state.reads.clone();
     tokio::spawn(async move {
-        let migrated = match fetch {
-            None => Vec::new(),
+        let (migrated, fetched) = match fetch {
+            None => (Vec::new(), None),
             Some((from, timeout)) => fetch_states(&region, shard, generation, from, timeout).await,
         };
         let remembered = if region.remember().is_some() {
@@ -163,38 +178,40 @@ fn read_then_install(
             generation,
             remembered,
             migrated,
+            fetched,
         });
     });
 }
 
 /// The states `shard`'s entities handed over on `from`, fetched through the
-/// region's port; none (and an event saying why) when they do not come.
+/// region's port, with where they came from and their size; none (and an
+/// event saying why) when they do not come. A state for an id of another
+/// shard is dropped.
 async fn fetch_states(
     region: &Region,
     shard: ShardId,
     generation: u64,
     from: UniqueAddress,
     timeout: std::time::Duration,
-) -> crate::runtime::mailbox::States {
+) -> (States, Option<(UniqueAddress, usize)>) {
     let Some(port) = region.port() else {
-        return Vec::new();
+        return (Vec::new(), None);
     };
     let type_name = region.type_name;
     match port
         .fetch_states(type_name, shard, generation, from, timeout)
         .await
     {
-        Ok(states) => {
-            let bytes = states.iter().map(|(_, s)| s.bytes.len()).sum();
-            tracing::debug!(type_name, %shard, %from, entities = states.len(), bytes, "migrated states fetched");
-            region.migration_event(MigrationEvent::Received {
-                type_name,
-                shard,
-                from,
-                entities: states.len(),
-                bytes,
+        Ok(mut states) => {
+            states.retain(|(id, _)| {
+                let here = (region.extract)(id, region.num_shards()) == shard;
+                if !here {
+                    tracing::warn!(type_name, %shard, %from, entity_id = %id, "a migrated state for an entity of another shard: dropped");
+                }
+                here
             });
-            states
+            let bytes = states.iter().map(|(_, s)| s.bytes.len()).sum();
+            (states, Some((from, bytes)))
         }
         Err(reason) => {
             tracing::warn!(type_name, %shard, %from, %reason, "migrated states did not come; the shard's entities start from their factory");
@@ -204,7 +221,7 @@ async fn fetch_states(
                 from,
                 reason,
             });
-            Vec::new()
+            (Vec::new(), None)
         }
     }
 }

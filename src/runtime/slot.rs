@@ -232,6 +232,9 @@ struct HandingOff {
     /// respawned when the handoff began (the store still lists them), to be
     /// respawned here should the shard stay.
     respawn: HashSet<Arc<str>>,
+    /// Entities whose passivation was asked for while they stopped to
+    /// move: the state they hand over is dropped, as a passivation drops it.
+    passivated: HashSet<Arc<str>>,
 }
 
 /// One incarnation of an entity.
@@ -651,6 +654,7 @@ impl<E: Clone> Slot<E> {
                     buffer,
                     reported: false,
                     respawn,
+                    passivated: HashSet::new(),
                 });
             }
         }
@@ -730,8 +734,10 @@ impl<E: Clone> Slot<E> {
                 let mut buffer = Vec::new();
                 // What waited behind passivations came before what arrived
                 // during a handoff (which took those buffers when it began).
+                // Handed off with every entity stopped (reported to the
+                // coordinator): the states wait for the new home to fetch.
+                let stopped = local.is_stopped();
                 let handed_off = local.handoff.take().map(|h| h.buffer);
-                let was_handed_off = handed_off.is_some();
                 for (id, entry) in local.entities {
                     let live = match entry {
                         Entry::Live(live) => {
@@ -752,9 +758,7 @@ impl<E: Clone> Slot<E> {
                 }
                 self.last_incarnation = local.last_incarnation;
                 buffer.extend(handed_off.into_iter().flatten());
-                // Handed off: what its entities handed over (maybe nothing)
-                // waits for the new home to fetch it.
-                if was_handed_off || !local.migrated.is_empty() {
+                if stopped {
                     self.outgoing = Some((home, local.migrated.into_iter().collect()));
                 }
                 buffer
@@ -777,6 +781,22 @@ impl<E: Clone> Slot<E> {
             }
         }
         (HomeChange::Remote, undelivered)
+    }
+
+    /// Whether the shard is hosted here, handed off and stopped, with states
+    /// its entities handed over that have not moved on yet.
+    pub(crate) fn holds_states(&self) -> bool {
+        matches!(&self.state, State::Local(local) if local.is_stopped() && !local.migrated.is_empty())
+    }
+
+    /// Drops the states kept here for the shard's entities (a newer state
+    /// is elsewhere): their next incarnations start from the factory. How
+    /// many were dropped.
+    pub(crate) fn drop_states(&mut self) -> usize {
+        match &mut self.state {
+            State::Local(local) => std::mem::take(&mut local.migrated).len(),
+            _ => 0,
+        }
     }
 
     /// The states the shard's entities handed over, with the home the
@@ -1082,11 +1102,24 @@ impl<E: Clone> LocalShard<E> {
 
     /// Starts every entity whose state is kept here and that is not
     /// running (one still finishing starts when it has stopped).
+    /// Under an active-entity limit, only as many as the share has room
+    /// for: the rest keep their states until their next message (rather
+    /// than start only to be passivated, states lost, by the next ones).
     fn start_migrated<H: SlotHost<Entity = E>>(&mut self, host: &mut H, shard: ShardId) {
+        let room = match &self.passivator {
+            Some(passivator) => {
+                let share = host
+                    .entity_share()
+                    .map_or(passivator.share(), |(share, _)| share);
+                share.saturating_sub(passivator.len())
+            }
+            None => usize::MAX,
+        };
         let ids: Vec<Arc<str>> = self
             .migrated
             .keys()
             .filter(|id| !self.entities.contains_key(*id))
+            .take(room)
             .cloned()
             .collect();
         for id in ids {
@@ -1156,6 +1189,11 @@ impl<E: Clone> LocalShard<E> {
                 host.record(shard, entity_id, RememberEntitiesOperation::RecordStopped);
             }
             if incarnation.is_some() || !waits_in(&handoff.buffer, entity_id) {
+                // Passivated where it stands: no state of it moves on.
+                if !stale {
+                    handoff.passivated.insert(entity_id.clone());
+                    self.migrated.remove(entity_id);
+                }
                 return (Ok(()), Vec::new());
             }
             if handoff.buffer.len() >= host.buffer_cap() {
@@ -1236,10 +1274,22 @@ impl<E: Clone> LocalShard<E> {
         if let Some(passivator) = &mut self.passivator {
             passivator.remove(entity_id); // (a crashed one was live)
         }
-        if let Some(state) = state {
-            self.migrated.insert(entity_id.clone(), state);
-        }
         let removed = self.entities.remove(entity_id);
+        // Only a state handed over by this hosting's handoff stop is kept
+        // (not one of an earlier hosting's incarnation, finishing after a
+        // move that did not wait for it), and never over one that migrated
+        // in, nor for an entity passivated meanwhile.
+        let this_hosting = matches!(removed, Some(Entry::Passivating { earlier: false, .. }));
+        let passivated = self
+            .handoff
+            .as_ref()
+            .is_some_and(|h| h.passivated.contains(entity_id));
+        if let Some(state) = state
+            && this_hosting
+            && !passivated
+        {
+            self.migrated.entry(entity_id.clone()).or_insert(state);
+        }
         // A state kept for this id (handed over by a handoff called off,
         // or migrated in while an earlier incarnation finished) starts the
         // next incarnation at once: it was live.

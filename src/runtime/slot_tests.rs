@@ -930,3 +930,218 @@ quickcheck::quickcheck! {
         a_region_under_a_limit(limit, policy, ops)
     }
 }
+
+/// A state migrated with (or handed over by) entity "a": its byte `b`.
+fn state(b: u8) -> Option<MigratedState> {
+    Some(MigratedState {
+        version: 1,
+        bytes: bytes::Bytes::from(vec![b]),
+    })
+}
+
+fn spawn_from(name: &str, incarnation: u64, b: u8) -> Call {
+    Call::SpawnFrom(name.into(), incarnation, vec![b])
+}
+
+#[test]
+fn a_handoff_keeps_the_states_its_entities_hand_over_for_the_next_home() {
+    let mut host = Fake::new();
+    let mut slot = hosted(&mut host);
+    deliver(&mut slot, &mut host, "a", 1);
+    deliver(&mut slot, &mut host, "b", 2);
+    slot.hand_off(&mut host, SHARD, 1);
+    deliver(&mut slot, &mut host, "a", 3);
+    host.calls();
+    slot.entity_stopped(&mut host, SHARD, &id("a"), 1, state(7));
+    slot.entity_stopped(&mut host, SHARD, &id("b"), 2, state(8));
+    assert_eq!(host.calls(), [Call::ShardStopped(1)]);
+    assert!(
+        slot.take_outgoing().is_none(),
+        "kept until the shard moves on"
+    );
+    slot.set_home(&mut host, SHARD, home(2), me(), false);
+    assert_eq!(host.calls(), [Call::Forward(2, "a".into(), 3)]);
+    let (to, mut states) = slot.take_outgoing().expect("states for the next home");
+    assert_eq!(to, home(2));
+    states.sort_by(|x, y| x.0.cmp(&y.0));
+    let bytes: Vec<(String, Vec<u8>)> = states
+        .into_iter()
+        .map(|(id, s)| (id.to_string(), s.bytes.to_vec()))
+        .collect();
+    assert_eq!(bytes, [("a".into(), vec![7]), ("b".into(), vec![8])]);
+    assert!(slot.take_outgoing().is_none(), "given once");
+}
+
+#[test]
+fn a_shard_that_moves_on_without_a_handoff_keeps_no_states() {
+    let mut host = Fake::new();
+    let mut slot = hosted(&mut host);
+    deliver(&mut slot, &mut host, "a", 1);
+    slot.set_home(&mut host, SHARD, home(2), me(), false);
+    assert!(slot.take_outgoing().is_none());
+    // Its entity's late notice (a plain stop hands nothing over) is quiet.
+    host.calls();
+    assert!(
+        slot.entity_stopped(&mut host, SHARD, &id("a"), 1, state(1))
+            .is_empty()
+    );
+    assert_eq!(host.calls(), []);
+}
+
+#[test]
+fn a_handed_off_shard_with_no_entity_gives_its_next_home_an_empty_set() {
+    let mut host = Fake::new();
+    let mut slot = hosted(&mut host);
+    slot.hand_off(&mut host, SHARD, 1);
+    slot.set_home(&mut host, SHARD, home(2), me(), false);
+    let (to, states) = slot.take_outgoing().expect("an answer for the next home");
+    assert_eq!((to, states.len()), (home(2), 0));
+}
+
+#[test]
+fn migrated_states_start_their_entities_at_install_before_the_buffer() {
+    let mut host = Fake::new();
+    let mut slot: Slot<Mailbox> = Slot::unallocated(0);
+    slot.set_home(&mut host, SHARD, here(4), me(), false);
+    deliver(&mut slot, &mut host, "a", 1);
+    deliver(&mut slot, &mut host, "c", 2);
+    host.calls();
+    let migrated = vec![(id("a"), state(5).expect("state"))];
+    let undelivered = slot
+        .install(&mut host, SHARD, 4, 1, None, migrated)
+        .expect("installed");
+    assert!(undelivered.is_empty());
+    assert_eq!(
+        host.calls(),
+        [
+            spawn_from("a", 1, 5),
+            Call::Send(1, 1),
+            spawn("c", 2),
+            Call::Send(2, 2),
+        ],
+        "a starts from its state before any message; c from the factory"
+    );
+}
+
+#[test]
+fn a_state_migrated_while_an_earlier_incarnation_finishes_starts_the_next_one() {
+    let mut host = Fake::new();
+    let mut slot = hosted(&mut host);
+    deliver(&mut slot, &mut host, "a", 1);
+    // Moved away without a handoff: "a" (incarnation 1) finishes its mailbox.
+    slot.set_home(&mut host, SHARD, home(2), me(), false);
+    slot.set_home(&mut host, SHARD, here(3), me(), false);
+    host.calls();
+    let migrated = vec![(id("a"), state(9).expect("state"))];
+    slot.install(&mut host, SHARD, 3, 2, None, migrated)
+        .expect("installed");
+    deliver(&mut slot, &mut host, "a", 2);
+    assert_eq!(host.calls(), [], "two incarnations never run side by side");
+    slot.entity_stopped(&mut host, SHARD, &id("a"), 1, None);
+    assert_eq!(host.calls(), [spawn_from("a", 2, 9), Call::Send(2, 2)]);
+}
+
+#[test]
+fn a_handoff_called_off_restarts_its_entities_from_the_states_they_handed_over() {
+    let mut host = Fake::new();
+    let mut slot = hosted(&mut host);
+    deliver(&mut slot, &mut host, "a", 1);
+    deliver(&mut slot, &mut host, "b", 2);
+    slot.hand_off(&mut host, SHARD, 1);
+    slot.entity_stopped(&mut host, SHARD, &id("a"), 1, state(3));
+    deliver(&mut slot, &mut host, "a", 3);
+    host.calls();
+    // Called off before "b" stopped: "a" restarts from its state at once,
+    // then what waited; "b" does when its state comes with its notice.
+    assert!(slot.call_off_handoff(&mut host, SHARD).is_empty());
+    assert_eq!(host.calls(), [spawn_from("a", 3, 3), Call::Send(3, 3)]);
+    slot.entity_stopped(&mut host, SHARD, &id("b"), 2, state(4));
+    assert_eq!(host.calls(), [spawn_from("b", 4, 4)]);
+    assert!(slot.take_outgoing().is_none());
+}
+
+#[test]
+fn a_shard_that_comes_back_to_its_old_owner_restarts_from_the_kept_states() {
+    let mut host = Fake::new();
+    let mut slot = hosted(&mut host);
+    deliver(&mut slot, &mut host, "a", 1);
+    slot.hand_off(&mut host, SHARD, 1);
+    slot.entity_stopped(&mut host, SHARD, &id("a"), 1, state(6));
+    deliver(&mut slot, &mut host, "a", 2);
+    host.calls();
+    // The coordinator's next home is this node after all.
+    let (change, undelivered) = slot.set_home(&mut host, SHARD, here(2), me(), false);
+    assert_eq!(change, HomeChange::Unchanged);
+    assert!(undelivered.is_empty());
+    assert_eq!(host.calls(), [spawn_from("a", 2, 6), Call::Send(2, 2)]);
+}
+
+#[test]
+fn a_state_from_an_earlier_hostings_handoff_is_never_applied() {
+    let mut host = Fake::new();
+    let mut slot = hosted(&mut host);
+    deliver(&mut slot, &mut host, "a", 1);
+    // A handoff stops "a" to move; it is slow; the handoff times out and
+    // the shard moves away without waiting for it (a dead-owner move)...
+    slot.hand_off(&mut host, SHARD, 1);
+    slot.set_home(&mut host, SHARD, home(2), me(), false);
+    assert!(slot.take_outgoing().is_none(), "not stopped: nothing kept");
+    // ...and comes back before "a" has stopped, with a newer state of it.
+    slot.set_home(&mut host, SHARD, here(3), me(), false);
+    let migrated = vec![(id("a"), state(2).expect("state"))];
+    slot.install(&mut host, SHARD, 3, 2, None, migrated)
+        .expect("installed");
+    host.calls();
+    // The old incarnation's notice carries its state of generation 1.
+    slot.entity_stopped(&mut host, SHARD, &id("a"), 1, state(1));
+    assert_eq!(
+        host.calls(),
+        [spawn_from("a", 2, 2)],
+        "the newer state wins"
+    );
+}
+
+#[test]
+fn an_entity_passivated_while_it_stops_to_move_hands_no_state_on() {
+    let mut host = Fake::new();
+    let mut slot = hosted(&mut host);
+    deliver(&mut slot, &mut host, "a", 1);
+    deliver(&mut slot, &mut host, "b", 2);
+    slot.hand_off(&mut host, SHARD, 1);
+    // "a" asks to be passivated (its idle timeout) before its stop.
+    let (result, _) = slot.passivate(&mut host, SHARD, &id("a"), Some(1), false);
+    assert!(result.is_ok());
+    slot.entity_stopped(&mut host, SHARD, &id("a"), 1, state(1));
+    slot.entity_stopped(&mut host, SHARD, &id("b"), 2, state(2));
+    slot.set_home(&mut host, SHARD, home(2), me(), false);
+    let (_, states) = slot.take_outgoing().expect("kept");
+    let ids: Vec<String> = states.iter().map(|(id, _)| id.to_string()).collect();
+    assert_eq!(ids, ["b"]);
+}
+
+#[test]
+fn under_a_limit_only_the_shares_room_of_migrated_entities_starts_at_once() {
+    let mut host = Fake::new();
+    host.share = Some((1, PassivationPolicy::LeastRecentlyUsed));
+    let mut slot: Slot<Mailbox> = Slot::unallocated(0);
+    slot.set_home(&mut host, SHARD, here(4), me(), false);
+    let migrated = vec![
+        (id("a"), state(1).expect("state")),
+        (id("b"), state(2).expect("state")),
+    ];
+    slot.install(&mut host, SHARD, 4, 1, None, migrated)
+        .expect("installed");
+    let calls = host.calls();
+    assert_eq!(calls.len(), 1, "one started, none passivated: {calls:?}");
+    // The other starts from its state on its first message.
+    let other = match &calls[0] {
+        Call::SpawnFrom(name, _, _) if name == "a" => ("b", 2),
+        _ => ("a", 1),
+    };
+    deliver(&mut slot, &mut host, other.0, 9);
+    let calls = host.calls();
+    assert!(
+        calls.contains(&spawn_from(other.0, 2, other.1)),
+        "{calls:?}"
+    );
+}

@@ -261,7 +261,7 @@ impl ClusterLink {
         let target = system.clone();
         let registered = transport.register_inline(SHARDING_MIGRATION, move |incoming| {
             if let Some(shared) = target.get().and_then(Weak::upgrade) {
-                migration::serve(&*shared, incoming);
+                migration::serve(|type_name| shared.region(type_name), incoming);
             }
         });
         if let Err(error) = registered {

@@ -18,6 +18,7 @@
 //! the old owner is down, or has nothing for it) and its entities start
 //! from the factory.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -26,8 +27,7 @@ use crate::entity::MigratedState;
 use crate::extractor::ShardId;
 use crate::identity::UniqueAddress;
 use crate::runtime::mailbox::States;
-use crate::runtime::region::ChunkAnswer;
-use crate::sharding::driver::SystemPort;
+use crate::runtime::region::{ChunkAnswer, Region};
 use crate::sharding::wire::{MigratedEntry, MigrationReply, MigrationRequest, encode_cbor};
 use crate::transport::{Incoming, RequestError, SendFailure, Transport};
 use crate::wire::RemoteFailure;
@@ -122,10 +122,11 @@ pub(crate) async fn fetch(
 }
 
 /// Answers one request on the migration channel (on the reader task of
-/// its pipe: it only copies references to the kept chunks and encodes).
-/// A request that does not decode, or names a type with no region here,
-/// is refused; the pipe goes on.
-pub(crate) fn serve(system: &dyn SystemPort, incoming: Incoming) {
+/// its pipe: it only copies references to the kept chunks and encodes),
+/// `region` giving this node's region of a type. A request that does not
+/// decode, or names a type with no region here, is refused; the pipe goes
+/// on.
+pub(crate) fn serve(region: impl FnOnce(&str) -> Option<Arc<Region>>, incoming: Incoming) {
     let request = match ciborium::from_reader::<MigrationRequest, _>(&incoming.payload[..]) {
         Ok(request) => request,
         Err(error) => {
@@ -146,7 +147,7 @@ pub(crate) fn serve(system: &dyn SystemPort, incoming: Incoming) {
             let Some(reply) = incoming.reply else {
                 return; // a pull sent oneway has nowhere to be answered
             };
-            let answer = match system.region(&type_name) {
+            let answer = match region(&type_name) {
                 Some(region) if shard < region.num_shards() => {
                     region.migration_chunk(&incoming.from, ShardId(shard), generation, chunk)
                 }
@@ -176,7 +177,7 @@ pub(crate) fn serve(system: &dyn SystemPort, incoming: Incoming) {
             shard,
             generation,
         } => {
-            if let Some(region) = system.region(&type_name)
+            if let Some(region) = region(&type_name)
                 && shard < region.num_shards()
             {
                 region.migration_done(&incoming.from, ShardId(shard), generation);

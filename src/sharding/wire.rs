@@ -436,6 +436,85 @@ mod tests {
         assert_eq!(msg.encode(), hex(spec));
     }
 
+    /// SPEC §13.16's examples: a `Home` naming the old owner, and the
+    /// migration channel's messages, byte for byte; each decodes back.
+    #[test]
+    fn spec_migration_example_bytes() {
+        let home = ControlMsg::Home {
+            type_name: "tally".into(),
+            shard: 5,
+            owner: origin(),
+            generation: 3,
+            epoch: 2,
+            from: Some(origin()),
+        };
+        let spec = format!(
+            "a1 64 48 6f 6d 65
+             a6 69 74 79 70 65 5f 6e 61 6d 65 65 74 61 6c 6c 79
+             65 73 68 61 72 64 05
+             65 6f 77 6e 65 72 {ORIGIN}
+             6a 67 65 6e 65 72 61 74 69 6f 6e 03
+             65 65 70 6f 63 68 02
+             64 66 72 6f 6d {ORIGIN}"
+        );
+        assert_eq!(home.encode(), hex(&spec));
+        let pull = MigrationRequest::Pull {
+            type_name: "tally".into(),
+            shard: 5,
+            generation: 3,
+            chunk: 0,
+        };
+        let spec = "
+            a1 64 50 75 6c 6c a4 69 74 79 70 65 5f 6e 61 6d 65 65 74 61 6c 6c 79
+            65 73 68 61 72 64 05 6a 67 65 6e 65 72 61 74 69 6f 6e 03 65 63 68 75 6e 6b 00
+        ";
+        let done = MigrationRequest::Done {
+            type_name: "tally".into(),
+            shard: 5,
+            generation: 3,
+        };
+        let done_spec = "
+            a1 64 44 6f 6e 65 a3 69 74 79 70 65 5f 6e 61 6d 65 65 74 61 6c 6c 79
+            65 73 68 61 72 64 05 6a 67 65 6e 65 72 61 74 69 6f 6e 03
+        ";
+        for (request, spec) in [(pull, spec), (done, done_spec)] {
+            assert_eq!(encode_cbor(&request)[..], hex(spec)[..]);
+            let back: MigrationRequest = ciborium::from_reader(&hex(spec)[..]).expect("decodes");
+            assert_eq!(back, request);
+        }
+        let mut state = Vec::new();
+        ciborium::into_writer(&10u64, &mut state).expect("encodes");
+        let chunk = MigrationReply::Chunk {
+            states: vec![MigratedEntry("a-1".into(), 1, state.into())],
+            last: true,
+        };
+        let chunk_spec = "
+            a1 65 43 68 75 6e 6b a2 66 73 74 61 74 65 73 81 83 63 61 2d 31 01 41 0a
+            64 6c 61 73 74 f5
+        ";
+        let not_yet_spec = "66 4e 6f 74 59 65 74";
+        for (reply, spec) in [(chunk, chunk_spec), (MigrationReply::NotYet, not_yet_spec)] {
+            assert_eq!(encode_cbor(&reply)[..], hex(spec)[..]);
+            let back: MigrationReply = ciborium::from_reader(&hex(spec)[..]).expect("decodes");
+            assert_eq!(back, reply);
+        }
+        // A Home without `from` (every other one) is the 5-entry map of §13.2.
+        let home: ControlMsg =
+            ciborium::from_reader(&hex(&spec_home_without_from())[..]).expect("decodes");
+        assert!(matches!(home, ControlMsg::Home { from: None, .. }));
+    }
+
+    fn spec_home_without_from() -> String {
+        format!(
+            "a1 64 48 6f 6d 65
+             a5 69 74 79 70 65 5f 6e 61 6d 65 65 74 61 6c 6c 79
+             65 73 68 61 72 64 05
+             65 6f 77 6e 65 72 {ORIGIN}
+             6a 67 65 6e 65 72 61 74 69 6f 6e 03
+             65 65 70 6f 63 68 02"
+        )
+    }
+
     /// The `UniqueAddress` of [`origin`], as SPEC §9.1 encodes it.
     const ORIGIN: &str = "
         a3 64 61 64 64 72 a1 62 56 34 82 84 18 7f 00 00 01 19 1c bb

@@ -1,0 +1,298 @@
+//! The handoff measure (SPEC §13.16, issue 22): three nodes in one
+//! process, 30,000 entities holding 1 KiB of state each; node 2 leaves
+//! gracefully and its third of them (about 10,000) move. Measured from the
+//! leave: the time until every moved entity answers on its new owner with
+//! its state, the bytes moved, and what a W1-style driver (16 asks in
+//! flight from node 0, over all the entities) saw meanwhile — once with
+//! live migration, once without (the moved entities restart from the
+//! factory and answer empty).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use datum_cluster_sharding::MigrationEvent;
+use datum_cluster_sharding::prelude::*;
+use futures_util::StreamExt;
+use hdrhistogram::Histogram;
+use serde_json::{Value, json};
+
+use super::harness::{Node, form_cluster};
+
+/// Entities in all; node 2 hosts about a third of them.
+const ENTITIES: u64 = 30_000;
+/// Each entity's state: 128 words, 1 KiB.
+const WORDS: u64 = 128;
+/// Asks in flight while filling and checking.
+const CONCURRENCY: usize = 256;
+const ASK: Duration = Duration::from_secs(10);
+
+#[derive(Serialize, Deserialize)]
+pub struct Fill(pub u64);
+#[derive(Serialize, Deserialize)]
+pub struct Check;
+
+protocol! {
+    /// An entity holding 1 KiB of state.
+    pub protocol Blob = "blob" {
+        ask Fill -> ();
+        ask Check -> u64;
+    }
+}
+
+/// `seed`'s 1 KiB.
+fn words(seed: u64) -> Vec<u64> {
+    (0..WORDS)
+        .map(|i| seed.wrapping_mul(31).wrapping_add(i))
+        .collect()
+}
+
+/// What `Check` answers for a state: its sum, 0 for none.
+fn digest(words: &[u64]) -> u64 {
+    words.iter().fold(0u64, |a, w| a.wrapping_add(*w))
+}
+
+#[derive(Default)]
+pub struct BlobEntity {
+    words: Vec<u64>,
+}
+
+impl Entity for BlobEntity {
+    type Protocol = Blob;
+}
+impl Handler<Fill> for BlobEntity {
+    async fn handle(&mut self, msg: Fill, _: &EntityContext) -> ShardingResult<()> {
+        self.words = words(msg.0);
+        Ok(())
+    }
+}
+impl Handler<Check> for BlobEntity {
+    async fn handle(&mut self, _: Check, _: &EntityContext) -> ShardingResult<u64> {
+        Ok(digest(&self.words))
+    }
+}
+impl Migratable for BlobEntity {
+    type Dehydrated = Vec<u64>;
+    fn dehydrate(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.words)
+    }
+    fn rehydrate(&mut self, words: Vec<u64>) {
+        self.words = words;
+    }
+}
+
+fn id(k: u64) -> String {
+    format!("blob-{k}")
+}
+
+/// Asks `Check` of `id` through `system` until it answers (retrying
+/// errors, which a move may cause); its answer.
+async fn check(system: &ShardedSystem, id: &str) -> Result<u64, ShardingError> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let entity = system.entity_ref::<Blob>(id);
+    loop {
+        match entity.ask(Check, ASK).await {
+            Ok(digest) => return Ok(digest),
+            Err(error) if Instant::now() >= deadline => return Err(error),
+            Err(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+        }
+    }
+}
+
+/// One variant's figures.
+struct Moved {
+    entities: usize,
+    all_answered: Duration,
+    with_state: usize,
+    bytes: usize,
+    leave: Duration,
+    stall: Histogram<u64>,
+    driver_before: Histogram<u64>,
+}
+
+/// Runs one variant: `migrate` registers the type migratable.
+async fn run_variant(migrate: bool) -> Result<Moved, Box<dyn std::error::Error>> {
+    let name = if migrate {
+        "handoff-migrate"
+    } else {
+        "handoff-factory"
+    };
+    let (clusters, _) = form_cluster(name, true).await?;
+    let mut nodes = Vec::new();
+    let mut events = Vec::new();
+    for cluster in clusters {
+        let config = ShardingConfig::builder()
+            .num_shards(128)
+            .passivation_idle_timeout(None)
+            .allocation_buffer(100_000)
+            .build();
+        let system = ShardedSystem::builder()
+            .config(config)
+            .node(cluster.clone())
+            .start()
+            .await?;
+        events.push(system.subscribe_migration_events());
+        if migrate {
+            system
+                .register_migratable::<BlobEntity>(|_| BlobEntity::default())
+                .await?;
+        } else {
+            system
+                .register::<BlobEntity>(|_| BlobEntity::default())
+                .await?;
+        }
+        nodes.push(Node { cluster, system });
+    }
+    // Fill every entity from node 0.
+    let filler = nodes[0].system.clone();
+    let filled: Vec<Result<(), ShardingError>> = futures_util::stream::iter(0..ENTITIES)
+        .map(|k| {
+            let system = filler.clone();
+            async move { system.entity_ref::<Blob>(id(k)).ask(Fill(k), ASK).await }
+        })
+        .buffer_unordered(CONCURRENCY)
+        .collect()
+        .await;
+    filled.into_iter().collect::<Result<Vec<()>, _>>()?;
+    let leaver = &nodes[2].system;
+    let moved: Vec<u64> = (0..ENTITIES)
+        .filter(|k| {
+            let shard = leaver.entity_ref::<Blob>(id(*k)).shard_id();
+            leaver.live_entities::<Blob>(shard) > 0
+        })
+        .collect();
+    // The driver: 16 asks in flight from node 0 over all the entities.
+    let stop = Arc::new(AtomicBool::new(false));
+    let began = Instant::now();
+    let mut drivers = Vec::new();
+    for d in 0..16u64 {
+        let (system, stop) = (nodes[0].system.clone(), stop.clone());
+        drivers.push(tokio::spawn(async move {
+            let mut sent = Vec::new();
+            let mut k = d * 1_877;
+            while !stop.load(Ordering::Acquire) {
+                k = (k + 7_919) % ENTITIES;
+                let at = Instant::now();
+                let answered = check(&system, &id(k)).await;
+                if answered.is_ok() {
+                    sent.push((at, at.elapsed()));
+                }
+            }
+            sent
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The leave, and every moved entity asked from node 0 until it answers.
+    let left = Instant::now();
+    let system = nodes[2].system.clone();
+    let leave = tokio::spawn(async move {
+        system.shutdown().await;
+        left.elapsed()
+    });
+    let checker = nodes[0].system.clone();
+    let answers: Vec<(u64, Result<u64, ShardingError>, Duration)> =
+        futures_util::stream::iter(moved.iter().copied())
+            .map(|k| {
+                let system = checker.clone();
+                async move {
+                    let answer = check(&system, &id(k)).await;
+                    (k, answer, left.elapsed())
+                }
+            })
+            .buffer_unordered(CONCURRENCY)
+            .collect()
+            .await;
+    let mut all_answered = Duration::ZERO;
+    let mut with_state = 0;
+    for (k, answer, at) in answers {
+        all_answered = all_answered.max(at);
+        if answer? == digest(&words(k)) {
+            with_state += 1;
+        }
+    }
+    let leave = leave.await?;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop.store(true, Ordering::Release);
+    let mut stall = Histogram::<u64>::new(3)?;
+    let mut driver_before = Histogram::<u64>::new(3)?;
+    for driver in drivers {
+        for (at, latency) in driver.await? {
+            let us = latency.as_micros() as u64;
+            if at >= left && at <= left + all_answered {
+                stall.record(us)?;
+            } else if at >= began && at < left {
+                driver_before.record(us)?;
+            }
+        }
+    }
+    let mut bytes = 0;
+    for e in &mut events {
+        while let Ok(event) = e.try_recv() {
+            if let MigrationEvent::Received { bytes: b, .. } = event {
+                bytes += b;
+            }
+        }
+    }
+    for n in [&nodes[0], &nodes[1]] {
+        n.system.shutdown().await;
+    }
+    for n in &nodes {
+        let _ = n.cluster.shutdown().await;
+    }
+    Ok(Moved {
+        entities: moved.len(),
+        all_answered,
+        with_state,
+        bytes,
+        leave,
+        stall,
+        driver_before,
+    })
+}
+
+fn report(label: &str, m: &Moved) -> Value {
+    println!(
+        "{label:<10} {} entities moved · all answered {:.0} ms after the leave · {} with their state · {} KiB moved · leave took {:.0} ms · driver meanwhile: {} asks, p50 {} p99 {} max {} µs (before: p50 {} p99 {} µs)",
+        m.entities,
+        m.all_answered.as_secs_f64() * 1e3,
+        m.with_state,
+        m.bytes / 1024,
+        m.leave.as_secs_f64() * 1e3,
+        m.stall.len(),
+        m.stall.value_at_quantile(0.5),
+        m.stall.value_at_quantile(0.99),
+        m.stall.max(),
+        m.driver_before.value_at_quantile(0.5),
+        m.driver_before.value_at_quantile(0.99),
+    );
+    json!({
+        "entities_moved": m.entities,
+        "all_answered_ms": m.all_answered.as_secs_f64() * 1e3,
+        "answered_with_state": m.with_state,
+        "bytes_moved": m.bytes,
+        "leave_ms": m.leave.as_secs_f64() * 1e3,
+        "driver_during": {
+            "asks": m.stall.len(),
+            "p50_us": m.stall.value_at_quantile(0.5),
+            "p99_us": m.stall.value_at_quantile(0.99),
+            "max_us": m.stall.max(),
+        },
+        "driver_before": {
+            "p50_us": m.driver_before.value_at_quantile(0.5),
+            "p99_us": m.driver_before.value_at_quantile(0.99),
+        },
+    })
+}
+
+/// Both variants, one after the other, each on a fresh cluster; correct
+/// when every moved entity answered with its state under migration.
+pub async fn run() -> Result<(Value, bool), Box<dyn std::error::Error>> {
+    let migrated = run_variant(true).await?;
+    let factory = run_variant(false).await?;
+    let json = json!({
+        "workload": "handoff",
+        "migration": report("migration", &migrated),
+        "factory": report("factory", &factory),
+    });
+    Ok((json, migrated.with_state == migrated.entities))
+}
