@@ -616,7 +616,7 @@ async fn a_state_of_a_newer_version_is_refused_and_its_entity_starts_from_the_fa
     );
     assert_eq!(entity.ask(Where, ASK).await.expect("where"), "node-0");
     let _ = newer.shutdown().await;
-    stop(&nodes.drain(..).collect::<Vec<_>>()).await;
+    stop(&std::mem::take(&mut nodes)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

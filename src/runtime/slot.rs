@@ -177,8 +177,9 @@ enum State<E> {
         /// The highest allocation generation seen for the shard.
         generation: u64,
     },
-    /// Hosted on this node.
-    Local(LocalShard<E>),
+    /// Hosted on this node (boxed: a slot that hosts nothing stays small,
+    /// and a region holds one per shard).
+    Local(Box<LocalShard<E>>),
     /// Hosted on another node: messages are encoded and sent there.
     Remote(ShardHome),
     /// The system shut down.
@@ -478,7 +479,7 @@ impl<E: Clone> Slot<E> {
             local.respawn_batch(host, shard);
         }
         let undelivered = local.replay(host, shard, buffer);
-        self.state = State::Local(local);
+        self.state = State::Local(Box::new(local));
         Some(undelivered)
     }
 
