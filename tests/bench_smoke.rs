@@ -230,3 +230,19 @@ fn w5_runs_under_a_limit_and_idle_only() {
         }
     }
 }
+
+/// The handoff measure at 3,000 entities: every moved entity answers with
+/// its state under migration (the run exits 1 otherwise), and without it
+/// they answer too.
+#[test]
+fn handoff_moves_every_state_with_migration_and_none_without() {
+    let record = run_with("handoff", &["--entities", "3000"]);
+    let migrated = &record["migration"];
+    assert!(migrated["entities_moved"].as_u64() > Some(0), "{record}");
+    assert_eq!(
+        migrated["answered_with_state"], migrated["entities_moved"],
+        "{record}"
+    );
+    assert!(migrated["bytes_moved"].as_u64() > Some(0), "{record}");
+    assert_eq!(record["factory"]["bytes_moved"], 0, "{record}");
+}

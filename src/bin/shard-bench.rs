@@ -152,6 +152,10 @@ struct Args {
     /// `--features tls`), the three nodes' certificates from a throwaway CA.
     #[arg(long)]
     tls: bool,
+    /// Handoff only: entities in all (node 2 hosts about a third, which
+    /// move).
+    #[arg(long, default_value_t = 30_000)]
+    entities: u64,
     /// W2 only: where to write the latency-over-time chart (SVG).
     #[arg(long, default_value = "w2-latency.svg")]
     chart: std::path::PathBuf,
@@ -814,7 +818,7 @@ async fn in_process(args: Args, in_flight: usize) -> ExitCode {
             .await
         }
         Workload::W3 => run_w3(args.messages, args.spawning).await,
-        Workload::Handoff => handoff::run().await,
+        Workload::Handoff => handoff::run(args.entities).await,
         Workload::W5 => match (args.passivation, args.mix) {
             (Some(passivation), Some(mix)) => {
                 limit::run_one(args.messages, in_flight, passivation, mix).await

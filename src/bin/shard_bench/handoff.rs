@@ -1,6 +1,7 @@
 //! The handoff measure (SPEC §13.16, issue 22): three nodes in one
-//! process, 30,000 entities holding 1 KiB of state each; node 2 leaves
-//! gracefully and its third of them (about 10,000) move. Measured from the
+//! process, 30,000 entities (`--entities`) holding 1 KiB of state each
+//! (128 words, 1,155 bytes as CBOR); node 2 leaves gracefully and its third
+//! of them (about 10,000) move. Measured from the
 //! leave: the time until every moved entity answers on its new owner with
 //! its state, the bytes moved, and what a W1-style driver (16 asks in
 //! flight from node 0, over all the entities) saw meanwhile — once with
@@ -19,8 +20,6 @@ use serde_json::{Value, json};
 
 use super::harness::{Node, form_cluster};
 
-/// Entities in all; node 2 hosts about a third of them.
-const ENTITIES: u64 = 30_000;
 /// Each entity's state: 128 words, 1 KiB.
 const WORDS: u64 = 128;
 /// Asks in flight while filling and checking.
@@ -40,10 +39,10 @@ protocol! {
     }
 }
 
-/// `seed`'s 1 KiB.
+/// `seed`'s 1 KiB: words of the full range (nine bytes each as CBOR).
 fn words(seed: u64) -> Vec<u64> {
     (0..WORDS)
-        .map(|i| seed.wrapping_mul(31).wrapping_add(i))
+        .map(|i| seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(i) | 1 << 63)
         .collect()
 }
 
@@ -111,7 +110,7 @@ struct Moved {
 }
 
 /// Runs one variant: `migrate` registers the type migratable.
-async fn run_variant(migrate: bool) -> Result<Moved, Box<dyn std::error::Error>> {
+async fn run_variant(migrate: bool, entities: u64) -> Result<Moved, Box<dyn std::error::Error>> {
     let name = if migrate {
         "handoff-migrate"
     } else {
@@ -145,7 +144,7 @@ async fn run_variant(migrate: bool) -> Result<Moved, Box<dyn std::error::Error>>
     }
     // Fill every entity from node 0.
     let filler = nodes[0].system.clone();
-    let filled: Vec<Result<(), ShardingError>> = futures_util::stream::iter(0..ENTITIES)
+    let filled: Vec<Result<(), ShardingError>> = futures_util::stream::iter(0..entities)
         .map(|k| {
             let system = filler.clone();
             async move { system.entity_ref::<Blob>(id(k)).ask(Fill(k), ASK).await }
@@ -155,7 +154,7 @@ async fn run_variant(migrate: bool) -> Result<Moved, Box<dyn std::error::Error>>
         .await;
     filled.into_iter().collect::<Result<Vec<()>, _>>()?;
     let leaver = &nodes[2].system;
-    let moved: Vec<u64> = (0..ENTITIES)
+    let moved: Vec<u64> = (0..entities)
         .filter(|k| {
             let shard = leaver.entity_ref::<Blob>(id(*k)).shard_id();
             leaver.live_entities::<Blob>(shard) > 0
@@ -171,7 +170,7 @@ async fn run_variant(migrate: bool) -> Result<Moved, Box<dyn std::error::Error>>
             let mut sent = Vec::new();
             let mut k = d * 1_877;
             while !stop.load(Ordering::Acquire) {
-                k = (k + 7_919) % ENTITIES;
+                k = (k + 7_919) % entities;
                 let at = Instant::now();
                 let answered = check(&system, &id(k)).await;
                 if answered.is_ok() {
@@ -286,9 +285,10 @@ fn report(label: &str, m: &Moved) -> Value {
 
 /// Both variants, one after the other, each on a fresh cluster; correct
 /// when every moved entity answered with its state under migration.
-pub async fn run() -> Result<(Value, bool), Box<dyn std::error::Error>> {
-    let migrated = run_variant(true).await?;
-    let factory = run_variant(false).await?;
+pub async fn run(entities: u64) -> Result<(Value, bool), Box<dyn std::error::Error>> {
+    let entities = entities.max(3);
+    let migrated = run_variant(true, entities).await?;
+    let factory = run_variant(false, entities).await?;
     let json = json!({
         "workload": "handoff",
         "migration": report("migration", &migrated),
