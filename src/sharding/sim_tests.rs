@@ -17,11 +17,18 @@
 //! slowed, so that shards also move away from entities still finishing
 //! their mailboxes, and come back before they have.
 //!
+//! The entity type migrates (SPEC §13.16): an entity's state is the list
+//! of ids its lineage processed; a handoff's stop hands it over, the old
+//! owner keeps it for the new home, and the new home's region actor pulls
+//! it (from the old owner's region, if that node is alive and reachable;
+//! one not ready yet is asked again later) before the shard installs.
+//!
 //! What is checked, over random histories of sends, deliveries, entity and
 //! region-actor steps, passivations, joins, crashes, graceful leaves, link
 //! cuts, unreachable links and heals, slow entities, and time: no message
 //! is processed twice; two incarnations of an entity never run side by
-//! side on one node; nothing is left behind a stop marker; and once the
+//! side on one node; a handed-over state is applied at most once, to one
+//! incarnation; nothing is left behind a stop marker; and once the
 //! cluster is left alone, within [`SETTLE_WITHIN`], every message accepted
 //! by a region is processed exactly once — except those held by a node
 //! when it crashed, in flight on a link that was cut or sent over one that
@@ -51,6 +58,7 @@ use crate::error::{ShardingError, ShardingResult};
 use crate::extractor::ShardId;
 use crate::identity::{NodeId, UniqueAddress};
 use crate::membership::{Member, MemberStatus, MembershipState};
+use crate::runtime::mailbox::States;
 use crate::runtime::slot::{HomeChange, Refused, Slot, SlotHost, Undelivered};
 use crate::store::RememberEntitiesOperation;
 
@@ -82,6 +90,12 @@ struct Coverage {
     back_while_finishing: u64,
     /// Entity incarnations that stopped.
     stops: u64,
+    /// Incarnations that started from a state migrated with their shard
+    /// (or kept for them by a handoff called off).
+    rehydrated: u64,
+    /// Shards installed after a handoff without the states their old
+    /// owner kept (it crashed, was unreachable, or never had them).
+    fell_back: u64,
     /// The longest a settle took to process (or lose) every message.
     slowest_settle: Duration,
 }
@@ -188,6 +202,31 @@ enum Data {
 enum Item {
     Msg(u64),
     Stop,
+    /// A stop for a handoff: the entity hands its state over.
+    StopToMove,
+}
+
+impl Item {
+    fn is_stop(&self) -> bool {
+        matches!(self, Item::Stop | Item::StopToMove)
+    }
+}
+
+/// A state as an entity hands it over: the incarnation that handed it
+/// (node, mailbox), and the ids its lineage processed, in order.
+type Lineage = (usize, u32, Vec<u64>);
+
+fn encode_state(lineage: &Lineage) -> MigratedState {
+    let mut bytes = Vec::new();
+    ciborium::into_writer(lineage, &mut bytes).expect("encodes");
+    MigratedState {
+        version: 1,
+        bytes: bytes.into(),
+    }
+}
+
+fn decode_state(state: &MigratedState) -> Lineage {
+    ciborium::from_reader(&state.bytes[..]).expect("a simulator state")
 }
 
 /// An entity incarnation, as its mailbox.
@@ -196,13 +235,17 @@ struct Mailbox {
     entity: Arc<str>,
     incarnation: u64,
     items: VecDeque<Item>,
+    /// The ids this lineage processed (from the state it started from).
+    state: Vec<u64>,
 }
 
 /// What the region actor is told.
 enum ActorMsg {
-    Host(u32, u64),
+    /// Host a shard under a generation; its old owner, and how many pulls
+    /// of its states found them not ready yet.
+    Host(u32, u64, Option<UniqueAddress>, u32),
     Passivate(u32, Arc<str>, u64),
-    Stopped(u32, Arc<str>, u64),
+    Stopped(u32, Arc<str>, u64, Option<MigratedState>),
 }
 
 /// What a slot's transition did outside the region, for the node to run.
@@ -211,8 +254,10 @@ enum Effect {
     PassivateAt(UniqueAddress, u32, Arc<str>),
     Allocate(u32),
     ShardStopped(u32, u64),
-    /// The region actor starts hosting a shard.
-    Host(u32, u64),
+    /// The region actor starts hosting a shard (its old owner).
+    Host(u32, u64, Option<UniqueAddress>),
+    /// An incarnation started from a state (who handed it over).
+    Rehydrated(Arc<str>, (usize, u32)),
     /// A message answered with an error (its sender sees it).
     Failed(u64, ShardingError),
 }
@@ -220,6 +265,8 @@ enum Effect {
 /// The slots' host: entity mailboxes, and the effects of their transitions.
 #[derive(Default)]
 struct Host {
+    /// This node's index.
+    me: usize,
     next_mailbox: u32,
     mailboxes: BTreeMap<u32, Mailbox>,
     effects: Vec<Effect>,
@@ -273,14 +320,20 @@ impl SlotHost for Host {
         _generation: u64,
         entity_id: &Arc<str>,
         incarnation: u64,
-        _state: Option<MigratedState>,
+        state: Option<MigratedState>,
     ) -> ShardingResult<u32> {
         self.next_mailbox += 1;
+        let lineage = state.map(|s| decode_state(&s));
+        if let Some((node, mailbox, _)) = &lineage {
+            self.effects
+                .push(Effect::Rehydrated(entity_id.clone(), (*node, *mailbox)));
+        }
         let mailbox = Mailbox {
             shard: shard.0,
             entity: entity_id.clone(),
             incarnation,
             items: VecDeque::new(),
+            state: lineage.map(|(_, _, ids)| ids).unwrap_or_default(),
         };
         self.mailboxes.insert(self.next_mailbox, mailbox);
         Ok(self.next_mailbox)
@@ -297,7 +350,13 @@ impl SlotHost for Host {
     }
 
     fn stop_to_move(&mut self, entity: &u32) -> bool {
-        self.stop(entity)
+        match self.mailboxes.get_mut(entity) {
+            Some(mailbox) => {
+                mailbox.items.push_back(Item::StopToMove);
+                true
+            }
+            None => false,
+        }
     }
 
     fn stop(&mut self, entity: &u32) -> bool {
@@ -386,14 +445,28 @@ struct Region {
     left: Cell<bool>,
     nowhere: Cell<bool>,
     installs: Cell<u64>,
+    /// States kept for the nodes shards moved to (`Region::keep_outgoing`).
+    outgoing: RefCell<BTreeMap<u32, (ShardHome, States)>>,
+}
+
+/// What a pull of a shard's states finds on its old owner
+/// (`Region::migration_chunk`, in one chunk).
+enum Pulled {
+    States(States),
+    NotYet,
+    Nothing,
 }
 
 impl Region {
     fn new(me: UniqueAddress) -> Self {
         Region {
             me,
+            outgoing: RefCell::new(BTreeMap::new()),
             slots: RefCell::new((0..SHARDS).map(|_| Slot::unallocated(0)).collect()),
-            host: RefCell::new(Host::default()),
+            host: RefCell::new(Host {
+                me: index(&me),
+                ..Host::default()
+            }),
             stopped: Cell::new(false),
             left: Cell::new(false),
             nowhere: Cell::new(false),
@@ -459,8 +532,27 @@ impl Region {
         });
     }
 
-    /// The region actor's `Host`: starts hosting the shard.
-    fn install(&self, shard: u32, generation: u64) {
+    /// A pull from `requester`, which hosts `shard` under `generation`,
+    /// of the states kept for it; taken at once (its `Done`).
+    fn pull(&self, requester: UniqueAddress, shard: u32, generation: u64) -> Pulled {
+        let slots = self.slots.borrow();
+        let slot = &slots[shard as usize];
+        if slot.is_local() && slot.generation() < generation {
+            return Pulled::NotYet;
+        }
+        let mut outgoing = self.outgoing.borrow_mut();
+        match outgoing.get(&shard) {
+            Some((home, _)) if home.owner == requester && home.generation == generation => {
+                let (_, states) = outgoing.remove(&shard).expect("kept");
+                Pulled::States(states)
+            }
+            _ => Pulled::Nothing,
+        }
+    }
+
+    /// The region actor's `Install`: starts hosting the shard, with the
+    /// states that migrated with it.
+    fn install(&self, shard: u32, generation: u64, migrated: States) {
         if self.stopped.get() {
             return;
         }
@@ -469,7 +561,7 @@ impl Region {
         self.with(shard, |slot, host| {
             let finishing = host.mailboxes.values().any(|m| m.shard == shard);
             if let Some(undelivered) =
-                slot.install(host, ShardId(shard), generation, install, None, Vec::new())
+                slot.install(host, ShardId(shard), generation, install, None, migrated)
             {
                 if finishing {
                     cover(|c| c.back_while_finishing += 1);
@@ -479,9 +571,15 @@ impl Region {
         });
     }
 
-    fn entity_stopped(&self, shard: u32, entity: &Arc<str>, incarnation: u64) {
+    fn entity_stopped(
+        &self,
+        shard: u32,
+        entity: &Arc<str>,
+        incarnation: u64,
+        state: Option<MigratedState>,
+    ) {
         self.with(shard, |slot, host| {
-            let undelivered = slot.entity_stopped(host, ShardId(shard), entity, incarnation, None);
+            let undelivered = slot.entity_stopped(host, ShardId(shard), entity, incarnation, state);
             host.failed(undelivered);
         });
     }
@@ -557,18 +655,33 @@ impl LocalRegions for Region {
         type_name: &str,
         shard: u32,
         home: ShardHome,
-        _from: Option<UniqueAddress>,
+        from: Option<UniqueAddress>,
     ) -> Option<(&'static str, HomeChange)> {
         if type_name != TYPE || shard >= SHARDS {
             return None;
         }
         let me = self.me;
+        let from = from.filter(|f| *f != me);
         let change = self.with(shard, |slot, host| {
             let was_local = slot.is_local();
+            // As `Region::set_home`: hosted here already, the states from
+            // `from` are not pulled, and older ones kept here are dropped.
+            if from.is_some()
+                && was_local
+                && home.owner == me
+                && home.generation >= slot.generation()
+            {
+                slot.drop_states();
+                cover(|c| c.fell_back += 1);
+            }
             let (change, undelivered) = slot.set_home(host, ShardId(shard), home, me, false);
             host.failed(undelivered);
+            if let Some(kept) = slot.take_outgoing() {
+                self.outgoing.borrow_mut().insert(shard, kept);
+            }
             if change == HomeChange::HostHere {
-                host.effects.push(Effect::Host(shard, home.generation));
+                host.effects
+                    .push(Effect::Host(shard, home.generation, from));
             }
             if was_local && change == HomeChange::Remote {
                 if host.mailboxes.values().any(|m| m.shard == shard) {
@@ -626,6 +739,8 @@ struct Node {
     region: Region,
     /// The region actor's mailbox.
     actor: VecDeque<ActorMsg>,
+    /// Hostings whose states are being pulled (`RegionActorState::preparing`).
+    preparing: BTreeSet<(u32, u64)>,
     /// When its graceful leave began, and whether it waits for handoffs.
     leave: Option<(Instant, bool)>,
     /// The system stopped (after a leave); its core goes on coordinating.
@@ -653,6 +768,7 @@ impl Node {
             side: RegionCore::new(addr(i)),
             region: Region::new(addr(i)),
             actor: VecDeque::new(),
+            preparing: BTreeSet::new(),
             leave: None,
             retired: false,
             slow: false,
@@ -682,6 +798,9 @@ struct Ledger {
     /// Lost for a reason (crash, cut, refused, hops — or a bug's).
     excused: BTreeMap<u64, &'static str>,
     sent: u64,
+    /// The handed-over states applied, by who handed them over (node,
+    /// mailbox): each at most once.
+    rehydrated: BTreeSet<(usize, u32)>,
 }
 
 type Link = (VecDeque<ControlMsg>, VecDeque<Data>);
@@ -785,7 +904,7 @@ impl Sim {
         for mailbox in node.region.host.into_inner().mailboxes.into_values() {
             held.extend(mailbox.items.into_iter().filter_map(|item| match item {
                 Item::Msg(id) => Some(id),
-                Item::Stop => None,
+                Item::Stop | Item::StopToMove => None,
             }));
         }
         self.excuse(held, "held by a crashed node");
@@ -961,9 +1080,18 @@ impl Sim {
                 let out = node.side.shard_stopped(now, TYPE, shard, generation);
                 self.run_side(i, out);
             }
-            Effect::Host(shard, generation) => {
+            Effect::Host(shard, generation, from) => {
                 if let Some(node) = self.node(i) {
-                    node.actor.push_back(ActorMsg::Host(shard, generation));
+                    node.actor
+                        .push_back(ActorMsg::Host(shard, generation, from, 0));
+                }
+            }
+            Effect::Rehydrated(entity, handed) => {
+                cover(|c| c.rehydrated += 1);
+                if !self.ledger.rehydrated.insert(handed) {
+                    self.broken.get_or_insert(format!(
+                        "node {i}: the state {entity} handed over at {handed:?} applied twice"
+                    ));
                 }
             }
             Effect::Failed(id, error) => {
@@ -1110,7 +1238,7 @@ impl Sim {
                 if let Some(mailbox) = host.mailboxes.remove(&entity) {
                     hosted.extend(mailbox.items.into_iter().filter_map(|item| match item {
                         Item::Msg(id) => Some(id),
-                        Item::Stop => None,
+                        Item::Stop | Item::StopToMove => None,
                     }));
                 }
             }
@@ -1176,7 +1304,7 @@ impl Sim {
             let live: Vec<&Mailbox> = host
                 .mailboxes
                 .values()
-                .filter(|m| !m.items.iter().any(|item| matches!(item, Item::Stop)))
+                .filter(|m| !m.items.iter().any(Item::is_stop))
                 .collect();
             if live.is_empty() {
                 return;
@@ -1205,15 +1333,17 @@ impl Sim {
         }
         let k = pick % choices;
         if k == mailboxes.len() {
-            let msg = node.actor.pop_front().expect("the actor has a message");
-            let region = &node.region;
-            match msg {
-                ActorMsg::Host(shard, generation) => region.install(shard, generation),
-                ActorMsg::Passivate(shard, entity, incarnation) => {
-                    region.passivate(shard, &entity, Some(incarnation), false)
+            match node.actor.pop_front().expect("the actor has a message") {
+                ActorMsg::Host(shard, generation, from, tries) => {
+                    self.host(i, shard, generation, from, tries)
                 }
-                ActorMsg::Stopped(shard, entity, incarnation) => {
-                    region.entity_stopped(shard, &entity, incarnation)
+                ActorMsg::Passivate(shard, entity, incarnation) => {
+                    node.region
+                        .passivate(shard, &entity, Some(incarnation), false)
+                }
+                ActorMsg::Stopped(shard, entity, incarnation, state) => {
+                    node.region
+                        .entity_stopped(shard, &entity, incarnation, state)
                 }
             }
             return self.effects(i);
@@ -1223,24 +1353,29 @@ impl Sim {
         let mailbox = host.mailboxes.get_mut(&key).expect("a busy mailbox");
         match mailbox.items.pop_front() {
             Some(Item::Msg(id)) => {
+                mailbox.state.push(id);
                 drop(host);
                 *self.ledger.processed.entry(id).or_insert(0) += 1;
             }
-            Some(Item::Stop) => {
+            Some(stop @ (Item::Stop | Item::StopToMove)) => {
                 cover(|c| c.stops += 1);
+                let me = host.me;
                 let mailbox = host.mailboxes.remove(&key).expect("a busy mailbox");
                 drop(host);
+                let state = matches!(stop, Item::StopToMove)
+                    .then(|| encode_state(&(me, key, mailbox.state.clone())));
                 node.actor.push_back(ActorMsg::Stopped(
                     mailbox.shard,
                     mailbox.entity.clone(),
                     mailbox.incarnation,
+                    state,
                 ));
                 let behind: Vec<u64> = mailbox
                     .items
                     .iter()
                     .filter_map(|item| match item {
                         Item::Msg(id) => Some(*id),
-                        Item::Stop => None,
+                        Item::Stop | Item::StopToMove => None,
                     })
                     .collect();
                 if !behind.is_empty() {
@@ -1251,6 +1386,58 @@ impl Sim {
             }
             None => {}
         }
+    }
+
+    /// The region actor's `Host` (`read_then_install`): a shard handed off
+    /// by another node installs with the states pulled from it (its
+    /// `Done` taken with them); one not ready yet is asked again later (the
+    /// message goes to the back of the actor's queue, as the real pull
+    /// lets the actor go on), at most 20 times; an old owner that is gone,
+    /// unreachable, or has nothing gives none (a fallback).
+    fn host(
+        &mut self,
+        i: usize,
+        shard: u32,
+        generation: u64,
+        from: Option<UniqueAddress>,
+        tries: u32,
+    ) {
+        let Some(node) = self.nodes[i].as_mut() else {
+            return;
+        };
+        let me = node.me;
+        let Some(from) = from else {
+            if !node.preparing.contains(&(shard, generation)) {
+                node.region.install(shard, generation, Vec::new());
+            }
+            return;
+        };
+        if tries == 0 && !node.preparing.insert((shard, generation)) {
+            return; // prepared already
+        }
+        let old = index(&from);
+        let reachable = !self.blocked.contains(&(i, old)) && !self.blocked.contains(&(old, i));
+        let pulled = match self.nodes[old].as_ref() {
+            Some(owner) if reachable => owner.region.pull(me, shard, generation),
+            _ => Pulled::Nothing,
+        };
+        let Some(node) = self.nodes[i].as_mut() else {
+            return;
+        };
+        let migrated = match pulled {
+            Pulled::NotYet if tries < 20 => {
+                node.actor
+                    .push_back(ActorMsg::Host(shard, generation, Some(from), tries + 1));
+                return;
+            }
+            Pulled::States(states) => states,
+            Pulled::NotYet | Pulled::Nothing => {
+                cover(|c| c.fell_back += 1);
+                Vec::new()
+            }
+        };
+        node.preparing.remove(&(shard, generation));
+        node.region.install(shard, generation, migrated);
     }
 
     /// Two incarnations of one entity never run side by side on a node.
@@ -1580,6 +1767,8 @@ fn random_cluster_histories_lose_only_what_a_crash_or_a_cut_took() {
             c.moved_unstopped,
             c.back_while_finishing,
             c.stops,
+            c.rehydrated,
+            c.fell_back,
         ];
         assert!(
             tests < 4_000 || reached.iter().all(|n| *n > 0),
