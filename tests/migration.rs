@@ -667,3 +667,59 @@ async fn the_migration_channel_refuses_bad_requests_and_pulls_from_another_node(
     assert_eq!(entity.ask(Append(1), ASK).await.expect("append"), 1);
     stop(&nodes).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_owner_killed_while_it_pulls_leaves_its_entities_to_start_from_the_factory() {
+    let ledger = Ledger::default();
+    let mut nodes = cluster_of(4, &ledger).await;
+    // Entities on node 3, each with [1, 2] in memory.
+    let mut ids = Vec::new();
+    for k in 0..400 {
+        let id = format!("target-{k}");
+        let entity = nodes[0].system.entity_ref::<Tally>(id.as_str());
+        if entity.ask(Where, ASK).await.expect("where") == "node-3" {
+            entity.ask(Append(1), ASK).await.expect("append");
+            entity.ask(Append(2), ASK).await.expect("append");
+            ids.push(id);
+        }
+    }
+    assert!(ids.len() > 10, "{} entities on node 3", ids.len());
+    // Node 3 leaves; as soon as its first shard has moved on (new owners
+    // are pulling), node 2 — one of them — is killed.
+    let before = nodes[3].system.hosted_shards::<Tally>();
+    let leaver = nodes.remove(3);
+    let system = leaver.system.clone();
+    let leave = tokio::spawn(async move { system.shutdown().await });
+    wait_for("node 3's first shard moved on", || {
+        leaver.system.hosted_shards::<Tally>() < before
+    })
+    .await;
+    let killed = nodes.remove(2);
+    killed.cluster.crash().await;
+    let _ = leave.await;
+    let _ = leaver.cluster.shutdown().await;
+    // Every entity answers again: with its state where it moved to a
+    // survivor, from the factory where its new owner died; never half.
+    let (mut kept, mut fresh) = (0, 0);
+    for id in &ids {
+        let entity = nodes[0].system.entity_ref::<Tally>(id.as_str());
+        let deadline = Instant::now() + LONG;
+        let log = loop {
+            match entity.ask(Entries, ASK).await {
+                Ok(log) => break log,
+                Err(error) => assert!(Instant::now() < deadline, "{id}: {error}"),
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        match log.as_slice() {
+            [1, 2] => kept += 1,
+            [] => fresh += 1,
+            other => panic!("{id}: {other:?}"),
+        }
+        let next = entity.ask(Append(3), ASK).await.expect("append");
+        assert_eq!(next, log.len() as u64 + 1, "{id}");
+    }
+    println!("{kept} entities kept their state, {fresh} started afresh on the survivors");
+    assert!(kept > 0, "the survivors' pulls went on");
+    stop(&nodes).await;
+}
