@@ -509,19 +509,29 @@ pub trait Migratable: Entity {
 /// One entity's dehydrated state, encoded: what a move carries.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct MigratedState {
-    /// The type's `Migratable::STATE_VERSION` when it was taken.
+    /// The version of its encoding when it was taken
+    /// (`Migratable::STATE_VERSION`, `Snapshotted::SNAPSHOT_VERSION` or
+    /// `DurableState::STATE_VERSION`).
     pub(crate) version: u32,
     /// Its CBOR.
     pub(crate) bytes: bytes::Bytes,
+    /// Of a durable type: where the state stands in its store (the
+    /// journal's sequence number it includes, or the state's revision); 0
+    /// otherwise.
+    pub(crate) position: u64,
 }
 
 /// A migratable type's two conversions, type-erased for its spawner.
 pub(crate) struct Migration<E> {
     /// Dehydrates and encodes; `Err` says why it could not.
-    pub(crate) take: fn(&mut E) -> Result<MigratedState, String>,
-    /// Decodes and rehydrates; `Err` (nothing applied) says why not.
-    pub(crate) put: fn(&mut E, &MigratedState) -> Result<(), String>,
+    pub(crate) take: fn(&mut E, &EntityContext) -> Result<MigratedState, String>,
+    /// Decodes and rehydrates; `Err` (nothing applied) says why not. `None`
+    /// for a durable type, whose state goes into its recovery instead.
+    pub(crate) put: Option<Rehydrate<E>>,
 }
+
+/// Decodes a migrated state into a fresh incarnation.
+pub(crate) type Rehydrate<E> = fn(&mut E, &MigratedState) -> Result<(), String>;
 
 impl<E> Clone for Migration<E> {
     fn clone(&self) -> Self {
@@ -534,16 +544,17 @@ impl<E> Copy for Migration<E> {}
 impl<E: Migratable> Migration<E> {
     pub(crate) fn of() -> Self {
         Migration {
-            take: |entity| {
+            take: |entity, _| {
                 let mut bytes = Vec::new();
                 ciborium::into_writer(&entity.dehydrate(), &mut bytes)
                     .map_err(|e| format!("the state does not encode: {e}"))?;
                 Ok(MigratedState {
                     version: E::STATE_VERSION,
                     bytes: bytes.into(),
+                    position: 0,
                 })
             },
-            put: |entity, state| {
+            put: Some(|entity, state| {
                 if state.version > E::STATE_VERSION {
                     return Err(format!(
                         "the state has version {}, above this build's {}",
@@ -555,7 +566,55 @@ impl<E: Migratable> Migration<E> {
                     .map_err(|e| format!("the state does not decode: {e}"))?;
                 entity.rehydrate(decoded);
                 Ok(())
+            }),
+        }
+    }
+}
+
+impl<E: Snapshotted> Migration<E> {
+    /// A snapshotted type's: its snapshot, at the journal's sequence
+    /// number this incarnation knows.
+    pub(crate) fn snapshotted() -> Self {
+        Migration {
+            take: |entity, ctx| {
+                let mut bytes = Vec::new();
+                ciborium::into_writer(&entity.snapshot(), &mut bytes)
+                    .map_err(|e| format!("the snapshot does not encode: {e}"))?;
+                let position = ctx
+                    .journal
+                    .as_ref()
+                    .map_or(0, |j| j.highest.load(Ordering::Acquire));
+                Ok(MigratedState {
+                    version: E::SNAPSHOT_VERSION,
+                    bytes: bytes.into(),
+                    position,
+                })
             },
+            put: None,
+        }
+    }
+}
+
+impl<E: DurableState> Migration<E> {
+    /// A durable-state type's: its state, at the revision this incarnation
+    /// knows.
+    pub(crate) fn durable_state() -> Self {
+        Migration {
+            take: |entity, ctx| {
+                let mut bytes = Vec::new();
+                ciborium::into_writer(entity.state(), &mut bytes)
+                    .map_err(|e| format!("the state does not encode: {e}"))?;
+                let position = ctx
+                    .state
+                    .as_ref()
+                    .map_or(0, |h| h.revision.load(Ordering::Acquire));
+                Ok(MigratedState {
+                    version: E::STATE_VERSION,
+                    bytes: bytes.into(),
+                    position,
+                })
+            },
+            put: None,
         }
     }
 }
@@ -942,6 +1001,87 @@ impl EntityContext {
         }
         handle.highest.store(highest, Ordering::Release);
         Ok(recovered)
+    }
+
+    /// What this entity recovers from when its state migrated with its
+    /// shard, at store position `migrated.position` (SPEC §13.16): the
+    /// store stays the source of truth. A durable state is taken as it
+    /// came if the store's revision is still that one (one small read, no
+    /// load); a snapshotted type's state stands for a snapshot at that
+    /// sequence number, and only the journal's events after it are read.
+    /// When the store has moved on otherwise (another writer, a journal
+    /// behind the state) the state is not used: the second value is false
+    /// and recovery reads the store as it always does.
+    pub(crate) async fn recover_migrated(
+        &self,
+        migrated: MigratedState,
+    ) -> ShardingResult<(Recovered, bool)> {
+        if let Some(handle) = &self.state {
+            let store = self.state_store(handle)?;
+            let id = handle.id.clone();
+            let revision = blocking(move || store.revision(&id))
+                .await
+                .map_err(|e| self.persistence_error(e))?;
+            if revision != migrated.position {
+                return Ok((self.recover_state(handle).await?, false));
+            }
+            handle.revision.store(revision, Ordering::Release);
+            let state = (revision > 0).then(|| StateRecord {
+                revision,
+                payload: Payload {
+                    manifest: state_manifest(self.type_name),
+                    version: migrated.version,
+                    bytes: migrated.bytes.to_vec(),
+                },
+                writer: self.writer(),
+            });
+            let recovered = Recovered {
+                snapshot: None,
+                events: Vec::new(),
+                state,
+            };
+            return Ok((recovered, true));
+        }
+        let handle = self.handle()?;
+        let journal = handle
+            .writer
+            .journal()
+            .map_err(|e| self.persistence_error(e))?;
+        let id = handle.id.clone();
+        let from = migrated.position;
+        let read = blocking(move || {
+            let highest = journal.highest_sequence_nr(&id)?;
+            if highest < from {
+                return Ok((highest, None));
+            }
+            Ok((
+                highest,
+                Some(journal.replay(&id, from + 1, highest, usize::MAX)?),
+            ))
+        })
+        .await;
+        let (highest, events) = read.map_err(|e| self.persistence_error(e))?;
+        let Some(events) =
+            events.filter(|events| events.last().map_or(from, |e| e.sequence_nr) == highest)
+        else {
+            return Ok((self.recover_events().await?, false));
+        };
+        handle.highest.store(highest, Ordering::Release);
+        let snapshot = SnapshotRecord {
+            sequence_nr: from,
+            payload: Payload {
+                manifest: snapshot_manifest(self.type_name),
+                version: migrated.version,
+                bytes: migrated.bytes.to_vec(),
+            },
+            writer: self.writer(),
+        };
+        let recovered = Recovered {
+            snapshot: Some(snapshot),
+            events,
+            state: None,
+        };
+        Ok((recovered, true))
     }
 
     /// After `count` events were appended and applied to `entity`: its

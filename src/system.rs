@@ -992,6 +992,37 @@ impl<S, J: DurableStateStore> ShardedSystem<S, J> {
         E: DurableState,
         E::Protocol: Dispatch<E>,
     {
+        self.register_durable_state_with::<E>(Arc::new(factory), None)
+            .await
+    }
+
+    /// Registers `E` as a durable-state type, as
+    /// [`register_durable_state`](Self::register_durable_state), whose
+    /// state moves with its shard on a graceful move (SPEC §13.16): the
+    /// next incarnation takes it with its revision instead of loading it,
+    /// when the store's revision is still that one.
+    pub async fn register_durable_state_migratable<E>(
+        &self,
+        factory: impl Fn(&EntityContext) -> E + Send + Sync + 'static,
+    ) -> ShardingResult<()>
+    where
+        E: DurableState,
+        E::Protocol: Dispatch<E>,
+    {
+        let migration = Some(Migration::durable_state());
+        self.register_durable_state_with::<E>(Arc::new(factory), migration)
+            .await
+    }
+
+    async fn register_durable_state_with<E>(
+        &self,
+        factory: Factory<E>,
+        migration: Option<Migration<E>>,
+    ) -> ShardingResult<()>
+    where
+        E: DurableState,
+        E::Protocol: Dispatch<E>,
+    {
         let store: Arc<dyn DurableStateStore> = self.journal.clone();
         let store = self.shared.state_store.get_or_init(|| store).clone();
         let recover: Recover<E> = crate::entity::recover_state::<E>;
@@ -1001,7 +1032,7 @@ impl<S, J: DurableStateStore> ShardedSystem<S, J> {
             state: Some(Arc::downgrade(&store)),
             recover,
         });
-        self.register_durable::<E>(Arc::new(factory), None, durable)
+        self.register_spawned::<E>(factory, None, durable, migration)
             .await
     }
 }
@@ -1020,6 +1051,39 @@ impl<S, J: Journal + SnapshotStore> ShardedSystem<S, J> {
         E: Snapshotted,
         E::Protocol: Dispatch<E>,
     {
+        self.register_snapshotted_with::<E>(Arc::new(factory), None)
+            .await
+    }
+
+    /// Registers `E` as a snapshotted event-sourced type, as
+    /// [`register_snapshotted`](Self::register_snapshotted), whose state
+    /// moves with its shard on a graceful move (SPEC §13.16): the next
+    /// incarnation starts from it as from a snapshot at its sequence
+    /// number, reading only the journal's events after it (none, when no
+    /// other writer appended), instead of the latest stored snapshot and
+    /// the events after that.
+    pub async fn register_snapshotted_migratable<E>(
+        &self,
+        factory: impl Fn(&EntityContext) -> E + Send + Sync + 'static,
+    ) -> ShardingResult<()>
+    where
+        E: Snapshotted,
+        E::Protocol: Dispatch<E>,
+    {
+        let migration = Some(Migration::snapshotted());
+        self.register_snapshotted_with::<E>(Arc::new(factory), migration)
+            .await
+    }
+
+    async fn register_snapshotted_with<E>(
+        &self,
+        factory: Factory<E>,
+        migration: Option<Migration<E>>,
+    ) -> ShardingResult<()>
+    where
+        E: Snapshotted,
+        E::Protocol: Dispatch<E>,
+    {
         let writer = self.journal_writer();
         let store: Arc<dyn SnapshotStore> = self.journal.clone();
         let store = self.shared.snapshot_store.get_or_init(|| store).clone();
@@ -1031,7 +1095,7 @@ impl<S, J: Journal + SnapshotStore> ShardedSystem<S, J> {
             state: None,
             recover,
         });
-        self.register_durable::<E>(Arc::new(factory), None, durable)
+        self.register_spawned::<E>(factory, None, durable, migration)
             .await
     }
 }

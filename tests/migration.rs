@@ -723,3 +723,375 @@ async fn a_new_owner_killed_while_it_pulls_leaves_its_entities_to_start_from_the
     assert!(kept > 0, "the survivors' pulls went on");
     stop(&nodes).await;
 }
+
+// ---- durable types: the state moves with its place in the store ----
+
+use datum_cluster_sharding::persistence::{
+    AtomicWrite, DurableStateStore, EventRecord, InMemoryPersistence, Journal, Payload,
+    PersistenceId, PersistenceResult, SnapshotRecord, SnapshotStore, StateRecord, Writer,
+};
+
+/// One in-memory store shared by the nodes of a test (as a database
+/// would be), counting the events replayed and the states loaded.
+#[derive(Clone, Default)]
+struct CountingStore {
+    inner: InMemoryPersistence,
+    replayed: Arc<AtomicU64>,
+    loaded: Arc<AtomicU64>,
+}
+
+impl Journal for CountingStore {
+    fn append(&self, writes: &[AtomicWrite]) -> Vec<PersistenceResult<()>> {
+        self.inner.append(writes)
+    }
+    fn replay(
+        &self,
+        id: &PersistenceId,
+        from: u64,
+        to: u64,
+        max: usize,
+    ) -> PersistenceResult<Vec<EventRecord>> {
+        let events = self.inner.replay(id, from, to, max)?;
+        self.replayed
+            .fetch_add(events.len() as u64, Ordering::Relaxed);
+        Ok(events)
+    }
+    fn highest_sequence_nr(&self, id: &PersistenceId) -> PersistenceResult<u64> {
+        self.inner.highest_sequence_nr(id)
+    }
+    fn delete_to(&self, id: &PersistenceId, to: u64) -> PersistenceResult<()> {
+        Journal::delete_to(&self.inner, id, to)
+    }
+}
+
+impl SnapshotStore for CountingStore {
+    fn save(&self, id: &PersistenceId, snapshot: SnapshotRecord) -> PersistenceResult<()> {
+        SnapshotStore::save(&self.inner, id, snapshot)
+    }
+    fn load(&self, id: &PersistenceId, max: u64) -> PersistenceResult<Option<SnapshotRecord>> {
+        SnapshotStore::load(&self.inner, id, max)
+    }
+    fn delete_to(&self, id: &PersistenceId, to: u64) -> PersistenceResult<()> {
+        SnapshotStore::delete_to(&self.inner, id, to)
+    }
+}
+
+impl DurableStateStore for CountingStore {
+    fn save(
+        &self,
+        id: &PersistenceId,
+        expected: u64,
+        payload: Payload,
+        writer: Writer,
+    ) -> PersistenceResult<()> {
+        DurableStateStore::save(&self.inner, id, expected, payload, writer)
+    }
+    fn load(&self, id: &PersistenceId) -> PersistenceResult<Option<StateRecord>> {
+        self.loaded.fetch_add(1, Ordering::Relaxed);
+        DurableStateStore::load(&self.inner, id)
+    }
+    fn revision(&self, id: &PersistenceId) -> PersistenceResult<u64> {
+        self.inner.revision(id)
+    }
+    fn delete(&self, id: &PersistenceId, expected: u64) -> PersistenceResult<()> {
+        self.inner.delete(id, expected)
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Added(pub u64);
+
+protocol! {
+    /// A journaled sum that remembers where it lives.
+    pub protocol Sum = "sum-migrating" {
+        ask Append -> u64;
+        ask Where -> String;
+    }
+}
+
+/// Event-sourced, snapshotted rarely: recovery from the journal alone
+/// replays every event.
+struct SumEntity {
+    node: String,
+    total: u64,
+}
+
+impl Entity for SumEntity {
+    type Protocol = Sum;
+}
+impl EventSourced for SumEntity {
+    type Event = Added;
+    fn apply(&mut self, event: &Added) {
+        self.total += event.0;
+    }
+}
+impl Snapshotted for SumEntity {
+    type Snapshot = u64;
+    const SNAPSHOT_EVERY: u64 = 1_000_000;
+    fn snapshot(&self) -> u64 {
+        self.total
+    }
+    fn restore(&mut self, total: u64) {
+        self.total = total;
+    }
+}
+impl Handler<Append> for SumEntity {
+    async fn handle(&mut self, msg: Append, ctx: &EntityContext) -> ShardingResult<u64> {
+        self.persist(ctx, Added(msg.0)).await?;
+        Ok(self.total)
+    }
+}
+impl Handler<Where> for SumEntity {
+    async fn handle(&mut self, _: Where, _: &EntityContext) -> ShardingResult<String> {
+        Ok(self.node.clone())
+    }
+}
+
+protocol! {
+    /// A saved sum.
+    pub protocol SavedSum = "saved-sum-migrating" {
+        ask Append -> u64;
+        ask Where -> String;
+    }
+}
+
+struct SavedSumEntity {
+    node: String,
+    total: u64,
+}
+
+impl Entity for SavedSumEntity {
+    type Protocol = SavedSum;
+}
+impl DurableState for SavedSumEntity {
+    type State = u64;
+    fn state(&self) -> &u64 {
+        &self.total
+    }
+    fn set_state(&mut self, total: u64) {
+        self.total = total;
+    }
+}
+impl Handler<Append> for SavedSumEntity {
+    async fn handle(&mut self, msg: Append, ctx: &EntityContext) -> ShardingResult<u64> {
+        self.total += msg.0;
+        self.save_state(ctx).await?;
+        Ok(self.total)
+    }
+}
+impl Handler<Where> for SavedSumEntity {
+    async fn handle(&mut self, _: Where, _: &EntityContext) -> ShardingResult<String> {
+        Ok(self.node.clone())
+    }
+}
+
+/// CBOR of `value`.
+fn cbor<T: Serialize>(value: &T) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    ciborium::into_writer(value, &mut bytes).expect("encodes");
+    bytes
+}
+
+/// Three nodes sharing `store`, hosting `Sum` and `SavedSum` (migratable
+/// when `migrate`); the third leaves gracefully after 40 entities of each
+/// got 1..=5, then each gets 6. With `outside`, another writer appends
+/// `Added(100)` to the first `Sum` entity's journal and saves 1,000 as the
+/// first `SavedSum` entity's state before the leave (their incarnations on
+/// node 2 do not know). Returns the events replayed and states loaded by
+/// the move (counted from the leave on) and the migration events of the
+/// survivors, and checks the sums.
+async fn durable_leave(migrate: bool, outside: bool) -> (u64, u64, Vec<MigrationEvent>) {
+    let store = CountingStore::default();
+    let first = start_cluster_node(vec![]).await;
+    let mut clusters = vec![first.clone()];
+    for _ in 1..3 {
+        clusters.push(start_cluster_node(vec![first.bound_addr()]).await);
+    }
+    wait_up(&clusters.iter().collect::<Vec<_>>(), 3).await;
+    let (mut systems, mut events) = (Vec::new(), Vec::new());
+    for (i, cluster) in clusters.iter().enumerate() {
+        let system = ShardedSystem::builder()
+            .config(
+                ShardingConfig::builder()
+                    .num_shards(SHARDS)
+                    .passivation_idle_timeout(None)
+                    .build(),
+            )
+            .node(cluster.clone())
+            .journal(store.clone())
+            .start()
+            .await
+            .expect("system starts");
+        events.push(system.subscribe_migration_events());
+        let node = format!("node-{i}");
+        let (node2, node) = (node.clone(), node);
+        let factory = move |_: &EntityContext| SumEntity {
+            node: node.clone(),
+            total: 0,
+        };
+        if migrate {
+            system
+                .register_snapshotted_migratable::<SumEntity>(factory)
+                .await
+        } else {
+            system.register_snapshotted::<SumEntity>(factory).await
+        }
+        .expect("registered");
+        let saved = move |_: &EntityContext| SavedSumEntity {
+            node: node2.clone(),
+            total: 0,
+        };
+        if migrate {
+            system
+                .register_durable_state_migratable::<SavedSumEntity>(saved)
+                .await
+        } else {
+            system.register_durable_state::<SavedSumEntity>(saved).await
+        }
+        .expect("registered");
+        systems.push(system);
+    }
+    // 40 entities of each type on node 2, each sent 1..=5.
+    let (mut sums, mut saved) = (Vec::new(), Vec::new());
+    for k in 0..400 {
+        let id = format!("sum-{k}");
+        let sum = systems[0].entity_ref::<Sum>(id.as_str());
+        if sums.len() < 40 && sum.ask(Where, ASK).await.expect("where") == "node-2" {
+            sums.push(id.clone());
+        }
+        let state = systems[0].entity_ref::<SavedSum>(id.as_str());
+        if saved.len() < 40 && state.ask(Where, ASK).await.expect("where") == "node-2" {
+            saved.push(id);
+        }
+    }
+    assert_eq!((sums.len(), saved.len()), (40, 40));
+    for n in 1..=5 {
+        for id in &sums {
+            let sum = systems[0].entity_ref::<Sum>(id.as_str());
+            sum.ask(Append(n), ASK).await.expect("append");
+        }
+        for id in &saved {
+            let state = systems[0].entity_ref::<SavedSum>(id.as_str());
+            state.ask(Append(n), ASK).await.expect("append");
+        }
+    }
+    let writer = Writer {
+        node_id: 99,
+        incarnation: 1,
+        generation: 1,
+    };
+    if outside {
+        let pid = PersistenceId::new("sum-migrating", sums[0].as_str());
+        let write = AtomicWrite {
+            persistence_id: pid,
+            expected: 5,
+            events: vec![Payload {
+                manifest: "sum-migrating".into(),
+                version: 1,
+                bytes: cbor(&Added(100)),
+            }],
+            writer,
+        };
+        assert_eq!(store.inner.append(&[write]), vec![Ok(())]);
+        let pid = PersistenceId::new("saved-sum-migrating", saved[0].as_str());
+        let state = Payload {
+            manifest: "saved-sum-migrating#state".into(),
+            version: 1,
+            bytes: cbor(&1_000u64),
+        };
+        DurableStateStore::save(&store.inner, &pid, 5, state, writer).expect("saved");
+    }
+    let (replayed, loaded) = (store.replayed.clone(), store.loaded.clone());
+    let before = (
+        replayed.load(Ordering::Relaxed),
+        loaded.load(Ordering::Relaxed),
+    );
+    systems[2].shutdown().await;
+    for id in &sums {
+        let sum = systems[0]
+            .entity_ref::<Sum>(id.as_str())
+            .ask(Append(6), ASK)
+            .await
+            .expect("append");
+        // The store is the truth: the outside event counts, after the
+        // state that moved.
+        let outsider = outside && *id == sums[0];
+        let expected = if outsider { 121 } else { 21 };
+        assert_eq!(sum, expected, "{id}: its sum after the move");
+        let pid = PersistenceId::new("sum-migrating", id.as_str());
+        let journal = store
+            .inner
+            .replay(&pid, 1, u64::MAX, usize::MAX)
+            .expect("replay");
+        assert_eq!(
+            journal.len(),
+            6 + usize::from(outsider),
+            "{id}: its journal"
+        );
+    }
+    for id in &saved {
+        let state = systems[0]
+            .entity_ref::<SavedSum>(id.as_str())
+            .ask(Append(6), ASK)
+            .await
+            .expect("append");
+        let outsider = outside && *id == saved[0];
+        let expected = if outsider { 1_006 } else { 21 };
+        assert_eq!(state, expected, "{id}: its saved sum after the move");
+        let pid = PersistenceId::new("saved-sum-migrating", id.as_str());
+        let revision = store.inner.revision(&pid).expect("revision");
+        assert_eq!(revision, 6 + u64::from(outsider), "{id}");
+    }
+    let moved = (
+        replayed.load(Ordering::Relaxed) - before.0,
+        loaded.load(Ordering::Relaxed) - before.1,
+    );
+    let mut said = Vec::new();
+    for e in &mut events[..2] {
+        while let Ok(event) = e.try_recv() {
+            said.push(event);
+        }
+    }
+    for system in &systems[..2] {
+        system.shutdown().await;
+    }
+    for cluster in &clusters {
+        let _ = cluster.shutdown().await;
+    }
+    (moved.0, moved.1, said)
+}
+
+fn refused(events: &[MigrationEvent]) -> Vec<String> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            MigrationEvent::StateRefused { entity_id, .. } => Some(entity_id.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn durable_entities_move_with_their_place_in_the_store_and_skip_the_replay() {
+    let (replayed, loaded, events) = durable_leave(true, false).await;
+    assert_eq!(
+        (replayed, loaded),
+        (0, 0),
+        "with migration nothing is replayed or loaded"
+    );
+    assert!(refused(&events).is_empty(), "{events:?}");
+    // Without it, each moved entity replays its five events and loads its
+    // state: the same sums, from the store.
+    let (replayed, loaded, _) = durable_leave(false, false).await;
+    assert_eq!((replayed, loaded), (200, 40), "without migration");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_stays_the_truth_when_another_writer_wrote_before_the_move() {
+    let (replayed, loaded, events) = durable_leave(true, true).await;
+    // The journaled sum replays the one event appended after its state;
+    // the saved sum's revision moved on, so its state is loaded instead
+    // (and the state that came is refused, with an event).
+    assert_eq!((replayed, loaded), (1, 1));
+    assert_eq!(refused(&events).len(), 1, "{events:?}");
+}

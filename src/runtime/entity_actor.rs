@@ -73,15 +73,32 @@ pub(crate) struct EntityArgs<E> {
 /// Where migration events go.
 pub(crate) type MigrationEvents = tokio::sync::broadcast::Sender<MigrationEvent>;
 
+/// Reports a migrated state that was not used, and why.
+fn report_refused<E>(args: &EntityArgs<E>, reason: String) {
+    let ctx = &args.ctx;
+    tracing::warn!(type_name = ctx.type_name(), entity_id = ctx.entity_id(), %reason, "a migrated state was refused; the entity recovers from its store");
+    if let Some((_, events)) = &args.migration {
+        let _ = events.send(MigrationEvent::StateRefused {
+            type_name: ctx.type_name(),
+            entity_id: ctx.entity_id().to_owned(),
+            reason,
+        });
+    }
+}
+
 /// Gives a fresh incarnation the state migrated with its shard. A state
 /// that does not decode is reported, and the incarnation keeps what the
 /// factory made; one whose `rehydrate` panics is reported too, and the
 /// incarnation (perhaps half changed) is built again by the factory.
 fn rehydrate<E>(entity: &mut E, args: &mut EntityArgs<E>) -> Result<(), ActorProcessingErr> {
-    let (Some(state), Some((migration, events))) = (args.migrated.take(), &args.migration) else {
+    // (A durable type's state goes into its recovery instead.)
+    let Some((Migration { put: Some(put), .. }, events)) = &args.migration else {
         return Ok(());
     };
-    let put = migration.put;
+    let (put, events) = (*put, events.clone());
+    let Some(state) = args.migrated.take() else {
+        return Ok(());
+    };
     let mut panicked = false;
     let applied = std::panic::catch_unwind(AssertUnwindSafe(|| put(entity, &state)))
         .unwrap_or_else(|payload| {
@@ -120,8 +137,33 @@ pub(crate) struct EntityState<E> {
 }
 
 /// Recovers a fresh incarnation of an event-sourced type from its journal.
-async fn recover_fresh<E>(entity: &mut E, args: &EntityArgs<E>) -> Option<ShardingError> {
+/// Of a durable type whose state migrated with its shard, the recovery
+/// starts from that state (SPEC §13.16); when the store moved on, or the
+/// state does not apply, from the store as always, and that is reported.
+async fn recover_fresh<E>(entity: &mut E, args: &mut EntityArgs<E>) -> Option<ShardingError> {
     let recover = args.recover?;
+    if let Some(migrated) = args.migrated.take() {
+        let refused = match args.ctx.recover_migrated(migrated).await {
+            Ok((recovered, true)) => match recover(entity, &args.ctx, recovered) {
+                Ok(()) => return None,
+                Err(error) => error.to_string(),
+            },
+            Ok((recovered, false)) => {
+                // Recovered from the store already: the state was not used.
+                report_refused(args, "the store moved on since the state was taken".into());
+                return recover(entity, &args.ctx, recovered).err().inspect(|error| {
+                    tracing::warn!(type_name = args.ctx.type_name(), entity_id = args.ctx.entity_id(), %error, "entity recovery failed: its messages fail until it recovers");
+                });
+            }
+            Err(error) => error.to_string(),
+        };
+        report_refused(args, refused);
+        // Nothing of the state was kept: a fresh incarnation, from the store.
+        match build(&args.factory, &args.ctx) {
+            Ok(fresh) => *entity = fresh,
+            Err(error) => return Some(ShardingError::Spawn(error.to_string())),
+        }
+    }
     let recovered = match args.ctx.recover_events().await {
         Ok(events) => recover(entity, &args.ctx, events),
         Err(error) => Err(error),
@@ -175,7 +217,7 @@ where
         let mut args = args;
         let mut entity = build(&args.factory, &args.ctx)?;
         rehydrate(&mut entity, &mut args)?;
-        let failed = recover_fresh(&mut entity, &args).await;
+        let failed = recover_fresh(&mut entity, &mut args).await;
         if failed.is_some() {
             // Passivated after the messages already here are answered.
             myself.send_message(EntityMsg::IdleCheck).ok();
@@ -215,11 +257,12 @@ where
                 if let OutcomeKind::Panicked(panic) = outcome.0 {
                     let ctx = &state.args.ctx;
                     tracing::warn!(type_name = ctx.type_name(), entity_id = ctx.entity_id(), %panic, "entity handler panicked; restarting the entity");
-                    match build(&state.args.factory, ctx) {
+                    match build(&state.args.factory, &state.args.ctx) {
                         Ok(mut fresh) => {
-                            state.failed = recover_fresh(&mut fresh, &state.args).await;
+                            state.failed = recover_fresh(&mut fresh, &mut state.args).await;
                             let old = std::mem::replace(&mut state.entity, fresh);
                             if std::panic::catch_unwind(AssertUnwindSafe(|| drop(old))).is_err() {
+                                let ctx = &state.args.ctx;
                                 tracing::warn!(
                                     type_name = ctx.type_name(),
                                     entity_id = ctx.entity_id(),
@@ -246,8 +289,8 @@ where
             EntityMsg::StopToMove => {
                 if let (Some((migration, _)), None) = (&state.args.migration, &state.failed) {
                     let take = migration.take;
-                    let entity = &mut state.entity;
-                    let taken = std::panic::catch_unwind(AssertUnwindSafe(|| take(entity)))
+                    let (entity, ctx) = (&mut state.entity, &state.args.ctx);
+                    let taken = std::panic::catch_unwind(AssertUnwindSafe(|| take(entity, ctx)))
                         .unwrap_or_else(|payload| {
                             Err(format!(
                                 "dehydrate panicked: {}",

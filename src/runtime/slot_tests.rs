@@ -936,6 +936,7 @@ fn state(b: u8) -> Option<MigratedState> {
     Some(MigratedState {
         version: 1,
         bytes: bytes::Bytes::from(vec![b]),
+        position: 0,
     })
 }
 

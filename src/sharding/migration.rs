@@ -76,9 +76,16 @@ pub(crate) async fn fetch(
         match answer {
             Ok(bytes) => match ciborium::from_reader::<MigrationReply, _>(&bytes[..]) {
                 Ok(MigrationReply::Chunk { states: got, last }) => {
-                    states.extend(got.into_iter().map(|MigratedEntry(id, version, bytes)| {
-                        (id.into(), MigratedState { version, bytes })
-                    }));
+                    states.extend(got.into_iter().map(
+                        |MigratedEntry(id, version, bytes, position)| {
+                            let state = MigratedState {
+                                version,
+                                bytes,
+                                position,
+                            };
+                            (id.into(), state)
+                        },
+                    ));
                     chunk += 1;
                     if last {
                         let done = MigrationRequest::Done {
@@ -158,7 +165,9 @@ pub(crate) fn serve(region: impl FnOnce(&str) -> Option<Arc<Region>>, incoming: 
                 ChunkAnswer::Chunk { states, last } => MigrationReply::Chunk {
                     states: states
                         .into_iter()
-                        .map(|(id, s)| MigratedEntry(id.to_string(), s.version, s.bytes))
+                        .map(|(id, s)| {
+                            MigratedEntry(id.to_string(), s.version, s.bytes, s.position)
+                        })
                         .collect(),
                     last,
                 },

@@ -222,6 +222,7 @@ fn encode_state(lineage: &Lineage) -> MigratedState {
     MigratedState {
         version: 1,
         bytes: bytes.into(),
+        position: 0,
     }
 }
 

@@ -120,7 +120,8 @@ pub(crate) enum MigrationRequest {
 /// The old owner's answer to a [`MigrationRequest::Pull`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum MigrationReply {
-    /// The chunk: `[entity_id, version, state]` each; `last`: nothing follows.
+    /// The chunk: `[entity_id, version, state, position]` each; `last`:
+    /// nothing follows.
     Chunk {
         states: Vec<MigratedEntry>,
         last: bool,
@@ -131,12 +132,15 @@ pub(crate) enum MigrationReply {
     Nothing { reason: String },
 }
 
-/// One entity's state in a [`MigrationReply::Chunk`].
+/// One entity's state in a [`MigrationReply::Chunk`]: its id, the
+/// version of its encoding, the state, and (of a durable type) where it
+/// stands in its store, else 0.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct MigratedEntry(
     pub(crate) String,
     pub(crate) u32,
     #[serde(with = "payload")] pub(crate) Bytes,
+    pub(crate) u64,
 );
 
 /// CBOR bytes of a migration message.
@@ -485,11 +489,11 @@ mod tests {
         let mut state = Vec::new();
         ciborium::into_writer(&10u64, &mut state).expect("encodes");
         let chunk = MigrationReply::Chunk {
-            states: vec![MigratedEntry("a-1".into(), 1, state.into())],
+            states: vec![MigratedEntry("a-1".into(), 1, state.into(), 0)],
             last: true,
         };
         let chunk_spec = "
-            a1 65 43 68 75 6e 6b a2 66 73 74 61 74 65 73 81 83 63 61 2d 31 01 41 0a
+            a1 65 43 68 75 6e 6b a2 66 73 74 61 74 65 73 81 84 63 61 2d 31 01 41 0a 00
             64 6c 61 73 74 f5
         ";
         let not_yet_spec = "66 4e 6f 74 59 65 74";
