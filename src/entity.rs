@@ -638,17 +638,19 @@ pub enum MigrationEvent {
         /// Their encoded size.
         bytes: usize,
     },
-    /// A shard started here without the states it was moved with: its
-    /// entities start from the factory.
+    /// A shard started here without its entities' states: they start from
+    /// the factory (a durable type's, from its store).
     FellBack {
         /// The entity type.
         type_name: &'static str,
         /// The shard.
         shard: ShardId,
-        /// Its old owner.
-        from: crate::identity::UniqueAddress,
-        /// Why: the old owner is gone, had none for this node, or the
-        /// migration timed out.
+        /// Its old owner, when the move was a handoff; `None` for a shard
+        /// that moved without one (its owner was lost, or its handoff
+        /// timed out), which moves no state.
+        from: Option<crate::identity::UniqueAddress>,
+        /// Why: the old owner is gone, had none for this node, the
+        /// migration timed out, or the move was not a handoff.
         reason: String,
     },
     /// One entity's state came but was refused (it does not decode, or its

@@ -18,7 +18,7 @@ use tokio::sync::broadcast::Receiver;
 use tokio::task::JoinHandle;
 
 const LONG: Duration = Duration::from_secs(30);
-const ASK: Duration = Duration::from_secs(5);
+const ASK: Duration = Duration::from_secs(10);
 const SHARDS: u32 = 24;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -620,7 +620,7 @@ async fn a_state_of_a_newer_version_is_refused_and_its_entity_starts_from_the_fa
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_migration_channel_refuses_bad_requests_and_pulls_from_another_node() {
+async fn the_migration_channel_refuses_garbage_and_a_pull_for_states_it_does_not_keep() {
     let ledger = Ledger::default();
     let nodes = cluster_of(2, &ledger).await;
     let to = nodes[0].cluster.self_address();
@@ -721,6 +721,17 @@ async fn a_new_owner_killed_while_it_pulls_leaves_its_entities_to_start_from_the
     }
     println!("{kept} entities kept their state, {fresh} started afresh on the survivors");
     assert!(kept > 0, "the survivors' pulls went on");
+    // The shards node 2 held moved without a handoff: the survivors that
+    // took them say no state came.
+    let mut without_handoff = 0;
+    for n in &mut nodes {
+        while let Ok(event) = n.events.try_recv() {
+            if matches!(event, MigrationEvent::FellBack { from: None, .. }) {
+                without_handoff += 1;
+            }
+        }
+    }
+    assert!(without_handoff > 0, "no FellBack for node 2's shards");
     stop(&nodes).await;
 }
 

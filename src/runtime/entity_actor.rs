@@ -118,7 +118,14 @@ fn rehydrate<E>(entity: &mut E, args: &mut EntityArgs<E>) -> Result<(), ActorPro
         });
     }
     if panicked {
-        *entity = build(&args.factory, &args.ctx)?;
+        let old = std::mem::replace(entity, build(&args.factory, &args.ctx)?);
+        if std::panic::catch_unwind(AssertUnwindSafe(|| drop(old))).is_err() {
+            tracing::warn!(
+                type_name = args.ctx.type_name(),
+                entity_id = args.ctx.entity_id(),
+                "dropping the half-rehydrated entity panicked too"
+            );
+        }
     }
     Ok(())
 }

@@ -307,6 +307,14 @@ impl Region {
         Region { migration, ..self }
     }
 
+    /// Whether `shard` is hosted here under `generation` or a later one.
+    pub(crate) fn hosts(&self, shard: ShardId, generation: u64) -> bool {
+        self.slots.get(shard.0 as usize).is_some_and(|slot| {
+            let slot = lock(slot);
+            slot.is_local() && slot.generation() >= generation
+        })
+    }
+
     /// The region's way to the cluster, on a cluster.
     pub(crate) fn port(&self) -> Option<&Arc<dyn ClusterPort>> {
         self.cluster.as_ref().map(|c| &c.port)
@@ -837,7 +845,7 @@ impl Region {
             self.migration_event(MigrationEvent::FellBack {
                 type_name: self.type_name,
                 shard,
-                from,
+                from: Some(from),
                 reason,
             });
         }

@@ -102,6 +102,12 @@ fn handle(myself: ActorRef<RegionMsg>, msg: RegionMsg, state: &mut RegionActorSt
                     });
                 } else {
                     tracing::warn!(type_name, %shard, %from, entities, "migrated states fetched for a hosting that did not start (a newer home came meanwhile): dropped");
+                    region.migration_event(MigrationEvent::FellBack {
+                        type_name,
+                        shard,
+                        from: Some(from),
+                        reason: "the states came for a hosting that did not start (a newer home came meanwhile)".into(),
+                    });
                 }
             }
         }
@@ -150,6 +156,21 @@ fn read_then_install(
         return; // being prepared already; it installs once ready
     }
     let fetch = from.zip(region.migration_timeout());
+    if region.hosts(shard, generation) {
+        return; // installed already (this word came while it was)
+    }
+    if from.is_none() && generation > 1 && region.migration_timeout().is_some() {
+        // Allocated before, and moved here without a completed handoff
+        // (its owner lost, or its handoff timed out): no state comes.
+        region.migration_event(MigrationEvent::FellBack {
+            type_name: region.type_name,
+            shard,
+            from: None,
+            reason:
+                "the shard moved without a handoff (its owner was lost, or its handoff timed out)"
+                    .into(),
+        });
+    }
     if region.remember().is_none() && fetch.is_none() {
         region.install_local(shard, generation, None, Vec::new());
         return;
@@ -218,7 +239,7 @@ async fn fetch_states(
             region.migration_event(MigrationEvent::FellBack {
                 type_name,
                 shard,
-                from,
+                from: Some(from),
                 reason,
             });
             (Vec::new(), None)

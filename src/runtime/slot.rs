@@ -791,13 +791,19 @@ impl<E: Clone> Slot<E> {
     }
 
     /// Drops the states kept here for the shard's entities (a newer state
-    /// is elsewhere): their next incarnations start from the factory. How
-    /// many were dropped.
+    /// is elsewhere), and those its entities still stopping would hand
+    /// over (they are taken as an earlier hosting's): their next
+    /// incarnations start from the factory. How many were dropped.
     pub(crate) fn drop_states(&mut self) -> usize {
-        match &mut self.state {
-            State::Local(local) => std::mem::take(&mut local.migrated).len(),
-            _ => 0,
+        let State::Local(local) = &mut self.state else {
+            return 0;
+        };
+        for entry in local.entities.values_mut() {
+            if let Entry::Passivating { earlier, .. } = entry {
+                *earlier = true;
+            }
         }
+        std::mem::take(&mut local.migrated).len()
     }
 
     /// The states the shard's entities handed over, with the home the

@@ -1146,3 +1146,21 @@ fn under_a_limit_only_the_shares_room_of_migrated_entities_starts_at_once() {
         "{calls:?}"
     );
 }
+
+#[test]
+fn states_dropped_for_a_missed_move_include_those_of_entities_still_stopping() {
+    let mut host = Fake::new();
+    let mut slot = hosted(&mut host);
+    deliver(&mut slot, &mut host, "a", 1);
+    deliver(&mut slot, &mut host, "b", 2);
+    slot.hand_off(&mut host, SHARD, 1);
+    slot.entity_stopped(&mut host, SHARD, &id("a"), 1, state(1));
+    // A newer state is elsewhere (this node missed a move): what is kept,
+    // and what "b" (still stopping) will hand over, is not used.
+    assert_eq!(slot.drop_states(), 1);
+    assert!(slot.call_off_handoff(&mut host, SHARD).is_empty());
+    host.calls();
+    slot.entity_stopped(&mut host, SHARD, &id("b"), 2, state(2));
+    deliver(&mut slot, &mut host, "b", 3);
+    assert_eq!(host.calls(), [spawn("b", 3), Call::Send(3, 3)]);
+}

@@ -96,6 +96,9 @@ struct Coverage {
     /// Shards installed after a handoff without the states their old
     /// owner kept (it crashed, was unreachable, or never had them).
     fell_back: u64,
+    /// Homes naming an old owner for a shard hosted here already (its
+    /// kept states dropped, none pulled).
+    hosted_before_pull: u64,
     /// The longest a settle took to process (or lose) every message.
     slowest_settle: Duration,
 }
@@ -673,7 +676,7 @@ impl LocalRegions for Region {
                 && home.generation >= slot.generation()
             {
                 slot.drop_states();
-                cover(|c| c.fell_back += 1);
+                cover(|c| c.hosted_before_pull += 1);
             }
             let (change, undelivered) = slot.set_home(host, ShardId(shard), home, me, false);
             host.failed(undelivered);
