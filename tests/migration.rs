@@ -4,9 +4,9 @@
 //! event saying why, when the old owner dies before the state came. Real
 //! clusters on 127.0.0.1 ports, in one process.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -15,7 +15,6 @@ use datum_cluster_sharding::prelude::*;
 use datum_cluster_sharding::sharding::RebalanceReason;
 use datum_cluster_sharding::{MigrationEvent, ShardId};
 use tokio::sync::broadcast::Receiver;
-use tokio::task::JoinHandle;
 
 const LONG: Duration = Duration::from_secs(30);
 const ASK: Duration = Duration::from_secs(10);
@@ -179,96 +178,14 @@ fn balanced(counts: &[usize]) -> bool {
     matches!((min, max), (Some(min), Some(max)) if max - min <= 1)
 }
 
-/// Awaiting senders: each writer appends 1, 2, 3, … to its own entities,
-/// one ask at a time, retrying a failed ask.
-struct Writers {
-    ids: Vec<String>,
-    stop: Arc<AtomicBool>,
-    rounds: Arc<AtomicU64>,
-    tasks: Vec<JoinHandle<Written>>,
-}
+#[path = "../protocols/writers.rs"]
+mod writers;
 
-/// What a writer sent last to each of its entities, and the errors it retried.
-type Written = (BTreeMap<String, u64>, Vec<ShardingError>);
+/// The writers of `protocols/writers.rs` on `Tally`.
+type Writers = writers::Writers<Tally>;
 
-impl Writers {
-    fn start(system: &ShardedSystem, prefix: &str, writers: usize, per_writer: usize) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let rounds = Arc::new(AtomicU64::new(0));
-        let mut tasks = Vec::new();
-        let mut all = Vec::new();
-        for w in 0..writers {
-            let ids: Vec<String> = (0..per_writer)
-                .map(|k| format!("{prefix}-{w}-{k}"))
-                .collect();
-            all.extend(ids.iter().cloned());
-            let (system, stop, rounds) = (system.clone(), stop.clone(), rounds.clone());
-            tasks.push(tokio::spawn(async move {
-                let mut last = BTreeMap::new();
-                let mut errors = Vec::new();
-                let mut seq = 0;
-                while !stop.load(Ordering::Acquire) {
-                    seq += 1;
-                    for id in &ids {
-                        let entity = system.entity_ref::<Tally>(id.as_str());
-                        let deadline = Instant::now() + LONG;
-                        loop {
-                            match entity.ask(Append(seq), ASK).await {
-                                Ok(_) => break,
-                                Err(error) => {
-                                    assert!(
-                                        Instant::now() < deadline,
-                                        "{id} never answered: {errors:?}"
-                                    );
-                                    errors.push(error);
-                                    tokio::time::sleep(Duration::from_millis(10)).await;
-                                }
-                            }
-                        }
-                        last.insert(id.clone(), seq);
-                    }
-                    rounds.fetch_add(1, Ordering::AcqRel);
-                }
-                (last, errors)
-            }));
-        }
-        Writers {
-            ids: all,
-            stop,
-            rounds,
-            tasks,
-        }
-    }
-
-    /// How many shards the writers' entities fall in.
-    fn shards(&self, system: &ShardedSystem) -> usize {
-        self.ids
-            .iter()
-            .map(|id| system.entity_ref::<Tally>(id.as_str()).shard_id())
-            .collect::<BTreeSet<_>>()
-            .len()
-    }
-
-    /// Waits until every writer has done `more` further rounds.
-    async fn run_for(&self, more: u64) {
-        let target = self.rounds.load(Ordering::Acquire) + more * self.tasks.len() as u64;
-        wait_for("writer rounds", || {
-            self.rounds.load(Ordering::Acquire) >= target
-        })
-        .await;
-    }
-
-    async fn finish(self) -> Written {
-        self.stop.store(true, Ordering::Release);
-        let mut last = BTreeMap::new();
-        let mut errors = Vec::new();
-        for task in self.tasks {
-            let (l, e) = task.await.expect("writer");
-            last.extend(l);
-            errors.extend(e);
-        }
-        (last, errors)
-    }
+fn writers(system: &ShardedSystem, prefix: &str, writers: usize, per_writer: usize) -> Writers {
+    Writers::start(system, prefix, (writers, per_writer), Append, ASK)
 }
 
 /// Every entity handled exactly 1..=last (the ledger), and its own memory
@@ -331,7 +248,7 @@ fn only_shutting_down(errors: &[ShardingError]) {
 async fn entities_keep_their_state_through_a_rebalance_after_a_join() {
     let ledger = Ledger::default();
     let mut nodes = cluster_of(3, &ledger).await;
-    let writers = Writers::start(&nodes[1].system, "join", 6, 8);
+    let writers = writers(&nodes[1].system, "join", 6, 8);
     writers.run_for(3).await;
     let allocated = writers.shards(&nodes[0].system);
     wait_for("every written shard hosted", || {
@@ -371,7 +288,7 @@ async fn entities_keep_their_state_through_a_graceful_leave() {
     let ledger = Ledger::default();
     let mut nodes = cluster_of(3, &ledger).await;
     let writers: Vec<Writers> = (0..2)
-        .map(|i| Writers::start(&nodes[i].system, &format!("leave{i}"), 4, 8))
+        .map(|i| writers(&nodes[i].system, &format!("leave{i}"), 4, 8))
         .collect();
     for w in &writers {
         w.run_for(3).await;
@@ -417,7 +334,7 @@ async fn entities_keep_their_state_through_ten_rolling_restarts() {
     // The writers run on node 0, which stays (it coordinates); the oldest
     // of the others restarts each time: a graceful leave, and a new
     // incarnation joins.
-    let writers = Writers::start(&nodes[0].system, "rolling", 4, 6);
+    let writers = writers(&nodes[0].system, "rolling", 4, 6);
     writers.run_for(2).await;
     let allocated = writers.shards(&nodes[0].system);
     let mut others = Vec::new();

@@ -5,7 +5,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -13,7 +12,6 @@ use datum_cluster_sharding::cluster::{ClusterConfig, ClusterNode};
 use datum_cluster_sharding::membership::MemberStatus;
 use datum_cluster_sharding::prelude::*;
 use datum_cluster_sharding::sharding::{RebalanceReason, RebalanceRound};
-use tokio::task::JoinHandle;
 
 const LONG: Duration = Duration::from_secs(30);
 const ASK: Duration = Duration::from_secs(5);
@@ -242,97 +240,14 @@ fn balanced(counts: &[usize]) -> bool {
     matches!((min, max), (Some(min), Some(max)) if max - min <= 1)
 }
 
-/// Awaiting senders: each writer appends 1, 2, 3, … to its own entities,
-/// one ask at a time, retrying a failed ask (so an ask that failed although
-/// it was processed shows as a duplicate in the entity's log).
-struct Writers {
-    ids: Vec<String>,
-    stop: Arc<AtomicBool>,
-    rounds: Arc<AtomicU64>,
-    tasks: Vec<JoinHandle<Written>>,
-}
+#[path = "../protocols/writers.rs"]
+mod writers;
 
-/// What a writer sent last to each of its entities, and the errors it retried.
-type Written = (BTreeMap<String, u64>, Vec<ShardingError>);
+/// The writers of `protocols/writers.rs` on `Seq`.
+type Writers = writers::Writers<Seq>;
 
-impl Writers {
-    fn start(system: &ShardedSystem, prefix: &str, writers: usize, per_writer: usize) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let rounds = Arc::new(AtomicU64::new(0));
-        let mut tasks = Vec::new();
-        let mut all = Vec::new();
-        for w in 0..writers {
-            let ids: Vec<String> = (0..per_writer)
-                .map(|k| format!("{prefix}-{w}-{k}"))
-                .collect();
-            all.extend(ids.iter().cloned());
-            let (system, stop, rounds) = (system.clone(), stop.clone(), rounds.clone());
-            tasks.push(tokio::spawn(async move {
-                let mut last = BTreeMap::new();
-                let mut errors = Vec::new();
-                let mut seq = 0;
-                while !stop.load(Ordering::Acquire) {
-                    seq += 1;
-                    for id in &ids {
-                        let entity = system.entity_ref::<Seq>(id.as_str());
-                        let deadline = Instant::now() + LONG;
-                        loop {
-                            match entity.ask(Append(seq), ASK).await {
-                                Ok(_) => break,
-                                Err(error) => {
-                                    assert!(
-                                        Instant::now() < deadline,
-                                        "{id} never answered: {errors:?}"
-                                    );
-                                    errors.push(error);
-                                    tokio::time::sleep(Duration::from_millis(10)).await;
-                                }
-                            }
-                        }
-                        last.insert(id.clone(), seq);
-                    }
-                    rounds.fetch_add(1, Ordering::AcqRel);
-                }
-                (last, errors)
-            }));
-        }
-        Writers {
-            ids: all,
-            stop,
-            rounds,
-            tasks,
-        }
-    }
-
-    /// How many shards the writers' entities fall in.
-    fn shards(&self, system: &ShardedSystem) -> usize {
-        self.ids
-            .iter()
-            .map(|id| system.entity_ref::<Seq>(id.as_str()).shard_id())
-            .collect::<BTreeSet<_>>()
-            .len()
-    }
-
-    /// Waits until every writer has done `more` further rounds.
-    async fn run_for(&self, more: u64) {
-        let target = self.rounds.load(Ordering::Acquire) + more * self.tasks.len() as u64;
-        wait_for("writer rounds", || {
-            self.rounds.load(Ordering::Acquire) >= target
-        })
-        .await;
-    }
-
-    async fn finish(self) -> Written {
-        self.stop.store(true, Ordering::Release);
-        let mut last = BTreeMap::new();
-        let mut errors = Vec::new();
-        for task in self.tasks {
-            let (l, e) = task.await.expect("writer");
-            last.extend(l);
-            errors.extend(e);
-        }
-        (last, errors)
-    }
+fn writers(system: &ShardedSystem, prefix: &str, writers: usize, per_writer: usize) -> Writers {
+    Writers::start(system, prefix, (writers, per_writer), Append, ASK)
 }
 
 /// Every entity handled exactly 1..=last, across its moves: nothing lost,
@@ -355,7 +270,7 @@ fn spread_rounds(rounds: &[RebalanceRound]) -> Vec<&RebalanceRound> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fourth_node_joins_under_traffic_and_gets_its_share_in_capped_rounds() {
     let mut nodes = cluster_of(3).await;
-    let writers = Writers::start(&nodes[1].system, "join", 8, 8);
+    let writers = writers(&nodes[1].system, "join", 8, 8);
     writers.run_for(3).await;
     let systems: Vec<&ShardedSystem> = nodes.iter().map(|n| &n.system).collect();
     let allocated = writers.shards(&nodes[0].system);
@@ -423,7 +338,7 @@ async fn a_fourth_node_joins_under_traffic_and_gets_its_share_in_capped_rounds()
 async fn a_graceful_leave_under_traffic_loses_nothing() {
     let nodes = cluster_of(3).await;
     let writers: Vec<Writers> = (0..2)
-        .map(|i| Writers::start(&nodes[i].system, &format!("leave{i}"), 4, 8))
+        .map(|i| writers(&nodes[i].system, &format!("leave{i}"), 4, 8))
         .collect();
     for w in &writers {
         w.run_for(3).await;
@@ -471,7 +386,7 @@ async fn a_rolling_restart_behind_a_proxy_loses_nothing_and_moves_shards_a_bound
     // The client: a proxy-only region on a fourth node, which routes and
     // hosts nothing.
     let (proxy_cluster, proxy) = join_proxy(&nodes).await;
-    let writers = Writers::start(&proxy, "rolling", 8, 8);
+    let writers = writers(&proxy, "rolling", 8, 8);
     writers.run_for(3).await;
     let ledger = nodes[0].ledger.clone();
     let allocated = writers.shards(&proxy);
@@ -550,8 +465,8 @@ async fn a_rolling_restart_behind_a_proxy_loses_nothing_and_moves_shards_a_bound
 async fn graceful_leaves_by_node_shutdown_alone_fail_no_ask_and_process_nothing_twice() {
     let mut nodes = cluster_of(3).await;
     let (proxy_cluster, proxy) = join_proxy(&nodes).await;
-    let from_proxy = Writers::start(&proxy, "bare-p", 6, 8);
-    let from_coordinator = Writers::start(&nodes[0].system, "bare-c", 2, 8);
+    let from_proxy = writers(&proxy, "bare-p", 6, 8);
+    let from_coordinator = writers(&nodes[0].system, "bare-c", 2, 8);
     from_proxy.run_for(2).await;
     let ledger = nodes[0].ledger.clone();
     let mut rounds: Vec<RebalanceRound> = Vec::new();

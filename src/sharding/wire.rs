@@ -508,6 +508,8 @@ mod tests {
         assert!(matches!(home, ControlMsg::Home { from: None, .. }));
     }
 
+    /// §13.2's `Home{type_name: "tally", shard: 5, owner: ORIGIN,
+    /// generation: 3, epoch: 2}`.
     fn spec_home_without_from() -> String {
         format!(
             "a1 64 48 6f 6d 65
@@ -548,15 +550,7 @@ mod tests {
             epoch: 2,
             from: None,
         };
-        let spec = format!(
-            "a1 64 48 6f 6d 65
-             a5 69 74 79 70 65 5f 6e 61 6d 65 65 74 61 6c 6c 79
-             65 73 68 61 72 64 05
-             65 6f 77 6e 65 72 {ORIGIN}
-             6a 67 65 6e 65 72 61 74 69 6f 6e 03
-             65 65 70 6f 63 68 02"
-        );
-        assert_eq!(home.encode(), hex(&spec));
+        assert_eq!(home.encode(), hex(&spec_home_without_from()));
         // A home in a table or registration is an array [shard, owner, generation].
         let table = ControlMsg::Table {
             type_name: "tally".into(),

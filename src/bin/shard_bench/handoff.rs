@@ -142,6 +142,19 @@ async fn run_variant(migrate: bool, entities: u64) -> Result<Moved, Box<dyn std:
         }
         nodes.push(Node { cluster, system });
     }
+    // Every region registered with the coordinator before the fill (a
+    // region it has not heard of yet is given no shard): probe until node 2
+    // has been given one.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut probe = 0;
+    while nodes[2].system.hosted_shards::<Blob>() == 0 {
+        if Instant::now() > deadline {
+            return Err("node 2 was never given a shard".into());
+        }
+        let entity = nodes[0].system.entity_ref::<Blob>(format!("probe-{probe}"));
+        entity.ask(Check, ASK).await?;
+        probe += 1;
+    }
     // Fill every entity from node 0.
     let filler = nodes[0].system.clone();
     let filled: Vec<Result<(), ShardingError>> = futures_util::stream::iter(0..entities)
