@@ -1116,6 +1116,25 @@ impl<S: RememberEntitiesStore, J> ShardedSystem<S, J> {
             .await
     }
 
+    /// Registers `E` as a remembered entity type, as
+    /// [`register_remembered`](Self::register_remembered), whose live
+    /// entities' states move with their shard on a graceful move (SPEC
+    /// §13.16): on the new owner each remembered entity whose state came
+    /// starts from it at once, the others are respawned as usual.
+    pub async fn register_remembered_migratable<E>(
+        &self,
+        factory: impl Fn(&EntityContext) -> E + Send + Sync + 'static,
+    ) -> ShardingResult<()>
+    where
+        E: Migratable,
+        E::Protocol: Dispatch<E>,
+    {
+        let remember = Some(self.remember()?);
+        let migration = Some(Migration::of());
+        self.register_spawned::<E>(Arc::new(factory), remember, None, migration)
+            .await
+    }
+
     /// The write-behind queue, started on first use.
     fn remember(&self) -> ShardingResult<Arc<Remember>> {
         let mut slot = self

@@ -1023,3 +1023,84 @@ async fn the_store_stays_the_truth_when_another_writer_wrote_before_the_move() {
     assert_eq!((replayed, loaded), (1, 1));
     assert_eq!(refused(&events).len(), 1, "{events:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remembered_entities_come_back_on_the_new_owner_with_their_state() {
+    let ledger = Ledger::default();
+    let store = InMemoryStore::new();
+    let first = start_cluster_node(vec![]).await;
+    let mut clusters = vec![first.clone()];
+    for _ in 1..3 {
+        clusters.push(start_cluster_node(vec![first.bound_addr()]).await);
+    }
+    wait_up(&clusters.iter().collect::<Vec<_>>(), 3).await;
+    let mut systems = Vec::new();
+    for (i, cluster) in clusters.iter().enumerate() {
+        let system = ShardedSystem::builder()
+            .config(
+                ShardingConfig::builder()
+                    .num_shards(SHARDS)
+                    .passivation_idle_timeout(None)
+                    .build(),
+            )
+            .node(cluster.clone())
+            .store(store.clone())
+            .start()
+            .await
+            .expect("system starts");
+        let (node, ledger) = (format!("node-{i}"), ledger.clone());
+        system
+            .register_remembered_migratable::<TallyEntity>(move |ctx| TallyEntity {
+                node: node.clone(),
+                id: ctx.entity_id().to_owned(),
+                log: Vec::new(),
+                ledger: ledger.clone(),
+            })
+            .await
+            .expect("registered");
+        systems.push(system);
+    }
+    let mut ids = Vec::new();
+    for k in 0..200 {
+        let id = format!("remembered-{k}");
+        let entity = systems[0].entity_ref::<Tally>(id.as_str());
+        if entity.ask(Where, ASK).await.expect("where") == "node-2" {
+            entity.ask(Append(1), ASK).await.expect("append");
+            ids.push(id);
+        }
+        if ids.len() == 20 {
+            break;
+        }
+    }
+    for system in &systems {
+        system.flush_remember_entities().await.expect("flushed");
+    }
+    systems[2].shutdown().await;
+    // Live again on the survivors without a message, each with its state.
+    let moved: std::collections::BTreeSet<ShardId> = ids
+        .iter()
+        .map(|id| systems[0].entity_ref::<Tally>(id.as_str()).shard_id())
+        .collect();
+    wait_for("the moved entities live on the survivors", || {
+        let live: usize = moved
+            .iter()
+            .map(|s| systems[0].live_entities::<Tally>(*s) + systems[1].live_entities::<Tally>(*s))
+            .sum();
+        live >= ids.len()
+    })
+    .await;
+    for id in &ids {
+        let entity = systems[0].entity_ref::<Tally>(id.as_str());
+        assert_eq!(
+            entity.ask(Entries, ASK).await.expect("entries"),
+            vec![1],
+            "{id}"
+        );
+    }
+    for system in &systems[..2] {
+        system.shutdown().await;
+    }
+    for cluster in &clusters {
+        let _ = cluster.shutdown().await;
+    }
+}
