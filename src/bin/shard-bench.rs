@@ -152,6 +152,12 @@ struct Args {
     /// `--features tls`), the three nodes' certificates from a throwaway CA.
     #[arg(long)]
     tls: bool,
+    /// W1 and W1-sat in one process: a Prometheus recorder
+    /// (metrics-exporter-prometheus, histograms as buckets from 50 µs to
+    /// 10 s) installed, so every metric of SPEC §14 is recorded; the run
+    /// renders it once at the end.
+    #[arg(long)]
+    prometheus: bool,
     /// Handoff only: entities in all (node 2 hosts about a third, which
     /// move).
     #[arg(long, default_value_t = 30_000)]
@@ -390,7 +396,19 @@ async fn run_w1(
     in_flight: usize,
     label: &str,
     tls: bool,
+    prometheus: bool,
 ) -> Result<(serde_json::Value, bool), Box<dyn std::error::Error>> {
+    let recorder = if prometheus {
+        // Histograms as buckets (50 µs to 10 s), as an operator would
+        // configure them: the default summaries keep every sample until
+        // the next scrape.
+        let buckets: Vec<f64> = (0..19).map(|i| 50e-6 * 2f64.powi(i)).collect();
+        let builder =
+            metrics_exporter_prometheus::PrometheusBuilder::new().set_buckets(&buckets)?;
+        Some(builder.install_recorder()?)
+    } else {
+        None
+    };
     let checks = Arc::new(Checks::default());
     let (_certificates, tls) = bench_tls(tls)?;
     let nodes = cluster("shard-bench", &checks, false, &tls).await?;
@@ -408,6 +426,16 @@ async fn run_w1(
     json["in_flight_per_driver"] = in_flight.into();
     json["peak_rss_kib"] = peak_rss_kib().into();
     json["tls"] = (!tls.is_empty()).into();
+    if let Some(recorder) = recorder {
+        // One scrape, so the run shows the recorder saw the metrics.
+        let text = recorder.render();
+        let asks = text
+            .lines()
+            .filter(|l| l.starts_with("datum_asks_total"))
+            .count();
+        json["prometheus_bytes"] = text.len().into();
+        json["prometheus_ask_series"] = asks.into();
+    }
     Ok((json, run.correct()))
 }
 
@@ -753,6 +781,12 @@ fn main() -> ExitCode {
             16
         });
     let w1 = matches!(args.workload, Workload::W1 | Workload::W1Sat);
+    if args.prometheus && (!w1 || args.mode == Mode::MultiProcess || args.pairs.is_some()) {
+        eprintln!(
+            "shard-bench: --prometheus runs w1 and w1-sat in one process (compare with farm-bench)"
+        );
+        return ExitCode::from(2);
+    }
     if args.tls && (!w1 || args.mode == Mode::MultiProcess || args.pairs.is_some()) {
         eprintln!("shard-bench: --tls runs w1 and w1-sat in one process (compare with farm-bench)");
         return ExitCode::from(2);
@@ -804,8 +838,17 @@ fn main() -> ExitCode {
 
 async fn in_process(args: Args, in_flight: usize) -> ExitCode {
     let result = match args.workload {
-        Workload::W1 => run_w1(args.messages, in_flight, "w1", args.tls).await,
-        Workload::W1Sat => run_w1(args.messages, in_flight, "w1-sat", args.tls).await,
+        Workload::W1 => run_w1(args.messages, in_flight, "w1", args.tls, args.prometheus).await,
+        Workload::W1Sat => {
+            run_w1(
+                args.messages,
+                in_flight,
+                "w1-sat",
+                args.tls,
+                args.prometheus,
+            )
+            .await
+        }
         Workload::Transport => run_transport(args.messages, in_flight).await,
         Workload::W2 => {
             run_w2(
