@@ -135,17 +135,34 @@ async fn wait_up(clusters: &[&ClusterNode], n: usize) {
 
 /// `n` hosting nodes, all Up, sharing `ledger`.
 async fn cluster_of(n: usize, ledger: &Ledger) -> Vec<Node> {
+    let clusters = clusters_of(n).await;
+    let mut nodes = Vec::new();
+    for (i, cluster) in clusters.into_iter().enumerate() {
+        nodes.push(host(cluster, &format!("node-{i}"), ledger).await);
+    }
+    nodes
+}
+
+/// `n` cluster nodes on 127.0.0.1, all Up.
+async fn clusters_of(n: usize) -> Vec<ClusterNode> {
     let first = start_cluster_node(vec![]).await;
     let mut clusters = vec![first.clone()];
     for _ in 1..n {
         clusters.push(start_cluster_node(vec![first.bound_addr()]).await);
     }
     wait_up(&clusters.iter().collect::<Vec<_>>(), n).await;
-    let mut nodes = Vec::new();
-    for (i, cluster) in clusters.into_iter().enumerate() {
-        nodes.push(host(cluster, &format!("node-{i}"), ledger).await);
-    }
-    nodes
+    clusters
+}
+
+/// A system builder on `cluster`: `SHARDS` shards, no idle passivation.
+fn builder_on(cluster: &ClusterNode) -> datum_cluster_sharding::ShardedSystemBuilder {
+    let config = ShardingConfig::builder()
+        .num_shards(SHARDS)
+        .passivation_idle_timeout(None)
+        .build();
+    ShardedSystem::builder()
+        .config(config)
+        .node(cluster.clone())
 }
 
 async fn stop(nodes: &[Node]) {
@@ -482,16 +499,7 @@ async fn a_state_of_a_newer_version_is_refused_and_its_entity_starts_from_the_fa
     let mut nodes = cluster_of(1, &ledger).await;
     let newer = start_cluster_node(vec![nodes[0].cluster.bound_addr()]).await;
     wait_up(&[&nodes[0].cluster, &newer], 2).await;
-    let config = ShardingConfig::builder()
-        .num_shards(SHARDS)
-        .passivation_idle_timeout(None)
-        .build();
-    let system = ShardedSystem::builder()
-        .config(config)
-        .node(newer.clone())
-        .start()
-        .await
-        .expect("system starts");
+    let system = builder_on(&newer).start().await.expect("system starts");
     let ledger2 = ledger.clone();
     system
         .register_migratable::<TallyV2>(move |ctx| {
@@ -830,22 +838,10 @@ fn cbor<T: Serialize>(value: &T) -> Vec<u8> {
 /// survivors, and checks the sums.
 async fn durable_leave(migrate: bool, outside: bool) -> (u64, u64, Vec<MigrationEvent>) {
     let store = CountingStore::default();
-    let first = start_cluster_node(vec![]).await;
-    let mut clusters = vec![first.clone()];
-    for _ in 1..3 {
-        clusters.push(start_cluster_node(vec![first.bound_addr()]).await);
-    }
-    wait_up(&clusters.iter().collect::<Vec<_>>(), 3).await;
+    let clusters = clusters_of(3).await;
     let (mut systems, mut events) = (Vec::new(), Vec::new());
     for (i, cluster) in clusters.iter().enumerate() {
-        let system = ShardedSystem::builder()
-            .config(
-                ShardingConfig::builder()
-                    .num_shards(SHARDS)
-                    .passivation_idle_timeout(None)
-                    .build(),
-            )
-            .node(cluster.clone())
+        let system = builder_on(cluster)
             .journal(store.clone())
             .start()
             .await
@@ -1028,22 +1024,10 @@ async fn the_store_stays_the_truth_when_another_writer_wrote_before_the_move() {
 async fn remembered_entities_come_back_on_the_new_owner_with_their_state() {
     let ledger = Ledger::default();
     let store = InMemoryStore::new();
-    let first = start_cluster_node(vec![]).await;
-    let mut clusters = vec![first.clone()];
-    for _ in 1..3 {
-        clusters.push(start_cluster_node(vec![first.bound_addr()]).await);
-    }
-    wait_up(&clusters.iter().collect::<Vec<_>>(), 3).await;
+    let clusters = clusters_of(3).await;
     let mut systems = Vec::new();
     for (i, cluster) in clusters.iter().enumerate() {
-        let system = ShardedSystem::builder()
-            .config(
-                ShardingConfig::builder()
-                    .num_shards(SHARDS)
-                    .passivation_idle_timeout(None)
-                    .build(),
-            )
-            .node(cluster.clone())
+        let system = builder_on(cluster)
             .store(store.clone())
             .start()
             .await
