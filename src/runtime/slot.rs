@@ -1083,7 +1083,12 @@ impl<E: Clone> LocalShard<E> {
         self.make_room(host, shard, entity_id);
         self.last_incarnation += 1;
         let incarnation = self.last_incarnation;
-        let state = self.migrated.remove(entity_id);
+        // (Empty unless the type migrates: no hashing on every spawn.)
+        let state = if self.migrated.is_empty() {
+            None
+        } else {
+            self.migrated.remove(entity_id)
+        };
         let actor = match host.spawn(shard, self.generation, entity_id, incarnation, state) {
             Ok(actor) => actor,
             Err(e) => {
@@ -1300,7 +1305,10 @@ impl<E: Clone> LocalShard<E> {
         // A state kept for this id (handed over by a handoff called off,
         // or migrated in while an earlier incarnation finished) starts the
         // next incarnation at once: it was live.
-        if self.handoff.is_none() && self.migrated.contains_key(entity_id) {
+        if self.handoff.is_none()
+            && !self.migrated.is_empty()
+            && self.migrated.contains_key(entity_id)
+        {
             self.start_from_state(host, shard, entity_id);
         }
         let undelivered = match removed {
