@@ -65,6 +65,8 @@ mod error;
 mod extractor;
 pub mod guarantees;
 pub mod identity;
+#[cfg(feature = "management")]
+pub mod management;
 pub mod membership;
 pub mod persistence;
 mod protocol;

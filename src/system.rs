@@ -253,6 +253,23 @@ impl Shared {
         self.stopped.load(Ordering::Acquire)
     }
 
+    /// `shutdown` has begun: the graceful leave hands the shards off.
+    #[cfg(feature = "management")]
+    pub(crate) fn is_leaving(&self) -> bool {
+        self.leaving.load(Ordering::Acquire)
+    }
+
+    /// The coordinator as this node sees it (`None` without a cluster node).
+    pub(crate) fn coordinator_status(&self) -> Option<crate::sharding::CoordinatorStatus> {
+        let link = self.cluster.as_ref()?;
+        Some(
+            link.coordinator
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+        )
+    }
+
     /// The system can no longer serve (its node is out of the cluster): no
     /// new type may register, new refs are refused.
     pub(crate) fn mark_stopped(&self) {
@@ -888,13 +905,14 @@ impl<S, J> ShardedSystem<S, J> {
     /// cluster node. `cluster_sharding_stats` has the coordinator's own
     /// answer.
     pub fn sharding_coordinator(&self) -> Option<crate::sharding::CoordinatorStatus> {
-        let link = self.shared.cluster.as_ref()?;
-        Some(
-            link.coordinator
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone(),
-        )
+        self.shared.coordinator_status()
+    }
+
+    /// The shared state, held weakly (the management endpoint must not
+    /// keep a dropped system alive).
+    #[cfg(feature = "management")]
+    pub(crate) fn downgrade(&self) -> std::sync::Weak<Shared> {
+        Arc::downgrade(&self.shared)
     }
 
     /// How many shards of protocol `P` this node hosts now.

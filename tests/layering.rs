@@ -30,6 +30,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("system", 8),
     ("private", 8),
     ("guarantees", 8),
+    ("management", 9),
     ("lib", 9),
 ];
 

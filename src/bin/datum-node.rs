@@ -201,6 +201,14 @@ struct Args {
     /// node address, as an IP subject alternative name).
     #[arg(long, env = "DATUM_TLS_PEER_NAME", requires = "tls_cert")]
     tls_peer_name: Option<String>,
+
+    /// Serve the management endpoint on this address (needs a build with
+    /// `--features management`): `/alive` and `/ready` probes,
+    /// `/cluster/members`, `/cluster/shards/{type}` and `/metrics`
+    /// (Prometheus text). Port 0 picks a free port; the
+    /// `management_listening` line tells which.
+    #[arg(long, env = "DATUM_MANAGEMENT_ADDR")]
+    management_addr: Option<SocketAddr>,
 }
 
 /// `datum-node certs`: a test CA and node certificates.
@@ -276,6 +284,50 @@ fn tls(args: &Args) -> Result<Option<datum_cluster_sharding::transport::Tls>, St
         let _ = (cert, key, ca);
         Err("--tls-cert needs a build with `--features tls`".into())
     }
+}
+
+/// With `--management-addr`: the Prometheus recorder, installed before the
+/// node starts so that every metric of the node registers with it.
+#[cfg(feature = "management")]
+type Recorder = metrics_exporter_prometheus::PrometheusHandle;
+/// Without the `management` feature there is none.
+#[cfg(not(feature = "management"))]
+type Recorder = std::convert::Infallible;
+
+/// Installs the process's Prometheus recorder when `--management-addr` asks
+/// for the endpoint.
+fn recorder(args: &Args) -> Result<Option<Recorder>, String> {
+    if args.management_addr.is_none() {
+        return Ok(None);
+    }
+    #[cfg(feature = "management")]
+    {
+        metrics_exporter_prometheus::PrometheusBuilder::new()
+            .install_recorder()
+            .map(Some)
+            .map_err(|e| e.to_string())
+    }
+    #[cfg(not(feature = "management"))]
+    Err("--management-addr needs a build with `--features management`".into())
+}
+
+/// Serves the management endpoint at `addr` for `node` (and its system).
+#[cfg(feature = "management")]
+async fn serve_management(
+    addr: SocketAddr,
+    node: &ClusterNode,
+    system: Option<&Hosted>,
+    recorder: Recorder,
+) -> std::io::Result<datum_cluster_sharding::management::ManagementServer> {
+    use datum_cluster_sharding::management::Management;
+    let mut management = Management::new(node.clone()).prometheus(recorder);
+    match system {
+        Some(Hosted::Counter(system)) => management = management.system(system),
+        #[cfg(feature = "postgres")]
+        Some(Hosted::Journaled(system)) => management = management.system(system),
+        None => {}
+    }
+    management.serve(addr).await
 }
 
 /// The seed addresses (a newtype so clap takes the whole list as one value).
@@ -394,6 +446,13 @@ fn init_logging() {
 
 async fn run(args: Args) -> ExitCode {
     let started = Instant::now();
+    let recorder = match recorder(&args) {
+        Ok(recorder) => recorder,
+        Err(error) => {
+            eprintln!("datum-node: cannot serve the management endpoint: {error}");
+            return ExitCode::from(EXIT_START_FAILED);
+        }
+    };
     let tls = match tls(&args) {
         Ok(tls) => tls,
         Err(error) => {
@@ -459,6 +518,30 @@ async fn run(args: Args) -> ExitCode {
     } else {
         None
     };
+    // Kept until the node has left: `/ready` answers 503 while it leaves.
+    #[cfg(feature = "management")]
+    let _management = match (args.management_addr, recorder) {
+        (Some(addr), Some(recorder)) => {
+            match serve_management(addr, &node, system.as_ref(), recorder).await {
+                Ok(server) => {
+                    emit(&Listening::new(server.local_addr(), started));
+                    Some(server)
+                }
+                Err(error) => {
+                    eprintln!(
+                        "datum-node: cannot serve the management endpoint on {addr}: {error}"
+                    );
+                    node.crash().await;
+                    return ExitCode::from(EXIT_START_FAILED);
+                }
+            }
+        }
+        _ => None,
+    };
+    #[cfg(not(feature = "management"))]
+    if let Some(never) = recorder {
+        match never {}
+    }
     let mut stats = tokio::time::interval(Duration::from_millis(args.stats_ms.max(1)));
     let print_stats = system.is_some() && args.stats_ms > 0;
     let drive = match &system {
@@ -996,6 +1079,26 @@ impl<'a> Line<'a> {
             previous: None,
             reason: None,
             t_ms,
+        }
+    }
+}
+
+/// The line saying where the management endpoint listens.
+#[cfg(feature = "management")]
+#[derive(Debug, Serialize)]
+struct Listening {
+    event: &'static str,
+    addr: String,
+    t_ms: u64,
+}
+
+#[cfg(feature = "management")]
+impl Listening {
+    fn new(addr: SocketAddr, started: Instant) -> Self {
+        Listening {
+            event: "management_listening",
+            addr: addr.to_string(),
+            t_ms: ms_since(started),
         }
     }
 }

@@ -293,6 +293,12 @@ impl ClusterNode {
         self.inner.state.borrow().clone()
     }
 
+    /// Whether the node's driver still runs: false once it has stopped —
+    /// downed, removed, shut down or crashed.
+    pub fn is_running(&self) -> bool {
+        self.inner.state.has_changed().is_ok()
+    }
+
     /// A watch of the membership state, updated after every change.
     pub fn watch_state(&self) -> watch::Receiver<MembershipState> {
         self.inner.state.clone()

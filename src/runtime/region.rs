@@ -199,6 +199,17 @@ pub struct Passivations {
     pub explicit: u64,
 }
 
+/// Where one shard lives, as this node's region knows it
+/// ([`ShardRegionState::placements`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ShardPlacement {
+    /// The node hosting the shard; `None` when it is this node.
+    pub owner: Option<crate::identity::UniqueAddress>,
+    /// The allocation generation the home came with (0 on a single node).
+    pub generation: u64,
+}
+
 /// One region's state on this node, as
 /// [`ShardedSystem::shard_region_state`](crate::ShardedSystem::shard_region_state)
 /// reports it.
@@ -234,6 +245,10 @@ pub struct ShardRegionState {
     pub entity_limit: Option<usize>,
     /// Passivations of live entities so far, by cause.
     pub passivations: Passivations,
+    /// Every shard this region knows a home for — hosted here or on
+    /// another node — with its generation. A shard not listed has no home
+    /// known here yet (no message has asked for it).
+    pub placements: std::collections::BTreeMap<ShardId, ShardPlacement>,
 }
 
 /// What a region needs to know of its protocol.
@@ -939,10 +954,14 @@ impl Region {
         let mut respawning = std::collections::BTreeSet::new();
         let mut failed = std::collections::BTreeSet::new();
         let mut buffered = 0;
+        let mut placements = std::collections::BTreeMap::new();
         for (i, slot) in self.slots.iter().enumerate() {
             let shard = ShardId(i as u32);
             let summary = lock(slot).summary();
             buffered += summary.buffered;
+            if let Some((owner, generation)) = summary.home {
+                placements.insert(shard, ShardPlacement { owner, generation });
+            }
             if summary.handing_off {
                 handing_off.insert(shard);
             }
@@ -974,6 +993,7 @@ impl Region {
                 explicit: self.passivated[PassivationCause::Explicit as usize]
                     .load(Ordering::Relaxed),
             },
+            placements,
         }
     }
 

@@ -298,6 +298,10 @@ pub(crate) struct SlotSummary {
     pub(crate) respawning: bool,
     /// Messages waiting in the slot's buffers.
     pub(crate) buffered: usize,
+    /// Where the slot knows the shard lives: here (`None` inside), on
+    /// another node, or nowhere yet (the outer `None`); with the
+    /// allocation generation it knows.
+    pub(crate) home: Option<(Option<UniqueAddress>, u64)>,
 }
 
 /// What a stopping region takes out of a slot.
@@ -887,7 +891,9 @@ impl<E: Clone> Slot<E> {
         let mut summary = SlotSummary::default();
         match &self.state {
             State::Unallocated { buffer, .. } => summary.buffered = buffer.len(),
+            State::Remote(home) => summary.home = Some((Some(home.owner), home.generation)),
             State::Local(local) => {
+                summary.home = Some((None, local.generation));
                 let mut live = 0;
                 for entry in local.entities.values() {
                     match entry {
@@ -902,7 +908,7 @@ impl<E: Clone> Slot<E> {
                 summary.respawning = !local.pending_respawn.is_empty();
                 summary.hosted = Some(live);
             }
-            State::Remote(_) | State::Stopped => {}
+            State::Stopped => {}
         }
         summary
     }

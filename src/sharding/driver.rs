@@ -380,6 +380,7 @@ fn note_coordinator(
             acting: Some(from),
             epoch: active.epoch,
             allocating: Some(active.allocating),
+            registered: false,
         });
     }
 }
@@ -1011,6 +1012,7 @@ impl Control {
             acting: self.side.coordinator(),
             epoch: self.core.highest_epoch(),
             allocating: None,
+            registered: self.side.is_registered(),
         };
         if let Some((epoch, allocating)) = self.core.activity(Instant::now()) {
             status.acting = Some(self.me);

@@ -40,5 +40,7 @@ pub use coordinator::{
     LeastShardAllocation, RebalanceReason, RebalanceRound, ShardAllocationStrategy, ShardHome,
     ShardMovement,
 };
-pub use stats::{ClusterShardingStats, CoordinatorStatus, Passivations, ShardRegionState};
+pub use stats::{
+    ClusterShardingStats, CoordinatorStatus, Passivations, ShardPlacement, ShardRegionState,
+};
 pub use wire::RemoteError;

@@ -136,6 +136,12 @@ impl RegionCore {
         self.coordinator
     }
 
+    /// Whether the coordinator this node follows has sent its table since
+    /// this node last registered.
+    pub(crate) fn is_registered(&self) -> bool {
+        self.coordinator.is_some() && self.heard_from == self.coordinator
+    }
+
     /// Every region's registration, as sent.
     pub(crate) fn registrations(&self, regions: &dyn LocalRegions) -> Vec<TypeRegistration> {
         regions.registrations(!self.leaving.is_empty())

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::extractor::ShardId;
 use crate::identity::UniqueAddress;
 
-pub use crate::runtime::region::{Passivations, ShardRegionState};
+pub use crate::runtime::region::{Passivations, ShardPlacement, ShardRegionState};
 
 /// The cluster-wide view of one entity type, as
 /// [`ShardedSystem::cluster_sharding_stats`](crate::ShardedSystem::cluster_sharding_stats)
@@ -49,6 +49,11 @@ pub struct CoordinatorStatus {
     /// the acting coordinator itself (and in `ClusterShardingStats`, from
     /// its answer).
     pub allocating: Option<bool>,
+    /// This node's regions are registered: the table of the coordinator it
+    /// follows has come since it last registered them (false until then,
+    /// and while it follows no coordinator). This node's own view only
+    /// (always false in `ClusterShardingStats`).
+    pub registered: bool,
 }
 
 impl ClusterShardingStats {
