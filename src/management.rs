@@ -46,6 +46,10 @@ use crate::identity::UniqueAddress;
 use crate::membership::MemberStatus;
 use crate::system::{ShardedSystem, Shared};
 
+/// How often the Prometheus recorder's upkeep runs (it drains histogram
+/// samples into their summaries).
+const UPKEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The content type of Prometheus's text exposition format.
 const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
@@ -135,21 +139,26 @@ impl Management {
         let Some(system) = system.upgrade() else {
             return not("the sharded system was dropped");
         };
-        if system.is_leaving() {
-            return not("leaving: handing its shards off");
-        }
         if system.is_shut_down() {
             return not("the sharded system stopped (shut down or fenced)");
         }
-        let regions = system.all_regions();
-        for region in &regions {
-            if let Some(refused) = region.state().refused {
+        if system.is_leaving() {
+            return not("leaving: handing its shards off");
+        }
+        // With a cluster node: the coordinator this node follows.
+        let following = system.coordinator_status().map(|c| c.acting);
+        for region in system.all_regions() {
+            if let Some(refused) = region.refusal() {
                 return Readiness::NotReady(format!("entity type {}: {refused}", region.type_name));
             }
-        }
-        let registered = system.coordinator_status().is_none_or(|c| c.registered);
-        if !regions.is_empty() && !registered {
-            return not("its regions are not registered with the coordinator yet");
+            if let Some(coordinator) = following
+                && (coordinator.is_none() || region.accepted_by() != coordinator)
+            {
+                return Readiness::NotReady(format!(
+                    "entity type {}: not registered with the coordinator yet",
+                    region.type_name
+                ));
+            }
         }
         Readiness::Ready
     }
@@ -157,8 +166,16 @@ impl Management {
     /// Binds `addr` and serves the routes on a task of its own, until the
     /// returned server is shut down or dropped.
     pub async fn serve(self, addr: SocketAddr) -> std::io::Result<ManagementServer> {
-        let listener = tokio::net::TcpListener::bind(addr).await?;
+        self.serve_on(tokio::net::TcpListener::bind(addr).await?)
+    }
+
+    /// Serves the routes on `listener` (bound beforehand, say before the
+    /// node joins, so that a taken port fails before there is a member to
+    /// down). With a Prometheus handle, its upkeep runs every 5 s while the
+    /// endpoint serves, so histogram samples do not pile up unscraped.
+    pub fn serve_on(self, listener: tokio::net::TcpListener) -> std::io::Result<ManagementServer> {
         let local_addr = listener.local_addr()?;
+        let upkeep = self.prometheus.clone();
         let router = axum::Router::new()
             .route("/alive", get(alive))
             .route("/ready", get(ready))
@@ -169,11 +186,23 @@ impl Management {
             .with_state(Arc::new(self));
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
-            let served = axum::serve(listener, router)
-                .with_graceful_shutdown(async move {
-                    let _ = stopped.await;
-                })
-                .await;
+            let upkeep = async move {
+                let Some(handle) = upkeep else {
+                    return std::future::pending().await;
+                };
+                let mut every = tokio::time::interval(UPKEEP_EVERY);
+                loop {
+                    every.tick().await;
+                    handle.run_upkeep();
+                }
+            };
+            let served = axum::serve(listener, router).with_graceful_shutdown(async move {
+                tokio::select! {
+                    _ = stopped => {}
+                    () = upkeep => {}
+                }
+            });
+            let served = served.await;
             if let Err(error) = served {
                 tracing::warn!(%error, "the management endpoint stopped");
             }
@@ -319,7 +348,22 @@ async fn shards(State(m): Endpoint, Path(type_name): Path<String>) -> Response {
             json!({ "error": format!("no entity type {type_name:?} registered on this node") }),
         );
     };
-    let state = region.state();
+    // Counting the entities locks every slot in turn: off the runtime's
+    // threads (a node's runtime may have only one).
+    let state = match tokio::task::spawn_blocking({
+        let region = region.clone();
+        move || region.state()
+    })
+    .await
+    {
+        Ok(state) => state,
+        Err(_) => {
+            return answer(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                json!({ "error": "reading the region's state failed" }),
+            );
+        }
+    };
     let me = m.node.self_address();
     let shards: Vec<Value> = state
         .placements

@@ -297,19 +297,31 @@ async fn a_region_the_coordinator_refused_keeps_its_node_unready() {
     assert_eq!(get(agreed_at.local_addr(), "/ready").await.status, 200);
 }
 
+/// A child process killed when the test ends, passed or failed.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 #[test]
 fn datum_node_serves_the_endpoint_on_its_flag() {
-    let mut child = Command::new(BIN)
-        .args(["--cluster-name", "management-proc", "--bind", "127.0.0.1:0"])
-        .args(["--counter", "--management-addr", "127.0.0.1:0"])
-        .env("DATUM_SECRET", "management-secret")
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn datum-node");
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut child = Child(
+        Command::new(BIN)
+            .args(["--cluster-name", "management-proc", "--bind", "127.0.0.1:0"])
+            .args(["--counter", "--management-addr", "127.0.0.1:0"])
+            .env("DATUM_SECRET", "management-secret")
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn datum-node"),
+    );
+    let mut lines = BufReader::new(child.0.stdout.take().unwrap()).lines();
     let at: SocketAddr = loop {
         let line = lines
             .next()
@@ -339,7 +351,7 @@ fn datum_node_serves_the_endpoint_on_its_flag() {
     });
     // SIGTERM: the node leaves gracefully and exits 0.
     // SAFETY: a plain kill(2) of our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let status = child.wait().expect("exit");
+    unsafe { libc::kill(child.0.id() as i32, libc::SIGTERM) };
+    let status = child.0.wait().expect("exit");
     assert_eq!(status.code(), Some(0));
 }

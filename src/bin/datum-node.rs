@@ -209,6 +209,87 @@ struct Args {
     /// `management_listening` line tells which.
     #[arg(long, env = "DATUM_MANAGEMENT_ADDR")]
     management_addr: Option<SocketAddr>,
+
+    /// Find the seeds while joining instead of --seeds: `file:PATH` (one
+    /// `IP:port` per line, read again every second), `dns:NAME:PORT` (the
+    /// name's A/AAAA records, each with PORT) or `dns-srv:NAME` (its SRV
+    /// records); DNS needs a build with `--features discovery`.
+    #[arg(long, env = "DATUM_DISCOVERY", value_parser = discovery, conflicts_with = "seeds")]
+    discovery: Option<Discovery>,
+
+    /// With --discovery dns: ask these name servers (`IP:port`, comma
+    /// separated) instead of the system's.
+    #[arg(long, env = "DATUM_DISCOVERY_NAMESERVERS", value_parser = seed_list, requires = "discovery")]
+    discovery_nameservers: Option<SeedList>,
+
+    /// With --discovery: how many addresses must be found, this node's
+    /// among them, before the lowest may form a new cluster (set it to the
+    /// number of nodes that start together).
+    #[arg(long, env = "DATUM_DISCOVERY_REQUIRED", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=1_000))]
+    discovery_required: u32,
+}
+
+/// A `--discovery` source, as given.
+#[derive(Clone, Debug)]
+enum Discovery {
+    File(std::path::PathBuf),
+    #[cfg_attr(not(feature = "discovery"), allow(dead_code))]
+    Dns {
+        name: String,
+        port: u16,
+    },
+    DnsSrv(String),
+}
+
+fn discovery(s: &str) -> Result<Discovery, String> {
+    if let Some(path) = s.strip_prefix("file:").filter(|p| !p.is_empty()) {
+        return Ok(Discovery::File(path.into()));
+    }
+    if let Some(name) = s.strip_prefix("dns-srv:").filter(|n| !n.is_empty()) {
+        return Ok(Discovery::DnsSrv(name.to_owned()));
+    }
+    if let Some((name, port)) = s.strip_prefix("dns:").and_then(|r| r.rsplit_once(':'))
+        && !name.is_empty()
+    {
+        let port = port
+            .parse()
+            .map_err(|_| format!("not a port: {port:?} (dns:NAME:PORT)"))?;
+        return Ok(Discovery::Dns {
+            name: name.to_owned(),
+            port,
+        });
+    }
+    Err("expected file:PATH, dns:NAME:PORT or dns-srv:NAME".into())
+}
+
+/// The seed discovery `--discovery` asks for.
+fn seed_discovery(
+    args: &Args,
+) -> Result<Option<datum_cluster_sharding::cluster::SeedDiscovery>, String> {
+    use datum_cluster_sharding::cluster::SeedDiscovery;
+    let Some(source) = &args.discovery else {
+        return Ok(None);
+    };
+    let found = match source {
+        Discovery::File(path) => SeedDiscovery::file(path),
+        #[cfg(feature = "discovery")]
+        Discovery::Dns { name, port } => SeedDiscovery::dns(name, *port),
+        #[cfg(feature = "discovery")]
+        Discovery::DnsSrv(name) => SeedDiscovery::dns_srv(name),
+        #[cfg(not(feature = "discovery"))]
+        Discovery::Dns { name, .. } | Discovery::DnsSrv(name) => {
+            return Err(format!(
+                "--discovery dns ({name}) needs a build with `--features discovery`"
+            ));
+        }
+    };
+    #[cfg(feature = "discovery")]
+    let found = match &args.discovery_nameservers {
+        Some(servers) => found.name_servers(servers.0.clone()),
+        None => found,
+    };
+    Ok(Some(found.required(args.discovery_required as usize)))
 }
 
 /// `datum-node certs`: a test CA and node certificates.
@@ -311,10 +392,10 @@ fn recorder(args: &Args) -> Result<Option<Recorder>, String> {
     Err("--management-addr needs a build with `--features management`".into())
 }
 
-/// Serves the management endpoint at `addr` for `node` (and its system).
+/// Serves the management endpoint on `listener` for `node` (and its system).
 #[cfg(feature = "management")]
-async fn serve_management(
-    addr: SocketAddr,
+fn serve_management(
+    listener: tokio::net::TcpListener,
     node: &ClusterNode,
     system: Option<&Hosted>,
     recorder: Recorder,
@@ -327,7 +408,7 @@ async fn serve_management(
         Some(Hosted::Journaled(system)) => management = management.system(system),
         None => {}
     }
-    management.serve(addr).await
+    management.serve_on(listener)
 }
 
 /// The seed addresses (a newtype so clap takes the whole list as one value).
@@ -453,6 +534,13 @@ async fn run(args: Args) -> ExitCode {
             return ExitCode::from(EXIT_START_FAILED);
         }
     };
+    let discovery = match seed_discovery(&args) {
+        Ok(discovery) => discovery,
+        Err(error) => {
+            eprintln!("datum-node: cannot discover seeds: {error}");
+            return ExitCode::from(EXIT_START_FAILED);
+        }
+    };
     let tls = match tls(&args) {
         Ok(tls) => tls,
         Err(error) => {
@@ -477,6 +565,7 @@ async fn run(args: Args) -> ExitCode {
     config.split_brain = args.split_brain.0;
     config.advertised_addr = args.advertise;
     config.tls = tls;
+    config.discovery = discovery;
     let mut stop = match StopSignals::install() {
         Ok(stop) => stop,
         Err(error) => {
@@ -492,6 +581,19 @@ async fn run(args: Args) -> ExitCode {
             eprintln!("datum-node: cannot open the journal: {error}");
             return ExitCode::from(EXIT_START_FAILED);
         }
+    };
+    // The management address is bound before the node joins: a taken port
+    // fails the start with no member left to down.
+    #[cfg(feature = "management")]
+    let management_listener = match args.management_addr {
+        Some(addr) => match tokio::net::TcpListener::bind(addr).await {
+            Ok(listener) => Some(listener),
+            Err(error) => {
+                eprintln!("datum-node: cannot serve the management endpoint on {addr}: {error}");
+                return ExitCode::from(EXIT_START_FAILED);
+            }
+        },
+        None => None,
     };
     let node = match ClusterNode::start(config).await {
         Ok(node) => node,
@@ -520,17 +622,15 @@ async fn run(args: Args) -> ExitCode {
     };
     // Kept until the node has left: `/ready` answers 503 while it leaves.
     #[cfg(feature = "management")]
-    let _management = match (args.management_addr, recorder) {
-        (Some(addr), Some(recorder)) => {
-            match serve_management(addr, &node, system.as_ref(), recorder).await {
+    let _management = match (management_listener, recorder) {
+        (Some(listener), Some(recorder)) => {
+            match serve_management(listener, &node, system.as_ref(), recorder) {
                 Ok(server) => {
                     emit(&Listening::new(server.local_addr(), started));
                     Some(server)
                 }
                 Err(error) => {
-                    eprintln!(
-                        "datum-node: cannot serve the management endpoint on {addr}: {error}"
-                    );
+                    eprintln!("datum-node: cannot serve the management endpoint: {error}");
                     node.crash().await;
                     return ExitCode::from(EXIT_START_FAILED);
                 }

@@ -113,6 +113,11 @@ pub struct ClusterConfig {
     /// Default `None`: plaintext.
     #[builder(default, setter(strip_option))]
     pub tls: Option<crate::transport::Tls>,
+    /// Find the seeds while joining instead of `seed_nodes` (which must
+    /// then be empty): from a file, or from DNS with feature `discovery`
+    /// ([`SeedDiscovery`](crate::cluster::SeedDiscovery), SPEC §10b.1).
+    #[builder(default, setter(strip_option))]
+    pub discovery: Option<crate::cluster::SeedDiscovery>,
 }
 
 impl ClusterConfig {

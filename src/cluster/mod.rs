@@ -35,7 +35,9 @@
 //! ```
 
 mod config;
+mod discovery;
 mod node;
 
 pub use config::ClusterConfig;
+pub use discovery::{DiscoveryError, SeedDiscovery};
 pub use node::{ClusterError, ClusterNode, JoinRefusal, MEMBERSHIP_CHANNEL};

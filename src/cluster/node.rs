@@ -9,6 +9,7 @@ use tokio::sync::{Mutex, broadcast, mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
 use super::config::ClusterConfig;
+use super::discovery::SeedDiscovery;
 use crate::identity::{NodeId, UniqueAddress};
 use crate::membership::{
     Command, MemberStatus, MembershipCore, MembershipError, MembershipEvent, MembershipMsg,
@@ -198,6 +199,11 @@ impl ClusterNode {
                 "cluster_name must not be empty".into(),
             ));
         }
+        if config.discovery.is_some() && !config.seed_nodes.is_empty() {
+            return Err(ClusterError::Config(
+                "give seed_nodes or discovery, not both".into(),
+            ));
+        }
         if config.secret.expose().is_empty() {
             tracing::warn!(cluster = %config.cluster_name, "no cluster secret set: any process that knows the cluster name can join");
         }
@@ -220,7 +226,18 @@ impl ClusterNode {
         {
             core.align_ticks(Instant::now(), since_epoch);
         }
-        core.join(Instant::now(), &config.seed_nodes)?;
+        let (discovered, discovery) = match &config.discovery {
+            None => {
+                core.join(Instant::now(), &config.seed_nodes)?;
+                (None, None)
+            }
+            Some(discovery) => {
+                core.join_discovered(Instant::now())?;
+                let (tx, rx) = mpsc::channel(1);
+                let task = tokio::spawn(discover(discovery.clone(), me, tx));
+                (Some(rx), Some((discovery.clone(), task)))
+            }
+        };
         let (state_tx, state) = watch::channel(core.state());
         let (events, _) = broadcast::channel(EVENT_CAPACITY);
         let (control, control_rx) = mpsc::unbounded_channel();
@@ -245,6 +262,8 @@ impl ClusterNode {
                 .copied()
                 .filter(|s| *s != me.addr)
                 .collect(),
+            discovered,
+            discovery,
         };
         let handle = tokio::spawn(driver.run());
         tracing::info!(node = %me, cluster = %config.cluster_name, "cluster node started");
@@ -475,6 +494,51 @@ struct Driver {
     refused_by: std::collections::HashMap<SocketAddr, u32>,
     /// The seeds this node asks (its own address left out).
     seeds: Vec<SocketAddr>,
+    /// With discovery, while joining: each resolution's addresses.
+    discovered: Option<mpsc::Receiver<Vec<SocketAddr>>>,
+    /// The discovery settings and the task resolving them.
+    discovery: Option<(SeedDiscovery, JoinHandle<()>)>,
+}
+
+/// Resolves `discovery` every interval and sends what it finds, until the
+/// driver stops listening (the node is a member, or gone). A failed
+/// resolution is logged when its error changes; the seeds already found
+/// stay.
+async fn discover(
+    discovery: SeedDiscovery,
+    me: UniqueAddress,
+    found: mpsc::Sender<Vec<SocketAddr>>,
+) {
+    let mut last_error = None;
+    loop {
+        match discovery.resolve().await {
+            Ok(addrs) => {
+                last_error = None;
+                if found.send(addrs).await.is_err() {
+                    return;
+                }
+            }
+            Err(error) => {
+                let text = error.to_string();
+                if last_error.as_ref() != Some(&text) {
+                    tracing::warn!(node = %me, %error, "seed discovery failed; trying again");
+                    last_error = Some(text);
+                }
+                if found.is_closed() {
+                    return;
+                }
+            }
+        }
+        tokio::time::sleep(discovery.interval).await;
+    }
+}
+
+/// The next resolution, or never without discovery.
+async fn next_found(rx: &mut Option<mpsc::Receiver<Vec<SocketAddr>>>) -> Option<Vec<SocketAddr>> {
+    match rx {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
 }
 
 impl Driver {
@@ -517,6 +581,7 @@ impl Driver {
                     // Every handle is gone.
                     None => break,
                 },
+                Some(found) = next_found(&mut self.discovered) => self.on_discovered(found),
                 Some((seed, reason, by_seed)) = self.refusals.recv() => {
                     if self.on_refusal(seed, reason, by_seed) {
                         break;
@@ -534,9 +599,28 @@ impl Driver {
                 }
             }
         }
+        if let Some((_, task)) = &self.discovery {
+            task.abort();
+        }
         // Out of the cluster (removed, downed, or never joined): close the pipes.
         self.transport.shutdown().await;
         tracing::debug!(node = %me, "membership driver stopped");
+    }
+
+    /// Discovery found `found` (sorted): the seeds to ask now, and whether
+    /// this node may form the cluster. A member stops listening.
+    fn on_discovered(&mut self, found: Vec<SocketAddr>) -> Result<(), MembershipError> {
+        if self.core.self_status().is_some() {
+            self.discovered = None;
+            return Ok(());
+        }
+        let me = self.core.self_address().addr;
+        let may_form = self
+            .discovery
+            .as_ref()
+            .is_some_and(|(d, _)| d.may_form(me, &found));
+        self.seeds = found.iter().copied().filter(|s| *s != me).collect();
+        self.core.set_seeds(Instant::now(), &found, may_form)
     }
 
     /// A seed refused this node's handshake (or this node the seed's) for a

@@ -330,6 +330,67 @@ impl MembershipCore {
         Ok(())
     }
 
+    /// Starts joining through seeds that discovery will name
+    /// ([`set_seeds`](Self::set_seeds)): until then nobody is asked, and
+    /// the node does not form a cluster by itself.
+    pub fn join_discovered(&mut self, now: Instant) -> Result<(), MembershipError> {
+        match self.phase {
+            Phase::Idle => {}
+            Phase::Terminated => return Err(MembershipError::Terminated),
+            Phase::Joining { .. } | Phase::Member => return Err(MembershipError::AlreadyJoining),
+        }
+        self.phase = Phase::Joining {
+            seeds: Vec::new(),
+            next_attempt: now,
+            self_join_at: None,
+        };
+        Ok(())
+    }
+
+    /// While joining: the seeds are now `seeds` (this node's own address
+    /// left out). A seed not asked before is asked at once. With `may_form`
+    /// this node forms a new cluster by itself once `seed_timeout` passes
+    /// without an admission (counted from the first such call); without
+    /// it, it never does. A member ignores this.
+    pub fn set_seeds(
+        &mut self,
+        now: Instant,
+        seeds: &[SocketAddr],
+        may_form: bool,
+    ) -> Result<(), MembershipError> {
+        let me = self.me.addr;
+        let timeout = self.config.seed_timeout;
+        let Phase::Joining {
+            seeds: current,
+            self_join_at,
+            ..
+        } = &mut self.phase
+        else {
+            return match self.phase {
+                Phase::Idle => Err(MembershipError::NotAMember),
+                _ => Ok(()),
+            };
+        };
+        let mut others: Vec<SocketAddr> = Vec::new();
+        for s in seeds {
+            if *s != me && !others.contains(s) {
+                others.push(*s);
+            }
+        }
+        let new = others.iter().any(|s| !current.contains(s));
+        *current = others;
+        match (may_form, *self_join_at) {
+            (true, None) => *self_join_at = now.checked_add(timeout),
+            (false, Some(_)) => *self_join_at = None,
+            _ => {}
+        }
+        if new {
+            self.send_joins(now);
+        }
+        self.expected_wake = self.poll_timeout();
+        Ok(())
+    }
+
     /// Leaves gracefully: this node goes Leaving, then the leader moves it
     /// to Exiting and Removed once every member has seen each step. The node
     /// may shut down when it publishes `MemberRemoved` for itself (or

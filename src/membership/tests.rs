@@ -297,6 +297,51 @@ fn the_first_seed_forms_a_cluster_after_the_seed_timeout() {
 }
 
 #[test]
+fn discovered_seeds_are_asked_as_they_appear_and_only_a_lowest_forms() {
+    let now = Instant::now();
+    let me = ua(7000, 1, 10);
+    let a: SocketAddr = "127.0.0.1:7001".parse().unwrap();
+    let b: SocketAddr = "127.0.0.1:7002".parse().unwrap();
+    let join = |to| Command::Send {
+        to: Target::Seed(to),
+        msg: MembershipMsg::Join,
+    };
+    let mut core = MembershipCore::new(me, MembershipConfig::default(), now).unwrap();
+    core.join_discovered(now).unwrap();
+    // Nothing discovered yet: nobody asked, never formed alone.
+    core.handle_timeout(now + ms(10_000)).unwrap();
+    assert_eq!(core.drain_commands(), vec![]);
+    assert_eq!(core.self_status(), None);
+    // A seed appears: asked at once, and again at every retry.
+    let t = now + ms(10_000);
+    core.set_seeds(t, &[a, me.addr], false).unwrap();
+    assert_eq!(core.drain_commands(), vec![join(a)]);
+    // The same set again asks no one early; a new seed is asked at once.
+    core.set_seeds(t, &[me.addr, a], false).unwrap();
+    assert_eq!(core.drain_commands(), vec![]);
+    core.set_seeds(t, &[a, b], false).unwrap();
+    assert_eq!(core.drain_commands(), vec![join(a), join(b)]);
+    core.handle_timeout(t + ms(60_000)).unwrap();
+    assert_eq!(core.self_status(), None, "not the lowest: never forms");
+    // Told it may form (the lowest of enough): forms after the seed
+    // timeout, counted from then; a set that takes it back stops that.
+    let t = t + ms(60_000);
+    core.drain_commands();
+    core.set_seeds(t, &[me.addr, a], true).unwrap();
+    core.set_seeds(t + ms(100), &[me.addr, a], false).unwrap();
+    core.handle_timeout(t + ms(600)).unwrap();
+    assert_eq!(core.self_status(), None);
+    core.set_seeds(t + ms(700), &[me.addr, a], true).unwrap();
+    core.handle_timeout(t + ms(1_199)).unwrap();
+    assert_eq!(core.self_status(), None);
+    core.handle_timeout(t + ms(1_200)).unwrap();
+    assert_eq!(core.self_status(), Some(MemberStatus::Up));
+    // A member ignores discovery.
+    core.set_seeds(t + ms(1_300), &[b], false).unwrap();
+    assert_eq!(core.self_status(), Some(MemberStatus::Up));
+}
+
+#[test]
 fn a_join_is_admitted_as_joining_and_welcomed() {
     let now = Instant::now();
     let a = ua(7000, 1, 10);

@@ -156,6 +156,8 @@ pub(crate) struct Region {
     /// every message fails with it until a coordinator accepts the region.
     refused: AtomicBool,
     refusal: Mutex<Option<ShardingError>>,
+    /// The coordinator whose table last came for this region.
+    accepted_by: Mutex<Option<crate::identity::UniqueAddress>>,
     /// The active-entity limit (none for a remembered type).
     entity_limit: Option<EntityLimit>,
     /// The shards hosted here (installed and not moved away), over which
@@ -307,6 +309,7 @@ impl Region {
             shutdown_timeout,
             refused: AtomicBool::new(false),
             refusal: Mutex::new(None),
+            accepted_by: Mutex::new(None),
             entity_limit: None,
             hosted: AtomicUsize::new(0),
             hosted_shards: Mutex::new(std::collections::BTreeSet::new()),
@@ -545,10 +548,17 @@ impl Region {
         fail_undelivered(undelivered);
     }
 
-    /// A coordinator accepted this region (sent it the type's table).
-    pub(crate) fn accepted(&self) {
+    /// The coordinator `by` accepted this region (sent it the type's table).
+    pub(crate) fn accepted(&self, by: crate::identity::UniqueAddress) {
         self.refused.store(false, Ordering::Release);
         *self.refusal.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        *self.accepted_by.lock().unwrap_or_else(|p| p.into_inner()) = Some(by);
+    }
+
+    /// The coordinator whose table last came for this region (`None`
+    /// before any, and on a single node).
+    pub(crate) fn accepted_by(&self) -> Option<crate::identity::UniqueAddress> {
+        *self.accepted_by.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub(crate) fn num_shards(&self) -> u32 {

@@ -1012,7 +1012,11 @@ impl Control {
             acting: self.side.coordinator(),
             epoch: self.core.highest_epoch(),
             allocating: None,
-            registered: self.side.is_registered(),
+            registered: self.side.coordinator().is_some_and(|c| {
+                self.regions()
+                    .iter()
+                    .all(|region| region.accepted_by() == Some(c))
+            }),
         };
         if let Some((epoch, allocating)) = self.core.activity(Instant::now()) {
             status.acting = Some(self.me);
@@ -1115,9 +1119,9 @@ impl LocalRegions for Hosted {
         }
     }
 
-    fn accepted(&self, type_name: &str) {
+    fn accepted(&self, type_name: &str, by: UniqueAddress) {
         if let Some(region) = self.get(type_name) {
-            region.accepted();
+            region.accepted(by);
         }
     }
 

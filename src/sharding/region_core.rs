@@ -60,7 +60,7 @@ pub(crate) trait LocalRegions {
     /// The coordinator says nothing more of the type will move off here.
     fn mark_left(&self, type_name: &str, nowhere: bool);
     /// A coordinator accepted the type's region (sent its table).
-    fn accepted(&self, type_name: &str);
+    fn accepted(&self, type_name: &str, by: UniqueAddress);
     /// The coordinator refused the type's region.
     fn refused(
         &self,
@@ -134,12 +134,6 @@ impl RegionCore {
     /// The coordinator this node follows.
     pub(crate) fn coordinator(&self) -> Option<UniqueAddress> {
         self.coordinator
-    }
-
-    /// Whether the coordinator this node follows has sent its table since
-    /// this node last registered.
-    pub(crate) fn is_registered(&self) -> bool {
-        self.coordinator.is_some() && self.heard_from == self.coordinator
     }
 
     /// Every region's registration, as sent.
@@ -438,7 +432,7 @@ impl RegionCore {
                 type_name, homes, ..
             } => {
                 self.heard_from = Some(from);
-                regions.accepted(&type_name);
+                regions.accepted(&type_name, from);
                 for (shard, owner, generation) in homes {
                     let home = ShardHome { owner, generation };
                     self.apply_home(regions, &type_name, shard, home, None);

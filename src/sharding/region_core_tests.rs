@@ -99,7 +99,7 @@ impl LocalRegions for Fake {
             .push(format!("mark_left {type_name} {nowhere}"));
     }
 
-    fn accepted(&self, type_name: &str) {
+    fn accepted(&self, type_name: &str, _by: UniqueAddress) {
         self.calls
             .borrow_mut()
             .push(format!("accepted {type_name}"));

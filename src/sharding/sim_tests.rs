@@ -729,7 +729,7 @@ impl LocalRegions for Region {
         self.left.set(true);
     }
 
-    fn accepted(&self, _type_name: &str) {}
+    fn accepted(&self, _type_name: &str, _by: UniqueAddress) {}
 
     fn refused(&self, _: &str, reason: String, _: Option<u64>, _: Option<u32>) {
         panic!("a simulated region was refused: {reason}");

@@ -49,10 +49,10 @@ pub struct CoordinatorStatus {
     /// the acting coordinator itself (and in `ClusterShardingStats`, from
     /// its answer).
     pub allocating: Option<bool>,
-    /// This node's regions are registered: the table of the coordinator it
-    /// follows has come since it last registered them (false until then,
-    /// and while it follows no coordinator). This node's own view only
-    /// (always false in `ClusterShardingStats`).
+    /// This node's regions are registered: each has had the table of the
+    /// coordinator this node follows (false until then, and while it
+    /// follows none). This node's own view only (always false in
+    /// `ClusterShardingStats`).
     pub registered: bool,
 }
 
