@@ -38,6 +38,27 @@ pub const PIPE_FRAMES: &str = "datum_pipe_frames_total";
 pub const PIPE_WRITES: &str = "datum_pipe_writes_total";
 /// Pipes established now.
 pub const PIPES: &str = "datum_pipes";
+/// Frames written to one peer (label `peer`: its address), all channels.
+pub const PIPE_PEER_FRAMES: &str = "datum_pipe_peer_frames_total";
+/// Bytes written to one peer (label `peer`), frame headers included.
+pub const PIPE_PEER_BYTES: &str = "datum_pipe_peer_bytes_total";
+/// Messages waiting in a region's buffers (shards without a home yet,
+/// behind passivating entities, handoffs), sampled every second.
+pub const BUFFERED: &str = "datum_sharding_buffered";
+/// The part of [`BUFFERED`] waiting behind handoffs.
+pub const HANDOFF_BUFFERED: &str = "datum_sharding_handoff_buffered";
+/// Rebalance rounds the coordinator on this node completed, by `reason`
+/// (`dead_owner`, `graceful_spread`, `graceful_leave`).
+pub const REBALANCE_ROUNDS: &str = "datum_rebalance_rounds_total";
+/// Shards those rounds moved, by `reason`.
+pub const SHARD_MOVES: &str = "datum_shard_moves_total";
+/// Seconds from a round's decision to the end of its last move (its
+/// handoffs), by `reason`.
+pub const REBALANCE_ROUND_SECONDS: &str = "datum_rebalance_round_duration_seconds";
+/// Split-brain resolver decisions this node took, by `decision`
+/// (`stay`: its side stays and it downs the others; `down`: its side, or
+/// itself, goes down).
+pub const SPLIT_BRAIN_DECISIONS: &str = "datum_split_brain_decisions_total";
 
 /// One entity type's region's handles (labels `entity_type`, `node`).
 /// Its gauges move by what this region adds and takes away, so two regions
@@ -55,6 +76,9 @@ pub(crate) struct RegionMetrics {
     pub(crate) passivations: [Counter; 3],
     pub(crate) asks: Counter,
     pub(crate) ask_seconds: Histogram,
+    /// Sampled every second (`BUFFERED`, `HANDOFF_BUFFERED`).
+    pub(crate) buffered: Gauge,
+    pub(crate) handoff_buffered: Gauge,
 }
 
 impl RegionMetrics {
@@ -82,6 +106,8 @@ impl RegionMetrics {
             ],
             asks: counter!(ASKS, labels(None)),
             ask_seconds: histogram!(ASK_SECONDS, labels(None)),
+            buffered: gauge!(BUFFERED, labels(None)),
+            handoff_buffered: gauge!(HANDOFF_BUFFERED, labels(None)),
             node,
         }
     }
@@ -124,6 +150,7 @@ impl RegionMetrics {
 
 /// The transport's handles (label `node`: its address).
 pub(crate) struct PipeMetrics {
+    node: String,
     pub(crate) frames: Counter,
     pub(crate) writes: Counter,
     pub(crate) pipes: Gauge,
@@ -134,9 +161,44 @@ impl PipeMetrics {
         PipeMetrics {
             frames: counter!(PIPE_FRAMES, "node" => node.clone()),
             writes: counter!(PIPE_WRITES, "node" => node.clone()),
-            pipes: gauge!(PIPES, "node" => node),
+            pipes: gauge!(PIPES, "node" => node.clone()),
+            node,
         }
     }
+
+    /// One pipe's handles: frames and bytes written to `peer`.
+    pub(crate) fn peer(&self, peer: std::net::SocketAddr) -> PeerMetrics {
+        let labels = || {
+            [
+                metrics::Label::new("node", self.node.clone()),
+                metrics::Label::new("peer", peer.to_string()),
+            ]
+        };
+        PeerMetrics {
+            frames: counter!(PIPE_PEER_FRAMES, labels().to_vec()),
+            bytes: counter!(PIPE_PEER_BYTES, labels().to_vec()),
+        }
+    }
+}
+
+/// One pipe's handles, counted once per batch written.
+pub(crate) struct PeerMetrics {
+    pub(crate) frames: Counter,
+    pub(crate) bytes: Counter,
+}
+
+/// Records the rounds the coordinator on node `node` completed.
+pub(crate) fn rebalance_round(node: &str, reason: &'static str, moves: usize, seconds: f64) {
+    let labels = || [("node", node.to_owned()), ("reason", reason.to_owned())];
+    counter!(REBALANCE_ROUNDS, &labels()).increment(1);
+    counter!(SHARD_MOVES, &labels()).increment(moves as u64);
+    histogram!(REBALANCE_ROUND_SECONDS, &labels()).record(seconds);
+}
+
+/// Records `n` split-brain resolver decisions (`decision`: `stay` or
+/// `down`) taken on node `node`.
+pub(crate) fn split_brain_decisions(node: &str, decision: &'static str, n: u64) {
+    counter!(SPLIT_BRAIN_DECISIONS, "node" => node.to_owned(), "decision" => decision).increment(n);
 }
 
 /// Sets node `node`'s members-by-status gauges (every status, so one that

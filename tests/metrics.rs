@@ -217,6 +217,16 @@ async fn a_clusters_metrics_agree_with_what_its_nodes_say() {
         writes > 0 && frames >= writes,
         "{frames} frames in {writes} writes"
     );
+    // The same frames, by peer (the one pipe), and their bytes.
+    let peer = second.bound_addr().to_string();
+    let to_second = [node0[0], ("peer", peer.as_str())];
+    let peer_frames = counter_sum(&taken, telemetry::PIPE_PEER_FRAMES, &to_second);
+    let peer_bytes = counter_sum(&taken, telemetry::PIPE_PEER_BYTES, &to_second);
+    assert_eq!(peer_frames, frames);
+    assert!(
+        peer_bytes > 8 * peer_frames,
+        "{peer_bytes} bytes in {peer_frames} frames"
+    );
 
     // From here on, gauges counted up and down are read as the sum of
     // their snapshots (each snapshot resets them).
@@ -241,10 +251,26 @@ async fn a_clusters_metrics_agree_with_what_its_nodes_say() {
         .map(|state| state.shards.values().sum::<usize>())
         .sum();
     assert_eq!(live, 39);
+    // The buffers are sampled every second: nothing waits in them now.
+    let deadline = Instant::now() + LONG;
+    let buffered = loop {
+        let taken = take(&snapshotter);
+        sums.add(&taken);
+        let found = values(&taken, telemetry::BUFFERED, &[counter_type[0], node0[0]]);
+        if !found.is_empty() {
+            break gauge_sum(&taken, telemetry::BUFFERED, &[counter_type[0], node0[0]]);
+        }
+        assert!(Instant::now() < deadline, "no buffered gauge sampled");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(buffered, 0.0);
 
     // The first node downs the second (alive: their pipe is up until the
     // first marks it down), and the pipe is gone.
     let second_system = systems.pop().expect("two");
+    let on_second =
+        second_system.hosted_shards::<Counter>() + second_system.hosted_shards::<Sleepy>();
+    assert!(on_second > 0, "the second node hosts shards");
     first.down(second.self_address()).await.expect("downed");
     let deadline = Instant::now() + LONG;
     while sums.of(telemetry::PIPES, &node0) != 0.0 {
@@ -256,6 +282,24 @@ async fn a_clusters_metrics_agree_with_what_its_nodes_say() {
         tokio::time::sleep(Duration::from_millis(20)).await;
         sums.add(&take(&snapshotter));
     }
+    // The coordinator (the first node, the oldest) moved the second's
+    // shards, counted as dead-owner rounds.
+    let dead_owner = [node0[0], ("reason", "dead_owner")];
+    let (mut rounds, mut moves) = (0, 0);
+    let deadline = Instant::now() + LONG;
+    while moves < on_second as u64 {
+        assert!(
+            Instant::now() < deadline,
+            "{moves} of {on_second} moves counted"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let taken = take(&snapshotter);
+        sums.add(&taken);
+        rounds += counter_sum(&taken, telemetry::REBALANCE_ROUNDS, &dead_owner);
+        moves += counter_sum(&taken, telemetry::SHARD_MOVES, &dead_owner);
+    }
+    assert_eq!(moves, on_second as u64);
+    assert!(rounds >= 1);
     // The first node's system shuts down: what its region held leaves the
     // gauges, which end at 0 for it.
     systems[0].shutdown().await;

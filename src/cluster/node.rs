@@ -264,6 +264,7 @@ impl ClusterNode {
                 .collect(),
             discovered,
             discovery,
+            decisions_counted: (0, 0),
         };
         let handle = tokio::spawn(driver.run());
         tracing::info!(node = %me, cluster = %config.cluster_name, "cluster node started");
@@ -498,6 +499,8 @@ struct Driver {
     discovered: Option<mpsc::Receiver<Vec<SocketAddr>>>,
     /// The discovery settings and the task resolving them.
     discovery: Option<(SeedDiscovery, JoinHandle<()>)>,
+    /// The core's split-brain decisions the metrics have counted.
+    decisions_counted: (u64, u64),
 }
 
 /// Resolves `discovery` every interval and sends what it finds, until the
@@ -723,6 +726,18 @@ impl Driver {
             let state = self.core.state();
             publish_members(&state);
             self.state.send_replace(state);
+        }
+        let decisions = self.core.split_brain_decisions();
+        if decisions != self.decisions_counted {
+            let node = self.core.self_address().addr.to_string();
+            let stayed = decisions.0 - self.decisions_counted.0;
+            let went_down = decisions.1 - self.decisions_counted.1;
+            for (decision, n) in [("stay", stayed), ("down", went_down)] {
+                if n > 0 {
+                    crate::telemetry::split_brain_decisions(&node, decision, n);
+                }
+            }
+            self.decisions_counted = decisions;
         }
         self.core.is_terminated()
             || matches!(

@@ -95,6 +95,9 @@ pub struct MembershipCore {
     rng: u64,
     /// When this node asked to be woken (`poll_timeout` after its last input).
     expected_wake: Option<Instant>,
+    /// Split-brain resolver decisions that downed someone: [its side
+    /// stayed, its side (or itself) went down].
+    resolver_decisions: [u64; 2],
     /// Last state digest each member reported (heartbeat or gossip).
     seen: BTreeMap<MemberKey, u64>,
     /// Since when each member has been unreachable in the gossiped view.
@@ -159,6 +162,7 @@ impl MembershipCore {
             gossip_rounds: 0,
             rng: me.node_id.0 ^ me.incarnation.rotate_left(32) ^ 0x5851_f42d_4c95_7f2d,
             expected_wake: None,
+            resolver_decisions: [0; 2],
             seen: BTreeMap::new(),
             unreachable_since: BTreeMap::new(),
             next_heartbeat: now,
@@ -328,6 +332,13 @@ impl MembershipCore {
         };
         self.send_joins(now);
         Ok(())
+    }
+
+    /// The split-brain resolver's decisions on this node that downed
+    /// someone so far: `(stayed, went_down)` — its side stayed and it downed
+    /// the members beyond it, or its side (or this node alone) went down.
+    pub fn split_brain_decisions(&self) -> (u64, u64) {
+        (self.resolver_decisions[0], self.resolver_decisions[1])
     }
 
     /// Starts joining through seeds that discovery will name
@@ -1336,6 +1347,9 @@ impl MembershipCore {
                 self.decide(k, MemberStatus::Down)?;
                 changed = true;
             }
+        }
+        if changed {
+            self.resolver_decisions[usize::from(!stays)] += 1;
         }
         self.partition = None;
         self.partitioned_since = None;

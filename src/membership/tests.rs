@@ -1059,6 +1059,19 @@ fn keep_majority_downs_a_node_cut_off_alone_and_it_stops() {
     let took = expect_resolution(&mut sim, &[2], &[0, 1]);
     // Detection (400 ms) + stable_after (1 s), give or take a heartbeat.
     assert!(took >= ms(1_000) && took < ms(3_000), "{took:?}");
+    // Counted where they were taken: the majority's leader stayed, the
+    // cut-off node went down; the other member of the majority decided
+    // nothing.
+    let decisions: Vec<(u64, u64)> = (0..3)
+        .map(|i| sim.core(i).split_brain_decisions())
+        .collect();
+    let leader = sim.core(0).state().leader.expect("a leader");
+    let leader = (0..2)
+        .find(|i| sim.id(*i) == leader)
+        .expect("on the majority");
+    assert_eq!(decisions[leader], (1, 0), "{decisions:?}");
+    assert_eq!(decisions[1 - leader], (0, 0), "{decisions:?}");
+    assert_eq!(decisions[2], (0, 1), "{decisions:?}");
 }
 
 #[test]

@@ -958,6 +958,19 @@ impl Region {
     }
 
     /// This region's own state.
+    /// Sets the buffered-message gauges from the slots' buffers now
+    /// (each slot locked in turn; its entities counted).
+    pub(crate) fn sample_buffers(&self) {
+        let (mut buffered, mut handoff) = (0, 0);
+        for slot in self.slots.iter() {
+            let summary = lock(slot).summary();
+            buffered += summary.buffered;
+            handoff += summary.handoff_buffered;
+        }
+        self.metrics.buffered.set(buffered as f64);
+        self.metrics.handoff_buffered.set(handoff as f64);
+    }
+
     pub(crate) fn state(&self) -> ShardRegionState {
         let mut shards = std::collections::BTreeMap::new();
         let mut handing_off = std::collections::BTreeSet::new();

@@ -298,6 +298,8 @@ pub(crate) struct SlotSummary {
     pub(crate) respawning: bool,
     /// Messages waiting in the slot's buffers.
     pub(crate) buffered: usize,
+    /// The part of `buffered` waiting behind a handoff.
+    pub(crate) handoff_buffered: usize,
     /// Where the slot knows the shard lives: here (`None` inside), on
     /// another node, or nowhere yet (the outer `None`); with the
     /// allocation generation it knows.
@@ -903,6 +905,7 @@ impl<E: Clone> Slot<E> {
                 }
                 if let Some(handoff) = &local.handoff {
                     summary.buffered += handoff.buffer.len();
+                    summary.handoff_buffered = handoff.buffer.len();
                     summary.handing_off = true;
                 }
                 summary.respawning = !local.pending_respawn.is_empty();

@@ -503,6 +503,8 @@ pub(crate) struct CoordinatorCore {
     /// members.
     departed: BTreeMap<String, BTreeSet<UniqueAddress>>,
     rounds: Vec<RebalanceRound>,
+    /// Rounds closed in all.
+    rounds_closed: u64,
     /// When the strategy is next asked to spread load.
     next_rebalance: Option<Instant>,
     /// Rounds with handoffs in progress, by number.
@@ -552,6 +554,7 @@ impl CoordinatorCore {
             types: BTreeMap::new(),
             departed: BTreeMap::new(),
             rounds: Vec::new(),
+            rounds_closed: 0,
             next_rebalance: None,
             open_rounds: BTreeMap::new(),
             told_left: BTreeSet::new(),
@@ -744,6 +747,12 @@ impl CoordinatorCore {
     /// The rebalance rounds made while this node was coordinator, oldest first.
     pub(crate) fn rounds(&self) -> &[RebalanceRound] {
         &self.rounds
+    }
+
+    /// How many rounds this core has closed in all (the history keeps the
+    /// latest `history`).
+    pub(crate) fn rounds_closed(&self) -> u64 {
+        self.rounds_closed
     }
 
     /// The home of `shard` of `type_name` as this core knows it.
@@ -1805,6 +1814,7 @@ impl CoordinatorCore {
             return;
         }
         self.rounds.push(round);
+        self.rounds_closed += 1;
         if self.rounds.len() > self.config.history {
             let excess = self.rounds.len() - self.config.history;
             self.rounds.drain(..excess);

@@ -44,8 +44,8 @@ use crate::runtime::mailbox::States;
 use crate::runtime::region::{ClusterPort, PortFuture, Region};
 use crate::runtime::slot::HomeChange;
 use crate::sharding::coordinator::{
-    Command, CoordinatorConfig, CoordinatorCore, LeastShardAllocation, RebalanceRound,
-    ShardAllocationStrategy, ShardHome,
+    Command, CoordinatorConfig, CoordinatorCore, LeastShardAllocation, RebalanceReason,
+    RebalanceRound, ShardAllocationStrategy, ShardHome,
 };
 use crate::sharding::fast::{self, DataRef, EnvelopeRef};
 use crate::sharding::migration;
@@ -307,6 +307,7 @@ impl ClusterLink {
             next_stats: 0,
             fenced: false,
             rounds: self.rounds.clone(),
+            rounds_counted: 0,
             status: self.coordinator.clone(),
             remote: self.remote.clone(),
         };
@@ -545,6 +546,8 @@ struct Control {
     stats: BTreeMap<u64, PendingStats>,
     next_stats: u64,
     rounds: Arc<Mutex<Vec<RebalanceRound>>>,
+    /// Of the core's closed rounds, how many the metrics have counted.
+    rounds_counted: u64,
     status: Arc<Mutex<CoordinatorStatus>>,
     remote: Arc<Remote>,
 }
@@ -630,6 +633,9 @@ impl Control {
                     if now >= next_sweep {
                         next_sweep = now + SWEEP_EVERY;
                         self.remote.sweep();
+                        for region in self.regions() {
+                            region.sample_buffers();
+                        }
                     }
                 }
             }
@@ -1026,7 +1032,24 @@ impl Control {
         status
     }
 
-    fn publish_rounds(&self) {
+    fn publish_rounds(&mut self) {
+        let closed = self.core.rounds_closed();
+        if closed > self.rounds_counted {
+            let rounds = self.core.rounds();
+            let new = usize::try_from(closed - self.rounds_counted).unwrap_or(usize::MAX);
+            let node = self.me.addr.to_string();
+            let now = Instant::now();
+            for round in &rounds[rounds.len().saturating_sub(new)..] {
+                let reason = match round.reason {
+                    RebalanceReason::DeadOwner => "dead_owner",
+                    RebalanceReason::GracefulSpread => "graceful_spread",
+                    RebalanceReason::GracefulLeave => "graceful_leave",
+                };
+                let seconds = now.saturating_duration_since(round.at).as_secs_f64();
+                crate::telemetry::rebalance_round(&node, reason, round.moves.len(), seconds);
+            }
+            self.rounds_counted = closed;
+        }
         let rounds = self.core.rounds();
         let mut published = lock(&self.rounds);
         if published.len() != rounds.len() || published.last() != rounds.last() {

@@ -37,6 +37,7 @@ pub(crate) async fn write_loop<W: AsyncWrite + Unpin>(
     mut io: W,
 ) {
     let conn = &closed_at_end.0;
+    let peer_metrics = shared.stats.metrics.peer(conn.peer.addr);
     let mut batch = BytesMut::with_capacity(64 * 1024);
     if let Some(frame) = first {
         let mut codec = conn.codec;
@@ -66,6 +67,8 @@ pub(crate) async fn write_loop<W: AsyncWrite + Unpin>(
                     break;
                 }
                 shared.stats.record_batch(n);
+                peer_metrics.frames.increment(n as u64);
+                peer_metrics.bytes.increment(batch.len() as u64);
             }
             let written = tokio::select! {
                 biased;
