@@ -137,6 +137,8 @@ pub struct Answered {
     /// Per logical ask: when it was acked (µs since `started`) and how long
     /// it took from its first attempt (µs, retries included).
     pub timeline: Vec<(u64, u64)>,
+    /// The entity of each `timeline` point.
+    pub timeline_ids: Vec<u64>,
 }
 
 impl Answered {
@@ -203,6 +205,61 @@ pub async fn drive<S, J>(
     collect_report(asks.buffer_unordered(in_flight)).await
 }
 
+/// The first sender id of the open-loop drivers' asks.
+const OPEN_LOOP_SENDERS: u64 = 1 << 31;
+
+/// Open-loop driver `d` (W2 `--offered-rate`): `count` asks issued at
+/// `per_second`, each on a schedule of its own whatever the others do (as
+/// requests reach a real service), each retried until acked. Ask `k` goes
+/// to `entity-{(stride * k + d) mod 1000}` as a sender of its own (driver
+/// id `2³¹ + d * 10⁹ + k`): independent asks have no order to keep.
+#[allow(dead_code)] // not every program that includes this file drives open loops
+pub async fn drive_open<S: Send + Sync + 'static, J: Send + Sync + 'static>(
+    system: ShardedSystem<S, J>,
+    d: u32,
+    stride: u64,
+    count: u64,
+    per_second: f64,
+    answered: Arc<Mutex<Answered>>,
+) -> DriverReport {
+    assert!(
+        count < 1_000_000_000,
+        "open-loop sender ids hold 10⁹ asks per driver"
+    );
+    let refs: Arc<Vec<EntityRef<Pinger>>> = Arc::new(
+        (0..ENTITIES)
+            .map(|k| system.entity_ref::<Pinger>(entity_id(k)))
+            .collect(),
+    );
+    let start = tokio::time::Instant::now();
+    let mut asks = tokio::task::JoinSet::new();
+    let mut report = DriverReport::new();
+    for k in 0..count {
+        let due = start + Duration::from_secs_f64(k as f64 / per_second);
+        if due > tokio::time::Instant::now() {
+            tokio::time::sleep_until(due).await;
+        }
+        let (refs, answered) = (refs.clone(), answered.clone());
+        asks.spawn(async move {
+            let id = (stride * k + u64::from(d)) % ENTITIES;
+            // Above 2³¹: no closed-loop or warm-up driver id.
+            let sender = (OPEN_LOOP_SENDERS + u64::from(d) * 1_000_000_000 + k) as u32;
+            let attempts = ask_until_acked(&refs[id as usize], sender, k).await;
+            if attempts.acked {
+                note_answer(&answered, id, &attempts).await;
+            }
+            attempts
+        });
+        while let Some(done) = asks.try_join_next() {
+            report.add(done.expect("an ask task"));
+        }
+    }
+    while let Some(done) = asks.join_next().await {
+        report.add(done.expect("an ask task"));
+    }
+    report
+}
+
 /// Records, for W2, when entity `id` answered and the ask's timeline point.
 async fn note_answer(answered: &Mutex<Answered>, id: u64, attempts: &Attempts) {
     let took = attempts.began.elapsed().as_micros() as u64;
@@ -216,6 +273,7 @@ async fn note_answer(answered: &Mutex<Answered>, id: u64, attempts: &Attempts) {
     if let Some(started) = answered.started {
         let at = started.elapsed().as_micros() as u64;
         answered.timeline.push((at, took));
+        answered.timeline_ids.push(id);
     }
 }
 

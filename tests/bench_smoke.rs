@@ -98,6 +98,36 @@ fn w2_rehomes_every_affected_entity_with_no_missing_ack() {
 }
 
 #[test]
+fn w2_open_loop_splits_the_acks_between_the_killed_nodes_entities_and_the_rest() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let chart = dir.path().join("w2-open.svg");
+    let chart_arg = chart.to_str().expect("a UTF-8 path");
+    let extra = [
+        "--downing",
+        "timeout",
+        "--offered-rate",
+        "10000",
+        "--chart",
+        chart_arg,
+    ];
+    let record = run_with("w2", &extra);
+    no_missing(&record);
+    assert_eq!(record["unexplained_violations"], 0, "{record}");
+    assert_eq!(record["offered_rate"], 10000.0, "{record}");
+    // The others kept being answered through the outage.
+    let during = record["unaffected_acks_per_s_during_outage"]
+        .as_f64()
+        .unwrap();
+    assert!(during > 0.0, "{record}");
+    assert!(
+        record["affected_longest_wait_ms"].as_f64().unwrap() > 0.0,
+        "{record}"
+    );
+    let svg = std::fs::read_to_string(&chart).expect("the chart was written");
+    assert!(svg.contains("entities on the killed node") && svg.contains("the other entities"));
+}
+
+#[test]
 fn w3_runs_without_store_and_with_both_stores() {
     let record = run("w3");
     for store in ["none", "in_memory", "file_always"] {

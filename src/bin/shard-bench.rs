@@ -37,8 +37,9 @@ mod ping;
 #[path = "shard_bench/transport.rs"]
 mod transport;
 use harness::{
-    Answered, ENTITIES, Node, cpu_time, drive, drive_fresh, entities_hosted_on, entity_id,
-    form_cluster, join_reports, peak_rss_kib, ping_factory, sharding_config, shares, warm_up,
+    Answered, ENTITIES, Node, cpu_time, drive, drive_fresh, drive_open, entities_hosted_on,
+    entity_id, form_cluster, join_reports, peak_rss_kib, ping_factory, sharding_config, shares,
+    warm_up,
 };
 use ping::{Checks, PingEntity, Pinger};
 
@@ -165,6 +166,13 @@ struct Args {
     /// W2 only: where to write the latency-over-time chart (SVG).
     #[arg(long, default_value = "w2-latency.svg")]
     chart: std::path::PathBuf,
+    /// W2 only: an open loop instead of closed ones — the two drivers issue
+    /// this many asks per second in all, each on its own schedule (as
+    /// requests reach a service), whatever the earlier ones are waiting
+    /// for; the chart splits the acks between the entities that lived on
+    /// the killed node and the rest.
+    #[arg(long, value_parser = positive_rate)]
+    offered_rate: Option<f64>,
     /// (multi-process, internal) run as node N of the three.
     #[arg(long, hide = true)]
     child: Option<usize>,
@@ -540,20 +548,36 @@ async fn run_w3(
 /// The chart's interval.
 const W2_INTERVAL: Duration = Duration::from_millis(20);
 
+/// `--offered-rate`: a positive number of asks per second.
+fn positive_rate(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(rate) if rate.is_finite() && rate >= 1.0 => Ok(rate),
+        _ => Err(format!("not a rate of at least 1 ask per second: {s:?}")),
+    }
+}
+
+/// How a W2 run goes: the downing, the node killed, the chart, and the
+/// open loop's rate (closed loops without one).
+#[derive(Clone, Copy)]
+struct W2Shape<'a> {
+    downing: Downing,
+    victim_index: usize,
+    chart_path: &'a std::path::Path,
+    offered_rate: Option<f64>,
+}
+
 /// W2 on the ping entity, or with `journal` on the durable one (and its
 /// checks after the run: `durable::check_w2`).
 async fn run_w2(
     messages: u64,
-    downing: Downing,
-    victim_index: usize,
-    chart_path: &std::path::Path,
+    shape: W2Shape<'_>,
     journal: Option<durable::JournalKind>,
 ) -> Result<(serde_json::Value, bool), Box<dyn std::error::Error>> {
     let checks = Arc::new(Checks::default());
-    let timeout_downing = downing == Downing::Timeout;
+    let timeout_downing = shape.downing == Downing::Timeout;
     let Some(kind) = journal else {
         let nodes = cluster("shard-bench-w2", &checks, timeout_downing, &[]).await?;
-        let done = w2_on(nodes, checks, messages, downing, victim_index, chart_path).await?;
+        let done = w2_on(nodes, checks, messages, shape).await?;
         stop(done.survivors).await;
         return Ok((done.json, done.correct));
     };
@@ -563,7 +587,7 @@ async fn run_w2(
     let journals = stores.fresh(true)?;
     let nodes =
         durable::durable_cluster("shard-bench-w2", &checks, timeout_downing, journals).await?;
-    let mut done = w2_on(nodes, checks, messages, downing, victim_index, chart_path).await?;
+    let mut done = w2_on(nodes, checks, messages, shape).await?;
     let (checked, ok) =
         durable::check_w2(&done.survivors[0], 2, messages / 2, &done.retried).await?;
     stop(done.survivors).await;
@@ -587,11 +611,15 @@ async fn w2_on<J: Send + Sync + 'static>(
     nodes: Vec<Node<NoStore, J>>,
     checks: Arc<Checks>,
     messages: u64,
-    downing: Downing,
-    victim_index: usize,
-    chart_path: &std::path::Path,
+    shape: W2Shape<'_>,
 ) -> Result<W2Done<J>, Box<dyn std::error::Error>> {
-    let downing = downing.label();
+    let W2Shape {
+        victim_index,
+        chart_path,
+        offered_rate,
+        ..
+    } = shape;
+    let downing = shape.downing.label();
     // Node 0, the oldest, is the coordinator.
     let affected = entities_hosted_on(&nodes, victim_index);
     let driving: Vec<usize> = (0..3).filter(|i| *i != victim_index).collect();
@@ -605,7 +633,12 @@ async fn w2_on<J: Send + Sync + 'static>(
         .map(|d| {
             let system = nodes[driving[d]].system.clone();
             let answered = answered.clone();
-            tokio::spawn(drive(system, d as u32, 2, share, 16, Some(answered)))
+            match offered_rate {
+                Some(rate) => {
+                    tokio::spawn(drive_open(system, d as u32, 2, share, rate / 2.0, answered))
+                }
+                None => tokio::spawn(drive(system, d as u32, 2, share, 16, Some(answered))),
+            }
         })
         .collect();
     // Kill at 30% of the acks: watch the entity-side counter.
@@ -658,12 +691,23 @@ async fn w2_on<J: Send + Sync + 'static>(
         down_s: kill_s + downed.as_secs_f64(),
         rehomed_s: rehomed.map(|t| kill_s + t.as_secs_f64()),
     };
-    let title = format!(
-        "W2: {} asks, node {victim_index} killed at {:.2} s (detector 100 + 300 ms; {downing})",
-        run.expected, kill_s
-    );
     json["downing"] = downing.into();
-    chart::draw(chart_path, &title, &cut, W2_INTERVAL, &marks)?;
+    match offered_rate {
+        None => {
+            let title = format!(
+                "W2: {} asks, node {victim_index} killed at {:.2} s (detector 100 + 300 ms; {downing})",
+                run.expected, kill_s
+            );
+            chart::draw(chart_path, &title, &cut, W2_INTERVAL, &marks)?;
+        }
+        Some(rate) => {
+            let split = open_loop_split(&answered, &affected, &marks, rate, &mut json);
+            let title = format!(
+                "W2 open loop: {rate:.0} asks/s offered, node {victim_index} killed at {kill_s:.2} s ({downing})"
+            );
+            chart::draw_split(chart_path, &title, &split, W2_INTERVAL, &marks)?;
+        }
+    }
     println!("w2: chart written to {}", chart_path.display());
     json["chart"] = chart_path.display().to_string().into();
     json["interval_ms"] = (W2_INTERVAL.as_secs_f64() * 1e3).into();
@@ -682,6 +726,58 @@ async fn w2_on<J: Send + Sync + 'static>(
         survivors: nodes,
         retried: run.retried,
     })
+}
+
+/// The open loop's figures: its timeline cut into intervals for the
+/// entities that lived on the killed node and for the rest, and, in
+/// `json`, the rest's ack rate before the kill and between the kill and the
+/// last rehome, and the affected asks' longest wait.
+fn open_loop_split(
+    answered: &Answered,
+    affected: &[u64],
+    marks: &chart::Marks,
+    rate: f64,
+    json: &mut serde_json::Value,
+) -> chart::Split {
+    let affected: std::collections::HashSet<u64> = affected.iter().copied().collect();
+    let (mut hit, mut rest) = (Vec::new(), Vec::new());
+    for (point, id) in answered.timeline.iter().zip(&answered.timeline_ids) {
+        if affected.contains(id) {
+            hit.push(*point)
+        } else {
+            rest.push(*point)
+        }
+    }
+    let rate_between = |from_s: f64, to_s: f64| {
+        let (from, to) = ((from_s * 1e6) as u64, (to_s * 1e6) as u64);
+        let acks = rest
+            .iter()
+            .filter(|(at, _)| (from..to).contains(at))
+            .count();
+        acks as f64 / (to_s - from_s).max(1e-9)
+    };
+    let outage_end = marks.rehomed_s.unwrap_or(marks.down_s);
+    let before = rate_between(0.5, marks.kill_s);
+    let during = rate_between(marks.kill_s, outage_end);
+    let longest = hit.iter().map(|(_, took)| *took).max().unwrap_or(0);
+    println!(
+        "w2 open loop ({rate:.0} asks/s offered): the other entities acked {before:.0}/s before the kill and {during:.0}/s from the kill to the last rehome; the affected entities' longest wait {:.0} ms",
+        longest as f64 / 1e3
+    );
+    json["offered_rate"] = rate.into();
+    json["unaffected_acks_per_s_before_kill"] = before.into();
+    json["unaffected_acks_per_s_during_outage"] = during.into();
+    json["affected_longest_wait_ms"] = (longest as f64 / 1e3).into();
+    let end = answered
+        .timeline
+        .iter()
+        .map(|(at, _)| *at)
+        .max()
+        .unwrap_or(0);
+    chart::Split {
+        affected: chart::intervals_to(&hit, W2_INTERVAL, end),
+        rest: chart::intervals_to(&rest, W2_INTERVAL, end),
+    }
 }
 
 /// Baseline (a): the transport alone (`transport.rs`).
@@ -851,14 +947,13 @@ async fn in_process(args: Args, in_flight: usize) -> ExitCode {
         }
         Workload::Transport => run_transport(args.messages, in_flight).await,
         Workload::W2 => {
-            run_w2(
-                args.messages,
-                args.downing,
-                args.victim as usize,
-                &args.chart,
-                args.journal,
-            )
-            .await
+            let shape = W2Shape {
+                downing: args.downing,
+                victim_index: args.victim as usize,
+                chart_path: &args.chart,
+                offered_rate: args.offered_rate,
+            };
+            run_w2(args.messages, shape, args.journal).await
         }
         Workload::W3 => run_w3(args.messages, args.spawning).await,
         Workload::Handoff => handoff::run(args.entities).await,

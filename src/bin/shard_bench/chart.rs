@@ -22,10 +22,16 @@ pub struct Interval {
 /// Cuts a timeline of `(acked at µs, latency µs)` into intervals of `width`
 /// (an interval with no ack is kept, with zeros: the chart shows the gap).
 pub fn intervals(timeline: &[(u64, u64)], width: Duration) -> Vec<Interval> {
-    let width_us = width.as_micros().max(1) as u64;
     let Some(end) = timeline.iter().map(|(at, _)| *at).max() else {
         return Vec::new();
     };
+    intervals_to(timeline, width, end)
+}
+
+/// [`intervals`] up to `end` µs (so two timelines cut alike line up).
+pub fn intervals_to(timeline: &[(u64, u64)], width: Duration, end: u64) -> Vec<Interval> {
+    let width_us = width.as_micros().max(1) as u64;
+    let end = timeline.iter().map(|(at, _)| *at).fold(end, u64::max);
     let count = (end / width_us + 1) as usize;
     let mut histograms: Vec<Histogram<u64>> = (0..count)
         .map(|_| Histogram::new_with_bounds(1, 60_000_000, 2).expect("valid bounds"))
@@ -176,6 +182,123 @@ pub fn draw(
             )))?;
         }
     }
+    root.present()?;
+    Ok(())
+}
+
+/// An open-loop W2's intervals, for the entities that lived on the killed
+/// node and for the rest, cut alike.
+pub struct Split {
+    pub affected: Vec<Interval>,
+    pub rest: Vec<Interval>,
+}
+
+/// Draws the open loop: each group's p99 latency (log scale) above, its
+/// acks per second below, with the same marks as [`draw`].
+pub fn draw_split(
+    path: &Path,
+    title: &str,
+    split: &Split,
+    width: Duration,
+    marks: &Marks,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let root = SVGBackend::new(path, (960, 640)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (upper, lower) = root.split_vertically(360);
+    let longest = split.rest.len().max(split.affected.len());
+    let t_end = longest as f64 * width.as_secs_f64();
+    let all = || split.affected.iter().chain(&split.rest);
+    let top = all().map(|i| i.p99_us).max().unwrap_or(1).max(10) as f64 * 2.0;
+    let groups = [
+        ("entities on the killed node", RED, &split.affected),
+        ("the other entities", BLUE, &split.rest),
+    ];
+    let marks_drawn = [
+        ("kill", BLACK, Some(marks.kill_s)),
+        ("Down", MAGENTA, Some(marks.down_s)),
+        ("last rehome", RGBColor(0, 150, 0), marks.rehomed_s),
+    ];
+
+    let mut latency = ChartBuilder::on(&upper)
+        .caption(title, ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(28)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0f64..t_end, (1f64..top).log_scale())?;
+    latency
+        .configure_mesh()
+        .y_desc("p99 latency, µs (log)")
+        .x_desc("seconds since the run started")
+        .draw()?;
+    for (label, color, intervals) in groups {
+        let runs: Vec<&[Interval]> = intervals
+            .split(|i| i.acks == 0)
+            .filter(|run| !run.is_empty())
+            .collect();
+        for (n, run) in runs.iter().enumerate() {
+            let drawn = latency.draw_series(LineSeries::new(
+                run.iter().map(|i| (i.start_s, i.p99_us.max(1) as f64)),
+                color.stroke_width(2),
+            ))?;
+            if n == 0 {
+                drawn
+                    .label(format!("p99, {label}"))
+                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+            }
+        }
+    }
+    for (label, color, at) in marks_drawn {
+        if let Some(at) = at {
+            latency
+                .draw_series(std::iter::once(PathElement::new(
+                    vec![(at, 1.0), (at, top)],
+                    color.stroke_width(1),
+                )))?
+                .label(label)
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        }
+    }
+    latency
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()?;
+
+    let per_s = 1.0 / width.as_secs_f64();
+    let peak = all().map(|i| i.acks).max().unwrap_or(1) as f64 * per_s * 1.1;
+    let mut rate = ChartBuilder::on(&lower)
+        .margin(12)
+        .x_label_area_size(28)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0f64..t_end, 0f64..peak.max(1.0))?;
+    rate.configure_mesh()
+        .y_desc("acks per second")
+        .y_label_formatter(&|v| format!("{:.0}k", v / 1e3))
+        .draw()?;
+    for (label, color, intervals) in groups {
+        // (The last interval is cut short by the end of the run: left out.)
+        let full = &intervals[..intervals.len().saturating_sub(1)];
+        rate.draw_series(LineSeries::new(
+            full.iter().map(|i| (i.start_s, i.acks as f64 * per_s)),
+            color.stroke_width(2),
+        ))?
+        .label(label)
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+    }
+    for (_, color, at) in marks_drawn {
+        if let Some(at) = at {
+            rate.draw_series(std::iter::once(PathElement::new(
+                vec![(at, 0.0), (at, peak)],
+                color.stroke_width(1),
+            )))?;
+        }
+    }
+    rate.configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()?;
     root.present()?;
     Ok(())
 }
