@@ -85,10 +85,13 @@ impl Dns {
     }
 
     /// An SRV record of the cluster's service for `node`, its target
-    /// `host` with an A record 127.0.0.1.
+    /// `host` dual-stack: A 127.0.0.1 and AAAA ::1 (so each node is listed
+    /// twice, once per family, as a dual-stack pod is).
     async fn add_node(&mut self, host: &str, node: SocketAddr) {
         let target = format!("{host}.{ZONE}");
         self.add(&target, RData::A(A(Ipv4Addr::LOCALHOST))).await;
+        self.add(&target, RData::AAAA(AAAA(Ipv6Addr::LOCALHOST)))
+            .await;
         let srv = SRV::new(0, 0, node.port(), name(&target));
         let added = self
             .add(&format!("_datum._tcp.{ZONE}"), RData::SRV(srv))
@@ -103,29 +106,42 @@ fn srv_discovery(dns: &Dns) -> SeedDiscovery {
         .interval(Duration::from_millis(100))
 }
 
-/// A node that discovers its seeds, on a port of its own that the test
-/// knows before it starts (to publish its record).
-async fn start_node(discovery: SeedDiscovery, port: u16) -> ClusterNode {
+/// A node that discovers its seeds, on a free port of 127.0.0.1.
+async fn start_node(discovery: SeedDiscovery) -> ClusterNode {
     let config = ClusterConfig::builder()
         .cluster_name("discovery")
         .secret("discovery-secret")
-        .bind_addr(SocketAddr::from(([127, 0, 0, 1], port)))
         .discovery(discovery)
         .build();
     ClusterNode::start(config).await.expect("node starts")
 }
 
-/// Free ports on 127.0.0.1, ascending (the lowest forms the cluster).
-fn free_ports(n: usize) -> Vec<u16> {
-    let listeners: Vec<_> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    let mut ports: Vec<u16> = listeners
-        .iter()
-        .map(|l| l.local_addr().unwrap().port())
-        .collect();
-    ports.sort_unstable();
-    ports
+/// `n` nodes, sorted by address (the lowest is the one that may form).
+async fn start_nodes(discovery: &SeedDiscovery, n: usize) -> Vec<ClusterNode> {
+    let mut nodes = Vec::new();
+    for _ in 0..n {
+        nodes.push(start_node(discovery.clone()).await);
+    }
+    nodes.sort_by_key(|node| node.bound_addr());
+    nodes
+}
+
+/// Waits 1.5 s (three seed timeouts) and fails if any of `nodes` became a
+/// member meanwhile: an absence has no event to wait for.
+async fn nobody_forms(nodes: &[ClusterNode]) {
+    let formed = tokio::time::timeout(
+        Duration::from_millis(1_500),
+        futures_util::future::select_all(
+            nodes
+                .iter()
+                .map(|n| Box::pin(n.wait_until(|s| s.self_status().is_some(), LONG))),
+        ),
+    )
+    .await;
+    assert!(formed.is_err(), "a node formed a cluster alone");
+    for node in nodes {
+        assert_eq!(node.current_state().self_status(), None);
+    }
 }
 
 async fn members_up(node: &ClusterNode, n: usize) {
@@ -169,7 +185,9 @@ async fn dns_a_aaaa_and_srv_records_resolve_to_seed_addresses() {
         srv.resolve().await.unwrap(),
         vec![
             "127.0.0.1:7001".parse::<SocketAddr>().unwrap(),
-            "127.0.0.1:7002".parse().unwrap()
+            "127.0.0.1:7002".parse().unwrap(),
+            "[::1]:7001".parse().unwrap(),
+            "[::1]:7002".parse().unwrap(),
         ]
     );
 }
@@ -177,27 +195,16 @@ async fn dns_a_aaaa_and_srv_records_resolve_to_seed_addresses() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_forms_through_srv_records_added_and_removed_while_it_forms() {
     let mut dns = Dns::start().await;
-    let ports = free_ports(4);
-    let addr = |i: usize| SocketAddr::from(([127, 0, 0, 1], ports[i]));
     // Three nodes start with nothing to find; two must be listed before
     // the lowest may form the cluster.
     let discovery = srv_discovery(&dns).required(2);
-    let mut nodes = Vec::new();
-    for i in [2, 1, 0] {
-        nodes.push(start_node(discovery.clone(), ports[i]).await);
-    }
-    // Only the highest is listed: one address is not two, so nobody forms,
-    // however long past the seed timeout (0.5 s) it stays so.
+    let nodes = start_nodes(&discovery, 3).await;
+    let addr = |i: usize| nodes[i].bound_addr();
+    nobody_forms(&nodes).await;
+    // Only the highest is listed (twice: IPv4 and IPv6): one address of
+    // the nodes' family is not two, so nobody forms.
     dns.add_node("n2", addr(2)).await;
-    let formed = tokio::time::timeout(
-        Duration::from_millis(1_500),
-        nodes[0].wait_until(|s| s.self_status().is_some(), LONG),
-    )
-    .await;
-    assert!(formed.is_err(), "a node formed a cluster alone: {formed:?}");
-    for node in &nodes {
-        assert_eq!(node.current_state().self_status(), None);
-    }
+    nobody_forms(&nodes).await;
     // Then the lowest: it forms, the others join it.
     dns.add_node("n0", addr(0)).await;
     for node in &nodes {
@@ -212,14 +219,14 @@ async fn a_cluster_forms_through_srv_records_added_and_removed_while_it_forms() 
         "one cluster of the three"
     );
 
-    // The lowest's record goes, a dead address takes its place, and the
-    // last port joins through what is still listed.
+    // The lowest's record goes, a dead address takes its place, and a
+    // fourth node joins through what is still listed.
     dns.remove(&format!("_datum._tcp.{ZONE}"), RecordType::SRV)
         .await;
     dns.add_node("n2", addr(2)).await;
     dns.add_node("dead", SocketAddr::from(([127, 0, 0, 1], 1)))
         .await;
-    let late = start_node(discovery.clone(), ports[3]).await;
+    let late = start_node(discovery.clone()).await;
     members_up(&late, 4).await;
     members_up(&nodes[0], 4).await;
     for node in nodes.iter().chain([&late]) {
@@ -231,8 +238,6 @@ async fn a_cluster_forms_through_srv_records_added_and_removed_while_it_forms() 
 async fn a_seed_file_that_changes_forms_the_cluster_and_bad_lines_are_reported() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("seeds");
-    let ports = free_ports(2);
-    let addr = |i: usize| SocketAddr::from(([127, 0, 0, 1], ports[i]));
     let discovery = SeedDiscovery::file(&path)
         .required(2)
         .interval(Duration::from_millis(100));
@@ -240,15 +245,27 @@ async fn a_seed_file_that_changes_forms_the_cluster_and_bad_lines_are_reported()
     let missing = discovery.resolve().await.unwrap_err();
     assert!(matches!(missing, DiscoveryError::Read { .. }), "{missing}");
     // A malformed line: an error naming the line, nothing half-read.
-    std::fs::write(&path, format!("# seeds\n{}\nnot-an-address\n", addr(0))).unwrap();
+    std::fs::write(&path, "# seeds\n127.0.0.1:7001\nnot-an-address\n").unwrap();
     match discovery.resolve().await {
         Err(DiscoveryError::Malformed { line: 3, text, .. }) => assert_eq!(text, "not-an-address"),
         other => panic!("expected a malformed line 3, got {other:?}"),
     }
-    // The nodes start on a file that lists one of them: nobody forms.
+    // A byte-order mark and CRLF line ends are read past.
+    std::fs::write(&path, "\u{feff}127.0.0.1:7002\r\n127.0.0.1:7001\r\n").unwrap();
+    let listed = discovery.resolve().await.unwrap();
+    assert_eq!(
+        listed,
+        vec![([127, 0, 0, 1], 7001).into(), ([127, 0, 0, 1], 7002).into()]
+    );
+    std::fs::remove_file(&path).unwrap();
+
+    // Two nodes start while the file is missing; then it lists only the
+    // higher: nobody forms.
+    let nodes = start_nodes(&discovery, 2).await;
+    let addr = |i: usize| nodes[i].bound_addr();
+    nobody_forms(&nodes).await;
     std::fs::write(&path, format!("{}\n", addr(1))).unwrap();
-    let high = start_node(discovery.clone(), ports[1]).await;
-    let low = start_node(discovery.clone(), ports[0]).await;
+    nobody_forms(&nodes).await;
     // Written whole (by rename): both listed, the lowest forms, the other joins.
     let next = dir.path().join("seeds.next");
     std::fs::write(
@@ -257,9 +274,10 @@ async fn a_seed_file_that_changes_forms_the_cluster_and_bad_lines_are_reported()
     )
     .unwrap();
     std::fs::rename(&next, &path).unwrap();
-    members_up(&low, 2).await;
-    members_up(&high, 2).await;
-    for node in [&high, &low] {
+    for node in &nodes {
+        members_up(node, 2).await;
+    }
+    for node in &nodes {
         node.shutdown().await.expect("leaves");
     }
 }
@@ -279,6 +297,7 @@ async fn seeds_and_discovery_together_are_refused() {
 fn datum_node_finds_its_seeds_through_a_file() {
     use std::io::{BufRead, BufReader};
     use std::process::{Command, Stdio};
+    use std::sync::mpsc;
     const BIN: &str = env!("CARGO_BIN_EXE_datum-node");
 
     let bad = Command::new(BIN)
@@ -295,11 +314,6 @@ fn datum_node_finds_its_seeds_through_a_file() {
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("file:PATH"));
 
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("seeds");
-    let ports = free_ports(2);
-    let lines: String = ports.iter().map(|p| format!("127.0.0.1:{p}\n")).collect();
-    std::fs::write(&path, lines).unwrap();
     /// Killed when the test ends, passed or failed.
     struct Child(std::process::Child);
     impl Drop for Child {
@@ -308,34 +322,56 @@ fn datum_node_finds_its_seeds_through_a_file() {
             let _ = self.0.wait();
         }
     }
-    let mut children: Vec<Child> = ports
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("seeds");
+    // Each node's JSON lines, read on a thread of its own.
+    let mut children = Vec::new();
+    let mut lines = Vec::new();
+    for _ in 0..2 {
+        let mut child = Command::new(BIN)
+            .args(["--cluster-name", "discovery-proc", "--secret", "s"])
+            .args(["--discovery", &format!("file:{}", path.display())])
+            .args(["--discovery-required", "2"])
+            .env("RUST_LOG", "error")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn datum-node");
+        let out = BufReader::new(child.stdout.take().unwrap());
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in out.lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        children.push(Child(child));
+        lines.push(rx);
+    }
+    let next = |rx: &mpsc::Receiver<String>, event: &str| loop {
+        let line = rx
+            .recv_timeout(LONG)
+            .unwrap_or_else(|e| panic!("no {event} line: {e}"));
+        if line.contains(&format!("\"event\":\"{event}\"")) {
+            return line;
+        }
+    };
+    // The file is written once both listen: their `started` lines name them.
+    let addrs: Vec<String> = lines
         .iter()
-        .map(|port| {
-            let child = Command::new(BIN)
-                .args(["--cluster-name", "discovery-proc", "--secret", "s"])
-                .args(["--bind", &format!("127.0.0.1:{port}")])
-                .args(["--discovery", &format!("file:{}", path.display())])
-                .args(["--discovery-required", "2"])
-                .env("RUST_LOG", "warn")
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("spawn datum-node");
-            Child(child)
+        .map(|rx| {
+            let line: serde_json::Value = serde_json::from_str(&next(rx, "started")).unwrap();
+            line["addr"].as_str().unwrap().to_owned()
         })
         .collect();
-    for child in &mut children {
-        let out = BufReader::new(child.0.stdout.take().unwrap());
-        let ups = out
-            .lines()
-            .map(|l| l.expect("stdout"))
-            .filter(|l| l.contains("\"member_up\""))
-            .take(2)
-            .count();
-        assert_eq!(ups, 2, "both members Up in each node's view");
+    std::fs::write(&path, format!("{}\n{}\n", addrs[0], addrs[1])).unwrap();
+    for rx in &lines {
+        next(rx, "member_up");
+        next(rx, "member_up");
     }
-    for child in &mut children {
+    for child in &children {
         // SAFETY: a plain kill(2) of our own child.
         unsafe { libc::kill(child.0.id() as i32, libc::SIGTERM) };
     }

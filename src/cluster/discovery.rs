@@ -11,6 +11,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// The shortest interval between two resolutions.
+pub(crate) const MIN_INTERVAL: Duration = Duration::from_millis(10);
+
 /// Where a joining node finds its seeds (see the module docs).
 #[derive(Clone, Debug)]
 pub struct SeedDiscovery {
@@ -127,9 +130,9 @@ impl SeedDiscovery {
         self
     }
 
-    /// How often to resolve again while joining.
+    /// How often to resolve again while joining (at least 10 ms).
     pub fn interval(mut self, interval: Duration) -> Self {
-        self.interval = interval;
+        self.interval = interval.max(MIN_INTERVAL);
         self
     }
 
@@ -163,6 +166,8 @@ async fn read_file(path: &PathBuf) -> Result<Vec<SocketAddr>, DiscoveryError> {
             path: path.clone(),
             source,
         })?;
+    // A byte-order mark, as some editors write, is not part of line 1.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
     let mut found = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let line = line.trim();
@@ -243,15 +248,24 @@ mod dns {
                     Err(e) if is_empty_answer(&e) => return Ok(found),
                     Err(e) => return Err(failed(e.to_string())),
                 };
+                // A target that fails is skipped; only when every one
+                // fails is the resolution an error.
+                let mut last_error = None;
                 for record in srv.answers() {
                     let RData::SRV(srv) = &record.data else {
                         continue;
                     };
+                    if srv.target.is_root() {
+                        continue; // ".": no service here (RFC 2782)
+                    }
                     match resolver.lookup_ip(srv.target.clone()).await {
                         Ok(ips) => found.extend(ips.iter().map(|ip| SocketAddr::new(ip, srv.port))),
                         Err(e) if is_empty_answer(&e) => {}
-                        Err(e) => return Err(failed(e.to_string())),
+                        Err(e) => last_error = Some(e.to_string()),
                     }
+                }
+                if let (true, Some(error)) = (found.is_empty(), last_error) {
+                    return Err(failed(error));
                 }
             }
         }

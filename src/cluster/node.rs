@@ -235,7 +235,7 @@ impl ClusterNode {
                 core.join_discovered(Instant::now())?;
                 let (tx, rx) = mpsc::channel(1);
                 let task = tokio::spawn(discover(discovery.clone(), me, tx));
-                (Some(rx), Some((discovery.clone(), task)))
+                (Some(rx), Some((discovery.clone(), AbortOnDrop(task))))
             }
         };
         let (state_tx, state) = watch::channel(core.state());
@@ -251,6 +251,7 @@ impl ClusterNode {
             state: state_tx,
             events: events.clone(),
             undecodable: WarnLimit::default(),
+            unlisted: WarnLimit::default(),
             refusals_tx,
             refusals,
             refusal: refusal.clone(),
@@ -483,6 +484,8 @@ struct Driver {
     /// Rate limit of warnings about undecodable membership messages: a
     /// buggy peer sends them at gossip rate.
     undecodable: WarnLimit,
+    /// Rate limit of the warning that discovery does not list this node.
+    unlisted: WarnLimit,
     /// Seed dials report incurable refusals here.
     refusals_tx: mpsc::UnboundedSender<(SocketAddr, RejectReason, bool)>,
     refusals: mpsc::UnboundedReceiver<(SocketAddr, RejectReason, bool)>,
@@ -497,8 +500,9 @@ struct Driver {
     seeds: Vec<SocketAddr>,
     /// With discovery, while joining: each resolution's addresses.
     discovered: Option<mpsc::Receiver<Vec<SocketAddr>>>,
-    /// The discovery settings and the task resolving them.
-    discovery: Option<(SeedDiscovery, JoinHandle<()>)>,
+    /// The discovery settings and the task resolving them (stopped when
+    /// this is dropped).
+    discovery: Option<(SeedDiscovery, AbortOnDrop)>,
     /// The core's split-brain decisions the metrics have counted.
     decisions_counted: (u64, u64),
 }
@@ -532,7 +536,17 @@ async fn discover(
                 }
             }
         }
-        tokio::time::sleep(discovery.interval).await;
+        tokio::time::sleep(discovery.interval.max(super::discovery::MIN_INTERVAL)).await;
+    }
+}
+
+/// A task aborted when its handle is dropped (the driver's end, or its
+/// abort on a crash).
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -550,6 +564,11 @@ impl Driver {
         loop {
             if self.execute() {
                 break;
+            }
+            if self.discovered.is_some() && self.core.self_status().is_some() {
+                // A member: discovery has done its part.
+                self.discovered = None;
+                self.discovery = None;
             }
             let deadline = self.core.poll_timeout();
             let result = tokio::select! {
@@ -602,9 +621,7 @@ impl Driver {
                 }
             }
         }
-        if let Some((_, task)) = &self.discovery {
-            task.abort();
-        }
+        self.discovery = None;
         // Out of the cluster (removed, downed, or never joined): close the pipes.
         self.transport.shutdown().await;
         tracing::debug!(node = %me, "membership driver stopped");
@@ -618,10 +635,21 @@ impl Driver {
             return Ok(());
         }
         let me = self.core.self_address().addr;
+        // A dual-stack name lists each node twice: only the addresses of
+        // this node's own family count (for `required` and the lowest).
+        let found: Vec<SocketAddr> = found
+            .into_iter()
+            .filter(|a| a.is_ipv4() == me.is_ipv4())
+            .collect();
         let may_form = self
             .discovery
             .as_ref()
             .is_some_and(|(d, _)| d.may_form(me, &found));
+        if found.len() >= self.discovery.as_ref().map_or(1, |(d, _)| d.required)
+            && !found.contains(&me)
+        {
+            warn_limited!(self.unlisted, "seed discovery does not list this node's own address: it will never form a cluster by itself"; node = %self.core.self_address(), listed = found.len());
+        }
         self.seeds = found.iter().copied().filter(|s| *s != me).collect();
         self.core.set_seeds(Instant::now(), &found, may_form)
     }
@@ -653,7 +681,9 @@ impl Driver {
         });
         *self.refused_by.entry(seed).or_insert(0) += 1;
         let limit = self.refusal_limit;
+        // (Discovery may list no seed at the moment: that is no reason.)
         let give_up = limit > 0
+            && !self.seeds.is_empty()
             && self
                 .seeds
                 .iter()
