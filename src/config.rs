@@ -79,6 +79,13 @@ pub struct ShardingConfig {
     /// types registered with `register_remembered`).
     #[builder(default)]
     pub remember_entities: RememberEntitiesConfig,
+    /// Tracing across nodes (SPEC §14.2): with it, every tell and ask has a
+    /// span (`datum.tell`, `datum.ask`) and its handling one
+    /// (`datum.handle`) in the same trace, the trace context carried to
+    /// other nodes in the envelope. `None` (the default): no spans, nothing
+    /// carried.
+    #[builder(default, setter(strip_option))]
+    pub tracing: Option<crate::telemetry::Tracing>,
 }
 
 /// Passivation by an active-entity limit (SPEC §6.1).

@@ -79,6 +79,7 @@ pub mod bench {
             hops: 0,
             reply_to: Some(target()),
             payload,
+            trace: None,
         }
     }
 

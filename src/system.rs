@@ -756,7 +756,8 @@ impl<S, J> ShardedSystem<S, J> {
             // (Akka's rule: remembered entities are not passivated by a limit,
             // which would forget them.)
             .with_entity_limit(config.entity_limit.filter(|_| !remembers))
-            .with_migration(migration_settings),
+            .with_migration(migration_settings)
+            .with_tracing(config.tracing.clone()),
         );
         if remembers && config.entity_limit.is_some() {
             tracing::warn!(
@@ -1283,7 +1284,16 @@ impl<P: Protocol> EntityRef<P> {
         if let Some(remember) = region.remember().filter(|r| r.is_full()) {
             remember.room(P::TYPE_NAME, self.shard, None).await?;
         }
-        region.deliver(self.shard, &self.entity_id, envelope_of::<P, M>(msg, None))
+        let mut envelope = envelope_of::<P, M>(msg, None);
+        if region.tracing().is_some() {
+            let span = tracing::info_span!(
+                "datum.tell",
+                entity_type = P::TYPE_NAME,
+                entity_id = &*self.entity_id
+            );
+            envelope.set_trace(span);
+        }
+        region.deliver(self.shard, &self.entity_id, envelope)
     }
 
     /// Sends an ask message and waits up to `timeout` for its reply.
@@ -1296,7 +1306,18 @@ impl<P: Protocol> EntityRef<P> {
         let region = self.region()?;
         let sent = std::time::Instant::now();
         region.metrics.asks.increment(1);
-        let answer = self.ask_in(region, msg, timeout).await;
+        let answer = match region.tracing() {
+            None => self.ask_in(region, msg, timeout, None).await,
+            Some(_) => {
+                let span = tracing::info_span!(
+                    "datum.ask",
+                    entity_type = P::TYPE_NAME,
+                    entity_id = &*self.entity_id
+                );
+                let asked = self.ask_in(region, msg, timeout, Some(span.clone()));
+                tracing::Instrument::instrument(asked, span).await
+            }
+        };
         match &answer {
             Ok(_) => region
                 .metrics
@@ -1313,6 +1334,7 @@ impl<P: Protocol> EntityRef<P> {
         region: &Region,
         msg: M,
         timeout: Duration,
+        trace: Option<tracing::Span>,
     ) -> ShardingResult<M::Reply> {
         let deadline = crate::store::writer::deadline_after(timeout);
         if let Some(remember) = region.remember().filter(|r| r.is_full()) {
@@ -1321,11 +1343,11 @@ impl<P: Protocol> EntityRef<P> {
                 .await?;
         }
         let (reply, replied) = oneshot::channel();
-        region.deliver(
-            self.shard,
-            &self.entity_id,
-            envelope_of::<P, M>(msg, Some(reply)),
-        )?;
+        let mut envelope = envelope_of::<P, M>(msg, Some(reply));
+        if let Some(span) = trace {
+            envelope.set_trace(span);
+        }
+        region.deliver(self.shard, &self.entity_id, envelope)?;
         match tokio::time::timeout_at(deadline, replied).await {
             Ok(Ok(result)) => result,
             Ok(Err(_closed)) if region.is_stopped() => Err(ShardingError::ShuttingDown),

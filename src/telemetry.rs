@@ -209,3 +209,81 @@ pub(crate) fn members(node: &str, by_status: &[(&'static str, usize)], unreachab
     }
     gauge!(UNREACHABLE, "node" => node.to_owned()).set(unreachable as f64);
 }
+
+/// A W3C trace context (`traceparent`'s fields): what a traced message
+/// carries to another node (SPEC §14.2), 26 bytes on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TraceContext {
+    /// The trace, shared by every span of it.
+    pub trace_id: [u8; 16],
+    /// The span the message was sent in: the receiver's span's parent.
+    pub span_id: [u8; 8],
+    /// W3C trace flags (bit 0: sampled).
+    pub flags: u8,
+}
+
+impl TraceContext {
+    /// The length of [`to_bytes`](Self::to_bytes).
+    pub const WIRE_LEN: usize = 26;
+
+    /// The wire form: version 0, the trace id, the span id, the flags
+    /// (W3C `traceparent`'s binary order).
+    pub fn to_bytes(&self) -> [u8; Self::WIRE_LEN] {
+        let mut out = [0u8; Self::WIRE_LEN];
+        out[1..17].copy_from_slice(&self.trace_id);
+        out[17..25].copy_from_slice(&self.span_id);
+        out[25] = self.flags;
+        out
+    }
+
+    /// Reads the wire form; `None` for another length or version, or the
+    /// all-zero ids W3C calls invalid.
+    pub fn from_bytes(bytes: &[u8]) -> Option<Self> {
+        if bytes.len() != Self::WIRE_LEN || bytes[0] != 0 {
+            return None;
+        }
+        let context = TraceContext {
+            trace_id: bytes[1..17].try_into().ok()?,
+            span_id: bytes[17..25].try_into().ok()?,
+            flags: bytes[25],
+        };
+        let valid = context.trace_id != [0; 16] && context.span_id != [0; 8];
+        valid.then_some(context)
+    }
+}
+
+/// How this crate's spans join the application's traces: the application
+/// implements it over its tracing system (with `tracing-opentelemetry`:
+/// `examples/tracing_otel.rs`) and sets it in
+/// [`ShardingConfig::tracing`](crate::ShardingConfig::tracing).
+pub trait TracePropagation: Send + Sync + 'static {
+    /// The context of `span` (an ask's or tell's span on the sender's
+    /// node), to send with the message; `None` sends none.
+    fn context_of(&self, span: &tracing::Span) -> Option<TraceContext>;
+
+    /// Makes `parent`, received with a message, the parent of `span` (the
+    /// receiving node's span of that message).
+    fn set_parent(&self, span: &tracing::Span, parent: TraceContext);
+}
+
+/// Tracing across nodes, on (SPEC §14.2): the propagation that turns spans
+/// into trace contexts and back.
+#[derive(Clone)]
+pub struct Tracing(pub(crate) std::sync::Arc<dyn TracePropagation>);
+
+impl Tracing {
+    /// Tracing through `propagation`.
+    pub fn new(propagation: impl TracePropagation) -> Self {
+        Tracing(std::sync::Arc::new(propagation))
+    }
+
+    pub(crate) fn propagation(&self) -> &dyn TracePropagation {
+        &*self.0
+    }
+}
+
+impl std::fmt::Debug for Tracing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Tracing(..)")
+    }
+}

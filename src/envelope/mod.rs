@@ -40,8 +40,35 @@ pub struct LocalEnvelope {
     /// which the sender routed it here (0 for local sends).
     generation: u64,
     body: Box<dyn Any + Send>,
+    /// What the body's type can do once it is erased (one pointer for both).
+    fns: &'static BodyFns,
+    /// With tracing on (SPEC §14.2): the span the message was sent in, or
+    /// on a receiving node the span whose parent is the sender's; the
+    /// handler's span is its child.
+    trace: Option<Box<tracing::Span>>,
+}
+
+/// The functions of one message type's erased body.
+struct BodyFns {
     fail: fn(Box<dyn Any + Send>, ShardingError),
     into_remote: IntoRemote,
+}
+
+/// [`BodyFns`] of `Typed<M, R>`, as a constant (so that a reference to it
+/// is `'static`).
+trait HasBodyFns {
+    const FNS: BodyFns;
+}
+
+impl<M, R> HasBodyFns for Typed<M, R>
+where
+    M: Serialize + Send + 'static,
+    R: Serialize + DeserializeOwned + Send + 'static,
+{
+    const FNS: BodyFns = BodyFns {
+        fail: fail_typed::<M, R>,
+        into_remote: into_remote_typed::<M, R>,
+    };
 }
 
 /// Encodes an envelope's message and splits off its reply route, or gives the
@@ -90,9 +117,19 @@ impl LocalEnvelope {
             hops,
             generation: 0,
             body: Box::new(Typed::<M, R> { msg, reply }),
-            fail: fail_typed::<M, R>,
-            into_remote: into_remote_typed::<M, R>,
+            fns: &<Typed<M, R> as HasBodyFns>::FNS,
+            trace: None,
         }
+    }
+
+    /// The span this message is traced under (tracing on).
+    pub(crate) fn set_trace(&mut self, span: tracing::Span) {
+        self.trace = Some(Box::new(span));
+    }
+
+    /// The span this message is traced under, taken out.
+    pub(crate) fn take_trace(&mut self) -> Option<tracing::Span> {
+        self.trace.take().map(|span| *span)
     }
 
     /// The typed message and its reply slot, for the handler of `M`. A
@@ -101,7 +138,7 @@ impl LocalEnvelope {
         match self.body.downcast::<Typed<M, R>>() {
             Ok(typed) => Some((typed.msg, typed.reply)),
             Err(body) => {
-                (self.fail)(
+                (self.fns.fail)(
                     body,
                     ShardingError::Bug("envelope type does not match its index".into()),
                 );
@@ -132,7 +169,7 @@ impl LocalEnvelope {
 
     /// Answers the sender (if it asked) with `error`; the message is dropped.
     pub(crate) fn fail(self, error: ShardingError) {
-        (self.fail)(self.body, error)
+        (self.fns.fail)(self.body, error)
     }
 
     /// Encodes the message (CBOR) onto `payload` for another node and splits
@@ -147,11 +184,16 @@ impl LocalEnvelope {
             hops,
             generation,
             body,
-            fail,
-            into_remote,
+            fns,
+            trace,
         } = self;
-        match into_remote(body, payload) {
-            Ok(route) => Ok(RemoteParts { index, hops, route }),
+        match (fns.into_remote)(body, payload) {
+            Ok(route) => Ok(RemoteParts {
+                index,
+                hops,
+                route,
+                trace,
+            }),
             Err((error, body)) => Err((
                 error,
                 LocalEnvelope {
@@ -159,8 +201,8 @@ impl LocalEnvelope {
                     hops,
                     generation,
                     body,
-                    fail,
-                    into_remote,
+                    fns,
+                    trace,
                 },
             )),
         }
@@ -172,6 +214,8 @@ pub(crate) struct RemoteParts {
     pub(crate) index: u16,
     pub(crate) hops: u8,
     pub(crate) route: Route,
+    /// The span it was traced under, if tracing is on.
+    pub(crate) trace: Option<Box<tracing::Span>>,
 }
 
 /// Where the reply to a message sent to another node goes.

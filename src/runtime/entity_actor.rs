@@ -251,13 +251,28 @@ where
                 let error = state.failed.clone().expect("checked");
                 envelope.fail(error);
             }
-            EntityMsg::Deliver(envelope) => {
-                let outcome = <E::Protocol as Dispatch<E>>::dispatch(
+            EntityMsg::Deliver(mut envelope) => {
+                let traced = envelope.take_trace();
+                let handled = <E::Protocol as Dispatch<E>>::dispatch(
                     &mut state.entity,
                     envelope,
                     &state.args.ctx,
-                )
-                .await;
+                );
+                let outcome = match traced {
+                    None => handled.await,
+                    // Tracing on (SPEC §14.2): the handling is a child of
+                    // the sender's span, or of the span that received it.
+                    Some(parent) => {
+                        let ctx = &state.args.ctx;
+                        let span = tracing::info_span!(
+                            parent: &parent,
+                            "datum.handle",
+                            entity_type = ctx.type_name(),
+                            entity_id = ctx.entity_id(),
+                        );
+                        tracing::Instrument::instrument(handled, span).await
+                    }
+                };
                 if state.args.idle_timeout.is_some() {
                     state.last_activity = Instant::now();
                 }

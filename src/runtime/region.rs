@@ -158,6 +158,8 @@ pub(crate) struct Region {
     refusal: Mutex<Option<ShardingError>>,
     /// The coordinator whose table last came for this region.
     accepted_by: Mutex<Option<crate::identity::UniqueAddress>>,
+    /// Tracing across nodes (SPEC §14.2), if on.
+    tracing: Option<crate::telemetry::Tracing>,
     /// The active-entity limit (none for a remembered type).
     entity_limit: Option<EntityLimit>,
     /// The shards hosted here (installed and not moved away), over which
@@ -310,6 +312,7 @@ impl Region {
             refused: AtomicBool::new(false),
             refusal: Mutex::new(None),
             accepted_by: Mutex::new(None),
+            tracing: None,
             entity_limit: None,
             hosted: AtomicUsize::new(0),
             hosted_shards: Mutex::new(std::collections::BTreeSet::new()),
@@ -323,6 +326,16 @@ impl Region {
     /// The region of a migratable type (`None`: not migratable).
     pub(crate) fn with_migration(self, migration: Option<MigrationSettings>) -> Self {
         Region { migration, ..self }
+    }
+
+    /// Tracing across nodes, when the system's configuration has it.
+    pub(crate) fn with_tracing(self, tracing: Option<crate::telemetry::Tracing>) -> Self {
+        Region { tracing, ..self }
+    }
+
+    /// The system's tracing, if on.
+    pub(crate) fn tracing(&self) -> Option<&crate::telemetry::Tracing> {
+        self.tracing.as_ref()
     }
 
     /// Whether `shard` is hosted here under `generation` or a later one.

@@ -55,6 +55,7 @@ use crate::sharding::stats::{ClusterShardingStats, CoordinatorStatus};
 use crate::sharding::wire::{
     ActiveCoordinator, ControlMsg, DataMsg, RemoteError, ReplyBody, TypeRegistration,
 };
+use crate::telemetry::TraceContext;
 use crate::warn_limit::{WarnLimit, warn_limited};
 
 /// Warnings about undecodable data messages from authenticated peers, at
@@ -430,6 +431,8 @@ fn handle_data(
                 hops: e.hops,
                 reply_to: e.reply_to,
                 payload: &e.payload,
+                // (Only the canonical form's trace is read.)
+                trace: None,
             };
             deliver_envelope(shared, remote, from, envelope);
         }
@@ -497,6 +500,17 @@ fn deliver_envelope(
     match (region.decode)(envelope.index, envelope.payload, reply, hops) {
         Ok(mut local) => {
             local.set_routed_under(envelope.generation);
+            if let Some(tracing) = region.tracing()
+                && let Some(parent) = envelope.trace.and_then(|t| TraceContext::from_bytes(&t))
+            {
+                let span = tracing::info_span!(
+                    "datum.receive",
+                    entity_type = region.type_name,
+                    entity_id = envelope.entity_id,
+                );
+                tracing.propagation().set_parent(&span, parent);
+                local.set_trace(span);
+            }
             // On error the envelope has been answered inside `deliver`.
             let _ = region.deliver_str(ShardId(envelope.shard), envelope.entity_id, local);
         }

@@ -16,6 +16,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use crate::envelope::ReplyTarget;
 use crate::identity::{NodeId, UniqueAddress};
+use crate::telemetry::TraceContext;
 
 use crate::wire::cbor::{
     MAJOR_ARRAY, MAJOR_MAP, NULL, Reader, put_bytes, put_head, put_text, put_uint,
@@ -61,6 +62,21 @@ pub(crate) struct EnvelopeRef<'a> {
     pub(crate) reply_to: Option<ReplyTarget>,
     #[serde(with = "crate::wire::payload::borrowed")]
     pub(crate) payload: &'a [u8],
+    /// The sender's trace context (tracing on, SPEC §14.2): `trace`, a
+    /// 26-byte string, after `payload`; absent without one.
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "trace_bytes"
+    )]
+    pub(crate) trace: Option<[u8; TraceContext::WIRE_LEN]>,
+}
+
+/// serde's side of `trace`: a byte string (only called with `Some`).
+fn trace_bytes<S: serde::Serializer>(
+    trace: &Option<[u8; TraceContext::WIRE_LEN]>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.serialize_bytes(trace.as_ref().map_or(&[][..], |t| &t[..]))
 }
 
 /// Appends the canonical CBOR of `DataMsg::Envelope(e)` to `out`.
@@ -68,7 +84,7 @@ pub(crate) fn encode_envelope(out: &mut Vec<u8>, e: &EnvelopeRef<'_>) {
     out.reserve(160 + e.type_name.len() + e.entity_id.len() + e.payload.len());
     put_head(out, MAJOR_MAP, 1);
     put_text(out, "Envelope");
-    put_head(out, MAJOR_MAP, 9);
+    put_head(out, MAJOR_MAP, 9 + u64::from(e.trace.is_some()));
     put_text(out, "type_name");
     put_text(out, e.type_name);
     put_text(out, "fingerprint");
@@ -96,6 +112,10 @@ pub(crate) fn encode_envelope(out: &mut Vec<u8>, e: &EnvelopeRef<'_>) {
     }
     put_text(out, "payload");
     put_bytes(out, e.payload);
+    if let Some(trace) = &e.trace {
+        put_text(out, "trace");
+        put_bytes(out, trace);
+    }
 }
 
 /// Appends the canonical CBOR of `DataMsg::Reply { ask_id, result: Ok(value) }`.
@@ -159,7 +179,12 @@ pub(crate) fn decode(body: &[u8]) -> Option<DataRef<'_>> {
     r.expect(MAJOR_MAP, 1)?;
     let msg = match r.text()? {
         "Envelope" => {
-            r.expect(MAJOR_MAP, 9)?;
+            // Nine fields, or ten with a trace context.
+            let traced = match r.head()? {
+                (MAJOR_MAP, 9) => false,
+                (MAJOR_MAP, 10) => true,
+                _ => return None,
+            };
             r.key("type_name")?;
             let type_name = r.text()?;
             r.key("fingerprint")?;
@@ -188,6 +213,12 @@ pub(crate) fn decode(body: &[u8]) -> Option<DataRef<'_>> {
             };
             r.key("payload")?;
             let payload = r.bytes()?;
+            let trace = if traced {
+                r.key("trace")?;
+                Some(r.bytes()?.try_into().ok()?)
+            } else {
+                None
+            };
             DataRef::Envelope(EnvelopeRef {
                 type_name,
                 fingerprint,
@@ -198,6 +229,7 @@ pub(crate) fn decode(body: &[u8]) -> Option<DataRef<'_>> {
                 hops,
                 reply_to,
                 payload,
+                trace,
             })
         }
         "Reply" => {

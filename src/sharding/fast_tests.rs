@@ -16,6 +16,7 @@ struct Case {
     hops: u8,
     reply_to: Option<(bool, [u8; 16], u16, u64, u64, u64)>,
     payload: Vec<u8>,
+    trace: Option<[u8; 26]>,
 }
 
 impl Arbitrary for Case {
@@ -35,6 +36,7 @@ impl Arbitrary for Case {
             reply_to: Option::<(bool, u16, u64, u64, u64)>::arbitrary(g)
                 .map(|(v6, port, id, inc, ask)| (v6, ip, port, id, inc, ask)),
             payload: Vec::arbitrary(g),
+            trace: bool::arbitrary(g).then(|| std::array::from_fn(|_| u8::arbitrary(g))),
         }
     }
 }
@@ -69,6 +71,7 @@ impl Case {
             hops: self.hops,
             reply_to: self.target(),
             payload: &self.payload,
+            trace: self.trace,
         }
     }
 }
@@ -162,4 +165,68 @@ fn fast_decoder_never_disagrees_with_serde() {
     QuickCheck::new()
         .tests(3000)
         .quickcheck(mutated_agrees as fn(Case, Vec<(usize, u8)>) -> bool);
+}
+
+#[test]
+fn a_trace_context_rides_after_the_payload_as_a_tenth_field() {
+    let mut c = Case::arbitrary(&mut Gen::new(8));
+    c.trace = None;
+    let mut plain = Vec::new();
+    encode_envelope(&mut plain, &c.as_ref());
+    let context = TraceContext {
+        trace_id: [0x11; 16],
+        span_id: [0x22; 8],
+        flags: 1,
+    };
+    c.trace = Some(context.to_bytes());
+    let mut traced = Vec::new();
+    encode_envelope(&mut traced, &c.as_ref());
+    // The map's head says ten fields; the rest is the plain envelope's,
+    // then `"trace"` and its 26 bytes.
+    assert_eq!((plain[10], traced[10]), (0xa9, 0xaa));
+    assert_eq!(traced.len(), plain.len() + 6 + 2 + 26);
+    assert_eq!(&traced[traced.len() - 34..traced.len() - 28], b"\x65trace");
+    assert_eq!(&traced[traced.len() - 28..traced.len() - 26], &[0x58, 26]);
+    let Some(DataRef::Envelope(read)) = decode(&traced) else {
+        panic!("the traced envelope decodes");
+    };
+    assert_eq!(
+        read.trace.and_then(|t| TraceContext::from_bytes(&t)),
+        Some(context)
+    );
+    // A node that reads through serde ignores the field and keeps the rest.
+    assert!(matches!(
+        ciborium::from_reader::<DataMsg, _>(&traced[..]),
+        Ok(DataMsg::Envelope(e)) if e.entity_id == c.entity_id
+    ));
+    // Another length of trace is not the canonical form.
+    let mut short = traced.clone();
+    short.truncate(short.len() - 1);
+    let at = short.len() - 26;
+    short[at] = 25;
+    assert!(decode(&short).is_none());
+}
+
+#[test]
+fn trace_contexts_of_another_version_or_invalid_ids_are_refused() {
+    let good = TraceContext {
+        trace_id: [7; 16],
+        span_id: [9; 8],
+        flags: 0,
+    };
+    assert_eq!(TraceContext::from_bytes(&good.to_bytes()), Some(good));
+    let mut other_version = good.to_bytes();
+    other_version[0] = 1;
+    assert_eq!(TraceContext::from_bytes(&other_version), None);
+    let zero_trace = TraceContext {
+        trace_id: [0; 16],
+        ..good
+    };
+    assert_eq!(TraceContext::from_bytes(&zero_trace.to_bytes()), None);
+    let zero_span = TraceContext {
+        span_id: [0; 8],
+        ..good
+    };
+    assert_eq!(TraceContext::from_bytes(&zero_span.to_bytes()), None);
+    assert_eq!(TraceContext::from_bytes(&good.to_bytes()[..25]), None);
 }

@@ -129,6 +129,14 @@ impl Remote {
                 return Err(error);
             }
         };
+        // The sender's span as a trace context (tracing on).
+        let trace = match (region.tracing(), &parts.trace) {
+            (Some(tracing), Some(span)) => tracing
+                .propagation()
+                .context_of(span)
+                .map(|context| context.to_bytes()),
+            _ => None,
+        };
         let (reply_to, ask) = match parts.route {
             Route::Nobody => (None, None),
             Route::Remote(reply) => (Some(reply.forwarded()), None),
@@ -163,6 +171,7 @@ impl Remote {
                     hops: parts.hops,
                     reply_to,
                     payload,
+                    trace,
                 },
             );
             self.transport.send_slice(&owner, SHARDING_DATA, frame)

@@ -355,6 +355,7 @@ mod tests {
                 ask_id: 7,
             }),
             payload: &HOME_PAYLOAD,
+            trace: None,
         })
     }
 
@@ -381,6 +382,36 @@ mod tests {
         let bytes = example_envelope().encode();
         assert_eq!(bytes, hex(spec));
         assert_eq!(bytes.len(), 191);
+    }
+
+    #[test]
+    fn spec_traced_envelope_example_bytes() {
+        // SPEC §13.4's envelope with a trace context (SPEC §14.2): the map
+        // head a9 becomes aa, and ten more bytes follow the payload.
+        let DataMsgOut::Envelope(mut envelope) = example_envelope() else {
+            unreachable!()
+        };
+        let context = crate::telemetry::TraceContext {
+            trace_id: *b"\x4b\xf9\x2f\x35\x77\xb3\x4d\xa6\xa3\xce\x92\x9d\x0e\x0e\x47\x36",
+            span_id: *b"\x00\xf0\x67\xaa\x0b\xa9\x02\xb7",
+            flags: 1,
+        };
+        envelope.trace = Some(context.to_bytes());
+        let traced = DataMsgOut::Envelope(envelope).encode();
+        let plain = example_envelope().encode();
+        assert_eq!(traced[10], 0xaa);
+        assert_eq!(traced[11..plain.len()], plain[11..]);
+        let spec = "
+            65 74 72 61 63 65 58 1a
+            00 4b f9 2f 35 77 b3 4d a6 a3 ce 92 9d 0e 0e 47 36
+            00 f0 67 aa 0b a9 02 b7 01
+        ";
+        assert_eq!(traced[plain.len()..], hex(spec));
+        assert_eq!(traced.len(), 191 + 34);
+        // The hand codec writes the same bytes.
+        let mut fast = Vec::new();
+        crate::sharding::fast::encode_envelope(&mut fast, &envelope);
+        assert_eq!(fast, traced);
     }
 
     #[test]
@@ -717,6 +748,7 @@ mod tests {
             hops: u8::MAX,
             reply_to: None,
             payload: &[],
+            trace: None,
         });
         let DataMsg::Envelope(envelope) = decode(tell.encode()) else {
             panic!("not an envelope")
