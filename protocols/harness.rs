@@ -226,6 +226,7 @@ pub async fn drive_open<S: Send + Sync + 'static, J: Send + Sync + 'static>(
         count < 1_000_000_000,
         "open-loop sender ids hold 10⁹ asks per driver"
     );
+    assert!(d < 2, "open-loop sender ids hold two drivers");
     let refs: Arc<Vec<EntityRef<Pinger>>> = Arc::new(
         (0..ENTITIES)
             .map(|k| system.entity_ref::<Pinger>(entity_id(k)))
@@ -243,7 +244,8 @@ pub async fn drive_open<S: Send + Sync + 'static, J: Send + Sync + 'static>(
         asks.spawn(async move {
             let id = (stride * k + u64::from(d)) % ENTITIES;
             // Above 2³¹: no closed-loop or warm-up driver id.
-            let sender = (OPEN_LOOP_SENDERS + u64::from(d) * 1_000_000_000 + k) as u32;
+            let sender = u32::try_from(OPEN_LOOP_SENDERS + u64::from(d) * 1_000_000_000 + k)
+                .expect("checked above");
             let attempts = ask_until_acked(&refs[id as usize], sender, k).await;
             if attempts.acked {
                 note_answer(&answered, id, &attempts).await;

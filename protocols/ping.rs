@@ -115,7 +115,9 @@ impl Handler<Ping> for PingEntity {
         if let Some(checks) = &self.checks {
             checks.check(msg, last);
         }
-        if last.is_none_or(|last| last < msg.seq) {
+        // An open-loop ask is a sender of its own (ids from 2³¹): no order
+        // to keep, and no entry per ask.
+        if msg.driver < 1 << 31 && last.is_none_or(|last| last < msg.seq) {
             self.last_seq.insert(msg.driver, msg.seq);
         }
         Ok(Ack {

@@ -139,6 +139,8 @@ impl RegionMetrics {
         for (held, gauge) in self.held.iter().zip([&self.shards, &self.entities]) {
             gauge.decrement(held.swap(0, Ordering::AcqRel) as f64);
         }
+        self.buffered.set(0.0);
+        self.handoff_buffered.set(0.0);
     }
 
     /// An ask failed with `kind` (rare: looked up each time).

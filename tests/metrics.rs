@@ -251,7 +251,8 @@ async fn a_clusters_metrics_agree_with_what_its_nodes_say() {
         .map(|state| state.shards.values().sum::<usize>())
         .sum();
     assert_eq!(live, 39);
-    // The buffers are sampled every second: nothing waits in them now.
+    // The buffered gauges are registered with the region (and sampled
+    // every 5 s by the control task): nothing waits in the buffers now.
     let deadline = Instant::now() + LONG;
     let buffered = loop {
         let taken = take(&snapshotter);

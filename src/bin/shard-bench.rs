@@ -171,7 +171,7 @@ struct Args {
     /// requests reach a service), whatever the earlier ones are waiting
     /// for; the chart splits the acks between the entities that lived on
     /// the killed node and the rest.
-    #[arg(long, value_parser = positive_rate)]
+    #[arg(long, value_parser = positive_rate, conflicts_with = "journal")]
     offered_rate: Option<f64>,
     /// (multi-process, internal) run as node N of the three.
     #[arg(long, hide = true)]
@@ -754,14 +754,20 @@ fn open_loop_split(
             .iter()
             .filter(|(at, _)| (from..to).contains(at))
             .count();
-        acks as f64 / (to_s - from_s).max(1e-9)
+        // (None for an empty window: a kill in the first half second.)
+        (to_s > from_s).then(|| acks as f64 / (to_s - from_s))
     };
+    // Without a last rehome (an affected entity never asked again) the
+    // outage is taken to end at the Down.
     let outage_end = marks.rehomed_s.unwrap_or(marks.down_s);
     let before = rate_between(0.5, marks.kill_s);
     let during = rate_between(marks.kill_s, outage_end);
     let longest = hit.iter().map(|(_, took)| *took).max().unwrap_or(0);
+    let shown = |rate: Option<f64>| rate.map_or("n/a".to_owned(), |r| format!("{r:.0}"));
     println!(
-        "w2 open loop ({rate:.0} asks/s offered): the other entities acked {before:.0}/s before the kill and {during:.0}/s from the kill to the last rehome; the affected entities' longest wait {:.0} ms",
+        "w2 open loop ({rate:.0} asks/s offered): the other entities acked {}/s before the kill and {}/s from the kill to the last rehome; the affected entities' longest wait (from its first attempt) {:.0} ms",
+        shown(before),
+        shown(during),
         longest as f64 / 1e3
     );
     json["offered_rate"] = rate.into();
@@ -916,9 +922,10 @@ fn main() -> ExitCode {
             Workload::Transport | Workload::W4 | Workload::W5 | Workload::Handoff
         ) || args.spawning
             || args.journal.is_some()
+            || args.offered_rate.is_some()
         {
             eprintln!(
-                "shard-bench: multi-process mode runs w1, w1-sat, w2 and w3, without --journal"
+                "shard-bench: multi-process mode runs w1, w1-sat, w2 and w3, without --journal or --offered-rate"
             );
             return ExitCode::from(2);
         }

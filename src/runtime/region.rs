@@ -970,7 +970,6 @@ impl Region {
             .count()
     }
 
-    /// This region's own state.
     /// Sets the buffered-message gauges from the slots' buffers now
     /// (each slot locked in turn; its entities counted).
     pub(crate) fn sample_buffers(&self) {
@@ -984,6 +983,7 @@ impl Region {
         self.metrics.handoff_buffered.set(handoff as f64);
     }
 
+    /// This region's own state.
     pub(crate) fn state(&self) -> ShardRegionState {
         let mut shards = std::collections::BTreeMap::new();
         let mut handing_off = std::collections::BTreeSet::new();

@@ -503,8 +503,8 @@ pub(crate) struct CoordinatorCore {
     /// members.
     departed: BTreeMap<String, BTreeSet<UniqueAddress>>,
     rounds: Vec<RebalanceRound>,
-    /// Rounds closed in all.
-    rounds_closed: u64,
+    /// Rounds closed and not yet taken by `take_closed`.
+    closed_since: Vec<(RebalanceReason, usize, Instant)>,
     /// When the strategy is next asked to spread load.
     next_rebalance: Option<Instant>,
     /// Rounds with handoffs in progress, by number.
@@ -554,7 +554,7 @@ impl CoordinatorCore {
             types: BTreeMap::new(),
             departed: BTreeMap::new(),
             rounds: Vec::new(),
-            rounds_closed: 0,
+            closed_since: Vec::new(),
             next_rebalance: None,
             open_rounds: BTreeMap::new(),
             told_left: BTreeSet::new(),
@@ -749,10 +749,10 @@ impl CoordinatorCore {
         &self.rounds
     }
 
-    /// How many rounds this core has closed in all (the history keeps the
-    /// latest `history`).
-    pub(crate) fn rounds_closed(&self) -> u64 {
-        self.rounds_closed
+    /// The rounds closed since the last call (reason, moves, decided at),
+    /// whatever the history keeps: for the metrics.
+    pub(crate) fn take_closed(&mut self) -> Vec<(RebalanceReason, usize, Instant)> {
+        std::mem::take(&mut self.closed_since)
     }
 
     /// The home of `shard` of `type_name` as this core knows it.
@@ -1813,8 +1813,9 @@ impl CoordinatorCore {
         if round.moves.is_empty() {
             return;
         }
+        self.closed_since
+            .push((round.reason, round.moves.len(), round.at));
         self.rounds.push(round);
-        self.rounds_closed += 1;
         if self.rounds.len() > self.config.history {
             let excess = self.rounds.len() - self.config.history;
             self.rounds.drain(..excess);

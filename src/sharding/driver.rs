@@ -72,6 +72,8 @@ const MIN_WAKE: Duration = Duration::from_millis(5);
 const STOP_WAIT: Duration = Duration::from_secs(1);
 /// How often asks whose caller gave up are swept.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
+/// The buffered-message gauges are sampled every this many sweeps.
+const SAMPLE_BUFFERS_EVERY: u32 = 5;
 
 /// What regions and the system tell the control task.
 #[derive(Debug)]
@@ -308,7 +310,7 @@ impl ClusterLink {
             next_stats: 0,
             fenced: false,
             rounds: self.rounds.clone(),
-            rounds_counted: 0,
+            sweeps: 0,
             status: self.coordinator.clone(),
             remote: self.remote.clone(),
         };
@@ -560,8 +562,8 @@ struct Control {
     stats: BTreeMap<u64, PendingStats>,
     next_stats: u64,
     rounds: Arc<Mutex<Vec<RebalanceRound>>>,
-    /// Of the core's closed rounds, how many the metrics have counted.
-    rounds_counted: u64,
+    /// Sweeps since the buffers were last sampled for the metrics.
+    sweeps: u32,
     status: Arc<Mutex<CoordinatorStatus>>,
     remote: Arc<Remote>,
 }
@@ -647,8 +649,13 @@ impl Control {
                     if now >= next_sweep {
                         next_sweep = now + SWEEP_EVERY;
                         self.remote.sweep();
-                        for region in self.regions() {
-                            region.sample_buffers();
+                        // Every fifth sweep (5 s): sampling counts every
+                        // hosted entity under its slot's lock.
+                        self.sweeps = self.sweeps.wrapping_add(1);
+                        if self.sweeps.is_multiple_of(SAMPLE_BUFFERS_EVERY) {
+                            for region in self.regions() {
+                                region.sample_buffers();
+                            }
                         }
                     }
                 }
@@ -1047,22 +1054,19 @@ impl Control {
     }
 
     fn publish_rounds(&mut self) {
-        let closed = self.core.rounds_closed();
-        if closed > self.rounds_counted {
-            let rounds = self.core.rounds();
-            let new = usize::try_from(closed - self.rounds_counted).unwrap_or(usize::MAX);
+        let closed = self.core.take_closed();
+        if !closed.is_empty() {
             let node = self.me.addr.to_string();
             let now = Instant::now();
-            for round in &rounds[rounds.len().saturating_sub(new)..] {
-                let reason = match round.reason {
+            for (reason, moves, at) in closed {
+                let reason = match reason {
                     RebalanceReason::DeadOwner => "dead_owner",
                     RebalanceReason::GracefulSpread => "graceful_spread",
                     RebalanceReason::GracefulLeave => "graceful_leave",
                 };
-                let seconds = now.saturating_duration_since(round.at).as_secs_f64();
-                crate::telemetry::rebalance_round(&node, reason, round.moves.len(), seconds);
+                let seconds = now.saturating_duration_since(at).as_secs_f64();
+                crate::telemetry::rebalance_round(&node, reason, moves, seconds);
             }
-            self.rounds_counted = closed;
         }
         let rounds = self.core.rounds();
         let mut published = lock(&self.rounds);

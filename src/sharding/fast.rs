@@ -10,7 +10,9 @@
 //! that form — an `Ok` reply, an envelope whose reply target is absent or
 //! has an IPv4 or IPv6 origin — and returns `None` for anything else, which
 //! the caller hands to serde: the fast path changes speed, never meaning
-//! (a tested property).
+//! (a tested property) — but for an envelope's trace context (SPEC §14.2),
+//! which only this decoder reads: through serde a traced envelope is
+//! delivered without it.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
