@@ -15,6 +15,8 @@ use hickory_server::proto::rr::{LowerName, Name, RData, Record, RecordType, RrKe
 use hickory_server::store::in_memory::InMemoryZoneHandler;
 use hickory_server::zone_handler::{AxfrPolicy, Catalog, ZoneHandler, ZoneType};
 
+mod common;
+
 const LONG: Duration = Duration::from_secs(30);
 const ZONE: &str = "cluster.test.";
 
@@ -314,14 +316,6 @@ fn datum_node_finds_its_seeds_through_a_file() {
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("file:PATH"));
 
-    /// Killed when the test ends, passed or failed.
-    struct Child(std::process::Child);
-    impl Drop for Child {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("seeds");
     // Each node's JSON lines, read on a thread of its own.
@@ -347,7 +341,7 @@ fn datum_node_finds_its_seeds_through_a_file() {
                 }
             }
         });
-        children.push(Child(child));
+        children.push(common::KillOnDrop(child));
         lines.push(rx);
     }
     let next = |rx: &mpsc::Receiver<String>, event: &str| loop {

@@ -17,6 +17,9 @@ use datum_cluster_sharding::prelude::*;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde_json::Value;
 
+mod common;
+use common::KillOnDrop;
+
 #[path = "../protocols/counter.rs"]
 mod counter;
 use counter::{Add, Counter, CounterEntity, Get};
@@ -297,19 +300,9 @@ async fn a_region_the_coordinator_refused_keeps_its_node_unready() {
     assert_eq!(get(agreed_at.local_addr(), "/ready").await.status, 200);
 }
 
-/// A child process killed when the test ends, passed or failed.
-struct Child(std::process::Child);
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn datum_node_serves_the_endpoint_on_its_flag() {
-    let mut child = Child(
+    let mut child = KillOnDrop(
         Command::new(BIN)
             .args(["--cluster-name", "management-proc", "--bind", "127.0.0.1:0"])
             .args(["--counter", "--management-addr", "127.0.0.1:0"])

@@ -32,3 +32,14 @@ pub fn numbers(line: &str, key: &str) -> Vec<u32> {
         })
         .unwrap_or_default()
 }
+
+/// A child process killed (and reaped) when the test ends, passed or
+/// failed, so a failing assertion leaves no node running.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

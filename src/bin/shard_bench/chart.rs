@@ -5,6 +5,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
 /// One interval of the run: the logical asks acked in it and their
@@ -70,6 +71,150 @@ pub struct Marks {
     pub rehomed_s: Option<f64>,
 }
 
+impl Marks {
+    /// Each mark's label, colour and time (the last rehome may be absent).
+    fn drawn(&self) -> [(&'static str, RGBColor, Option<f64>); 3] {
+        [
+            ("kill", BLACK, Some(self.kill_s)),
+            ("Down", MAGENTA, Some(self.down_s)),
+            ("last rehome", RGBColor(0, 150, 0), self.rehomed_s),
+        ]
+    }
+}
+
+type Area<'b> = DrawingArea<SVGBackend<'b>, plotters::coord::Shift>;
+type LatencyChart<'a, 'b> =
+    ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, LogCoord<f64>>>;
+type RateChart<'a, 'b> =
+    ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+type Drawn = Result<(), Box<dyn std::error::Error>>;
+
+/// The upper chart: latency on a log scale up to `top` µs, with the marks.
+fn latency_chart<'a, 'b>(
+    area: &'a Area<'b>,
+    title: &str,
+    y_desc: &str,
+    (t_end, top): (f64, f64),
+    marks: &Marks,
+) -> Result<LatencyChart<'a, 'b>, Box<dyn std::error::Error>> {
+    let mut chart = ChartBuilder::on(area)
+        .caption(title, ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(28)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0f64..t_end, (1f64..top).log_scale())?;
+    chart
+        .configure_mesh()
+        .y_desc(y_desc)
+        .x_desc("seconds since the run started")
+        .draw()?;
+    for (label, color, at) in marks.drawn() {
+        if let Some(at) = at {
+            chart
+                .draw_series(std::iter::once(PathElement::new(
+                    vec![(at, 1.0), (at, top)],
+                    color.stroke_width(1),
+                )))?
+                .label(label)
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        }
+    }
+    Ok(chart)
+}
+
+/// The lower chart: acks per second up to `peak`, with the marks.
+fn rate_chart<'a, 'b>(
+    area: &'a Area<'b>,
+    (t_end, peak): (f64, f64),
+    marks: &Marks,
+) -> Result<RateChart<'a, 'b>, Box<dyn std::error::Error>> {
+    let peak = peak.max(1.0);
+    let mut chart = ChartBuilder::on(area)
+        .margin(12)
+        .x_label_area_size(28)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0f64..t_end, 0f64..peak)?;
+    chart
+        .configure_mesh()
+        .y_desc("acks per second")
+        .y_label_formatter(&|v| format!("{:.0}k", v / 1e3))
+        .draw()?;
+    for (_, color, at) in marks.drawn() {
+        if let Some(at) = at {
+            chart.draw_series(std::iter::once(PathElement::new(
+                vec![(at, 0.0), (at, peak)],
+                color.stroke_width(1),
+            )))?;
+        }
+    }
+    Ok(chart)
+}
+
+/// Draws one latency line per run of intervals with acks: no line is
+/// drawn across an interval in which nothing was acked (there is no
+/// latency to show); a lone interval between gaps is a dot.
+fn latency_line(
+    chart: &mut LatencyChart<'_, '_>,
+    intervals: &[Interval],
+    (label, color, value): (String, RGBColor, fn(&Interval) -> u64),
+) -> Drawn {
+    let runs = intervals
+        .split(|i| i.acks == 0)
+        .filter(|run| !run.is_empty());
+    for (n, run) in runs.enumerate() {
+        let drawn = chart.draw_series(LineSeries::new(
+            run.iter().map(|i| (i.start_s, value(i).max(1) as f64)),
+            color.stroke_width(2),
+        ))?;
+        if n == 0 {
+            drawn
+                .label(label.clone())
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        }
+        if let [i] = run {
+            chart.draw_series(std::iter::once(Circle::new(
+                (i.start_s, value(i).max(1) as f64),
+                3,
+                color.filled(),
+            )))?;
+        }
+    }
+    Ok(())
+}
+
+/// Draws acks per second over the full intervals (the last one is cut
+/// short by the end of the run: left out).
+fn rate_line(
+    chart: &mut RateChart<'_, '_>,
+    intervals: &[Interval],
+    per_s: f64,
+    (label, color): (&'static str, RGBColor),
+) -> Drawn {
+    let full = &intervals[..intervals.len().saturating_sub(1)];
+    chart
+        .draw_series(LineSeries::new(
+            full.iter().map(|i| (i.start_s, i.acks as f64 * per_s)),
+            color.stroke_width(2),
+        ))?
+        .label(label)
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+    Ok(())
+}
+
+/// A chart's legend, framed, at `position`.
+fn legend<'a, 'b: 'a, CT: CoordTranslate>(
+    chart: &mut ChartContext<'a, SVGBackend<'b>, CT>,
+    position: SeriesLabelPosition,
+) -> Drawn {
+    chart
+        .configure_series_labels()
+        .position(position)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()?;
+    Ok(())
+}
+
 /// Draws the chart: latency (log scale) above, throughput below.
 pub fn draw(
     path: &Path,
@@ -77,7 +222,7 @@ pub fn draw(
     intervals: &[Interval],
     width: Duration,
     marks: &Marks,
-) -> Result<(), Box<dyn std::error::Error>> {
+) -> Drawn {
     let root = SVGBackend::new(path, (960, 640)).into_drawing_area();
     root.fill(&WHITE)?;
     let (upper, lower) = root.split_vertically(400);
@@ -89,99 +234,20 @@ pub fn draw(
         .unwrap_or(1)
         .max(10) as f64
         * 2.0;
-
-    let mut latency = ChartBuilder::on(&upper)
-        .caption(title, ("sans-serif", 18))
-        .margin(12)
-        .x_label_area_size(28)
-        .y_label_area_size(70)
-        .build_cartesian_2d(0f64..t_end, (1f64..top).log_scale())?;
-    latency
-        .configure_mesh()
-        .y_desc("latency, µs (log)")
-        .x_desc("seconds since the run started")
-        .draw()?;
-    // A line per run of intervals with acks: no line is drawn across an
-    // interval in which nothing was acked (there is no latency to show).
-    let runs: Vec<&[Interval]> = intervals
-        .split(|i| i.acks == 0)
-        .filter(|run| !run.is_empty())
-        .collect();
+    let mut latency = latency_chart(&upper, title, "latency, µs (log)", (t_end, top), marks)?;
     let series: [Series; 3] = [
         ("p50", BLUE, |i| i.p50_us),
         ("p99", RGBColor(230, 120, 0), |i| i.p99_us),
         ("max", RED, |i| i.max_us),
     ];
     for (label, color, value) in series {
-        for (n, run) in runs.iter().enumerate() {
-            let drawn = latency.draw_series(LineSeries::new(
-                run.iter().map(|i| (i.start_s, value(i).max(1) as f64)),
-                color.stroke_width(2),
-            ))?;
-            if n == 0 {
-                drawn
-                    .label(label)
-                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
-            }
-            // A lone interval between gaps is a line of one point, which
-            // draws nothing: mark it with a dot.
-            if let [i] = run {
-                latency.draw_series(std::iter::once(Circle::new(
-                    (i.start_s, value(i).max(1) as f64),
-                    3,
-                    color.filled(),
-                )))?;
-            }
-        }
+        latency_line(&mut latency, intervals, (label.to_owned(), color, value))?;
     }
-    let marks_drawn = [
-        ("kill", BLACK, Some(marks.kill_s)),
-        ("Down", MAGENTA, Some(marks.down_s)),
-        ("last rehome", RGBColor(0, 150, 0), marks.rehomed_s),
-    ];
-    for (label, color, at) in marks_drawn {
-        if let Some(at) = at {
-            latency
-                .draw_series(std::iter::once(PathElement::new(
-                    vec![(at, 1.0), (at, top)],
-                    color.stroke_width(1),
-                )))?
-                .label(label)
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
-        }
-    }
-    latency
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()?;
-
+    legend(&mut latency, SeriesLabelPosition::UpperRight)?;
     let per_s = 1.0 / width.as_secs_f64();
     let peak = intervals.iter().map(|i| i.acks).max().unwrap_or(1) as f64 * per_s * 1.1;
-    let mut rate = ChartBuilder::on(&lower)
-        .margin(12)
-        .x_label_area_size(28)
-        .y_label_area_size(70)
-        .build_cartesian_2d(0f64..t_end, 0f64..peak.max(1.0))?;
-    rate.configure_mesh()
-        .y_desc("acks per second")
-        .y_label_formatter(&|v| format!("{:.0}k", v / 1e3))
-        .draw()?;
-    // (The last interval is cut short by the end of the run: left out.)
-    let full = &intervals[..intervals.len().saturating_sub(1)];
-    rate.draw_series(LineSeries::new(
-        full.iter().map(|i| (i.start_s, i.acks as f64 * per_s)),
-        BLUE.stroke_width(2),
-    ))?;
-    for (_, color, at) in marks_drawn {
-        if let Some(at) = at {
-            rate.draw_series(std::iter::once(PathElement::new(
-                vec![(at, 0.0), (at, peak)],
-                color.stroke_width(1),
-            )))?;
-        }
-    }
+    let mut rate = rate_chart(&lower, (t_end, peak), marks)?;
+    rate_line(&mut rate, intervals, per_s, ("acks per second", BLUE))?;
     root.present()?;
     Ok(())
 }
@@ -201,7 +267,7 @@ pub fn draw_split(
     split: &Split,
     width: Duration,
     marks: &Marks,
-) -> Result<(), Box<dyn std::error::Error>> {
+) -> Drawn {
     let root = SVGBackend::new(path, (960, 640)).into_drawing_area();
     root.fill(&WHITE)?;
     let (upper, lower) = root.split_vertically(360);
@@ -213,92 +279,23 @@ pub fn draw_split(
         ("entities on the killed node", RED, &split.affected),
         ("the other entities", BLUE, &split.rest),
     ];
-    let marks_drawn = [
-        ("kill", BLACK, Some(marks.kill_s)),
-        ("Down", MAGENTA, Some(marks.down_s)),
-        ("last rehome", RGBColor(0, 150, 0), marks.rehomed_s),
-    ];
-
-    let mut latency = ChartBuilder::on(&upper)
-        .caption(title, ("sans-serif", 18))
-        .margin(12)
-        .x_label_area_size(28)
-        .y_label_area_size(70)
-        .build_cartesian_2d(0f64..t_end, (1f64..top).log_scale())?;
-    latency
-        .configure_mesh()
-        .y_desc("p99 latency, µs (log)")
-        .x_desc("seconds since the run started")
-        .draw()?;
+    let mut latency = latency_chart(&upper, title, "p99 latency, µs (log)", (t_end, top), marks)?;
     for (label, color, intervals) in groups {
-        let runs: Vec<&[Interval]> = intervals
-            .split(|i| i.acks == 0)
-            .filter(|run| !run.is_empty())
-            .collect();
-        for (n, run) in runs.iter().enumerate() {
-            let drawn = latency.draw_series(LineSeries::new(
-                run.iter().map(|i| (i.start_s, i.p99_us.max(1) as f64)),
-                color.stroke_width(2),
-            ))?;
-            if n == 0 {
-                drawn
-                    .label(format!("p99, {label}"))
-                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
-            }
-        }
+        let p99: fn(&Interval) -> u64 = |i| i.p99_us;
+        latency_line(
+            &mut latency,
+            intervals,
+            (format!("p99, {label}"), color, p99),
+        )?;
     }
-    for (label, color, at) in marks_drawn {
-        if let Some(at) = at {
-            latency
-                .draw_series(std::iter::once(PathElement::new(
-                    vec![(at, 1.0), (at, top)],
-                    color.stroke_width(1),
-                )))?
-                .label(label)
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
-        }
-    }
-    latency
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()?;
-
+    legend(&mut latency, SeriesLabelPosition::UpperLeft)?;
     let per_s = 1.0 / width.as_secs_f64();
     let peak = all().map(|i| i.acks).max().unwrap_or(1) as f64 * per_s * 1.1;
-    let mut rate = ChartBuilder::on(&lower)
-        .margin(12)
-        .x_label_area_size(28)
-        .y_label_area_size(70)
-        .build_cartesian_2d(0f64..t_end, 0f64..peak.max(1.0))?;
-    rate.configure_mesh()
-        .y_desc("acks per second")
-        .y_label_formatter(&|v| format!("{:.0}k", v / 1e3))
-        .draw()?;
+    let mut rate = rate_chart(&lower, (t_end, peak), marks)?;
     for (label, color, intervals) in groups {
-        // (The last interval is cut short by the end of the run: left out.)
-        let full = &intervals[..intervals.len().saturating_sub(1)];
-        rate.draw_series(LineSeries::new(
-            full.iter().map(|i| (i.start_s, i.acks as f64 * per_s)),
-            color.stroke_width(2),
-        ))?
-        .label(label)
-        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        rate_line(&mut rate, intervals, per_s, (label, color))?;
     }
-    for (_, color, at) in marks_drawn {
-        if let Some(at) = at {
-            rate.draw_series(std::iter::once(PathElement::new(
-                vec![(at, 0.0), (at, peak)],
-                color.stroke_width(1),
-            )))?;
-        }
-    }
-    rate.configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()?;
+    legend(&mut rate, SeriesLabelPosition::UpperRight)?;
     root.present()?;
     Ok(())
 }
