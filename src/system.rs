@@ -1347,8 +1347,23 @@ impl<P: Protocol> EntityRef<P> {
         if let Some(span) = trace {
             envelope.set_trace(span);
         }
-        region.deliver(self.shard, &self.entity_id, envelope)?;
-        match tokio::time::timeout_at(deadline, replied).await {
+        envelope.set_guarded();
+        let guarded = region.deliver_ask(
+            self.shard,
+            &self.entity_id,
+            envelope,
+            (deadline.into_std(), timeout),
+        )?;
+        // Sent to another node in this call: the pending-ask table answers
+        // `AskTimeout` at the deadline, so no timer of the asker's own is
+        // armed (SPEC §13.5). Anywhere else — an entity here, a buffer —
+        // the asker times out by itself.
+        let replied = if guarded {
+            Ok(replied.await)
+        } else {
+            tokio::time::timeout_at(deadline, replied).await
+        };
+        match replied {
             Ok(Ok(result)) => result,
             Ok(Err(_closed)) if region.is_stopped() => Err(ShardingError::ShuttingDown),
             Ok(Err(_closed)) => Err(ShardingError::EntityStopped {

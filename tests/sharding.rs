@@ -32,6 +32,8 @@ pub struct Later(pub u64);
 pub struct Forget;
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RunsOn;
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Nap(pub u64);
 
 protocol! {
     /// An entity that logs what it is told and says where it lives.
@@ -44,6 +46,14 @@ protocol! {
         defer Later -> u64;
         defer Forget -> u64;
         ask RunsOn -> (String, Option<String>);
+        ask Nap -> ();
+    }
+}
+
+impl Handler<Nap> for TallyEntity {
+    async fn handle(&mut self, msg: Nap, _: &EntityContext) -> ShardingResult<()> {
+        tokio::time::sleep(Duration::from_millis(msg.0)).await;
+        Ok(())
     }
 }
 
@@ -467,6 +477,44 @@ async fn the_acting_sharding_coordinator_its_epoch_and_allocation_are_visible() 
 }
 
 /// `EntityContext::node()` names the cluster node the entity runs on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ask_to_another_node_times_out_at_its_deadline_and_leaves_nothing_pending() {
+    let nodes = three().await;
+    // An entity on another node than node 0.
+    let mut remote = None;
+    for k in 0..100 {
+        let id = format!("nap-{k}");
+        let (home, _) = ask_retrying(&nodes[0].system, &id).await;
+        if home != "node-0" {
+            remote = Some(id);
+            break;
+        }
+    }
+    let id = remote.expect("an entity elsewhere");
+    let entity = nodes[0].system.entity_ref::<Tally>(id.as_str());
+    for timeout in [Duration::from_millis(100), Duration::from_millis(300)] {
+        let asked = Instant::now();
+        let result = entity.ask(Nap(2_000), timeout).await;
+        let took = asked.elapsed();
+        match result {
+            Err(ShardingError::AskTimeout { timeout: t, .. }) => assert_eq!(t, timeout),
+            other => panic!("expected AskTimeout, got {other:?}"),
+        }
+        // At the deadline, give or take the 5 ms checks (and a busy CI).
+        assert!(took >= timeout, "{took:?} < {timeout:?}");
+        assert!(took < timeout + Duration::from_millis(500), "{took:?}");
+        assert_eq!(
+            nodes[0].system.pending_remote_asks(),
+            0,
+            "the timed-out ask is forgotten"
+        );
+    }
+    // The naps end; the entity answers again, and the late replies are dropped.
+    let (home, _) = ask_retrying(&nodes[0].system, &id).await;
+    assert_ne!(home, "node-0");
+    stop(nodes).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_entity_knows_the_node_it_runs_on() {
     let nodes = three().await;

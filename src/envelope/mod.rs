@@ -36,6 +36,10 @@ pub struct LocalEnvelope {
     index: u16,
     /// How many nodes forwarded it already (0: sent on this node).
     hops: u8,
+    /// An ask whose asker waits with no timer of its own if the envelope
+    /// goes to another node in the asker's own delivery: the pending-ask
+    /// table then keeps its deadline (SPEC §13.5).
+    guarded: bool,
     /// For an envelope from another node: the allocation generation under
     /// which the sender routed it here (0 for local sends).
     generation: u64,
@@ -115,11 +119,23 @@ impl LocalEnvelope {
         LocalEnvelope {
             index,
             hops,
+            guarded: false,
             generation: 0,
             body: Box::new(Typed::<M, R> { msg, reply }),
             fns: &<Typed<M, R> as HasBodyFns>::FNS,
             trace: None,
         }
+    }
+
+    /// Marks the envelope as an ask whose deadline the pending-ask table
+    /// may keep, should it be forwarded in its asker's own delivery.
+    pub(crate) fn set_guarded(&mut self) {
+        self.guarded = true;
+    }
+
+    /// Whether [`set_guarded`](Self::set_guarded) was called.
+    pub(crate) fn is_guarded(&self) -> bool {
+        self.guarded
     }
 
     /// The span this message is traced under (tracing on).
@@ -182,6 +198,7 @@ impl LocalEnvelope {
         let LocalEnvelope {
             index,
             hops,
+            guarded,
             generation,
             body,
             fns,
@@ -199,6 +216,7 @@ impl LocalEnvelope {
                 LocalEnvelope {
                     index,
                     hops,
+                    guarded,
                     generation,
                     body,
                     fns,

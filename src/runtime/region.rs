@@ -53,6 +53,7 @@ pub(crate) trait ClusterPort: Send + Sync + 'static {
         shard: ShardId,
         entity_id: &Arc<str>,
         envelope: LocalEnvelope,
+        deadline: Option<(std::time::Instant, Duration)>,
     ) -> ShardingResult<()>;
     /// Sends a passivation request to the node hosting the shard.
     fn passivate(
@@ -532,6 +533,7 @@ impl Region {
         Host {
             region: self,
             cause: PassivationCause::Explicit,
+            ask: None,
         }
     }
 
@@ -608,6 +610,34 @@ impl Region {
         let result = guard.deliver(&mut self.host(), shard, entity_id, envelope);
         drop(guard);
         result.map_err(answer)
+    }
+
+    /// [`deliver`](Self::deliver) of an ask made on this node whose
+    /// envelope is guarded: true when it went to another node in this very
+    /// call, its deadline with it — the pending-ask table then answers
+    /// `AskTimeout` at `deadline`, and the asker needs no timer of its own.
+    pub(crate) fn deliver_ask(
+        &self,
+        shard: ShardId,
+        entity_id: &Arc<str>,
+        envelope: LocalEnvelope,
+        (deadline, timeout): (std::time::Instant, Duration),
+    ) -> ShardingResult<bool> {
+        if self.is_stopped() {
+            envelope.fail(ShardingError::ShuttingDown);
+            return Err(ShardingError::ShuttingDown);
+        }
+        let mut host = self.host();
+        host.ask = Some(AskDelivery {
+            deadline,
+            timeout,
+            forwarded: false,
+        });
+        let mut guard = lock(&self.slots[shard.0 as usize]);
+        let result = guard.deliver(&mut host, shard, entity_id, envelope);
+        drop(guard);
+        result.map_err(answer)?;
+        Ok(host.ask.is_some_and(|ask| ask.forwarded))
     }
 
     /// [`deliver`](Self::deliver) for an entity id that is not yet an
@@ -1158,6 +1188,16 @@ struct Host<'a> {
     region: &'a Region,
     /// Whose request a passivation it makes answers.
     cause: PassivationCause,
+    /// In an asker's own delivery: its ask's deadline (and timeout), and
+    /// whether its guarded envelope was forwarded with them.
+    ask: Option<AskDelivery>,
+}
+
+/// What [`Region::deliver_ask`] tells the host, and learns back.
+struct AskDelivery {
+    deadline: std::time::Instant,
+    timeout: Duration,
+    forwarded: bool,
 }
 
 impl SlotHost for Host<'_> {
@@ -1287,10 +1327,20 @@ impl SlotHost for Host<'_> {
                 Some(envelope),
             ));
         };
+        // The asker's own guarded envelope: its deadline goes with it into
+        // the pending-ask table, which then answers a timeout.
+        let deadline = match &self.ask {
+            Some(ask) if envelope.is_guarded() => Some((ask.deadline, ask.timeout)),
+            _ => None,
+        };
         cluster
             .port
-            .forward(home, self.region, shard, entity_id, envelope)
-            .map_err(|error| (error, None))
+            .forward(home, self.region, shard, entity_id, envelope, deadline)
+            .map_err(|error| (error, None))?;
+        if let (Some(ask), Some(_)) = (&mut self.ask, deadline) {
+            ask.forwarded = true;
+        }
+        Ok(())
     }
 
     fn passivate_at(

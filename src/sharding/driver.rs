@@ -171,9 +171,10 @@ impl ClusterPort for RegionLink {
         shard: ShardId,
         entity_id: &Arc<str>,
         envelope: LocalEnvelope,
+        deadline: Option<(Instant, Duration)>,
     ) -> ShardingResult<()> {
         self.remote
-            .forward(home, region, shard, entity_id, envelope)
+            .forward(home, region, shard, entity_id, envelope, deadline)
     }
 
     fn passivate(
@@ -326,6 +327,7 @@ impl ClusterLink {
         })));
         let _ = self.system.set(shared);
         lock(&self.tasks).push(tokio::spawn(control.run()));
+        lock(&self.tasks).push(tokio::spawn(expire_asks(Arc::downgrade(&self.remote))));
     }
 
     /// Asks the coordinator to hand off every shard hosted here (a graceful
@@ -522,6 +524,24 @@ fn deliver_envelope(
                 reply.fail(&undecodable.error);
             }
         }
+    }
+}
+
+/// How often the asks waiting on other nodes are checked against their
+/// deadlines: a remote ask's `AskTimeout` comes at most this late.
+const EXPIRE_EVERY: Duration = Duration::from_millis(5);
+
+/// Answers `AskTimeout` to every remote ask past its deadline, every
+/// [`EXPIRE_EVERY`], until the sharding layer is gone.
+async fn expire_asks(remote: Weak<Remote>) {
+    let mut every = tokio::time::interval(EXPIRE_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        let Some(remote) = remote.upgrade() else {
+            return;
+        };
+        remote.expire(Instant::now());
     }
 }
 

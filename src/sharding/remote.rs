@@ -18,6 +18,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
@@ -47,6 +48,9 @@ struct Pending {
     type_name: &'static str,
     entity_id: Arc<str>,
     reply: PendingReply,
+    /// For an asker waiting with no timer of its own: when, and after
+    /// what timeout, this table answers `AskTimeout`.
+    deadline: Option<(Instant, Duration)>,
 }
 
 /// The sharding layer's side of the pipes: sends envelopes, routes replies.
@@ -97,6 +101,7 @@ impl Remote {
         shard: ShardId,
         entity_id: &Arc<str>,
         envelope: LocalEnvelope,
+        deadline: Option<(Instant, Duration)>,
     ) -> ShardingResult<()> {
         if envelope.hops() >= MAX_HOPS {
             let error = ShardingError::TooManyHops {
@@ -108,7 +113,14 @@ impl Remote {
             return Err(error);
         }
         with_scratch(|payload| {
-            self.forward_encoded(home, region, shard, entity_id, envelope, payload)
+            self.forward_encoded(
+                home,
+                region,
+                (shard, entity_id),
+                envelope,
+                deadline,
+                payload,
+            )
         })
     }
 
@@ -116,9 +128,9 @@ impl Remote {
         self: &Arc<Self>,
         home: ShardHome,
         region: &Region,
-        shard: ShardId,
-        entity_id: &Arc<str>,
+        (shard, entity_id): (ShardId, &Arc<str>),
         envelope: LocalEnvelope,
+        deadline: Option<(Instant, Duration)>,
         payload: &mut Vec<u8>,
     ) -> ShardingResult<()> {
         let owner = home.owner;
@@ -149,6 +161,7 @@ impl Remote {
                         type_name: region.type_name,
                         entity_id: entity_id.clone(),
                         reply,
+                        deadline,
                     },
                 );
                 let target = ReplyTarget {
@@ -255,6 +268,36 @@ impl Remote {
                 type_name: pending.type_name,
                 entity_id: pending.entity_id.to_string(),
                 node: node.to_string(),
+            };
+            pending.reply.complete(Err(error));
+        }
+        count
+    }
+
+    /// Answers `AskTimeout` to every ask whose deadline this table keeps
+    /// and that is past it at `now`. Returns how many. (A scan of the
+    /// waiting asks, stripe by stripe.)
+    pub(crate) fn expire(&self, now: Instant) -> usize {
+        let mut expired = Vec::new();
+        for stripe in &self.pending {
+            let mut table = lock(stripe);
+            if table.is_empty() {
+                continue;
+            }
+            let due: Vec<u64> = table
+                .iter()
+                .filter(|(_, p)| p.deadline.is_some_and(|(at, _)| at <= now))
+                .map(|(id, _)| *id)
+                .collect();
+            expired.extend(due.into_iter().filter_map(|id| table.remove(&id)));
+        }
+        let count = expired.len();
+        for pending in expired {
+            let timeout = pending.deadline.map_or(Duration::ZERO, |(_, t)| t);
+            let error = ShardingError::AskTimeout {
+                type_name: pending.type_name,
+                entity_id: pending.entity_id.to_string(),
+                timeout,
             };
             pending.reply.complete(Err(error));
         }
