@@ -1348,12 +1348,8 @@ impl<P: Protocol> EntityRef<P> {
             envelope.set_trace(span);
         }
         envelope.set_guarded();
-        let guarded = region.deliver_ask(
-            self.shard,
-            &self.entity_id,
-            envelope,
-            (deadline.into_std(), timeout),
-        )?;
+        let guarded =
+            region.deliver_ask(self.shard, &self.entity_id, envelope, (deadline, timeout))?;
         // Sent to another node in this call: the pending-ask table answers
         // `AskTimeout` at the deadline, so no timer of the asker's own is
         // armed (SPEC §13.5). Anywhere else — an entity here, a buffer —

@@ -476,7 +476,8 @@ async fn the_acting_sharding_coordinator_its_epoch_and_allocation_are_visible() 
     }
 }
 
-/// `EntityContext::node()` names the cluster node the entity runs on.
+/// An ask sent to another node waits with no timer of its own: the
+/// pending-ask table answers `AskTimeout` at its deadline (SPEC §13.5).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ask_to_another_node_times_out_at_its_deadline_and_leaves_nothing_pending() {
     let nodes = three().await;
@@ -494,7 +495,11 @@ async fn an_ask_to_another_node_times_out_at_its_deadline_and_leaves_nothing_pen
     let entity = nodes[0].system.entity_ref::<Tally>(id.as_str());
     for timeout in [Duration::from_millis(100), Duration::from_millis(300)] {
         let asked = Instant::now();
-        let result = entity.ask(Nap(2_000), timeout).await;
+        // (Bounded here, so that an asker left waiting fails the test
+        // rather than hang it.)
+        let result = tokio::time::timeout(timeout + LONG, entity.ask(Nap(2_000), timeout))
+            .await
+            .expect("the ask was answered");
         let took = asked.elapsed();
         match result {
             Err(ShardingError::AskTimeout { timeout: t, .. }) => assert_eq!(t, timeout),
@@ -512,9 +517,11 @@ async fn an_ask_to_another_node_times_out_at_its_deadline_and_leaves_nothing_pen
     // The naps end; the entity answers again, and the late replies are dropped.
     let (home, _) = ask_retrying(&nodes[0].system, &id).await;
     assert_ne!(home, "node-0");
+    assert_eq!(nodes[0].system.pending_remote_asks(), 0);
     stop(nodes).await;
 }
 
+/// `EntityContext::node()` names the cluster node the entity runs on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_entity_knows_the_node_it_runs_on() {
     let nodes = three().await;

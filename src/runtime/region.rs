@@ -53,8 +53,8 @@ pub(crate) trait ClusterPort: Send + Sync + 'static {
         shard: ShardId,
         entity_id: &Arc<str>,
         envelope: LocalEnvelope,
-        deadline: Option<(std::time::Instant, Duration)>,
-    ) -> ShardingResult<()>;
+        deadline: Option<(tokio::time::Instant, Duration)>,
+    ) -> ShardingResult<bool>;
     /// Sends a passivation request to the node hosting the shard.
     fn passivate(
         &self,
@@ -621,7 +621,7 @@ impl Region {
         shard: ShardId,
         entity_id: &Arc<str>,
         envelope: LocalEnvelope,
-        (deadline, timeout): (std::time::Instant, Duration),
+        (deadline, timeout): (tokio::time::Instant, Duration),
     ) -> ShardingResult<bool> {
         if self.is_stopped() {
             envelope.fail(ShardingError::ShuttingDown);
@@ -1195,7 +1195,7 @@ struct Host<'a> {
 
 /// What [`Region::deliver_ask`] tells the host, and learns back.
 struct AskDelivery {
-    deadline: std::time::Instant,
+    deadline: tokio::time::Instant,
     timeout: Duration,
     forwarded: bool,
 }
@@ -1333,11 +1333,12 @@ impl SlotHost for Host<'_> {
             Some(ask) if envelope.is_guarded() => Some((ask.deadline, ask.timeout)),
             _ => None,
         };
-        cluster
+        let kept = cluster
             .port
             .forward(home, self.region, shard, entity_id, envelope, deadline)
             .map_err(|error| (error, None))?;
-        if let (Some(ask), Some(_)) = (&mut self.ask, deadline) {
+        // Only the table's own word lets the asker go without a timer.
+        if let (Some(ask), true) = (&mut self.ask, kept) {
             ask.forwarded = true;
         }
         Ok(())

@@ -171,8 +171,8 @@ impl ClusterPort for RegionLink {
         shard: ShardId,
         entity_id: &Arc<str>,
         envelope: LocalEnvelope,
-        deadline: Option<(Instant, Duration)>,
-    ) -> ShardingResult<()> {
+        deadline: Option<(tokio::time::Instant, Duration)>,
+    ) -> ShardingResult<bool> {
         self.remote
             .forward(home, region, shard, entity_id, envelope, deadline)
     }
@@ -532,16 +532,34 @@ fn deliver_envelope(
 const EXPIRE_EVERY: Duration = Duration::from_millis(5);
 
 /// Answers `AskTimeout` to every remote ask past its deadline, every
-/// [`EXPIRE_EVERY`], until the sharding layer is gone.
+/// [`EXPIRE_EVERY`] while the table keeps one (asleep while it keeps
+/// none), until the sharding layer is gone.
 async fn expire_asks(remote: Weak<Remote>) {
-    let mut every = tokio::time::interval(EXPIRE_EVERY);
-    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let Some(kept) = remote.upgrade().map(|r| r.start_expiring()) else {
+        return;
+    };
+    // Aborted, or its runtime gone: no asker is left waiting for it.
+    struct Stop(Weak<Remote>);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            if let Some(remote) = self.0.upgrade() {
+                remote.stop_expiring();
+            }
+        }
+    }
+    let _stop = Stop(remote.clone());
     loop {
-        every.tick().await;
-        let Some(remote) = remote.upgrade() else {
-            return;
+        let still_kept = {
+            let Some(remote) = remote.upgrade() else {
+                return;
+            };
+            remote.expire(tokio::time::Instant::now())
         };
-        remote.expire(Instant::now());
+        if still_kept == 0 {
+            kept.notified().await;
+        } else {
+            tokio::time::sleep(EXPIRE_EVERY).await;
+        }
     }
 }
 

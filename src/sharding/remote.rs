@@ -16,9 +16,12 @@
 //! are swept.
 
 use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use bytes::Bytes;
 
@@ -53,12 +56,20 @@ struct Pending {
     deadline: Option<(Instant, Duration)>,
 }
 
+/// An ask's deadline and the timeout it came from.
+pub(crate) type Deadline = (Instant, Duration);
+
 /// The sharding layer's side of the pipes: sends envelopes, routes replies.
 pub(crate) struct Remote {
     transport: Transport,
     me: UniqueAddress,
     next_ask: AtomicU64,
     pending: [Mutex<HashMap<u64, Pending>>; PENDING_STRIPES],
+    /// The expiry task runs: only then does this table keep deadlines
+    /// (read under a stripe's lock when an entry is inserted).
+    expiring: AtomicBool,
+    /// Wakes the expiry task when a deadline is kept.
+    deadlines: Arc<tokio::sync::Notify>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -75,6 +86,8 @@ impl Remote {
             // same node (a restart) does not complete a new ask.
             next_ask: AtomicU64::new(random_start()),
             pending: std::array::from_fn(|_| Mutex::new(HashMap::new())),
+            expiring: AtomicBool::new(false),
+            deadlines: Arc::new(tokio::sync::Notify::new()),
         })
     }
 
@@ -93,7 +106,9 @@ impl Remote {
     }
 
     /// Encodes `envelope` and sends it to `owner`. On error the envelope's
-    /// asker has been answered with the same error.
+    /// asker has been answered with the same error. With `deadline`, an
+    /// ask of this node's keeps it in its pending entry: `Ok(true)` says
+    /// this table will answer `AskTimeout` at it.
     pub(crate) fn forward(
         self: &Arc<Self>,
         home: ShardHome,
@@ -101,8 +116,8 @@ impl Remote {
         shard: ShardId,
         entity_id: &Arc<str>,
         envelope: LocalEnvelope,
-        deadline: Option<(Instant, Duration)>,
-    ) -> ShardingResult<()> {
+        deadline: Option<Deadline>,
+    ) -> ShardingResult<bool> {
         if envelope.hops() >= MAX_HOPS {
             let error = ShardingError::TooManyHops {
                 type_name: region.type_name,
@@ -130,9 +145,9 @@ impl Remote {
         region: &Region,
         (shard, entity_id): (ShardId, &Arc<str>),
         envelope: LocalEnvelope,
-        deadline: Option<(Instant, Duration)>,
+        deadline: Option<Deadline>,
         payload: &mut Vec<u8>,
-    ) -> ShardingResult<()> {
+    ) -> ShardingResult<bool> {
         let owner = home.owner;
         let parts = match envelope.into_remote(payload) {
             Ok(parts) => parts,
@@ -149,12 +164,17 @@ impl Remote {
                 .map(|context| context.to_bytes()),
             _ => None,
         };
+        let mut kept = false;
         let (reply_to, ask) = match parts.route {
             Route::Nobody => (None, None),
             Route::Remote(reply) => (Some(reply.forwarded()), None),
             Route::Local(reply) => {
                 let ask_id = self.next_ask.fetch_add(1, Ordering::Relaxed);
-                lock(self.stripe(ask_id)).insert(
+                let mut table = lock(self.stripe(ask_id));
+                // (Read under the lock: see `stop_expiring`.)
+                let deadline = deadline.filter(|_| self.expiring.load(Ordering::Acquire));
+                kept = deadline.is_some();
+                table.insert(
                     ask_id,
                     Pending {
                         node: owner,
@@ -164,6 +184,10 @@ impl Remote {
                         deadline,
                     },
                 );
+                drop(table);
+                if kept {
+                    self.deadlines.notify_one();
+                }
                 let target = ReplyTarget {
                     origin: self.me,
                     ask_id,
@@ -190,7 +214,7 @@ impl Remote {
             self.transport.send_slice(&owner, SHARDING_DATA, frame)
         });
         match sent {
-            Ok(()) => Ok(()),
+            Ok(()) => Ok(kept),
             Err(reason) => {
                 let error = send_error(region.type_name, shard, entity_id, &owner, &reason);
                 match (ask, reply_to) {
@@ -275,10 +299,11 @@ impl Remote {
     }
 
     /// Answers `AskTimeout` to every ask whose deadline this table keeps
-    /// and that is past it at `now`. Returns how many. (A scan of the
-    /// waiting asks, stripe by stripe.)
+    /// and that is past it at `now`. Returns how many deadlines it still
+    /// keeps. (A scan of the waiting asks, stripe by stripe.)
     pub(crate) fn expire(&self, now: Instant) -> usize {
         let mut expired = Vec::new();
+        let mut kept = 0;
         for stripe in &self.pending {
             let mut table = lock(stripe);
             if table.is_empty() {
@@ -286,12 +311,18 @@ impl Remote {
             }
             let due: Vec<u64> = table
                 .iter()
-                .filter(|(_, p)| p.deadline.is_some_and(|(at, _)| at <= now))
+                .filter(|(_, p)| match p.deadline {
+                    Some((at, _)) if at <= now => true,
+                    Some(_) => {
+                        kept += 1;
+                        false
+                    }
+                    None => false,
+                })
                 .map(|(id, _)| *id)
                 .collect();
             expired.extend(due.into_iter().filter_map(|id| table.remove(&id)));
         }
-        let count = expired.len();
         for pending in expired {
             let timeout = pending.deadline.map_or(Duration::ZERO, |(_, t)| t);
             let error = ShardingError::AskTimeout {
@@ -301,7 +332,36 @@ impl Remote {
             };
             pending.reply.complete(Err(error));
         }
-        count
+        kept
+    }
+
+    /// The expiry task starts: from now on deadlines are kept, and this
+    /// wakes it when one is.
+    pub(crate) fn start_expiring(&self) -> Arc<tokio::sync::Notify> {
+        self.expiring.store(true, Ordering::Release);
+        self.deadlines.clone()
+    }
+
+    /// The expiry task stopped (its runtime went away): no deadline is
+    /// kept any more, and the asks whose deadline was kept fail now with
+    /// `ShuttingDown` rather than wait for ever. (An insert reads
+    /// `expiring` under its stripe's lock, which this takes after clearing
+    /// it: each insert is either seen here or sees the flag cleared.)
+    pub(crate) fn stop_expiring(&self) {
+        self.expiring.store(false, Ordering::Release);
+        let mut failed = Vec::new();
+        for stripe in &self.pending {
+            let mut table = lock(stripe);
+            let kept: Vec<u64> = table
+                .iter()
+                .filter(|(_, p)| p.deadline.is_some())
+                .map(|(id, _)| *id)
+                .collect();
+            failed.extend(kept.into_iter().filter_map(|id| table.remove(&id)));
+        }
+        for pending in failed {
+            pending.reply.complete(Err(ShardingError::ShuttingDown));
+        }
     }
 
     /// Forgets asks whose caller stopped waiting. Returns how many.
