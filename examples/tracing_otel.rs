@@ -26,7 +26,7 @@ use tracing_subscriber::layer::SubscriberExt;
 mod counter;
 #[path = "../protocols/otel.rs"]
 mod otel;
-use counter::{Counter, CounterEntity, Get};
+use counter::{Counter, Get};
 
 const LONG: Duration = Duration::from_secs(20);
 
@@ -60,14 +60,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .await?;
         let mut sharding = ShardingConfig::builder().num_shards(16).build();
         sharding.tracing = Some(Tracing::new(otel::OtelPropagation));
-        let system = ShardedSystem::builder()
-            .config(sharding)
-            .node(node.clone())
-            .start()
-            .await?;
-        system
-            .register::<CounterEntity>(|_| CounterEntity::default())
-            .await?;
+        let system = counter::counters_on(&node, sharding).await?;
         nodes.push(node);
         systems.push(system);
     }

@@ -42,3 +42,21 @@ impl Handler<Get> for CounterEntity {
         Ok(self.total)
     }
 }
+
+/// A sharded system on cluster node `node`, configured by `config`,
+/// hosting the counter (the multi-node tests' and examples' setup).
+#[allow(dead_code)] // not every program that includes this file forms a cluster
+pub async fn counters_on(
+    node: &datum_cluster_sharding::cluster::ClusterNode,
+    config: ShardingConfig,
+) -> ShardingResult<ShardedSystem> {
+    let system = ShardedSystem::builder()
+        .config(config)
+        .node(node.clone())
+        .start()
+        .await?;
+    system
+        .register::<CounterEntity>(|_| CounterEntity::default())
+        .await?;
+    Ok(system)
+}

@@ -22,7 +22,7 @@ use common::KillOnDrop;
 
 #[path = "../protocols/counter.rs"]
 mod counter;
-use counter::{Add, Counter, CounterEntity, Get};
+use counter::{Add, Counter, Get};
 
 const LONG: Duration = Duration::from_secs(30);
 const BIN: &str = env!("CARGO_BIN_EXE_datum-node");
@@ -89,17 +89,10 @@ async fn cluster_node(name: &str, seeds: Vec<SocketAddr>) -> ClusterNode {
 }
 
 async fn counters_on(node: &ClusterNode, shards: u32) -> ShardedSystem {
-    let system = ShardedSystem::builder()
-        .num_shards(shards)
-        .node(node.clone())
-        .start()
+    let config = ShardingConfig::builder().num_shards(shards).build();
+    counter::counters_on(node, config)
         .await
-        .expect("system starts");
-    system
-        .register::<CounterEntity>(|_| CounterEntity::default())
-        .await
-        .expect("registered");
-    system
+        .expect("counters hosted")
 }
 
 async fn serve(node: &ClusterNode, system: &ShardedSystem) -> ManagementServer {

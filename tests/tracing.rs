@@ -17,7 +17,7 @@ use tracing_subscriber::layer::SubscriberExt;
 mod counter;
 #[path = "../protocols/otel.rs"]
 mod otel;
-use counter::{Add, Counter, CounterEntity, Get};
+use counter::{Add, Counter, Get};
 
 const LONG: Duration = Duration::from_secs(20);
 
@@ -33,17 +33,9 @@ async fn node(seeds: Vec<std::net::SocketAddr>) -> ClusterNode {
 async fn counters(node: &ClusterNode, tracing: Option<Tracing>) -> ShardedSystem {
     let mut config = ShardingConfig::builder().num_shards(16).build();
     config.tracing = tracing;
-    let system = ShardedSystem::builder()
-        .config(config)
-        .node(node.clone())
-        .start()
+    counter::counters_on(node, config)
         .await
-        .expect("system");
-    system
-        .register::<CounterEntity>(|_| CounterEntity::default())
-        .await
-        .expect("registered");
-    system
+        .expect("counters hosted")
 }
 
 fn named<'a>(spans: &'a [SpanData], name: &str) -> Vec<&'a SpanData> {
