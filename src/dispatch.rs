@@ -11,8 +11,8 @@ use std::panic::AssertUnwindSafe;
 use futures_util::FutureExt;
 use tokio::sync::oneshot;
 
-use crate::entity::{DeferredHandler, Entity, EntityContext, Handler, ReplyPort};
-use crate::envelope::{LocalEnvelope, RemoteReply, ReplyTo, Undecodable, from_cbor};
+use crate::entity::{Admission, DeferredHandler, Entity, EntityContext, Handler, ReplyPort};
+use crate::envelope::{Delivery, LocalEnvelope, RemoteReply, ReplyTo, Undecodable, from_cbor};
 use crate::error::{ShardingError, ShardingResult};
 use crate::protocol::{Message, Protocol};
 
@@ -163,6 +163,14 @@ where
     E: Entity<Protocol = P> + DeferredHandler<M>,
     M: Message<P>,
 {
+    let mut envelope = envelope;
+    if envelope.take_delivery().is_some() {
+        envelope.fail(ShardingError::Undecodable {
+            what: format!("message {} of `{}`", M::INDEX, P::TYPE_NAME),
+            error: "a reliable delivery of an ask (only tells are sent reliably)".into(),
+        });
+        return Outcome(OutcomeKind::Handled);
+    }
     let (msg, reply) = match open::<M, M::Reply>(envelope) {
         Ok(typed) => typed,
         Err(outcome) => return outcome,
@@ -194,6 +202,10 @@ where
     E: Entity<Protocol = P> + Handler<M>,
     M: Message<P>,
 {
+    let mut envelope = envelope;
+    if let Some(delivery) = envelope.take_delivery() {
+        return handle_reliable::<P, E, M>(entity, envelope, delivery, ctx).await;
+    }
     let (msg, reply) = match open::<M, M::Reply>(envelope) {
         Ok(typed) => typed,
         Err(outcome) => return outcome,
@@ -219,6 +231,93 @@ where
                 panic: panic.clone(),
             };
             reply.answer(Err(error));
+            Outcome(OutcomeKind::Panicked(panic))
+        }
+    }
+}
+
+/// The confirmation of a reliable producer's message: `()`, the reply of
+/// every tell; `None` when `R` is not `()` (an ask, which no producer sends).
+fn confirmation<R: 'static>() -> Option<R> {
+    let unit: Box<dyn Any> = Box::new(());
+    unit.downcast::<R>().ok().map(|unit| *unit)
+}
+
+/// Handles a reliable producer's message (SPEC §13.17): a duplicate is
+/// confirmed without running the handler, one from a superseded producer
+/// is refused, and a new one is handled and recorded — for a durable-state
+/// entity, in its store, in one write with its state — before its reply
+/// confirms it. A handler's error is its answer and the message counts as
+/// handled, except an error of the store (`Persistence`), whose message is
+/// not recorded (the producer sends it again).
+async fn handle_reliable<P, E, M>(
+    entity: &mut E,
+    envelope: LocalEnvelope,
+    delivery: Delivery,
+    ctx: &EntityContext,
+) -> Outcome
+where
+    P: Protocol,
+    E: Entity<Protocol = P> + Handler<M>,
+    M: Message<P>,
+{
+    let (msg, reply) = match open::<M, M::Reply>(envelope) {
+        Ok(typed) => typed,
+        Err(outcome) => return outcome,
+    };
+    let Some(confirmed) = confirmation::<M::Reply>() else {
+        reply.answer(Err(ShardingError::Undecodable {
+            what: format!("message {} of `{}`", M::INDEX, P::TYPE_NAME),
+            error: "a reliable delivery of an ask (only tells are sent reliably)".into(),
+        }));
+        return Outcome(OutcomeKind::Handled);
+    };
+    match ctx.admit(&delivery) {
+        Admission::New => {}
+        Admission::Duplicate => {
+            reply.answer(Ok(confirmed));
+            return Outcome(OutcomeKind::Handled);
+        }
+        Admission::Superseded { current } => {
+            reply.answer(Err(ShardingError::Superseded {
+                producer_id: delivery.producer.to_string(),
+                epoch: delivery.epoch,
+                current,
+            }));
+            return Outcome(OutcomeKind::Handled);
+        }
+    }
+    ctx.begin_delivery(delivery);
+    let handled = AssertUnwindSafe(async { entity.handle(msg, ctx).await })
+        .catch_unwind()
+        .await;
+    match handled {
+        Ok(Err(error @ ShardingError::Persistence { .. })) => {
+            ctx.abandon_delivery();
+            reply.answer(Err(error));
+            Outcome(OutcomeKind::Handled)
+        }
+        Ok(result) => {
+            let entity: &E = entity;
+            let payload = ctx.delivery_payload(entity);
+            let answer = match ctx.commit_delivery(payload).await {
+                Ok(()) => result,
+                Err(error) => Err(error),
+            };
+            if let Err(error) = &answer {
+                tracing::warn!(type_name = ctx.type_name(), entity_id = ctx.entity_id(), %error, "reliable tell handler failed");
+            }
+            reply.answer(answer);
+            Outcome(OutcomeKind::Handled)
+        }
+        Err(payload) => {
+            ctx.abandon_delivery();
+            let panic = panic_message(payload.as_ref());
+            reply.answer(Err(ShardingError::EntityPanicked {
+                type_name: ctx.type_name(),
+                entity_id: ctx.entity_id().to_owned(),
+                panic: panic.clone(),
+            }));
             Outcome(OutcomeKind::Panicked(panic))
         }
     }

@@ -39,6 +39,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::envelope::Delivery;
 use crate::error::ShardingResult;
 use crate::extractor::ShardId;
 use crate::persistence::{
@@ -155,6 +156,8 @@ pub struct EntityContext {
     pub(crate) journal: Option<JournalHandle>,
     /// Of a durable-state entity: its state store.
     state: Option<StateHandle>,
+    /// What reliable producers' messages did here (SPEC §13.17).
+    deliveries: std::sync::Mutex<Deliveries>,
 }
 
 impl EntityContext {
@@ -173,6 +176,7 @@ impl EntityContext {
             passivate: AtomicBool::new(false),
             journal: None,
             state: None,
+            deliveries: std::sync::Mutex::default(),
         }
     }
 
@@ -210,6 +214,141 @@ impl EntityContext {
 
     pub(crate) fn take_passivate_request(&self) -> bool {
         self.passivate.swap(false, Ordering::Relaxed)
+    }
+
+    fn deliveries(&self) -> std::sync::MutexGuard<'_, Deliveries> {
+        self.deliveries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// What to do with a reliable producer's message: handle it, confirm
+    /// it as a duplicate, or refuse it as from a superseded producer.
+    pub(crate) fn admit(&self, delivery: &Delivery) -> Admission {
+        self.deliveries().admit(delivery)
+    }
+
+    /// Marks `delivery` as the message being handled: a state saved now
+    /// records it.
+    pub(crate) fn begin_delivery(&self, delivery: Delivery) {
+        self.deliveries().current = Some((delivery, false));
+    }
+
+    /// Ends the message being handled without recording it (its handler
+    /// failed for want of its store, or panicked).
+    pub(crate) fn abandon_delivery(&self) {
+        self.deliveries().current = None;
+    }
+
+    /// Of a durable-state entity whose handler did not save during the
+    /// reliable message being handled: its state to save now, with the
+    /// message's record (one write). `None` when no save is due.
+    pub(crate) fn delivery_payload(
+        &self,
+        entity: &dyn std::any::Any,
+    ) -> Option<ShardingResult<Payload>> {
+        let handle = self.state.as_ref()?;
+        match &self.deliveries().current {
+            Some((_, false)) => {}
+            _ => return None,
+        }
+        Some((handle.encode)(entity, self))
+    }
+
+    /// Records the message being handled as done, after saving `payload`
+    /// (from [`delivery_payload`](Self::delivery_payload)) if there is
+    /// one. On error nothing is recorded.
+    pub(crate) async fn commit_delivery(
+        &self,
+        payload: Option<ShardingResult<Payload>>,
+    ) -> ShardingResult<()> {
+        let written = match payload {
+            None => Ok(()),
+            Some(Ok(payload)) => self.save_state(payload).await,
+            Some(Err(error)) => Err(error),
+        };
+        let mut deliveries = self.deliveries();
+        let current = deliveries.current.take();
+        written?;
+        if let Some((delivery, _)) = current {
+            deliveries.record(&delivery);
+        }
+        Ok(())
+    }
+
+    /// The table as it is saved and migrated: every producer's latest
+    /// record, the message being handled included.
+    pub(crate) fn delivery_rows(&self) -> Vec<DeliveryRow> {
+        self.deliveries().rows()
+    }
+
+    /// Takes the table that came with a migrated state, or with a loaded
+    /// one.
+    pub(crate) fn restore_deliveries(&self, rows: Vec<DeliveryRow>) {
+        let mut deliveries = self.deliveries();
+        deliveries.seen = rows
+            .into_iter()
+            .map(|DeliveryRow(producer, epoch, seq)| (producer.into(), (epoch, seq)))
+            .collect();
+        deliveries.current = None;
+    }
+}
+
+/// One producer's record at an entity, as saved and migrated: `[producer,
+/// epoch, seq]` — its latest incarnation heard from, and the highest
+/// number handled from that incarnation.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct DeliveryRow(pub(crate) String, pub(crate) u64, pub(crate) u64);
+
+/// What reliable producers' messages did at one entity (SPEC §13.17).
+#[derive(Debug, Default)]
+pub(crate) struct Deliveries {
+    /// Per producer: its latest incarnation, and the highest number
+    /// handled from it.
+    seen: std::collections::HashMap<Arc<str>, (u64, u64)>,
+    /// The message being handled, and whether a save has recorded it.
+    current: Option<(Delivery, bool)>,
+}
+
+/// What an entity does with a reliable producer's message.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Admission {
+    /// Not handled yet: handle it.
+    New,
+    /// Handled already: confirm it, do not handle it again.
+    Duplicate,
+    /// From an older incarnation of its producer than one heard from.
+    Superseded {
+        /// The latest incarnation heard from.
+        current: u64,
+    },
+}
+
+impl Deliveries {
+    fn admit(&self, delivery: &Delivery) -> Admission {
+        match self.seen.get(&delivery.producer) {
+            Some(&(epoch, _)) if delivery.epoch < epoch => Admission::Superseded { current: epoch },
+            Some(&(epoch, seq)) if delivery.epoch == epoch && delivery.seq <= seq => {
+                Admission::Duplicate
+            }
+            _ => Admission::New,
+        }
+    }
+
+    fn record(&mut self, delivery: &Delivery) {
+        self.seen
+            .insert(delivery.producer.clone(), (delivery.epoch, delivery.seq));
+    }
+
+    fn rows(&self) -> Vec<DeliveryRow> {
+        let mut seen = self.seen.clone();
+        if let Some((delivery, _)) = &self.current {
+            seen.insert(delivery.producer.clone(), (delivery.epoch, delivery.seq));
+        }
+        let mut rows: Vec<_> = seen
+            .into_iter()
+            .map(|(producer, (epoch, seq))| DeliveryRow(producer.to_string(), epoch, seq))
+            .collect();
+        rows.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        rows
     }
 }
 
@@ -519,6 +658,8 @@ pub(crate) struct MigratedState {
     /// journal's sequence number it includes, or the state's revision); 0
     /// otherwise.
     pub(crate) position: u64,
+    /// The entity's deliveries table (SPEC §13.17), empty if it has none.
+    pub(crate) deliveries: Vec<DeliveryRow>,
 }
 
 /// A migratable type's two conversions, type-erased for its spawner.
@@ -552,6 +693,7 @@ impl<E: Migratable> Migration<E> {
                     version: E::STATE_VERSION,
                     bytes: bytes.into(),
                     position: 0,
+                    deliveries: Vec::new(),
                 })
             },
             put: Some(|entity, state| {
@@ -588,6 +730,7 @@ impl<E: Snapshotted> Migration<E> {
                     version: E::SNAPSHOT_VERSION,
                     bytes: bytes.into(),
                     position,
+                    deliveries: Vec::new(),
                 })
             },
             put: None,
@@ -612,6 +755,7 @@ impl<E: DurableState> Migration<E> {
                     version: E::STATE_VERSION,
                     bytes: bytes.into(),
                     position,
+                    deliveries: Vec::new(),
                 })
             },
             put: None,
@@ -1197,10 +1341,16 @@ impl EntityContext {
         Some(self.persistence_error(journal.or(state)?))
     }
 
-    /// Links this incarnation to `store` (a durable-state type).
-    pub(crate) fn attach_state(&mut self, store: std::sync::Weak<dyn DurableStateStore>) {
+    /// Links this incarnation to `store` (a durable-state type, whose
+    /// state `encode` takes).
+    pub(crate) fn attach_state(
+        &mut self,
+        store: std::sync::Weak<dyn DurableStateStore>,
+        encode: StateEncoder,
+    ) {
         self.state = Some(StateHandle {
             store,
+            encode,
             id: PersistenceId::new(self.type_name, &*self.entity_id),
             revision: AtomicU64::new(0),
             retired: std::sync::Mutex::new(None),
@@ -1262,6 +1412,10 @@ impl EntityContext {
         match saved {
             Ok(()) => {
                 handle.revision.store(expected + 1, Ordering::Release);
+                // The message being handled, if a reliable one, is recorded.
+                if let Some((_, saved)) = &mut self.deliveries().current {
+                    *saved = true;
+                }
                 Ok(())
             }
             Err(error @ PersistenceError::Invalid(_)) => Err(self.persistence_error(error)),
@@ -1274,9 +1428,14 @@ impl EntityContext {
     }
 }
 
+/// Encodes a durable-state entity's state (with the deliveries table of its
+/// context) as it is saved.
+pub(crate) type StateEncoder = fn(&dyn std::any::Any, &EntityContext) -> ShardingResult<Payload>;
+
 /// A durable-state incarnation's link to its store.
 struct StateHandle {
     store: std::sync::Weak<dyn DurableStateStore>,
+    encode: StateEncoder,
     id: PersistenceId,
     /// The revision this incarnation knows.
     revision: AtomicU64,
@@ -1345,18 +1504,43 @@ fn state_manifest(type_name: &str) -> String {
     format!("{type_name}#state")
 }
 
+/// The manifest of a state saved with its deliveries table (SPEC §13.17):
+/// its bytes are the CBOR array `[state, [[producer, epoch, seq], …]]`.
+fn state_with_deliveries_manifest(type_name: &str) -> String {
+    format!("{type_name}#state+deliveries")
+}
+
 fn encode_state<E: DurableState>(ctx: &EntityContext, state: &E::State) -> ShardingResult<Payload> {
+    let rows = ctx.delivery_rows();
     let mut bytes = Vec::new();
-    ciborium::into_writer(state, &mut bytes).map_err(|e| {
+    let (manifest, encoded) = if rows.is_empty() {
+        let encoded = ciborium::into_writer(state, &mut bytes);
+        (state_manifest(ctx.type_name), encoded)
+    } else {
+        let encoded = ciborium::into_writer(&(state, rows), &mut bytes);
+        (state_with_deliveries_manifest(ctx.type_name), encoded)
+    };
+    encoded.map_err(|e| {
         ctx.persistence_error(PersistenceError::Invalid(format!(
             "a state does not encode: {e}"
         )))
     })?;
     Ok(Payload {
-        manifest: state_manifest(ctx.type_name),
+        manifest,
         version: E::STATE_VERSION,
         bytes,
     })
+}
+
+/// [`encode_state`] of the entity behind `entity` (a `E`).
+pub(crate) fn encode_state_of<E: DurableState>(
+    entity: &dyn std::any::Any,
+    ctx: &EntityContext,
+) -> ShardingResult<Payload> {
+    let entity = entity
+        .downcast_ref::<E>()
+        .ok_or_else(|| crate::ShardingError::Bug("a state of another entity type".into()))?;
+    encode_state::<E>(ctx, entity.state())
 }
 
 /// Loads a durable-state entity's stored state, checked and decoded first.
@@ -1369,7 +1553,8 @@ pub(crate) fn recover_state<E: DurableState>(
         return Ok(());
     };
     let payload = record.payload;
-    if payload.manifest != state_manifest(ctx.type_name) {
+    let with_deliveries = payload.manifest == state_with_deliveries_manifest(ctx.type_name);
+    if payload.manifest != state_manifest(ctx.type_name) && !with_deliveries {
         return Err(corrupt(
             ctx,
             format!("the state is a `{}`", payload.manifest),
@@ -1385,9 +1570,19 @@ pub(crate) fn recover_state<E: DurableState>(
             ),
         ));
     }
-    let state: E::State = ciborium::from_reader(payload.bytes.as_slice())
-        .map_err(|e| corrupt(ctx, format!("the state does not decode: {e}")))?;
-    entity.set_state(state);
+    let undecodable = |e: ciborium::de::Error<std::io::Error>| {
+        corrupt(ctx, format!("the state does not decode: {e}"))
+    };
+    if with_deliveries {
+        let (state, rows): (E::State, Vec<DeliveryRow>) =
+            ciborium::from_reader(payload.bytes.as_slice()).map_err(undecodable)?;
+        ctx.restore_deliveries(rows);
+        entity.set_state(state);
+    } else {
+        let state: E::State =
+            ciborium::from_reader(payload.bytes.as_slice()).map_err(undecodable)?;
+        entity.set_state(state);
+    }
     Ok(())
 }
 

@@ -212,6 +212,20 @@ pub enum ShardingError {
     /// concerned was not processed.
     #[error("BUG: {0}")]
     Bug(String),
+    /// A reliable producer's message (SPEC §13.17) came from an incarnation
+    /// of its producer older than one the entity has heard from (a
+    /// producer restarted, or two running under one id): not processed.
+    #[error(
+        "reliable producer `{producer_id}` incarnation {epoch} is superseded by incarnation {current}; message not processed"
+    )]
+    Superseded {
+        /// The producer's id.
+        producer_id: String,
+        /// The incarnation the message came from.
+        epoch: u64,
+        /// The latest incarnation the entity has heard from.
+        current: u64,
+    },
 }
 
 impl ShardingError {
@@ -239,6 +253,7 @@ impl ShardingError {
             ShardingError::Remote(_) => "remote",
             ShardingError::Spawn(_) => "spawn",
             ShardingError::Bug(_) => "bug",
+            ShardingError::Superseded { .. } => "superseded",
         }
     }
 }
@@ -310,6 +325,15 @@ pub enum RemoteError {
     Persistence(Box<crate::persistence::PersistenceError>),
     /// Anything else, as text.
     Other(String),
+    /// A reliable producer's incarnation was superseded; not processed.
+    Superseded {
+        /// The producer's id.
+        producer_id: String,
+        /// The incarnation the message came from.
+        epoch: u64,
+        /// The latest incarnation the entity has heard from.
+        current: u64,
+    },
 }
 
 impl From<&ShardingError> for RemoteError {
@@ -349,6 +373,15 @@ impl From<&ShardingError> for RemoteError {
             E::TooManyHops { hops, .. } => RemoteError::TooManyHops { hops: *hops },
             E::PeerLost { node, .. } => RemoteError::PeerLost { node: node.clone() },
             E::Persistence { error, .. } => RemoteError::Persistence(error.clone()),
+            E::Superseded {
+                producer_id,
+                epoch,
+                current,
+            } => RemoteError::Superseded {
+                producer_id: producer_id.clone(),
+                epoch: *epoch,
+                current: *current,
+            },
             other => RemoteError::Other(other.to_string()),
         }
     }
@@ -412,6 +445,15 @@ impl RemoteError {
                 error,
             },
             RemoteError::Other(message) => ShardingError::Remote(message),
+            RemoteError::Superseded {
+                producer_id,
+                epoch,
+                current,
+            } => ShardingError::Superseded {
+                producer_id,
+                epoch,
+                current,
+            },
         }
     }
 }

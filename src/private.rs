@@ -80,6 +80,7 @@ pub mod bench {
             reply_to: Some(target()),
             payload,
             trace: None,
+            delivery: None,
         }
     }
 

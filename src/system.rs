@@ -39,13 +39,15 @@ use crate::config::ShardingConfig;
 use crate::dispatch::{Dispatch, envelope_of};
 use crate::entity::{
     DurableState, Entity, EntityContext, EventSourced, JournalWriter, Migratable, Migration,
-    MigrationEvent, Snapshots, Snapshotted,
+    MigrationEvent, Snapshots, Snapshotted, StateEncoder,
 };
+use crate::envelope::Delivery;
 use crate::error::{ShardingError, ShardingResult};
 use crate::extractor::{ShardExtractor, ShardId};
 use crate::persistence::{DurableStateStore, Journal, NoJournal, SnapshotStore};
 use crate::protocol::SealedProtocol;
-use crate::protocol::{Ask, Protocol, Tell};
+use crate::protocol::{Ask, Message, Protocol, Tell};
+use crate::reliable::{ProducerConfig, ReliableProducer};
 use crate::runtime::entity_actor::{EntityActor, EntityArgs, Factory, Recover, StopNotice};
 use crate::runtime::region::{MigrationSettings, Region, RegionCluster, RegionProtocol, Spawner};
 use crate::runtime::region_actor::RegionActor;
@@ -360,7 +362,7 @@ impl SystemPort for Shared {
 struct Durable<E> {
     writer: Option<Arc<JournalWriter>>,
     snapshots: Option<Arc<Snapshots>>,
-    state: Option<std::sync::Weak<dyn DurableStateStore>>,
+    state: Option<(std::sync::Weak<dyn DurableStateStore>, StateEncoder)>,
     recover: Recover<E>,
 }
 
@@ -672,8 +674,8 @@ impl<S, J> ShardedSystem<S, J> {
                 if let Some(writer) = &d.writer {
                     ctx.attach_journal(writer.clone(), d.snapshots.clone());
                 }
-                if let Some(store) = &d.state {
-                    ctx.attach_state(store.clone());
+                if let Some((store, encode)) = &d.state {
+                    ctx.attach_state(store.clone(), *encode);
                 }
                 d.recover
             });
@@ -814,6 +816,22 @@ impl<S, J> ShardedSystem<S, J> {
             shard,
             _protocol: PhantomData,
         }
+    }
+
+    /// A reliable producer named `producer_id` of `P`'s tells (SPEC
+    /// §13.17): each message it sends is numbered per entity and sent
+    /// again until the entity confirms it, and the entity handles each
+    /// number once. Start at most one per id at a time: a later one (a
+    /// restart) supersedes the earlier at every entity it reaches.
+    ///
+    /// Fails with `InvalidConfig` for an empty id or a config out of range.
+    pub fn reliable_producer<P: Protocol>(
+        &self,
+        producer_id: impl Into<Arc<str>>,
+        config: ProducerConfig,
+    ) -> ShardingResult<ReliableProducer<P>> {
+        let entities = self.entity_ref::<P>("");
+        ReliableProducer::start(producer_id.into(), config, entities)
     }
 
     /// Stops every entity, fails buffered and pending messages with
@@ -1048,7 +1066,7 @@ impl<S, J: DurableStateStore> ShardedSystem<S, J> {
         let durable = Some(Durable {
             writer: None,
             snapshots: None,
-            state: Some(Arc::downgrade(&store)),
+            state: Some((Arc::downgrade(&store), crate::entity::encode_state_of::<E>)),
             recover,
         });
         self.register_spawned::<E>(factory, None, durable, migration)
@@ -1307,14 +1325,14 @@ impl<P: Protocol> EntityRef<P> {
         let sent = std::time::Instant::now();
         region.metrics.asks.increment(1);
         let answer = match region.tracing() {
-            None => self.ask_in(region, msg, timeout, None).await,
+            None => self.ask_in(region, msg, timeout, None, None).await,
             Some(_) => {
                 let span = tracing::info_span!(
                     "datum.ask",
                     entity_type = P::TYPE_NAME,
                     entity_id = &*self.entity_id
                 );
-                let asked = self.ask_in(region, msg, timeout, Some(span.clone()));
+                let asked = self.ask_in(region, msg, timeout, Some(span.clone()), None);
                 tracing::Instrument::instrument(asked, span).await
             }
         };
@@ -1328,13 +1346,45 @@ impl<P: Protocol> EntityRef<P> {
         answer
     }
 
-    /// [`ask`](Self::ask) on the region it resolved.
-    async fn ask_in<M: Ask<P>>(
+    /// Another entity of the same type, on the same system.
+    pub(crate) fn sibling(&self, entity_id: Arc<str>) -> EntityRef<P> {
+        let shard = P::Extractor::default().shard_id(&entity_id, self.shared.config.num_shards);
+        EntityRef {
+            shared: self.shared.clone(),
+            region: OnceLock::new(),
+            entity_id,
+            shard,
+            _protocol: PhantomData,
+        }
+    }
+
+    /// Whether the system this ref sends through has shut down.
+    pub(crate) fn system_shut_down(&self) -> bool {
+        self.shared.is_shut_down()
+    }
+
+    /// Sends tell `msg` tagged by a reliable producer (SPEC §13.17) as an
+    /// ask, and waits up to `timeout` for its confirmation.
+    pub(crate) async fn send_reliable<M: Tell<P>>(
+        &self,
+        msg: M,
+        delivery: Delivery,
+        timeout: Duration,
+    ) -> ShardingResult<()> {
+        let region = self.region()?;
+        self.ask_in(region, msg, timeout, None, Some(delivery))
+            .await
+    }
+
+    /// [`ask`](Self::ask) on the region it resolved (or a reliable tell,
+    /// with its `delivery` tag).
+    async fn ask_in<M: Message<P>>(
         &self,
         region: &Region,
         msg: M,
         timeout: Duration,
         trace: Option<tracing::Span>,
+        delivery: Option<Delivery>,
     ) -> ShardingResult<M::Reply> {
         let deadline = crate::store::writer::deadline_after(timeout);
         if let Some(remember) = region.remember().filter(|r| r.is_full()) {
@@ -1346,6 +1396,9 @@ impl<P: Protocol> EntityRef<P> {
         let mut envelope = envelope_of::<P, M>(msg, Some(reply));
         if let Some(span) = trace {
             envelope.set_trace(span);
+        }
+        if let Some(delivery) = delivery {
+            envelope.set_delivery(delivery);
         }
         envelope.set_guarded();
         let guarded =

@@ -12,6 +12,7 @@ mod buffers;
 mod reply;
 
 use std::any::Any;
+use std::sync::Arc;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -46,10 +47,33 @@ pub struct LocalEnvelope {
     body: Box<dyn Any + Send>,
     /// What the body's type can do once it is erased (one pointer for both).
     fns: &'static BodyFns,
+    /// What few envelopes carry, behind one pointer: the trace span and a
+    /// reliable producer's tag.
+    extras: Option<Box<Extras>>,
+}
+
+/// The parts of an envelope that few envelopes have.
+#[derive(Default)]
+pub(crate) struct Extras {
     /// With tracing on (SPEC §14.2): the span the message was sent in, or
     /// on a receiving node the span whose parent is the sender's; the
     /// handler's span is its child.
-    trace: Option<Box<tracing::Span>>,
+    pub(crate) trace: Option<tracing::Span>,
+    /// Sent by a reliable producer (SPEC §13.17): who sent it, and its
+    /// number in that producer's stream to this entity.
+    pub(crate) delivery: Option<Delivery>,
+}
+
+/// A reliable producer's tag on a message (SPEC §13.17): the producer,
+/// its incarnation, and the message's number in its stream to one entity.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Delivery {
+    /// The producer's id, chosen by its user.
+    pub(crate) producer: Arc<str>,
+    /// The producer's incarnation: a later one supersedes an earlier one.
+    pub(crate) epoch: u64,
+    /// The message's number, from 1, in the stream to this entity.
+    pub(crate) seq: u64,
 }
 
 /// The functions of one message type's erased body.
@@ -123,8 +147,18 @@ impl LocalEnvelope {
             generation: 0,
             body: Box::new(Typed::<M, R> { msg, reply }),
             fns: &<Typed<M, R> as HasBodyFns>::FNS,
-            trace: None,
+            extras: None,
         }
+    }
+
+    /// Tags the envelope as a reliable producer's message.
+    pub(crate) fn set_delivery(&mut self, delivery: Delivery) {
+        self.extras.get_or_insert_default().delivery = Some(delivery);
+    }
+
+    /// The reliable producer's tag, taken out.
+    pub(crate) fn take_delivery(&mut self) -> Option<Delivery> {
+        self.extras.as_mut()?.delivery.take()
     }
 
     /// Marks the envelope as an ask whose deadline the pending-ask table
@@ -140,12 +174,12 @@ impl LocalEnvelope {
 
     /// The span this message is traced under (tracing on).
     pub(crate) fn set_trace(&mut self, span: tracing::Span) {
-        self.trace = Some(Box::new(span));
+        self.extras.get_or_insert_default().trace = Some(span);
     }
 
     /// The span this message is traced under, taken out.
     pub(crate) fn take_trace(&mut self) -> Option<tracing::Span> {
-        self.trace.take().map(|span| *span)
+        self.extras.as_mut()?.trace.take()
     }
 
     /// The typed message and its reply slot, for the handler of `M`. A
@@ -202,14 +236,14 @@ impl LocalEnvelope {
             generation,
             body,
             fns,
-            trace,
+            extras,
         } = self;
         match (fns.into_remote)(body, payload) {
             Ok(route) => Ok(RemoteParts {
                 index,
                 hops,
                 route,
-                trace,
+                extras,
             }),
             Err((error, body)) => Err((
                 error,
@@ -220,7 +254,7 @@ impl LocalEnvelope {
                     generation,
                     body,
                     fns,
-                    trace,
+                    extras,
                 },
             )),
         }
@@ -232,8 +266,8 @@ pub(crate) struct RemoteParts {
     pub(crate) index: u16,
     pub(crate) hops: u8,
     pub(crate) route: Route,
-    /// The span it was traced under, if tracing is on.
-    pub(crate) trace: Option<Box<tracing::Span>>,
+    /// Its trace span and reliable producer's tag, if it has either.
+    pub(crate) extras: Option<Box<Extras>>,
 }
 
 /// Where the reply to a message sent to another node goes.

@@ -222,6 +222,10 @@ where
         args: EntityArgs<E>,
     ) -> Result<EntityState<E>, ActorProcessingErr> {
         let mut args = args;
+        if let Some(migrated) = &mut args.migrated {
+            args.ctx
+                .restore_deliveries(std::mem::take(&mut migrated.deliveries));
+        }
         let mut entity = build(&args.factory, &args.ctx)?;
         rehydrate(&mut entity, &mut args)?;
         let failed = recover_fresh(&mut entity, &mut args).await;
@@ -320,7 +324,11 @@ where
                             ))
                         });
                     match taken {
-                        Ok(migrated) => state.args.notice.state = Some(migrated),
+                        Ok(mut migrated) => {
+                            // The deliveries table travels with the state.
+                            migrated.deliveries = state.args.ctx.delivery_rows();
+                            state.args.notice.state = Some(migrated);
+                        }
                         Err(reason) => {
                             let ctx = &state.args.ctx;
                             tracing::warn!(type_name = ctx.type_name(), entity_id = ctx.entity_id(), %reason, "an entity's state could not be taken; its next incarnation starts from the factory");

@@ -937,6 +937,7 @@ fn state(b: u8) -> Option<MigratedState> {
         version: 1,
         bytes: bytes::Bytes::from(vec![b]),
         position: 0,
+        deliveries: Vec::new(),
     })
 }
 

@@ -34,7 +34,7 @@ use tokio::task::JoinHandle;
 use tokio::time::sleep_until;
 
 use crate::cluster::ClusterNode;
-use crate::envelope::LocalEnvelope;
+use crate::envelope::{Delivery, LocalEnvelope};
 use crate::envelope::{RemoteReply, ReplySink};
 use crate::error::{RegionRefusal, ShardingError, ShardingResult};
 use crate::extractor::ShardId;
@@ -47,7 +47,7 @@ use crate::sharding::coordinator::{
     Command, CoordinatorConfig, CoordinatorCore, LeastShardAllocation, RebalanceReason,
     RebalanceRound, ShardAllocationStrategy, ShardHome,
 };
-use crate::sharding::fast::{self, DataRef, EnvelopeRef};
+use crate::sharding::fast::{self, DataRef, DeliveryRef, EnvelopeRef};
 use crate::sharding::migration;
 use crate::sharding::region_core::{LocalRegions, RegionCommand, RegionCore};
 use crate::sharding::remote::Remote;
@@ -437,6 +437,10 @@ fn handle_data(
                 payload: &e.payload,
                 // (Only the canonical form's trace is read.)
                 trace: None,
+                delivery: e
+                    .delivery
+                    .as_ref()
+                    .map(|(producer, epoch, seq)| DeliveryRef(producer, *epoch, *seq)),
             };
             deliver_envelope(shared, remote, from, envelope);
         }
@@ -504,6 +508,13 @@ fn deliver_envelope(
     match (region.decode)(envelope.index, envelope.payload, reply, hops) {
         Ok(mut local) => {
             local.set_routed_under(envelope.generation);
+            if let Some(DeliveryRef(producer, epoch, seq)) = envelope.delivery {
+                local.set_delivery(Delivery {
+                    producer: producer.into(),
+                    epoch,
+                    seq,
+                });
+            }
             if let Some(tracing) = region.tracing()
                 && let Some(parent) = envelope.trace.and_then(|t| TraceContext::from_bytes(&t))
             {

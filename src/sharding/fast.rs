@@ -71,7 +71,16 @@ pub(crate) struct EnvelopeRef<'a> {
         serialize_with = "trace_bytes"
     )]
     pub(crate) trace: Option<[u8; TraceContext::WIRE_LEN]>,
+    /// A reliable producer's tag (SPEC §13.17): `delivery`, after `payload`
+    /// and `trace`; absent without one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) delivery: Option<DeliveryRef<'a>>,
 }
+
+/// A reliable producer's tag as it travels: the array `[producer, epoch,
+/// seq]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub(crate) struct DeliveryRef<'a>(pub(crate) &'a str, pub(crate) u64, pub(crate) u64);
 
 /// serde's side of `trace`: a byte string (only called with `Some`).
 fn trace_bytes<S: serde::Serializer>(
@@ -86,7 +95,8 @@ pub(crate) fn encode_envelope(out: &mut Vec<u8>, e: &EnvelopeRef<'_>) {
     out.reserve(160 + e.type_name.len() + e.entity_id.len() + e.payload.len());
     put_head(out, MAJOR_MAP, 1);
     put_text(out, "Envelope");
-    put_head(out, MAJOR_MAP, 9 + u64::from(e.trace.is_some()));
+    let optional = u64::from(e.trace.is_some()) + u64::from(e.delivery.is_some());
+    put_head(out, MAJOR_MAP, 9 + optional);
     put_text(out, "type_name");
     put_text(out, e.type_name);
     put_text(out, "fingerprint");
@@ -117,6 +127,13 @@ pub(crate) fn encode_envelope(out: &mut Vec<u8>, e: &EnvelopeRef<'_>) {
     if let Some(trace) = &e.trace {
         put_text(out, "trace");
         put_bytes(out, trace);
+    }
+    if let Some(DeliveryRef(producer, epoch, seq)) = e.delivery {
+        put_text(out, "delivery");
+        put_head(out, MAJOR_ARRAY, 3);
+        put_text(out, producer);
+        put_uint(out, epoch);
+        put_uint(out, seq);
     }
 }
 
@@ -181,10 +198,9 @@ pub(crate) fn decode(body: &[u8]) -> Option<DataRef<'_>> {
     r.expect(MAJOR_MAP, 1)?;
     let msg = match r.text()? {
         "Envelope" => {
-            // Nine fields, or ten with a trace context.
-            let traced = match r.head()? {
-                (MAJOR_MAP, 9) => false,
-                (MAJOR_MAP, 10) => true,
+            // Nine fields, then a trace context and a delivery tag if any.
+            let fields = match r.head()? {
+                (MAJOR_MAP, n @ 9..=11) => n,
                 _ => return None,
             };
             r.key("type_name")?;
@@ -215,12 +231,19 @@ pub(crate) fn decode(body: &[u8]) -> Option<DataRef<'_>> {
             };
             r.key("payload")?;
             let payload = r.bytes()?;
-            let trace = if traced {
-                r.key("trace")?;
-                Some(r.bytes()?.try_into().ok()?)
-            } else {
-                None
-            };
+            let (mut trace, mut delivery) = (None, None);
+            for _ in 9..fields {
+                match r.text()? {
+                    "trace" if trace.is_none() && delivery.is_none() => {
+                        trace = Some(r.bytes()?.try_into().ok()?);
+                    }
+                    "delivery" if delivery.is_none() => {
+                        r.expect(MAJOR_ARRAY, 3)?;
+                        delivery = Some(DeliveryRef(r.text()?, r.uint()?, r.uint()?));
+                    }
+                    _ => return None,
+                }
+            }
             DataRef::Envelope(EnvelopeRef {
                 type_name,
                 fingerprint,
@@ -232,6 +255,7 @@ pub(crate) fn decode(body: &[u8]) -> Option<DataRef<'_>> {
                 reply_to,
                 payload,
                 trace,
+                delivery,
             })
         }
         "Reply" => {

@@ -17,6 +17,7 @@ struct Case {
     reply_to: Option<(bool, [u8; 16], u16, u64, u64, u64)>,
     payload: Vec<u8>,
     trace: Option<[u8; 26]>,
+    delivery: Option<(String, u64, u64)>,
 }
 
 impl Arbitrary for Case {
@@ -37,6 +38,7 @@ impl Arbitrary for Case {
                 .map(|(v6, port, id, inc, ask)| (v6, ip, port, id, inc, ask)),
             payload: Vec::arbitrary(g),
             trace: bool::arbitrary(g).then(|| std::array::from_fn(|_| u8::arbitrary(g))),
+            delivery: Option::arbitrary(g),
         }
     }
 }
@@ -72,6 +74,10 @@ impl Case {
             reply_to: self.target(),
             payload: &self.payload,
             trace: self.trace,
+            delivery: self
+                .delivery
+                .as_ref()
+                .map(|(producer, epoch, seq)| DeliveryRef(producer, *epoch, *seq)),
         }
     }
 }
@@ -92,6 +98,7 @@ fn envelope_agrees(c: Case) -> bool {
                 && e.payload[..] == c.payload[..]
                 && e.reply_to == c.target()
                 && e.generation == c.generation
+                && e.delivery == c.delivery
         }
         _ => false,
     };
@@ -171,6 +178,7 @@ fn fast_decoder_never_disagrees_with_serde() {
 fn a_trace_context_rides_after_the_payload_as_a_tenth_field() {
     let mut c = Case::arbitrary(&mut Gen::new(8));
     c.trace = None;
+    c.delivery = None;
     let mut plain = Vec::new();
     encode_envelope(&mut plain, &c.as_ref());
     let context = TraceContext {

@@ -77,11 +77,12 @@ pub(crate) async fn fetch(
             Ok(bytes) => match ciborium::from_reader::<MigrationReply, _>(&bytes[..]) {
                 Ok(MigrationReply::Chunk { states: got, last }) => {
                     states.extend(got.into_iter().map(
-                        |MigratedEntry(id, version, bytes, position)| {
+                        |MigratedEntry(id, version, bytes, position, deliveries)| {
                             let state = MigratedState {
                                 version,
                                 bytes,
                                 position,
+                                deliveries,
                             };
                             (id.into(), state)
                         },
@@ -166,7 +167,13 @@ pub(crate) fn serve(region: impl FnOnce(&str) -> Option<Arc<Region>>, incoming: 
                     states: states
                         .into_iter()
                         .map(|(id, s)| {
-                            MigratedEntry(id.to_string(), s.version, s.bytes, s.position)
+                            MigratedEntry(
+                                id.to_string(),
+                                s.version,
+                                s.bytes,
+                                s.position,
+                                s.deliveries,
+                            )
                         })
                         .collect(),
                     last,

@@ -33,7 +33,7 @@ use crate::extractor::ShardId;
 use crate::identity::UniqueAddress;
 use crate::runtime::region::Region;
 use crate::sharding::coordinator::ShardHome;
-use crate::sharding::fast::{self, EnvelopeRef};
+use crate::sharding::fast::{self, DeliveryRef, EnvelopeRef};
 use crate::sharding::wire::{DataMsgOut, RemoteError, ReplyBodyOut};
 use crate::transport::{SendFailure, Transport};
 use crate::wire::channels::SHARDING_DATA;
@@ -157,7 +157,8 @@ impl Remote {
             }
         };
         // The sender's span as a trace context (tracing on).
-        let trace = match (region.tracing(), &parts.trace) {
+        let span = parts.extras.as_ref().and_then(|e| e.trace.as_ref());
+        let trace = match (region.tracing(), span) {
             (Some(tracing), Some(span)) => tracing
                 .propagation()
                 .context_of(span)
@@ -209,6 +210,11 @@ impl Remote {
                     reply_to,
                     payload,
                     trace,
+                    delivery: parts
+                        .extras
+                        .as_ref()
+                        .and_then(|e| e.delivery.as_ref())
+                        .map(|d| DeliveryRef(&d.producer, d.epoch, d.seq)),
                 },
             );
             self.transport.send_slice(&owner, SHARDING_DATA, frame)

@@ -226,6 +226,7 @@ fn encode_state(lineage: &Lineage) -> MigratedState {
         version: 1,
         bytes: bytes.into(),
         position: 0,
+        deliveries: Vec::new(),
     }
 }
 

@@ -9,6 +9,7 @@
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
+use crate::entity::DeliveryRow;
 use crate::envelope::ReplyTarget;
 pub use crate::error::RemoteError;
 use crate::identity::UniqueAddress;
@@ -51,6 +52,9 @@ pub(crate) struct Envelope {
     pub(crate) reply_to: Option<ReplyTarget>,
     #[serde(with = "payload")]
     pub(crate) payload: Bytes,
+    /// A reliable producer's tag, `[producer, epoch, seq]` (SPEC §13.17).
+    #[serde(default)]
+    pub(crate) delivery: Option<(String, u64, u64)>,
 }
 
 /// The encoding side of [`DataMsg`]: the same shape, borrowing its fields.
@@ -133,14 +137,17 @@ pub(crate) enum MigrationReply {
 }
 
 /// One entity's state in a [`MigrationReply::Chunk`]: its id, the
-/// version of its encoding, the state, and (of a durable type) where it
-/// stands in its store, else 0.
+/// version of its encoding, the state, (of a durable type) where it
+/// stands in its store, else 0, and its deliveries table if not empty.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct MigratedEntry(
     pub(crate) String,
     pub(crate) u32,
     #[serde(with = "payload")] pub(crate) Bytes,
     pub(crate) u64,
+    /// Its deliveries table (SPEC §13.17): present only when not empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) Vec<DeliveryRow>,
 );
 
 /// CBOR bytes of a migration message.
@@ -318,6 +325,7 @@ impl ControlMsg {
 mod tests {
     use super::*;
     use crate::identity::NodeId;
+    use crate::sharding::fast::DeliveryRef;
 
     /// Hex bytes written in rows, as SPEC prints them.
     fn hex(rows: &str) -> Vec<u8> {
@@ -356,6 +364,7 @@ mod tests {
             }),
             payload: &HOME_PAYLOAD,
             trace: None,
+            delivery: None,
         })
     }
 
@@ -412,6 +421,61 @@ mod tests {
         let mut fast = Vec::new();
         crate::sharding::fast::encode_envelope(&mut fast, &envelope);
         assert_eq!(fast, traced);
+    }
+
+    #[test]
+    fn spec_reliable_envelope_example_bytes() {
+        // SPEC §13.17's envelope: §13.4's with a reliable producer's tag
+        // (producer "orders", epoch 1796000000000000, seq 7): the map head
+        // a9 becomes aa, and 27 bytes follow the payload.
+        let DataMsgOut::Envelope(mut envelope) = example_envelope() else {
+            unreachable!()
+        };
+        envelope.delivery = Some(DeliveryRef("orders", 1_796_000_000_000_000, 7));
+        let tagged = DataMsgOut::Envelope(envelope).encode();
+        let plain = example_envelope().encode();
+        assert_eq!(tagged[10], 0xaa);
+        assert_eq!(tagged[11..plain.len()], plain[11..]);
+        let spec = "
+            68 64 65 6c 69 76 65 72 79 83
+            66 6f 72 64 65 72 73
+            1b 00 06 61 73 d6 04 40 00
+            07
+        ";
+        assert_eq!(tagged[plain.len()..], hex(spec));
+        assert_eq!(tagged.len(), 191 + 27);
+        let mut fast = Vec::new();
+        crate::sharding::fast::encode_envelope(&mut fast, &envelope);
+        assert_eq!(fast, tagged);
+        // Both decoders read the tag.
+        let Some(crate::sharding::fast::DataRef::Envelope(read)) =
+            crate::sharding::fast::decode(&tagged)
+        else {
+            panic!("the tagged envelope decodes");
+        };
+        assert_eq!(read.delivery, envelope.delivery);
+        let Ok(DataMsg::Envelope(e)) = ciborium::from_reader::<DataMsg, _>(&tagged[..]) else {
+            panic!("serde reads the tagged envelope");
+        };
+        assert_eq!(
+            e.delivery,
+            Some(("orders".into(), 1_796_000_000_000_000, 7))
+        );
+    }
+
+    #[test]
+    fn a_migrated_entry_carries_its_deliveries_only_when_it_has_some() {
+        let bare = MigratedEntry("a-1".into(), 1, Bytes::from_static(&[0xf6]), 0, Vec::new());
+        let bytes = encode_cbor(&bare);
+        assert_eq!(bytes[0], 0x84, "four elements, as before the table");
+        let back: MigratedEntry = ciborium::from_reader(&bytes[..]).expect("decodes");
+        assert_eq!(back, bare);
+        let rows = vec![DeliveryRow("orders".into(), 9, 4)];
+        let tagged = MigratedEntry("a-1".into(), 1, Bytes::from_static(&[0xf6]), 0, rows);
+        let bytes = encode_cbor(&tagged);
+        assert_eq!(bytes[0], 0x85, "a fifth element: the table");
+        let back: MigratedEntry = ciborium::from_reader(&bytes[..]).expect("decodes");
+        assert_eq!(back, tagged);
     }
 
     #[test]
@@ -520,7 +584,7 @@ mod tests {
         let mut state = Vec::new();
         ciborium::into_writer(&10u64, &mut state).expect("encodes");
         let chunk = MigrationReply::Chunk {
-            states: vec![MigratedEntry("a-1".into(), 1, state.into(), 0)],
+            states: vec![MigratedEntry("a-1".into(), 1, state.into(), 0, Vec::new())],
             last: true,
         };
         let chunk_spec = "
@@ -749,6 +813,7 @@ mod tests {
             reply_to: None,
             payload: &[],
             trace: None,
+            delivery: None,
         });
         let DataMsg::Envelope(envelope) = decode(tell.encode()) else {
             panic!("not an envelope")

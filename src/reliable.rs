@@ -1,0 +1,431 @@
+//! Reliable delivery to entities (SPEC §13.17): a producer that numbers
+//! its tells per entity and sends each again until the entity confirms
+//! it, and the entity's side that handles each number once.
+//!
+//! ```text
+//!  producer "orders" (epoch e)                 entity "cart-42"
+//!  send(cart-42, m) → seq 7, queued
+//!  ask [m, delivery (orders, e, 7)] ────────►  7 > 6 seen: handle, record 7
+//!                                              (durable state: one save with
+//!                                               the state), then reply
+//!  confirmed ◄────────────────────────────────  Ok(())
+//!  (lost or timed out: sent again, backing off;   a second 7: a duplicate,
+//!   the next to cart-42 waits for it)             confirmed, not handled
+//! ```
+//!
+//! One message per entity is in flight at a time (so the entity sees each
+//! producer's stream in order, and a number above the last it handled is
+//! always the next one); the window (`max_unconfirmed`) bounds how many are
+//! unconfirmed across all entities.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+
+use crate::envelope::Delivery;
+use crate::error::{ShardingError, ShardingResult};
+use crate::protocol::{Protocol, Tell};
+use crate::system::EntityRef;
+
+/// How a [`ReliableProducer`] sends.
+#[derive(Clone, Debug, typed_builder::TypedBuilder)]
+#[non_exhaustive]
+pub struct ProducerConfig {
+    /// How many messages may be unconfirmed at once, across all entities;
+    /// [`ReliableProducer::send`] waits for room beyond it. Default 1,024.
+    #[builder(default = 1024)]
+    pub max_unconfirmed: usize,
+    /// How long one attempt waits for its confirmation before the message
+    /// is sent again. Default 5 s.
+    #[builder(default = Duration::from_secs(5))]
+    pub attempt_timeout: Duration,
+    /// The wait before the first resend; it doubles with each failed
+    /// attempt up to `max_backoff`. Default 100 ms.
+    #[builder(default = Duration::from_millis(100))]
+    pub min_backoff: Duration,
+    /// The longest wait between attempts. Default 5 s.
+    #[builder(default = Duration::from_secs(5))]
+    pub max_backoff: Duration,
+}
+
+impl Default for ProducerConfig {
+    fn default() -> Self {
+        ProducerConfig::builder().build()
+    }
+}
+
+impl ProducerConfig {
+    fn validate(&self) -> ShardingResult<()> {
+        let invalid = |why: &str| Err(ShardingError::InvalidConfig(format!("producer: {why}")));
+        if self.max_unconfirmed == 0 || self.max_unconfirmed > Semaphore::MAX_PERMITS {
+            return invalid("max_unconfirmed must be at least 1");
+        }
+        if self.attempt_timeout.is_zero() {
+            return invalid("attempt_timeout must be above zero");
+        }
+        if self.min_backoff.is_zero() || self.max_backoff < self.min_backoff {
+            return invalid("min_backoff must be above zero and at most max_backoff");
+        }
+        Ok(())
+    }
+}
+
+/// What a producer has done so far ([`ReliableProducer::stats`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ProducerStats {
+    /// Messages accepted by `send` and not yet confirmed.
+    pub unconfirmed: usize,
+    /// Messages the entity confirmed (handled, or recognised as handled).
+    pub confirmed: u64,
+    /// Of those, the ones whose handler answered an error (or panicked):
+    /// handled, not sent again.
+    pub failed: u64,
+    /// Attempts sent again after a failure or a timeout.
+    pub resent: u64,
+}
+
+/// Sends a protocol's tells to its entities reliably (SPEC §13.17): each
+/// is numbered in the producer's stream to its entity and sent again,
+/// backing off, until the entity confirms it — through lost replies,
+/// timeouts, lost nodes, handoffs — and the entity handles each number
+/// once. Effectively once needs the entity to keep its record durably
+/// (a durable-state entity does, in one write with its state); see SPEC
+/// for what weakens without it.
+///
+/// Made by [`ShardedSystem::reliable_producer`](crate::ShardedSystem::reliable_producer).
+/// Clones share one producer; it stops when the last clone is dropped, or
+/// its system shuts down, leaving what was unconfirmed unsent.
+pub struct ReliableProducer<P: Protocol> {
+    inner: Arc<Producer<P>>,
+}
+
+impl<P: Protocol> Clone for ReliableProducer<P> {
+    fn clone(&self) -> Self {
+        ReliableProducer {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<P: Protocol> std::fmt::Debug for ReliableProducer<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReliableProducer")
+            .field("type_name", &P::TYPE_NAME)
+            .field("producer_id", &self.inner.id)
+            .field("epoch", &self.inner.epoch)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One send of a queued message, with its tag, bounded by a timeout.
+type Attempt<P> = Box<
+    dyn Fn(&EntityRef<P>, Delivery, Duration) -> BoxFuture<'static, ShardingResult<()>>
+        + Send
+        + Sync,
+>;
+
+struct Producer<P: Protocol> {
+    id: Arc<str>,
+    epoch: u64,
+    config: ProducerConfig,
+    /// An entity ref of the type, to make the others from.
+    entities: EntityRef<P>,
+    window: Arc<Semaphore>,
+    state: Mutex<State<P>>,
+    /// Wakes `flush` when nothing is unconfirmed.
+    drained: Notify,
+}
+
+struct State<P: Protocol> {
+    streams: HashMap<Arc<str>, Stream<P>>,
+    stats: ProducerStats,
+    /// Why the producer stopped sending, once it has.
+    stopped: Option<ShardingError>,
+}
+
+/// The producer's stream to one entity.
+struct Stream<P: Protocol> {
+    /// The number the next message gets.
+    next_seq: u64,
+    /// Unconfirmed, in order: the first is in flight.
+    queue: VecDeque<Queued<P>>,
+    /// Whether a task is sending the queue.
+    sending: bool,
+}
+
+struct Queued<P: Protocol> {
+    seq: u64,
+    attempt: Arc<Attempt<P>>,
+    /// The message's place in the window, given back when it is confirmed.
+    _permit: OwnedSemaphorePermit,
+}
+
+impl<P: Protocol> ReliableProducer<P> {
+    /// A producer named `id` sending through `entities`' system.
+    pub(crate) fn start(
+        id: Arc<str>,
+        config: ProducerConfig,
+        entities: EntityRef<P>,
+    ) -> ShardingResult<Self> {
+        config.validate()?;
+        if id.is_empty() {
+            return Err(ShardingError::InvalidConfig(
+                "producer: the id must not be empty".into(),
+            ));
+        }
+        Ok(ReliableProducer {
+            inner: Arc::new(Producer {
+                id,
+                epoch: epoch_now(),
+                window: Arc::new(Semaphore::new(config.max_unconfirmed)),
+                config,
+                entities,
+                state: Mutex::new(State {
+                    streams: HashMap::new(),
+                    stats: ProducerStats::default(),
+                    stopped: None,
+                }),
+                drained: Notify::new(),
+            }),
+        })
+    }
+
+    /// The producer's id.
+    pub fn producer_id(&self) -> &str {
+        &self.inner.id
+    }
+
+    /// This incarnation of the producer: a later one (a restart under the
+    /// same id) has a higher epoch and supersedes it at every entity.
+    pub fn epoch(&self) -> u64 {
+        self.inner.epoch
+    }
+
+    /// Queues tell `msg` to entity `entity_id` and returns its number in
+    /// the stream to that entity, once it is accepted — at once while
+    /// fewer than `max_unconfirmed` messages are unconfirmed, else when
+    /// one is confirmed. It is then sent (again, until confirmed) in the
+    /// background, after the messages queued to that entity before it.
+    ///
+    /// Fails with `ShuttingDown` when the system has shut down, or the
+    /// error that stopped the producer (`Superseded`: another incarnation
+    /// of it runs).
+    pub async fn send<M>(&self, entity_id: impl Into<Arc<str>>, msg: M) -> ShardingResult<u64>
+    where
+        M: Tell<P> + Clone + Sync,
+    {
+        let inner = &self.inner;
+        let permit = inner
+            .window
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_closed| inner.stopped_error())?;
+        let attempt: Attempt<P> = Box::new(move |entity, delivery, timeout| {
+            let (entity, msg) = (entity.clone(), msg.clone());
+            Box::pin(async move { entity.send_reliable(msg, delivery, timeout).await })
+        });
+        let entity_id = entity_id.into();
+        let (seq, start) = {
+            let mut state = inner.lock();
+            if let Some(why) = &state.stopped {
+                return Err(why.clone());
+            }
+            if inner.entities.system_shut_down() {
+                return Err(ShardingError::ShuttingDown);
+            }
+            state.stats.unconfirmed += 1;
+            let stream = state.streams.entry(entity_id.clone()).or_insert(Stream {
+                next_seq: 1,
+                queue: VecDeque::new(),
+                sending: false,
+            });
+            let seq = stream.next_seq;
+            stream.next_seq += 1;
+            stream.queue.push_back(Queued {
+                seq,
+                attempt: Arc::new(attempt),
+                _permit: permit,
+            });
+            let start = !stream.sending;
+            stream.sending = true;
+            (seq, start)
+        };
+        if start {
+            let producer = Arc::downgrade(inner);
+            let entity = inner.entities.sibling(entity_id.clone());
+            tokio::spawn(send_stream(producer, entity));
+        }
+        Ok(seq)
+    }
+
+    /// Waits until every message sent so far is confirmed, `timeout` at
+    /// most (`AskTimeout` naming the producer then), or the producer
+    /// stops (its error).
+    pub async fn flush(&self, timeout: Duration) -> ShardingResult<()> {
+        let inner = &self.inner;
+        let waited = tokio::time::timeout(timeout, async {
+            loop {
+                let drained = inner.drained.notified();
+                {
+                    let state = inner.lock();
+                    if state.stats.unconfirmed == 0 {
+                        return Ok(());
+                    }
+                    if let Some(why) = &state.stopped {
+                        return Err(why.clone());
+                    }
+                }
+                drained.await;
+            }
+        })
+        .await;
+        waited.unwrap_or_else(|_elapsed| {
+            Err(ShardingError::AskTimeout {
+                type_name: P::TYPE_NAME,
+                entity_id: format!("(producer {})", inner.id),
+                timeout,
+            })
+        })
+    }
+
+    /// What the producer has done so far.
+    pub fn stats(&self) -> ProducerStats {
+        self.inner.lock().stats
+    }
+}
+
+impl<P: Protocol> Producer<P> {
+    fn lock(&self) -> MutexGuard<'_, State<P>> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn stopped_error(&self) -> ShardingError {
+        self.lock()
+            .stopped
+            .clone()
+            .unwrap_or(ShardingError::ShuttingDown)
+    }
+
+    /// Stops sending: `why` is what `send` and `flush` answer from now on.
+    fn stop(&self, why: ShardingError) {
+        self.lock().stopped.get_or_insert(why);
+        self.window.close();
+        self.drained.notify_waiters();
+    }
+}
+
+/// Whether an attempt that failed so is sent again: the message may not
+/// have been handled (lost, timed out, refused before handling, or its
+/// store failed). Any other error is the handler's answer (or its panic):
+/// the message was handled.
+fn resend_after(error: &ShardingError) -> bool {
+    use ShardingError as E;
+    matches!(
+        error,
+        E::AskTimeout { .. }
+            | E::PeerLost { .. }
+            | E::EntityStopped { .. }
+            | E::BufferOverflow { .. }
+            | E::ShuttingDown
+            | E::NotRegistered { .. }
+            | E::RegionRefused(_)
+            | E::Persistence { .. }
+            | E::TooManyHops { .. }
+            | E::RememberEntities { .. }
+            | E::Remote(_)
+            | E::Spawn(_)
+    )
+}
+
+/// Sends the queue of one entity's stream, first to last, each until it
+/// is confirmed; ends when the queue is empty or the producer is gone.
+async fn send_stream<P: Protocol>(producer: std::sync::Weak<Producer<P>>, entity: EntityRef<P>) {
+    let id = entity.entity_id().to_owned();
+    loop {
+        let (delivery, attempt, config) = {
+            let Some(producer) = producer.upgrade() else {
+                return;
+            };
+            let mut state = producer.lock();
+            let Some(stream) = state.streams.get_mut(&*id) else {
+                return;
+            };
+            let Some(first) = stream.queue.front() else {
+                stream.sending = false;
+                return;
+            };
+            let delivery = Delivery {
+                producer: producer.id.clone(),
+                epoch: producer.epoch,
+                seq: first.seq,
+            };
+            (delivery, first.attempt.clone(), producer.config.clone())
+        };
+        let mut backoff = config.min_backoff;
+        let failed = loop {
+            let answer = attempt(&entity, delivery.clone(), config.attempt_timeout).await;
+            let Some(producer) = producer.upgrade() else {
+                return;
+            };
+            match answer {
+                Ok(()) => break false,
+                Err(_) if entity.system_shut_down() => {
+                    producer.stop(ShardingError::ShuttingDown);
+                    return;
+                }
+                Err(error @ ShardingError::Superseded { .. }) => {
+                    tracing::warn!(producer = %producer.id, epoch = producer.epoch, %error, "a newer incarnation of this reliable producer runs: this one stops");
+                    producer.stop(error);
+                    return;
+                }
+                Err(error) if resend_after(&error) => {
+                    tracing::debug!(producer = %producer.id, entity_id = %id, seq = delivery.seq, %error, "a reliable message is sent again");
+                    producer.lock().stats.resent += 1;
+                }
+                Err(error) => {
+                    tracing::warn!(producer = %producer.id, entity_id = %id, seq = delivery.seq, %error, "a reliable message was handled with an error");
+                    break true;
+                }
+            }
+            drop(producer);
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(config.max_backoff);
+        };
+        let Some(producer) = producer.upgrade() else {
+            return;
+        };
+        let mut state = producer.lock();
+        if let Some(stream) = state.streams.get_mut(&*id) {
+            // Its permit goes back to the window here.
+            stream.queue.pop_front();
+        }
+        state.stats.unconfirmed -= 1;
+        state.stats.confirmed += 1;
+        state.stats.failed += u64::from(failed);
+        if state.stats.unconfirmed == 0 {
+            producer.drained.notify_waiters();
+        }
+    }
+}
+
+/// A new incarnation's epoch: the wall clock in microseconds, so that a
+/// producer restarted under the same id supersedes the one before it.
+/// Within one process, each epoch is above the one before.
+fn epoch_now() -> u64 {
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+    let before = LAST
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |last| {
+            Some(now.max(last + 1))
+        })
+        .unwrap_or(0);
+    now.max(before + 1)
+}
