@@ -173,6 +173,13 @@ struct Args {
     /// the killed node and the rest.
     #[arg(long, value_parser = positive_rate, conflicts_with = "journal")]
     offered_rate: Option<f64>,
+    /// W1 only, in one process: plain W1 (300,000 asks), then W1's load
+    /// through reliable producers (SPEC §13.17) on a cluster of its own —
+    /// `--messages` tells, the window W1's in-flight count — and the ratio
+    /// of their rates; with `--journal embedded` the entities are
+    /// durable-state ones saving with every message.
+    #[arg(long)]
+    reliable: bool,
     /// (multi-process, internal) run as node N of the three.
     #[arg(long, hide = true)]
     child: Option<usize>,
@@ -445,6 +452,23 @@ async fn run_w1(
         json["prometheus_ask_series"] = asks.into();
     }
     Ok((json, run.correct()))
+}
+
+/// Plain W1 (300,000 asks), then the reliable run (SPEC §13.17).
+async fn run_w1_reliable(
+    messages: u64,
+    in_flight: usize,
+    journal: Option<durable::JournalKind>,
+) -> Result<(serde_json::Value, bool), Box<dyn std::error::Error>> {
+    const PLAIN: u64 = 300_000;
+    let checks = Arc::new(Checks::default());
+    let nodes = cluster("shard-bench", &checks, false, &[]).await?;
+    let plain = w1(&nodes, PLAIN, in_flight, checks).await?;
+    plain.print("w1");
+    stop(nodes).await;
+    let plain_correct = plain.correct();
+    let (json, correct) = reliable::run((PLAIN, plain), messages, in_flight, journal).await?;
+    Ok((json, correct && plain_correct))
 }
 
 /// With `tls`, a throwaway CA's certificates for the three nodes (in a
@@ -893,6 +917,16 @@ fn main() -> ExitCode {
         eprintln!("shard-bench: --tls runs w1 and w1-sat in one process (compare with farm-bench)");
         return ExitCode::from(2);
     }
+    if args.reliable
+        && (args.workload != Workload::W1
+            || args.mode == Mode::MultiProcess
+            || args.pairs.is_some()
+            || args.tls
+            || args.prometheus)
+    {
+        eprintln!("shard-bench: --reliable runs w1 in one process");
+        return ExitCode::from(2);
+    }
     if let Some(rounds) = args.pairs {
         let name = match args.workload {
             Workload::W1 => "w1",
@@ -941,6 +975,9 @@ fn main() -> ExitCode {
 
 async fn in_process(args: Args, in_flight: usize) -> ExitCode {
     let result = match args.workload {
+        Workload::W1 if args.reliable => {
+            run_w1_reliable(args.messages, in_flight, args.journal).await
+        }
         Workload::W1 => run_w1(args.messages, in_flight, "w1", args.tls, args.prometheus).await,
         Workload::W1Sat => {
             run_w1(
@@ -1008,3 +1045,5 @@ mod multi;
 #[cfg(feature = "postgres")]
 #[path = "../../protocols/pg_server.rs"]
 mod pg_server;
+#[path = "shard_bench/reliable.rs"]
+mod reliable;
