@@ -288,18 +288,33 @@ where
         }
     }
     ctx.begin_delivery(delivery);
+    // Should this future be dropped midway, the message stays unrecorded.
+    let _unrecorded = Unrecorded(ctx);
     let handled = AssertUnwindSafe(async { entity.handle(msg, ctx).await })
         .catch_unwind()
         .await;
     match handled {
         Ok(Err(error @ ShardingError::Persistence { .. })) => {
-            ctx.abandon_delivery();
+            ctx.fail_delivery(&error);
             reply.answer(Err(error));
             Outcome(OutcomeKind::Handled)
         }
         Ok(result) => {
             let entity: &E = entity;
-            let payload = ctx.delivery_payload(entity);
+            let payload =
+                std::panic::catch_unwind(AssertUnwindSafe(|| ctx.delivery_payload(entity)))
+                    .unwrap_or_else(|panic| {
+                        Some(Err(ShardingError::Persistence {
+                            type_name: ctx.type_name(),
+                            entity_id: ctx.entity_id().to_owned(),
+                            error: Box::new(crate::persistence::PersistenceError::Invalid(
+                                format!(
+                                    "encoding the state panicked: {}",
+                                    panic_message(panic.as_ref())
+                                ),
+                            )),
+                        }))
+                    });
             let answer = match ctx.commit_delivery(payload).await {
                 Ok(()) => result,
                 Err(error) => Err(error),
@@ -320,6 +335,16 @@ where
             }));
             Outcome(OutcomeKind::Panicked(panic))
         }
+    }
+}
+
+/// Leaves the message being handled unrecorded when dropped (a no-op once
+/// it was recorded or abandoned).
+struct Unrecorded<'a>(&'a EntityContext);
+
+impl Drop for Unrecorded<'_> {
+    fn drop(&mut self) {
+        self.0.abandon_delivery();
     }
 }
 

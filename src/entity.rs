@@ -44,7 +44,7 @@ use crate::error::ShardingResult;
 use crate::extractor::ShardId;
 use crate::persistence::{
     AtomicWrite, DurableStateStore, EventRecord, Journal, Payload, PersistenceError, PersistenceId,
-    PersistenceResult, SnapshotRecord, SnapshotStore, StateRecord, Writer,
+    PersistenceResult, SnapshotRecord, SnapshotStore, StateRecord, StateWrite, Writer,
 };
 use crate::protocol::{Message, Protocol};
 
@@ -233,9 +233,32 @@ impl EntityContext {
     }
 
     /// Ends the message being handled without recording it (its handler
-    /// failed for want of its store, or panicked).
+    /// panicked, or its handling was cancelled).
     pub(crate) fn abandon_delivery(&self) {
         self.deliveries().current = None;
+    }
+
+    /// Ends the message being handled after its handler answered a
+    /// store's error (`why`). A save that carried it made it durable: it
+    /// is recorded. Otherwise a durable-state incarnation is retired — its
+    /// memory may hold part of an effect its store does not — and nothing
+    /// is recorded: the copy sent again finds a fresh incarnation, loaded
+    /// from the store. An entity without a state store records it (the
+    /// error is its handler's answer; memory is all it has).
+    pub(crate) fn fail_delivery(&self, why: &crate::ShardingError) {
+        let mut deliveries = self.deliveries();
+        let Some((delivery, saved)) = deliveries.current.take() else {
+            return;
+        };
+        match (&self.state, saved) {
+            (Some(handle), false) => {
+                drop(deliveries);
+                handle.retire(PersistenceError::Store(format!(
+                    "a reliable message's handler failed unsaved: {why}"
+                )));
+            }
+            _ => deliveries.record(&delivery),
+        }
     }
 
     /// Of a durable-state entity whose handler did not save during the
@@ -267,6 +290,15 @@ impl EntityContext {
         };
         let mut deliveries = self.deliveries();
         let current = deliveries.current.take();
+        if let (Err(error), Some(handle)) = (&written, &self.state) {
+            // The effect is in memory and not in the store: this
+            // incarnation must not answer the copy sent again.
+            drop(deliveries);
+            handle.retire(PersistenceError::Store(format!(
+                "a reliable message's record was not saved: {error}"
+            )));
+            return written;
+        }
         written?;
         if let Some((delivery, _)) = current {
             deliveries.record(&delivery);
@@ -880,7 +912,7 @@ impl Linger {
 
     /// Fills `batch` with what waits, up to [`MAX_BATCH`], lingering as
     /// above.
-    fn gather(&mut self, rx: &std::sync::mpsc::Receiver<Append>, batch: &mut Vec<Append>) {
+    fn gather<T>(&mut self, rx: &std::sync::mpsc::Receiver<T>, batch: &mut Vec<T>) {
         let until = self.until.take();
         loop {
             batch.extend(rx.try_iter().take(MAX_BATCH - batch.len()));
@@ -898,37 +930,34 @@ impl Linger {
     }
 }
 
-/// The appends of every event-sourced entity of a system, batched: one
-/// thread hands the journal everything that waits at once (lingering as
-/// [`Linger`] says), in one [`Journal::append`] call, so many entities'
-/// events cost one commit (group commit); while a batch commits, the next
-/// one gathers. It holds the journal weakly: the system's handle alone
-/// decides how long the store stays open; the thread ends when the last
-/// handle to the writer goes.
-pub(crate) struct JournalWriter {
-    journal: std::sync::Weak<dyn Journal>,
-    tx: std::sync::mpsc::Sender<Append>,
-    /// Appends sent and not yet taken by the thread.
+/// Writes of one kind, batched on a thread of its own (group commit): the
+/// thread hands the store everything that waits at once (lingering as
+/// [`Linger`] says), in one call, so many entities' writes cost one
+/// commit; while a batch commits, the next one gathers. The thread ends
+/// when the last handle to the writer goes.
+pub(crate) struct BatchWriter<W> {
+    tx: std::sync::mpsc::Sender<Pending<W>>,
+    /// Writes sent and not yet taken by the thread.
     waiting: Arc<std::sync::atomic::AtomicUsize>,
 }
 
-type Append = (
-    AtomicWrite,
-    tokio::sync::oneshot::Sender<PersistenceResult<()>>,
-);
+/// A write waiting for its batch, and where its result goes.
+type Pending<W> = (W, tokio::sync::oneshot::Sender<PersistenceResult<()>>);
 
 fn writer_stopped() -> PersistenceError {
-    PersistenceError::Store("the system's journal writer stopped".into())
+    PersistenceError::Store("the system's store writer stopped".into())
 }
 
-impl JournalWriter {
-    /// Starts the writer of `journal`, on a thread of its own (the
-    /// journal's calls block; a thread also times a linger finer than the
-    /// async timer's millisecond).
-    pub(crate) fn start(journal: &Arc<dyn Journal>) -> Arc<Self> {
-        let (tx, rx) = std::sync::mpsc::channel::<Append>();
-        let weak = Arc::downgrade(journal);
-        let store = weak.clone();
+impl<W: Send + 'static> BatchWriter<W> {
+    /// Starts a writer whose batches `commit` writes (one result per
+    /// write, in order), on a thread named `name` (the store's calls
+    /// block; a thread also times a linger finer than the async timer's
+    /// millisecond).
+    fn start(
+        name: &str,
+        commit: impl Fn(&[W]) -> Vec<PersistenceResult<()>> + Send + 'static,
+    ) -> Self {
+        let (tx, rx) = std::sync::mpsc::channel::<Pending<W>>();
         let waiting = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let queued = waiting.clone();
         let run = move || {
@@ -937,26 +966,22 @@ impl JournalWriter {
                 let mut batch = vec![first];
                 linger.gather(&rx, &mut batch);
                 queued.fetch_sub(batch.len(), Ordering::Relaxed);
-                let (writes, replies): (Vec<AtomicWrite>, Vec<_>) = batch.into_iter().unzip();
+                let (writes, replies): (Vec<W>, Vec<_>) = batch.into_iter().unzip();
                 let count = writes.len();
                 let began = Instant::now();
-                let mut results = match store.upgrade() {
-                    Some(journal) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        journal.append(&writes)
-                    }))
-                    .unwrap_or_else(|_| {
-                        let panicked = PersistenceError::Store("the journal panicked".into());
-                        vec![Err(panicked); count]
-                    }),
-                    None => vec![Err(writer_stopped()); count],
-                };
+                let mut results =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| commit(&writes)))
+                        .unwrap_or_else(|_| {
+                            let panicked = PersistenceError::Store("the store panicked".into());
+                            vec![Err(panicked); count]
+                        });
                 // (A store that answers fewer results than writes failed
                 // the rest.)
                 results.resize_with(count, || {
-                    Err(PersistenceError::Store("the journal gave no result".into()))
+                    Err(PersistenceError::Store("the store gave no result".into()))
                 });
                 // What waits is read before the replies go: an entity they
-                // wake may queue its next append at once, and would count
+                // wake may queue its next write at once, and would count
                 // twice (as waiting and as answered).
                 let waiting = queued.load(Ordering::Relaxed);
                 for (reply, result) in replies.into_iter().zip(results) {
@@ -965,18 +990,13 @@ impl JournalWriter {
                 linger.committed(count, began.elapsed(), waiting);
             }
         };
-        // Without a thread there is no writer: every append fails typed.
-        let _ = std::thread::Builder::new()
-            .name("datum-journal".into())
-            .spawn(run);
-        Arc::new(JournalWriter {
-            journal: weak,
-            tx,
-            waiting,
-        })
+        // Without a thread there is no writer: every write fails typed.
+        let _ = std::thread::Builder::new().name(name.into()).spawn(run);
+        BatchWriter { tx, waiting }
     }
 
-    async fn append(&self, write: AtomicWrite) -> PersistenceResult<()> {
+    /// Queues `write` for the next batch and waits for its result.
+    async fn write(&self, write: W) -> PersistenceResult<()> {
         let (done, result) = tokio::sync::oneshot::channel();
         self.waiting.fetch_add(1, Ordering::Relaxed);
         if self.tx.send((write, done)).is_err() {
@@ -985,9 +1005,67 @@ impl JournalWriter {
         }
         result.await.unwrap_or_else(|_| Err(writer_stopped()))
     }
+}
+
+/// The appends of every event-sourced entity of a system, batched (a
+/// [`BatchWriter`] on a `datum-journal` thread), each batch one
+/// [`Journal::append`] call. It holds the journal weakly: the system's
+/// handle alone decides how long the store stays open.
+pub(crate) struct JournalWriter {
+    journal: std::sync::Weak<dyn Journal>,
+    batches: BatchWriter<AtomicWrite>,
+}
+
+impl JournalWriter {
+    /// Starts the writer of `journal`.
+    pub(crate) fn start(journal: &Arc<dyn Journal>) -> Arc<Self> {
+        let weak = Arc::downgrade(journal);
+        let store = weak.clone();
+        let batches =
+            BatchWriter::start("datum-journal", move |writes: &[AtomicWrite]| {
+                match store.upgrade() {
+                    Some(journal) => journal.append(writes),
+                    None => vec![Err(writer_stopped()); writes.len()],
+                }
+            });
+        Arc::new(JournalWriter {
+            journal: weak,
+            batches,
+        })
+    }
+
+    async fn append(&self, write: AtomicWrite) -> PersistenceResult<()> {
+        self.batches.write(write).await
+    }
 
     fn journal(&self) -> PersistenceResult<Arc<dyn Journal>> {
         self.journal.upgrade().ok_or_else(writer_stopped)
+    }
+}
+
+/// The saves of every durable-state entity of a system, batched (a
+/// [`BatchWriter`] on a `datum-states` thread), each batch one
+/// [`DurableStateStore::save_all`] call: on the embedded store, one
+/// transaction and one sync for the lot. It holds the store weakly.
+pub(crate) struct StateWriter {
+    batches: BatchWriter<StateWrite>,
+}
+
+impl StateWriter {
+    /// Starts the writer of `store`.
+    pub(crate) fn start(store: &Arc<dyn DurableStateStore>) -> Arc<Self> {
+        let store = Arc::downgrade(store);
+        let batches = BatchWriter::start("datum-states", move |writes: &[StateWrite]| match store
+            .upgrade()
+        {
+            Some(store) => store.save_all(writes),
+            None => vec![Err(writer_stopped()); writes.len()],
+        });
+        Arc::new(StateWriter { batches })
+    }
+
+    async fn save(&self, write: StateWrite) -> PersistenceResult<()> {
+        self.batches.write(write).await
     }
 }
 
@@ -1346,10 +1424,12 @@ impl EntityContext {
     pub(crate) fn attach_state(
         &mut self,
         store: std::sync::Weak<dyn DurableStateStore>,
+        writer: Arc<StateWriter>,
         encode: StateEncoder,
     ) {
         self.state = Some(StateHandle {
             store,
+            writer,
             encode,
             id: PersistenceId::new(self.type_name, &*self.entity_id),
             revision: AtomicU64::new(0),
@@ -1388,10 +1468,6 @@ impl EntityContext {
                 self.type_name
             )));
         };
-        let retired = |why: PersistenceError| {
-            let mut retired = handle.retired.lock().unwrap_or_else(|p| p.into_inner());
-            retired.get_or_insert(why);
-        };
         if let Some(why) = handle
             .retired
             .lock()
@@ -1400,14 +1476,18 @@ impl EntityContext {
         {
             return Err(self.persistence_error(why));
         }
-        let store = self.state_store(handle)?;
         let expected = handle.revision.load(Ordering::Acquire);
-        let (id, writer) = (handle.id.clone(), self.writer());
+        let write = StateWrite {
+            persistence_id: handle.id.clone(),
+            expected,
+            payload,
+            writer: self.writer(),
+        };
         let mut guard = StateInFlight {
-            retire: &retired,
+            handle,
             done: false,
         };
-        let saved = blocking(move || store.save(&id, expected, payload, writer)).await;
+        let saved = handle.writer.save(write).await;
         guard.done = true;
         match saved {
             Ok(()) => {
@@ -1421,7 +1501,7 @@ impl EntityContext {
             Err(error @ PersistenceError::Invalid(_)) => Err(self.persistence_error(error)),
             Err(error) => {
                 tracing::warn!(type_name = self.type_name, entity_id = %self.entity_id, %error, "a state save was refused or its outcome is unknown: this incarnation stops");
-                retired(error.clone());
+                handle.retire(error.clone());
                 Err(self.persistence_error(error))
             }
         }
@@ -1435,12 +1515,22 @@ pub(crate) type StateEncoder = fn(&dyn std::any::Any, &EntityContext) -> Shardin
 /// A durable-state incarnation's link to its store.
 struct StateHandle {
     store: std::sync::Weak<dyn DurableStateStore>,
+    /// The system's batched writer of saves.
+    writer: Arc<StateWriter>,
     encode: StateEncoder,
     id: PersistenceId,
     /// The revision this incarnation knows.
     revision: AtomicU64,
     /// Why this incarnation must handle nothing more.
     retired: std::sync::Mutex<Option<PersistenceError>>,
+}
+
+impl StateHandle {
+    /// Marks the incarnation as done (the first reason stays).
+    fn retire(&self, why: PersistenceError) {
+        let mut retired = self.retired.lock().unwrap_or_else(|p| p.into_inner());
+        retired.get_or_insert(why);
+    }
 }
 
 impl std::fmt::Debug for StateHandle {
@@ -1453,15 +1543,15 @@ impl std::fmt::Debug for StateHandle {
 }
 
 /// Retires the incarnation if a save is dropped before its outcome is known.
-struct StateInFlight<'a, F: Fn(PersistenceError)> {
-    retire: &'a F,
+struct StateInFlight<'a> {
+    handle: &'a StateHandle,
     done: bool,
 }
 
-impl<F: Fn(PersistenceError)> Drop for StateInFlight<'_, F> {
+impl Drop for StateInFlight<'_> {
     fn drop(&mut self) {
         if !self.done {
-            (self.retire)(PersistenceError::Store(
+            self.handle.retire(PersistenceError::Store(
                 "a save was abandoned before its outcome was known".into(),
             ));
         }
@@ -1589,6 +1679,9 @@ pub(crate) fn recover_state<E: DurableState>(
 #[cfg(test)]
 mod linger_tests {
     use super::*;
+
+    /// A journal's append, as its writer queues it.
+    type Append = Pending<AtomicWrite>;
 
     fn append() -> (
         Append,

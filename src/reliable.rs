@@ -28,6 +28,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::envelope::Delivery;
 use crate::error::{ShardingError, ShardingResult};
+use crate::persistence::PersistenceError;
 use crate::protocol::{Protocol, Tell};
 use crate::system::EntityRef;
 
@@ -321,38 +322,41 @@ impl<P: Protocol> Producer<P> {
 }
 
 /// Whether an attempt that failed so is sent again: the message may not
-/// have been handled (lost, timed out, refused before handling, or its
-/// store failed). Any other error is the handler's answer (or its panic):
-/// the message was handled.
+/// have been handled (lost, timed out, refused before handling), or its
+/// store failed in a way that may pass. Any other error is the handler's
+/// answer (or its panic), or will not pass by sending again (a store that
+/// refuses the write as invalid): the message counts as handled.
 fn resend_after(error: &ShardingError) -> bool {
     use ShardingError as E;
-    matches!(
-        error,
+    match error {
+        E::Persistence { error, .. } => !matches!(**error, PersistenceError::Invalid(_)),
         E::AskTimeout { .. }
-            | E::PeerLost { .. }
-            | E::EntityStopped { .. }
-            | E::BufferOverflow { .. }
-            | E::ShuttingDown
-            | E::NotRegistered { .. }
-            | E::RegionRefused(_)
-            | E::Persistence { .. }
-            | E::TooManyHops { .. }
-            | E::RememberEntities { .. }
-            | E::Remote(_)
-            | E::Spawn(_)
-    )
+        | E::PeerLost { .. }
+        | E::EntityStopped { .. }
+        | E::BufferOverflow { .. }
+        | E::ShuttingDown
+        | E::NotRegistered { .. }
+        | E::RegionRefused(_)
+        | E::TooManyHops { .. }
+        | E::RememberEntities { .. }
+        | E::Spawn(_) => true,
+        _ => false,
+    }
 }
 
 /// Sends the queue of one entity's stream, first to last, each until it
 /// is confirmed; ends when the queue is empty or the producer is gone.
-async fn send_stream<P: Protocol>(producer: std::sync::Weak<Producer<P>>, entity: EntityRef<P>) {
+async fn send_stream<P: Protocol>(weak: std::sync::Weak<Producer<P>>, entity: EntityRef<P>) {
     let id = entity.entity_id().to_owned();
     loop {
         let (delivery, attempt, config) = {
-            let Some(producer) = producer.upgrade() else {
+            let Some(producer) = weak.upgrade() else {
                 return;
             };
             let mut state = producer.lock();
+            if state.stopped.is_some() {
+                return;
+            }
             let Some(stream) = state.streams.get_mut(&*id) else {
                 return;
             };
@@ -370,7 +374,7 @@ async fn send_stream<P: Protocol>(producer: std::sync::Weak<Producer<P>>, entity
         let mut backoff = config.min_backoff;
         let failed = loop {
             let answer = attempt(&entity, delivery.clone(), config.attempt_timeout).await;
-            let Some(producer) = producer.upgrade() else {
+            let Some(producer) = weak.upgrade() else {
                 return;
             };
             match answer {
@@ -396,8 +400,12 @@ async fn send_stream<P: Protocol>(producer: std::sync::Weak<Producer<P>>, entity
             drop(producer);
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(config.max_backoff);
+            match weak.upgrade() {
+                Some(producer) if producer.lock().stopped.is_none() => {}
+                _ => return,
+            }
         };
-        let Some(producer) = producer.upgrade() else {
+        let Some(producer) = weak.upgrade() else {
             return;
         };
         let mut state = producer.lock();

@@ -39,7 +39,7 @@ use crate::config::ShardingConfig;
 use crate::dispatch::{Dispatch, envelope_of};
 use crate::entity::{
     DurableState, Entity, EntityContext, EventSourced, JournalWriter, Migratable, Migration,
-    MigrationEvent, Snapshots, Snapshotted, StateEncoder,
+    MigrationEvent, Snapshots, Snapshotted, StateEncoder, StateWriter,
 };
 use crate::envelope::Delivery;
 use crate::error::{ShardingError, ShardingResult};
@@ -111,6 +111,8 @@ pub(crate) struct Shared {
     snapshot_store: OnceLock<Arc<dyn SnapshotStore>>,
     /// The durable-state store, once a durable-state type is registered.
     state_store: OnceLock<Arc<dyn DurableStateStore>>,
+    /// The batching writer of its saves, from then on.
+    state_writer: OnceLock<Arc<StateWriter>>,
     /// The one graceful stop (`shutdown` from the system or its node): the
     /// task running it, as a watch that turns true when it is done.
     stop_task: Mutex<Option<tokio::sync::watch::Receiver<bool>>>,
@@ -362,7 +364,11 @@ impl SystemPort for Shared {
 struct Durable<E> {
     writer: Option<Arc<JournalWriter>>,
     snapshots: Option<Arc<Snapshots>>,
-    state: Option<(std::sync::Weak<dyn DurableStateStore>, StateEncoder)>,
+    state: Option<(
+        std::sync::Weak<dyn DurableStateStore>,
+        Arc<StateWriter>,
+        StateEncoder,
+    )>,
     recover: Recover<E>,
 }
 
@@ -523,6 +529,7 @@ impl<S, J> ShardedSystemBuilder<S, J> {
             journal: OnceLock::new(),
             snapshot_store: OnceLock::new(),
             state_store: OnceLock::new(),
+            state_writer: OnceLock::new(),
             migration_events: tokio::sync::broadcast::channel(1_024).0,
         });
         if let Some(link) = &shared.cluster {
@@ -674,8 +681,8 @@ impl<S, J> ShardedSystem<S, J> {
                 if let Some(writer) = &d.writer {
                     ctx.attach_journal(writer.clone(), d.snapshots.clone());
                 }
-                if let Some((store, encode)) = &d.state {
-                    ctx.attach_state(store.clone(), *encode);
+                if let Some((store, writer, encode)) = &d.state {
+                    ctx.attach_state(store.clone(), writer.clone(), *encode);
                 }
                 d.recover
             });
@@ -830,7 +837,15 @@ impl<S, J> ShardedSystem<S, J> {
         producer_id: impl Into<Arc<str>>,
         config: ProducerConfig,
     ) -> ShardingResult<ReliableProducer<P>> {
-        let entities = self.entity_ref::<P>("");
+        // A template to make the producer's entity refs from (through
+        // `sibling`, which runs the extractor); itself it sends nothing.
+        let entities = EntityRef {
+            shared: self.shared.clone(),
+            region: OnceLock::new(),
+            entity_id: Arc::from(""),
+            shard: ShardId(0),
+            _protocol: PhantomData,
+        };
         ReliableProducer::start(producer_id.into(), config, entities)
     }
 
@@ -1062,11 +1077,20 @@ impl<S, J: DurableStateStore> ShardedSystem<S, J> {
     {
         let store: Arc<dyn DurableStateStore> = self.journal.clone();
         let store = self.shared.state_store.get_or_init(|| store).clone();
+        let writer = self
+            .shared
+            .state_writer
+            .get_or_init(|| StateWriter::start(&store))
+            .clone();
         let recover: Recover<E> = crate::entity::recover_state::<E>;
         let durable = Some(Durable {
             writer: None,
             snapshots: None,
-            state: Some((Arc::downgrade(&store), crate::entity::encode_state_of::<E>)),
+            state: Some((
+                Arc::downgrade(&store),
+                writer,
+                crate::entity::encode_state_of::<E>,
+            )),
             recover,
         });
         self.register_spawned::<E>(factory, None, durable, migration)

@@ -9,7 +9,9 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use datum_cluster_sharding::cluster::{ClusterConfig, ClusterNode};
-use datum_cluster_sharding::persistence::{DurableStateStore, InMemoryPersistence, PersistenceId};
+use datum_cluster_sharding::persistence::{
+    DurableStateStore, InMemoryPersistence, PersistenceError, PersistenceId,
+};
 use datum_cluster_sharding::prelude::*;
 use datum_cluster_sharding::{ProducerConfig, ReliableProducer};
 
@@ -23,6 +25,10 @@ pub struct SlowCredit(pub u64, pub u64);
 /// record, and with it the state).
 #[derive(Clone, Serialize, Deserialize)]
 pub struct QuietCredit(pub u64);
+/// As `Credit`, but the first time, after its save, the handler answers
+/// a store's error (as from a second store it also writes).
+#[derive(Clone, Serialize, Deserialize)]
+pub struct CreditThenFail(pub u64);
 /// Every value credited, in order.
 #[derive(Serialize, Deserialize)]
 pub struct Entries;
@@ -33,6 +39,7 @@ protocol! {
         tell Credit;
         tell SlowCredit;
         tell QuietCredit;
+        tell CreditThenFail;
         ask Entries -> Vec<u64>;
     }
 }
@@ -40,6 +47,7 @@ protocol! {
 #[derive(Default)]
 struct LedgerEntity {
     entries: Vec<u64>,
+    failed_once: bool,
 }
 
 impl Entity for LedgerEntity {
@@ -83,6 +91,20 @@ impl Handler<SlowCredit> for LedgerEntity {
 impl Handler<QuietCredit> for LedgerEntity {
     async fn handle(&mut self, msg: QuietCredit, _: &EntityContext) -> ShardingResult<()> {
         self.entries.push(msg.0);
+        Ok(())
+    }
+}
+
+impl Handler<CreditThenFail> for LedgerEntity {
+    async fn handle(&mut self, msg: CreditThenFail, ctx: &EntityContext) -> ShardingResult<()> {
+        self.credit(msg.0, ctx).await?;
+        if !std::mem::replace(&mut self.failed_once, true) {
+            return Err(ShardingError::Persistence {
+                type_name: ctx.type_name(),
+                entity_id: ctx.entity_id().to_owned(),
+                error: Box::new(PersistenceError::Store("another store is away".into())),
+            });
+        }
         Ok(())
     }
 }
@@ -211,6 +233,33 @@ async fn a_restarted_producer_supersedes_the_old_one_even_after_passivation() {
 }
 
 #[tokio::test]
+async fn a_store_error_after_the_handlers_save_is_resent_and_found_handled() {
+    let system = one_node(InMemoryPersistence::new()).await;
+    let producer: ReliableProducer<Ledger> = system
+        .reliable_producer("refunds", impatient())
+        .expect("producer");
+    producer
+        .send("acct-5", CreditThenFail(7))
+        .await
+        .expect("accepted");
+    producer.send("acct-5", Credit(8)).await.expect("accepted");
+    producer.flush(LONG).await.expect("confirmed");
+    let stats = producer.stats();
+    assert!(
+        stats.resent >= 1,
+        "the store's error sent it again: {stats:?}"
+    );
+    let entries = system
+        .entity_ref::<Ledger>("acct-5")
+        .ask(Entries, ASK)
+        .await
+        .expect("entries");
+    // Its save carried its record: the copy sent again is a duplicate.
+    assert_eq!(entries, vec![7, 8], "the credit once, though sent twice");
+    system.shutdown().await;
+}
+
+#[tokio::test]
 async fn a_producer_config_out_of_range_is_refused() {
     let system = one_node(InMemoryPersistence::new()).await;
     for config in [
@@ -304,9 +353,20 @@ async fn through_a_node_crash_every_credit_is_handled_exactly_once_in_order() {
             // Mid-stream, once every credit before the slow ones is
             // confirmed (so the slow ones are being handled): node 2 dies.
             let before_slow = (CREDITS / 2 - 2) * ACCOUNTS;
+            let deadline = Instant::now() + LONG;
             while producer.stats().confirmed < before_slow {
+                assert!(Instant::now() < deadline, "{:?}", producer.stats());
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
+            // Node 2 hosts some of the accounts (so the crash matters).
+            let on_node_2: usize = nodes[2]
+                .1
+                .shard_region_state::<Ledger>()
+                .expect("registered")
+                .shards
+                .values()
+                .sum();
+            assert!(on_node_2 > 0, "node 2 hosts no account");
             nodes[2].0.crash().await;
             crashed = true;
         }
@@ -325,6 +385,7 @@ async fn through_a_node_crash_every_credit_is_handled_exactly_once_in_order() {
     }
     assert!(crashed);
     producer.flush(LONG).await.expect("every credit confirmed");
+    assert!(producer.stats().resent > 0, "the crash made some resends");
     println!(
         "{} credits confirmed {:?} after the start: {:?}",
         ACCOUNTS * CREDITS,

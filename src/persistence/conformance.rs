@@ -26,7 +26,7 @@ use crate::extractor::ShardId;
 
 use super::{
     AtomicWrite, DurableStateStore, Journal, Payload, PersistenceError, PersistenceId,
-    SnapshotRecord, SnapshotStore, Writer,
+    SnapshotRecord, SnapshotStore, StateWrite, Writer,
 };
 
 fn pid(entity: &str) -> PersistenceId {
@@ -323,6 +323,51 @@ pub fn durable_state<D: DurableStateStore>(make: impl Fn() -> D) {
         .expect("a save after the delete");
     assert_eq!(d.load(&id).expect("load").expect("stored").revision, 4);
     assert_eq!(d.revision(&pid("never")), Ok(0));
+    durable_state_batches(&make());
+}
+
+/// `save_all`: one result per write, in order; a write sees those before
+/// it in the batch; a refused write stops none of the others.
+fn durable_state_batches<D: DurableStateStore>(d: &D) {
+    let (a, b) = (pid("batch-a"), pid("batch-b"));
+    let write = |id: &PersistenceId, expected: u64, n: u32| StateWrite {
+        persistence_id: id.clone(),
+        expected,
+        payload: payload(n),
+        writer: writer(u64::from(n)),
+    };
+    let results = d.save_all(&[
+        write(&a, 0, 1),
+        write(&a, 1, 2), // sees the first
+        write(&b, 5, 3), // refused: b has no state
+        write(&b, 0, 4),
+        write(&a, 1, 5), // refused: the second made revision 2
+    ]);
+    assert_eq!(results.len(), 5, "one result per write");
+    assert_eq!(results[0], Ok(()));
+    assert_eq!(results[1], Ok(()), "a write sees the one before it");
+    assert_eq!(
+        results[2],
+        Err(PersistenceError::RevisionConflict {
+            persistence_id: b.clone(),
+            expected: 5,
+            actual: 0
+        })
+    );
+    assert_eq!(results[3], Ok(()), "a refusal stops no other write");
+    assert_eq!(
+        results[4],
+        Err(PersistenceError::RevisionConflict {
+            persistence_id: a.clone(),
+            expected: 1,
+            actual: 2
+        })
+    );
+    let stored = d.load(&a).expect("load").expect("stored");
+    assert_eq!((stored.revision, stored.payload), (2, payload(2)));
+    let stored = d.load(&b).expect("load").expect("stored");
+    assert_eq!((stored.revision, stored.payload), (1, payload(4)));
+    assert!(d.save_all(&[]).is_empty());
 }
 
 /// The [`RememberEntitiesStore`] contract: ids are remembered per type and

@@ -126,6 +126,21 @@ pub struct AtomicWrite {
     pub writer: Writer,
 }
 
+/// A state to save as the revision after `expected` (one write of a
+/// [`DurableStateStore::save_all`] batch).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StateWrite {
+    /// Whose state.
+    pub persistence_id: PersistenceId,
+    /// The revision the writer knows (0 for none): the write applies only
+    /// if it is still the current one.
+    pub expected: u64,
+    /// The state.
+    pub payload: Payload,
+    /// Who writes.
+    pub writer: Writer,
+}
+
 /// A snapshot of an entity's state after an event.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SnapshotRecord {
@@ -279,6 +294,19 @@ pub trait DurableStateStore: Send + Sync + 'static {
     /// Deletes the state if the current revision is `expected`, as revision
     /// `expected + 1`.
     fn delete(&self, persistence_id: &PersistenceId, expected: u64) -> PersistenceResult<()>;
+    /// Saves several states: one result per write, in order, each as
+    /// [`save`](Self::save) would answer it; a write sees the writes before
+    /// it (a second write to one id expects the first's revision); a
+    /// refused write does not stop the others. A store may commit the whole
+    /// batch at once (group commit: the embedded store does, in one
+    /// transaction); what is reported saved survives a crash. The default
+    /// saves them one by one.
+    fn save_all(&self, writes: &[StateWrite]) -> Vec<PersistenceResult<()>> {
+        writes
+            .iter()
+            .map(|w| self.save(&w.persistence_id, w.expected, w.payload.clone(), w.writer))
+            .collect()
+    }
 }
 
 /// A journal, snapshot store and durable-state store in memory, for tests

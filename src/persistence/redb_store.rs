@@ -35,8 +35,8 @@ use crate::extractor::ShardId;
 
 use super::{
     AtomicWrite, DurableStateStore, EventRecord, Journal, Payload, PersistenceError, PersistenceId,
-    PersistenceResult, SnapshotRecord, SnapshotStore, StateRecord, Writer, check_append,
-    check_revision,
+    PersistenceResult, SnapshotRecord, SnapshotStore, StateRecord, StateWrite, Writer,
+    check_append, check_revision,
 };
 
 type Numbered<'a> = (&'a str, &'a str, u64);
@@ -334,7 +334,11 @@ fn revision_in(
     id: &PersistenceId,
 ) -> PersistenceResult<u64> {
     match states.get(named(id)).map_err(store_error)? {
-        Some(value) => Ok(read_state(id, value.value())?.0),
+        // The revision alone: the record after it is not decoded.
+        Some(value) => match value.value().first_chunk::<8>() {
+            Some(revision) => Ok(u64::from_be_bytes(*revision)),
+            None => read_state(id, value.value()).map(|(revision, _)| revision),
+        },
         None => Ok(0),
     }
 }
@@ -359,6 +363,35 @@ impl DurableStateStore for RedbPersistence {
                 .map_err(store_error)?;
         }
         txn.commit().map_err(store_error)
+    }
+
+    /// One write transaction (and one sync) for the whole batch.
+    fn save_all(&self, writes: &[StateWrite]) -> Vec<PersistenceResult<()>> {
+        let batch = || -> PersistenceResult<Vec<PersistenceResult<()>>> {
+            let txn = self.db.begin_write().map_err(store_error)?;
+            let mut results = Vec::with_capacity(writes.len());
+            {
+                let mut states = txn.open_table(STATES).map_err(store_error)?;
+                let mut buffer = Vec::new();
+                for w in writes {
+                    let id = &w.persistence_id;
+                    let saved = revision_in(&states, id).and_then(|actual| {
+                        check_revision(id, w.expected, actual)?;
+                        buffer.clear();
+                        buffer.extend_from_slice(&(actual + 1).to_be_bytes());
+                        encode(&w.payload, w.writer, &mut buffer);
+                        states
+                            .insert(named(id), buffer.as_slice())
+                            .map_err(store_error)?;
+                        Ok(())
+                    });
+                    results.push(saved);
+                }
+            }
+            txn.commit().map_err(store_error)?;
+            Ok(results)
+        };
+        batch().unwrap_or_else(|error| vec![Err(error); writes.len()])
     }
 
     fn load(&self, persistence_id: &PersistenceId) -> PersistenceResult<Option<StateRecord>> {

@@ -73,9 +73,11 @@ pub(crate) struct EntityArgs<E> {
 /// Where migration events go.
 pub(crate) type MigrationEvents = tokio::sync::broadcast::Sender<MigrationEvent>;
 
-/// Reports a migrated state that was not used, and why.
+/// Reports a migrated state that was not used, and why; the deliveries
+/// table that came with it goes too (the store's, if any, is loaded).
 fn report_refused<E>(args: &EntityArgs<E>, reason: String) {
     let ctx = &args.ctx;
+    ctx.restore_deliveries(Vec::new());
     tracing::warn!(type_name = ctx.type_name(), entity_id = ctx.entity_id(), %reason, "a migrated state was refused; the entity recovers from its store");
     if let Some((_, events)) = &args.migration {
         let _ = events.send(MigrationEvent::StateRefused {
@@ -110,6 +112,8 @@ fn rehydrate<E>(entity: &mut E, args: &mut EntityArgs<E>) -> Result<(), ActorPro
         });
     if let Err(reason) = applied {
         let ctx = &args.ctx;
+        // The table describes the state that was refused.
+        ctx.restore_deliveries(Vec::new());
         tracing::warn!(type_name = ctx.type_name(), entity_id = ctx.entity_id(), %reason, "a migrated state was refused; the entity starts from its factory");
         let _ = events.send(MigrationEvent::StateRefused {
             type_name: ctx.type_name(),
