@@ -276,3 +276,25 @@ fn handoff_moves_every_state_with_migration_and_none_without() {
     assert!(migrated["bytes_moved"].as_u64() > Some(0), "{record}");
     assert_eq!(record["factory"]["bytes_moved"], 0, "{record}");
 }
+
+#[test]
+fn reliable_w1_and_w2_take_effect_once_per_message() {
+    // W1 through reliable producers, the table in memory and on the
+    // embedded store (plain W1 runs first in the same process).
+    for extra in [
+        &["--reliable"][..],
+        &["--reliable", "--journal", "embedded"],
+    ] {
+        let record = run_with("w1", extra);
+        assert_eq!(record["handled"], record["messages"], "{record}");
+        assert_eq!(record["duplicate_processings"], 0, "{record}");
+        assert_eq!(record["order_violations"], 0, "{record}");
+        assert!(record["ratio_to_plain"].as_f64().unwrap() > 0.0, "{record}");
+    }
+    // W2's kill under reliable producers and durable-state entities.
+    let record = run_with("w2", &["--reliable"]);
+    assert_eq!(record["missing_effects"], 0, "{record}");
+    assert_eq!(record["extra_effects"], 0, "{record}");
+    assert_eq!(record["duplicate_processings"], 0, "{record}");
+    assert_eq!(record["effects"], 20_000, "{record}");
+}

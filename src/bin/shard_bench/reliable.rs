@@ -1,4 +1,6 @@
-//! `shard-bench w1 --reliable [--journal embedded]`: W1's load through
+//! `shard-bench w1 --reliable [--journal embedded]` and `w2 --reliable`.
+//!
+//! W1's load through
 //! reliable producers (SPEC §13.17) — each driver a `ReliableProducer`
 //! whose window is W1's in-flight count, sending tells to W1's 1,000
 //! entities — after plain W1 on a cluster of its own, in one sitting. The
@@ -11,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use datum_cluster_sharding::persistence::RedbPersistence;
+use datum_cluster_sharding::persistence::{InMemoryPersistence, RedbPersistence};
 use datum_cluster_sharding::prelude::*;
 use datum_cluster_sharding::{ProducerConfig, ReliableProducer};
 use serde_json::json;
@@ -316,5 +318,141 @@ pub async fn run(
     record["ratio_to_plain"] = ratio.into();
     record["peak_rss_kib"] = peak_rss_kib().into();
     let correct = figures.handled == figures.messages && duplicates == 0 && order == 0;
+    Ok((record, correct))
+}
+
+/// Three nodes whose note entities are durable-state ones on one store
+/// they share (in this process: clones of one `InMemoryPersistence`, as a
+/// PostgreSQL database would be shared).
+async fn shared_note_nodes(
+    name: &str,
+    store: &InMemoryPersistence,
+    checks: &Arc<Checks>,
+) -> Result<Vec<Node<NoStore, InMemoryPersistence>>, Box<dyn std::error::Error>> {
+    let (clusters, _) = form_cluster(name, false).await?;
+    let mut nodes = Vec::new();
+    for cluster in clusters {
+        let system = ShardedSystem::builder()
+            .config(super::harness::sharding_config())
+            .node(cluster.clone())
+            .journal(store.clone())
+            .start()
+            .await?;
+        let checks = checks.clone();
+        system
+            .register_durable_state::<NoteEntity>(move |_| NoteEntity {
+                state: NoteState::default(),
+                durable: true,
+                checks: checks.clone(),
+            })
+            .await?;
+        nodes.push(Node { cluster, system });
+    }
+    Ok(nodes)
+}
+
+/// W2 through reliable producers: drivers on nodes 0 and 1 send
+/// `messages` notes (16 unconfirmed each) to W1's entities, durable-state
+/// ones on a store the nodes share; node 2 crashes once 30 % are
+/// confirmed. Afterwards every entity's stored count and the entities'
+/// checks say whether each note took effect exactly once.
+pub async fn run_w2(
+    messages: u64,
+) -> Result<(serde_json::Value, bool), Box<dyn std::error::Error>> {
+    let checks = Arc::new(Checks::default());
+    let store = InMemoryPersistence::new();
+    let nodes = shared_note_nodes("shard-bench-w2-reliable", &store, &checks).await?;
+    let config = ProducerConfig::builder()
+        .max_unconfirmed(16)
+        .attempt_timeout(Duration::from_secs(2))
+        .build();
+    let mut producers = Vec::new();
+    for (d, n) in nodes.iter().take(2).enumerate() {
+        let producer: ReliableProducer<Notes> = n
+            .system
+            .reliable_producer(format!("driver-{d}"), config.clone())?;
+        producers.push(producer);
+    }
+    for k in 0..ENTITIES {
+        producers[0]
+            .send(entity_id(k), Note { driver: 99, seq: k })
+            .await?;
+    }
+    producers[0].flush(Duration::from_secs(120)).await?;
+    let warm_up = ENTITIES;
+    let start = Instant::now();
+    let halves = [messages / 2 + messages % 2, messages / 2];
+    let drivers: Vec<_> = producers
+        .iter()
+        .zip(halves)
+        .enumerate()
+        .map(|(d, (producer, share))| {
+            let producer = producer.clone();
+            tokio::spawn(async move {
+                let mut x = 0x2545_f491_4f6c_dd1du64 ^ (d as u64 + 1);
+                for seq in 0..share {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let note = Note {
+                        driver: d as u32,
+                        seq,
+                    };
+                    producer.send(entity_id(x % ENTITIES), note).await?;
+                }
+                producer.flush(Duration::from_secs(600)).await
+            })
+        })
+        .collect();
+    let confirmed = |producers: &[ReliableProducer<Notes>]| -> u64 {
+        producers.iter().map(|p| p.stats().confirmed).sum()
+    };
+    while confirmed(&producers) < warm_up + messages * 3 / 10 {
+        if start.elapsed() > Duration::from_secs(600) {
+            return Err("30 % of the notes were not confirmed in 600 s".into());
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let killed_at = start.elapsed();
+    nodes[2].cluster.crash().await;
+    for driver in drivers {
+        driver.await??;
+    }
+    let wall = start.elapsed();
+    let resent: u64 = producers.iter().map(|p| p.stats().resent).sum();
+    let mut handled = 0;
+    for k in 0..ENTITIES {
+        let counted = nodes[0]
+            .system
+            .entity_ref::<Notes>(entity_id(k))
+            .ask(Noted, Duration::from_secs(30))
+            .await?;
+        handled += counted;
+    }
+    let handled = handled - warm_up;
+    let duplicates = checks.duplicate_processings.load(Ordering::Relaxed);
+    let order = checks.order_violations.load(Ordering::Relaxed);
+    let missing = messages.saturating_sub(handled);
+    let extra = handled.saturating_sub(messages);
+    println!(
+        "w2-reliable    {messages} notes · node 2 crashed at {killed_at:?} · all confirmed after {wall:?} · effects: {handled} (missing {missing}, extra {extra}) · dup {duplicates} · order {order} · resent {resent}"
+    );
+    for n in &nodes[..2] {
+        n.system.shutdown().await;
+        let _ = n.cluster.shutdown().await;
+    }
+    let record = json!({
+        "workload": "w2-reliable",
+        "messages": messages,
+        "killed_at_ms": killed_at.as_secs_f64() * 1e3,
+        "wall_ms": wall.as_secs_f64() * 1e3,
+        "effects": handled,
+        "missing_effects": missing,
+        "extra_effects": extra,
+        "duplicate_processings": duplicates,
+        "order_violations": order,
+        "resent": resent,
+    });
+    let correct = missing == 0 && extra == 0 && duplicates == 0 && order == 0;
     Ok((record, correct))
 }
