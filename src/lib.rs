@@ -91,7 +91,7 @@ pub use entity::{
 pub use error::{RegionRefusal, ShardingError, ShardingResult};
 pub use extractor::{DefaultShardExtractor, ShardExtractor, ShardId, fnv1a_64};
 pub use protocol::{Ask, Message, MessageInfo, MessageKind, Protocol, Tell};
-pub use reliable::{ProducerConfig, ProducerStats, ReliableProducer};
+pub use reliable::{DurableProducer, ProducerConfig, ProducerStats, ReliableProducer};
 pub use store::{
     FILE_STORE_VERSION, FileStore, FileStoreFsyncPolicy, InMemoryStore, LOCK_FILE, MAX_ENTITY_ID,
     MAX_TYPE_NAME, NoStore, RememberEntitiesEvent, RememberEntitiesOperation,

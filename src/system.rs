@@ -47,7 +47,6 @@ use crate::extractor::{ShardExtractor, ShardId};
 use crate::persistence::{DurableStateStore, Journal, NoJournal, SnapshotStore};
 use crate::protocol::SealedProtocol;
 use crate::protocol::{Ask, Message, Protocol, Tell};
-use crate::reliable::{ProducerConfig, ReliableProducer};
 use crate::runtime::entity_actor::{EntityActor, EntityArgs, Factory, Recover, StopNotice};
 use crate::runtime::region::{MigrationSettings, Region, RegionCluster, RegionProtocol, Spawner};
 use crate::runtime::region_actor::RegionActor;
@@ -825,28 +824,17 @@ impl<S, J> ShardedSystem<S, J> {
         }
     }
 
-    /// A reliable producer named `producer_id` of `P`'s tells (SPEC
-    /// §13.17): each message it sends is numbered per entity and sent
-    /// again until the entity confirms it, and the entity handles each
-    /// number once. Start at most one per id at a time: a later one (a
-    /// restart) supersedes the earlier at every entity it reaches.
-    ///
-    /// Fails with `InvalidConfig` for an empty id or a config out of range.
-    pub fn reliable_producer<P: Protocol>(
-        &self,
-        producer_id: impl Into<Arc<str>>,
-        config: ProducerConfig,
-    ) -> ShardingResult<ReliableProducer<P>> {
-        // A template to make the producer's entity refs from (through
-        // `sibling`, which runs the extractor); itself it sends nothing.
-        let entities = EntityRef {
+    /// An entity ref of `P` to make others from (through
+    /// `EntityRef::sibling`, which runs the extractor); itself it sends
+    /// nothing.
+    pub(crate) fn entity_template<P: Protocol>(&self) -> EntityRef<P> {
+        EntityRef {
             shared: self.shared.clone(),
             region: OnceLock::new(),
             entity_id: Arc::from(""),
             shard: ShardId(0),
             _protocol: PhantomData,
-        };
-        ReliableProducer::start(producer_id.into(), config, entities)
+        }
     }
 
     /// Stops every entity, fails buffered and pending messages with
@@ -1028,6 +1016,11 @@ impl<S, J: Journal> ShardedSystem<S, J> {
     /// The system's journal.
     pub fn journal(&self) -> &J {
         &self.journal
+    }
+
+    /// The journal, shared.
+    pub(crate) fn journal_arc(&self) -> Arc<J> {
+        self.journal.clone()
     }
 }
 

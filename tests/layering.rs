@@ -28,6 +28,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("runtime", 6),
     ("sharding", 7),
     ("system", 8),
+    ("reliable", 8),
     ("private", 8),
     ("guarantees", 8),
     ("management", 9),

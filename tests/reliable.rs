@@ -13,7 +13,7 @@ use datum_cluster_sharding::persistence::{
     DurableStateStore, InMemoryPersistence, PersistenceError, PersistenceId,
 };
 use datum_cluster_sharding::prelude::*;
-use datum_cluster_sharding::{ProducerConfig, ReliableProducer};
+use datum_cluster_sharding::{DurableProducer, ProducerConfig, ReliableProducer};
 
 /// Credit the entity with a value; it records it (its effect).
 #[derive(Clone, Serialize, Deserialize)]
@@ -256,6 +256,138 @@ async fn a_store_error_after_the_handlers_save_is_resent_and_found_handled() {
         .expect("entries");
     // Its save carried its record: the copy sent again is a duplicate.
     assert_eq!(entries, vec![7, 8], "the credit once, though sent twice");
+    system.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_durable_producer_restarted_mid_stream_resumes_without_gaps_or_duplicates() {
+    const ACCOUNTS: u64 = 5;
+    const CREDITS: u64 = 10;
+    let store = InMemoryPersistence::new();
+    let system = one_node(store.clone()).await;
+    let first: DurableProducer<Ledger, SlowCredit> = system
+        .durable_producer("payroll", ProducerConfig::default())
+        .await
+        .expect("producer");
+    for value in 1..=CREDITS {
+        for k in 0..ACCOUNTS {
+            // 30 ms each: most are still unconfirmed when the producer goes.
+            first
+                .send(format!("acct-{k}"), SlowCredit(value, 30))
+                .await
+                .expect("accepted");
+        }
+    }
+    let unconfirmed = first.stats().unconfirmed;
+    assert!(unconfirmed > 0, "some left unconfirmed");
+    let epoch = first.epoch();
+    drop(first);
+    // The restart: the same id resumes the journaled messages under the
+    // same epoch and numbers; those handled already are duplicates.
+    let second: DurableProducer<Ledger, SlowCredit> = system
+        .durable_producer("payroll", ProducerConfig::default())
+        .await
+        .expect("producer");
+    assert_eq!(second.epoch(), epoch, "the same incarnation resumed");
+    assert!(
+        second.stats().unconfirmed >= unconfirmed,
+        "{:?}",
+        second.stats()
+    );
+    second.flush(LONG).await.expect("all confirmed");
+    let expected: Vec<u64> = (1..=CREDITS).collect();
+    for k in 0..ACCOUNTS {
+        let entries = system
+            .entity_ref::<Ledger>(format!("acct-{k}"))
+            .ask(Entries, ASK)
+            .await
+            .expect("entries");
+        assert_eq!(entries, expected, "acct-{k}: each credit once, in order");
+    }
+    system.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_durable_producer_snapshots_its_journal_and_recovers_from_the_snapshot() {
+    use datum_cluster_sharding::persistence::Journal;
+    const ACCOUNTS: u64 = 10;
+    const CREDITS: u64 = 110; // 1,100 sends: one snapshot, at event 1,024
+    let store = InMemoryPersistence::new();
+    let system = one_node(store.clone()).await;
+    let first: DurableProducer<Ledger, Credit> = system
+        .durable_producer("bulk", ProducerConfig::default())
+        .await
+        .expect("producer");
+    for value in 1..=CREDITS {
+        for k in 0..ACCOUNTS {
+            first
+                .send(format!("acct-{k}"), Credit(value))
+                .await
+                .expect("accepted");
+        }
+    }
+    first.flush(LONG).await.expect("confirmed");
+    drop(first);
+    let id = PersistenceId::new("datum-producer", "ledger/bulk");
+    assert_eq!(store.highest_sequence_nr(&id), Ok(1 + ACCOUNTS * CREDITS));
+    assert!(
+        store
+            .replay(&id, 1, 1024, usize::MAX)
+            .expect("replay")
+            .is_empty(),
+        "the events the snapshot covers are deleted"
+    );
+    // Recovery: the snapshot and the events after it; what they hold is
+    // sent again and found handled.
+    let second: DurableProducer<Ledger, Credit> = system
+        .durable_producer("bulk", ProducerConfig::default())
+        .await
+        .expect("producer");
+    second.flush(LONG).await.expect("confirmed");
+    assert!(second.stats().confirmed > 0, "{:?}", second.stats());
+    second
+        .send("acct-0", Credit(CREDITS + 1))
+        .await
+        .expect("accepted");
+    second.flush(LONG).await.expect("confirmed");
+    for k in 0..ACCOUNTS {
+        let entries = system
+            .entity_ref::<Ledger>(format!("acct-{k}"))
+            .ask(Entries, ASK)
+            .await
+            .expect("entries");
+        let last = if k == 0 { CREDITS + 1 } else { CREDITS };
+        assert_eq!(entries, (1..=last).collect::<Vec<_>>(), "acct-{k}");
+    }
+    system.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_second_durable_producer_of_an_id_fences_the_first() {
+    let system = one_node(InMemoryPersistence::new()).await;
+    let first: DurableProducer<Ledger, Credit> = system
+        .durable_producer("fenced", ProducerConfig::default())
+        .await
+        .expect("producer");
+    first.send("acct-1", Credit(1)).await.expect("accepted");
+    let second: DurableProducer<Ledger, Credit> = system
+        .durable_producer("fenced", ProducerConfig::default())
+        .await
+        .expect("producer");
+    let refused = first.send("acct-1", Credit(2)).await;
+    assert!(
+        matches!(&refused, Err(ShardingError::Persistence { error, .. })
+            if matches!(**error, PersistenceError::SequenceConflict { .. })),
+        "{refused:?}"
+    );
+    second.send("acct-1", Credit(3)).await.expect("accepted");
+    second.flush(LONG).await.expect("confirmed");
+    let entries = system
+        .entity_ref::<Ledger>("acct-1")
+        .ask(Entries, ASK)
+        .await
+        .expect("entries");
+    assert_eq!(entries, vec![1, 3]);
     system.shutdown().await;
 }
 

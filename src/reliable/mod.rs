@@ -26,11 +26,15 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
+mod durable;
+
+pub use durable::DurableProducer;
+
 use crate::envelope::Delivery;
 use crate::error::{ShardingError, ShardingResult};
 use crate::persistence::PersistenceError;
 use crate::protocol::{Protocol, Tell};
-use crate::system::EntityRef;
+use crate::system::{EntityRef, ShardedSystem};
 
 /// How a [`ReliableProducer`] sends.
 #[derive(Clone, Debug, typed_builder::TypedBuilder)]
@@ -162,8 +166,40 @@ struct Stream<P: Protocol> {
 struct Queued<P: Protocol> {
     seq: u64,
     attempt: Arc<Attempt<P>>,
-    /// The message's place in the window, given back when it is confirmed.
-    _permit: OwnedSemaphorePermit,
+    /// Of a durable producer: the message's CBOR, for its snapshots.
+    bytes: Option<Arc<[u8]>>,
+    /// The message's place in the window, given back when it is confirmed
+    /// (none for one recovered beyond the window).
+    _permit: Option<OwnedSemaphorePermit>,
+}
+
+/// Every stream's next number, and the unconfirmed messages (entity, seq,
+/// CBOR) of a durable producer.
+pub(crate) type DurableView = (Vec<(String, u64)>, Vec<(String, u64, Arc<[u8]>)>);
+
+/// One send of tell `msg`, as a producer queues it.
+fn attempt_of<P: Protocol, M: Tell<P> + Clone + Sync>(msg: M) -> Attempt<P> {
+    Box::new(move |entity, delivery, timeout| {
+        let (entity, msg) = (entity.clone(), msg.clone());
+        Box::pin(async move { entity.send_reliable(msg, delivery, timeout).await })
+    })
+}
+
+impl<S, J> ShardedSystem<S, J> {
+    /// A reliable producer named `producer_id` of `P`'s tells (SPEC
+    /// §13.17): each message it sends is numbered per entity and sent
+    /// again until the entity confirms it, and the entity handles each
+    /// number once. Start at most one per id at a time: a later one (a
+    /// restart) supersedes the earlier at every entity it reaches.
+    ///
+    /// Fails with `InvalidConfig` for an empty id or a config out of range.
+    pub fn reliable_producer<P: Protocol>(
+        &self,
+        producer_id: impl Into<Arc<str>>,
+        config: ProducerConfig,
+    ) -> ShardingResult<ReliableProducer<P>> {
+        ReliableProducer::start(producer_id.into(), config, self.entity_template())
+    }
 }
 
 impl<P: Protocol> ReliableProducer<P> {
@@ -172,6 +208,16 @@ impl<P: Protocol> ReliableProducer<P> {
         id: Arc<str>,
         config: ProducerConfig,
         entities: EntityRef<P>,
+    ) -> ShardingResult<Self> {
+        Self::start_with(id, config, entities, epoch_now())
+    }
+
+    /// A producer named `id` of incarnation `epoch`.
+    pub(crate) fn start_with(
+        id: Arc<str>,
+        config: ProducerConfig,
+        entities: EntityRef<P>,
+        epoch: u64,
     ) -> ShardingResult<Self> {
         config.validate()?;
         if id.is_empty() {
@@ -182,7 +228,7 @@ impl<P: Protocol> ReliableProducer<P> {
         Ok(ReliableProducer {
             inner: Arc::new(Producer {
                 id,
-                epoch: epoch_now(),
+                epoch,
                 window: Arc::new(Semaphore::new(config.max_unconfirmed)),
                 config,
                 entities,
@@ -220,19 +266,51 @@ impl<P: Protocol> ReliableProducer<P> {
     where
         M: Tell<P> + Clone + Sync,
     {
+        let permit = self.room().await?;
+        let entity_id = entity_id.into();
+        let seq = self.next_seq(&entity_id)?;
+        self.enqueue(entity_id, seq, attempt_of(msg), None, Some(permit))?;
+        Ok(seq)
+    }
+
+    /// A place in the window, once there is one.
+    pub(crate) async fn room(&self) -> ShardingResult<OwnedSemaphorePermit> {
         let inner = &self.inner;
-        let permit = inner
+        inner
             .window
             .clone()
             .acquire_owned()
             .await
-            .map_err(|_closed| inner.stopped_error())?;
-        let attempt: Attempt<P> = Box::new(move |entity, delivery, timeout| {
-            let (entity, msg) = (entity.clone(), msg.clone());
-            Box::pin(async move { entity.send_reliable(msg, delivery, timeout).await })
-        });
-        let entity_id = entity_id.into();
-        let (seq, start) = {
+            .map_err(|_closed| inner.stopped_error())
+    }
+
+    /// A place in the window if there is one now.
+    pub(crate) fn try_room(&self) -> Option<OwnedSemaphorePermit> {
+        self.inner.window.clone().try_acquire_owned().ok()
+    }
+
+    /// The number the next message to `entity_id` gets.
+    pub(crate) fn next_seq(&self, entity_id: &str) -> ShardingResult<u64> {
+        let state = self.inner.lock();
+        if let Some(why) = &state.stopped {
+            return Err(why.clone());
+        }
+        Ok(state.streams.get(entity_id).map_or(1, |s| s.next_seq))
+    }
+
+    /// Queues message `seq` to `entity_id` (the stream's next number, or
+    /// for a recovered one any above those queued), and starts the
+    /// stream's sender if it is idle.
+    pub(crate) fn enqueue(
+        &self,
+        entity_id: Arc<str>,
+        seq: u64,
+        attempt: Attempt<P>,
+        bytes: Option<Arc<[u8]>>,
+        permit: Option<OwnedSemaphorePermit>,
+    ) -> ShardingResult<()> {
+        let inner = &self.inner;
+        let start = {
             let mut state = inner.lock();
             if let Some(why) = &state.stopped {
                 return Err(why.clone());
@@ -246,23 +324,57 @@ impl<P: Protocol> ReliableProducer<P> {
                 queue: VecDeque::new(),
                 sending: false,
             });
-            let seq = stream.next_seq;
-            stream.next_seq += 1;
+            stream.next_seq = stream.next_seq.max(seq + 1);
             stream.queue.push_back(Queued {
                 seq,
                 attempt: Arc::new(attempt),
+                bytes,
                 _permit: permit,
             });
             let start = !stream.sending;
             stream.sending = true;
-            (seq, start)
+            start
         };
         if start {
             let producer = Arc::downgrade(inner);
-            let entity = inner.entities.sibling(entity_id.clone());
+            let entity = inner.entities.sibling(entity_id);
             tokio::spawn(send_stream(producer, entity));
         }
-        Ok(seq)
+        Ok(())
+    }
+
+    /// Sets the number the next message to `entity_id` gets (a recovered
+    /// stream's).
+    pub(crate) fn resume_stream(&self, entity_id: Arc<str>, next_seq: u64) {
+        let mut state = self.inner.lock();
+        let stream = state.streams.entry(entity_id).or_insert(Stream {
+            next_seq: 1,
+            queue: VecDeque::new(),
+            sending: false,
+        });
+        stream.next_seq = stream.next_seq.max(next_seq);
+    }
+
+    /// What a durable producer's snapshot keeps: every stream's next
+    /// number, and the unconfirmed messages with their bytes.
+    pub(crate) fn durable_view(&self) -> DurableView {
+        let state = self.inner.lock();
+        let mut next = Vec::with_capacity(state.streams.len());
+        let mut unconfirmed = Vec::new();
+        for (id, stream) in &state.streams {
+            next.push((id.to_string(), stream.next_seq));
+            for queued in &stream.queue {
+                if let Some(bytes) = &queued.bytes {
+                    unconfirmed.push((id.to_string(), queued.seq, bytes.clone()));
+                }
+            }
+        }
+        (next, unconfirmed)
+    }
+
+    /// Stops the producer with `why` (its streams send nothing more).
+    pub(crate) fn stop(&self, why: ShardingError) {
+        self.inner.stop(why);
     }
 
     /// Waits until every message sent so far is confirmed, `timeout` at

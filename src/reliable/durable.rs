@@ -1,0 +1,396 @@
+//! A reliable producer whose unconfirmed messages survive its restart
+//! (SPEC §13.17): every message is journaled before it is sent, under the
+//! producer's persistence id, with the stream number it was given; a
+//! restarted producer of the same id takes the same epoch and sends again
+//! what the journal holds unconfirmed, under the same numbers, so the
+//! entities recognise what they handled already.
+//!
+//! The journal (`datum-producer|<type>/<id>`) holds `started` events (the
+//! epoch, at each start: the append fences an older instance still
+//! running) and `sent` events (`[entity, seq, message]`); every
+//! [`SNAPSHOT_EVERY`] events a snapshot (`[epoch, [[entity, next seq]],
+//! [[entity, seq, message]]]`: the streams and what is unconfirmed) lets
+//! the events before it go. Confirmations are not journaled: after a
+//! restart a confirmed message may be sent again, and is confirmed as a
+//! duplicate.
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use tokio::sync::Mutex;
+
+use super::{ProducerConfig, ProducerStats, ReliableProducer, attempt_of, epoch_now};
+use crate::error::{ShardingError, ShardingResult};
+use crate::persistence::{
+    AtomicWrite, Journal, Payload, PersistenceError, PersistenceId, SnapshotRecord, SnapshotStore,
+    Writer,
+};
+use crate::protocol::{Protocol, Tell};
+use crate::system::ShardedSystem;
+
+/// Events between snapshots of a durable producer's journal.
+pub(crate) const SNAPSHOT_EVERY: u64 = 1_024;
+
+const STARTED: &str = "datum-producer#started";
+const SENT: &str = "datum-producer#sent";
+const SNAPSHOT: &str = "datum-producer#snapshot";
+
+/// A `sent` event.
+#[derive(Serialize, Deserialize)]
+struct Sent {
+    entity: String,
+    seq: u64,
+    #[serde(with = "crate::wire::payload")]
+    msg: Bytes,
+}
+
+/// A snapshot: the epoch, every stream's next number, what is unconfirmed.
+#[derive(Serialize, Deserialize)]
+struct Snapshot {
+    epoch: u64,
+    next: Vec<(String, u64)>,
+    unconfirmed: Vec<Sent>,
+}
+
+/// A [`ReliableProducer`] of one tell type `M` whose unconfirmed messages
+/// are journaled (SPEC §13.17): made by
+/// [`ShardedSystem::durable_producer`], which resumes what an earlier
+/// instance of the same id left unconfirmed.
+pub struct DurableProducer<P: Protocol, M> {
+    producer: ReliableProducer<P>,
+    log: Arc<Log>,
+    _message: PhantomData<fn(M)>,
+}
+
+impl<P: Protocol, M> Clone for DurableProducer<P, M> {
+    fn clone(&self) -> Self {
+        DurableProducer {
+            producer: self.producer.clone(),
+            log: self.log.clone(),
+            _message: PhantomData,
+        }
+    }
+}
+
+impl<P: Protocol, M> std::fmt::Debug for DurableProducer<P, M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DurableProducer")
+            .field("producer", &self.producer)
+            .field("persistence_id", &self.log.id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The producer's journal, appended one write at a time.
+struct Log {
+    journal: Arc<dyn Journal>,
+    snapshots: Arc<dyn SnapshotStore>,
+    id: PersistenceId,
+    /// The highest sequence number written; held across an append, so
+    /// appends (and the numbers they give messages) go one at a time.
+    highest: Mutex<u64>,
+}
+
+fn corrupt(id: &PersistenceId, what: String) -> PersistenceError {
+    PersistenceError::Corrupt {
+        persistence_id: id.clone(),
+        what,
+    }
+}
+
+fn cbor<T: Serialize>(value: &T) -> ShardingResult<Vec<u8>> {
+    let mut bytes = Vec::new();
+    ciborium::into_writer(value, &mut bytes)
+        .map_err(|e| ShardingError::Bug(format!("a producer record does not encode: {e}")))?;
+    Ok(bytes)
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, PersistenceError> + Send + 'static,
+) -> Result<T, PersistenceError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .unwrap_or_else(|e| Err(PersistenceError::Store(format!("a store call failed: {e}"))))
+}
+
+impl Log {
+    fn error(&self, error: PersistenceError) -> ShardingError {
+        ShardingError::Persistence {
+            type_name: "datum-producer",
+            entity_id: self.id.entity_id.clone(),
+            error: Box::new(error),
+        }
+    }
+
+    /// Appends one event after `*highest`.
+    async fn append(
+        &self,
+        highest: &mut u64,
+        manifest: &str,
+        bytes: Vec<u8>,
+    ) -> ShardingResult<()> {
+        let write = AtomicWrite {
+            persistence_id: self.id.clone(),
+            expected: *highest,
+            events: vec![Payload {
+                manifest: manifest.to_owned(),
+                version: 1,
+                bytes,
+            }],
+            writer: Writer {
+                node_id: 0,
+                incarnation: 0,
+                generation: 0,
+            },
+        };
+        let journal = self.journal.clone();
+        let written = blocking(move || {
+            journal
+                .append(std::slice::from_ref(&write))
+                .pop()
+                .unwrap_or_else(|| Err(PersistenceError::Store("no result".into())))
+        })
+        .await;
+        written.map_err(|e| self.error(e))?;
+        *highest += 1;
+        Ok(())
+    }
+
+    /// Saves a snapshot at `*highest` and deletes what it covers (a
+    /// failure is logged: recovery replays more).
+    async fn snapshot(&self, highest: u64, snapshot: Snapshot) {
+        let (snapshots, journal, id) = (
+            self.snapshots.clone(),
+            self.journal.clone(),
+            self.id.clone(),
+        );
+        let saved = match cbor(&snapshot) {
+            Ok(bytes) => {
+                blocking(move || {
+                    let record = SnapshotRecord {
+                        sequence_nr: highest,
+                        payload: Payload {
+                            manifest: SNAPSHOT.into(),
+                            version: 1,
+                            bytes,
+                        },
+                        writer: Writer {
+                            node_id: 0,
+                            incarnation: 0,
+                            generation: 0,
+                        },
+                    };
+                    snapshots.save(&id, record)?;
+                    journal.delete_to(&id, highest)?;
+                    snapshots.delete_to(&id, highest.saturating_sub(1))
+                })
+                .await
+            }
+            Err(error) => Err(PersistenceError::Invalid(error.to_string())),
+        };
+        if let Err(error) = saved {
+            tracing::warn!(persistence_id = %self.id, %error, "a producer snapshot was not saved; its recovery replays more");
+        }
+    }
+}
+
+impl<S, J: Journal + SnapshotStore> ShardedSystem<S, J> {
+    /// A reliable producer of `P`'s tell `M` named `producer_id`, whose
+    /// unconfirmed messages are journaled on this system's journal (SPEC
+    /// §13.17). An earlier instance's unconfirmed messages are sent again,
+    /// under its epoch and numbers; starting fences an older instance of
+    /// the id still running (its next send fails with `Persistence`, a
+    /// `SequenceConflict`). Fails with the store's error, or `Persistence`
+    /// (`Corrupt`) for a journal it cannot read.
+    pub async fn durable_producer<P, M>(
+        &self,
+        producer_id: &str,
+        config: ProducerConfig,
+    ) -> ShardingResult<DurableProducer<P, M>>
+    where
+        P: Protocol,
+        M: Tell<P> + Clone + Sync + serde::de::DeserializeOwned,
+    {
+        let store = self.journal_arc();
+        let journal: Arc<dyn Journal> = store.clone();
+        let snapshots: Arc<dyn SnapshotStore> = store;
+        let id = PersistenceId::new("datum-producer", format!("{}/{producer_id}", P::TYPE_NAME));
+        let log = Arc::new(Log {
+            journal: journal.clone(),
+            snapshots: snapshots.clone(),
+            id: id.clone(),
+            highest: Mutex::new(0),
+        });
+        let (highest, recovered) = {
+            let (journal, id) = (journal.clone(), id.clone());
+            blocking(move || recover(&*journal, &*snapshots, &id))
+                .await
+                .map_err(|e| log.error(e))?
+        };
+        let epoch = recovered.epoch.unwrap_or_else(epoch_now);
+        let producer = ReliableProducer::start_with(
+            producer_id.into(),
+            config,
+            self.entity_template(),
+            epoch,
+        )?;
+        let mut written = log.highest.lock().await;
+        *written = highest;
+        // The start is journaled first: an older instance's next append
+        // then fails.
+        log.append(&mut written, STARTED, cbor(&epoch)?).await?;
+        for (entity, next) in recovered.next {
+            producer.resume_stream(entity.into(), next);
+        }
+        for sent in recovered.unconfirmed {
+            let msg: M = ciborium::from_reader(&sent.msg[..])
+                .map_err(|e| log.error(corrupt(&id, format!("a message does not decode: {e}"))))?;
+            let permit = producer.try_room();
+            producer.enqueue(
+                sent.entity.into(),
+                sent.seq,
+                attempt_of(msg),
+                Some(Arc::from(&sent.msg[..])),
+                permit,
+            )?;
+        }
+        drop(written);
+        Ok(DurableProducer {
+            producer,
+            log,
+            _message: PhantomData,
+        })
+    }
+}
+
+/// What a durable producer's journal says.
+#[derive(Default)]
+struct Recovered {
+    epoch: Option<u64>,
+    next: Vec<(String, u64)>,
+    unconfirmed: Vec<Sent>,
+}
+
+/// Reads the latest snapshot and the events after it.
+fn recover(
+    journal: &dyn Journal,
+    snapshots: &dyn SnapshotStore,
+    id: &PersistenceId,
+) -> Result<(u64, Recovered), PersistenceError> {
+    let highest = journal.highest_sequence_nr(id)?;
+    let mut recovered = Recovered::default();
+    let mut from = 1;
+    if let Some(record) = snapshots.load(id, highest)? {
+        if record.payload.manifest != SNAPSHOT {
+            return Err(corrupt(
+                id,
+                format!("a snapshot is a `{}`", record.payload.manifest),
+            ));
+        }
+        let snapshot: Snapshot = ciborium::from_reader(&record.payload.bytes[..])
+            .map_err(|e| corrupt(id, format!("the snapshot does not decode: {e}")))?;
+        recovered.epoch = Some(snapshot.epoch);
+        recovered.next = snapshot.next;
+        recovered.unconfirmed = snapshot.unconfirmed;
+        from = record.sequence_nr + 1;
+    }
+    let events = journal.replay(id, from, highest, usize::MAX)?;
+    let mut expected = from;
+    let mut next: std::collections::HashMap<String, u64> = recovered.next.drain(..).collect();
+    for event in events {
+        if event.sequence_nr != expected {
+            return Err(corrupt(id, format!("event {expected} is missing")));
+        }
+        expected += 1;
+        match event.payload.manifest.as_str() {
+            STARTED => {
+                let epoch: u64 = ciborium::from_reader(&event.payload.bytes[..])
+                    .map_err(|e| corrupt(id, format!("a start does not decode: {e}")))?;
+                recovered.epoch = Some(epoch);
+            }
+            SENT => {
+                let sent: Sent = ciborium::from_reader(&event.payload.bytes[..])
+                    .map_err(|e| corrupt(id, format!("a message does not decode: {e}")))?;
+                let stream = next.entry(sent.entity.clone()).or_insert(1);
+                *stream = (*stream).max(sent.seq + 1);
+                recovered.unconfirmed.push(sent);
+            }
+            other => return Err(corrupt(id, format!("an event is a `{other}`"))),
+        }
+    }
+    if expected != highest + 1 {
+        return Err(corrupt(
+            id,
+            format!("events {expected}..={highest} are missing"),
+        ));
+    }
+    recovered.next = next.into_iter().collect();
+    recovered
+        .unconfirmed
+        .sort_by(|a, b| (&a.entity, a.seq).cmp(&(&b.entity, b.seq)));
+    Ok((highest, recovered))
+}
+
+impl<P: Protocol, M: Tell<P> + Clone + Sync + Serialize> DurableProducer<P, M> {
+    /// As [`ReliableProducer::send`], and the message is journaled (with
+    /// its number) before `send` returns: a restarted producer sends it
+    /// again unless it was confirmed. Sends go through the journal one at
+    /// a time.
+    pub async fn send(&self, entity_id: impl Into<Arc<str>>, msg: M) -> ShardingResult<u64> {
+        let permit = self.producer.room().await?;
+        let entity_id: Arc<str> = entity_id.into();
+        let bytes = cbor(&msg)?;
+        let mut highest = self.log.highest.lock().await;
+        let seq = self.producer.next_seq(&entity_id)?;
+        let sent = Sent {
+            entity: entity_id.to_string(),
+            seq,
+            msg: Bytes::from(bytes),
+        };
+        if let Err(error) = self.log.append(&mut highest, SENT, cbor(&sent)?).await {
+            if matches!(&error, ShardingError::Persistence { error, .. } if matches!(**error, PersistenceError::SequenceConflict { .. }))
+            {
+                tracing::warn!(persistence_id = %self.log.id, "another instance of this durable producer started: this one stops");
+                self.producer.stop(error.clone());
+            }
+            return Err(error);
+        }
+        let bytes: Arc<[u8]> = Arc::from(&sent.msg[..]);
+        self.producer
+            .enqueue(entity_id, seq, attempt_of(msg), Some(bytes), Some(permit))?;
+        if *highest % SNAPSHOT_EVERY == 0 {
+            let (next, unconfirmed) = self.producer.durable_view();
+            let snapshot = Snapshot {
+                epoch: self.producer.epoch(),
+                next,
+                unconfirmed: unconfirmed
+                    .into_iter()
+                    .map(|(entity, seq, msg)| Sent {
+                        entity,
+                        seq,
+                        msg: Bytes::copy_from_slice(&msg),
+                    })
+                    .collect(),
+            };
+            self.log.snapshot(*highest, snapshot).await;
+        }
+        Ok(seq)
+    }
+
+    /// As [`ReliableProducer::flush`].
+    pub async fn flush(&self, timeout: std::time::Duration) -> ShardingResult<()> {
+        self.producer.flush(timeout).await
+    }
+
+    /// As [`ReliableProducer::stats`].
+    pub fn stats(&self) -> ProducerStats {
+        self.producer.stats()
+    }
+
+    /// The producer's epoch: an earlier instance's, when it resumed one.
+    pub fn epoch(&self) -> u64 {
+        self.producer.epoch()
+    }
+}
