@@ -1043,29 +1043,51 @@ impl JournalWriter {
     }
 }
 
-/// The saves of every durable-state entity of a system, batched (a
-/// [`BatchWriter`] on a `datum-states` thread), each batch one
-/// [`DurableStateStore::save_all`] call: on the embedded store, one
-/// transaction and one sync for the lot. It holds the store weakly.
-pub(crate) struct StateWriter {
-    batches: BatchWriter<StateWrite>,
+/// The saves of every durable-state entity of a system. On a store whose
+/// `save_all` commits a batch at once
+/// ([`DurableStateStore::commits_batches`]), batched (a [`BatchWriter`]
+/// on a `datum-states` thread, one `save_all` per batch: on the embedded
+/// store, one transaction and one sync for the lot); on another, each save
+/// is its own `save` call on a blocking thread, several at a time. It holds
+/// the store weakly.
+pub(crate) enum StateWriter {
+    Batched(BatchWriter<StateWrite>),
+    Direct(std::sync::Weak<dyn DurableStateStore>),
 }
 
 impl StateWriter {
     /// Starts the writer of `store`.
     pub(crate) fn start(store: &Arc<dyn DurableStateStore>) -> Arc<Self> {
-        let store = Arc::downgrade(store);
-        let batches = BatchWriter::start("datum-states", move |writes: &[StateWrite]| match store
-            .upgrade()
-        {
-            Some(store) => store.save_all(writes),
-            None => vec![Err(writer_stopped()); writes.len()],
+        let weak = Arc::downgrade(store);
+        if !store.commits_batches() {
+            return Arc::new(StateWriter::Direct(weak));
+        }
+        let batches = BatchWriter::start("datum-states", move |writes: &[StateWrite]| {
+            match weak.upgrade() {
+                Some(store) => store.save_all(writes),
+                None => vec![Err(writer_stopped()); writes.len()],
+            }
         });
-        Arc::new(StateWriter { batches })
+        Arc::new(StateWriter::Batched(batches))
     }
 
     async fn save(&self, write: StateWrite) -> PersistenceResult<()> {
-        self.batches.write(write).await
+        match self {
+            StateWriter::Batched(batches) => batches.write(write).await,
+            StateWriter::Direct(store) => {
+                let store = store.upgrade().ok_or_else(writer_stopped)?;
+                blocking(move || {
+                    let StateWrite {
+                        persistence_id,
+                        expected,
+                        payload,
+                        writer,
+                    } = write;
+                    store.save(&persistence_id, expected, payload, writer)
+                })
+                .await
+            }
+        }
     }
 }
 

@@ -335,6 +335,9 @@ impl datum_cluster_sharding::persistence::DurableStateStore for SlowCountingStat
         }])
         .remove(0)
     }
+    fn commits_batches(&self) -> bool {
+        true
+    }
     fn save_all(
         &self,
         writes: &[datum_cluster_sharding::persistence::StateWrite],

@@ -391,6 +391,44 @@ async fn a_second_durable_producer_of_an_id_fences_the_first() {
     system.shutdown().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_sends_to_one_entity_each_get_their_own_number() {
+    let system = one_node(InMemoryPersistence::new()).await;
+    let producer: ReliableProducer<Ledger> = system
+        .reliable_producer("fan-in", ProducerConfig::default())
+        .expect("producer");
+    let senders: Vec<_> = (0..4u64)
+        .map(|t| {
+            let producer = producer.clone();
+            tokio::spawn(async move {
+                let mut seqs = Vec::new();
+                for i in 0..100u64 {
+                    let seq = producer
+                        .send("acct-shared", QuietCredit(t * 1_000 + i))
+                        .await
+                        .expect("accepted");
+                    seqs.push(seq);
+                }
+                seqs
+            })
+        })
+        .collect();
+    let mut seqs = Vec::new();
+    for sender in senders {
+        seqs.extend(sender.await.expect("joined"));
+    }
+    seqs.sort_unstable();
+    assert_eq!(seqs, (1..=400).collect::<Vec<_>>(), "each its own number");
+    producer.flush(LONG).await.expect("confirmed");
+    let entries = system
+        .entity_ref::<Ledger>("acct-shared")
+        .ask(Entries, ASK)
+        .await
+        .expect("entries");
+    assert_eq!(entries.len(), 400, "every message handled");
+    system.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_producer_config_out_of_range_is_refused() {
     let system = one_node(InMemoryPersistence::new()).await;

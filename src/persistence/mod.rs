@@ -307,6 +307,13 @@ pub trait DurableStateStore: Send + Sync + 'static {
             .map(|w| self.save(&w.persistence_id, w.expected, w.payload.clone(), w.writer))
             .collect()
     }
+    /// Whether [`save_all`](Self::save_all) commits a batch at once (the
+    /// embedded store's does). A system batches its entities' saves
+    /// through it only then; otherwise each save is its own `save` call,
+    /// several at a time. Default: `false`.
+    fn commits_batches(&self) -> bool {
+        false
+    }
 }
 
 /// A journal, snapshot store and durable-state store in memory, for tests

@@ -365,6 +365,10 @@ impl DurableStateStore for RedbPersistence {
         txn.commit().map_err(store_error)
     }
 
+    fn commits_batches(&self) -> bool {
+        true
+    }
+
     /// One write transaction (and one sync) for the whole batch.
     fn save_all(&self, writes: &[StateWrite]) -> Vec<PersistenceResult<()>> {
         let batch = || -> PersistenceResult<Vec<PersistenceResult<()>>> {

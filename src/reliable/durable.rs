@@ -7,15 +7,16 @@
 //!
 //! The journal (`datum-producer|<type>/<id>`) holds `started` events (the
 //! epoch, at each start: the append fences an older instance still
-//! running) and `sent` events (`[entity, seq, message]`); every
-//! [`SNAPSHOT_EVERY`] events a snapshot (`[epoch, [[entity, next seq]],
-//! [[entity, seq, message]]]`: the streams and what is unconfirmed) lets
-//! the events before it go. Confirmations are not journaled: after a
+//! running) and `sent` events (`{entity, seq, msg}`); once
+//! [`SNAPSHOT_EVERY`] events follow the last snapshot, a snapshot
+//! (`{epoch, next: [[entity, next seq]], unconfirmed: [{entity, seq,
+//! msg}]}`: the streams and what is unconfirmed) lets the events before it
+//! go. Confirmations are not journaled: after a
 //! restart a confirmed message may be sent again, and is confirmed as a
 //! duplicate.
 
 use std::marker::PhantomData;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -83,15 +84,21 @@ impl<P: Protocol, M> std::fmt::Debug for DurableProducer<P, M> {
     }
 }
 
-/// The producer's journal, appended one write at a time.
+/// The producer's journal, appended one write at a time. It holds the
+/// store weakly: the system's handle decides how long it stays open.
 struct Log {
-    journal: Arc<dyn Journal>,
-    snapshots: Arc<dyn SnapshotStore>,
+    journal: Weak<dyn Journal>,
+    snapshots: Weak<dyn SnapshotStore>,
     id: PersistenceId,
     /// The highest sequence number written; held across an append, so
     /// appends (and the numbers they give messages) go one at a time.
     highest: Mutex<u64>,
+    /// The sequence number of the latest snapshot (0 for none).
+    snapshot_at: std::sync::atomic::AtomicU64,
 }
+
+/// The journal and snapshot store, while the system holds them.
+type Stores = (Arc<dyn Journal>, Arc<dyn SnapshotStore>);
 
 fn corrupt(id: &PersistenceId, what: String) -> PersistenceError {
     PersistenceError::Corrupt {
@@ -124,6 +131,15 @@ impl Log {
         }
     }
 
+    fn stores(&self) -> Result<Stores, PersistenceError> {
+        match (self.journal.upgrade(), self.snapshots.upgrade()) {
+            (Some(journal), Some(snapshots)) => Ok((journal, snapshots)),
+            _ => Err(PersistenceError::Store(
+                "the system's journal is closed".into(),
+            )),
+        }
+    }
+
     /// Appends one event after `*highest`.
     async fn append(
         &self,
@@ -145,7 +161,7 @@ impl Log {
                 generation: 0,
             },
         };
-        let journal = self.journal.clone();
+        let (journal, _) = self.stores().map_err(|e| self.error(e))?;
         let written = blocking(move || {
             journal
                 .append(std::slice::from_ref(&write))
@@ -161,13 +177,9 @@ impl Log {
     /// Saves a snapshot at `*highest` and deletes what it covers (a
     /// failure is logged: recovery replays more).
     async fn snapshot(&self, highest: u64, snapshot: Snapshot) {
-        let (snapshots, journal, id) = (
-            self.snapshots.clone(),
-            self.journal.clone(),
-            self.id.clone(),
-        );
-        let saved = match cbor(&snapshot) {
-            Ok(bytes) => {
+        let id = self.id.clone();
+        let saved = match (cbor(&snapshot), self.stores()) {
+            (Ok(bytes), Ok((journal, snapshots))) => {
                 blocking(move || {
                     let record = SnapshotRecord {
                         sequence_nr: highest,
@@ -188,7 +200,8 @@ impl Log {
                 })
                 .await
             }
-            Err(error) => Err(PersistenceError::Invalid(error.to_string())),
+            (Err(error), _) => Err(PersistenceError::Invalid(error.to_string())),
+            (_, Err(error)) => Err(error),
         };
         if let Err(error) = saved {
             tracing::warn!(persistence_id = %self.id, %error, "a producer snapshot was not saved; its recovery replays more");
@@ -218,18 +231,28 @@ impl<S, J: Journal + SnapshotStore> ShardedSystem<S, J> {
         let snapshots: Arc<dyn SnapshotStore> = store;
         let id = PersistenceId::new("datum-producer", format!("{}/{producer_id}", P::TYPE_NAME));
         let log = Arc::new(Log {
-            journal: journal.clone(),
-            snapshots: snapshots.clone(),
+            journal: Arc::downgrade(&journal),
+            snapshots: Arc::downgrade(&snapshots),
             id: id.clone(),
             highest: Mutex::new(0),
+            snapshot_at: std::sync::atomic::AtomicU64::new(0),
         });
         let (highest, recovered) = {
-            let (journal, id) = (journal.clone(), id.clone());
+            let id = id.clone();
             blocking(move || recover(&*journal, &*snapshots, &id))
                 .await
                 .map_err(|e| log.error(e))?
         };
+        // Every message decodes before anything is written or sent.
+        let mut resumed = Vec::with_capacity(recovered.unconfirmed.len());
+        for sent in recovered.unconfirmed {
+            let msg: M = ciborium::from_reader(&sent.msg[..])
+                .map_err(|e| log.error(corrupt(&id, format!("a message does not decode: {e}"))))?;
+            resumed.push((sent, msg));
+        }
         let epoch = recovered.epoch.unwrap_or_else(epoch_now);
+        log.snapshot_at
+            .store(recovered.snapshot_at, std::sync::atomic::Ordering::Relaxed);
         let producer = ReliableProducer::start_with(
             producer_id.into(),
             config,
@@ -241,20 +264,19 @@ impl<S, J: Journal + SnapshotStore> ShardedSystem<S, J> {
         // The start is journaled first: an older instance's next append
         // then fails.
         log.append(&mut written, STARTED, cbor(&epoch)?).await?;
-        for (entity, next) in recovered.next {
-            producer.resume_stream(entity.into(), next);
-        }
-        for sent in recovered.unconfirmed {
-            let msg: M = ciborium::from_reader(&sent.msg[..])
-                .map_err(|e| log.error(corrupt(&id, format!("a message does not decode: {e}"))))?;
+        for (sent, msg) in resumed {
             let permit = producer.try_room();
             producer.enqueue(
                 sent.entity.into(),
-                sent.seq,
+                Some(sent.seq),
                 attempt_of(msg),
                 Some(Arc::from(&sent.msg[..])),
                 permit,
             )?;
+        }
+        // (After the resumed messages, each queued under its own number.)
+        for (entity, next) in recovered.next {
+            producer.resume_stream(entity.into(), next);
         }
         drop(written);
         Ok(DurableProducer {
@@ -268,6 +290,8 @@ impl<S, J: Journal + SnapshotStore> ShardedSystem<S, J> {
 /// What a durable producer's journal says.
 #[derive(Default)]
 struct Recovered {
+    /// The latest snapshot's sequence number (0 for none).
+    snapshot_at: u64,
     epoch: Option<u64>,
     next: Vec<(String, u64)>,
     unconfirmed: Vec<Sent>,
@@ -283,10 +307,13 @@ fn recover(
     let mut recovered = Recovered::default();
     let mut from = 1;
     if let Some(record) = snapshots.load(id, highest)? {
-        if record.payload.manifest != SNAPSHOT {
+        if record.payload.manifest != SNAPSHOT || record.payload.version > 1 {
             return Err(corrupt(
                 id,
-                format!("a snapshot is a `{}`", record.payload.manifest),
+                format!(
+                    "a snapshot is a `{}` of version {}",
+                    record.payload.manifest, record.payload.version
+                ),
             ));
         }
         let snapshot: Snapshot = ciborium::from_reader(&record.payload.bytes[..])
@@ -294,6 +321,7 @@ fn recover(
         recovered.epoch = Some(snapshot.epoch);
         recovered.next = snapshot.next;
         recovered.unconfirmed = snapshot.unconfirmed;
+        recovered.snapshot_at = record.sequence_nr;
         from = record.sequence_nr + 1;
     }
     let events = journal.replay(id, from, highest, usize::MAX)?;
@@ -304,6 +332,12 @@ fn recover(
             return Err(corrupt(id, format!("event {expected} is missing")));
         }
         expected += 1;
+        if event.payload.version > 1 {
+            return Err(corrupt(
+                id,
+                format!("an event has version {}", event.payload.version),
+            ));
+        }
         match event.payload.manifest.as_str() {
             STARTED => {
                 let epoch: u64 = ciborium::from_reader(&event.payload.bytes[..])
@@ -330,6 +364,19 @@ fn recover(
     recovered
         .unconfirmed
         .sort_by(|a, b| (&a.entity, a.seq).cmp(&(&b.entity, b.seq)));
+    if let Some(twice) = recovered
+        .unconfirmed
+        .windows(2)
+        .find(|w| (&w[0].entity, w[0].seq) == (&w[1].entity, w[1].seq))
+    {
+        return Err(corrupt(
+            id,
+            format!(
+                "message {} to `{}` is journaled twice",
+                twice[0].seq, twice[0].entity
+            ),
+        ));
+    }
     Ok((highest, recovered))
 }
 
@@ -338,45 +385,75 @@ impl<P: Protocol, M: Tell<P> + Clone + Sync + Serialize> DurableProducer<P, M> {
     /// its number) before `send` returns: a restarted producer sends it
     /// again unless it was confirmed. Sends go through the journal one at
     /// a time.
-    pub async fn send(&self, entity_id: impl Into<Arc<str>>, msg: M) -> ShardingResult<u64> {
+    pub async fn send(&self, entity_id: impl Into<Arc<str>>, msg: M) -> ShardingResult<u64>
+    where
+        M: 'static,
+    {
         let permit = self.producer.room().await?;
+        let (producer, log) = (self.producer.clone(), self.log.clone());
         let entity_id: Arc<str> = entity_id.into();
-        let bytes = cbor(&msg)?;
-        let mut highest = self.log.highest.lock().await;
-        let seq = self.producer.next_seq(&entity_id)?;
-        let sent = Sent {
-            entity: entity_id.to_string(),
-            seq,
-            msg: Bytes::from(bytes),
-        };
-        if let Err(error) = self.log.append(&mut highest, SENT, cbor(&sent)?).await {
-            if matches!(&error, ShardingError::Persistence { error, .. } if matches!(**error, PersistenceError::SequenceConflict { .. }))
-            {
-                tracing::warn!(persistence_id = %self.log.id, "another instance of this durable producer started: this one stops");
-                self.producer.stop(error.clone());
+        // On a task of its own: once the message is being journaled, the
+        // caller giving up on `send` cannot leave it half done.
+        let journaled = tokio::spawn(async move {
+            let mut highest = log.highest.lock().await;
+            if let Some(why) = producer.refusal() {
+                return Err(why);
             }
-            return Err(error);
-        }
-        let bytes: Arc<[u8]> = Arc::from(&sent.msg[..]);
-        self.producer
-            .enqueue(entity_id, seq, attempt_of(msg), Some(bytes), Some(permit))?;
-        if *highest % SNAPSHOT_EVERY == 0 {
-            let (next, unconfirmed) = self.producer.durable_view();
-            let snapshot = Snapshot {
-                epoch: self.producer.epoch(),
-                next,
-                unconfirmed: unconfirmed
-                    .into_iter()
-                    .map(|(entity, seq, msg)| Sent {
-                        entity,
-                        seq,
-                        msg: Bytes::copy_from_slice(&msg),
-                    })
-                    .collect(),
+            let seq = producer.next_seq(&entity_id)?;
+            let sent = Sent {
+                entity: entity_id.to_string(),
+                seq,
+                msg: Bytes::from(cbor(&msg)?),
             };
-            self.log.snapshot(*highest, snapshot).await;
-        }
-        Ok(seq)
+            if let Err(error) = log.append(&mut highest, SENT, cbor(&sent)?).await {
+                let invalid = matches!(&error, ShardingError::Persistence { error, .. }
+                    if matches!(**error, PersistenceError::Invalid(_)));
+                if !invalid {
+                    // Another instance started (a conflict), or the
+                    // outcome is unknown: this instance cannot go on
+                    // numbering (a restart reads what was written).
+                    tracing::warn!(persistence_id = %log.id, %error, "a durable producer's append failed: it stops");
+                    producer.stop(error.clone());
+                }
+                return Err(error);
+            }
+            let bytes: Arc<[u8]> = Arc::from(&sent.msg[..]);
+            if let Err(error) = producer.enqueue(
+                entity_id,
+                Some(seq),
+                attempt_of(msg),
+                Some(bytes),
+                Some(permit),
+            ) {
+                // Journaled, not queued: stop rather than give its number
+                // to another message (a restart sends it).
+                producer.stop(error.clone());
+                return Err(error);
+            }
+            let last = log.snapshot_at.load(std::sync::atomic::Ordering::Relaxed);
+            if *highest >= last + SNAPSHOT_EVERY {
+                let (next, unconfirmed) = producer.durable_view();
+                let snapshot = Snapshot {
+                    epoch: producer.epoch(),
+                    next,
+                    unconfirmed: unconfirmed
+                        .into_iter()
+                        .map(|(entity, seq, msg)| Sent {
+                            entity,
+                            seq,
+                            msg: Bytes::copy_from_slice(&msg),
+                        })
+                        .collect(),
+                };
+                log.snapshot(*highest, snapshot).await;
+                log.snapshot_at
+                    .store(*highest, std::sync::atomic::Ordering::Relaxed);
+            }
+            Ok(seq)
+        });
+        journaled
+            .await
+            .unwrap_or_else(|e| Err(ShardingError::Bug(format!("a durable send failed: {e}"))))
     }
 
     /// As [`ReliableProducer::flush`].

@@ -267,10 +267,7 @@ impl<P: Protocol> ReliableProducer<P> {
         M: Tell<P> + Clone + Sync,
     {
         let permit = self.room().await?;
-        let entity_id = entity_id.into();
-        let seq = self.next_seq(&entity_id)?;
-        self.enqueue(entity_id, seq, attempt_of(msg), None, Some(permit))?;
-        Ok(seq)
+        self.enqueue(entity_id.into(), None, attempt_of(msg), None, Some(permit))
     }
 
     /// A place in the window, once there is one.
@@ -298,17 +295,18 @@ impl<P: Protocol> ReliableProducer<P> {
         Ok(state.streams.get(entity_id).map_or(1, |s| s.next_seq))
     }
 
-    /// Queues message `seq` to `entity_id` (the stream's next number, or
-    /// for a recovered one any above those queued), and starts the
-    /// stream's sender if it is idle.
+    /// Queues a message to `entity_id` under the stream's next number (or
+    /// under `seq`, which must be at least that: a durable producer's,
+    /// journaled with it), starts the stream's sender if it is idle, and
+    /// says the number.
     pub(crate) fn enqueue(
         &self,
         entity_id: Arc<str>,
-        seq: u64,
+        seq: Option<u64>,
         attempt: Attempt<P>,
         bytes: Option<Arc<[u8]>>,
         permit: Option<OwnedSemaphorePermit>,
-    ) -> ShardingResult<()> {
+    ) -> ShardingResult<u64> {
         let inner = &self.inner;
         let start = {
             let mut state = inner.lock();
@@ -318,13 +316,22 @@ impl<P: Protocol> ReliableProducer<P> {
             if inner.entities.system_shut_down() {
                 return Err(ShardingError::ShuttingDown);
             }
-            state.stats.unconfirmed += 1;
             let stream = state.streams.entry(entity_id.clone()).or_insert(Stream {
                 next_seq: 1,
                 queue: VecDeque::new(),
                 sending: false,
             });
-            stream.next_seq = stream.next_seq.max(seq + 1);
+            let seq = match seq {
+                None => stream.next_seq,
+                Some(seq) if seq >= stream.next_seq => seq,
+                Some(seq) => {
+                    return Err(ShardingError::Bug(format!(
+                        "message {seq} to `{entity_id}` is below the stream's next, {}",
+                        stream.next_seq
+                    )));
+                }
+            };
+            stream.next_seq = seq + 1;
             stream.queue.push_back(Queued {
                 seq,
                 attempt: Arc::new(attempt),
@@ -333,14 +340,27 @@ impl<P: Protocol> ReliableProducer<P> {
             });
             let start = !stream.sending;
             stream.sending = true;
-            start
+            state.stats.unconfirmed += 1;
+            (seq, start)
         };
+        let (seq, start) = start;
         if start {
             let producer = Arc::downgrade(inner);
             let entity = inner.entities.sibling(entity_id);
             tokio::spawn(send_stream(producer, entity));
         }
-        Ok(())
+        Ok(seq)
+    }
+
+    /// Why the producer cannot take a message now, if it cannot.
+    pub(crate) fn refusal(&self) -> Option<ShardingError> {
+        if let Some(why) = &self.inner.lock().stopped {
+            return Some(why.clone());
+        }
+        self.inner
+            .entities
+            .system_shut_down()
+            .then_some(ShardingError::ShuttingDown)
     }
 
     /// Sets the number the next message to `entity_id` gets (a recovered
