@@ -250,15 +250,42 @@ impl EntityContext {
         let Some((delivery, saved)) = deliveries.current.take() else {
             return;
         };
-        match (&self.state, saved) {
-            (Some(handle), false) => {
+        match (&self.state, &self.journal, saved) {
+            (_, _, true) => deliveries.record(&delivery),
+            (Some(handle), _, false) => {
                 drop(deliveries);
                 handle.retire(PersistenceError::Store(format!(
                     "a reliable message's handler failed unsaved: {why}"
                 )));
             }
-            _ => deliveries.record(&delivery),
+            // An event-sourced entity's state is what its journal holds:
+            // nothing was persisted, so nothing happened.
+            (None, Some(_), false) => {}
+            (None, None, false) => deliveries.record(&delivery),
         }
+    }
+
+    /// Of an event-sourced entity: the marker event recording the reliable
+    /// message being handled (manifest `<type>#delivery`, CBOR `[producer,
+    /// epoch, seq]`), while no append has carried it.
+    fn delivery_marker(&self) -> Option<ShardingResult<Payload>> {
+        let deliveries = self.deliveries();
+        let (delivery, false) = deliveries.current.as_ref()? else {
+            return None;
+        };
+        let row = DeliveryRow(delivery.producer.to_string(), delivery.epoch, delivery.seq);
+        drop(deliveries);
+        let mut bytes = Vec::new();
+        let encoded = ciborium::into_writer(&row, &mut bytes).map_err(|e| {
+            self.persistence_error(PersistenceError::Invalid(format!(
+                "a delivery record does not encode: {e}"
+            )))
+        });
+        Some(encoded.map(|()| Payload {
+            manifest: delivery_manifest(self.type_name),
+            version: 1,
+            bytes,
+        }))
     }
 
     /// Of a durable-state entity whose handler did not save during the
@@ -284,6 +311,9 @@ impl EntityContext {
         payload: Option<ShardingResult<Payload>>,
     ) -> ShardingResult<()> {
         let written = match payload {
+            // An event-sourced entity whose handler persisted nothing: the
+            // marker alone (a no-op once an append carried it).
+            None if self.journal.is_some() => self.append(Vec::new()).await,
             None => Ok(()),
             Some(Ok(payload)) => self.save_state(payload).await,
             Some(Err(error)) => Err(error),
@@ -310,6 +340,14 @@ impl EntityContext {
     /// record, the message being handled included.
     pub(crate) fn delivery_rows(&self) -> Vec<DeliveryRow> {
         self.deliveries().rows()
+    }
+
+    /// Adds records read back from a journal (in order: later ones win).
+    pub(crate) fn merge_deliveries(&self, rows: Vec<DeliveryRow>) {
+        let mut deliveries = self.deliveries();
+        for DeliveryRow(producer, epoch, seq) in rows {
+            deliveries.seen.insert(producer.into(), (epoch, seq));
+        }
     }
 
     /// Takes the table that came with a migrated state, or with a loaded
@@ -503,8 +541,10 @@ fn decode_events<E: EventSourced>(
     ctx: &EntityContext,
     first: u64,
     events: Vec<EventRecord>,
-) -> ShardingResult<Vec<E::Event>> {
+) -> ShardingResult<(Vec<E::Event>, Vec<DeliveryRow>)> {
     let mut decoded = Vec::with_capacity(events.len());
+    let mut rows = Vec::new();
+    let delivery = delivery_manifest(ctx.type_name);
     for (i, record) in events.into_iter().enumerate() {
         let due = first + i as u64;
         if record.sequence_nr != due {
@@ -517,6 +557,20 @@ fn decode_events<E: EventSourced>(
             ));
         }
         let payload = &record.payload;
+        if payload.manifest == delivery && payload.version <= 1 {
+            let row: DeliveryRow =
+                ciborium::from_reader(payload.bytes.as_slice()).map_err(|e| {
+                    corrupt(
+                        ctx,
+                        format!(
+                            "delivery record {} does not decode: {e}",
+                            record.sequence_nr
+                        ),
+                    )
+                })?;
+            rows.push(row);
+            continue;
+        }
         if payload.manifest != ctx.type_name {
             return Err(corrupt(
                 ctx,
@@ -545,7 +599,7 @@ fn decode_events<E: EventSourced>(
         })?;
         decoded.push(event);
     }
-    Ok(decoded)
+    Ok((decoded, rows))
 }
 
 /// Recovers an event-sourced entity from its whole journal: every event is
@@ -556,10 +610,11 @@ pub(crate) fn recover<E: EventSourced>(
     ctx: &EntityContext,
     recovered: Recovered,
 ) -> ShardingResult<()> {
-    let events = decode_events::<E>(ctx, 1, recovered.events)?;
+    let (events, rows) = decode_events::<E>(ctx, 1, recovered.events)?;
     for event in &events {
         entity.apply(event);
     }
+    ctx.merge_deliveries(rows);
     Ok(())
 }
 
@@ -580,7 +635,9 @@ pub(crate) fn recover_snapshotted<E: Snapshotted>(
         Some(record) => {
             let seq = record.sequence_nr;
             let payload = record.payload;
-            if payload.manifest != snapshot_manifest(ctx.type_name) {
+            let with_deliveries =
+                payload.manifest == snapshot_with_deliveries_manifest(ctx.type_name);
+            if payload.manifest != snapshot_manifest(ctx.type_name) && !with_deliveries {
                 return Err(corrupt(
                     ctx,
                     format!("snapshot {seq} is a `{}`", payload.manifest),
@@ -596,18 +653,32 @@ pub(crate) fn recover_snapshotted<E: Snapshotted>(
                     ),
                 ));
             }
-            let snapshot: E::Snapshot = ciborium::from_reader(payload.bytes.as_slice())
-                .map_err(|e| corrupt(ctx, format!("snapshot {seq} does not decode: {e}")))?;
-            (seq + 1, Some(snapshot))
+            let undecodable = |e: ciborium::de::Error<std::io::Error>| {
+                corrupt(ctx, format!("snapshot {seq} does not decode: {e}"))
+            };
+            let (snapshot, rows) = if with_deliveries {
+                let (snapshot, rows): (E::Snapshot, Vec<DeliveryRow>) =
+                    ciborium::from_reader(payload.bytes.as_slice()).map_err(undecodable)?;
+                (snapshot, Some(rows))
+            } else {
+                let snapshot: E::Snapshot =
+                    ciborium::from_reader(payload.bytes.as_slice()).map_err(undecodable)?;
+                (snapshot, None)
+            };
+            (seq + 1, Some((snapshot, rows)))
         }
     };
-    let events = decode_events::<E>(ctx, first, recovered.events)?;
-    if let Some(snapshot) = snapshot {
+    let (events, later_rows) = decode_events::<E>(ctx, first, recovered.events)?;
+    if let Some((snapshot, rows)) = snapshot {
         entity.restore(snapshot);
+        if let Some(rows) = rows {
+            ctx.restore_deliveries(rows);
+        }
     }
     for event in &events {
         entity.apply(event);
     }
+    ctx.merge_deliveries(later_rows);
     Ok(())
 }
 
@@ -868,14 +939,22 @@ fn take_snapshot<E: Snapshotted>(
     let entity = entity
         .downcast_ref::<E>()
         .ok_or_else(|| crate::ShardingError::Bug("a snapshot of another entity type".into()))?;
+    let rows = ctx.delivery_rows();
     let mut bytes = Vec::new();
-    ciborium::into_writer(&entity.snapshot(), &mut bytes).map_err(|e| {
+    let (manifest, encoded) = if rows.is_empty() {
+        let encoded = ciborium::into_writer(&entity.snapshot(), &mut bytes);
+        (snapshot_manifest(ctx.type_name), encoded)
+    } else {
+        let encoded = ciborium::into_writer(&(entity.snapshot(), rows), &mut bytes);
+        (snapshot_with_deliveries_manifest(ctx.type_name), encoded)
+    };
+    encoded.map_err(|e| {
         ctx.persistence_error(PersistenceError::Invalid(format!(
             "a snapshot does not encode: {e}"
         )))
     })?;
     Ok(Payload {
-        manifest: snapshot_manifest(ctx.type_name),
+        manifest,
         version: E::SNAPSHOT_VERSION,
         bytes,
     })
@@ -1398,6 +1477,19 @@ impl EntityContext {
             return Err(self.persistence_error(why));
         }
         let expected = handle.highest.load(Ordering::Acquire);
+        let mut events = events;
+        // The reliable message being handled, if its record is not in the
+        // journal yet, rides in the same atomic write (SPEC §13.17).
+        let marked = match self.delivery_marker() {
+            Some(marker) => {
+                events.push(marker?);
+                true
+            }
+            None => false,
+        };
+        if events.is_empty() {
+            return Ok(());
+        }
         let count = events.len() as u64;
         let write = AtomicWrite {
             persistence_id: handle.id.clone(),
@@ -1414,6 +1506,9 @@ impl EntityContext {
         match written {
             Ok(()) => {
                 handle.highest.store(expected + count, Ordering::Release);
+                if marked && let Some((_, saved)) = &mut self.deliveries().current {
+                    *saved = true;
+                }
                 Ok(())
             }
             // Refused before anything was written: this incarnation may go on.
@@ -1614,6 +1709,18 @@ pub trait DurableState: Entity {
 
 fn state_manifest(type_name: &str) -> String {
     format!("{type_name}#state")
+}
+
+/// The manifest of an event-sourced entity's delivery record (SPEC
+/// §13.17): its bytes are the CBOR array `[producer, epoch, seq]`.
+fn delivery_manifest(type_name: &str) -> String {
+    format!("{type_name}#delivery")
+}
+
+/// The manifest of a snapshot saved with its deliveries table: its bytes
+/// are the CBOR array `[snapshot, [[producer, epoch, seq], …]]`.
+fn snapshot_with_deliveries_manifest(type_name: &str) -> String {
+    format!("{type_name}#snapshot+deliveries")
 }
 
 /// The manifest of a state saved with its deliveries table (SPEC §13.17):

@@ -13,7 +13,9 @@ use datum_cluster_sharding::persistence::{
     DurableStateStore, InMemoryPersistence, PersistenceError, PersistenceId,
 };
 use datum_cluster_sharding::prelude::*;
-use datum_cluster_sharding::{DurableProducer, ProducerConfig, ReliableProducer};
+use datum_cluster_sharding::{
+    Ask, DurableProducer, Message, ProducerConfig, ReliableProducer, Tell,
+};
 
 /// Credit the entity with a value; it records it (its effect).
 #[derive(Clone, Serialize, Deserialize)]
@@ -110,6 +112,58 @@ impl Handler<CreditThenFail> for LedgerEntity {
 }
 
 impl Handler<Entries> for LedgerEntity {
+    async fn handle(&mut self, _: Entries, _: &EntityContext) -> ShardingResult<Vec<u64>> {
+        Ok(self.entries.clone())
+    }
+}
+
+protocol! {
+    /// The same account, event-sourced: each credit is an event.
+    pub protocol EventLedger = "event-ledger" {
+        tell Credit;
+        tell SlowCredit;
+        tell QuietCredit;
+        ask Entries -> Vec<u64>;
+    }
+}
+
+#[derive(Default)]
+struct EventLedgerEntity {
+    entries: Vec<u64>,
+}
+
+impl Entity for EventLedgerEntity {
+    type Protocol = EventLedger;
+}
+
+impl EventSourced for EventLedgerEntity {
+    type Event = u64;
+    fn apply(&mut self, value: &u64) {
+        self.entries.push(*value);
+    }
+}
+
+impl Handler<Credit> for EventLedgerEntity {
+    async fn handle(&mut self, msg: Credit, ctx: &EntityContext) -> ShardingResult<()> {
+        self.persist(ctx, msg.0).await
+    }
+}
+
+impl Handler<SlowCredit> for EventLedgerEntity {
+    async fn handle(&mut self, msg: SlowCredit, ctx: &EntityContext) -> ShardingResult<()> {
+        tokio::time::sleep(Duration::from_millis(msg.1)).await;
+        self.persist(ctx, msg.0).await
+    }
+}
+
+/// Persists nothing: only the system's record of the message is written.
+impl Handler<QuietCredit> for EventLedgerEntity {
+    async fn handle(&mut self, _: QuietCredit, _: &EntityContext) -> ShardingResult<()> {
+        Ok(())
+    }
+}
+
+impl Handler<Entries> for EventLedgerEntity {
     async fn handle(&mut self, _: Entries, _: &EntityContext) -> ShardingResult<Vec<u64>> {
         Ok(self.entries.clone())
     }
@@ -430,6 +484,77 @@ async fn concurrent_sends_to_one_entity_each_get_their_own_number() {
 }
 
 #[tokio::test]
+async fn an_event_sourced_entity_journals_its_record_with_its_events() {
+    use datum_cluster_sharding::persistence::Journal;
+    let store = InMemoryPersistence::new();
+    let system = one_node(store.clone()).await;
+    system
+        .register_event_sourced::<EventLedgerEntity>(|_| EventLedgerEntity::default())
+        .await
+        .expect("registered");
+    let producer: ReliableProducer<EventLedger> = system
+        .reliable_producer("journal", impatient())
+        .expect("producer");
+    for value in 1..=3u64 {
+        // Each outlasts its attempt: a copy is sent while it is handled.
+        producer
+            .send("acct-e", SlowCredit(value, 250))
+            .await
+            .expect("accepted");
+    }
+    producer
+        .send("acct-e", QuietCredit(4))
+        .await
+        .expect("accepted");
+    producer.flush(LONG).await.expect("confirmed");
+    assert!(producer.stats().resent >= 3, "{:?}", producer.stats());
+    let account = system.entity_ref::<EventLedger>("acct-e");
+    assert_eq!(
+        account.ask(Entries, ASK).await.expect("entries"),
+        vec![1, 2, 3]
+    );
+    // Each credit's event and its record in one write; the quiet one's
+    // record alone.
+    let id = PersistenceId::new("event-ledger", "acct-e");
+    let journal = store.replay(&id, 1, u64::MAX, usize::MAX).expect("replay");
+    let manifests: Vec<&str> = journal
+        .iter()
+        .map(|e| e.payload.manifest.as_str())
+        .collect();
+    assert_eq!(
+        manifests,
+        [
+            "event-ledger",
+            "event-ledger#delivery",
+            "event-ledger",
+            "event-ledger#delivery",
+            "event-ledger",
+            "event-ledger#delivery",
+            "event-ledger#delivery",
+        ]
+    );
+    // The records come back with the events: after a newer producer of
+    // the id reached the entity and the entity was passivated, the older
+    // one is refused by the next incarnation.
+    let newer: ReliableProducer<EventLedger> = system
+        .reliable_producer("journal", impatient())
+        .expect("producer");
+    newer.send("acct-e", Credit(5)).await.expect("accepted");
+    newer.flush(LONG).await.expect("confirmed");
+    account.passivate().await.expect("passivated");
+    producer.send("acct-e", Credit(6)).await.expect("accepted");
+    assert!(matches!(
+        producer.flush(LONG).await,
+        Err(ShardingError::Superseded { .. })
+    ));
+    assert_eq!(
+        account.ask(Entries, ASK).await.expect("entries"),
+        vec![1, 2, 3, 5]
+    );
+    system.shutdown().await;
+}
+
+#[tokio::test]
 async fn a_producer_config_out_of_range_is_refused() {
     let system = one_node(InMemoryPersistence::new()).await;
     for config in [
@@ -494,13 +619,44 @@ async fn three(
             .register_durable_state::<LedgerEntity>(|_| LedgerEntity::default())
             .await
             .expect("registered");
+        system
+            .register_event_sourced::<EventLedgerEntity>(|_| EventLedgerEntity::default())
+            .await
+            .expect("registered");
         nodes.push((cluster, system));
+    }
+    // Every region is registered with the coordinator before any shard is
+    // allocated (else a late one gets none).
+    let deadline = Instant::now() + LONG;
+    for (_, system) in &nodes {
+        while !system.sharding_coordinator().is_some_and(|c| c.registered) {
+            assert!(Instant::now() < deadline, "regions not registered");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
     nodes
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn through_a_node_crash_every_credit_is_handled_exactly_once_in_order() {
+    through_a_node_crash::<Ledger>().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_a_node_crash_every_event_sourced_credit_is_journaled_exactly_once_in_order() {
+    through_a_node_crash::<EventLedger>().await;
+}
+
+/// Three nodes on one store; a producer sends credits to accounts of `P`
+/// (durable state, or event-sourced); node 2 crashes while some are
+/// being handled there; every account ends with each credit once.
+async fn through_a_node_crash<P>()
+where
+    P: Protocol,
+    Credit: Tell<P>,
+    SlowCredit: Tell<P>,
+    Entries: Ask<P> + Message<P, Reply = Vec<u64>>,
+{
     const ACCOUNTS: u64 = 30;
     const CREDITS: u64 = 40;
     let store = InMemoryPersistence::new();
@@ -512,37 +668,36 @@ async fn through_a_node_crash_every_credit_is_handled_exactly_once_in_order() {
         .min_backoff(Duration::from_millis(50))
         .max_backoff(Duration::from_millis(500))
         .build();
-    let producer: ReliableProducer<Ledger> = sender
+    let producer: ReliableProducer<P> = sender
         .reliable_producer("transfers", config)
         .expect("producer");
     let account = |k: u64| format!("acct-{k}");
     let started = Instant::now();
-    let mut crashed = false;
+    let mut crashed = None;
     for value in 1..=CREDITS {
         if value == CREDITS / 2 {
             // Mid-stream, once every credit before the slow ones is
-            // confirmed (so the slow ones are being handled): node 2 dies.
+            // confirmed (so the slow ones are being handled): a node dies.
             let before_slow = (CREDITS / 2 - 2) * ACCOUNTS;
             let deadline = Instant::now() + LONG;
             while producer.stats().confirmed < before_slow {
                 assert!(Instant::now() < deadline, "{:?}", producer.stats());
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
-            // Node 2 hosts some of the accounts (so the crash matters).
-            let on_node_2: usize = nodes[2]
-                .1
-                .shard_region_state::<Ledger>()
-                .expect("registered")
-                .shards
-                .values()
-                .sum();
-            assert!(on_node_2 > 0, "node 2 hosts no account");
-            nodes[2].0.crash().await;
-            crashed = true;
+            // The node other than the sender's that hosts more accounts
+            // dies (so the crash matters).
+            let hosted = |n: usize| -> usize {
+                let state = nodes[n].1.shard_region_state::<P>();
+                state.expect("registered").shards.values().sum()
+            };
+            let victim = if hosted(1) > hosted(2) { 1 } else { 2 };
+            assert!(hosted(victim) > 0, "nodes 1 and 2 host no account");
+            nodes[victim].0.crash().await;
+            crashed = Some(victim);
         }
         for k in 0..ACCOUNTS {
-            // The credits just before the crash nap first: those on node 2
-            // are handled and saved there after it died, and their
+            // The credits just before the crash nap first: those on the
+            // crashed node are handled and saved there after it died, and their
             // confirmations never come (the copies sent again must be
             // recognised, by the record saved with the state).
             let sent = if value == CREDITS / 2 - 1 {
@@ -553,7 +708,7 @@ async fn through_a_node_crash_every_credit_is_handled_exactly_once_in_order() {
             sent.expect("accepted");
         }
     }
-    assert!(crashed);
+    let victim = crashed.expect("a node crashed");
     producer.flush(LONG).await.expect("every credit confirmed");
     assert!(producer.stats().resent > 0, "the crash made some resends");
     println!(
@@ -566,7 +721,7 @@ async fn through_a_node_crash_every_credit_is_handled_exactly_once_in_order() {
     let mut wrong = BTreeMap::new();
     for k in 0..ACCOUNTS {
         let entries = sender
-            .entity_ref::<Ledger>(account(k))
+            .entity_ref::<P>(account(k))
             .ask(Entries, ASK)
             .await
             .expect("entries");
@@ -578,8 +733,10 @@ async fn through_a_node_crash_every_credit_is_handled_exactly_once_in_order() {
         wrong.is_empty(),
         "accounts whose credits are not exactly 1..={CREDITS} once each, in order: {wrong:?}"
     );
-    for (cluster, system) in &nodes[..2] {
-        system.shutdown().await;
-        let _ = cluster.shutdown().await;
+    for (n, (cluster, system)) in nodes.iter().enumerate() {
+        if n != victim {
+            system.shutdown().await;
+            let _ = cluster.shutdown().await;
+        }
     }
 }
