@@ -13,7 +13,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use datum_cluster_sharding::persistence::{InMemoryPersistence, RedbPersistence};
+use datum_cluster_sharding::persistence::{
+    DurableStateStore, InMemoryPersistence, Journal, RedbPersistence,
+};
 use datum_cluster_sharding::prelude::*;
 use datum_cluster_sharding::{ProducerConfig, ReliableProducer};
 use serde_json::json;
@@ -127,6 +129,61 @@ impl Figures {
     }
 }
 
+/// A note to every entity from `producer` (not counted), all confirmed.
+async fn warm_up(producer: &ReliableProducer<Notes>) -> Result<(), Box<dyn std::error::Error>> {
+    for k in 0..ENTITIES {
+        producer
+            .send(entity_id(k), Note { driver: 99, seq: k })
+            .await?;
+    }
+    producer.flush(Duration::from_secs(120)).await?;
+    Ok(())
+}
+
+/// One task per producer sending its share of notes to entities drawn at
+/// random (from `seed`), then waiting until all are confirmed.
+fn spawn_drivers(
+    producers: &[ReliableProducer<Notes>],
+    shares: Vec<u64>,
+    seed: u64,
+) -> Vec<tokio::task::JoinHandle<ShardingResult<()>>> {
+    producers
+        .iter()
+        .zip(shares)
+        .enumerate()
+        .map(|(d, (producer, share))| {
+            let producer = producer.clone();
+            tokio::spawn(async move {
+                let mut x = seed ^ (d as u64 + 1);
+                for seq in 0..share {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let note = Note {
+                        driver: d as u32,
+                        seq,
+                    };
+                    producer.send(entity_id(x % ENTITIES), note).await?;
+                }
+                producer.flush(Duration::from_secs(600)).await
+            })
+        })
+        .collect()
+}
+
+/// The notes every entity handled, asked through `system`, less the
+/// warm-up's one each.
+async fn count_handled<S, J>(system: &ShardedSystem<S, J>) -> ShardingResult<u64> {
+    let mut handled = 0;
+    for k in 0..ENTITIES {
+        handled += system
+            .entity_ref::<Notes>(entity_id(k))
+            .ask(Noted, Duration::from_secs(30))
+            .await?;
+    }
+    Ok(handled - ENTITIES)
+}
+
 /// The reliable run on `nodes`: three producers, one per node, each with
 /// `in_flight` unconfirmed at most, sending their share of `messages` to
 /// entities drawn at random; then every entity's count is asked.
@@ -143,68 +200,36 @@ async fn drive_reliable<J: Send + Sync + 'static>(
             .reliable_producer(format!("driver-{d}"), config.clone())?;
         producers.push(producer);
     }
-    // Warm up: a note to every entity from node 0 (not counted).
-    for k in 0..ENTITIES {
-        producers[0]
-            .send(entity_id(k), Note { driver: 99, seq: k })
-            .await?;
-    }
-    producers[0].flush(Duration::from_secs(120)).await?;
+    warm_up(&producers[0]).await?;
     let cpu_before = cpu_time();
     let start = Instant::now();
-    let drivers: Vec<_> = producers
-        .iter()
-        .zip(shares(messages))
-        .enumerate()
-        .map(|(d, (producer, share))| {
-            let producer = producer.clone();
-            tokio::spawn(async move {
-                let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ (d as u64 + 1);
-                for seq in 0..share {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    let note = Note {
-                        driver: d as u32,
-                        seq,
-                    };
-                    producer.send(entity_id(x % ENTITIES), note).await?;
-                }
-                producer.flush(Duration::from_secs(600)).await
-            })
-        })
-        .collect();
+    let drivers = spawn_drivers(&producers, shares(messages), 0x9e37_79b9_7f4a_7c15);
     for driver in drivers {
         driver.await??;
     }
     let wall = start.elapsed();
     let cpu = cpu_time().saturating_sub(cpu_before);
     let resent = producers.iter().map(|p| p.stats().resent).sum();
-    let mut handled = 0;
-    for k in 0..ENTITIES {
-        let counted = nodes[0]
-            .system
-            .entity_ref::<Notes>(entity_id(k))
-            .ask(Noted, Duration::from_secs(10))
-            .await?;
-        handled += counted;
-    }
+    let handled = count_handled(&nodes[0].system).await?;
     Ok(Figures {
         messages,
         wall,
         cpu,
         resent,
-        handled: handled - ENTITIES,
+        handled,
     })
 }
 
-/// Three nodes whose note entities are durable-state ones, on `journals`
-/// (one per node).
-async fn durable_note_nodes(
+/// Three nodes whose note entities are durable-state ones, node `i` on
+/// `journals[i]` (clones of one store, for a store the nodes share).
+async fn durable_note_nodes<J>(
     name: &str,
-    journals: Vec<RedbPersistence>,
+    journals: Vec<J>,
     checks: &Arc<Checks>,
-) -> Result<Vec<Node<NoStore, RedbPersistence>>, Box<dyn std::error::Error>> {
+) -> Result<Vec<Node<NoStore, J>>, Box<dyn std::error::Error>>
+where
+    J: Journal + DurableStateStore,
+{
     let (clusters, _) = form_cluster(name, false).await?;
     let mut nodes = Vec::new();
     for (cluster, journal) in clusters.into_iter().zip(journals) {
@@ -321,36 +346,6 @@ pub async fn run(
     Ok((record, correct))
 }
 
-/// Three nodes whose note entities are durable-state ones on one store
-/// they share (in this process: clones of one `InMemoryPersistence`, as a
-/// PostgreSQL database would be shared).
-async fn shared_note_nodes(
-    name: &str,
-    store: &InMemoryPersistence,
-    checks: &Arc<Checks>,
-) -> Result<Vec<Node<NoStore, InMemoryPersistence>>, Box<dyn std::error::Error>> {
-    let (clusters, _) = form_cluster(name, false).await?;
-    let mut nodes = Vec::new();
-    for cluster in clusters {
-        let system = ShardedSystem::builder()
-            .config(super::harness::sharding_config())
-            .node(cluster.clone())
-            .journal(store.clone())
-            .start()
-            .await?;
-        let checks = checks.clone();
-        system
-            .register_durable_state::<NoteEntity>(move |_| NoteEntity {
-                state: NoteState::default(),
-                durable: true,
-                checks: checks.clone(),
-            })
-            .await?;
-        nodes.push(Node { cluster, system });
-    }
-    Ok(nodes)
-}
-
 /// W2 through reliable producers: drivers on nodes 0 and 1 send
 /// `messages` notes (16 unconfirmed each) to W1's entities, durable-state
 /// ones on a store the nodes share; node 2 crashes once 30 % are
@@ -361,7 +356,8 @@ pub async fn run_w2(
 ) -> Result<(serde_json::Value, bool), Box<dyn std::error::Error>> {
     let checks = Arc::new(Checks::default());
     let store = InMemoryPersistence::new();
-    let nodes = shared_note_nodes("shard-bench-w2-reliable", &store, &checks).await?;
+    let journals = vec![store.clone(), store.clone(), store];
+    let nodes = durable_note_nodes("shard-bench-w2-reliable", journals, &checks).await?;
     let config = ProducerConfig::builder()
         .max_unconfirmed(16)
         .attempt_timeout(Duration::from_secs(2))
@@ -373,41 +369,14 @@ pub async fn run_w2(
             .reliable_producer(format!("driver-{d}"), config.clone())?;
         producers.push(producer);
     }
-    for k in 0..ENTITIES {
-        producers[0]
-            .send(entity_id(k), Note { driver: 99, seq: k })
-            .await?;
-    }
-    producers[0].flush(Duration::from_secs(120)).await?;
-    let warm_up = ENTITIES;
+    warm_up(&producers[0]).await?;
     let start = Instant::now();
     let halves = [messages / 2 + messages % 2, messages / 2];
-    let drivers: Vec<_> = producers
-        .iter()
-        .zip(halves)
-        .enumerate()
-        .map(|(d, (producer, share))| {
-            let producer = producer.clone();
-            tokio::spawn(async move {
-                let mut x = 0x2545_f491_4f6c_dd1du64 ^ (d as u64 + 1);
-                for seq in 0..share {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    let note = Note {
-                        driver: d as u32,
-                        seq,
-                    };
-                    producer.send(entity_id(x % ENTITIES), note).await?;
-                }
-                producer.flush(Duration::from_secs(600)).await
-            })
-        })
-        .collect();
+    let drivers = spawn_drivers(&producers, halves.to_vec(), 0x2545_f491_4f6c_dd1d);
     let confirmed = |producers: &[ReliableProducer<Notes>]| -> u64 {
         producers.iter().map(|p| p.stats().confirmed).sum()
     };
-    while confirmed(&producers) < warm_up + messages * 3 / 10 {
+    while confirmed(&producers) < ENTITIES + messages * 3 / 10 {
         if start.elapsed() > Duration::from_secs(600) {
             return Err("30 % of the notes were not confirmed in 600 s".into());
         }
@@ -420,16 +389,7 @@ pub async fn run_w2(
     }
     let wall = start.elapsed();
     let resent: u64 = producers.iter().map(|p| p.stats().resent).sum();
-    let mut handled = 0;
-    for k in 0..ENTITIES {
-        let counted = nodes[0]
-            .system
-            .entity_ref::<Notes>(entity_id(k))
-            .ask(Noted, Duration::from_secs(30))
-            .await?;
-        handled += counted;
-    }
-    let handled = handled - warm_up;
+    let handled = count_handled(&nodes[0].system).await?;
     let duplicates = checks.duplicate_processings.load(Ordering::Relaxed);
     let order = checks.order_violations.load(Ordering::Relaxed);
     let missing = messages.saturating_sub(handled);
