@@ -813,15 +813,7 @@ impl<S, J> ShardedSystem<S, J> {
 
     /// A reference to entity `entity_id` of protocol `P`. Cheap; no message is sent.
     pub fn entity_ref<P: Protocol>(&self, entity_id: impl Into<Arc<str>>) -> EntityRef<P> {
-        let entity_id = entity_id.into();
-        let shard = P::Extractor::default().shard_id(&entity_id, self.shared.config.num_shards);
-        EntityRef {
-            shared: self.shared.clone(),
-            region: OnceLock::new(),
-            entity_id,
-            shard,
-            _protocol: PhantomData,
-        }
+        EntityRef::on(self.shared.clone(), entity_id.into())
     }
 
     /// An entity ref of `P` to make others from (through
@@ -1363,16 +1355,22 @@ impl<P: Protocol> EntityRef<P> {
         answer
     }
 
-    /// Another entity of the same type, on the same system.
-    pub(crate) fn sibling(&self, entity_id: Arc<str>) -> EntityRef<P> {
-        let shard = P::Extractor::default().shard_id(&entity_id, self.shared.config.num_shards);
+    /// A ref to `entity_id` through the system `shared` (its shard as the
+    /// protocol's extractor puts it).
+    fn on(shared: Arc<Shared>, entity_id: Arc<str>) -> EntityRef<P> {
+        let shard = P::Extractor::default().shard_id(&entity_id, shared.config.num_shards);
         EntityRef {
-            shared: self.shared.clone(),
+            shared,
             region: OnceLock::new(),
             entity_id,
             shard,
             _protocol: PhantomData,
         }
+    }
+
+    /// Another entity of the same type, on the same system.
+    pub(crate) fn sibling(&self, entity_id: Arc<str>) -> EntityRef<P> {
+        EntityRef::on(self.shared.clone(), entity_id)
     }
 
     /// Whether the system this ref sends through has shut down.

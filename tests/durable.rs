@@ -292,34 +292,8 @@ async fn many_entities_appending_at_once_share_commits() {
     system.shutdown().await;
 }
 
-/// A store whose durable-state batches are counted and take 5 ms each.
-#[derive(Clone, Default)]
-struct SlowCountingStates {
-    journal: SlowCountingJournal,
-}
-
-impl Journal for SlowCountingStates {
-    fn append(&self, writes: &[AtomicWrite]) -> Vec<Result<(), PersistenceError>> {
-        self.journal.append(writes)
-    }
-    fn replay(
-        &self,
-        id: &PersistenceId,
-        from: u64,
-        to: u64,
-        max: usize,
-    ) -> Result<Vec<datum_cluster_sharding::persistence::EventRecord>, PersistenceError> {
-        self.journal.replay(id, from, to, max)
-    }
-    fn highest_sequence_nr(&self, id: &PersistenceId) -> Result<u64, PersistenceError> {
-        self.journal.highest_sequence_nr(id)
-    }
-    fn delete_to(&self, id: &PersistenceId, to: u64) -> Result<(), PersistenceError> {
-        Journal::delete_to(&self.journal, id, to)
-    }
-}
-
-impl datum_cluster_sharding::persistence::DurableStateStore for SlowCountingStates {
+/// The same store's durable states: its batches counted, 5 ms each.
+impl datum_cluster_sharding::persistence::DurableStateStore for SlowCountingJournal {
     fn save(
         &self,
         id: &PersistenceId,
@@ -342,30 +316,29 @@ impl datum_cluster_sharding::persistence::DurableStateStore for SlowCountingStat
         &self,
         writes: &[datum_cluster_sharding::persistence::StateWrite],
     ) -> Vec<Result<(), PersistenceError>> {
-        self.journal
-            .calls
+        self.calls
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         std::thread::sleep(Duration::from_millis(5));
-        self.journal.inner.save_all(writes)
+        self.inner.save_all(writes)
     }
     fn load(
         &self,
         id: &PersistenceId,
     ) -> Result<Option<datum_cluster_sharding::persistence::StateRecord>, PersistenceError> {
-        self.journal.inner.load(id)
+        self.inner.load(id)
     }
     fn revision(&self, id: &PersistenceId) -> Result<u64, PersistenceError> {
-        self.journal.inner.revision(id)
+        self.inner.revision(id)
     }
     fn delete(&self, id: &PersistenceId, expected: u64) -> Result<(), PersistenceError> {
-        self.journal.inner.delete(id, expected)
+        self.inner.delete(id, expected)
     }
 }
 
 #[tokio::test]
 async fn many_durable_state_entities_saving_at_once_share_commits() {
     use datum_cluster_sharding::persistence::DurableStateStore;
-    let store = SlowCountingStates::default();
+    let store = SlowCountingJournal::default();
     let system = state_system_on(store.clone()).await;
     const ENTITIES: u64 = 200;
     let asks = (0..ENTITIES).map(|i| {
@@ -376,10 +349,7 @@ async fn many_durable_state_entities_saving_at_once_share_commits() {
     for (i, total) in totals.into_iter().enumerate() {
         assert_eq!(total.expect("add"), i as u64 + 1);
     }
-    let calls = store
-        .journal
-        .calls
-        .load(std::sync::atomic::Ordering::Relaxed);
+    let calls = store.calls.load(std::sync::atomic::Ordering::Relaxed);
     println!("{ENTITIES} saves in {calls} store calls");
     // One at a time would take 200 calls.
     assert!(calls <= 20, "{calls} store calls for {ENTITIES} saves");

@@ -172,6 +172,22 @@ impl Handler<Entries> for EventLedgerEntity {
 const LONG: Duration = Duration::from_secs(60);
 const ASK: Duration = Duration::from_secs(5);
 
+/// What account `id` of `P` was credited, asked through `system`.
+async fn entries_of<P, S, J>(
+    system: &ShardedSystem<S, J>,
+    id: impl Into<std::sync::Arc<str>>,
+) -> Vec<u64>
+where
+    P: Protocol,
+    Entries: Ask<P> + Message<P, Reply = Vec<u64>>,
+{
+    system
+        .entity_ref::<P>(id)
+        .ask(Entries, ASK)
+        .await
+        .expect("entries")
+}
+
 async fn one_node(store: InMemoryPersistence) -> ShardedSystem<NoStore, InMemoryPersistence> {
     let system = ShardedSystem::builder()
         .num_shards(8)
@@ -227,11 +243,7 @@ async fn a_message_whose_confirmation_timed_out_is_sent_again_and_handled_once()
         (8, 0, 0)
     );
     for account in ["acct-1", "acct-2"] {
-        let entries = system
-            .entity_ref::<Ledger>(account)
-            .ask(Entries, ASK)
-            .await
-            .expect("entries");
+        let entries = entries_of::<Ledger, _, _>(&system, account).await;
         assert_eq!(entries, vec![1, 2, 3, 4], "{account}: each credit once");
     }
     // The record is in the stored state, saved with it: the handler's own
@@ -303,11 +315,7 @@ async fn a_store_error_after_the_handlers_save_is_resent_and_found_handled() {
         stats.resent >= 1,
         "the store's error sent it again: {stats:?}"
     );
-    let entries = system
-        .entity_ref::<Ledger>("acct-5")
-        .ask(Entries, ASK)
-        .await
-        .expect("entries");
+    let entries = entries_of::<Ledger, _, _>(&system, "acct-5").await;
     // Its save carried its record: the copy sent again is a duplicate.
     assert_eq!(entries, vec![7, 8], "the credit once, though sent twice");
     system.shutdown().await;
@@ -351,11 +359,7 @@ async fn a_durable_producer_restarted_mid_stream_resumes_without_gaps_or_duplica
     second.flush(LONG).await.expect("all confirmed");
     let expected: Vec<u64> = (1..=CREDITS).collect();
     for k in 0..ACCOUNTS {
-        let entries = system
-            .entity_ref::<Ledger>(format!("acct-{k}"))
-            .ask(Entries, ASK)
-            .await
-            .expect("entries");
+        let entries = entries_of::<Ledger, _, _>(&system, format!("acct-{k}")).await;
         assert_eq!(entries, expected, "acct-{k}: each credit once, in order");
     }
     system.shutdown().await;
@@ -405,11 +409,7 @@ async fn a_durable_producer_snapshots_its_journal_and_recovers_from_the_snapshot
         .expect("accepted");
     second.flush(LONG).await.expect("confirmed");
     for k in 0..ACCOUNTS {
-        let entries = system
-            .entity_ref::<Ledger>(format!("acct-{k}"))
-            .ask(Entries, ASK)
-            .await
-            .expect("entries");
+        let entries = entries_of::<Ledger, _, _>(&system, format!("acct-{k}")).await;
         let last = if k == 0 { CREDITS + 1 } else { CREDITS };
         assert_eq!(entries, (1..=last).collect::<Vec<_>>(), "acct-{k}");
     }
@@ -436,11 +436,7 @@ async fn a_second_durable_producer_of_an_id_fences_the_first() {
     );
     second.send("acct-1", Credit(3)).await.expect("accepted");
     second.flush(LONG).await.expect("confirmed");
-    let entries = system
-        .entity_ref::<Ledger>("acct-1")
-        .ask(Entries, ASK)
-        .await
-        .expect("entries");
+    let entries = entries_of::<Ledger, _, _>(&system, "acct-1").await;
     assert_eq!(entries, vec![1, 3]);
     system.shutdown().await;
 }
@@ -474,11 +470,7 @@ async fn concurrent_sends_to_one_entity_each_get_their_own_number() {
     seqs.sort_unstable();
     assert_eq!(seqs, (1..=400).collect::<Vec<_>>(), "each its own number");
     producer.flush(LONG).await.expect("confirmed");
-    let entries = system
-        .entity_ref::<Ledger>("acct-shared")
-        .ask(Entries, ASK)
-        .await
-        .expect("entries");
+    let entries = entries_of::<Ledger, _, _>(&system, "acct-shared").await;
     assert_eq!(entries.len(), 400, "every message handled");
     system.shutdown().await;
 }
@@ -720,11 +712,7 @@ where
     let expected: Vec<u64> = (1..=CREDITS).collect();
     let mut wrong = BTreeMap::new();
     for k in 0..ACCOUNTS {
-        let entries = sender
-            .entity_ref::<P>(account(k))
-            .ask(Entries, ASK)
-            .await
-            .expect("entries");
+        let entries = entries_of::<P, _, _>(&sender, account(k)).await;
         if entries != expected {
             wrong.insert(account(k), entries);
         }
