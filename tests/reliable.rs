@@ -712,7 +712,7 @@ where
     let expected: Vec<u64> = (1..=CREDITS).collect();
     let mut wrong = BTreeMap::new();
     for k in 0..ACCOUNTS {
-        let entries = entries_of::<P, _, _>(&sender, account(k)).await;
+        let entries = entries_of::<P, _, _>(sender, account(k)).await;
         if entries != expected {
             wrong.insert(account(k), entries);
         }
