@@ -35,6 +35,13 @@ use crate::system::ShardedSystem;
 pub(crate) const SNAPSHOT_EVERY: u64 = 1_024;
 
 const STARTED: &str = "datum-producer#started";
+/// Who writes a producer's records: no node or hosting (a producer is
+/// fenced by its journal's sequence numbers alone).
+const PRODUCER_WRITER: Writer = Writer {
+    node_id: 0,
+    incarnation: 0,
+    generation: 0,
+};
 const SENT: &str = "datum-producer#sent";
 const SNAPSHOT: &str = "datum-producer#snapshot";
 
@@ -155,11 +162,7 @@ impl Log {
                 version: 1,
                 bytes,
             }],
-            writer: Writer {
-                node_id: 0,
-                incarnation: 0,
-                generation: 0,
-            },
+            writer: PRODUCER_WRITER,
         };
         let (journal, _) = self.stores().map_err(|e| self.error(e))?;
         let written = blocking(move || {
@@ -188,11 +191,7 @@ impl Log {
                             version: 1,
                             bytes,
                         },
-                        writer: Writer {
-                            node_id: 0,
-                            incarnation: 0,
-                            generation: 0,
-                        },
+                        writer: PRODUCER_WRITER,
                     };
                     snapshots.save(&id, record)?;
                     journal.delete_to(&id, highest)?;

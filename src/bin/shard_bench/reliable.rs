@@ -23,6 +23,7 @@ use serde_json::json;
 use super::durable::JournalKind;
 use super::harness::{ENTITIES, Node, cpu_time, entity_id, form_cluster, peak_rss_kib, shares};
 use super::ping::Checks;
+use super::stop;
 
 /// One note of a driver's stream.
 #[derive(Clone, Copy, Serialize, Deserialize)]
@@ -275,15 +276,6 @@ async fn plain_note_nodes(
         nodes.push(Node { cluster, system });
     }
     Ok(nodes)
-}
-
-async fn stop<S, J>(nodes: Vec<Node<S, J>>) {
-    for n in &nodes {
-        n.system.shutdown().await;
-    }
-    for n in &nodes {
-        let _ = n.cluster.shutdown().await;
-    }
 }
 
 /// Plain W1 (`plain` messages), then the reliable run (`messages`), each
