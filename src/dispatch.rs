@@ -165,10 +165,7 @@ where
 {
     let mut envelope = envelope;
     if envelope.take_delivery().is_some() {
-        envelope.fail(ShardingError::Undecodable {
-            what: format!("message {} of `{}`", M::INDEX, P::TYPE_NAME),
-            error: "a reliable delivery of an ask (only tells are sent reliably)".into(),
-        });
+        envelope.fail(reliable_ask::<P, M>());
         return Outcome(OutcomeKind::Handled);
     }
     let (msg, reply) = match open::<M, M::Reply>(envelope) {
@@ -236,6 +233,15 @@ where
     }
 }
 
+/// The answer to a reliable producer's tag on an ask (no producer sends
+/// one: only tells are sent reliably).
+fn reliable_ask<P: Protocol, M: Message<P>>() -> ShardingError {
+    ShardingError::Undecodable {
+        what: format!("message {} of `{}`", M::INDEX, P::TYPE_NAME),
+        error: "a reliable delivery of an ask (only tells are sent reliably)".into(),
+    }
+}
+
 /// The confirmation of a reliable producer's message: `()`, the reply of
 /// every tell; `None` when `R` is not `()` (an ask, which no producer sends).
 fn confirmation<R: 'static>() -> Option<R> {
@@ -266,10 +272,7 @@ where
         Err(outcome) => return outcome,
     };
     let Some(confirmed) = confirmation::<M::Reply>() else {
-        reply.answer(Err(ShardingError::Undecodable {
-            what: format!("message {} of `{}`", M::INDEX, P::TYPE_NAME),
-            error: "a reliable delivery of an ask (only tells are sent reliably)".into(),
-        }));
+        reply.answer(Err(reliable_ask::<P, M>()));
         return Outcome(OutcomeKind::Handled);
     };
     match ctx.admit(&delivery) {
