@@ -259,6 +259,10 @@ struct TypeTable {
     /// Shards a region says it hosts under a generation this table has
     /// passed, while the table has no home for them (see `settle_claims`).
     claims: BTreeMap<u32, BTreeSet<UniqueAddress>>,
+    /// What each region said it hosts in its latest registration: its own
+    /// homes that it has not stopped, shard → generation (see
+    /// `reallocate_orphans`).
+    hosting: BTreeMap<UniqueAddress, BTreeMap<u32, u64>>,
 }
 
 impl TypeTable {
@@ -274,6 +278,7 @@ impl TypeTable {
             waiting: BTreeMap::new(),
             handoffs: BTreeMap::new(),
             claims: BTreeMap::new(),
+            hosting: BTreeMap::new(),
         }
     }
 
@@ -1089,6 +1094,19 @@ impl CoordinatorCore {
                 claimants.remove(&from);
                 !claimants.is_empty()
             });
+            let hosting: BTreeMap<u32, u64> = reg
+                .homes
+                .iter()
+                .filter(|(shard, owner, _)| {
+                    *owner == from && *shard < table.num_shards && !reg.stopped.contains(shard)
+                })
+                .map(|&(shard, _, generation)| (shard, generation))
+                .collect();
+            if reg.proxy || hosting.is_empty() {
+                table.hosting.remove(&from);
+            } else {
+                table.hosting.insert(from, hosting);
+            }
             for &(shard, owner, generation) in &reg.homes {
                 if shard < table.num_shards
                     && !table.learn(shard, ShardHome { owner, generation })
@@ -1143,6 +1161,7 @@ impl CoordinatorCore {
                 table.regions.remove(&from);
                 table.proxies.remove(&from);
                 table.leaving.remove(&from);
+                table.hosting.remove(&from);
             }
             // Kept also for a type this core has no table of yet: a later
             // registration may bring homes on `from`.
@@ -1534,7 +1553,7 @@ impl CoordinatorCore {
             let at = *gone_at.entry(*owner).or_insert(now);
             now.duration_since(at) >= margin
         };
-        let orphaned: Vec<(u32, UniqueAddress)> = table
+        let orphaned: Vec<(u32, ShardHome)> = table
             .homes
             .iter()
             .enumerate()
@@ -1544,24 +1563,56 @@ impl CoordinatorCore {
                         || is_departed(&self.departed, type_name, &h.owner)
                         || table.proxies.contains(&h.owner)
                 })
-                .map(|h| (shard as u32, h.owner))
+                .map(|h| (shard as u32, h))
             })
             .collect();
-        for (shard, previous) in orphaned {
-            let ended = self.types.get_mut(type_name).and_then(|table| {
-                table.homes[shard as usize] = None;
-                table.handoffs.remove(&shard)
-            });
-            if let Some(handoff) = ended {
+        let candidates = self.candidates(type_name);
+        for (shard, old) in orphaned {
+            let Some(table) = self.types.get_mut(type_name) else {
+                return;
+            };
+            table.homes[shard as usize] = None;
+            if let Some(handoff) = table.handoffs.remove(&shard) {
                 self.end_handoff(handoff, None);
             }
-            if let Some(home) = self.allocate(type_name, shard, out) {
+            let previous = old.owner;
+            let home = self
+                .rehome_with_host(type_name, shard, old, &candidates, out)
+                .or_else(|| self.allocate(type_name, shard, out));
+            if let Some(home) = home {
                 moves.push((
                     RebalanceReason::DeadOwner,
                     movement(type_name, shard, previous, home),
                 ));
             }
         }
+    }
+
+    /// Gives an orphaned `shard` (its home `old` lost its owner) to an
+    /// eligible region that says it hosts the shard under `old`'s
+    /// generation or a later one. Two coordinators on either side of a
+    /// partition can give out the same generation (the one that placed it
+    /// first may be gone before anyone else hears of it); the region
+    /// already hosts the shard, so it keeps it, under a fresh generation,
+    /// instead of hearing of a new home elsewhere and stopping its entities
+    /// while the new home starts them: no two hosts at once.
+    fn rehome_with_host(
+        &mut self,
+        type_name: &str,
+        shard: u32,
+        old: ShardHome,
+        candidates: &BTreeSet<UniqueAddress>,
+        out: &mut Vec<Command>,
+    ) -> Option<ShardHome> {
+        let epoch = self.epoch;
+        let table = self.types.get_mut(type_name)?;
+        let host = table.hosting.iter().find_map(|(region, shards)| {
+            let hosts = shards.get(&shard).is_some_and(|g| *g >= old.generation);
+            (hosts && *region != old.owner && candidates.contains(region)).then_some(*region)
+        })?;
+        let home = table.place(shard, host, 0)?;
+        table.tell_regions(type_name, shard, (home, None), epoch, out);
+        Some(home)
     }
 
     /// Sends `HandOff` again to owners that have not reported, completes

@@ -1355,6 +1355,30 @@ fn regression_a_region_that_left_and_registered_again() {
     assert_eq!(check_history(ops), Ok(()));
 }
 
+/// Node 0 coordinates and places shard 8 on node 4 (generation 1), then
+/// becomes unreachable; node 4 dies, so nobody reachable knows generation
+/// 1 was given out, and node 5's new core gives shard 8 generation 1 again,
+/// on node 5. When node 0 is reachable again it coordinates with its old
+/// table: shard 8 at the dead node 4. It must stay on node 5, which hosts
+/// it, rather than move to a new home while node 5 still runs it.
+#[test]
+fn regression_a_generation_given_out_twice_across_a_partition() {
+    use Op::*;
+    let ops = vec![
+        Join(4),
+        Register(4),
+        Ask(4, 8),
+        Advance(1206),
+        Unreachable(0),
+        Crash(4),
+        Register(0),
+        Join(5),
+        Register(5),
+        Ask(5, 8),
+    ];
+    assert_eq!(check_history(ops), Ok(()));
+}
+
 #[test]
 fn regression_a_stopped_and_restarted_region_with_an_unreachable_peer() {
     use Op::*;
