@@ -9,7 +9,7 @@
 //! A [`NodeProcess`] kills and reaps its child when dropped, so a failing
 //! test leaves no process behind.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
@@ -367,46 +367,63 @@ fn bad_flags_exit_2_and_a_taken_port_exits_1() {
 #[allow(dead_code)]
 #[path = "../protocols/counter.rs"]
 mod counter;
+#[path = "../protocols/journaled.rs"]
+mod journaled;
+#[path = "../protocols/pg_server.rs"]
+mod pg_server;
+
+/// A runtime for a test's client node.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// The client: a fourth node in this process, seeded by `seed`, with a
+/// proxy-only region of `P` (its fingerprint must match the nodes'), once
+/// it sees four members Up.
+async fn proxy_client<P: datum_cluster_sharding::Protocol>(
+    seed: &str,
+) -> (
+    datum_cluster_sharding::cluster::ClusterNode,
+    datum_cluster_sharding::ShardedSystem,
+) {
+    use datum_cluster_sharding::ShardedSystem;
+    use datum_cluster_sharding::cluster::{ClusterConfig, ClusterNode};
+
+    let config = ClusterConfig::builder()
+        .cluster_name("proc-test")
+        .secret("proc-secret")
+        .seed_nodes(vec![seed.parse().expect("addr")])
+        .build();
+    let client = ClusterNode::start(config).await.expect("client node");
+    client
+        .wait_until(|s| s.up_members().count() == 4, LONG)
+        .await
+        .expect("four Up");
+    let system = ShardedSystem::builder()
+        .num_shards(32)
+        .node(client.clone())
+        .start()
+        .await
+        .expect("system");
+    system.register_proxy::<P>().await.expect("proxy");
+    (client, system)
+}
 
 #[test]
 fn a_sigtermed_counter_node_hands_its_shards_off_under_traffic() {
-    use datum_cluster_sharding::ShardedSystem;
     use datum_cluster_sharding::ShardingError;
-    use datum_cluster_sharding::cluster::{ClusterConfig, ClusterNode};
 
     let flags = ["--counter", "--shards", "32", "--stats-ms", "100"];
     let mut n1 = NodeProcess::start_with("n1", None, &flags);
     let seed = n1.addr.clone();
     let mut n2 = NodeProcess::start_with("n2", Some(&seed), &flags);
     let mut n3 = NodeProcess::start_with("n3", Some(&seed), &flags);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    runtime.block_on(async {
-        // The client: a fourth node in this process, proxy-only for the
-        // same counter protocol (its fingerprint must match the nodes').
-        let config = ClusterConfig::builder()
-            .cluster_name("proc-test")
-            .secret("proc-secret")
-            .seed_nodes(vec![seed.parse().expect("addr")])
-            .build();
-        let client = ClusterNode::start(config).await.expect("client node");
-        client
-            .wait_until(|s| s.up_members().count() == 4, LONG)
-            .await
-            .expect("four Up");
-        let system = ShardedSystem::builder()
-            .num_shards(32)
-            .node(client.clone())
-            .start()
-            .await
-            .expect("system");
-        system
-            .register_proxy::<counter::Counter>()
-            .await
-            .expect("proxy");
+    runtime().block_on(async {
+        let (client, system) = proxy_client::<counter::Counter>(&seed).await;
         let ids: Vec<String> = (0..200).map(|k| format!("c-{k}")).collect();
         let traffic = |rounds: usize| {
             let system = system.clone();
@@ -486,4 +503,150 @@ fn a_sigtermed_counter_node_hands_its_shards_off_under_traffic() {
         let (status, _) = n.expect_exit();
         assert!(status.success(), "{} exited with {status}", n.name);
     }
+}
+
+/// A reliable producer on the client sends `Credit(1)` to 64 journaled
+/// counters hosted by three `datum-node` processes that share one
+/// PostgreSQL journal; a host that is not the coordinator is SIGKILLed,
+/// then the coordinator is. Every message is confirmed, and each counter's
+/// journal holds exactly the credits sent to it, in an unforked line:
+/// attempts the kills cut off were sent again, and those that had been
+/// journaled before their host died were recognised as duplicates by the
+/// next incarnation, from the delivery records in the same journal.
+#[test]
+fn reliable_credits_survive_two_sigkills_each_journaled_once() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use datum_cluster_sharding::{ProducerConfig, ReliableProducer};
+    use journaled::{Credit, JournaledCounter};
+
+    let Some(server) = pg_server::Server::start(pg_server::Durability::NoFsync) else {
+        return;
+    };
+    let db = server.database();
+    let flags = [
+        "--counter",
+        "--shards",
+        "32",
+        "--stats-ms",
+        "100",
+        "--journal-url",
+        &db,
+    ];
+    let mut n1 = NodeProcess::start_with("n1", None, &flags);
+    let seed = n1.addr.clone();
+    let mut n2 = NodeProcess::start_with("n2", Some(&seed), &flags);
+    let mut n3 = NodeProcess::start_with("n3", Some(&seed), &flags);
+    let sent = runtime().block_on(async {
+        let (client, system) = proxy_client::<JournaledCounter>(&seed).await;
+        let config = ProducerConfig::builder()
+            .attempt_timeout(Duration::from_secs(2))
+            .min_backoff(Duration::from_millis(20))
+            .max_backoff(Duration::from_secs(1))
+            .build();
+        let producer: ReliableProducer<JournaledCounter> = system
+            .reliable_producer("proc-credits", config)
+            .expect("producer");
+        let stop = Arc::new(AtomicBool::new(false));
+        let sending = {
+            let (producer, stop) = (producer.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut sent = BTreeMap::<String, u64>::new();
+                while !stop.load(Ordering::Relaxed) {
+                    for k in 0..64 {
+                        let id = format!("acct-{k}");
+                        producer.send(id.as_str(), Credit(1)).await.expect("send");
+                        *sent.entry(id).or_default() += 1;
+                    }
+                }
+                sent
+            })
+        };
+        // Each kill lands while credits flow to the victim, and more are
+        // confirmed after it than were before it.
+        let confirmed_past = |n: u64| {
+            let producer = producer.clone();
+            async move {
+                let deadline = Instant::now() + LONG;
+                while producer.stats().confirmed < n {
+                    assert!(Instant::now() < deadline, "{:?}", producer.stats());
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        };
+        for (victim, members_left) in [(&mut n3, 3), (&mut n1, 2)] {
+            victim.expect_line(|l| {
+                field(l, "event") == Some("region_state")
+                    && number(l, "entities").is_some_and(|n| n > 0)
+            });
+            confirmed_past(producer.stats().confirmed + 300).await;
+            victim.kill();
+            client
+                .wait_until(|s| s.up_members().count() == members_left, LONG)
+                .await
+                .expect("the victim downed");
+            confirmed_past(producer.stats().confirmed + 300).await;
+        }
+        stop.store(true, Ordering::Relaxed);
+        let sent = sending.await.expect("sender");
+        producer.flush(LONG).await.expect("every credit confirmed");
+        let stats = producer.stats();
+        eprintln!("{stats:?}");
+        assert_eq!(stats.unconfirmed, 0, "{stats:?}");
+        assert_eq!(stats.failed, 0, "{stats:?}");
+        assert_eq!(stats.confirmed, sent.values().sum::<u64>(), "{stats:?}");
+        // The kills cut attempts off: those were sent again.
+        assert!(stats.resent > 0, "{stats:?}");
+        system.shutdown().await;
+        let _ = client.shutdown().await;
+        sent
+    });
+    let totals = journaled_totals(&server, &db);
+    let wrong: Vec<_> = sent
+        .iter()
+        .filter(|(id, n)| totals.get(*id) != Some(n))
+        .map(|(id, n)| format!("{id}: sent {n}, journaled {:?}", totals.get(id)))
+        .collect();
+    assert!(wrong.is_empty(), "{wrong:?}");
+    assert_eq!(totals.len(), sent.len(), "{totals:?}");
+    n2.signal(libc::SIGTERM);
+    let (status, _) = n2.expect_exit();
+    assert!(status.success(), "n2 exited with {status}");
+}
+
+/// Each journaled counter's total, from its journal, after checking that
+/// the journal holds sequence numbers `1..=n` without a gap and that each
+/// `Added` was added onto the sum of those before it (no fork). Delivery
+/// records (`journaled-counter#delivery`) share the sequence numbers.
+fn journaled_totals(server: &pg_server::Server, db: &str) -> BTreeMap<String, u64> {
+    let rows = server.psql(
+        db,
+        "SELECT entity_id, sequence_nr, manifest, encode(payload, 'hex') FROM datum_events \
+         WHERE type_name = 'journaled-counter' ORDER BY entity_id, sequence_nr",
+    );
+    // Per counter: the events read, and the total of their additions.
+    let mut read = BTreeMap::<String, (u64, u64)>::new();
+    for row in rows.lines() {
+        let [entity, seq, manifest, payload] = row.split('|').collect::<Vec<_>>()[..] else {
+            panic!("a row of four columns: {row}");
+        };
+        let (events, total) = read.entry(entity.to_owned()).or_default();
+        *events += 1;
+        assert_eq!(
+            seq.parse().ok(),
+            Some(*events),
+            "{entity}: a gap before {row}"
+        );
+        if manifest == "journaled-counter" {
+            let added: journaled::Added =
+                ciborium::from_reader(&common::unhex(payload)[..]).expect("an Added event");
+            assert_eq!(added.onto, *total, "{entity}: a fork at {row}");
+            *total += added.by;
+        } else {
+            assert_eq!(manifest, "journaled-counter#delivery", "{row}");
+        }
+    }
+    read.into_iter()
+        .map(|(id, (_, total))| (id, total))
+        .collect()
 }

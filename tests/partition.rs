@@ -753,10 +753,7 @@ fn journal_writers(server: &pg_server::Server, db: &str) -> (BTreeMap<String, Ve
             Some(*events),
             "{entity}: a gap before {row}"
         );
-        let bytes: Vec<u8> = (0..payload.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&payload[i..i + 2], 16).expect("hex"))
-            .collect();
+        let bytes = common::unhex(payload);
         let added: Added = ciborium::from_reader(&bytes[..]).expect("an Added event");
         assert_eq!(added.onto, *total, "{entity}: a fork at {row}");
         *total += added.by;

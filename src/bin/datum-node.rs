@@ -856,63 +856,8 @@ impl Hosted {
 /// The `--journal-url` counter: event-sourced, its total recovered from
 /// the journal wherever it starts.
 #[cfg(feature = "postgres")]
-mod journaled {
-    use datum_cluster_sharding::prelude::*;
-
-    use super::counter::{Add, Get};
-
-    protocol! {
-        /// A counter whose additions are journaled before they are answered.
-        pub protocol JournaledCounter = "journaled-counter" {
-            ask Add -> u64;
-            ask Get -> u64;
-        }
-    }
-
-    /// One journaled addition, with the total it was added to: a journal
-    /// whose every event was written by an incarnation that had applied
-    /// all the events before it has `onto` equal to the sum of their `by`
-    /// (so a fork shows in the rows alone).
-    #[derive(Debug, Serialize, Deserialize)]
-    pub struct Added {
-        pub by: u64,
-        pub onto: u64,
-    }
-
-    /// The total of the journaled additions.
-    #[derive(Debug, Default)]
-    pub struct JournaledCounterEntity {
-        total: u64,
-    }
-
-    impl Entity for JournaledCounterEntity {
-        type Protocol = JournaledCounter;
-    }
-
-    impl EventSourced for JournaledCounterEntity {
-        type Event = Added;
-        fn apply(&mut self, event: &Added) {
-            self.total += event.by;
-        }
-    }
-
-    impl Handler<Add> for JournaledCounterEntity {
-        async fn handle(&mut self, msg: Add, ctx: &EntityContext) -> ShardingResult<u64> {
-            let event = Added {
-                by: msg.0,
-                onto: self.total,
-            };
-            self.persist(ctx, event).await?;
-            Ok(self.total)
-        }
-    }
-
-    impl Handler<Get> for JournaledCounterEntity {
-        async fn handle(&mut self, _: Get, _: &EntityContext) -> ShardingResult<u64> {
-            Ok(self.total)
-        }
-    }
-}
+#[path = "../../protocols/journaled.rs"]
+mod journaled;
 
 /// What `--drive` counts: logical asks answered, retries of failed asks,
 /// and asks given up after 30 s of retries.

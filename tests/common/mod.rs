@@ -33,6 +33,14 @@ pub fn numbers(line: &str, key: &str) -> Vec<u32> {
         .unwrap_or_default()
 }
 
+/// The bytes of a hex string (as `psql` prints `encode(bytea, 'hex')`).
+pub fn unhex(hex: &str) -> Vec<u8> {
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex"))
+        .collect()
+}
+
 /// A child process killed (and reaped) when the test ends, passed or
 /// failed, so a failing assertion leaves no node running.
 pub struct KillOnDrop(pub std::process::Child);
