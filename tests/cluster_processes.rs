@@ -505,113 +505,195 @@ fn a_sigtermed_counter_node_hands_its_shards_off_under_traffic() {
     }
 }
 
-/// A reliable producer on the client sends `Credit(1)` to 64 journaled
-/// counters hosted by three `datum-node` processes that share one
-/// PostgreSQL journal; a host that is not the coordinator is SIGKILLed,
-/// then the coordinator is. Every message is confirmed, and each counter's
-/// journal holds exactly the credits sent to it, in an unforked line:
-/// attempts the kills cut off were sent again, and those that had been
-/// journaled before their host died were recognised as duplicates by the
-/// next incarnation, from the delivery records in the same journal.
-#[test]
-fn reliable_credits_survive_two_sigkills_each_journaled_once() {
-    use std::sync::atomic::{AtomicBool, Ordering};
+/// A reliable producer on a client node in this process, sending
+/// `Credit(1)` round after round to 64 journaled counters hosted by three
+/// `datum-node` processes that share one PostgreSQL journal, while a test
+/// disturbs the hosts; [`finish`](Self::finish) checks that every credit
+/// was confirmed and journaled exactly once.
+struct CreditRun {
+    server: pg_server::Server,
+    db: String,
+    flags: Vec<String>,
+    nodes: Vec<NodeProcess>,
+    client: datum_cluster_sharding::cluster::ClusterNode,
+    system: datum_cluster_sharding::ShardedSystem,
+    producer: datum_cluster_sharding::ReliableProducer<journaled::JournaledCounter>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    sending: tokio::task::JoinHandle<BTreeMap<String, u64>>,
+}
 
-    use datum_cluster_sharding::{ProducerConfig, ReliableProducer};
-    use journaled::{Credit, JournaledCounter};
+impl CreditRun {
+    /// Starts the server, the three hosts, the client and the producer
+    /// (none without PostgreSQL's binaries: the test then passes, saying so).
+    async fn start() -> Option<CreditRun> {
+        use datum_cluster_sharding::ProducerConfig;
 
-    let Some(server) = pg_server::Server::start(pg_server::Durability::NoFsync) else {
-        return;
-    };
-    let db = server.database();
-    let flags = [
-        "--counter",
-        "--shards",
-        "32",
-        "--stats-ms",
-        "100",
-        "--journal-url",
-        &db,
-    ];
-    let mut n1 = NodeProcess::start_with("n1", None, &flags);
-    let seed = n1.addr.clone();
-    let mut n2 = NodeProcess::start_with("n2", Some(&seed), &flags);
-    let mut n3 = NodeProcess::start_with("n3", Some(&seed), &flags);
-    let sent = runtime().block_on(async {
-        let (client, system) = proxy_client::<JournaledCounter>(&seed).await;
+        let server = pg_server::Server::start(pg_server::Durability::NoFsync)?;
+        let db = server.database();
+        let flags: Vec<String> = ["--counter", "--shards", "32", "--stats-ms", "100"]
+            .into_iter()
+            .map(str::to_owned)
+            .chain(["--journal-url".to_owned(), db.clone()])
+            .collect();
+        let mut nodes = vec![Self::host("n1", None, &flags)];
+        let seed = nodes[0].addr.clone();
+        nodes.push(Self::host("n2", Some(&seed), &flags));
+        nodes.push(Self::host("n3", Some(&seed), &flags));
+        let (client, system) = proxy_client::<journaled::JournaledCounter>(&seed).await;
         let config = ProducerConfig::builder()
             .attempt_timeout(Duration::from_secs(2))
             .min_backoff(Duration::from_millis(20))
             .max_backoff(Duration::from_secs(1))
             .build();
-        let producer: ReliableProducer<JournaledCounter> = system
+        let producer = system
             .reliable_producer("proc-credits", config)
             .expect("producer");
-        let stop = Arc::new(AtomicBool::new(false));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let sending = {
             let (producer, stop) = (producer.clone(), stop.clone());
             tokio::spawn(async move {
                 let mut sent = BTreeMap::<String, u64>::new();
-                while !stop.load(Ordering::Relaxed) {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     for k in 0..64 {
                         let id = format!("acct-{k}");
-                        producer.send(id.as_str(), Credit(1)).await.expect("send");
+                        let credit = journaled::Credit(1);
+                        producer.send(id.as_str(), credit).await.expect("send");
                         *sent.entry(id).or_default() += 1;
                     }
                 }
                 sent
             })
         };
-        // Each kill lands while credits flow to the victim, and more are
-        // confirmed after it than were before it.
-        let confirmed_past = |n: u64| {
-            let producer = producer.clone();
-            async move {
-                let deadline = Instant::now() + LONG;
-                while producer.stats().confirmed < n {
-                    assert!(Instant::now() < deadline, "{:?}", producer.stats());
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-            }
-        };
-        for (victim, members_left) in [(&mut n3, 3), (&mut n1, 2)] {
-            victim.expect_line(|l| {
-                field(l, "event") == Some("region_state")
-                    && number(l, "entities").is_some_and(|n| n > 0)
-            });
-            confirmed_past(producer.stats().confirmed + 300).await;
-            victim.kill();
-            client
-                .wait_until(|s| s.up_members().count() == members_left, LONG)
-                .await
-                .expect("the victim downed");
-            confirmed_past(producer.stats().confirmed + 300).await;
+        Some(CreditRun {
+            server,
+            db,
+            flags,
+            nodes,
+            client,
+            system,
+            producer,
+            stop,
+            sending,
+        })
+    }
+
+    /// A host process with the run's flags.
+    fn host(name: &'static str, seed: Option<&str>, flags: &[String]) -> NodeProcess {
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        NodeProcess::start_with(name, seed, &flags)
+    }
+
+    /// Waits until 300 more credits are confirmed than now.
+    async fn more_confirmed(&self) {
+        let target = self.producer.stats().confirmed + 300;
+        let deadline = Instant::now() + LONG;
+        while self.producer.stats().confirmed < target {
+            assert!(Instant::now() < deadline, "{:?}", self.producer.stats());
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        stop.store(true, Ordering::Relaxed);
-        let sent = sending.await.expect("sender");
-        producer.flush(LONG).await.expect("every credit confirmed");
-        let stats = producer.stats();
+    }
+
+    /// Waits until the client sees `n` members Up.
+    async fn members_up(&self, n: usize) {
+        self.client
+            .wait_until(|s| s.up_members().count() == n, LONG)
+            .await
+            .expect("members Up");
+    }
+
+    /// Stops sending, waits for every confirmation and checks the journal;
+    /// returns the producer's stats.
+    async fn finish(self) -> datum_cluster_sharding::ProducerStats {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let sent = self.sending.await.expect("sender");
+        self.producer
+            .flush(LONG)
+            .await
+            .expect("every credit confirmed");
+        let stats = self.producer.stats();
         eprintln!("{stats:?}");
         assert_eq!(stats.unconfirmed, 0, "{stats:?}");
         assert_eq!(stats.failed, 0, "{stats:?}");
         assert_eq!(stats.confirmed, sent.values().sum::<u64>(), "{stats:?}");
+        let totals = journaled_totals(&self.server, &self.db);
+        let wrong: Vec<_> = sent
+            .iter()
+            .filter(|(id, n)| totals.get(*id) != Some(n))
+            .map(|(id, n)| format!("{id}: sent {n}, journaled {:?}", totals.get(id)))
+            .collect();
+        assert!(wrong.is_empty(), "{wrong:?}");
+        assert_eq!(totals.len(), sent.len(), "{totals:?}");
+        self.system.shutdown().await;
+        let _ = self.client.shutdown().await;
+        for mut n in self.nodes.into_iter().filter(|n| !n.reaped) {
+            n.signal(libc::SIGTERM);
+            let (status, _) = n.expect_exit();
+            assert!(status.success(), "{} exited with {status}", n.name);
+        }
+        stats
+    }
+}
+
+/// Waits for a line saying `node` hosts live entities.
+fn expect_hosting(node: &mut NodeProcess) {
+    node.expect_line(|l| {
+        field(l, "event") == Some("region_state") && number(l, "entities").is_some_and(|n| n > 0)
+    });
+}
+
+/// A host that is not the coordinator is SIGKILLed under a reliable
+/// producer's credits, then the coordinator is. Attempts the kills cut off
+/// are sent again; those journaled before their host died are recognised
+/// as duplicates by the next incarnation, from the delivery records in the
+/// same journal.
+#[test]
+fn reliable_credits_survive_two_sigkills_each_journaled_once() {
+    runtime().block_on(async {
+        let Some(mut run) = CreditRun::start().await else {
+            return;
+        };
+        // Each kill lands while credits flow to the victim, and more are
+        // confirmed after it.
+        for (victim, members_left) in [(2, 3), (0, 2)] {
+            expect_hosting(&mut run.nodes[victim]);
+            run.more_confirmed().await;
+            run.nodes[victim].kill();
+            run.members_up(members_left).await;
+            run.more_confirmed().await;
+        }
+        let stats = run.finish().await;
         // The kills cut attempts off: those were sent again.
         assert!(stats.resent > 0, "{stats:?}");
-        system.shutdown().await;
-        let _ = client.shutdown().await;
-        sent
     });
-    let totals = journaled_totals(&server, &db);
-    let wrong: Vec<_> = sent
-        .iter()
-        .filter(|(id, n)| totals.get(*id) != Some(n))
-        .map(|(id, n)| format!("{id}: sent {n}, journaled {:?}", totals.get(id)))
-        .collect();
-    assert!(wrong.is_empty(), "{wrong:?}");
-    assert_eq!(totals.len(), sent.len(), "{totals:?}");
-    n2.signal(libc::SIGTERM);
-    let (status, _) = n2.expect_exit();
-    assert!(status.success(), "n2 exited with {status}");
+}
+
+/// Every host in turn leaves gracefully (SIGTERM: its shards are handed
+/// off) and a new process takes its place, under a reliable producer's
+/// credits: each is journaled once, and none is lost.
+#[test]
+fn reliable_credits_survive_a_rolling_restart_each_journaled_once() {
+    runtime().block_on(async {
+        let Some(mut run) = CreditRun::start().await else {
+            return;
+        };
+        for (i, name) in ["n1'", "n2'", "n3'"].into_iter().enumerate() {
+            expect_hosting(&mut run.nodes[i]);
+            run.more_confirmed().await;
+            run.nodes[i].signal(libc::SIGTERM);
+            let (status, _) = run.nodes[i].expect_exit();
+            assert!(
+                status.success(),
+                "{} exited with {status}",
+                run.nodes[i].name
+            );
+            run.members_up(3).await;
+            let seed = run.nodes[(i + 1) % 3].addr.clone();
+            run.nodes[i] = CreditRun::host(name, Some(&seed), &run.flags);
+            run.members_up(4).await;
+            run.more_confirmed().await;
+        }
+        run.finish().await;
+    });
 }
 
 /// Each journaled counter's total, from its journal, after checking that
