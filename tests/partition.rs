@@ -894,6 +894,126 @@ fn a_split_over_a_shared_postgres_journal_never_forks_it() {
     );
 }
 
+/// The 3/2 split of [`a_split_over_a_shared_postgres_journal_never_forks_it`]
+/// with every driver sending `Credit(1)` through a reliable producer of its
+/// node's (`--drive-reliable`). Side B downs itself, its producers with it;
+/// side A takes its counters over, and its producers resend what the cut
+/// left unconfirmed. In the journal, each credit is an `Added` followed by
+/// its delivery record, and each producer's records for a counter number
+/// 1, 2, 3, … once each: no credit handled twice, none skipped. Each of
+/// side A's producers, flushed before its node leaves, has exactly as many
+/// credits journaled as it had confirmed.
+#[test]
+fn a_split_under_reliable_credits_journals_each_credit_once() {
+    let _serial = one_at_a_time();
+    let Some((net, server, db, mut nodes)) = journaling(&["--drive-reliable"]) else {
+        return;
+    };
+    net.sides_linked(false);
+    for n in &mut nodes[3..] {
+        let stopped = n.expect(|l| field(l, "event") == Some("stopped"));
+        assert_eq!(field(&stopped, "reason"), Some("downed"), "{stopped}");
+        assert_eq!(n.wait().code(), Some(3));
+    }
+    for n in &mut nodes[..3] {
+        let line = n.newest("drive");
+        let before = number(&line, "acked").expect("acked");
+        n.expect(|l| {
+            field(l, "event") == Some("drive") && number(l, "acked") >= Some(before + 512)
+        });
+    }
+    net.sides_linked(true);
+    // Each of side A's nodes stops sending, waits for its confirmations,
+    // says so in a last `drive` line, then leaves.
+    let mut confirmed = BTreeMap::new();
+    for n in &mut nodes[..3] {
+        // SAFETY: signalling our own child, not yet reaped.
+        unsafe { libc::kill(n.child.id() as libc::pid_t, libc::SIGTERM) };
+        let mut last = String::new();
+        n.expect(|l| {
+            if field(l, "event") == Some("drive") {
+                last = l.to_owned();
+            }
+            field(l, "event") == Some("handoff_started")
+        });
+        assert_eq!(number(&last, "unconfirmed"), Some(0), "{last}");
+        assert_eq!(number(&last, "missing"), Some(0), "{last}");
+        let producer = format!("drive-{}", n.node_id);
+        confirmed.insert(producer, number(&last, "acked").expect("acked"));
+        assert!(n.wait().success());
+    }
+    let journaled = credits_per_producer(&server, &db);
+    for (producer, n) in &confirmed {
+        assert_eq!(
+            journaled.get(producer),
+            Some(n),
+            "{producer}: {journaled:?}"
+        );
+    }
+    assert_eq!(journaled.len(), 5, "five producers: {journaled:?}");
+    eprintln!("credits journaled per producer: {journaled:?}; side A confirmed {confirmed:?}");
+}
+
+/// The credits journaled per producer, after checking every journaled
+/// counter's journal: sequence numbers `1..=n` without a gap, each `Added`
+/// added onto the sum of those before it (no fork) and followed by its
+/// delivery record (`[producer, epoch, seq]`, written with it), and each
+/// producer's records for the counter numbered 1, 2, 3, … (one epoch per
+/// producer here).
+fn credits_per_producer(server: &pg_server::Server, db: &str) -> BTreeMap<String, u64> {
+    let rows = server.psql(
+        db,
+        "SELECT entity_id, sequence_nr, manifest, encode(payload, 'hex') FROM datum_events \
+         WHERE type_name = 'journaled-counter' ORDER BY entity_id, sequence_nr",
+    );
+    // Per counter: events read, the total added, and whether an `Added`
+    // awaits its record.
+    let mut read = BTreeMap::<String, (u64, u64, bool)>::new();
+    // Per (counter, producer): the last record's seq.
+    let mut last = BTreeMap::<(String, String), u64>::new();
+    for row in rows.lines() {
+        let [entity, seq, manifest, payload] = row.split('|').collect::<Vec<_>>()[..] else {
+            panic!("a row of four columns: {row}");
+        };
+        let (events, total, pending) = read.entry(entity.to_owned()).or_default();
+        *events += 1;
+        assert_eq!(
+            seq.parse().ok(),
+            Some(*events),
+            "{entity}: a gap before {row}"
+        );
+        let bytes = common::unhex(payload);
+        if manifest == "journaled-counter" {
+            assert!(
+                !*pending,
+                "{entity}: an Added without its record before {row}"
+            );
+            let added: Added = ciborium::from_reader(&bytes[..]).expect("an Added event");
+            assert_eq!(added.onto, *total, "{entity}: a fork at {row}");
+            *total += added.by;
+            *pending = true;
+        } else {
+            assert_eq!(manifest, "journaled-counter#delivery", "{row}");
+            assert!(*pending, "{entity}: a record without its Added at {row}");
+            *pending = false;
+            let (producer, _epoch, seq): (String, u64, u64) =
+                ciborium::from_reader(&bytes[..]).expect("a delivery record");
+            let previous = last.entry((entity.to_owned(), producer)).or_default();
+            assert_eq!(
+                seq,
+                *previous + 1,
+                "{entity}: handled twice or skipped at {row}"
+            );
+            *previous = seq;
+        }
+    }
+    let mut per_producer = BTreeMap::<String, u64>::new();
+    for ((_, producer), n) in last {
+        *per_producer.entry(producer).or_default() += n;
+    }
+    per_producer
+}
+
 /// The same split with no resolver (`--split-brain off`: each side downs
 /// the other and goes on): both sides host every counter and write the
 /// journal at once, the worst a cluster can do to it. The store refuses

@@ -17,6 +17,8 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
+#[cfg(feature = "postgres")]
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -170,6 +172,19 @@ struct Args {
     /// shards, keep being placed.
     #[arg(long, env = "DATUM_DRIVE_FRESH", requires = "drive")]
     drive_fresh: bool,
+
+    /// With --drive and --journal-url: loop `i` sends `Credit(1)` to
+    /// journaled counter `drive-i` through one reliable producer,
+    /// `drive-<node id>`, each credit handled once; the `drive` line counts
+    /// confirmed credits. On SIGTERM the loops stop and the node waits (up
+    /// to 30 s) for every credit to be confirmed before it leaves.
+    #[arg(
+        long,
+        env = "DATUM_DRIVE_RELIABLE",
+        requires_all = ["drive", "journal_url"],
+        conflicts_with = "drive_fresh"
+    )]
+    drive_reliable: bool,
 
     /// With --counter: host the durable `journaled-counter` type instead
     /// (`ask Add -> u64`, journaled before it is answered; `ask Get ->
@@ -646,9 +661,15 @@ async fn run(args: Args) -> ExitCode {
     let print_stats = system.is_some() && args.stats_ms > 0;
     let drive = match &system {
         Some(system) if args.drive > 0 => {
-            let counts = Arc::new(DriveCounts::default());
-            system.drive((args.drive, args.drive_fresh), &counts);
-            Some(counts)
+            let loops = (args.drive, args.drive_fresh);
+            match system.drive(loops, args.drive_reliable, &me) {
+                Ok(drive) => Some(drive),
+                Err(error) => {
+                    eprintln!("datum-node: cannot drive traffic: {error}");
+                    node.crash().await;
+                    return ExitCode::from(EXIT_START_FAILED);
+                }
+            }
         }
         _ => None,
     };
@@ -661,8 +682,8 @@ async fn run(args: Args) -> ExitCode {
                 if let Some(system) = &system {
                     emit(&system.region_line("region_state", started));
                 }
-                if let Some(counts) = &drive {
-                    emit(&DriveLine::of(counts, started));
+                if let Some(drive) = &drive {
+                    emit(&drive.line(started));
                 }
             }
             event = events.recv() => match event {
@@ -702,37 +723,23 @@ async fn run(args: Args) -> ExitCode {
         return ExitCode::from(EXIT_STOPPED_BY_CLUSTER);
     }
 
-    // Graceful leave: the shards first (the node still routes meanwhile),
-    // then the membership; events keep being printed throughout.
+    // Graceful leave: reliable credits confirmed first, then the shards
+    // (the node still routes meanwhile), then the membership; events keep
+    // being printed throughout.
+    if let Some(drive) = &drive {
+        printing_events(&mut events, started, drive.settle()).await;
+        emit(&drive.line(started));
+    }
     if let Some(system) = &system {
         emit(&system.region_line("handoff_started", started));
-        let shutdown = system.shutdown();
-        tokio::pin!(shutdown);
-        loop {
-            tokio::select! {
-                biased;
-                event = events.recv() => if let Ok(event) = event {
-                    emit_event(&event, started);
-                },
-                () = &mut shutdown => break,
-            }
-        }
+        printing_events(&mut events, started, system.shutdown()).await;
         emit(&system.region_line("handed_off", started));
     }
     let leave = tokio::spawn({
         let node = node.clone();
         async move { node.shutdown().await }
     });
-    tokio::pin!(leave);
-    let result = loop {
-        tokio::select! {
-            biased;
-            event = events.recv() => if let Ok(event) = event {
-                emit_event(&event, started);
-            },
-            done = &mut leave => break done,
-        }
-    };
+    let result = printing_events(&mut events, started, leave).await;
     drain(&mut events, started);
     match result {
         Ok(Ok(())) => {
@@ -747,6 +754,24 @@ async fn run(args: Args) -> ExitCode {
         Err(error) => {
             eprintln!("datum-node: the leave task failed: {error}");
             ExitCode::from(EXIT_LEAVE_TIMED_OUT)
+        }
+    }
+}
+
+/// Runs `work` to its end, printing membership events meanwhile.
+async fn printing_events<F: std::future::Future>(
+    events: &mut tokio::sync::broadcast::Receiver<MembershipEvent>,
+    started: Instant,
+    work: F,
+) -> F::Output {
+    tokio::pin!(work);
+    loop {
+        tokio::select! {
+            biased;
+            event = events.recv() => if let Ok(event) = event {
+                emit_event(&event, started);
+            },
+            done = &mut work => break done,
         }
     }
 }
@@ -828,20 +853,40 @@ impl Hosted {
         }
     }
 
-    /// `--drive`: asks `Get` of counters, `Add(1)` of journaled counters.
-    fn drive(&self, loops: (u32, bool), counts: &Arc<DriveCounts>) {
+    /// `--drive`: asks `Get` of counters, `Add(1)` of journaled counters;
+    /// `reliable`: credits to journaled counters through a producer of
+    /// `me`'s.
+    fn drive(
+        &self,
+        loops: (u32, bool),
+        reliable: bool,
+        me: &UniqueAddress,
+    ) -> Result<Drive, ShardingError> {
+        let counts = Arc::new(DriveCounts::default());
         match self {
             Hosted::Counter(system) => {
-                drive_counters::<counter::Counter, _, _>(system, counter::Get, loops, counts)
+                drive_counters::<counter::Counter, _, _>(system, counter::Get, loops, &counts)
+            }
+            #[cfg(feature = "postgres")]
+            Hosted::Journaled(system) if reliable => {
+                let producer = system.reliable_producer(
+                    format!("drive-{}", me.node_id),
+                    datum_cluster_sharding::ProducerConfig::default(),
+                )?;
+                let stop = Arc::new(AtomicBool::new(false));
+                drive_credits(&producer, loops.0, &stop);
+                return Ok(Drive::Reliable { producer, stop });
             }
             #[cfg(feature = "postgres")]
             Hosted::Journaled(system) => drive_counters::<journaled::JournaledCounter, _, _>(
                 system,
                 counter::Add(1),
                 loops,
-                counts,
+                &counts,
             ),
         }
+        let _ = (reliable, me);
+        Ok(Drive::Asks(counts))
     }
 
     async fn shutdown(&self) {
@@ -928,6 +973,86 @@ async fn ask_until_answered<P: Protocol, M: Ask<P> + Clone>(
     }
 }
 
+/// What `--drive` runs.
+enum Drive {
+    /// Asks, each retried until answered (or given up).
+    Asks(Arc<DriveCounts>),
+    /// `--drive-reliable`: credits through a reliable producer; the loops
+    /// stop sending once `stop` is set.
+    #[cfg(feature = "postgres")]
+    Reliable {
+        producer: datum_cluster_sharding::ReliableProducer<journaled::JournaledCounter>,
+        stop: Arc<AtomicBool>,
+    },
+}
+
+impl Drive {
+    /// The `drive` line now.
+    fn line(&self, started: Instant) -> DriveLine {
+        let t_ms = ms_since(started);
+        match self {
+            Drive::Asks(counts) => DriveLine {
+                event: "drive",
+                acked: counts.acked.load(Ordering::Relaxed),
+                retries: counts.retries.load(Ordering::Relaxed),
+                missing: counts.missing.load(Ordering::Relaxed),
+                unconfirmed: None,
+                t_ms,
+            },
+            #[cfg(feature = "postgres")]
+            Drive::Reliable { producer, .. } => {
+                let stats = producer.stats();
+                DriveLine {
+                    event: "drive",
+                    acked: stats.confirmed,
+                    retries: stats.resent,
+                    missing: stats.failed,
+                    unconfirmed: Some(stats.unconfirmed as u64),
+                    t_ms,
+                }
+            }
+        }
+    }
+
+    /// Before a graceful leave: reliable credits stop, and those sent are
+    /// waited for (up to 30 s; what is left shows as `unconfirmed`).
+    async fn settle(&self) {
+        #[cfg(feature = "postgres")]
+        if let Drive::Reliable { producer, stop } = self {
+            stop.store(true, Ordering::Relaxed);
+            if let Err(error) = producer.flush(Duration::from_secs(30)).await {
+                eprintln!("datum-node: credits left unconfirmed: {error}");
+            }
+        }
+    }
+}
+
+/// `--drive-reliable`: `loops` loops, loop `i` sending `Credit(1)` to
+/// journaled counter `drive-i` through `producer` until `stop` is set (or
+/// the system shuts down).
+#[cfg(feature = "postgres")]
+fn drive_credits(
+    producer: &datum_cluster_sharding::ReliableProducer<journaled::JournaledCounter>,
+    loops: u32,
+    stop: &Arc<AtomicBool>,
+) {
+    for i in 0..loops {
+        let (producer, stop) = (producer.clone(), stop.clone());
+        tokio::spawn(async move {
+            let id: Arc<str> = format!("drive-{i}").into();
+            while !stop.load(Ordering::Relaxed) {
+                if producer
+                    .send(id.clone(), journaled::Credit(1))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+        });
+    }
+}
+
 /// The `drive` line (SPEC §10c.2).
 #[derive(Debug, Serialize)]
 struct DriveLine {
@@ -935,19 +1060,10 @@ struct DriveLine {
     acked: u64,
     retries: u64,
     missing: u64,
+    /// With `--drive-reliable` only: credits sent and not yet confirmed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    unconfirmed: Option<u64>,
     t_ms: u64,
-}
-
-impl DriveLine {
-    fn of(counts: &DriveCounts, started: Instant) -> Self {
-        DriveLine {
-            event: "drive",
-            acked: counts.acked.load(Ordering::Relaxed),
-            retries: counts.retries.load(Ordering::Relaxed),
-            missing: counts.missing.load(Ordering::Relaxed),
-            t_ms: ms_since(started),
-        }
-    }
 }
 
 /// A line about the counter region on this node (SPEC §10c.2).
@@ -1291,9 +1407,21 @@ mod tests {
                     acked: 2_048,
                     retries: 3,
                     missing: 0,
+                    unconfirmed: None,
                     t_ms: 1_050,
                 }),
                 r#"{"event":"drive","acked":2048,"retries":3,"missing":0,"t_ms":1050}"#,
+            ),
+            (
+                json_line(&DriveLine {
+                    event: "drive",
+                    acked: 9_120,
+                    retries: 41,
+                    missing: 0,
+                    unconfirmed: Some(0),
+                    t_ms: 8_412,
+                }),
+                r#"{"event":"drive","acked":9120,"retries":41,"missing":0,"unconfirmed":0,"t_ms":8412}"#,
             ),
         ];
         for (line, expected) in cases {
