@@ -353,12 +353,7 @@ impl EntityContext {
     /// Takes the table that came with a migrated state, or with a loaded
     /// one.
     pub(crate) fn restore_deliveries(&self, rows: Vec<DeliveryRow>) {
-        let mut deliveries = self.deliveries();
-        deliveries.seen = rows
-            .into_iter()
-            .map(|DeliveryRow(producer, epoch, seq)| (producer.into(), (epoch, seq)))
-            .collect();
-        deliveries.current = None;
+        *self.deliveries() = Deliveries::from_rows(rows);
     }
 }
 
@@ -393,7 +388,18 @@ pub(crate) enum Admission {
 }
 
 impl Deliveries {
-    fn admit(&self, delivery: &Delivery) -> Admission {
+    /// The table saved or migrated as `rows`.
+    pub(crate) fn from_rows(rows: Vec<DeliveryRow>) -> Deliveries {
+        Deliveries {
+            seen: rows
+                .into_iter()
+                .map(|DeliveryRow(producer, epoch, seq)| (producer.into(), (epoch, seq)))
+                .collect(),
+            current: None,
+        }
+    }
+
+    pub(crate) fn admit(&self, delivery: &Delivery) -> Admission {
         match self.seen.get(&delivery.producer) {
             Some(&(epoch, _)) if delivery.epoch < epoch => Admission::Superseded { current: epoch },
             Some(&(epoch, seq)) if delivery.epoch == epoch && delivery.seq <= seq => {
@@ -403,12 +409,12 @@ impl Deliveries {
         }
     }
 
-    fn record(&mut self, delivery: &Delivery) {
+    pub(crate) fn record(&mut self, delivery: &Delivery) {
         self.seen
             .insert(delivery.producer.clone(), (delivery.epoch, delivery.seq));
     }
 
-    fn rows(&self) -> Vec<DeliveryRow> {
+    pub(crate) fn rows(&self) -> Vec<DeliveryRow> {
         let mut seen = self.seen.clone();
         if let Some((delivery, _)) = &self.current {
             seen.insert(delivery.producer.clone(), (delivery.epoch, delivery.seq));
