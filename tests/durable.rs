@@ -15,7 +15,7 @@ use datum_cluster_sharding::prelude::*;
 pub struct Add(pub u64);
 #[derive(Serialize, Deserialize)]
 pub struct Get;
-#[derive(Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize)]
 pub struct Sleep;
 
 protocol! {
@@ -239,18 +239,27 @@ async fn a_journal_that_does_not_read_back_fails_recovery_and_applies_nothing() 
     system.shutdown().await;
 }
 
-/// A journal that counts its append calls and takes 5 ms for each, as a
-/// commit to a disk would.
+/// A journal that counts its append calls (and apart, those carrying a
+/// durable producer's writes) and takes 5 ms for each, as a commit to a
+/// disk would.
 #[derive(Clone, Default)]
 struct SlowCountingJournal {
     inner: InMemoryPersistence,
     calls: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    producer_calls: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Journal for SlowCountingJournal {
     fn append(&self, writes: &[AtomicWrite]) -> Vec<Result<(), PersistenceError>> {
         self.calls
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if writes
+            .iter()
+            .any(|w| w.persistence_id.type_name == "datum-producer")
+        {
+            self.producer_calls
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         std::thread::sleep(Duration::from_millis(5));
         self.inner.append(writes)
     }
@@ -289,6 +298,64 @@ async fn many_entities_appending_at_once_share_commits() {
     // One at a time would take 200 calls; while one commits, the next
     // batch gathers.
     assert!(calls <= 20, "{calls} journal calls for {ENTITIES} appends");
+    system.shutdown().await;
+}
+
+impl datum_cluster_sharding::persistence::SnapshotStore for SlowCountingJournal {
+    fn save(
+        &self,
+        id: &PersistenceId,
+        snapshot: datum_cluster_sharding::persistence::SnapshotRecord,
+    ) -> Result<(), PersistenceError> {
+        datum_cluster_sharding::persistence::SnapshotStore::save(&self.inner, id, snapshot)
+    }
+    fn load(
+        &self,
+        id: &PersistenceId,
+        max: u64,
+    ) -> Result<Option<datum_cluster_sharding::persistence::SnapshotRecord>, PersistenceError> {
+        datum_cluster_sharding::persistence::SnapshotStore::load(&self.inner, id, max)
+    }
+    fn delete_to(&self, id: &PersistenceId, to: u64) -> Result<(), PersistenceError> {
+        datum_cluster_sharding::persistence::SnapshotStore::delete_to(&self.inner, id, to)
+    }
+}
+
+/// 200 sends at once through one durable producer, ten to each of 20
+/// entities: they share journal writes (one at a time would take 200
+/// calls of 5 ms), and each entity's ten still get the numbers 1..=10.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_durable_producer_sends_share_journal_writes() {
+    use datum_cluster_sharding::{DurableProducer, ProducerConfig};
+    let journal = SlowCountingJournal::default();
+    let system = system_on(journal.clone()).await;
+    let producer: DurableProducer<Tally, Sleep> = system
+        .durable_producer("batched", ProducerConfig::default())
+        .await
+        .expect("producer");
+    let sends = (0..200u64).map(|i| {
+        let producer = producer.clone();
+        async move {
+            let entity = format!("b-{}", i % 20);
+            let seq = producer.send(entity.as_str(), Sleep).await.expect("send");
+            (entity, seq)
+        }
+    });
+    let mut numbers = std::collections::BTreeMap::<String, Vec<u64>>::new();
+    for (entity, seq) in futures_util::future::join_all(sends).await {
+        numbers.entry(entity).or_default().push(seq);
+    }
+    for (entity, mut seqs) in numbers {
+        seqs.sort_unstable();
+        assert_eq!(seqs, (1..=10).collect::<Vec<_>>(), "{entity}");
+    }
+    let calls = journal
+        .producer_calls
+        .load(std::sync::atomic::Ordering::Relaxed);
+    println!("200 durable sends in {calls} journal calls");
+    // The start is one; the 200 sends share the rest.
+    assert!(calls <= 40, "{calls} journal calls for 200 sends");
+    producer.flush(T).await.expect("every send confirmed");
     system.shutdown().await;
 }
 

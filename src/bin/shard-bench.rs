@@ -183,6 +183,11 @@ struct Args {
     /// counted.
     #[arg(long)]
     reliable: bool,
+    /// With `w1 --reliable --journal embedded`: the producers are durable
+    /// ones (each send journaled on the node's store before it returns),
+    /// each sent to by W1's in-flight count of concurrent callers.
+    #[arg(long, requires = "reliable", requires = "journal")]
+    durable_producer: bool,
     /// (multi-process, internal) run as node N of the three.
     #[arg(long, hide = true)]
     child: Option<usize>,
@@ -461,7 +466,7 @@ async fn run_w1(
 async fn run_w1_reliable(
     messages: u64,
     in_flight: usize,
-    journal: Option<durable::JournalKind>,
+    journal: (Option<durable::JournalKind>, bool),
 ) -> Result<(serde_json::Value, bool), Box<dyn std::error::Error>> {
     const PLAIN: u64 = 300_000;
     let checks = Arc::new(Checks::default());
@@ -979,7 +984,12 @@ fn main() -> ExitCode {
 async fn in_process(args: Args, in_flight: usize) -> ExitCode {
     let result = match args.workload {
         Workload::W1 if args.reliable => {
-            run_w1_reliable(args.messages, in_flight, args.journal).await
+            run_w1_reliable(
+                args.messages,
+                in_flight,
+                (args.journal, args.durable_producer),
+            )
+            .await
         }
         Workload::W1 => run_w1(args.messages, in_flight, "w1", args.tls, args.prometheus).await,
         Workload::W1Sat => {

@@ -20,9 +20,9 @@ use std::sync::{Arc, Weak};
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, OwnedSemaphorePermit, oneshot};
 
-use super::{ProducerConfig, ProducerStats, ReliableProducer, attempt_of, epoch_now};
+use super::{Attempt, ProducerConfig, ProducerStats, ReliableProducer, attempt_of, epoch_now};
 use crate::error::{ShardingError, ShardingResult};
 use crate::persistence::{
     AtomicWrite, Journal, Payload, PersistenceError, PersistenceId, SnapshotRecord, SnapshotStore,
@@ -69,7 +69,19 @@ struct Snapshot {
 pub struct DurableProducer<P: Protocol, M> {
     producer: ReliableProducer<P>,
     log: Arc<Log>,
+    /// Sends waiting to be journaled: whichever append comes next takes
+    /// them all, in the order they came.
+    waiting: Arc<std::sync::Mutex<Vec<Waiting<P>>>>,
     _message: PhantomData<fn(M)>,
+}
+
+/// A send waiting to be journaled, and its caller.
+struct Waiting<P: Protocol> {
+    entity: Arc<str>,
+    msg: Bytes,
+    attempt: Attempt<P>,
+    permit: OwnedSemaphorePermit,
+    done: oneshot::Sender<ShardingResult<u64>>,
 }
 
 impl<P: Protocol, M> Clone for DurableProducer<P, M> {
@@ -77,6 +89,7 @@ impl<P: Protocol, M> Clone for DurableProducer<P, M> {
         DurableProducer {
             producer: self.producer.clone(),
             log: self.log.clone(),
+            waiting: self.waiting.clone(),
             _message: PhantomData,
         }
     }
@@ -91,8 +104,9 @@ impl<P: Protocol, M> std::fmt::Debug for DurableProducer<P, M> {
     }
 }
 
-/// The producer's journal, appended one write at a time. It holds the
-/// store weakly: the system's handle decides how long it stays open.
+/// The producer's journal, appended one write at a time (each write
+/// carrying every send waiting by then). It holds the store weakly: the
+/// system's handle decides how long it stays open.
 struct Log {
     journal: Weak<dyn Journal>,
     snapshots: Weak<dyn SnapshotStore>,
@@ -147,21 +161,26 @@ impl Log {
         }
     }
 
-    /// Appends one event after `*highest`.
+    /// Appends `events` (of `manifest`) after `*highest`, in one atomic
+    /// write.
     async fn append(
         &self,
         highest: &mut u64,
         manifest: &str,
-        bytes: Vec<u8>,
+        events: Vec<Vec<u8>>,
     ) -> ShardingResult<()> {
+        let count = events.len() as u64;
         let write = AtomicWrite {
             persistence_id: self.id.clone(),
             expected: *highest,
-            events: vec![Payload {
-                manifest: manifest.to_owned(),
-                version: 1,
-                bytes,
-            }],
+            events: events
+                .into_iter()
+                .map(|bytes| Payload {
+                    manifest: manifest.to_owned(),
+                    version: 1,
+                    bytes,
+                })
+                .collect(),
             writer: PRODUCER_WRITER,
         };
         let (journal, _) = self.stores().map_err(|e| self.error(e))?;
@@ -173,7 +192,7 @@ impl Log {
         })
         .await;
         written.map_err(|e| self.error(e))?;
-        *highest += 1;
+        *highest += count;
         Ok(())
     }
 
@@ -262,7 +281,8 @@ impl<S, J: Journal + SnapshotStore> ShardedSystem<S, J> {
         *written = highest;
         // The start is journaled first: an older instance's next append
         // then fails.
-        log.append(&mut written, STARTED, cbor(&epoch)?).await?;
+        log.append(&mut written, STARTED, vec![cbor(&epoch)?])
+            .await?;
         for (sent, msg) in resumed {
             let permit = producer.try_room();
             producer.enqueue(
@@ -281,6 +301,7 @@ impl<S, J: Journal + SnapshotStore> ShardedSystem<S, J> {
         Ok(DurableProducer {
             producer,
             log,
+            waiting: Arc::default(),
             _message: PhantomData,
         })
     }
@@ -382,77 +403,42 @@ fn recover(
 impl<P: Protocol, M: Tell<P> + Clone + Sync + Serialize> DurableProducer<P, M> {
     /// As [`ReliableProducer::send`], and the message is journaled (with
     /// its number) before `send` returns: a restarted producer sends it
-    /// again unless it was confirmed. Sends go through the journal one at
-    /// a time.
+    /// again unless it was confirmed. Concurrent sends share journal
+    /// writes: while one write is under way, the sends that arrive wait
+    /// and go together in the next (group commit), in the order they came.
     pub async fn send(&self, entity_id: impl Into<Arc<str>>, msg: M) -> ShardingResult<u64>
     where
         M: 'static,
     {
         let permit = self.producer.room().await?;
-        let (producer, log) = (self.producer.clone(), self.log.clone());
-        let entity_id: Arc<str> = entity_id.into();
-        // On a task of its own: once the message is being journaled, the
-        // caller giving up on `send` cannot leave it half done.
-        let journaled = tokio::spawn(async move {
+        let (done, journaled) = oneshot::channel();
+        let waiting = Waiting {
+            entity: entity_id.into(),
+            msg: Bytes::from(cbor(&msg)?),
+            attempt: attempt_of(msg),
+            permit,
+            done,
+        };
+        lock(&self.waiting).push(waiting);
+        // On a task of its own: once the message is waiting, the caller
+        // giving up on `send` cannot leave it half done. The task takes
+        // every send waiting when its turn comes (this one, unless an
+        // earlier task took it).
+        let (producer, log, waiting) = (
+            self.producer.clone(),
+            self.log.clone(),
+            self.waiting.clone(),
+        );
+        tokio::spawn(async move {
             let mut highest = log.highest.lock().await;
-            if let Some(why) = producer.refusal() {
-                return Err(why);
+            let batch = std::mem::take(&mut *lock(&waiting));
+            if !batch.is_empty() {
+                journal_batch(&producer, &log, &mut highest, batch).await;
             }
-            let seq = producer.next_seq(&entity_id)?;
-            let sent = Sent {
-                entity: entity_id.to_string(),
-                seq,
-                msg: Bytes::from(cbor(&msg)?),
-            };
-            if let Err(error) = log.append(&mut highest, SENT, cbor(&sent)?).await {
-                let invalid = matches!(&error, ShardingError::Persistence { error, .. }
-                    if matches!(**error, PersistenceError::Invalid(_)));
-                if !invalid {
-                    // Another instance started (a conflict), or the
-                    // outcome is unknown: this instance cannot go on
-                    // numbering (a restart reads what was written).
-                    tracing::warn!(persistence_id = %log.id, %error, "a durable producer's append failed: it stops");
-                    producer.stop(error.clone());
-                }
-                return Err(error);
-            }
-            let bytes: Arc<[u8]> = Arc::from(&sent.msg[..]);
-            if let Err(error) = producer.enqueue(
-                entity_id,
-                Some(seq),
-                attempt_of(msg),
-                Some(bytes),
-                Some(permit),
-            ) {
-                // Journaled, not queued: stop rather than give its number
-                // to another message (a restart sends it).
-                producer.stop(error.clone());
-                return Err(error);
-            }
-            let last = log.snapshot_at.load(std::sync::atomic::Ordering::Relaxed);
-            if *highest >= last + SNAPSHOT_EVERY {
-                let (next, unconfirmed) = producer.durable_view();
-                let snapshot = Snapshot {
-                    epoch: producer.epoch(),
-                    next,
-                    unconfirmed: unconfirmed
-                        .into_iter()
-                        .map(|(entity, seq, msg)| Sent {
-                            entity,
-                            seq,
-                            msg: Bytes::copy_from_slice(&msg),
-                        })
-                        .collect(),
-                };
-                log.snapshot(*highest, snapshot).await;
-                log.snapshot_at
-                    .store(*highest, std::sync::atomic::Ordering::Relaxed);
-            }
-            Ok(seq)
         });
         journaled
             .await
-            .unwrap_or_else(|e| Err(ShardingError::Bug(format!("a durable send failed: {e}"))))
+            .unwrap_or_else(|_| Err(ShardingError::Bug("a durable send was dropped".into())))
     }
 
     /// As [`ReliableProducer::flush`].
@@ -468,5 +454,94 @@ impl<P: Protocol, M: Tell<P> + Clone + Sync + Serialize> DurableProducer<P, M> {
     /// The producer's epoch: an earlier instance's, when it resumed one.
     pub fn epoch(&self) -> u64 {
         self.producer.epoch()
+    }
+}
+
+fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Numbers the sends of `batch` (in order, each after its stream's last),
+/// journals them in one write after `*highest`, queues each under its
+/// number and answers its caller; then snapshots when one is due. A write
+/// that fails answers every send of the batch with its error and, unless
+/// the store refused it as invalid, stops the producer (another instance
+/// started, or the outcome is unknown: a restart reads what was written).
+async fn journal_batch<P: Protocol>(
+    producer: &ReliableProducer<P>,
+    log: &Log,
+    highest: &mut u64,
+    batch: Vec<Waiting<P>>,
+) {
+    let fail = |batch: Vec<Waiting<P>>, error: ShardingError| {
+        for w in batch {
+            let _ = w.done.send(Err(error.clone()));
+        }
+    };
+    if let Some(why) = producer.refusal() {
+        return fail(batch, why);
+    }
+    let mut next: std::collections::HashMap<Arc<str>, u64> = std::collections::HashMap::new();
+    let mut numbered = Vec::with_capacity(batch.len());
+    let mut events = Vec::with_capacity(batch.len());
+    for w in &batch {
+        let seq = match next.get(&w.entity) {
+            Some(seq) => Ok(*seq),
+            None => producer.next_seq(&w.entity),
+        };
+        let event = seq.and_then(|seq| {
+            cbor(&Sent {
+                entity: w.entity.to_string(),
+                seq,
+                msg: w.msg.clone(),
+            })
+            .map(|bytes| (seq, bytes))
+        });
+        match event {
+            Ok((seq, bytes)) => {
+                next.insert(w.entity.clone(), seq + 1);
+                numbered.push(seq);
+                events.push(bytes);
+            }
+            Err(error) => return fail(batch, error),
+        }
+    }
+    if let Err(error) = log.append(highest, SENT, events).await {
+        let invalid = matches!(&error, ShardingError::Persistence { error, .. }
+            if matches!(**error, PersistenceError::Invalid(_)));
+        if !invalid {
+            tracing::warn!(persistence_id = %log.id, %error, "a durable producer's append failed: it stops");
+            producer.stop(error.clone());
+        }
+        return fail(batch, error);
+    }
+    for (w, seq) in batch.into_iter().zip(numbered) {
+        let bytes: Arc<[u8]> = Arc::from(&w.msg[..]);
+        let queued = producer.enqueue(w.entity, Some(seq), w.attempt, Some(bytes), Some(w.permit));
+        if let Err(error) = &queued {
+            // Journaled, not queued: stop rather than give its number to
+            // another message (a restart sends it).
+            producer.stop(error.clone());
+        }
+        let _ = w.done.send(queued);
+    }
+    let last = log.snapshot_at.load(std::sync::atomic::Ordering::Relaxed);
+    if *highest >= last + SNAPSHOT_EVERY {
+        let (next, unconfirmed) = producer.durable_view();
+        let snapshot = Snapshot {
+            epoch: producer.epoch(),
+            next,
+            unconfirmed: unconfirmed
+                .into_iter()
+                .map(|(entity, seq, msg)| Sent {
+                    entity,
+                    seq,
+                    msg: Bytes::copy_from_slice(&msg),
+                })
+                .collect(),
+        };
+        log.snapshot(*highest, snapshot).await;
+        log.snapshot_at
+            .store(*highest, std::sync::atomic::Ordering::Relaxed);
     }
 }

@@ -14,10 +14,10 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use datum_cluster_sharding::persistence::{
-    DurableStateStore, InMemoryPersistence, Journal, RedbPersistence,
+    DurableStateStore, InMemoryPersistence, Journal, RedbPersistence, SnapshotStore,
 };
 use datum_cluster_sharding::prelude::*;
-use datum_cluster_sharding::{ProducerConfig, ReliableProducer};
+use datum_cluster_sharding::{DurableProducer, ProducerConfig, ReliableProducer};
 use serde_json::json;
 
 use super::durable::JournalKind;
@@ -141,35 +141,70 @@ async fn warm_up(producer: &ReliableProducer<Notes>) -> Result<(), Box<dyn std::
     Ok(())
 }
 
-/// One task per producer sending its share of notes to entities drawn at
-/// random (from `seed`), then waiting until all are confirmed.
+/// A driver's producer: its messages kept in memory, or journaled before
+/// each send returns (`--durable-producer`).
+#[derive(Clone)]
+enum Producer {
+    Memory(ReliableProducer<Notes>),
+    Durable(DurableProducer<Notes, Note>),
+}
+
+impl Producer {
+    async fn send(&self, entity: String, note: Note) -> ShardingResult<u64> {
+        match self {
+            Producer::Memory(p) => p.send(entity, note).await,
+            Producer::Durable(p) => p.send(entity, note).await,
+        }
+    }
+
+    async fn flush(&self, timeout: Duration) -> ShardingResult<()> {
+        match self {
+            Producer::Memory(p) => p.flush(timeout).await,
+            Producer::Durable(p) => p.flush(timeout).await,
+        }
+    }
+
+    fn stats(&self) -> datum_cluster_sharding::ProducerStats {
+        match self {
+            Producer::Memory(p) => p.stats(),
+            Producer::Durable(p) => p.stats(),
+        }
+    }
+}
+
+/// `senders` tasks per producer, each sending its part of the producer's
+/// share of notes to entities drawn at random (from `seed`) as a driver
+/// of its own (so each entity can check every sender's order), then
+/// waiting until all are confirmed.
 fn spawn_drivers(
-    producers: &[ReliableProducer<Notes>],
+    producers: &[Producer],
     shares: Vec<u64>,
+    senders: u64,
     seed: u64,
 ) -> Vec<tokio::task::JoinHandle<ShardingResult<()>>> {
-    producers
-        .iter()
-        .zip(shares)
-        .enumerate()
-        .map(|(d, (producer, share))| {
+    let mut tasks = Vec::new();
+    for (d, (producer, share)) in producers.iter().zip(shares).enumerate() {
+        for t in 0..senders {
             let producer = producer.clone();
-            tokio::spawn(async move {
-                let mut x = seed ^ (d as u64 + 1);
-                for seq in 0..share {
+            let driver = d as u64 * senders + t;
+            let part = share / senders + u64::from(t < share % senders);
+            tasks.push(tokio::spawn(async move {
+                let mut x = seed ^ (driver + 1);
+                for seq in 0..part {
                     x ^= x << 13;
                     x ^= x >> 7;
                     x ^= x << 17;
                     let note = Note {
-                        driver: d as u32,
+                        driver: driver as u32,
                         seq,
                     };
                     producer.send(entity_id(x % ENTITIES), note).await?;
                 }
                 producer.flush(Duration::from_secs(600)).await
-            })
-        })
-        .collect()
+            }));
+        }
+    }
+    tasks
 }
 
 /// The notes every entity handled, asked through `system`, less the
@@ -185,26 +220,46 @@ async fn count_handled<S, J>(system: &ShardedSystem<S, J>) -> ShardingResult<u64
     Ok(handled - ENTITIES)
 }
 
-/// The reliable run on `nodes`: three producers, one per node, each with
-/// `in_flight` unconfirmed at most, sending their share of `messages` to
-/// entities drawn at random; then every entity's count is asked.
-async fn drive_reliable<J: Send + Sync + 'static>(
+/// Three producers, one per node, each with `in_flight` unconfirmed at
+/// most; durable ones (on each node's journal) with `durable`.
+async fn producers<J: Journal + SnapshotStore>(
     nodes: &[Node<NoStore, J>],
-    messages: u64,
     in_flight: usize,
-) -> Result<Figures, Box<dyn std::error::Error>> {
+    durable: bool,
+) -> ShardingResult<Vec<Producer>> {
     let config = ProducerConfig::builder().max_unconfirmed(in_flight).build();
     let mut producers = Vec::new();
     for (d, n) in nodes.iter().enumerate() {
-        let producer: ReliableProducer<Notes> = n
-            .system
-            .reliable_producer(format!("driver-{d}"), config.clone())?;
-        producers.push(producer);
+        let id = format!("driver-{d}");
+        producers.push(if durable {
+            Producer::Durable(n.system.durable_producer(&id, config.clone()).await?)
+        } else {
+            Producer::Memory(n.system.reliable_producer(id, config.clone())?)
+        });
     }
-    warm_up(&producers[0]).await?;
+    Ok(producers)
+}
+
+/// The reliable run on `nodes`: `producers` (one per node), each sending
+/// its share of `messages` to entities drawn at random from `senders`
+/// tasks; then every entity's count is asked.
+async fn drive_reliable<J: Send + Sync + 'static>(
+    nodes: &[Node<NoStore, J>],
+    producers: Vec<Producer>,
+    messages: u64,
+    senders: u64,
+) -> Result<Figures, Box<dyn std::error::Error>> {
+    if let Producer::Memory(first) = &producers[0] {
+        warm_up(first).await?;
+    } else {
+        let warm = nodes[0]
+            .system
+            .reliable_producer("warm-up", ProducerConfig::default())?;
+        warm_up(&warm).await?;
+    }
     let cpu_before = cpu_time();
     let start = Instant::now();
-    let drivers = spawn_drivers(&producers, shares(messages), 0x9e37_79b9_7f4a_7c15);
+    let drivers = spawn_drivers(&producers, shares(messages), senders, 0x9e37_79b9_7f4a_7c15);
     for driver in drivers {
         driver.await??;
     }
@@ -284,14 +339,20 @@ pub async fn run(
     plain: (u64, super::Run),
     messages: u64,
     in_flight: usize,
-    journal: Option<JournalKind>,
+    (journal, durable_producer): (Option<JournalKind>, bool),
 ) -> Result<(serde_json::Value, bool), Box<dyn std::error::Error>> {
     let (plain_messages, plain_run) = plain;
     let checks = Arc::new(Checks::default());
     let (figures, store) = match journal {
         None => {
             let nodes = plain_note_nodes("shard-bench-reliable", &checks).await?;
-            let figures = drive_reliable(&nodes, messages, in_flight).await;
+            let mut producers = Vec::new();
+            for (d, n) in nodes.iter().enumerate() {
+                let config = ProducerConfig::builder().max_unconfirmed(in_flight).build();
+                let producer = n.system.reliable_producer(format!("driver-{d}"), config)?;
+                producers.push(Producer::Memory(producer));
+            }
+            let figures = drive_reliable(&nodes, producers, messages, 1).await;
             stop(nodes).await;
             (figures?, "memory (the deliveries table in memory)")
         }
@@ -304,9 +365,25 @@ pub async fn run(
                 )?);
             }
             let nodes = durable_note_nodes("shard-bench-reliable", journals, &checks).await?;
-            let figures = drive_reliable(&nodes, messages, in_flight).await;
+            // A durable producer's send returns once journaled: one
+            // sender would wait for every append; `in_flight` senders
+            // share the producer, as concurrent callers would.
+            let senders = if durable_producer {
+                in_flight as u64
+            } else {
+                1
+            };
+            let figures = match producers(&nodes, in_flight, durable_producer).await {
+                Ok(producers) => drive_reliable(&nodes, producers, messages, senders).await,
+                Err(error) => Err(error.into()),
+            };
             stop(nodes).await;
-            (figures?, "embedded (durable state, a save per note)")
+            let store = if durable_producer {
+                "embedded (durable state, a save per note; durable producers, their sends journaled)"
+            } else {
+                "embedded (durable state, a save per note)"
+            };
+            (figures?, store)
         }
         Some(JournalKind::Postgres) => {
             return Err("w1 --reliable runs without a journal or on the embedded one".into());
@@ -329,6 +406,7 @@ pub async fn run(
     record["workload"] = "w1-reliable".into();
     record["store"] = store.into();
     record["in_flight_per_driver"] = in_flight.into();
+    record["durable_producer"] = durable_producer.into();
     record["duplicate_processings"] = duplicates.into();
     record["order_violations"] = order.into();
     record["plain_w1"] = plain_run.json();
@@ -364,7 +442,8 @@ pub async fn run_w2(
     warm_up(&producers[0]).await?;
     let start = Instant::now();
     let halves = [messages / 2 + messages % 2, messages / 2];
-    let drivers = spawn_drivers(&producers, halves.to_vec(), 0x2545_f491_4f6c_dd1d);
+    let memory: Vec<Producer> = producers.iter().cloned().map(Producer::Memory).collect();
+    let drivers = spawn_drivers(&memory, halves.to_vec(), 1, 0x2545_f491_4f6c_dd1d);
     let confirmed = |producers: &[ReliableProducer<Notes>]| -> u64 {
         producers.iter().map(|p| p.stats().confirmed).sum()
     };
