@@ -280,10 +280,12 @@ fn handoff_moves_every_state_with_migration_and_none_without() {
 #[test]
 fn reliable_w1_and_w2_take_effect_once_per_message() {
     // W1 through reliable producers, the table in memory and on the
-    // embedded store (plain W1 runs first in the same process).
+    // embedded store, and durable producers (plain W1 runs first in the
+    // same process).
     for extra in [
         &["--reliable"][..],
         &["--reliable", "--journal", "embedded"],
+        &["--reliable", "--journal", "embedded", "--durable-producer"],
     ] {
         let record = run_with("w1", extra);
         assert_eq!(record["handled"], record["messages"], "{record}");
