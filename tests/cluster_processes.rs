@@ -124,6 +124,11 @@ impl NodeProcess {
         }
     }
 
+    /// Drops the lines printed so far (not the end of its output).
+    fn skip_printed(&mut self) {
+        while let Ok(Output::Line { .. }) = self.lines.try_recv() {}
+    }
+
     /// Waits until this node has reported `n` distinct members Up.
     fn expect_members_up(&mut self, n: usize) {
         let mut up = HashSet::new();
@@ -634,8 +639,10 @@ impl CreditRun {
     }
 }
 
-/// Waits for a line saying `node` hosts live entities.
+/// Waits for a line, printed from now on, saying `node` hosts live
+/// entities.
 fn expect_hosting(node: &mut NodeProcess) {
+    node.skip_printed();
     node.expect_line(|l| {
         field(l, "event") == Some("region_state") && number(l, "entities").is_some_and(|n| n > 0)
     });
@@ -696,39 +703,18 @@ fn reliable_credits_survive_a_rolling_restart_each_journaled_once() {
     });
 }
 
-/// Each journaled counter's total, from its journal, after checking that
-/// the journal holds sequence numbers `1..=n` without a gap and that each
-/// `Added` was added onto the sum of those before it (no fork). Delivery
-/// records (`journaled-counter#delivery`) share the sequence numbers.
+/// Each journaled counter's total, from its journal, after checking it
+/// ([`common::walk_counter_journals`]: no gap, no fork).
 fn journaled_totals(server: &pg_server::Server, db: &str) -> BTreeMap<String, u64> {
-    let rows = server.psql(
-        db,
-        "SELECT entity_id, sequence_nr, manifest, encode(payload, 'hex') FROM datum_events \
-         WHERE type_name = 'journaled-counter' ORDER BY entity_id, sequence_nr",
+    let mut totals = BTreeMap::new();
+    common::walk_counter_journals(
+        &server.psql(db, common::COUNTER_JOURNALS),
+        |entity, _, event| {
+            let total = totals.entry(entity.to_owned()).or_default();
+            if let common::CounterRow::Added(by) = event {
+                *total += by;
+            }
+        },
     );
-    // Per counter: the events read, and the total of their additions.
-    let mut read = BTreeMap::<String, (u64, u64)>::new();
-    for row in rows.lines() {
-        let [entity, seq, manifest, payload] = row.split('|').collect::<Vec<_>>()[..] else {
-            panic!("a row of four columns: {row}");
-        };
-        let (events, total) = read.entry(entity.to_owned()).or_default();
-        *events += 1;
-        assert_eq!(
-            seq.parse().ok(),
-            Some(*events),
-            "{entity}: a gap before {row}"
-        );
-        if manifest == "journaled-counter" {
-            let added: journaled::Added =
-                ciborium::from_reader(&common::unhex(payload)[..]).expect("an Added event");
-            assert_eq!(added.onto, *total, "{entity}: a fork at {row}");
-            *total += added.by;
-        } else {
-            assert_eq!(manifest, "journaled-counter#delivery", "{row}");
-        }
-    }
-    read.into_iter()
-        .map(|(id, (_, total))| (id, total))
-        .collect()
+    totals
 }

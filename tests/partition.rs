@@ -719,53 +719,24 @@ fn journaling(extra: &[&str]) -> Option<(Net, pg_server::Server, String, Vec<Nod
     Some((net, server, db, nodes))
 }
 
-/// `datum-node`'s journaled event (`Added { by, onto }`, CBOR).
-#[derive(serde::Deserialize)]
-struct Added {
-    by: u64,
-    onto: u64,
-}
-
 /// Each counter's journal as its writers in sequence-number order — one
 /// entry per run of events by one writer (`node/incarnation/generation`) —
 /// after checking it holds exactly `1..=n` and that each event was added
 /// onto the sum of those before it (its writer had applied them all: no
 /// fork); and how many events they hold.
 fn journal_writers(server: &pg_server::Server, db: &str) -> (BTreeMap<String, Vec<String>>, u64) {
-    let rows = server.psql(
-        db,
-        "SELECT entity_id, sequence_nr, writer_node, writer_incarnation, writer_generation, \
-         encode(payload, 'hex') FROM datum_events WHERE type_name = 'journaled-counter' \
-         ORDER BY entity_id, sequence_nr",
-    );
     let mut runs = BTreeMap::<String, Vec<String>>::new();
-    // Per counter: the events read so far, and the sum of their `by`.
-    let mut read = BTreeMap::<String, (u64, u64)>::new();
-    for row in rows.lines() {
-        let cols: Vec<&str> = row.split('|').collect();
-        let [entity, seq, node, incarnation, generation, payload] = cols[..] else {
-            panic!("a row of six columns: {row}");
-        };
-        let (events, total) = read.entry(entity.to_owned()).or_default();
-        *events += 1;
-        assert_eq!(
-            seq.parse().ok(),
-            Some(*events),
-            "{entity}: a gap before {row}"
-        );
-        let bytes = common::unhex(payload);
-        let added: Added = ciborium::from_reader(&bytes[..]).expect("an Added event");
-        assert_eq!(added.onto, *total, "{entity}: a fork at {row}");
-        *total += added.by;
-        // Node ids are u64s stored as bigint, printed as 16 hex digits.
-        let node = node.parse::<i64>().expect("a node id") as u64;
-        let writer = format!("{node:016x}/{incarnation}/{generation}");
-        let writers = runs.entry(entity.to_owned()).or_default();
-        if writers.last() != Some(&writer) {
-            writers.push(writer);
-        }
-    }
-    let events = read.values().map(|(n, _)| n).sum();
+    let mut events = 0;
+    common::walk_counter_journals(
+        &server.psql(db, common::COUNTER_JOURNALS),
+        |entity, writer, _| {
+            events += 1;
+            let writers = runs.entry(entity.to_owned()).or_default();
+            if writers.last() != Some(&writer) {
+                writers.push(writer);
+            }
+        },
+    );
     assert_eq!(runs.len(), 64, "one journal per driven counter");
     (runs, events)
 }
@@ -955,58 +926,34 @@ fn a_split_under_reliable_credits_journals_each_credit_once() {
 }
 
 /// The credits journaled per producer, after checking every journaled
-/// counter's journal: sequence numbers `1..=n` without a gap, each `Added`
-/// added onto the sum of those before it (no fork) and followed by its
-/// delivery record (`[producer, epoch, seq]`, written with it), and each
-/// producer's records for the counter numbered 1, 2, 3, … (one epoch per
-/// producer here).
+/// counter's journal ([`common::walk_counter_journals`]: no gap, no fork),
+/// each `Added` followed by its delivery record (written with it), and
+/// each producer's records for the counter numbered 1, 2, 3, … (one epoch
+/// per producer here).
 fn credits_per_producer(server: &pg_server::Server, db: &str) -> BTreeMap<String, u64> {
-    let rows = server.psql(
-        db,
-        "SELECT entity_id, sequence_nr, manifest, encode(payload, 'hex') FROM datum_events \
-         WHERE type_name = 'journaled-counter' ORDER BY entity_id, sequence_nr",
-    );
-    // Per counter: events read, the total added, and whether an `Added`
-    // awaits its record.
-    let mut read = BTreeMap::<String, (u64, u64, bool)>::new();
-    // Per (counter, producer): the last record's seq.
+    // Per counter: whether an `Added` awaits its record.
+    let mut pending = BTreeMap::<String, bool>::new();
+    // Per (counter, producer): the last record's number.
     let mut last = BTreeMap::<(String, String), u64>::new();
-    for row in rows.lines() {
-        let [entity, seq, manifest, payload] = row.split('|').collect::<Vec<_>>()[..] else {
-            panic!("a row of four columns: {row}");
-        };
-        let (events, total, pending) = read.entry(entity.to_owned()).or_default();
-        *events += 1;
-        assert_eq!(
-            seq.parse().ok(),
-            Some(*events),
-            "{entity}: a gap before {row}"
-        );
-        let bytes = common::unhex(payload);
-        if manifest == "journaled-counter" {
-            assert!(
-                !*pending,
-                "{entity}: an Added without its record before {row}"
-            );
-            let added: Added = ciborium::from_reader(&bytes[..]).expect("an Added event");
-            assert_eq!(added.onto, *total, "{entity}: a fork at {row}");
-            *total += added.by;
-            *pending = true;
-        } else {
-            assert_eq!(manifest, "journaled-counter#delivery", "{row}");
-            assert!(*pending, "{entity}: a record without its Added at {row}");
-            *pending = false;
-            let (producer, _epoch, seq): (String, u64, u64) =
-                ciborium::from_reader(&bytes[..]).expect("a delivery record");
-            let previous = last.entry((entity.to_owned(), producer)).or_default();
-            assert_eq!(
-                seq,
-                *previous + 1,
-                "{entity}: handled twice or skipped at {row}"
-            );
-            *previous = seq;
-        }
-    }
+    common::walk_counter_journals(
+        &server.psql(db, common::COUNTER_JOURNALS),
+        |entity, _, event| {
+            let pending = pending.entry(entity.to_owned()).or_default();
+            match event {
+                common::CounterRow::Added(_) => {
+                    assert!(!*pending, "{entity}: an Added without its record");
+                    *pending = true;
+                }
+                common::CounterRow::Delivery(producer, seq) => {
+                    assert!(*pending, "{entity}: record {seq} without its Added");
+                    *pending = false;
+                    let previous = last.entry((entity.to_owned(), producer)).or_default();
+                    assert_eq!(seq, *previous + 1, "{entity}: handled twice or skipped");
+                    *previous = seq;
+                }
+            }
+        },
+    );
     let mut per_producer = BTreeMap::<String, u64>::new();
     for ((_, producer), n) in last {
         *per_producer.entry(producer).or_default() += n;

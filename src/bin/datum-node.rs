@@ -187,10 +187,11 @@ struct Args {
     drive_reliable: bool,
 
     /// With --counter: host the durable `journaled-counter` type instead
-    /// (`ask Add -> u64`, journaled before it is answered; `ask Get ->
-    /// u64`), its events in the PostgreSQL database at this connection
+    /// (`ask Add -> u64`, journaled before it is answered; `tell Credit`,
+    /// journaled the same way; `ask Get -> u64`), its events in the PostgreSQL database at this connection
     /// string (libpq `key=value` form), which every node may share; then
-    /// --drive asks `Add(1)`. Needs a build with `--features postgres`.
+    /// --drive asks `Add(1)` (with --drive-reliable it sends `tell
+    /// Credit(1)`). Needs a build with `--features postgres`.
     #[arg(
         long,
         env = "DATUM_JOURNAL_URL",

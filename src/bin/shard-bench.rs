@@ -935,6 +935,10 @@ fn main() -> ExitCode {
         eprintln!("shard-bench: --reliable runs w1 and w2 in one process");
         return ExitCode::from(2);
     }
+    if args.durable_producer && !w1 {
+        eprintln!("shard-bench: --durable-producer runs w1 --reliable --journal embedded");
+        return ExitCode::from(2);
+    }
     if let Some(rounds) = args.pairs {
         let name = match args.workload {
             Workload::W1 => "w1",

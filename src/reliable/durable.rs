@@ -515,6 +515,7 @@ async fn journal_batch<P: Protocol>(
         }
         return fail(batch, error);
     }
+    let mut all_queued = true;
     for (w, seq) in batch.into_iter().zip(numbered) {
         let bytes: Arc<[u8]> = Arc::from(&w.msg[..]);
         let queued = producer.enqueue(w.entity, Some(seq), w.attempt, Some(bytes), Some(w.permit));
@@ -522,11 +523,15 @@ async fn journal_batch<P: Protocol>(
             // Journaled, not queued: stop rather than give its number to
             // another message (a restart sends it).
             producer.stop(error.clone());
+            all_queued = false;
         }
         let _ = w.done.send(queued);
     }
+    // A snapshot holds what is queued: with a message journaled and not
+    // queued, it would delete that message's event (a restart must read
+    // it), so none is taken.
     let last = log.snapshot_at.load(std::sync::atomic::Ordering::Relaxed);
-    if *highest >= last + SNAPSHOT_EVERY {
+    if all_queued && *highest >= last + SNAPSHOT_EVERY {
         let (next, unconfirmed) = producer.durable_view();
         let snapshot = Snapshot {
             epoch: producer.epoch(),

@@ -883,6 +883,7 @@ impl CoordinatorCore {
             table.regions.retain(|m| members.contains_key(m));
             table.proxies.retain(|m| members.contains_key(m));
             table.leaving.retain(|m| members.contains_key(m));
+            table.hosting.retain(|m, _| members.contains_key(m));
             for askers in table.waiting.values_mut() {
                 askers.retain(|m| members.contains_key(m));
             }
@@ -1589,8 +1590,9 @@ impl CoordinatorCore {
     }
 
     /// Gives an orphaned `shard` (its home `old` lost its owner) to an
-    /// eligible region that says it hosts the shard under `old`'s
-    /// generation or a later one. Two coordinators on either side of a
+    /// eligible region that said, registering with this core in its
+    /// current term, that it hosts the shard under `old`'s generation or a
+    /// later one, under a generation above both. Two coordinators on either side of a
     /// partition can give out the same generation (the one that placed it
     /// first may be gone before anyone else hears of it); the region
     /// already hosts the shard, so it keeps it, under a fresh generation,
@@ -1605,12 +1607,16 @@ impl CoordinatorCore {
         out: &mut Vec<Command>,
     ) -> Option<ShardHome> {
         let epoch = self.epoch;
+        let registered = &self.registered;
         let table = self.types.get_mut(type_name)?;
+        // Only a registration this term (regions register with each new
+        // coordinator) says what a region hosts now.
         let host = table.hosting.iter().find_map(|(region, shards)| {
             let hosts = shards.get(&shard).is_some_and(|g| *g >= old.generation);
-            (hosts && *region != old.owner && candidates.contains(region)).then_some(*region)
+            let eligible = candidates.contains(region) && registered.contains(region);
+            (hosts && *region != old.owner && eligible).then_some(*region)
         })?;
-        let home = table.place(shard, host, 0)?;
+        let home = table.place(shard, host, old.generation)?;
         table.tell_regions(type_name, shard, (home, None), epoch, out);
         Some(home)
     }

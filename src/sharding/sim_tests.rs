@@ -883,6 +883,8 @@ struct Reliable {
     duplicates: u64,
     /// Writes refused for a revision another incarnation passed.
     conflicts: u64,
+    /// Sends so far (each picks its entity of the shard in turn).
+    sends: u64,
 }
 
 impl Reliable {
@@ -893,6 +895,12 @@ impl Reliable {
         let Some((target, seq)) = self.tags.get(&id).cloned() else {
             return Ok(());
         };
+        if mailbox.entity != target.1 {
+            return Err(format!(
+                "node {i}: message {seq} to {} reached {}",
+                target.1, mailbox.entity
+            ));
+        }
         let delivery = Delivery {
             producer: Arc::from("sim"),
             epoch: 1,
@@ -1432,10 +1440,11 @@ impl Sim {
         if self.nodes[i].as_ref().is_none_or(|n| n.retired) {
             return;
         }
-        let target = (shard, entity_id(shard, self.ledger.next % ENTITIES));
         let Some(reliable) = &mut self.reliable else {
             return;
         };
+        reliable.sends += 1;
+        let target = (shard, entity_id(shard, reliable.sends % ENTITIES));
         let (queue, next) = reliable
             .queues
             .entry(target.clone())

@@ -41,6 +41,82 @@ pub fn unhex(hex: &str) -> Vec<u8> {
         .collect()
 }
 
+/// Every row of `datum-node`'s journaled counters (`protocols/journaled.rs`)
+/// in the PostgreSQL store, for [`walk_counter_journals`].
+pub const COUNTER_JOURNALS: &str = "SELECT entity_id, sequence_nr, manifest, writer_node, \
+     writer_incarnation, writer_generation, encode(payload, 'hex') FROM datum_events \
+     WHERE type_name = 'journaled-counter' ORDER BY entity_id, sequence_nr";
+
+/// A journaled counter's event (`Added { by, onto }`, CBOR).
+#[derive(serde::Deserialize)]
+struct Added {
+    by: u64,
+    onto: u64,
+}
+
+/// One row of a counter's journal, as [`walk_counter_journals`] gives it.
+pub enum CounterRow {
+    /// An addition of this much.
+    Added(u64),
+    /// A reliable delivery's record (`journaled-counter#delivery`): its
+    /// producer and number.
+    Delivery(String, u64),
+}
+
+/// Walks the rows `psql` printed for [`COUNTER_JOURNALS`], checking that
+/// each counter's sequence numbers run 1, 2, 3, … without a gap and that
+/// each `Added` was added onto the sum of those before it (its writer had
+/// applied them all: no fork); gives `each` every row's counter, writer
+/// (`node/incarnation/generation`, the node as 16 hex digits) and event.
+pub fn walk_counter_journals(rows: &str, mut each: impl FnMut(&str, String, CounterRow)) {
+    // Per counter: the events read, and the sum of their additions.
+    let mut read = std::collections::BTreeMap::<&str, (u64, u64)>::new();
+    for row in rows.lines() {
+        let cols: Vec<&str> = row.split('|').collect();
+        let [
+            entity,
+            seq,
+            manifest,
+            node,
+            incarnation,
+            generation,
+            payload,
+        ] = cols[..]
+        else {
+            panic!("a row of seven columns: {row}");
+        };
+        let (events, total) = read.entry(entity).or_default();
+        *events += 1;
+        assert_eq!(
+            seq.parse().ok(),
+            Some(*events),
+            "{entity}: a gap before {row}"
+        );
+        let bytes = unhex(payload);
+        let event = match manifest {
+            "journaled-counter" => {
+                let added: Added = ciborium::from_reader(&bytes[..]).expect("an Added event");
+                assert_eq!(added.onto, *total, "{entity}: a fork at {row}");
+                *total += added.by;
+                CounterRow::Added(added.by)
+            }
+            "journaled-counter#delivery" => {
+                let (producer, _epoch, seq): (String, u64, u64) =
+                    ciborium::from_reader(&bytes[..]).expect("a delivery record");
+                CounterRow::Delivery(producer, seq)
+            }
+            other => panic!("{entity}: an event of manifest {other}"),
+        };
+        // Node ids are u64s stored as bigint.
+        let node = node.parse::<i64>().expect("a node id") as u64;
+        each(
+            entity,
+            format!("{node:016x}/{incarnation}/{generation}"),
+            event,
+        );
+    }
+}
+
 /// A child process killed (and reaped) when the test ends, passed or
 /// failed, so a failing assertion leaves no node running.
 pub struct KillOnDrop(pub std::process::Child);

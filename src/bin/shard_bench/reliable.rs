@@ -134,7 +134,13 @@ impl Figures {
 async fn warm_up(producer: &ReliableProducer<Notes>) -> Result<(), Box<dyn std::error::Error>> {
     for k in 0..ENTITIES {
         producer
-            .send(entity_id(k), Note { driver: 99, seq: k })
+            .send(
+                entity_id(k),
+                Note {
+                    driver: u32::MAX,
+                    seq: k,
+                },
+            )
             .await?;
     }
     producer.flush(Duration::from_secs(120)).await?;
