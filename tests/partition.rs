@@ -867,7 +867,10 @@ fn a_split_over_a_shared_postgres_journal_never_forks_it() {
 
 /// The 3/2 split of [`a_split_over_a_shared_postgres_journal_never_forks_it`]
 /// with every driver sending `Credit(1)` through a reliable producer of its
-/// node's (`--drive-reliable`). Side B downs itself, its producers with it;
+/// node's (`--drive-reliable`). Side B's nodes are asked to leave (SIGTERM)
+/// right after the cut: each waits for its credits, which side A's
+/// counters cannot confirm, until it is downed, and then stops at once
+/// (exit 3), as a node not leaving would. Side B downs itself, its producers with it;
 /// side A takes its counters over, and its producers resend what the cut
 /// left unconfirmed. In the journal, each credit is an `Added` followed by
 /// its delivery record, and each producer's records for a counter number
@@ -881,6 +884,10 @@ fn a_split_under_reliable_credits_journals_each_credit_once() {
         return;
     };
     net.sides_linked(false);
+    for n in &nodes[3..] {
+        // SAFETY: signalling our own child, not yet reaped.
+        unsafe { libc::kill(n.child.id() as libc::pid_t, libc::SIGTERM) };
+    }
     for n in &mut nodes[3..] {
         let stopped = n.expect(|l| field(l, "event") == Some("stopped"));
         assert_eq!(field(&stopped, "reason"), Some("downed"), "{stopped}");

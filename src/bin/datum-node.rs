@@ -705,6 +705,24 @@ async fn run(args: Args) -> ExitCode {
             },
         }
     }
+    // A graceful leave waits for reliable credits to be confirmed first;
+    // should the cluster down or remove the node meanwhile, it stops at
+    // once, as it would have without the wait.
+    if !stopped_by_cluster && let Some(drive) = &drive {
+        let stopped = async { while state.changed().await.is_ok() {} };
+        let settled = async {
+            tokio::select! {
+                () = drive.settle() => false,
+                () = stopped => true,
+            }
+        };
+        // (A node downed meanwhile may see its system stop, and the wait
+        // end, before its state watch closes: its status says.)
+        stopped_by_cluster = printing_events(&mut events, started, settled).await
+            || state.has_changed().is_err()
+            || node.current_state().self_status() == Some(MemberStatus::Down);
+        emit(&drive.line(started));
+    }
 
     if stopped_by_cluster {
         drain(&mut events, started);
@@ -724,13 +742,9 @@ async fn run(args: Args) -> ExitCode {
         return ExitCode::from(EXIT_STOPPED_BY_CLUSTER);
     }
 
-    // Graceful leave: reliable credits confirmed first, then the shards
-    // (the node still routes meanwhile), then the membership; events keep
-    // being printed throughout.
-    if let Some(drive) = &drive {
-        printing_events(&mut events, started, drive.settle()).await;
-        emit(&drive.line(started));
-    }
+    // Graceful leave: (reliable credits confirmed, above) the shards (the
+    // node still routes meanwhile), then the membership; events keep being
+    // printed throughout.
     if let Some(system) = &system {
         emit(&system.region_line("handoff_started", started));
         printing_events(&mut events, started, system.shutdown()).await;
