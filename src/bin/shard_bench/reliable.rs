@@ -226,24 +226,39 @@ async fn count_handled<S, J>(system: &ShardedSystem<S, J>) -> ShardingResult<u64
     Ok(handled - ENTITIES)
 }
 
-/// Three producers, one per node, each with `in_flight` unconfirmed at
-/// most; durable ones (on each node's journal) with `durable`.
-async fn producers<J: Journal + SnapshotStore>(
+/// Three durable producers, one per node on its journal, each with
+/// `in_flight` unconfirmed at most.
+async fn durable_producers<J: Journal + SnapshotStore>(
     nodes: &[Node<NoStore, J>],
     in_flight: usize,
-    durable: bool,
 ) -> ShardingResult<Vec<Producer>> {
     let config = ProducerConfig::builder().max_unconfirmed(in_flight).build();
     let mut producers = Vec::new();
     for (d, n) in nodes.iter().enumerate() {
         let id = format!("driver-{d}");
-        producers.push(if durable {
-            Producer::Durable(n.system.durable_producer(&id, config.clone()).await?)
-        } else {
-            Producer::Memory(n.system.reliable_producer(id, config.clone())?)
-        });
+        let producer = n.system.durable_producer(&id, config.clone()).await?;
+        producers.push(Producer::Durable(producer));
     }
     Ok(producers)
+}
+
+/// Three in-memory producers, one per node, each with `in_flight`
+/// unconfirmed at most.
+fn memory_producers<J>(
+    nodes: &[Node<NoStore, J>],
+    in_flight: usize,
+) -> ShardingResult<Vec<Producer>> {
+    let config = ProducerConfig::builder().max_unconfirmed(in_flight).build();
+    nodes
+        .iter()
+        .enumerate()
+        .map(|(d, n)| {
+            let producer = n
+                .system
+                .reliable_producer(format!("driver-{d}"), config.clone());
+            producer.map(Producer::Memory)
+        })
+        .collect()
 }
 
 /// The reliable run on `nodes`: `producers` (one per node), each sending
@@ -255,14 +270,10 @@ async fn drive_reliable<J: Send + Sync + 'static>(
     messages: u64,
     senders: u64,
 ) -> Result<Figures, Box<dyn std::error::Error>> {
-    if let Producer::Memory(first) = &producers[0] {
-        warm_up(first).await?;
-    } else {
-        let warm = nodes[0]
-            .system
-            .reliable_producer("warm-up", ProducerConfig::default())?;
-        warm_up(&warm).await?;
-    }
+    let warm = nodes[0]
+        .system
+        .reliable_producer("warm-up", ProducerConfig::default())?;
+    warm_up(&warm).await?;
     let cpu_before = cpu_time();
     let start = Instant::now();
     let drivers = spawn_drivers(&producers, shares(messages), senders, 0x9e37_79b9_7f4a_7c15);
@@ -352,13 +363,10 @@ pub async fn run(
     let (figures, store) = match journal {
         None => {
             let nodes = plain_note_nodes("shard-bench-reliable", &checks).await?;
-            let mut producers = Vec::new();
-            for (d, n) in nodes.iter().enumerate() {
-                let config = ProducerConfig::builder().max_unconfirmed(in_flight).build();
-                let producer = n.system.reliable_producer(format!("driver-{d}"), config)?;
-                producers.push(Producer::Memory(producer));
-            }
-            let figures = drive_reliable(&nodes, producers, messages, 1).await;
+            let figures = match memory_producers(&nodes, in_flight) {
+                Ok(producers) => drive_reliable(&nodes, producers, messages, 1).await,
+                Err(error) => Err(error.into()),
+            };
             stop(nodes).await;
             (figures?, "memory (the deliveries table in memory)")
         }
@@ -374,21 +382,24 @@ pub async fn run(
             // A durable producer's send returns once journaled: one
             // sender would wait for every append; `in_flight` senders
             // share the producer, as concurrent callers would.
-            let senders = if durable_producer {
-                in_flight as u64
+            let (producers, senders, store) = if durable_producer {
+                (
+                    durable_producers(&nodes, in_flight).await,
+                    in_flight as u64,
+                    "embedded (durable state, a save per note; durable producers, their sends journaled)",
+                )
             } else {
-                1
+                (
+                    memory_producers(&nodes, in_flight),
+                    1,
+                    "embedded (durable state, a save per note)",
+                )
             };
-            let figures = match producers(&nodes, in_flight, durable_producer).await {
+            let figures = match producers {
                 Ok(producers) => drive_reliable(&nodes, producers, messages, senders).await,
                 Err(error) => Err(error.into()),
             };
             stop(nodes).await;
-            let store = if durable_producer {
-                "embedded (durable state, a save per note; durable producers, their sends journaled)"
-            } else {
-                "embedded (durable state, a save per note)"
-            };
             (figures?, store)
         }
         Some(JournalKind::Postgres) => {
