@@ -41,7 +41,7 @@ use crate::entity::{
     DurableState, Entity, EntityContext, EventSourced, JournalWriter, Migratable, Migration,
     MigrationEvent, Snapshots, Snapshotted, StateEncoder, StateWriter,
 };
-use crate::envelope::Delivery;
+use crate::envelope::{Delivery, Extras};
 use crate::error::{ShardingError, ShardingResult};
 use crate::extractor::{ShardExtractor, ShardId};
 use crate::persistence::{DurableStateStore, Journal, NoJournal, SnapshotStore};
@@ -1309,7 +1309,8 @@ impl<P: Protocol> EntityRef<P> {
     pub async fn tell<M: Tell<P>>(&self, msg: M) -> ShardingResult<()> {
         let region = self.region()?;
         if let Some(remember) = region.remember().filter(|r| r.is_full()) {
-            remember.room(P::TYPE_NAME, self.shard, None).await?;
+            // Boxed: a rare wait, kept out of every tell's future.
+            Box::pin(remember.room(P::TYPE_NAME, self.shard, None)).await?;
         }
         let mut envelope = envelope_of::<P, M>(msg, None);
         if region.tracing().is_some() {
@@ -1331,18 +1332,26 @@ impl<P: Protocol> EntityRef<P> {
     /// within `timeout`.
     pub async fn ask<M: Ask<P>>(&self, msg: M, timeout: Duration) -> ShardingResult<M::Reply> {
         let region = self.region()?;
-        let sent = std::time::Instant::now();
+        // One clock read per ask: the deadline and the latency both count
+        // from it.
+        let sent = tokio::time::Instant::now();
         region.metrics.asks.increment(1);
         let answer = match region.tracing() {
-            None => self.ask_in(region, msg, timeout, None, None).await,
+            None => self.ask_in(region, msg, (sent, timeout), None).await,
             Some(_) => {
                 let span = tracing::info_span!(
                     "datum.ask",
                     entity_type = P::TYPE_NAME,
                     entity_id = &*self.entity_id
                 );
-                let asked = self.ask_in(region, msg, timeout, Some(span.clone()), None);
-                tracing::Instrument::instrument(asked, span).await
+                let extras = Extras {
+                    trace: Some(span.clone()),
+                    delivery: None,
+                };
+                let asked = self.ask_in(region, msg, (sent, timeout), Some(Box::new(extras)));
+                // Boxed, as every rare wait of an ask: what an untraced
+                // ask's future holds is what the common path needs.
+                Box::pin(tracing::Instrument::instrument(asked, span)).await
             }
         };
         match &answer {
@@ -1387,37 +1396,38 @@ impl<P: Protocol> EntityRef<P> {
         timeout: Duration,
     ) -> ShardingResult<()> {
         let region = self.region()?;
-        self.ask_in(region, msg, timeout, None, Some(delivery))
+        let sent = tokio::time::Instant::now();
+        let extras = Extras {
+            trace: None,
+            delivery: Some(delivery),
+        };
+        self.ask_in(region, msg, (sent, timeout), Some(Box::new(extras)))
             .await
     }
 
     /// [`ask`](Self::ask) on the region it resolved (or a reliable tell,
-    /// with its `delivery` tag).
+    /// with its delivery tag in `extras`), `sent` at the instant its
+    /// `timeout` counts from; `extras`: its trace span and delivery tag, if
+    /// it has either.
+    ///
+    /// Its future is small (SPEC §13.5): the message is sent before the
+    /// first await, the rare waits (room in a full remember-entities queue,
+    /// tracing) are boxed, and what is held across the wait for the reply
+    /// is the reply channel and its deadline. A caller that keeps many asks
+    /// in flight allocates each one's future; at this size it stays in the
+    /// allocator's per-thread caches.
     async fn ask_in<M: Message<P>>(
         &self,
         region: &Region,
         msg: M,
-        timeout: Duration,
-        trace: Option<tracing::Span>,
-        delivery: Option<Delivery>,
+        (sent, timeout): (tokio::time::Instant, Duration),
+        extras: Option<Box<Extras>>,
     ) -> ShardingResult<M::Reply> {
-        let deadline = crate::store::writer::deadline_after(timeout);
+        let deadline = crate::store::writer::deadline_from(sent, timeout);
         if let Some(remember) = region.remember().filter(|r| r.is_full()) {
-            remember
-                .room(P::TYPE_NAME, self.shard, Some(deadline))
-                .await?;
+            Box::pin(remember.room(P::TYPE_NAME, self.shard, Some(deadline))).await?;
         }
-        let (reply, replied) = oneshot::channel();
-        let mut envelope = envelope_of::<P, M>(msg, Some(reply));
-        if let Some(span) = trace {
-            envelope.set_trace(span);
-        }
-        if let Some(delivery) = delivery {
-            envelope.set_delivery(delivery);
-        }
-        envelope.set_guarded();
-        let guarded =
-            region.deliver_ask(self.shard, &self.entity_id, envelope, (deadline, timeout))?;
+        let (replied, guarded) = self.send_ask(region, msg, (deadline, timeout), extras)?;
         // Sent to another node in this call: the pending-ask table answers
         // `AskTimeout` at the deadline, so no timer of the asker's own is
         // armed (SPEC §13.5). Anywhere else — an entity here, a buffer —
@@ -1440,6 +1450,24 @@ impl<P: Protocol> EntityRef<P> {
                 timeout,
             }),
         }
+    }
+
+    /// Sends ask `msg` through `region`: the channel its reply comes on,
+    /// and whether the pending-ask table keeps its deadline.
+    fn send_ask<M: Message<P>>(
+        &self,
+        region: &Region,
+        msg: M,
+        (deadline, timeout): (tokio::time::Instant, Duration),
+        extras: Option<Box<Extras>>,
+    ) -> ShardingResult<(oneshot::Receiver<ShardingResult<M::Reply>>, bool)> {
+        let (reply, replied) = oneshot::channel();
+        let mut envelope = envelope_of::<P, M>(msg, Some(reply));
+        envelope.set_extras(extras);
+        envelope.set_guarded();
+        let guarded =
+            region.deliver_ask(self.shard, &self.entity_id, envelope, (deadline, timeout))?;
+        Ok((replied, guarded))
     }
 
     /// Passivates the entity now: messages already sent to it are still

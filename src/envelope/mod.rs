@@ -151,6 +151,12 @@ impl LocalEnvelope {
         }
     }
 
+    /// Gives the envelope its trace span and reliable producer's tag at
+    /// once (`None`: neither).
+    pub(crate) fn set_extras(&mut self, extras: Option<Box<Extras>>) {
+        self.extras = extras;
+    }
+
     /// Tags the envelope as a reliable producer's message.
     pub(crate) fn set_delivery(&mut self, delivery: Delivery) {
         self.extras.get_or_insert_default().delivery = Some(delivery);

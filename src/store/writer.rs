@@ -133,7 +133,15 @@ enum Job {
 /// `wait` from now, or a year from now when that is past what an instant
 /// can hold (a huge timeout is no deadline, not a panic).
 pub(crate) fn deadline_after(wait: std::time::Duration) -> tokio::time::Instant {
-    let now = tokio::time::Instant::now();
+    deadline_from(tokio::time::Instant::now(), wait)
+}
+
+/// `wait` from `now`, or a year from `now` when that is past what an
+/// instant can hold.
+pub(crate) fn deadline_from(
+    now: tokio::time::Instant,
+    wait: std::time::Duration,
+) -> tokio::time::Instant {
     now.checked_add(wait)
         .unwrap_or_else(|| now + std::time::Duration::from_secs(365 * 24 * 3600))
 }
