@@ -201,7 +201,9 @@ where
 {
     let mut envelope = envelope;
     if let Some(delivery) = envelope.take_delivery() {
-        return handle_reliable::<P, E, M>(entity, envelope, delivery, ctx).await;
+        // Boxed: the reliable path's future (the handler's and the store
+        // write's) stays out of every message's handling future.
+        return Box::pin(handle_reliable::<P, E, M>(entity, envelope, delivery, ctx)).await;
     }
     let (msg, reply) = match open::<M, M::Reply>(envelope) {
         Ok(typed) => typed,

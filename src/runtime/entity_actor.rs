@@ -261,24 +261,24 @@ where
             }
             EntityMsg::Deliver(mut envelope) => {
                 let traced = envelope.take_trace();
-                let handled = <E::Protocol as Dispatch<E>>::dispatch(
-                    &mut state.entity,
-                    envelope,
-                    &state.args.ctx,
-                );
+                let (entity, ctx) = (&mut state.entity, &state.args.ctx);
+                // Awaited where it is made: a future bound to a local and
+                // then awaited would be stored twice in this one.
                 let outcome = match traced {
-                    None => handled.await,
+                    None => <E::Protocol as Dispatch<E>>::dispatch(entity, envelope, ctx).await,
                     // Tracing on (SPEC §14.2): the handling is a child of
                     // the sender's span, or of the span that received it.
                     Some(parent) => {
-                        let ctx = &state.args.ctx;
                         let span = tracing::info_span!(
                             parent: &parent,
                             "datum.handle",
                             entity_type = ctx.type_name(),
                             entity_id = ctx.entity_id(),
                         );
-                        tracing::Instrument::instrument(handled, span).await
+                        let handled = <E::Protocol as Dispatch<E>>::dispatch(entity, envelope, ctx);
+                        // Boxed: a traced message's handling is the rare
+                        // case, kept out of every message's future.
+                        Box::pin(tracing::Instrument::instrument(handled, span)).await
                     }
                 };
                 if state.args.idle_timeout.is_some() {
@@ -289,7 +289,8 @@ where
                     tracing::warn!(type_name = ctx.type_name(), entity_id = ctx.entity_id(), %panic, "entity handler panicked; restarting the entity");
                     match build(&state.args.factory, &state.args.ctx) {
                         Ok(mut fresh) => {
-                            state.failed = recover_fresh(&mut fresh, &mut state.args).await;
+                            state.failed =
+                                Box::pin(recover_fresh(&mut fresh, &mut state.args)).await;
                             let old = std::mem::replace(&mut state.entity, fresh);
                             if std::panic::catch_unwind(AssertUnwindSafe(|| drop(old))).is_err() {
                                 let ctx = &state.args.ctx;
