@@ -32,6 +32,11 @@ pub(crate) async fn read_loop<R: AsyncRead + Unpin>(
 ) {
     let mut codec = shared.codec;
     let mut borrowed = Borrowed::default();
+    // Made once, not per read: a cancellation future registers with its
+    // token when first polled, and unregisters when dropped.
+    let cancelled = conn.cancel.cancelled();
+    let closing = conn.closing.cancelled();
+    tokio::pin!(cancelled, closing);
     let reason = 'conn: loop {
         loop {
             if conn.is_closing() {
@@ -59,8 +64,9 @@ pub(crate) async fn read_loop<R: AsyncRead + Unpin>(
         }
         let read = tokio::select! {
             biased;
-            _ = conn.cancel.cancelled() => break None,
-            _ = conn.closing.cancelled() => continue,
+            _ = &mut cancelled => break None,
+            // (`is_closing` is true once this fires.)
+            _ = &mut closing => continue,
             read = io.read_buf(&mut buf) => read,
         };
         match read {

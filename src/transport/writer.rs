@@ -45,6 +45,11 @@ pub(crate) async fn write_loop<W: AsyncWrite + Unpin>(
             tracing::warn!(peer = %conn.peer, "first frame cannot be encoded");
         }
     }
+    // Made once, not per batch: a cancellation future registers with its
+    // token when first polled, and unregisters when dropped.
+    let cancelled = conn.cancel.cancelled();
+    let closing = conn.closing.cancelled();
+    tokio::pin!(cancelled, closing);
     loop {
         if conn.is_closing() {
             return close_flush(conn, batch, io).await;
@@ -52,8 +57,9 @@ pub(crate) async fn write_loop<W: AsyncWrite + Unpin>(
         if batch.is_empty() {
             tokio::select! {
                 biased;
-                _ = conn.cancel.cancelled() => return,
-                _ = conn.closing.cancelled() => continue,
+                _ = &mut cancelled => return,
+                // (`is_closing` is true once this fires.)
+                _ = &mut closing => continue,
                 _ = conn.ready.notified() => {}
             }
             // The writer yield (see the limits anchor): ~50 frames per write
@@ -72,12 +78,12 @@ pub(crate) async fn write_loop<W: AsyncWrite + Unpin>(
             }
             let written = tokio::select! {
                 biased;
-                _ = conn.cancel.cancelled() => return,
+                _ = &mut cancelled => return,
                 // A TLS stream holds records until flushed; TCP's flush is
                 // a no-op.
                 r = async { io.write_all(&batch).await?; io.flush().await } => r,
                 _ = async {
-                    conn.closing.cancelled().await;
+                    closing.as_mut().await;
                     tokio::time::sleep_until(conn.flush_deadline()).await;
                 } => {
                     tracing::debug!(peer = %conn.peer, "closing: frames not flushed in time");
