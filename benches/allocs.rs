@@ -75,7 +75,7 @@ fn pair() -> &'static Pair {
                 .expect("system b");
             // Ask entities until one lives on each node.
             let (mut here, mut there) = (None, None);
-            for i in 0.. {
+            for i in 0..10_000 {
                 let entity = on_a.entity_ref::<Counter>(format!("entity-{i}"));
                 entity.ask(Get, TIMEOUT).await.expect("warm-up ask");
                 let shard = entity.shard_id();
@@ -89,8 +89,8 @@ fn pair() -> &'static Pair {
                 }
             }
             (
-                here.expect("one entity on a"),
-                there.expect("one entity on b"),
+                here.expect("no entity among 10,000 lives on node a"),
+                there.expect("no entity among 10,000 lives on node b"),
                 (on_a, on_b),
             )
         });
@@ -107,7 +107,10 @@ fn pair() -> &'static Pair {
 #[divan::bench]
 fn ask_local(bencher: Bencher) {
     let pair = pair();
-    bencher.bench_local(|| pair.runtime.block_on(pair.here.ask(Get, TIMEOUT)));
+    bencher.bench_local(|| {
+        let total = pair.runtime.block_on(pair.here.ask(Get, TIMEOUT));
+        total.expect("ask answered")
+    });
 }
 
 /// One ask to an entity on the other node: the envelope crosses a pipe,
@@ -115,7 +118,10 @@ fn ask_local(bencher: Bencher) {
 #[divan::bench]
 fn ask_remote(bencher: Bencher) {
     let pair = pair();
-    bencher.bench_local(|| pair.runtime.block_on(pair.there.ask(Get, TIMEOUT)));
+    bencher.bench_local(|| {
+        let total = pair.runtime.block_on(pair.there.ask(Get, TIMEOUT));
+        total.expect("ask answered")
+    });
 }
 
 /// One tell to an entity on the other node, then one ask behind it so the
@@ -126,7 +132,7 @@ fn tell_then_ask_remote(bencher: Bencher) {
     bencher.bench_local(|| {
         pair.runtime.block_on(async {
             pair.there.tell(Add(1)).await.expect("tell");
-            pair.there.ask(Get, TIMEOUT).await
+            pair.there.ask(Get, TIMEOUT).await.expect("ask answered")
         })
     });
 }

@@ -1414,8 +1414,7 @@ impl<P: Protocol> EntityRef<P> {
     /// first await, the rare waits (room in a full remember-entities queue,
     /// tracing) are boxed, and what is held across the wait for the reply
     /// is the reply channel and its deadline. A caller that keeps many asks
-    /// in flight allocates each one's future; at this size it stays in the
-    /// allocator's per-thread caches.
+    /// in flight allocates and moves each one's future.
     async fn ask_in<M: Message<P>>(
         &self,
         region: &Region,

@@ -48,8 +48,7 @@ fn no_idle() -> ShardingConfig {
 
 /// The futures of `ask` and `tell` hold what the wait for a reply needs,
 /// not every path's state (SPEC §13.5): a caller keeping many asks in
-/// flight allocates each future, and at this size it stays in the
-/// allocator's per-thread caches. In a debug build this test measured 704
+/// flight allocates each future. In a debug build this test measured 704
 /// and 336 bytes before the change that set these bounds, 288 and 56 after
 /// (W1's `Ping` ask in a release build: 768 bytes before, 320 after).
 #[tokio::test]
