@@ -103,14 +103,19 @@ fn pair() -> &'static Pair {
     })
 }
 
+/// One ask to `entity` per iteration, from node `a`.
+fn ask_each(bencher: Bencher, runtime: &Runtime, entity: &EntityRef<Counter>) {
+    bencher.bench_local(|| {
+        let total = runtime.block_on(entity.ask(Get, TIMEOUT));
+        total.expect("ask answered")
+    });
+}
+
 /// One ask to an entity on the asking node.
 #[divan::bench]
 fn ask_local(bencher: Bencher) {
     let pair = pair();
-    bencher.bench_local(|| {
-        let total = pair.runtime.block_on(pair.here.ask(Get, TIMEOUT));
-        total.expect("ask answered")
-    });
+    ask_each(bencher, &pair.runtime, &pair.here);
 }
 
 /// One ask to an entity on the other node: the envelope crosses a pipe,
@@ -118,10 +123,7 @@ fn ask_local(bencher: Bencher) {
 #[divan::bench]
 fn ask_remote(bencher: Bencher) {
     let pair = pair();
-    bencher.bench_local(|| {
-        let total = pair.runtime.block_on(pair.there.ask(Get, TIMEOUT));
-        total.expect("ask answered")
-    });
+    ask_each(bencher, &pair.runtime, &pair.there);
 }
 
 /// One tell to an entity on the other node, then one ask behind it so the
