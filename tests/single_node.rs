@@ -40,6 +40,16 @@ async fn probe_system(
     (system, probes, events)
 }
 
+/// A single-node system with the guide's counter, default settings.
+async fn counter_system() -> ShardedSystem {
+    let system = ShardedSystem::builder().start().await.unwrap();
+    system
+        .register::<CounterEntity>(|_| CounterEntity::default())
+        .await
+        .unwrap();
+    system
+}
+
 fn no_idle() -> ShardingConfig {
     ShardingConfig::builder()
         .passivation_idle_timeout(None)
@@ -53,11 +63,7 @@ fn no_idle() -> ShardingConfig {
 /// (W1's `Ping` ask in a release build: 768 bytes before, 320 after).
 #[tokio::test]
 async fn the_futures_of_ask_and_tell_stay_small() {
-    let system = ShardedSystem::builder().start().await.unwrap();
-    system
-        .register::<CounterEntity>(|_| CounterEntity::default())
-        .await
-        .unwrap();
+    let system = counter_system().await;
     let counter = system.entity_ref::<Counter>("c-1");
     let asked = counter.ask(Get, LONG);
     let told = counter.tell(Add(1));
@@ -75,11 +81,7 @@ async fn the_futures_of_ask_and_tell_stay_small() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tell_then_ask_reaches_the_same_entity() {
-    let system = ShardedSystem::builder().start().await.unwrap();
-    system
-        .register::<CounterEntity>(|_| CounterEntity::default())
-        .await
-        .unwrap();
+    let system = counter_system().await;
     let a = system.entity_ref::<Counter>("a");
     let b = system.entity_ref::<Counter>("b");
     a.tell(Add(2)).await.unwrap();
