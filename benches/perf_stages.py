@@ -1,16 +1,22 @@
 #!/usr/bin/env python3
-"""Splits a call-graph profile of the runner by stage of a message's path.
+"""Splits a call-graph profile of the runner by stage of a message's path,
+or any profile by the owner of the code each sample was in.
 
 Input: `perf script --no-inline -F comm,tid,ip,sym` of a `perf record -g`
 (or `--call-graph dwarf`) of `shard-bench w1` / `w1-sat`. Each sample goes
 to the first stage (in the order of STAGES) one of whose frames is on its
-stack; the argument, if given, is the run's CPU µs per message, to turn
-shares into µs. BENCHMARKS.md (issue 26) has the commands and the results.
+stack. With `--owners`, each sample goes instead to the owner of its leaf
+frame (OWNERS, first match; the kernel by address), which works for the
+anchors' profiles too (`limits tcp-mux`, `limits ractor-ask`). The number
+argument, if given, is the run's CPU µs per message, to turn shares into
+µs. BENCHMARKS.md (issue 26) has the commands and the results.
 
     perf record -F 1999 --call-graph dwarf,32768 -o w.data \
         target/release/shard-bench w1-sat --messages 1000000
     perf script -i w.data --no-inline -F comm,tid,ip,sym \
         | python3 benches/perf_stages.py 4.7
+    perf script -i w.data --no-inline -F comm,tid,ip,sym \
+        | python3 benches/perf_stages.py --owners 4.7
 """
 
 import collections
@@ -32,6 +38,25 @@ STAGES = [
 ]
 OTHER = "other (kernel, threads outside tokio)"
 
+# Owners of a leaf frame, by a piece of its symbol; the first match wins.
+OWNERS = [
+    ("CBOR: ciborium, the header codec", ["ciborium", "wire::cbor", "fast::encode", "fast::decode",
+                                          "fast::octets", "from_utf8", "SealedProtocol>::decode"]),
+    ("lookups: hashing, string compares, maps", ["sip::Hasher", "hash_one", "hashbrown", "memcmp",
+                                                 "HashMap"]),
+    ("allocator (glibc malloc and free)", ["malloc", "_int_free", "cfree", "unlink_chunk", "calloc",
+                                           "memalign"]),
+    ("ractor", ["ractor::"]),
+    ("tokio sync: oneshot, mpsc, notify, wakers", ["tokio::sync", "tokio::runtime::task::waker",
+                                                   "wake_by_val", "clone_waker", "drop_waker"]),
+    ("tokio: scheduler, timers", ["tokio::"]),
+    ("clock reads", ["clock_gettime", "Timespec"]),
+    ("futures-util (the runner's FuturesUnordered)", ["futures_util"]),
+    ("memcpy, memset", ["memmove", "memcpy", "memset"]),
+]
+KERNEL = "kernel (syscalls, futex, scheduler)"
+OWN = "the rest: the program's own code, std, inlined"
+
 
 def stage_of(stack):
     for stage, marks in STAGES:
@@ -40,7 +65,22 @@ def stage_of(stack):
     return OTHER
 
 
+def owner_of(stack):
+    address, _, symbol = stack[0].partition(" ")
+    if address.startswith("ffffffff"):
+        return KERNEL
+    for owner, marks in OWNERS:
+        if any(mark in symbol for mark in marks):
+            return owner
+    return OWN
+
+
 def main():
+    args = sys.argv[1:]
+    by_owner = "--owners" in args
+    args = [a for a in args if a != "--owners"]
+    classify = owner_of if by_owner else stage_of
+    names = [o for o, _ in OWNERS] + [KERNEL, OWN] if by_owner else [s for s, _ in STAGES] + [OTHER]
     counts = collections.Counter()
     stack = []
     for line in sys.stdin:
@@ -48,13 +88,13 @@ def main():
             stack.append(line.strip())
             continue
         if stack:
-            counts[stage_of(stack)] += 1
+            counts[classify(stack)] += 1
         stack = []
     if stack:
-        counts[stage_of(stack)] += 1
+        counts[classify(stack)] += 1
     total = sum(counts.values()) or 1
-    per_msg = float(sys.argv[1]) if len(sys.argv) > 1 else None
-    for stage in [s for s, _ in STAGES] + [OTHER]:
+    per_msg = float(args[0]) if args else None
+    for stage in names:
         share = counts[stage] / total
         line = f"{stage:52s} {100 * share:5.1f} %"
         if per_msg is not None:
