@@ -6,8 +6,12 @@ Input: `perf script --no-inline -F comm,tid,ip,sym` of a `perf record -g`
 (or `--call-graph dwarf`) of `shard-bench w1` / `w1-sat`. Each sample goes
 to the first stage (in the order of STAGES) one of whose frames is on its
 stack. With `--owners`, each sample goes instead to the owner of its leaf
-frame (OWNERS, first match; the kernel by address), which works for the
-anchors' profiles too (`limits tcp-mux`, `limits ractor-ask`). The number
+frame: the kernel when its address is a kernel one, else the first of
+OWNERS one of whose marks is in the symbol (anywhere in it, so a generic
+type parameter can match too: the marks are chosen to be rare there);
+the rest is the program's own code, and the runner's part of it (its
+driver, its checks and its entity's handler: `is_runner`) is printed too. This works for the
+anchors' profiles as well (`limits tcp-mux`, `limits ractor-ask`). The number
 argument, if given, is the run's CPU µs per message, to turn shares into
 µs. BENCHMARKS.md (issue 26) has the commands and the results.
 
@@ -40,12 +44,13 @@ OTHER = "other (kernel, threads outside tokio)"
 
 # Owners of a leaf frame, by a piece of its symbol; the first match wins.
 OWNERS = [
-    ("CBOR: ciborium, the header codec", ["ciborium", "wire::cbor", "fast::encode", "fast::decode",
-                                          "fast::octets", "from_utf8", "SealedProtocol>::decode"]),
+    ("CBOR: ciborium, the header codec (and std's UTF-8 check)",
+     ["ciborium", "wire::cbor", "fast::encode", "fast::decode", "fast::octets", "from_utf8",
+      "SealedProtocol>::decode"]),
     ("lookups: hashing, string compares, maps", ["sip::Hasher", "hash_one", "hashbrown", "memcmp",
                                                  "HashMap"]),
-    ("allocator (glibc malloc and free)", ["malloc", "_int_free", "cfree", "unlink_chunk", "calloc",
-                                           "memalign"]),
+    ("allocator (glibc malloc and free)", ["malloc", "_int_free", "cfree", "libc_free", "realloc",
+                                           "unlink_chunk", "calloc", "memalign"]),
     ("ractor", ["ractor::"]),
     ("tokio sync: oneshot, mpsc, notify, wakers", ["tokio::sync", "tokio::runtime::task::waker",
                                                    "wake_by_val", "clone_waker", "drop_waker"]),
@@ -54,8 +59,11 @@ OWNERS = [
     ("futures-util (the runner's FuturesUnordered)", ["futures_util"]),
     ("memcpy, memset", ["memmove", "memcpy", "memset"]),
 ]
+# glibc's free, under the names perf may give its address.
+FREE = {"free", "__free", "__libc_free"}
 KERNEL = "kernel (syscalls, futex, scheduler)"
 OWN = "the rest: the program's own code, std, inlined"
+RUNNER = "  of which the runner's: driver, checks, handler"
 
 
 def stage_of(stack):
@@ -69,10 +77,21 @@ def owner_of(stack):
     address, _, symbol = stack[0].partition(" ")
     if address.startswith("ffffffff"):
         return KERNEL
+    if symbol.split("@")[0] in FREE:
+        return OWNERS[2][0]
     for owner, marks in OWNERS:
         if any(mark in symbol for mark in marks):
             return owner
-    return OWN
+    return RUNNER if is_runner(symbol) else OWN
+
+
+def is_runner(symbol):
+    """The runner's own functions, and its entity's handlers (the code a
+    user writes; the protocol's dispatch, which the library's macro
+    generates, is not counted)."""
+    return symbol.startswith("shard_bench::") or (
+        symbol.startswith("<shard_bench::") and "::entity::Handler<" in symbol
+    )
 
 
 def main():
@@ -80,7 +99,7 @@ def main():
     by_owner = "--owners" in args
     args = [a for a in args if a != "--owners"]
     classify = owner_of if by_owner else stage_of
-    names = [o for o, _ in OWNERS] + [KERNEL, OWN] if by_owner else [s for s, _ in STAGES] + [OTHER]
+    names = [o for o, _ in OWNERS] + [KERNEL, OWN, RUNNER] if by_owner else [s for s, _ in STAGES] + [OTHER]
     counts = collections.Counter()
     stack = []
     for line in sys.stdin:
@@ -93,6 +112,8 @@ def main():
     if stack:
         counts[classify(stack)] += 1
     total = sum(counts.values()) or 1
+    if by_owner:
+        counts[OWN] += counts[RUNNER]  # the runner's line is a part of the own code's
     per_msg = float(args[0]) if args else None
     for stage in names:
         share = counts[stage] / total
