@@ -1,11 +1,14 @@
 //! The limit in the same sitting: the workload and its baselines run
-//! interleaved, each as a fresh child process (A B C D, A B C D, …), at the
-//! same in-flight count, and reported pair by pair as ratios with their
+//! interleaved, each as a fresh child process (A B C D E, A B C D E, …), at
+//! the same in-flight count, and reported pair by pair as ratios with their
 //! median. The baselines: (a) this project's transport with no sharding
 //! (`shard-bench transport`), (b) `limits tcp-mux`, the ceiling of a pipe
-//! here, (c) `limits tcp-echo`, a plain careful batched-CBOR pipe — (b) and
-//! (c) only when `--limits` names the anchor's binary
-//! (`../shared/anchors/limits`, built on its own).
+//! here, (c) `limits tcp-echo`, a plain careful batched-CBOR pipe, (d)
+//! `limits ractor-ask`, ractor's own ask round trip — (b) to (d) only when
+//! `--limits` names the anchor's binary (`../shared/anchors/limits`, built
+//! on its own). (b) and (d) together are BENCHMARK.md's measure of a
+//! message's parts: one pipe and one actor hop; the sharded run's CPU per
+//! message over their sum is reported per round.
 
 use std::path::Path;
 use std::process::Command;
@@ -50,6 +53,22 @@ pub fn run(program: &Path, args: &[String]) -> Result<Value, String> {
     Ok(record)
 }
 
+/// One round: the sharded run, then the baselines in `interleave`'s order
+/// (transport, tcp-mux, tcp-echo, ractor-ask); `None` where a run did not
+/// happen or failed.
+type Row = [Option<Figures>; 5];
+
+/// The sharded run's CPU per message over the sum of `tcp-mux`'s and
+/// `ractor-ask`'s in the same round (NaN without all three).
+fn cpu_over_parts(row: &Row) -> f64 {
+    match (&row[0], &row[2], &row[4]) {
+        (Some(ours), Some(pipe), Some(actor)) => {
+            ours.cpu_us_per_msg / (pipe.cpu_us_per_msg + actor.cpu_us_per_msg)
+        }
+        _ => f64::NAN,
+    }
+}
+
 fn median(mut values: Vec<f64>) -> f64 {
     values.retain(|v| v.is_finite());
     if values.is_empty() {
@@ -92,20 +111,20 @@ pub fn interleave(
             in_flight.to_string(),
         ]
     };
-    let names = ["sharded", "transport", "tcp-mux", "tcp-echo"];
-    let mut table: Vec<[Option<Figures>; 4]> = Vec::new();
+    let names = ["sharded", "transport", "tcp-mux", "tcp-echo", "ractor-ask"];
+    let mut table: Vec<Row> = Vec::new();
     let mut records = Vec::new();
     let mut correct = true;
     for round in 1..=rounds {
         eprintln!(
             "round {round}/{rounds}: {workload}, transport{}",
             if limits.is_some() {
-                ", tcp-mux, tcp-echo"
+                ", tcp-mux, tcp-echo, ractor-ask"
             } else {
                 ""
             }
         );
-        let mut row: [Option<Figures>; 4] = [None, None, None, None];
+        let mut row: Row = [None, None, None, None, None];
         let mut row_records = serde_json::Map::new();
         for (i, name) in names.iter().enumerate() {
             let result = match (i, limits) {
@@ -135,11 +154,11 @@ pub fn interleave(
         records.push(Value::Object(row_records));
         table.push(row);
     }
-    let ratio = |row: &[Option<Figures>; 4], j: usize| match (&row[0], &row[j]) {
+    let ratio = |row: &Row, j: usize| match (&row[0], &row[j]) {
         (Some(a), Some(b)) => a.msgs_per_sec / b.msgs_per_sec,
         _ => f64::NAN,
     };
-    let cpu_ratio = |row: &[Option<Figures>; 4], j: usize| match (&row[0], &row[j]) {
+    let cpu_ratio = |row: &Row, j: usize| match (&row[0], &row[j]) {
         (Some(a), Some(b)) => a.cpu_us_per_msg / b.cpu_us_per_msg,
         _ => f64::NAN,
     };
@@ -152,25 +171,28 @@ pub fn interleave(
         "{workload} at {in_flight} in flight, {messages} messages; msg/s and CPU µs/msg per run, then the sharded run's throughput as a fraction of each baseline"
     );
     println!(
-        "round | {:>14} | {:>14} | {:>14} | {:>14} | ÷ transport | ÷ tcp-mux | ÷ tcp-echo | CPU ÷ tcp-mux",
-        names[0], names[1], names[2], names[3]
+        "round | {:>14} | {:>14} | {:>14} | {:>14} | {:>14} | ÷ transport | ÷ tcp-mux | ÷ tcp-echo | CPU ÷ tcp-mux | CPU ÷ (tcp-mux + ractor-ask)",
+        names[0], names[1], names[2], names[3], names[4]
     );
     for (r, row) in table.iter().enumerate() {
         println!(
-            "{:>5} | {:>14} | {:>14} | {:>14} | {:>14} | {:>11.2} | {:>9.2} | {:>10.2} | {:>13.2}",
+            "{:>5} | {:>14} | {:>14} | {:>14} | {:>14} | {:>14} | {:>11.2} | {:>9.2} | {:>10.2} | {:>13.2} | {:>28.2}",
             r + 1,
             show(&row[0]),
             show(&row[1]),
             show(&row[2]),
             show(&row[3]),
+            show(&row[4]),
             ratio(row, 1),
             ratio(row, 2),
             ratio(row, 3),
             cpu_ratio(row, 2),
+            cpu_over_parts(row),
         );
     }
     let medians = [1, 2, 3].map(|j| median(table.iter().map(|row| ratio(row, j)).collect()));
     let cpu_median = median(table.iter().map(|row| cpu_ratio(row, 2)).collect());
+    let parts_median = median(table.iter().map(cpu_over_parts).collect());
     let p99_median = median(
         table
             .iter()
@@ -178,8 +200,8 @@ pub fn interleave(
             .collect(),
     );
     println!(
-        "median |{:>63}| {:>11.2} | {:>9.2} | {:>10.2} | {:>13.2}   (sharded p99 median {p99_median:.0} µs)",
-        "", medians[0], medians[1], medians[2], cpu_median
+        "median |{:>80}| {:>11.2} | {:>9.2} | {:>10.2} | {:>13.2} | {:>28.2}   (sharded p99 median {p99_median:.0} µs)",
+        "", medians[0], medians[1], medians[2], cpu_median, parts_median
     );
     let json = json!({
         "workload": format!("{workload}-pairs"),
@@ -190,6 +212,7 @@ pub fn interleave(
         "median_ratio_to_tcp_mux": medians[1],
         "median_ratio_to_tcp_echo": medians[2],
         "median_cpu_ratio_to_tcp_mux": cpu_median,
+        "median_cpu_ratio_to_tcp_mux_plus_ractor_ask": parts_median,
         "median_p99_us": p99_median,
     });
     Ok((json, correct))
@@ -205,5 +228,23 @@ mod tests {
         assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
         assert_eq!(median(vec![f64::NAN, 5.0]), 5.0);
         assert!(median(Vec::new()).is_nan());
+    }
+
+    fn ran(cpu_us_per_msg: f64) -> Option<Figures> {
+        Some(Figures {
+            msgs_per_sec: 1.0,
+            cpu_us_per_msg,
+            p99_us: f64::NAN,
+        })
+    }
+
+    #[test]
+    fn cpu_over_the_parts_needs_all_three_runs() {
+        let row: Row = [ran(5.2), ran(4.0), ran(2.4), None, ran(1.6)];
+        assert!((cpu_over_parts(&row) - 1.3).abs() < 1e-9);
+        let without_actor: Row = [ran(5.2), ran(4.0), ran(2.4), None, None];
+        assert!(cpu_over_parts(&without_actor).is_nan());
+        let without_ours: Row = [None, ran(4.0), ran(2.4), None, ran(1.6)];
+        assert!(cpu_over_parts(&without_ours).is_nan());
     }
 }
