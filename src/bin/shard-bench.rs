@@ -120,7 +120,7 @@ struct Args {
     #[arg(long)]
     pairs: Option<usize>,
     /// With --pairs: the `limits` anchor's binary, to interleave
-    /// `tcp-mux` and `tcp-echo` as well.
+    /// `tcp-mux`, `tcp-echo` and `ractor-ask` as well.
     #[arg(long)]
     limits: Option<std::path::PathBuf>,
     /// W2 only: how a crashed node is downed — `keep-majority`, the

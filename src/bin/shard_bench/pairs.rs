@@ -200,7 +200,7 @@ pub fn interleave(
             .collect(),
     );
     println!(
-        "median |{:>80}| {:>11.2} | {:>9.2} | {:>10.2} | {:>13.2} | {:>28.2}   (sharded p99 median {p99_median:.0} µs)",
+        "median |{:>83}| {:>11.2} | {:>9.2} | {:>10.2} | {:>13.2} | {:>28.2}   (sharded p99 median {p99_median:.0} µs)",
         "", medians[0], medians[1], medians[2], cpu_median, parts_median
     );
     let json = json!({
@@ -246,5 +246,7 @@ mod tests {
         assert!(cpu_over_parts(&without_actor).is_nan());
         let without_ours: Row = [None, ran(4.0), ran(2.4), None, ran(1.6)];
         assert!(cpu_over_parts(&without_ours).is_nan());
+        let without_pipe: Row = [ran(5.2), ran(4.0), None, ran(3.0), ran(1.6)];
+        assert!(cpu_over_parts(&without_pipe).is_nan());
     }
 }
