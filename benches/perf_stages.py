@@ -42,6 +42,7 @@ STAGES = [
 ]
 OTHER = "other (kernel, threads outside tokio)"
 
+ALLOCATOR = "allocator (glibc malloc and free)"
 # Owners of a leaf frame, by a piece of its symbol; the first match wins.
 OWNERS = [
     ("CBOR: ciborium, the header codec (and std's UTF-8 check)",
@@ -49,7 +50,7 @@ OWNERS = [
       "SealedProtocol>::decode"]),
     ("lookups: hashing, string compares, maps", ["sip::Hasher", "hash_one", "hashbrown", "memcmp",
                                                  "HashMap"]),
-    ("allocator (glibc malloc and free)", ["malloc", "_int_free", "cfree", "libc_free", "realloc",
+    (ALLOCATOR, ["malloc", "_int_free", "cfree", "libc_free", "realloc",
                                            "unlink_chunk", "calloc", "memalign"]),
     ("ractor", ["ractor::"]),
     ("tokio sync: oneshot, mpsc, notify, wakers", ["tokio::sync", "tokio::runtime::task::waker",
@@ -78,7 +79,7 @@ def owner_of(stack):
     if address.startswith("ffffffff"):
         return KERNEL
     if symbol.split("@")[0] in FREE:
-        return OWNERS[2][0]
+        return ALLOCATOR
     for owner, marks in OWNERS:
         if any(mark in symbol for mark in marks):
             return owner
