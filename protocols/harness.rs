@@ -87,10 +87,44 @@ pub fn sharding_config() -> ShardingConfig {
         .build()
 }
 
-/// One ask per entity from each node: every shard allocated and every
-/// entity spawned before the clock starts. Driver ids 90.. are used.
-pub async fn warm_up<S, J>(nodes: &[Node<S, J>]) -> Result<Duration, ShardingError> {
+/// Waits until every node's regions are registered with the coordinator,
+/// so that the first allocations see all of them: a region that registers
+/// late gets no shard until rebalance rounds move some to it, which would
+/// then happen while the clock runs.
+pub async fn wait_registered<S, J>(nodes: &[Node<S, J>]) -> Result<(), Box<dyn std::error::Error>> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for (i, n) in nodes.iter().enumerate() {
+        while !n
+            .system
+            .sharding_coordinator()
+            .is_some_and(|c| c.registered)
+        {
+            if Instant::now() > deadline {
+                return Err(format!("node {i}'s regions not registered after 30 s").into());
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    Ok(())
+}
+
+/// How many shards the coordinator moved since `since`, as the rounds kept
+/// on every node (whichever was coordinator) record them.
+pub fn shards_moved_since<S, J>(nodes: &[Node<S, J>], since: Instant) -> usize {
+    nodes
+        .iter()
+        .flat_map(|n| n.system.rebalance_rounds())
+        .filter(|round| round.at >= since)
+        .map(|round| round.moves.len())
+        .sum()
+}
+
+/// Every region registered ([`wait_registered`]), then one ask per entity
+/// from each node: every shard allocated and every entity spawned before
+/// the clock starts. Driver ids 90.. are used.
+pub async fn warm_up<S, J>(nodes: &[Node<S, J>]) -> Result<Duration, Box<dyn std::error::Error>> {
     let warm = Instant::now();
+    wait_registered(nodes).await?;
     for (i, n) in nodes.iter().enumerate() {
         for k in 0..ENTITIES {
             let ping = Ping {

@@ -38,8 +38,8 @@ mod ping;
 mod transport;
 use harness::{
     Answered, ENTITIES, Node, cpu_time, drive, drive_fresh, drive_open, entities_hosted_on,
-    entity_id, form_cluster, join_reports, peak_rss_kib, ping_factory, sharding_config, shares,
-    warm_up,
+    entity_id, form_cluster, join_reports, peak_rss_kib, ping_factory, sharding_config,
+    shards_moved_since, shares, warm_up,
 };
 use ping::{Checks, PingEntity, Pinger};
 
@@ -211,6 +211,8 @@ struct Run {
     checks: Arc<Checks>,
     /// The messages that took more than one attempt.
     retried: std::collections::HashSet<(u32, u64)>,
+    /// Shards the coordinator moved while the clock ran.
+    moved: usize,
 }
 
 impl Run {
@@ -219,6 +221,7 @@ impl Run {
         expected: u64,
         times: (Duration, Duration),
         checks: Arc<Checks>,
+        moved: usize,
     ) -> Run {
         Run {
             acks: joined.acks,
@@ -229,6 +232,7 @@ impl Run {
             latency: joined.latency,
             checks,
             retried: joined.retried,
+            moved,
         }
     }
 
@@ -241,6 +245,7 @@ impl Run {
             "order_violations": self.checks.order_violations.load(Ordering::Relaxed),
             "unexplained_violations": self.checks.unexplained(&self.retried),
             "retries": self.retries,
+            "shards_moved": self.moved,
             "wall_ms": self.wall.as_secs_f64() * 1e3,
             "msgs_per_sec": self.acks as f64 / self.wall.as_secs_f64(),
             "p50_us": self.latency.value_at_quantile(0.50),
@@ -411,7 +416,8 @@ async fn run_drivers<S: Send + Sync + 'static, J: Send + Sync + 'static>(
         .collect();
     let joined = join_reports(drivers).await?;
     let times = (start.elapsed(), cpu_time().saturating_sub(cpu_before));
-    Ok(Run::from_joined(joined, messages, times, checks))
+    let moved = shards_moved_since(nodes, start);
+    Ok(Run::from_joined(joined, messages, times, checks, moved))
 }
 
 async fn run_w1(
@@ -696,7 +702,8 @@ async fn w2_on<J: Send + Sync + 'static>(
     .await?;
     let joined = join_reports(drivers).await?;
     let times = (start.elapsed(), cpu_time().saturating_sub(cpu_before));
-    let run = Run::from_joined(joined, 2 * share, times, checks.clone());
+    let moved = shards_moved_since(&nodes, start);
+    let run = Run::from_joined(joined, 2 * share, times, checks.clone(), moved);
     run.print("w2");
     let answered = answered.lock().await;
     let (rehomed, unasked, first_ack) = answered.rehomed(&affected);
