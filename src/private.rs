@@ -89,10 +89,19 @@ pub mod bench {
         DataMsgOut::Envelope(envelope(entity_id, payload)).encode()
     }
 
-    /// Encodes the same envelope as `Remote::forward` does (by hand).
+    /// Encodes the same envelope as `Remote::forward` does (by hand) for
+    /// a version-2 pipe.
     pub fn encode_envelope_fast(entity_id: &str, payload: &[u8]) -> Vec<u8> {
         let mut out = Vec::new();
         fast::encode_envelope(&mut out, &envelope(entity_id, payload));
+        out
+    }
+
+    /// Encodes the same envelope in the compact form `Remote::forward`
+    /// writes for a version-3 pipe.
+    pub fn encode_envelope_compact(entity_id: &str, payload: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        fast::encode_envelope_compact(&mut out, &envelope(entity_id, payload));
         out
     }
 
@@ -133,9 +142,10 @@ pub mod bench {
         }
     }
 
-    /// Decodes it as the inbound path does (by hand, in place).
+    /// Decodes it as the inbound path does (by hand, in place), long or
+    /// compact.
     pub fn decode_envelope_fast(bytes: &[u8]) -> usize {
-        match fast::decode(bytes) {
+        match fast::decode(bytes, &target().origin) {
             Some(DataRef::Envelope(envelope)) => envelope.payload.len(),
             _ => 0,
         }

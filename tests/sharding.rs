@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use datum_cluster_sharding::cluster::{ClusterConfig, ClusterNode};
+use datum_cluster_sharding::identity::UniqueAddress;
 use datum_cluster_sharding::membership::MemberStatus;
 use datum_cluster_sharding::prelude::*;
 use datum_cluster_sharding::sharding::RebalanceReason;
@@ -819,6 +820,18 @@ async fn remembered_entities_come_back_on_the_new_owner_after_a_kill() {
 #[derive(Serialize)]
 enum DataOut<'a> {
     Envelope(EnvelopeOut<'a>),
+    /// The compact form (SPEC §13.4): type name, fingerprint, shard,
+    /// generation, entity id, index, ask id, payload.
+    E(
+        &'a str,
+        u64,
+        u32,
+        u64,
+        &'a str,
+        u16,
+        Option<u64>,
+        #[serde(with = "serde_bytes_ref")] &'a [u8],
+    ),
 }
 
 #[derive(Serialize)]
@@ -849,7 +862,12 @@ mod serde_bytes_ref {
 
 #[derive(Debug, Deserialize)]
 enum DataIn {
-    Reply { ask_id: u64, result: ReplyBody },
+    Reply {
+        ask_id: u64,
+        result: ReplyBody,
+    },
+    /// An `Ok` reply in the compact form (SPEC §13.4).
+    R(u64, serde_value::ByteBuf),
 }
 
 #[derive(Debug, Deserialize)]
@@ -949,7 +967,10 @@ async fn bad_envelopes_are_answered_with_errors_and_the_node_keeps_serving() {
             .expect("a reply in time")
             .expect("channel open");
         let DataIn::Reply { ask_id, result } =
-            ciborium::from_reader(&incoming.payload[..]).expect("a reply");
+            ciborium::from_reader(&incoming.payload[..]).expect("a reply")
+        else {
+            panic!("a compact reply is an Ok one")
+        };
         let ReplyBody::Err(error) = result else {
             panic!("ask {ask_id} succeeded")
         };
@@ -987,11 +1008,15 @@ async fn bad_envelopes_are_answered_with_errors_and_the_node_keeps_serving() {
         .await
         .expect("a reply in time")
         .expect("channel open");
-    let DataIn::Reply { ask_id, result } =
-        ciborium::from_reader(&incoming.payload[..]).expect("a reply");
-    assert_eq!(ask_id, 42);
-    let ReplyBody::Ok(bytes) = result else {
-        panic!("refused: {result:?}")
+    // Compact over a pipe at version 3, long from a node with no pipe to
+    // this client yet (the test below tells them apart).
+    let bytes = match ciborium::from_reader(&incoming.payload[..]).expect("a reply") {
+        DataIn::R(42, bytes) => bytes,
+        DataIn::Reply {
+            ask_id: 42,
+            result: ReplyBody::Ok(bytes),
+        } => bytes,
+        other => panic!("refused: {other:?}"),
     };
     let home: String = ciborium::from_reader(&bytes.0[..]).expect("a String reply");
     let expected = nodes[0]
@@ -1010,6 +1035,213 @@ async fn bad_envelopes_are_answered_with_errors_and_the_node_keeps_serving() {
             .expect("still serving");
     }
     client.shutdown().await;
+    stop(nodes).await;
+}
+
+/// A raw peer's pipe, handshaken by hand from SPEC §9.2 announcing
+/// `version`: the frames on it, after `Accepted`.
+type RawPipe =
+    tokio_util::codec::Framed<tokio::net::TcpStream, datum_cluster_sharding::wire::FrameCodec>;
+
+/// SPEC §9.2's transcript `T(role)` (1 acceptor, 2 initiator).
+fn transcript(
+    role: u8,
+    versions: (u16, u16),
+    nonces: (&[u8], &[u8]),
+    initiator: &UniqueAddress,
+    acceptor: &UniqueAddress,
+) -> Vec<u8> {
+    fn field(t: &mut Vec<u8>, bytes: &[u8]) {
+        t.extend_from_slice(&(bytes.len() as u64).to_be_bytes());
+        t.extend_from_slice(bytes);
+    }
+    fn identity(t: &mut Vec<u8>, who: &UniqueAddress) {
+        field(t, who.addr.to_string().as_bytes());
+        t.extend_from_slice(&who.node_id.0.to_be_bytes());
+        t.extend_from_slice(&who.incarnation.to_be_bytes());
+    }
+    let mut t = Vec::new();
+    field(&mut t, b"datum-cluster-sharding/handshake/v2");
+    t.push(role);
+    t.extend_from_slice(&versions.0.to_be_bytes());
+    t.extend_from_slice(&versions.1.to_be_bytes());
+    field(&mut t, b"sharding-test");
+    field(&mut t, nonces.0);
+    field(&mut t, nonces.1);
+    identity(&mut t, initiator);
+    identity(&mut t, acceptor);
+    t
+}
+
+fn hmac(bytes: &[u8]) -> hmac::Hmac<sha2::Sha256> {
+    use hmac::Mac;
+    let mut mac =
+        hmac::Hmac::<sha2::Sha256>::new_from_slice(b"sharding-secret").expect("any key length");
+    mac.update(bytes);
+    mac
+}
+
+async fn raw_pipe(to: SocketAddr, me: UniqueAddress, version: u16) -> RawPipe {
+    use datum_cluster_sharding::wire::{Frame, FrameCodec};
+    use futures_util::{SinkExt, StreamExt};
+    use hmac::Mac;
+    let stream = tokio::net::TcpStream::connect(to).await.expect("tcp");
+    let mut pipe = tokio_util::codec::Framed::new(stream, FrameCodec::default());
+    let nonce_i = vec![7u8; 32];
+    let hello = Frame::Hello {
+        version,
+        cluster: "sharding-test".into(),
+        from: me,
+        nonce: Bytes::from(nonce_i.clone()),
+    };
+    pipe.send(hello).await.expect("hello");
+    let next = tokio::time::timeout(LONG, pipe.next())
+        .await
+        .expect("in time");
+    let Some(Ok(Frame::Welcome {
+        version: theirs,
+        from: peer,
+        nonce: nonce_a,
+        proof,
+    })) = next
+    else {
+        panic!("no welcome: {next:?}")
+    };
+    // A node answers at the version announced (the lower of its own and
+    // this one): a version-2 client refuses anything later.
+    assert_eq!(theirs, version, "the node answers at the announced version");
+    let versions = (version, theirs);
+    let nonces = (&nonce_i[..], &nonce_a[..]);
+    hmac(&transcript(1, versions, nonces, &me, &peer))
+        .verify_slice(&proof)
+        .expect("the node proves the secret");
+    let mine = hmac(&transcript(2, versions, nonces, &me, &peer)).finalize();
+    let proof = Bytes::copy_from_slice(&mine.into_bytes());
+    pipe.send(Frame::Proof { proof }).await.expect("proof");
+    let next = tokio::time::timeout(LONG, pipe.next())
+        .await
+        .expect("in time");
+    assert!(matches!(next, Some(Ok(Frame::Accepted))), "{next:?}");
+    pipe
+}
+
+/// The next data-channel payload on `pipe`.
+async fn next_data(pipe: &mut RawPipe) -> Bytes {
+    use datum_cluster_sharding::wire::Frame;
+    use futures_util::StreamExt;
+    loop {
+        let next = tokio::time::timeout(LONG, pipe.next())
+            .await
+            .expect("in time");
+        match next {
+            Some(Ok(Frame::Oneway { channel, payload })) if channel == SHARDING_DATA => {
+                return payload;
+            }
+            Some(Ok(_)) => continue,
+            other => panic!("pipe ended: {other:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_pipe_carries_the_data_forms_its_version_reads() {
+    use datum_cluster_sharding::identity::NodeId;
+    use datum_cluster_sharding::wire::Frame;
+    use futures_util::SinkExt;
+    let nodes = three().await;
+    let target = nodes[1].cluster.self_address();
+    let fp = <Tally as Protocol>::FINGERPRINT;
+    let home = cbor(&Home);
+    // Node 1's own pipes, to its peers, are at version 3.
+    let transport = nodes[1].cluster.transport();
+    assert!(!transport.connected_peers().is_empty());
+    for peer in transport.connected_peers() {
+        // (A pipe replaced meanwhile is skipped.)
+        if let Some(info) = transport.connection(&peer) {
+            assert_eq!(info.version, 3, "{info:?}");
+        }
+    }
+    for version in [2u16, 3] {
+        let me = UniqueAddress {
+            // An address nobody binds: pipes are keyed by the address a
+            // peer names.
+            addr: SocketAddr::from(([127, 0, 0, 2], 4_000 + version)),
+            node_id: NodeId(0xfeed_0000 + u64::from(version)),
+            incarnation: 1,
+        };
+        let mut pipe = raw_pipe(target.addr, me, version).await;
+        let info = transport.connection(&me).expect("the raw pipe");
+        assert_eq!(info.version, version);
+        // An entity node 1 hosts: its answer comes over this pipe (a
+        // host elsewhere would answer by dialing `me`, where nobody is).
+        let mut k = 0;
+        let (id, expected) = loop {
+            let id = format!("tally-v{version}-{k}");
+            let home = nodes[0]
+                .system
+                .entity_ref::<Tally>(id.as_str())
+                .ask(Home, ASK)
+                .await
+                .expect("ask");
+            if home == "node-1" {
+                break (id, home);
+            }
+            k += 1;
+        };
+        let shard = nodes[1]
+            .system
+            .entity_ref::<Tally>(id.as_str())
+            .shard_id()
+            .0;
+        // A long-form envelope is read on every pipe; the answer is in the
+        // pipe's form: long on version 2, compact on 3.
+        let long = DataOut::Envelope(EnvelopeOut {
+            type_name: "tally",
+            fingerprint: fp,
+            shard,
+            generation: 0,
+            entity_id: &id,
+            index: 2,
+            hops: 0,
+            reply_to: Some(ReplyTo {
+                origin: me,
+                ask_id: 1,
+            }),
+            payload: &home,
+        });
+        let payload = Bytes::from(cbor(&long));
+        let channel = SHARDING_DATA;
+        pipe.send(Frame::Oneway { channel, payload })
+            .await
+            .expect("sent");
+        let reply = next_data(&mut pipe).await;
+        let bytes = match ciborium::from_reader(&reply[..]).expect("a reply") {
+            DataIn::Reply {
+                ask_id: 1,
+                result: ReplyBody::Ok(bytes),
+            } if version == 2 => bytes,
+            DataIn::R(1, bytes) if version == 3 => bytes,
+            other => panic!("version {version}: {other:?}"),
+        };
+        let answer: String = ciborium::from_reader(&bytes.0[..]).expect("a String");
+        assert_eq!(answer, expected);
+        if version == 3 {
+            // A compact envelope's asker is the pipe's peer.
+            let compact = DataOut::E("tally", fp, shard, 0, &id, 2, Some(2), &home);
+            let payload = Bytes::from(cbor(&compact));
+            assert_eq!(&payload[..4], b"\xa1\x61E\x88");
+            pipe.send(Frame::Oneway { channel, payload })
+                .await
+                .expect("sent");
+            let reply = next_data(&mut pipe).await;
+            assert_eq!(&reply[..4], b"\xa1\x61R\x82");
+            let DataIn::R(2, bytes) = ciborium::from_reader(&reply[..]).expect("a reply") else {
+                panic!("{reply:02x?}")
+            };
+            let answer: String = ciborium::from_reader(&bytes.0[..]).expect("a String");
+            assert_eq!(answer, expected);
+        }
+    }
     stop(nodes).await;
 }
 

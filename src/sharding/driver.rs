@@ -35,7 +35,7 @@ use tokio::time::sleep_until;
 
 use crate::cluster::ClusterNode;
 use crate::envelope::{Delivery, LocalEnvelope};
-use crate::envelope::{RemoteReply, ReplySink};
+use crate::envelope::{RemoteReply, ReplySink, ReplyTarget};
 use crate::error::{RegionRefusal, ShardingError, ShardingResult};
 use crate::extractor::ShardId;
 use crate::identity::UniqueAddress;
@@ -53,7 +53,8 @@ use crate::sharding::region_core::{LocalRegions, RegionCommand, RegionCore};
 use crate::sharding::remote::Remote;
 use crate::sharding::stats::{ClusterShardingStats, CoordinatorStatus};
 use crate::sharding::wire::{
-    ActiveCoordinator, ControlMsg, DataMsg, RemoteError, ReplyBody, TypeRegistration,
+    ActiveCoordinator, CompactEnvelope, ControlMsg, DataMsg, RemoteError, ReplyBody,
+    TypeRegistration,
 };
 use crate::telemetry::TraceContext;
 use crate::warn_limit::{WarnLimit, warn_limited};
@@ -403,7 +404,7 @@ fn handle_data(
     payload: &[u8],
 ) {
     // The hot messages in their canonical form, read in place.
-    match fast::decode(payload) {
+    match fast::decode(payload, from) {
         Some(DataRef::Envelope(envelope)) => {
             return deliver_envelope(shared, remote, from, envelope);
         }
@@ -444,6 +445,35 @@ fn handle_data(
             };
             deliver_envelope(shared, remote, from, envelope);
         }
+        DataMsg::E(CompactEnvelope(
+            type_name,
+            fingerprint,
+            shard,
+            generation,
+            entity_id,
+            index,
+            ask_id,
+            payload,
+        )) => {
+            let envelope = EnvelopeRef {
+                type_name: &type_name,
+                fingerprint,
+                shard,
+                generation,
+                entity_id: &entity_id,
+                index,
+                hops: 0,
+                reply_to: ask_id.map(|ask_id| ReplyTarget {
+                    origin: *from,
+                    ask_id,
+                }),
+                payload: &payload,
+                trace: None,
+                delivery: None,
+            };
+            deliver_envelope(shared, remote, from, envelope);
+        }
+        DataMsg::R(ask_id, bytes) => remote.complete(from, ask_id, Ok(&bytes)),
         DataMsg::Passivate {
             type_name,
             shard,

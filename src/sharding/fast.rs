@@ -13,6 +13,12 @@
 //! (a tested property) — but for an envelope's trace context (SPEC §14.2),
 //! which only this decoder reads: through serde a traced envelope is
 //! delivered without it.
+//!
+//! Protocol version 3 added two compact forms, positional arrays with no
+//! field names: `E` for an envelope its origin sends (hops 0, no trace,
+//! no delivery tag), whose asker is the pipe's peer, and `R` for an `Ok`
+//! reply. They go only over pipes at version 3 or later; the long forms
+//! stay for everything else and for older peers.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
@@ -77,6 +83,18 @@ pub(crate) struct EnvelopeRef<'a> {
     pub(crate) delivery: Option<DeliveryRef<'a>>,
 }
 
+impl EnvelopeRef<'_> {
+    /// Whether the compact form `E` can carry this envelope from `me`:
+    /// sent by its origin (no hop yet, asked by `me` if asked at all),
+    /// with no trace context and no delivery tag.
+    pub(crate) fn is_compact_from(&self, me: &UniqueAddress) -> bool {
+        self.hops == 0
+            && self.trace.is_none()
+            && self.delivery.is_none()
+            && self.reply_to.is_none_or(|target| target.origin == *me)
+    }
+}
+
 /// A reliable producer's tag as it travels: the array `[producer, epoch,
 /// seq]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -137,6 +155,40 @@ pub(crate) fn encode_envelope(out: &mut Vec<u8>, e: &EnvelopeRef<'_>) {
     }
 }
 
+/// Appends the canonical CBOR of the compact `DataMsg::E`: `{"E":
+/// [type_name, fingerprint, shard, generation, entity_id, index, ask_id |
+/// null, payload]}`. Only for an envelope [`EnvelopeRef::is_compact_from`]
+/// accepts: the receiver takes its hop count as 0 and its asker as the
+/// pipe's peer.
+pub(crate) fn encode_envelope_compact(out: &mut Vec<u8>, e: &EnvelopeRef<'_>) {
+    out.reserve(48 + e.type_name.len() + e.entity_id.len() + e.payload.len());
+    put_head(out, MAJOR_MAP, 1);
+    put_text(out, "E");
+    put_head(out, MAJOR_ARRAY, 8);
+    put_text(out, e.type_name);
+    put_uint(out, e.fingerprint);
+    put_uint(out, u64::from(e.shard));
+    put_uint(out, e.generation);
+    put_text(out, e.entity_id);
+    put_uint(out, u64::from(e.index));
+    match &e.reply_to {
+        None => out.push(NULL),
+        Some(target) => put_uint(out, target.ask_id),
+    }
+    put_bytes(out, e.payload);
+}
+
+/// Appends the canonical CBOR of the compact `DataMsg::R`: `{"R": [ask_id,
+/// value]}`, an `Ok` reply.
+pub(crate) fn encode_reply_ok_compact(out: &mut Vec<u8>, ask_id: u64, value: &[u8]) {
+    out.reserve(16 + value.len());
+    put_head(out, MAJOR_MAP, 1);
+    put_text(out, "R");
+    put_head(out, MAJOR_ARRAY, 2);
+    put_uint(out, ask_id);
+    put_bytes(out, value);
+}
+
 /// Appends the canonical CBOR of `DataMsg::Reply { ask_id, result: Ok(value) }`.
 pub(crate) fn encode_reply_ok(out: &mut Vec<u8>, ask_id: u64, value: &[u8]) {
     out.reserve(32 + value.len());
@@ -191,12 +243,52 @@ fn octets<const N: usize>(r: &mut Reader<'_>) -> Option<[u8; N]> {
     Some(o)
 }
 
-/// Decodes an envelope or an `Ok` reply in canonical form; `None` for
-/// anything else (which serde then decodes, or refuses).
-pub(crate) fn decode(body: &[u8]) -> Option<DataRef<'_>> {
+/// Decodes an envelope or an `Ok` reply in canonical form, long or
+/// compact, that came over the pipe from `from` (a compact envelope's
+/// asker); `None` for anything else (which serde then decodes, or refuses).
+pub(crate) fn decode<'a>(body: &'a [u8], from: &UniqueAddress) -> Option<DataRef<'a>> {
     let mut r = Reader::new(body);
     r.expect(MAJOR_MAP, 1)?;
     let msg = match r.text()? {
+        "E" => {
+            r.expect(MAJOR_ARRAY, 8)?;
+            let type_name = r.text()?;
+            let fingerprint = r.uint()?;
+            let shard = u32::try_from(r.uint()?).ok()?;
+            let generation = r.uint()?;
+            let entity_id = r.text()?;
+            let index = u16::try_from(r.uint()?).ok()?;
+            let reply_to = if r.peek()? == NULL {
+                r.take(1)?;
+                None
+            } else {
+                Some(ReplyTarget {
+                    origin: *from,
+                    ask_id: r.uint()?,
+                })
+            };
+            DataRef::Envelope(EnvelopeRef {
+                type_name,
+                fingerprint,
+                shard,
+                generation,
+                entity_id,
+                index,
+                hops: 0,
+                reply_to,
+                payload: r.bytes()?,
+                trace: None,
+                delivery: None,
+            })
+        }
+        "R" => {
+            r.expect(MAJOR_ARRAY, 2)?;
+            let ask_id = r.uint()?;
+            DataRef::ReplyOk {
+                ask_id,
+                value: r.bytes()?,
+            }
+        }
         "Envelope" => {
             // Nine fields, then a trace context and a delivery tag if any.
             let fields = match r.head()? {

@@ -1,9 +1,21 @@
-//! The hand-written envelope and reply codec against serde's, byte for byte.
+//! The hand-written envelope and reply codec against serde's, byte for byte,
+//! in the long forms and the compact ones of protocol version 3.
 
 use quickcheck::{Arbitrary, Gen, QuickCheck};
 
 use super::*;
-use crate::sharding::wire::{DataMsg, DataMsgOut, ReplyBody, ReplyBodyOut};
+use crate::sharding::wire::{
+    CompactEnvelope, CompactEnvelopeOut, DataMsg, DataMsgOut, ReplyBody, ReplyBodyOut,
+};
+
+/// The pipe's peer the tests decode from.
+fn peer() -> UniqueAddress {
+    UniqueAddress {
+        addr: SocketAddr::from(([10, 0, 0, 9], 4242)),
+        node_id: NodeId(77),
+        incarnation: 5,
+    }
+}
 
 #[derive(Clone, Debug)]
 struct Case {
@@ -86,11 +98,90 @@ fn serde_bytes(c: &Case) -> Vec<u8> {
     DataMsgOut::Envelope(c.as_ref()).encode()
 }
 
+impl Case {
+    /// The case as its origin sends it, asked (if asked) by `peer()`: what
+    /// the compact form carries.
+    fn compact(mut self) -> Case {
+        self.hops = 0;
+        self.trace = None;
+        self.delivery = None;
+        if let Some(r) = &mut self.reply_to {
+            let p = peer();
+            *r = (
+                false,
+                [10, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+                4242,
+                p.node_id.0,
+                p.incarnation,
+                r.5,
+            );
+        }
+        assert_eq!(
+            self.target().map(|t| t.origin),
+            self.reply_to.map(|_| peer())
+        );
+        self
+    }
+
+    fn compact_out(&self) -> CompactEnvelopeOut<'_> {
+        CompactEnvelopeOut(
+            &self.type_name,
+            self.fingerprint,
+            self.shard,
+            self.generation,
+            &self.entity_id,
+            self.index,
+            self.reply_to.map(|r| r.5),
+            &self.payload,
+        )
+    }
+}
+
+/// serde reads `bytes` as `DataMsg::E` with `c`'s values.
+fn serde_reads_compact(bytes: &[u8], c: &EnvelopeRef<'_>) -> bool {
+    matches!(
+        ciborium::from_reader::<DataMsg, _>(bytes),
+        Ok(DataMsg::E(CompactEnvelope(t, f, s, g, e, i, a, p)))
+            if t == c.type_name && f == c.fingerprint && s == c.shard && g == c.generation
+                && e == c.entity_id && i == c.index && a == c.reply_to.map(|r| r.ask_id)
+                && p[..] == *c.payload && c.hops == 0
+    )
+}
+
+fn compact_envelope_agrees(c: Case) -> bool {
+    let c = c.compact();
+    let e = c.as_ref();
+    if !e.is_compact_from(&peer()) {
+        return false;
+    }
+    let mut fast = Vec::new();
+    encode_envelope_compact(&mut fast, &e);
+    fast == DataMsgOut::E(c.compact_out()).encode()
+        && decode(&fast, &peer()) == Some(DataRef::Envelope(e))
+        && serde_reads_compact(&fast, &e)
+}
+
+fn compact_reply_agrees(ask_id: u64, value: Vec<u8>) -> bool {
+    let mut fast = Vec::new();
+    encode_reply_ok_compact(&mut fast, ask_id, &value);
+    let serde_reads = matches!(
+        ciborium::from_reader::<DataMsg, _>(&fast[..]),
+        Ok(DataMsg::R(a, v)) if a == ask_id && v[..] == value[..]
+    );
+    fast == DataMsgOut::R(ask_id, &value).encode()
+        && decode(&fast, &peer())
+            == Some(DataRef::ReplyOk {
+                ask_id,
+                value: &value,
+            })
+        && serde_reads
+}
+
 fn envelope_agrees(c: Case) -> bool {
     let mut fast = Vec::new();
     encode_envelope(&mut fast, &c.as_ref());
     let same_bytes = fast == serde_bytes(&c);
-    let decoded = decode(&fast) == Some(DataRef::Envelope(c.as_ref()));
+    let decoded = decode(&fast, &peer()) == Some(DataRef::Envelope(c.as_ref()));
     let serde_reads = match ciborium::from_reader::<DataMsg, _>(&fast[..]) {
         Ok(DataMsg::Envelope(e)) => {
             e.type_name == c.type_name
@@ -118,7 +209,7 @@ fn reply_agrees(ask_id: u64, value: Vec<u8>) -> bool {
         Ok(DataMsg::Reply { ask_id: a, result: ReplyBody::Ok(v) }) if a == ask_id && v[..] == value[..]
     );
     fast == serde
-        && decode(&fast)
+        && decode(&fast, &peer())
             == Some(DataRef::ReplyOk {
                 ask_id,
                 value: &value,
@@ -126,25 +217,36 @@ fn reply_agrees(ask_id: u64, value: Vec<u8>) -> bool {
         && serde_reads
 }
 
-/// Whatever the fast decoder accepts (of mutated valid bodies), serde
-/// decodes to the same message.
-fn mutated_agrees(c: Case, flips: Vec<(usize, u8)>) -> bool {
+/// Whatever the fast decoder accepts (of mutated valid bodies, long or
+/// compact envelopes and replies), serde decodes to the same message.
+fn mutated_agrees(c: Case, form: u8, flips: Vec<(usize, u8)>) -> bool {
     let mut bytes = Vec::new();
-    encode_envelope(&mut bytes, &c.as_ref());
+    match form % 4 {
+        0 => encode_envelope(&mut bytes, &c.as_ref()),
+        1 => encode_envelope_compact(&mut bytes, &c.clone().compact().as_ref()),
+        2 => encode_reply_ok(&mut bytes, c.fingerprint, &c.payload),
+        _ => encode_reply_ok_compact(&mut bytes, c.fingerprint, &c.payload),
+    }
     for (at, x) in flips {
         if !bytes.is_empty() {
             let i = at % bytes.len();
             bytes[i] ^= x;
         }
     }
-    match decode(&bytes) {
+    let compact = bytes.get(1..3) == Some(&b"\x61E"[..]) || bytes.get(1..3) == Some(&b"\x61R"[..]);
+    match decode(&bytes, &peer()) {
         None => true,
+        Some(DataRef::Envelope(e)) if compact => serde_reads_compact(&bytes, &e),
         Some(DataRef::Envelope(e)) => matches!(
             ciborium::from_reader::<DataMsg, _>(&bytes[..]),
             Ok(DataMsg::Envelope(s)) if s.type_name == e.type_name && s.entity_id == e.entity_id
                 && s.payload[..] == *e.payload && s.reply_to == e.reply_to && s.shard == e.shard
                 && s.fingerprint == e.fingerprint && s.generation == e.generation
                 && s.index == e.index && s.hops == e.hops
+        ),
+        Some(DataRef::ReplyOk { ask_id, value }) if compact => matches!(
+            ciborium::from_reader::<DataMsg, _>(&bytes[..]),
+            Ok(DataMsg::R(a, v)) if a == ask_id && v[..] == *value
         ),
         Some(DataRef::ReplyOk { ask_id, value }) => matches!(
             ciborium::from_reader::<DataMsg, _>(&bytes[..]),
@@ -168,10 +270,71 @@ fn fast_replies_are_serdes_bytes() {
 }
 
 #[test]
+fn compact_envelopes_are_serdes_bytes() {
+    QuickCheck::new()
+        .tests(2000)
+        .quickcheck(compact_envelope_agrees as fn(Case) -> bool);
+}
+
+#[test]
+fn compact_replies_are_serdes_bytes() {
+    QuickCheck::new()
+        .tests(1000)
+        .quickcheck(compact_reply_agrees as fn(u64, Vec<u8>) -> bool);
+}
+
+#[test]
 fn fast_decoder_never_disagrees_with_serde() {
     QuickCheck::new()
-        .tests(3000)
-        .quickcheck(mutated_agrees as fn(Case, Vec<(usize, u8)>) -> bool);
+        .tests(4000)
+        .quickcheck(mutated_agrees as fn(Case, u8, Vec<(usize, u8)>) -> bool);
+}
+
+#[test]
+fn only_an_origins_plain_envelope_takes_the_compact_form() {
+    let mut plain = Case::arbitrary(&mut Gen::new(8));
+    plain.reply_to = Some((false, [0; 16], 1, 1, 1, 99));
+    let plain = plain.compact();
+    assert!(plain.as_ref().is_compact_from(&peer()));
+    let mut tell = plain.clone();
+    tell.reply_to = None;
+    assert!(tell.as_ref().is_compact_from(&peer()));
+    let mut forwarded = plain.clone();
+    forwarded.hops = 1;
+    let mut traced = plain.clone();
+    traced.trace = Some([0; 26]);
+    let mut tagged = plain.clone();
+    tagged.delivery = Some(("p".into(), 1, 2));
+    let mut elsewhere = plain.clone();
+    elsewhere.reply_to = Some((
+        false,
+        [10, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        1,
+        1,
+        1,
+        1,
+    ));
+    for refused in [forwarded, traced, tagged] {
+        assert!(!refused.as_ref().is_compact_from(&peer()));
+    }
+    assert!(!elsewhere.as_ref().is_compact_from(&peer()));
+    // A compact envelope's asker is whoever the pipe says sent it.
+    let mut bytes = Vec::new();
+    encode_envelope_compact(&mut bytes, &plain.as_ref());
+    let other = UniqueAddress {
+        node_id: NodeId(78),
+        ..peer()
+    };
+    let Some(DataRef::Envelope(read)) = decode(&bytes, &other) else {
+        panic!("decodes");
+    };
+    assert_eq!(
+        read.reply_to,
+        Some(ReplyTarget {
+            origin: other,
+            ask_id: 99
+        })
+    );
 }
 
 #[test]
@@ -195,7 +358,7 @@ fn a_trace_context_rides_after_the_payload_as_a_tenth_field() {
     assert_eq!(traced.len(), plain.len() + 6 + 2 + 26);
     assert_eq!(&traced[traced.len() - 34..traced.len() - 28], b"\x65trace");
     assert_eq!(&traced[traced.len() - 28..traced.len() - 26], &[0x58, 26]);
-    let Some(DataRef::Envelope(read)) = decode(&traced) else {
+    let Some(DataRef::Envelope(read)) = decode(&traced, &peer()) else {
         panic!("the traced envelope decodes");
     };
     assert_eq!(
@@ -212,7 +375,7 @@ fn a_trace_context_rides_after_the_payload_as_a_tenth_field() {
     short.truncate(short.len() - 1);
     let at = short.len() - 26;
     short[at] = 25;
-    assert!(decode(&short).is_none());
+    assert!(decode(&short, &peer()).is_none());
 }
 
 #[test]

@@ -36,6 +36,7 @@ use crate::sharding::coordinator::ShardHome;
 use crate::sharding::fast::{self, DeliveryRef, EnvelopeRef};
 use crate::sharding::wire::{DataMsgOut, RemoteError, ReplyBodyOut};
 use crate::transport::{SendFailure, Transport};
+use crate::wire::COMPACT_DATA_VERSION;
 use crate::wire::channels::SHARDING_DATA;
 
 /// How many times an envelope may be forwarded between nodes before it is
@@ -196,27 +197,40 @@ impl Remote {
                 (Some(target), Some(ask_id))
             }
         };
+        let envelope = EnvelopeRef {
+            type_name: region.type_name,
+            fingerprint: region.fingerprint,
+            shard: shard.0,
+            generation: home.generation,
+            entity_id,
+            index: parts.index,
+            hops: parts.hops,
+            reply_to,
+            payload,
+            trace,
+            delivery: parts
+                .extras
+                .as_ref()
+                .and_then(|e| e.delivery.as_ref())
+                .map(|d| DeliveryRef(&d.producer, d.epoch, d.seq)),
+        };
         let sent = with_frame(|frame| {
-            fast::encode_envelope(
-                frame,
-                &EnvelopeRef {
-                    type_name: region.type_name,
-                    fingerprint: region.fingerprint,
-                    shard: shard.0,
-                    generation: home.generation,
-                    entity_id,
-                    index: parts.index,
-                    hops: parts.hops,
-                    reply_to,
-                    payload,
-                    trace,
-                    delivery: parts
-                        .extras
-                        .as_ref()
-                        .and_then(|e| e.delivery.as_ref())
-                        .map(|d| DeliveryRef(&d.producer, d.epoch, d.seq)),
-                },
-            );
+            // The compact form where the pipe is new enough, else the long
+            // one (also while no pipe is up yet).
+            if envelope.is_compact_from(&self.me) {
+                fast::encode_envelope_compact(frame, &envelope);
+                let compact = self.transport.send_slice_if(
+                    &owner,
+                    SHARDING_DATA,
+                    frame,
+                    COMPACT_DATA_VERSION,
+                );
+                if let Some(sent) = compact {
+                    return sent;
+                }
+                frame.clear();
+            }
+            fast::encode_envelope(frame, &envelope);
             self.transport.send_slice(&owner, SHARDING_DATA, frame)
         });
         match sent {
@@ -407,6 +421,17 @@ impl ReplySink for Remote {
         }
         let sent = match &result {
             Ok(bytes) => with_frame(|frame| {
+                fast::encode_reply_ok_compact(frame, target.ask_id, bytes);
+                let compact = self.transport.send_slice_if(
+                    &target.origin,
+                    SHARDING_DATA,
+                    frame,
+                    COMPACT_DATA_VERSION,
+                );
+                if let Some(sent) = compact {
+                    return sent;
+                }
+                frame.clear();
                 fast::encode_reply_ok(frame, target.ask_id, bytes);
                 self.transport
                     .send_slice(&target.origin, SHARDING_DATA, frame)

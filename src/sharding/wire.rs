@@ -37,7 +37,27 @@ pub(crate) enum DataMsg {
         /// The encoded reply, or why there is none.
         result: ReplyBody,
     },
+    /// The compact form of an envelope its origin sends (protocol version
+    /// 3): hops 0, asked by the pipe's peer if asked.
+    E(CompactEnvelope),
+    /// The compact form of an `Ok` reply (protocol version 3): the ask id
+    /// and the encoded reply.
+    R(u64, #[serde(with = "payload")] Bytes),
 }
+
+/// [`DataMsg::E`]'s array: type name, fingerprint, shard, generation,
+/// entity id, index, ask id (`None` for a tell), payload.
+#[derive(Debug, Deserialize)]
+pub(crate) struct CompactEnvelope(
+    pub(crate) String,
+    pub(crate) u64,
+    pub(crate) u32,
+    pub(crate) u64,
+    pub(crate) String,
+    pub(crate) u16,
+    pub(crate) Option<u64>,
+    #[serde(with = "payload")] pub(crate) Bytes,
+);
 
 /// An entity message on its way to the node that hosts its shard.
 #[derive(Debug, Deserialize)]
@@ -70,7 +90,27 @@ pub(crate) enum DataMsgOut<'a> {
         ask_id: u64,
         result: ReplyBodyOut<'a>,
     },
+    /// Written by `fast::encode_envelope_compact`; serde's encoding is
+    /// what tests compare with.
+    #[cfg_attr(not(test), allow(dead_code))]
+    E(CompactEnvelopeOut<'a>),
+    /// Written by `fast::encode_reply_ok_compact`; likewise.
+    #[cfg_attr(not(test), allow(dead_code))]
+    R(u64, #[serde(with = "payload::borrowed")] &'a [u8]),
 }
+
+/// The encoding side of [`CompactEnvelope`].
+#[derive(Debug, Serialize)]
+pub(crate) struct CompactEnvelopeOut<'a>(
+    pub(crate) &'a str,
+    pub(crate) u64,
+    pub(crate) u32,
+    pub(crate) u64,
+    pub(crate) &'a str,
+    pub(crate) u16,
+    pub(crate) Option<u64>,
+    #[serde(with = "payload::borrowed")] pub(crate) &'a [u8],
+);
 
 /// A reply's body: the CBOR-encoded reply value, or an error.
 #[derive(Debug, Deserialize)]
@@ -394,6 +434,57 @@ mod tests {
     }
 
     #[test]
+    fn spec_compact_example_bytes() {
+        // SPEC §13.4's compact forms (protocol version 3): the example ask
+        // as `E`, sent by ORIGIN itself, and its answer as `R`.
+        let DataMsgOut::Envelope(envelope) = example_envelope() else {
+            unreachable!()
+        };
+        assert!(envelope.is_compact_from(&origin()));
+        let spec = "
+            a1 61 45 88
+            65 74 61 6c 6c 79
+            1b 10 f4 3e cc 48 8b 48 09
+            05 03
+            67 74 61 6c 6c 79 2d 31
+            01 07 41 f6
+        ";
+        let mut fast = Vec::new();
+        crate::sharding::fast::encode_envelope_compact(&mut fast, &envelope);
+        assert_eq!(fast, hex(spec));
+        assert_eq!(fast.len(), 33);
+        let serde = DataMsgOut::E(CompactEnvelopeOut(
+            "tally",
+            TALLY_FINGERPRINT,
+            5,
+            3,
+            "tally-1",
+            1,
+            Some(7),
+            &HOME_PAYLOAD,
+        ));
+        assert_eq!(serde.encode(), fast);
+        // Read from ORIGIN's pipe it is the long form's envelope.
+        let read = crate::sharding::fast::decode(&fast, &origin());
+        assert_eq!(
+            read,
+            Some(crate::sharding::fast::DataRef::Envelope(envelope))
+        );
+        // As a tell, `null` (f6) where the ask id was.
+        let mut tell = envelope;
+        tell.reply_to = None;
+        let mut told = Vec::new();
+        crate::sharding::fast::encode_envelope_compact(&mut told, &tell);
+        assert_eq!(told[..30], fast[..30]);
+        assert_eq!(told[30..], [0xf6, 0x41, 0xf6]);
+        // The answer "n1".
+        let mut reply = Vec::new();
+        crate::sharding::fast::encode_reply_ok_compact(&mut reply, 7, &[0x62, 0x6e, 0x31]);
+        assert_eq!(reply, hex("a1 61 52 82 07 43 62 6e 31"));
+        assert_eq!(DataMsgOut::R(7, &[0x62, 0x6e, 0x31]).encode(), reply);
+    }
+
+    #[test]
     fn spec_traced_envelope_example_bytes() {
         // SPEC §13.4's envelope with a trace context (SPEC §14.2): the map
         // head a9 becomes aa, and ten more bytes follow the payload.
@@ -449,7 +540,7 @@ mod tests {
         assert_eq!(fast, tagged);
         // Both decoders read the tag.
         let Some(crate::sharding::fast::DataRef::Envelope(read)) =
-            crate::sharding::fast::decode(&tagged)
+            crate::sharding::fast::decode(&tagged, &origin())
         else {
             panic!("the tagged envelope decodes");
         };

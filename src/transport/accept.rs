@@ -204,12 +204,19 @@ impl Shared {
         let peer = match tokio::time::timeout_at(deadline, handshake).await {
             Err(_) => return Err(ConnectError::Timeout),
             Ok(Err(e)) => return Err(lock(&mismatch).take().map_or(e, ConnectError::Tls)),
-            Ok(Ok(peer)) => peer,
+            Ok(Ok(found)) => found,
         };
         drop(permit); // authenticated
-        self.start_conn(framed, sockets, peer, peer.node_id, Some(Frame::Accepted))
-            .await
-            .map(drop)
-            .map_err(ConnectError::Refused)
+        let (peer, version) = peer;
+        self.start_conn(
+            framed,
+            sockets,
+            (peer, version),
+            peer.node_id,
+            Some(Frame::Accepted),
+        )
+        .await
+        .map(drop)
+        .map_err(ConnectError::Refused)
     }
 }

@@ -22,7 +22,7 @@ use super::events::{DisconnectReason, TransportEvent};
 use super::table::{Dial, Handler, RefusalLog, Shared, State, Stats, after};
 use crate::identity::UniqueAddress;
 use crate::warn_limit::WarnLimit;
-use crate::wire::{Channel, Frame, FrameCodec};
+use crate::wire::{Channel, Frame, FrameCodec, MIN_PROTOCOL_VERSION};
 
 /// Upper bound on the CBOR envelope around a payload (map headers, variant
 /// and field names, a u64 correlation id, the byte-string header).
@@ -53,6 +53,9 @@ pub struct ConnectionInfo {
     pub remote_socket: SocketAddr,
     /// Whether this node dialed the connection.
     pub dialed_by_us: bool,
+    /// The pipe's protocol version: the lower of the two the handshake
+    /// announced (SPEC §9.1).
+    pub version: u16,
 }
 
 /// Shuts the transport down when the last user handle is dropped (tasks
@@ -257,6 +260,7 @@ impl Transport {
             local_socket: c.local_socket,
             remote_socket: c.remote_socket,
             dialed_by_us: c.initiator == self.shared.local.node_id,
+            version: c.version,
         })
     }
 
@@ -365,29 +369,52 @@ impl Transport {
         channel: Channel,
         payload: &[u8],
     ) -> Result<(), SendFailure> {
+        match self.send_slice_if(to, channel, payload, MIN_PROTOCOL_VERSION) {
+            Some(sent) => sent,
+            // No pipe to `to` yet, or another identity at its address.
+            None => self
+                .send(to, channel, Bytes::copy_from_slice(payload))
+                .map_err(|e| e.reason),
+        }
+    }
+
+    /// [`send_slice`](Self::send_slice) of a payload in a form protocol
+    /// version `needs` introduced: sent only over an established pipe to
+    /// `to` whose version is at least `needs`. `None`, with nothing sent,
+    /// when there is no such pipe (none yet, or an older one): the caller
+    /// sends the message again in a form every version reads. One lookup
+    /// under the transport's lock, as `send_slice`'s.
+    pub(crate) fn send_slice_if(
+        &self,
+        to: &UniqueAddress,
+        channel: Channel,
+        payload: &[u8],
+        needs: u16,
+    ) -> Option<Result<(), SendFailure>> {
         if payload.len() > self.shared.max_payload {
             let (len, max) = (payload.len(), self.shared.max_payload);
-            return Err(SendFailure::TooLarge { len, max });
+            return Some(Err(SendFailure::TooLarge { len, max }));
         }
         let conn = {
             let st = lock(&self.shared.state);
-            self.shared.check_target(&st, to)?;
-            match st.conns.get(&to.addr).filter(|c| c.peer == *to) {
+            if let Err(failure) = self.shared.check_target(&st, to) {
+                return Some(Err(failure));
+            }
+            match st
+                .conns
+                .get(&to.addr)
+                .filter(|c| c.peer == *to && c.version >= needs)
+            {
                 // A small payload is copied in under the transport's lock
                 // (cheaper than taking a reference to the pipe); a large one
                 // outside it, so it does not hold up every other send.
                 Some(c) if payload.len() <= COPY_UNDER_LOCK => {
-                    return c.push_oneway(channel, payload);
+                    return Some(c.push_oneway(channel, payload));
                 }
                 found => found.cloned(),
             }
         };
-        if let Some(c) = conn {
-            return c.push_oneway(channel, payload);
-        }
-        // No pipe to `to` yet, or another identity at its address.
-        self.send(to, channel, Bytes::copy_from_slice(payload))
-            .map_err(|e| e.reason)
+        conn.map(|c| c.push_oneway(channel, payload))
     }
 
     /// Sends a request to `to` on `channel` and waits for its reply, at most

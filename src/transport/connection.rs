@@ -78,6 +78,10 @@ pub(crate) struct Conn {
     pub(crate) id: u64,
     /// The peer's identity, proven in the handshake.
     pub(crate) peer: UniqueAddress,
+    /// The pipe's protocol version: the lower of the two announced in the
+    /// handshake. A payload in a form a later version introduced goes
+    /// only over a pipe at least that version (`Transport::send_slice_if`).
+    pub(crate) version: u16,
     /// The node id of the side that dialed this connection.
     pub(crate) initiator: NodeId,
     /// Local end of the TCP connection.
@@ -133,7 +137,7 @@ impl Conn {
     /// A connection whose outbox holds `capacity` frames in each lane.
     pub(crate) fn new(
         id: u64,
-        peer: UniqueAddress,
+        (peer, version): (UniqueAddress, u16),
         initiator: NodeId,
         sockets: (SocketAddr, SocketAddr),
         (capacity, codec): (usize, FrameCodec),
@@ -142,6 +146,7 @@ impl Conn {
         Conn {
             id,
             peer,
+            version,
             initiator,
             local_socket: sockets.0,
             remote_socket: sockets.1,
@@ -527,7 +532,7 @@ mod tests {
         let control: Arc<[Channel]> = Arc::from(vec![1]);
         Conn::new(
             1,
-            peer,
+            (peer, crate::wire::PROTOCOL_VERSION),
             peer.node_id,
             (addr, addr),
             (capacity, codec),

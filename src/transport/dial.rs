@@ -15,7 +15,7 @@ use super::pipe::{handshake_framed, socket_addrs};
 use super::stream::PipeIo;
 use super::table::{Dial, Shared, State, after, log_refusal};
 use crate::identity::UniqueAddress;
-use crate::wire::RejectReason;
+use crate::wire::{MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, RejectReason};
 
 /// What a dial attempt led to.
 pub(crate) enum Dialed {
@@ -164,20 +164,43 @@ impl Shared {
     }
 
     /// One dial attempt: TCP connect, TLS (when configured), handshake,
-    /// install.
+    /// install. A node that refuses this build's protocol version but
+    /// names one this build still speaks (an older node, during a rolling
+    /// upgrade) is dialed once more announcing that one: its pipe then
+    /// carries only what that version reads (SPEC §9.1).
     pub(crate) async fn dial_once(
         self: &Arc<Self>,
         addr: SocketAddr,
+    ) -> Result<Dialed, ConnectError> {
+        match self.dial_announcing(addr, PROTOCOL_VERSION).await {
+            Err(ConnectError::Rejected(RejectReason::UnsupportedVersion { ours, .. }))
+                if (MIN_PROTOCOL_VERSION..PROTOCOL_VERSION).contains(&ours) =>
+            {
+                tracing::debug!(%addr, version = ours, "an older peer: dialing again at its version");
+                self.dial_announcing(addr, ours).await
+            }
+            other => other,
+        }
+    }
+
+    /// [`dial_once`](Self::dial_once)'s attempt, announcing `announce`.
+    async fn dial_announcing(
+        self: &Arc<Self>,
+        addr: SocketAddr,
+        announce: u16,
     ) -> Result<Dialed, ConnectError> {
         let stream = TcpStream::connect(addr).await?;
         let _ = stream.set_nodelay(true);
         let sockets = socket_addrs(&stream);
         match &self.config.tls {
-            None => self.handshake_outbound(stream, addr, sockets).await,
+            None => {
+                self.handshake_outbound(stream, addr, sockets, announce)
+                    .await
+            }
             #[cfg(feature = "tls")]
             Some(tls) => {
                 let stream = tls.connect(stream, addr).await?;
-                self.handshake_outbound(stream, addr, sockets)
+                self.handshake_outbound(stream, addr, sockets, announce)
                     .await
                     .map_err(super::tls::inside_tls)
             }
@@ -192,6 +215,7 @@ impl Shared {
         stream: S,
         addr: SocketAddr,
         sockets: (SocketAddr, SocketAddr),
+        announce: u16,
     ) -> Result<Dialed, ConnectError> {
         let mut framed = handshake_framed(stream);
         let local = self.local_handshake();
@@ -203,11 +227,11 @@ impl Shared {
             }
             verdict
         };
-        let result = handshake::initiate(&mut framed, &local, addr, admit).await;
+        let result = handshake::initiate(&mut framed, &local, addr, announce, admit).await;
         let existing = lock(&existing).take();
         match result {
-            Ok(peer) => match self
-                .start_conn(framed, sockets, peer, self.local.node_id, None)
+            Ok((peer, version)) => match self
+                .start_conn(framed, sockets, (peer, version), self.local.node_id, None)
                 .await
             {
                 Ok(conn) => Ok(Dialed::Connected(conn)),

@@ -177,8 +177,10 @@ fn unsupported() -> RejectReason {
     }
 }
 
-/// Runs the initiator's side up to and including `Accepted`; returns the
-/// acceptor's identity. In this order, once `Welcome` arrives: the
+/// Runs the initiator's side up to and including `Accepted`, announcing
+/// version `announce` (this build's, or an older one it still speaks for a
+/// peer that refused this build's, §9.1); returns the acceptor's identity
+/// and the pipe's version, the lower of the two announced. In this order, once `Welcome` arrives: the
 /// acceptor's proof is verified, its proven identity must name `dialed`,
 /// and only then is `admit` asked (quarantine, an existing pipe), so no
 /// local state is consulted on behalf of an unauthenticated peer.
@@ -186,11 +188,12 @@ pub(crate) async fn initiate<S: PipeIo>(
     stream: &mut HandshakeStream<S>,
     local: &Local<'_>,
     dialed: SocketAddr,
+    announce: u16,
     admit: impl Fn(&UniqueAddress) -> Result<(), RejectReason>,
-) -> Result<UniqueAddress, ConnectError> {
+) -> Result<(UniqueAddress, u16), ConnectError> {
     let nonce_i = nonce()?;
     let hello = Frame::Hello {
-        version: PROTOCOL_VERSION,
+        version: announce,
         cluster: local.cluster.to_owned(),
         from: local.me,
         nonce: nonce_i.clone(),
@@ -218,7 +221,7 @@ pub(crate) async fn initiate<S: PipeIo>(
         return Err(refuse(stream, RejectReason::ProtocolViolation).await);
     }
     let versions = Versions {
-        initiator: PROTOCOL_VERSION,
+        initiator: announce,
         acceptor: version_a,
     };
     let transcript = Transcript {
@@ -254,21 +257,23 @@ pub(crate) async fn initiate<S: PipeIo>(
         .await
         .map_err(wire_error)?;
     match next(stream).await? {
-        Frame::Accepted => Ok(peer),
+        Frame::Accepted => Ok((peer, version_a.min(announce))),
         Frame::Reject { reason } => Err(ConnectError::Rejected(reason)),
         _ => Err(refuse(stream, RejectReason::ProtocolViolation).await),
     }
 }
 
-/// Runs the acceptor's side up to the verified `Proof`; returns the
-/// initiator's identity. The caller then installs the pipe and sends
+/// Runs the acceptor's side up to the verified `Proof`, announcing the
+/// lower of the initiator's version and this build's (so an older
+/// initiator finds the version it announced); returns the initiator's
+/// identity and that version, the pipe's. The caller then installs the pipe and sends
 /// `Accepted` (or `Reject`). `admit` may refuse the initiator (quarantine,
 /// tie-break, shutdown) right after its `Hello`.
 pub(crate) async fn accept<S: PipeIo>(
     stream: &mut HandshakeStream<S>,
     local: &Local<'_>,
     admit: impl Fn(&UniqueAddress) -> Result<(), RejectReason>,
-) -> Result<UniqueAddress, ConnectError> {
+) -> Result<(UniqueAddress, u16), ConnectError> {
     let (peer, version_i, nonce_i) = match next(stream).await? {
         Frame::Hello {
             version,
@@ -292,9 +297,10 @@ pub(crate) async fn accept<S: PipeIo>(
     if let Err(reason) = admit(&peer) {
         return Err(refuse(stream, reason).await);
     }
+    let announced = version_i.min(PROTOCOL_VERSION);
     let versions = Versions {
         initiator: version_i,
-        acceptor: PROTOCOL_VERSION,
+        acceptor: announced,
     };
     let nonce_a = nonce()?;
     let transcript = Transcript {
@@ -308,7 +314,7 @@ pub(crate) async fn accept<S: PipeIo>(
     };
     let mine = transcript.mac(Role::Acceptor)?;
     let welcome = Frame::Welcome {
-        version: PROTOCOL_VERSION,
+        version: announced,
         from: local.me,
         nonce: nonce_a.clone(),
         proof: Bytes::copy_from_slice(&mine.finalize().into_bytes()),
@@ -323,7 +329,7 @@ pub(crate) async fn accept<S: PipeIo>(
     if check.verify_slice(&proof_i).is_err() {
         return Err(refuse(stream, RejectReason::BadProof).await);
     }
-    Ok(peer)
+    Ok((peer, announced))
 }
 
 #[cfg(test)]

@@ -42,19 +42,21 @@ impl Shared {
     /// refusal, tells the peer `Reject{reason}`.
     ///
     /// `sockets` are this side's and the peer's socket addresses (for
-    /// `ConnectionInfo`), read off the TCP stream before it was wrapped.
+    /// `ConnectionInfo`), read off the TCP stream before it was wrapped;
+    /// `peer` the peer's identity and the pipe's protocol version (the
+    /// lower of the two the handshake announced).
     pub(crate) async fn start_conn<S: PipeIo>(
         self: &Arc<Self>,
         mut stream: HandshakeStream<S>,
         sockets: (SocketAddr, SocketAddr),
-        peer: UniqueAddress,
+        (peer, version): (UniqueAddress, u16),
         initiator: NodeId,
         first: Option<Frame>,
     ) -> Result<Arc<Conn>, RejectReason> {
         let id = self.next_conn_id.fetch_add(1, Ordering::Relaxed);
         let conn = Conn::new(
             id,
-            peer,
+            (peer, version),
             initiator,
             sockets,
             (self.config.send_queue_capacity, self.codec),

@@ -186,14 +186,16 @@ async fn raw_handshake(
     };
     let stream = mode.dial(t.bound_addr()).await;
     let mut framed = Framed::new(stream, FrameCodec::default());
-    let peer = within(handshake::initiate(
+    let (peer, version) = within(handshake::initiate(
         &mut framed,
         &local,
         t.bound_addr(),
+        crate::wire::PROTOCOL_VERSION,
         |_| Ok(()),
     ))
     .await?;
     assert_eq!(peer, t.local());
+    assert_eq!(version, crate::wire::PROTOCOL_VERSION);
     Ok(framed)
 }
 
@@ -730,4 +732,99 @@ async fn a_borrowed_handler_sees_its_channels_oneways_in_order(mode: Mode) {
     send_oneway(&mut raw, Bytes::from_static(b"late")).await;
     handled_so_far(&mut raw).await;
     assert!(rx.try_recv().is_err(), "nothing after unregister");
+}
+
+/// A version-2 node refuses a later `Hello` (as version-2 builds do) and
+/// names its version: the dialer dials again announcing 2, and the pipe is
+/// at version 2. A payload in a form version 3 introduced is then not sent
+/// on it (`send_slice_if` gives `None`), one every version reads is; with
+/// no pipe at all, `send_slice_if` sends nothing either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_acceptor_is_dialed_again_at_its_version() {
+    use crate::wire::{COMPACT_DATA_VERSION, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION};
+    let t = Transport::bind(config()).await.expect("bind");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let old = tokio::spawn(async move {
+        let (stream, _) = listener.accept().await.expect("accept");
+        let mut framed = Framed::new(stream, FrameCodec::default());
+        let Some(Ok(Frame::Hello { version, .. })) = within(framed.next()).await else {
+            panic!("expected a Hello");
+        };
+        assert_eq!(version, PROTOCOL_VERSION);
+        let reason = RejectReason::UnsupportedVersion { ours: 2, min: 2 };
+        framed.send(Frame::Reject { reason }).await.expect("reject");
+        drop(framed);
+        let (stream, _) = listener.accept().await.expect("accept again");
+        let mut framed = Framed::new(stream, FrameCodec::default());
+        let secret = Secret::from("sesame");
+        let local = Local {
+            me: UniqueAddress::new_at(addr),
+            cluster: "unit",
+            secret: &secret,
+        };
+        let (_, version) = within(handshake::accept(&mut framed, &local, |_| Ok(())))
+            .await
+            .expect("handshake at 2");
+        assert_eq!(version, 2);
+        framed.send(Frame::Accepted).await.expect("accepted");
+        // The first data frame that comes.
+        loop {
+            match within(framed.next()).await {
+                Some(Ok(Frame::Oneway { payload, .. })) => break payload,
+                Some(Ok(_)) => {}
+                other => panic!("pipe ended: {other:?}"),
+            }
+        }
+    });
+    let peer = within(t.connect(addr)).await.expect("connects at 2");
+    assert_eq!(t.connection(&peer).expect("a pipe").version, 2);
+    assert_eq!(MIN_PROTOCOL_VERSION, 2);
+    assert_eq!(
+        t.send_slice_if(&peer, CH, b"compact", COMPACT_DATA_VERSION),
+        None
+    );
+    assert_eq!(t.send_slice_if(&peer, CH, b"long", 2), Some(Ok(())));
+    let nobody = UniqueAddress::new_at("127.0.0.1:9".parse().expect("literal"));
+    assert_eq!(t.send_slice_if(&nobody, CH, b"none", 2), None);
+    let got = within(old).await.expect("the old node's task");
+    assert_eq!(got, Bytes::from_static(b"long"));
+}
+
+/// An initiator that announces 2 is answered at 2 (so a version-2 node
+/// can dial a version-3 one), and the pipe is at version 2 on both sides;
+/// one that announces this build's version gets a pipe at that version,
+/// over which a payload of the latest forms goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acceptor_answers_an_older_initiator_at_its_version() {
+    use crate::wire::{COMPACT_DATA_VERSION, PROTOCOL_VERSION};
+    let t = Transport::bind(config()).await.expect("bind");
+    let secret = Secret::from("sesame");
+    let mut kept = Vec::new();
+    for (port, announce) in [(41u16, 2u16), (42, PROTOCOL_VERSION)] {
+        let me = UniqueAddress::new_at(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
+        let local = Local {
+            me,
+            cluster: "unit",
+            secret: &secret,
+        };
+        let stream = TcpStream::connect(t.bound_addr()).await.expect("tcp");
+        let mut framed = Framed::new(stream, FrameCodec::default());
+        let (_, version) = within(handshake::initiate(
+            &mut framed,
+            &local,
+            t.bound_addr(),
+            announce,
+            |_| Ok(()),
+        ))
+        .await
+        .expect("handshake");
+        assert_eq!(version, announce);
+        assert_eq!(t.connection(&me).expect("a pipe").version, announce);
+        let compact = t.send_slice_if(&me, CH, b"compact", COMPACT_DATA_VERSION);
+        assert_eq!(compact.is_some(), announce >= COMPACT_DATA_VERSION);
+        kept.push(framed);
+    }
 }

@@ -167,7 +167,13 @@ async fn a_certificate_must_name_the_node_on_both_sides() {
         cluster: "unit",
         secret: &secret,
     };
-    let refused = super::handshake::initiate(&mut framed, &local, honest.bound_addr(), |_| Ok(()));
+    let refused = super::handshake::initiate(
+        &mut framed,
+        &local,
+        honest.bound_addr(),
+        crate::wire::PROTOCOL_VERSION,
+        |_| Ok(()),
+    );
     assert_eq!(
         tokio::time::timeout(PATIENCE, refused)
             .await

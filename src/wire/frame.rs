@@ -6,10 +6,16 @@ use serde::{Deserialize, Serialize};
 use super::payload;
 use crate::identity::UniqueAddress;
 
-/// The wire protocol version this build speaks. Bumped on any incompatible
-/// change of [`Frame`] or of the handshake.
-/// Version 2 put both announced versions into the handshake transcript.
-pub const PROTOCOL_VERSION: u16 = 2;
+/// The wire protocol version this build speaks. Bumped on any change of
+/// [`Frame`], of the handshake or of what a channel may carry.
+/// Version 2 put both announced versions into the handshake transcript;
+/// version 3 added the compact data forms (SPEC §13.4), sent only over a
+/// pipe both of whose ends announced at least 3.
+pub const PROTOCOL_VERSION: u16 = 3;
+
+/// The first protocol version whose pipes carry the compact data forms
+/// `E` and `R` on the sharding data channel (SPEC §13.4).
+pub const COMPACT_DATA_VERSION: u16 = 3;
 
 /// The oldest protocol version this build still accepts from a peer.
 pub const MIN_PROTOCOL_VERSION: u16 = 2;
