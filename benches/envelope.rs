@@ -5,9 +5,11 @@
 //! * `encode_envelope_*`: the data-channel envelope around it (type name,
 //!   fingerprint, shard, generation, entity id, index, hops, reply target,
 //!   payload), through serde and by hand as `Remote::forward` writes it
-//!   (the same bytes).
+//!   for a version-2 pipe (the same bytes), and in the compact form `E` it
+//!   writes for a version-3 pipe (SPEC §13.4).
 //! * `decode_envelope_*`: the inbound path's decode of that envelope,
-//!   through serde and by hand, in place.
+//!   through serde and by hand, in place; `decode_envelope_compact`: the
+//!   hand decode of the compact form.
 //!
 //! Run: `cargo bench --bench envelope`.
 
@@ -56,6 +58,24 @@ fn encode_envelope_fast(bencher: divan::Bencher) {
         bench::encode_envelope_serde("entity-123", &payload)
     );
     bencher.bench(|| bench::encode_envelope_fast(divan::black_box("entity-123"), &payload));
+}
+
+#[divan::bench]
+fn encode_envelope_compact(bencher: divan::Bencher) {
+    let payload = ping_bytes();
+    let long = bench::encode_envelope_fast("entity-123", &payload);
+    assert!(bench::encode_envelope_compact("entity-123", &payload).len() < long.len() / 2);
+    bencher.bench(|| bench::encode_envelope_compact(divan::black_box("entity-123"), &payload));
+}
+
+#[divan::bench]
+fn decode_envelope_compact(bencher: divan::Bencher) {
+    let bytes = bench::encode_envelope_compact("entity-123", &ping_bytes());
+    assert_eq!(
+        bench::decode_envelope_fast(&bytes),
+        bench::decode_envelope_fast(&bench::encode_envelope_fast("entity-123", &ping_bytes()))
+    );
+    bencher.bench(|| bench::decode_envelope_fast(divan::black_box(&bytes)));
 }
 
 #[divan::bench]

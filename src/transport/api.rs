@@ -42,8 +42,10 @@ pub struct TransportStats {
     pub inbound_overflow: u64,
 }
 
-/// Where one established pipe runs: its two TCP ends.
+/// Where one established pipe runs: its two TCP ends, and its protocol
+/// version.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ConnectionInfo {
     /// The peer at the other end.
     pub peer: UniqueAddress,
