@@ -263,14 +263,21 @@ impl Shared {
     }
 
     /// The coordinator as this node sees it (`None` without a cluster node).
+    /// `registered` is also checked against the regions as they are now: a
+    /// region added since the control task last published its status has
+    /// no coordinator's table yet.
     pub(crate) fn coordinator_status(&self) -> Option<crate::sharding::CoordinatorStatus> {
         let link = self.cluster.as_ref()?;
-        Some(
-            link.coordinator
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone(),
-        )
+        let mut status = link
+            .coordinator
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if status.registered {
+            let regions = self.regions.read().unwrap_or_else(|p| p.into_inner());
+            status.registered = regions.values().all(|r| r.accepted_by().is_some());
+        }
+        Some(status)
     }
 
     /// The system can no longer serve (its node is out of the cluster): no

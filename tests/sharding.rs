@@ -51,6 +51,16 @@ protocol! {
     }
 }
 
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Noop;
+
+protocol! {
+    /// A second type, registered late (proxy-only).
+    pub protocol Late = "late" {
+        tell Noop;
+    }
+}
+
 impl Handler<Nap> for TallyEntity {
     async fn handle(&mut self, msg: Nap, _: &EntityContext) -> ShardingResult<()> {
         tokio::time::sleep(Duration::from_millis(msg.0)).await;
@@ -179,6 +189,11 @@ async fn three() -> Vec<Node> {
             .await
             .expect("registered");
         nodes.push(Node { cluster, system });
+    }
+    // Every region registered before the first allocation, so that no
+    // rebalance moves shards under a test later.
+    for n in &nodes {
+        coordinator_until(&n.system, "regions registered", |s| s.registered).await;
     }
     nodes
 }
@@ -411,6 +426,20 @@ async fn coordinator_until(
 async fn the_acting_sharding_coordinator_its_epoch_and_allocation_are_visible() {
     let nodes = three().await;
     let first = nodes[0].cluster.self_address();
+    // `registered`: false from the moment a type is registered until the
+    // coordinator's table for it came (never the status of before).
+    coordinator_until(&nodes[1].system, "node 1 registered", |s| s.registered).await;
+    nodes[1]
+        .system
+        .register_proxy::<Late>()
+        .await
+        .expect("registered");
+    let right_after = nodes[1].system.sharding_coordinator().expect("a status");
+    assert!(!right_after.registered, "{right_after:?}");
+    coordinator_until(&nodes[1].system, "node 1 registered again", |s| {
+        s.registered
+    })
+    .await;
     let status = coordinator_until(&nodes[0].system, "node 0 allocates", |s| {
         s.acting == Some(first) && s.allocating == Some(true)
     })

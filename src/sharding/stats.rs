@@ -51,8 +51,9 @@ pub struct CoordinatorStatus {
     pub allocating: Option<bool>,
     /// This node's regions are registered: each has had the table of the
     /// coordinator this node follows (false until then, and while it
-    /// follows none). This node's own view only (always false in
-    /// `ClusterShardingStats`).
+    /// follows none; checked against the regions as they are when read,
+    /// so a type registered a moment ago makes it false at once). This
+    /// node's own view only (always false in `ClusterShardingStats`).
     pub registered: bool,
 }
 

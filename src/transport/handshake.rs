@@ -18,7 +18,9 @@
 //! (SPEC §9.2 gives its exact bytes and a test vector). A proof is thus bound
 //! to this one exchange: it cannot be replayed in another connection or
 //! reflected back in the other role, and a version rewritten in transit (a
-//! downgrade) makes the proofs fail. The secret itself never crosses the
+//! downgrade) makes the proofs fail. (A forged `Reject{UnsupportedVersion}`
+//! can make a dialer try again at an older version it still speaks, which
+//! costs only that version's later forms: SPEC §9.1.) The secret itself never crosses the
 //! wire; each side proves it knows the secret over the other side's fresh
 //! 32-byte nonce (from the OS generator via `getrandom`), and verification is
 //! constant-time (`Mac::verify_slice`).
@@ -209,7 +211,8 @@ pub(crate) async fn initiate<S: PipeIo>(
             if !version_ok(version) {
                 return Err(refuse(stream, unsupported()).await);
             }
-            if nonce.len() != NONCE_LEN {
+            // An acceptor answers at most the version announced to it.
+            if version > announce || nonce.len() != NONCE_LEN {
                 return Err(refuse(stream, RejectReason::ProtocolViolation).await);
             }
             (from, version, nonce, proof)

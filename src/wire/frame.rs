@@ -36,7 +36,9 @@ pub enum Frame {
     /// Handshake step 1, initiator → acceptor: who I am, which cluster and
     /// protocol version I speak, and a fresh challenge for the acceptor.
     Hello {
-        /// The initiator's [`PROTOCOL_VERSION`].
+        /// The version the initiator announces: its [`PROTOCOL_VERSION`],
+        /// or an older one it still speaks when the acceptor refused that
+        /// (SPEC §9.1).
         version: u16,
         /// The cluster the initiator belongs to; must equal the acceptor's.
         cluster: String,
@@ -49,7 +51,8 @@ pub enum Frame {
     /// Handshake step 2, acceptor → initiator: the acceptor's identity, its
     /// proof of the shared secret, and a fresh challenge for the initiator.
     Welcome {
-        /// The acceptor's [`PROTOCOL_VERSION`].
+        /// The lower of `Hello`'s version and the acceptor's
+        /// [`PROTOCOL_VERSION`]: the pipe's version.
         version: u16,
         /// The acceptor's identity.
         from: UniqueAddress,
