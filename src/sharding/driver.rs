@@ -35,7 +35,7 @@ use tokio::time::sleep_until;
 
 use crate::cluster::ClusterNode;
 use crate::envelope::{Delivery, LocalEnvelope};
-use crate::envelope::{RemoteReply, ReplySink, ReplyTarget};
+use crate::envelope::{RemoteReply, ReplySink};
 use crate::error::{RegionRefusal, ShardingError, ShardingResult};
 use crate::extractor::ShardId;
 use crate::identity::UniqueAddress;
@@ -53,8 +53,8 @@ use crate::sharding::region_core::{LocalRegions, RegionCommand, RegionCore};
 use crate::sharding::remote::Remote;
 use crate::sharding::stats::{ClusterShardingStats, CoordinatorStatus};
 use crate::sharding::wire::{
-    ActiveCoordinator, CompactEnvelope, ControlMsg, DataMsg, RemoteError, ReplyBody,
-    TypeRegistration,
+    ActiveCoordinator, CompactEnvelope, CompactEnvelopeRef, ControlMsg, DataMsg, RemoteError,
+    ReplyBody, TypeRegistration,
 };
 use crate::telemetry::TraceContext;
 use crate::warn_limit::{WarnLimit, warn_limited};
@@ -445,33 +445,10 @@ fn handle_data(
             };
             deliver_envelope(shared, remote, from, envelope);
         }
-        DataMsg::E(CompactEnvelope(
-            type_name,
-            fingerprint,
-            shard,
-            generation,
-            entity_id,
-            index,
-            ask_id,
-            payload,
-        )) => {
-            let envelope = EnvelopeRef {
-                type_name: &type_name,
-                fingerprint,
-                shard,
-                generation,
-                entity_id: &entity_id,
-                index,
-                hops: 0,
-                reply_to: ask_id.map(|ask_id| ReplyTarget {
-                    origin: *from,
-                    ask_id,
-                }),
-                payload: &payload,
-                trace: None,
-                delivery: None,
-            };
-            deliver_envelope(shared, remote, from, envelope);
+        DataMsg::E(CompactEnvelope(t, fingerprint, shard, generation, e, index, ask, payload)) => {
+            let c =
+                CompactEnvelopeRef(&t, fingerprint, shard, generation, &e, index, ask, &payload);
+            deliver_envelope(shared, remote, from, EnvelopeRef::from_compact(c, from));
         }
         DataMsg::R(ask_id, bytes) => remote.complete(from, ask_id, Ok(&bytes)),
         DataMsg::Passivate {

@@ -24,6 +24,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use crate::envelope::ReplyTarget;
 use crate::identity::{NodeId, UniqueAddress};
+use crate::sharding::wire::CompactEnvelopeRef;
 use crate::telemetry::TraceContext;
 
 use crate::wire::cbor::{
@@ -83,7 +84,38 @@ pub(crate) struct EnvelopeRef<'a> {
     pub(crate) delivery: Option<DeliveryRef<'a>>,
 }
 
-impl EnvelopeRef<'_> {
+impl<'a> EnvelopeRef<'a> {
+    /// The envelope a compact `E` carries, come over the pipe from `from`:
+    /// sent by its origin (no hop yet), asked (if asked) by `from`.
+    pub(crate) fn from_compact(c: CompactEnvelopeRef<'a>, from: &UniqueAddress) -> Self {
+        let CompactEnvelopeRef(
+            type_name,
+            fingerprint,
+            shard,
+            generation,
+            entity_id,
+            index,
+            ask,
+            payload,
+        ) = c;
+        EnvelopeRef {
+            type_name,
+            fingerprint,
+            shard,
+            generation,
+            entity_id,
+            index,
+            hops: 0,
+            reply_to: ask.map(|ask_id| ReplyTarget {
+                origin: *from,
+                ask_id,
+            }),
+            payload,
+            trace: None,
+            delivery: None,
+        }
+    }
+
     /// Whether the compact form `E` can carry this envelope from `me`:
     /// sent by its origin (no hop yet, asked by `me` if asked at all),
     /// with no trace context and no delivery tag.
@@ -258,28 +290,23 @@ pub(crate) fn decode<'a>(body: &'a [u8], from: &UniqueAddress) -> Option<DataRef
             let generation = r.uint()?;
             let entity_id = r.text()?;
             let index = u16::try_from(r.uint()?).ok()?;
-            let reply_to = if r.peek()? == NULL {
+            let ask = if r.peek()? == NULL {
                 r.take(1)?;
                 None
             } else {
-                Some(ReplyTarget {
-                    origin: *from,
-                    ask_id: r.uint()?,
-                })
+                Some(r.uint()?)
             };
-            DataRef::Envelope(EnvelopeRef {
+            let c = CompactEnvelopeRef(
                 type_name,
                 fingerprint,
                 shard,
                 generation,
                 entity_id,
                 index,
-                hops: 0,
-                reply_to,
-                payload: r.bytes()?,
-                trace: None,
-                delivery: None,
-            })
+                ask,
+                r.bytes()?,
+            );
+            DataRef::Envelope(EnvelopeRef::from_compact(c, from))
         }
         "R" => {
             r.expect(MAJOR_ARRAY, 2)?;

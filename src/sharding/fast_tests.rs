@@ -5,7 +5,7 @@ use quickcheck::{Arbitrary, Gen, QuickCheck};
 
 use super::*;
 use crate::sharding::wire::{
-    CompactEnvelope, CompactEnvelopeOut, DataMsg, DataMsgOut, ReplyBody, ReplyBodyOut,
+    CompactEnvelope, CompactEnvelopeRef, DataMsg, DataMsgOut, ReplyBody, ReplyBodyOut,
 };
 
 /// The pipe's peer the tests decode from.
@@ -123,8 +123,8 @@ impl Case {
         self
     }
 
-    fn compact_out(&self) -> CompactEnvelopeOut<'_> {
-        CompactEnvelopeOut(
+    fn compact_out(&self) -> CompactEnvelopeRef<'_> {
+        CompactEnvelopeRef(
             &self.type_name,
             self.fingerprint,
             self.shard,

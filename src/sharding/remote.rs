@@ -214,24 +214,13 @@ impl Remote {
                 .and_then(|e| e.delivery.as_ref())
                 .map(|d| DeliveryRef(&d.producer, d.epoch, d.seq)),
         };
-        let sent = with_frame(|frame| {
-            // The compact form where the pipe is new enough, else the long
-            // one (also while no pipe is up yet).
-            if envelope.is_compact_from(&self.me) {
+        let compact = envelope
+            .is_compact_from(&self.me)
+            .then_some(|frame: &mut Vec<u8>| {
                 fast::encode_envelope_compact(frame, &envelope);
-                let compact = self.transport.send_slice_if(
-                    &owner,
-                    SHARDING_DATA,
-                    frame,
-                    COMPACT_DATA_VERSION,
-                );
-                if let Some(sent) = compact {
-                    return sent;
-                }
-                frame.clear();
-            }
+            });
+        let sent = self.send_data(&owner, compact, |frame| {
             fast::encode_envelope(frame, &envelope);
-            self.transport.send_slice(&owner, SHARDING_DATA, frame)
         });
         match sent {
             Ok(()) => Ok(kept),
@@ -249,6 +238,32 @@ impl Remote {
                 Err(error)
             }
         }
+    }
+
+    /// Sends `to` a data message in the form `compact` writes (protocol
+    /// version 3) where the pipe to it is at that version, else in the
+    /// form `long` writes — also while no pipe is up yet, and whenever
+    /// `compact` is `None`. Built in this thread's frame buffer.
+    fn send_data(
+        &self,
+        to: &UniqueAddress,
+        compact: Option<impl FnOnce(&mut Vec<u8>)>,
+        long: impl FnOnce(&mut Vec<u8>),
+    ) -> Result<(), SendFailure> {
+        with_frame(|frame| {
+            if let Some(compact) = compact {
+                compact(frame);
+                let sent =
+                    self.transport
+                        .send_slice_if(to, SHARDING_DATA, frame, COMPACT_DATA_VERSION);
+                if let Some(sent) = sent {
+                    return sent;
+                }
+                frame.clear();
+            }
+            long(frame);
+            self.transport.send_slice(to, SHARDING_DATA, frame)
+        })
     }
 
     /// Asks `owner` to passivate an entity of a shard it hosts.
@@ -420,22 +435,13 @@ impl ReplySink for Remote {
             return;
         }
         let sent = match &result {
-            Ok(bytes) => with_frame(|frame| {
-                fast::encode_reply_ok_compact(frame, target.ask_id, bytes);
-                let compact = self.transport.send_slice_if(
-                    &target.origin,
-                    SHARDING_DATA,
-                    frame,
-                    COMPACT_DATA_VERSION,
-                );
-                if let Some(sent) = compact {
-                    return sent;
-                }
-                frame.clear();
-                fast::encode_reply_ok(frame, target.ask_id, bytes);
-                self.transport
-                    .send_slice(&target.origin, SHARDING_DATA, frame)
-            }),
+            Ok(bytes) => self.send_data(
+                &target.origin,
+                Some(|frame: &mut Vec<u8>| {
+                    fast::encode_reply_ok_compact(frame, target.ask_id, bytes);
+                }),
+                |frame| fast::encode_reply_ok(frame, target.ask_id, bytes),
+            ),
             Err(error) => {
                 let msg = DataMsgOut::Reply {
                     ask_id: target.ask_id,

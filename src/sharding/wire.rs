@@ -93,15 +93,16 @@ pub(crate) enum DataMsgOut<'a> {
     /// Written by `fast::encode_envelope_compact`; serde's encoding is
     /// what tests compare with.
     #[cfg_attr(not(test), allow(dead_code))]
-    E(CompactEnvelopeOut<'a>),
+    E(CompactEnvelopeRef<'a>),
     /// Written by `fast::encode_reply_ok_compact`; likewise.
     #[cfg_attr(not(test), allow(dead_code))]
     R(u64, #[serde(with = "payload::borrowed")] &'a [u8]),
 }
 
-/// The encoding side of [`CompactEnvelope`].
-#[derive(Debug, Serialize)]
-pub(crate) struct CompactEnvelopeOut<'a>(
+/// [`CompactEnvelope`]'s fields, borrowed: serde's encoding side, and
+/// what both decoders hand to `EnvelopeRef::from_compact`.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub(crate) struct CompactEnvelopeRef<'a>(
     pub(crate) &'a str,
     pub(crate) u64,
     pub(crate) u32,
@@ -453,7 +454,7 @@ mod tests {
         crate::sharding::fast::encode_envelope_compact(&mut fast, &envelope);
         assert_eq!(fast, hex(spec));
         assert_eq!(fast.len(), 33);
-        let serde = DataMsgOut::E(CompactEnvelopeOut(
+        let serde = DataMsgOut::E(CompactEnvelopeRef(
             "tally",
             TALLY_FINGERPRINT,
             5,
