@@ -24,7 +24,6 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use crate::envelope::ReplyTarget;
 use crate::identity::{NodeId, UniqueAddress};
-use crate::sharding::wire::CompactEnvelopeRef;
 use crate::telemetry::TraceContext;
 
 use crate::wire::cbor::{
@@ -126,6 +125,20 @@ impl<'a> EnvelopeRef<'a> {
             && self.reply_to.is_none_or(|target| target.origin == *me)
     }
 }
+
+/// A compact envelope's fields (`DataMsg::E`), borrowed: serde's encoding
+/// side, and what both decoders hand to [`EnvelopeRef::from_compact`].
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+pub(crate) struct CompactEnvelopeRef<'a>(
+    pub(crate) &'a str,
+    pub(crate) u64,
+    pub(crate) u32,
+    pub(crate) u64,
+    pub(crate) &'a str,
+    pub(crate) u16,
+    pub(crate) Option<u64>,
+    #[serde(with = "crate::wire::payload::borrowed")] pub(crate) &'a [u8],
+);
 
 /// A reliable producer's tag as it travels: the array `[producer, epoch,
 /// seq]`.

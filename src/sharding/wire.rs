@@ -13,7 +13,7 @@ use crate::entity::DeliveryRow;
 use crate::envelope::ReplyTarget;
 pub use crate::error::RemoteError;
 use crate::identity::UniqueAddress;
-pub(crate) use crate::sharding::fast::EnvelopeRef;
+pub(crate) use crate::sharding::fast::{CompactEnvelopeRef, EnvelopeRef};
 use crate::wire::payload;
 
 /// A message on the data channel, as decoded by the receiver.
@@ -98,20 +98,6 @@ pub(crate) enum DataMsgOut<'a> {
     #[cfg_attr(not(test), allow(dead_code))]
     R(u64, #[serde(with = "payload::borrowed")] &'a [u8]),
 }
-
-/// [`CompactEnvelope`]'s fields, borrowed: serde's encoding side, and
-/// what both decoders hand to `EnvelopeRef::from_compact`.
-#[derive(Clone, Copy, Debug, Serialize)]
-pub(crate) struct CompactEnvelopeRef<'a>(
-    pub(crate) &'a str,
-    pub(crate) u64,
-    pub(crate) u32,
-    pub(crate) u64,
-    pub(crate) &'a str,
-    pub(crate) u16,
-    pub(crate) Option<u64>,
-    #[serde(with = "payload::borrowed")] pub(crate) &'a [u8],
-);
 
 /// A reply's body: the CBOR-encoded reply value, or an error.
 #[derive(Debug, Deserialize)]
