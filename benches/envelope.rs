@@ -1,7 +1,10 @@
 //! The remote-envelope path (divan): what one message to an entity on
 //! another node costs in encoding and decoding, beside the message itself.
 //!
-//! * `encode_message`: the W1 `Ping` alone (CBOR through serde).
+//! * `encode_message`: the W1 `Ping` alone (CBOR through serde);
+//!   `decode_message`: reading it back as a receiving node does (cbor4ii,
+//!   ciborium for what cbor4ii leaves), and `decode_message_ciborium` with
+//!   ciborium alone, as before.
 //! * `encode_envelope_*`: the data-channel envelope around it (type name,
 //!   fingerprint, shard, generation, entity id, index, hops, reply target,
 //!   payload), through serde and by hand as `Remote::forward` writes it
@@ -14,9 +17,9 @@
 //! Run: `cargo bench --bench envelope`.
 
 use datum_cluster_sharding::__private::bench;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-#[derive(Serialize)]
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
 struct Ping {
     driver: u32,
     seq: u64,
@@ -42,6 +45,22 @@ fn ping_bytes() -> Vec<u8> {
 #[divan::bench]
 fn encode_message() -> Vec<u8> {
     ping_bytes()
+}
+
+#[divan::bench]
+fn decode_message(bencher: divan::Bencher) {
+    let bytes = ping_bytes();
+    assert_eq!(
+        bench::decode_message::<Ping>(&bytes),
+        bench::decode_message_ciborium::<Ping>(&bytes)
+    );
+    bencher.bench(|| bench::decode_message::<Ping>(divan::black_box(&bytes)));
+}
+
+#[divan::bench]
+fn decode_message_ciborium(bencher: divan::Bencher) {
+    let bytes = ping_bytes();
+    bencher.bench(|| bench::decode_message_ciborium::<Ping>(divan::black_box(&bytes)));
 }
 
 #[divan::bench]

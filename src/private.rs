@@ -114,6 +114,17 @@ pub mod bench {
         }
     }
 
+    /// Decodes a user message or reply as the receiving node does
+    /// (cbor4ii, with ciborium for what cbor4ii leaves).
+    pub fn decode_message<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Option<T> {
+        crate::envelope::from_cbor(bytes).ok()
+    }
+
+    /// Decodes it with ciborium alone, as the receiving node did before.
+    pub fn decode_message_ciborium<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Option<T> {
+        crate::envelope::from_ciborium(bytes).ok()
+    }
+
     /// A write-behind queue over an in-memory store, for timing what
     /// recording one id costs the region (the push only).
     pub struct RememberQueue(std::sync::Arc<crate::store::writer::Remember>);

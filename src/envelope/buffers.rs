@@ -48,10 +48,30 @@ thread_local! {
     static CBOR_SCRATCH: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0; 4096]);
 }
 
-/// Decodes one CBOR value exactly as `ciborium::from_reader` does, without
-/// zeroing its 4 KiB scratch buffer on every call (which costs more than
-/// decoding a small message).
+/// Decodes one user message or reply as `ciborium::from_reader` does, fast.
+///
+/// Most values go through cbor4ii, which decodes a small struct several
+/// times faster than ciborium (`benches/envelope.rs`). Every value that
+/// cbor4ii does not take — a float ciborium wrote shorter than its type
+/// (ciborium writes `1.0f64` as a half float), a tag other than a bignum,
+/// anything malformed — is decoded again by ciborium, whose error is the
+/// one reported. So the result is ciborium's whenever cbor4ii fails, and
+/// the property tests check that it is ciborium's when cbor4ii succeeds.
+/// Both limit nesting to 256 levels: deep input is an error, never a
+/// stack overflow.
 pub(crate) fn from_cbor<T: DeserializeOwned>(
+    bytes: &[u8],
+) -> Result<T, ciborium::de::Error<std::io::Error>> {
+    match cbor4ii::serde::from_slice(bytes) {
+        Ok(value) => Ok(value),
+        Err(_) => from_ciborium(bytes),
+    }
+}
+
+/// Decodes one CBOR value with ciborium, without zeroing its 4 KiB
+/// scratch buffer on every call (which costs more than decoding a small
+/// message).
+pub(crate) fn from_ciborium<T: DeserializeOwned>(
     bytes: &[u8],
 ) -> Result<T, ciborium::de::Error<std::io::Error>> {
     CBOR_SCRATCH.with(|cell| match cell.try_borrow_mut() {
@@ -60,3 +80,7 @@ pub(crate) fn from_cbor<T: DeserializeOwned>(
         Err(_) => ciborium::from_reader(bytes),
     })
 }
+
+#[cfg(test)]
+#[path = "cbor_tests.rs"]
+mod cbor_tests;

@@ -20,7 +20,7 @@ use tokio::sync::oneshot;
 
 use crate::error::{ShardingError, ShardingResult};
 
-pub(crate) use buffers::{from_cbor, with_frame, with_scratch};
+pub(crate) use buffers::{from_cbor, from_ciborium, with_frame, with_scratch};
 pub(crate) use reply::ReplySink;
 pub(crate) use reply::ReplyTo;
 pub use reply::{RemoteReply, ReplyTarget};
