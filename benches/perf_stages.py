@@ -45,8 +45,8 @@ OTHER = "other (kernel, threads outside tokio)"
 ALLOCATOR = "allocator (glibc malloc and free)"
 # Owners of a leaf frame, by a piece of its symbol; the first match wins.
 OWNERS = [
-    ("CBOR: ciborium, the header codec (and std's UTF-8 check)",
-     ["ciborium", "wire::cbor", "fast::encode", "fast::decode", "fast::octets", "from_utf8",
+    ("CBOR: ciborium, cbor4ii, the header codec (and std's UTF-8 check)",
+     ["ciborium", "cbor4ii::", "wire::cbor", "fast::encode", "fast::decode", "fast::octets", "from_utf8",
       "SealedProtocol>::decode"]),
     ("lookups: hashing, string compares, maps", ["sip::Hasher", "hash_one", "hashbrown", "memcmp",
                                                  "HashMap"]),
