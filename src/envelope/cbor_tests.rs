@@ -31,6 +31,7 @@ enum Loose {
     Text(String),
     Flag(bool),
     List(Vec<u16>),
+    Real(f64),
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -73,6 +74,34 @@ impl Arbitrary for Odd {
             whole: float(g),
             nothing: (),
             unit: Unit,
+            kinds: Vec::arbitrary(g),
+        }
+    }
+}
+
+/// Floats that ciborium writes at their own width (none fits a shorter
+/// float), so cbor4ii reads them.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Wide {
+    single: f32,
+    double: f64,
+    loose: Vec<Loose>,
+    kinds: Vec<Kind>,
+}
+
+/// An f64 that fits no f32: its lowest mantissa bit is set, and its
+/// exponent is kept below the top (no infinity or NaN).
+fn wide_f64(g: &mut Gen) -> f64 {
+    f64::from_bits((u64::arbitrary(g) & 0xbfef_ffff_ffff_ffff) | 1)
+}
+
+impl Arbitrary for Wide {
+    fn arbitrary(g: &mut Gen) -> Self {
+        // The same for an f32 and f16.
+        Wide {
+            single: f32::from_bits((u32::arbitrary(g) & 0xbf7f_ffff) | 1),
+            double: wide_f64(g),
+            loose: Vec::arbitrary(g),
             kinds: Vec::arbitrary(g),
         }
     }
@@ -146,11 +175,12 @@ impl Arbitrary for Kind {
 
 impl Arbitrary for Loose {
     fn arbitrary(g: &mut Gen) -> Self {
-        match u8::arbitrary(g) % 4 {
+        match u8::arbitrary(g) % 5 {
             0 => Loose::Number(i64::arbitrary(g)),
             1 => Loose::Text(String::arbitrary(g)),
             2 => Loose::Flag(bool::arbitrary(g)),
-            _ => Loose::List(Vec::arbitrary(g)),
+            3 => Loose::List(Vec::arbitrary(g)),
+            _ => Loose::Real(wide_f64(g)),
         }
     }
 }
@@ -209,18 +239,29 @@ fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     bytes
 }
 
+/// Whether `a` and `b` are the same value: ciborium writes them alike (so
+/// NaNs compare), and they print alike (so `Some(None)` and `None` do not).
+fn same<T: Serialize + std::fmt::Debug>(a: &T, b: &T) -> bool {
+    encode(a) == encode(b) && format!("{a:?}") == format!("{b:?}")
+}
+
 /// What `from_cbor` and ciborium make of `bytes`: both fail, or both give
-/// a value that ciborium writes the same (so NaNs compare too).
-fn agree<T: Serialize + DeserializeOwned>(bytes: &[u8]) -> Result<(), String> {
+/// the same value. With `lenient`, `from_cbor` may also read what ciborium
+/// refuses (SPEC §13.4 names those inputs).
+fn agree<T: Serialize + DeserializeOwned + std::fmt::Debug>(
+    bytes: &[u8],
+    lenient: bool,
+) -> Result<(), String> {
     let ours = from_cbor::<T>(bytes);
     let theirs = ciborium::from_reader::<T, _>(bytes);
-    match (ours, theirs) {
-        (Ok(a), Ok(b)) if encode(&a) == encode(&b) => Ok(()),
+    match (&ours, &theirs) {
+        (Ok(a), Ok(b)) if same(a, b) => Ok(()),
         (Err(_), Err(_)) => Ok(()),
-        (a, b) => Err(format!(
+        (Ok(_), Err(_)) if lenient => Ok(()),
+        _ => Err(format!(
             "{bytes:02x?}: from_cbor {:?}, ciborium {:?}",
-            a.map(|v| encode(&v)),
-            b.map(|v| encode(&v))
+            ours.map(|v| encode(&v)),
+            theirs.map(|v| encode(&v))
         )),
     }
 }
@@ -228,25 +269,31 @@ fn agree<T: Serialize + DeserializeOwned>(bytes: &[u8]) -> Result<(), String> {
 #[test]
 fn from_cbor_reads_what_ciborium_writes_as_ciborium_does() {
     static FAST: AtomicUsize = AtomicUsize::new(0);
-    fn prop(value: Mixed, odd: Odd) -> bool {
-        let bytes = encode(&value);
-        if agree::<Odd>(&encode(&odd))
-            .map_err(|e| eprintln!("{e}"))
-            .is_err()
-        {
-            return false;
-        }
+    static WIDE: AtomicUsize = AtomicUsize::new(0);
+    fn prop(value: Mixed, wide: Wide, odd: Odd) -> bool {
+        let report = |e| eprintln!("{e}");
+        let (bytes, wide) = (encode(&value), encode(&wide));
         if cbor4ii::serde::from_slice::<Mixed>(&bytes).is_ok() {
             FAST.fetch_add(1, Ordering::Relaxed);
         }
-        agree::<Mixed>(&bytes).map_err(|e| eprintln!("{e}")).is_ok()
+        if cbor4ii::serde::from_slice::<Wide>(&wide).is_ok() {
+            WIDE.fetch_add(1, Ordering::Relaxed);
+        }
+        agree::<Mixed>(&bytes, false).map_err(report).is_ok()
+            && agree::<Wide>(&wide, false).map_err(report).is_ok()
+            && agree::<Odd>(&encode(&odd), false).map_err(report).is_ok()
     }
     QuickCheck::new()
         .tests(2_000)
-        .quickcheck(prop as fn(Mixed, Odd) -> bool);
+        .quickcheck(prop as fn(Mixed, Wide, Odd) -> bool);
     // Most cases test cbor4ii's answers, not only ciborium's fallback.
     let fast = FAST.load(Ordering::Relaxed);
     assert!(fast > 1_000, "only {fast} of 2,000 took the fast path");
+    let wide = WIDE.load(Ordering::Relaxed);
+    assert!(
+        wide > 1_000,
+        "only {wide} of 2,000 floats took the fast path"
+    );
 }
 
 #[test]
@@ -258,13 +305,32 @@ fn from_cbor_agrees_with_ciborium_on_damaged_bytes() {
             bytes[i % len] = b;
         }
         bytes.truncate(bytes.len() - cut % 4);
+        // Whatever ciborium reads from damaged bytes, from_cbor reads the
+        // same; it may read a few things ciborium refuses.
         let report = |e| eprintln!("{e}");
-        agree::<Mixed>(&bytes).map_err(report).is_ok()
-            && agree::<Odd>(&bytes).map_err(report).is_ok()
+        agree::<Mixed>(&bytes, true).map_err(report).is_ok()
+            && agree::<Odd>(&bytes, true).map_err(report).is_ok()
     }
     QuickCheck::new()
         .tests(5_000)
         .quickcheck(prop as fn(Mixed, Odd, bool, Vec<(usize, u8)>, usize) -> bool);
+}
+
+#[test]
+fn what_from_cbor_reads_that_ciborium_refuses() {
+    // SPEC §13.4 names these: an empty array as a unit...
+    assert!(ciborium::from_reader::<(), _>(&[0x80][..]).is_err());
+    assert_eq!(from_cbor::<()>(&[0x80]).ok(), Some(()));
+    // ...and a field name longer than ciborium's 4 KiB scratch.
+    #[derive(Debug, Deserialize)]
+    struct One {
+        a: u8,
+    }
+    let mut bytes = vec![0xa2, 0x61, b'a', 0x01, 0x79, 0x13, 0x88];
+    bytes.extend(std::iter::repeat_n(b'x', 5_000));
+    bytes.push(0x02);
+    assert!(ciborium::from_reader::<One, _>(&bytes[..]).is_err());
+    assert_eq!(from_cbor::<One>(&bytes).map(|one| one.a).ok(), Some(1));
 }
 
 #[test]
