@@ -615,14 +615,16 @@ async fn remembered_entities_respawn_when_their_shard_starts() {
             .await
             .unwrap();
         for id in ["r-1", "r-2", "r-3"] {
-            system
-                .entity_ref::<Probe>(id)
-                .tell(Record(0))
-                .await
-                .unwrap();
+            let entity = system.entity_ref::<Probe>(id);
+            entity.tell(Record(0)).await.unwrap();
+            // A tell returns once the message is in its region, where it may
+            // wait for its shard to start; the ask returns once the entity
+            // has handled it, so its start is queued before the flush below
+            // (a message still waiting at shutdown fails, and its entity
+            // never starts).
+            entity.ask(Total, LONG).await.unwrap();
         }
         let r3 = system.entity_ref::<Probe>("r-3");
-        r3.ask(Total, LONG).await.unwrap();
         r3.passivate().await.unwrap();
         // Records reach the store behind a write-behind queue.
         system.flush_remember_entities().await.unwrap();
