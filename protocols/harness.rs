@@ -5,13 +5,16 @@
 #![allow(dead_code)]
 
 use std::collections::{HashMap, HashSet};
+use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use datum_cluster_sharding::cluster::{ClusterConfig, ClusterNode};
 use datum_cluster_sharding::persistence::NoJournal;
 use datum_cluster_sharding::prelude::*;
 use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use hdrhistogram::Histogram;
 use tokio::sync::Mutex;
 
@@ -219,24 +222,54 @@ pub async fn drive<S, J>(
     answered: Option<Arc<Mutex<Answered>>>,
 ) -> DriverReport {
     // A user holds its refs: one per entity, made once.
-    let refs: Arc<Vec<EntityRef<Pinger>>> = Arc::new(
-        (0..ENTITIES)
-            .map(|k| system.entity_ref::<Pinger>(entity_id(k)))
-            .collect(),
-    );
-    let asks = futures_util::stream::iter(0..count).map(|k| {
-        let refs = refs.clone();
-        let answered = answered.clone();
+    let refs: Vec<EntityRef<Pinger>> = (0..ENTITIES)
+        .map(|k| system.entity_ref::<Pinger>(entity_id(k)))
+        .collect();
+    windowed(count, in_flight, |k| {
+        let (refs, answered) = (&refs, answered.as_deref());
         async move {
             let id = (stride * k + u64::from(d)) % ENTITIES;
             let attempts = ask_until_acked(&refs[id as usize], d, k).await;
             if let Some(answered) = answered.filter(|_| attempts.acked) {
-                note_answer(&answered, id, &attempts).await;
+                note_answer(answered, id, &attempts).await;
             }
             attempts
         }
-    });
-    collect_report(asks.buffer_unordered(in_flight)).await
+    })
+    .await
+}
+
+/// Runs `one(k)` for every `k` in `0..count` with at most `in_flight`
+/// running, and reports their attempts: a window of `in_flight` workers
+/// in the driver's one task, each taking the next `k` as its last one is
+/// done. Every `one(k)` is first polled before `k + 1` is taken, and that
+/// poll sends its ask (unless the region makes it wait for room), so the
+/// asks leave in `k` order. A worker lives for the whole
+/// run: nothing is allocated or moved per message, as it would be for a
+/// future per message in a `buffer_unordered` stream.
+async fn windowed<F, Fut>(count: u64, in_flight: usize, one: F) -> DriverReport
+where
+    F: Fn(u64) -> Fut,
+    Fut: Future<Output = Attempts>,
+{
+    let next = AtomicU64::new(0);
+    let report = std::sync::Mutex::new(DriverReport::new());
+    let worker = || async {
+        loop {
+            // Relaxed: one task takes every k; the atomic only lets the
+            // workers share the counter.
+            let k = next.fetch_add(1, Ordering::Relaxed);
+            if k >= count {
+                return;
+            }
+            let attempts = one(k).await;
+            report.lock().expect("no worker panics").add(attempts);
+        }
+    };
+    let mut workers: FuturesUnordered<_> = (0..in_flight.max(1)).map(|_| worker()).collect();
+    while workers.next().await.is_some() {}
+    drop(workers);
+    report.into_inner().expect("no worker panics")
 }
 
 /// The first sender id of the open-loop drivers' asks.
@@ -321,11 +354,11 @@ pub async fn drive_fresh<S, J>(
     count: u64,
     in_flight: usize,
 ) -> DriverReport {
-    let asks = futures_util::stream::iter(0..count).map(|k| {
+    windowed(count, in_flight, |k| {
         let entity = system.entity_ref::<Pinger>(format!("spawn-{d}-{k}"));
         async move { ask_until_acked(&entity, d, k).await }
-    });
-    collect_report(asks.buffer_unordered(in_flight)).await
+    })
+    .await
 }
 
 /// The attempts at one message.
@@ -401,17 +434,6 @@ impl DriverReport {
         }
         self.acks += u64::from(attempts.acked);
     }
-}
-
-/// One driver's report from the attempts at each of its messages.
-async fn collect_report(
-    mut done: impl futures_util::Stream<Item = Attempts> + Unpin,
-) -> DriverReport {
-    let mut report = DriverReport::new();
-    while let Some(attempts) = done.next().await {
-        report.add(attempts);
-    }
-    report
 }
 
 /// The drivers' reports merged.
