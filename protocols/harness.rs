@@ -225,7 +225,8 @@ pub async fn drive<S, J>(
     let refs: Vec<EntityRef<Pinger>> = (0..ENTITIES)
         .map(|k| system.entity_ref::<Pinger>(entity_id(k)))
         .collect();
-    windowed(count, in_flight, |k| {
+    let mut report = DriverReport::new();
+    let one = |k| {
         let (refs, answered) = (&refs, answered.as_deref());
         async move {
             let id = (stride * k + u64::from(d)) % ENTITIES;
@@ -235,41 +236,42 @@ pub async fn drive<S, J>(
             }
             attempts
         }
-    })
-    .await
+    };
+    windowed(count, in_flight, one, |attempts| report.add(attempts)).await;
+    report
 }
 
-/// Runs `one(k)` for every `k` in `0..count` with at most `in_flight`
-/// running, and reports their attempts: a window of `in_flight` workers
-/// in the driver's one task, each taking the next `k` as its last one is
-/// done. Every `one(k)` is first polled before `k + 1` is taken, and that
-/// poll sends its ask (unless the region makes it wait for room), so the
-/// asks leave in `k` order. A worker lives for the whole
-/// run: nothing is allocated or moved per message, as it would be for a
-/// future per message in a `buffer_unordered` stream.
-async fn windowed<F, Fut>(count: u64, in_flight: usize, one: F) -> DriverReport
+/// Runs `one(k)` for every `k` in `0..count` with at most `in_flight` of
+/// them running (one when `in_flight` is 0), and hands each output to
+/// `done`: a window of long-lived workers in the caller's one task, each
+/// taking the next `k` as its last one is done. Every `one(k)` is first
+/// polled before `k + 1` is taken; when that poll sends an ask (as `ask`'s
+/// does, unless the region makes it wait for room), the asks leave in `k`
+/// order. A worker lives for the whole run: no future is boxed or
+/// allocated per `k`, as one would be in a `buffer_unordered` stream.
+pub async fn windowed<T, F, Fut>(count: u64, in_flight: usize, one: F, done: impl FnMut(T))
 where
     F: Fn(u64) -> Fut,
-    Fut: Future<Output = Attempts>,
+    Fut: Future<Output = T>,
 {
+    // Relaxed: the workers take turns in one task; the atomic only lets
+    // them share the counter. The lock is never contended, for the same
+    // reason; one recorder (the driver's one histogram) rather than one
+    // per worker.
     let next = AtomicU64::new(0);
-    let report = std::sync::Mutex::new(DriverReport::new());
+    let done = std::sync::Mutex::new(done);
     let worker = || async {
         loop {
-            // Relaxed: one task takes every k; the atomic only lets the
-            // workers share the counter.
             let k = next.fetch_add(1, Ordering::Relaxed);
             if k >= count {
                 return;
             }
-            let attempts = one(k).await;
-            report.lock().expect("no worker panics").add(attempts);
+            let output = one(k).await;
+            (*done.lock().expect("no worker panics"))(output);
         }
     };
     let mut workers: FuturesUnordered<_> = (0..in_flight.max(1)).map(|_| worker()).collect();
     while workers.next().await.is_some() {}
-    drop(workers);
-    report.into_inner().expect("no worker panics")
 }
 
 /// The first sender id of the open-loop drivers' asks.
@@ -354,11 +356,13 @@ pub async fn drive_fresh<S, J>(
     count: u64,
     in_flight: usize,
 ) -> DriverReport {
-    windowed(count, in_flight, |k| {
+    let mut report = DriverReport::new();
+    let one = |k| {
         let entity = system.entity_ref::<Pinger>(format!("spawn-{d}-{k}"));
         async move { ask_until_acked(&entity, d, k).await }
-    })
-    .await
+    };
+    windowed(count, in_flight, one, |attempts| report.add(attempts)).await;
+    report
 }
 
 /// The attempts at one message.

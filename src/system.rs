@@ -1420,8 +1420,8 @@ impl<P: Protocol> EntityRef<P> {
     /// Its future is small (SPEC §13.5): the message is sent before the
     /// first await, the rare waits (room in a full remember-entities queue,
     /// tracing) are boxed, and what is held across the wait for the reply
-    /// is the reply channel and its deadline. A caller that keeps many asks
-    /// in flight allocates and moves each one's future.
+    /// is the reply channel and its deadline. A caller that keeps a future
+    /// per ask in flight allocates and moves each one.
     async fn ask_in<M: Message<P>>(
         &self,
         region: &Region,

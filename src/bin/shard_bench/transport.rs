@@ -13,8 +13,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use datum_cluster_sharding::cluster::ClusterNode;
-use futures_util::StreamExt;
 use hdrhistogram::Histogram;
+
+use super::harness::windowed;
 
 /// A channel no layer of the library uses.
 const BASELINE: u16 = 100;
@@ -54,41 +55,37 @@ pub async fn run(
                 let mut latency =
                     Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds");
                 let (mut acks, mut wrong, mut failed) = (0u64, 0u64, 0u64);
-                let mut done = futures_util::stream::iter(0..share)
-                    .map(|k| {
-                        let transport = transport.clone();
-                        let to = peers[(d + 1 + (k % 2) as usize) % peers.len()];
-                        async move {
-                            let entity = format!("entity-{}", k % 1_000);
-                            let mut payload = Vec::with_capacity(24);
-                            ciborium::into_writer(&(entity.as_str(), k), &mut payload)
-                                .expect("encodes");
-                            let began = Instant::now();
-                            let reply = transport
-                                .request(
-                                    &to,
-                                    BASELINE,
-                                    Bytes::from(payload),
-                                    Duration::from_secs(5),
-                                )
-                                .await;
-                            let took = began.elapsed();
-                            let answer = reply.ok().map(|bytes| {
-                                ciborium::from_reader::<(String, u64), _>(&bytes[..])
-                                    .is_ok_and(|(e, n)| n == k && e == entity)
-                            });
-                            (answer, took)
-                        }
-                    })
-                    .buffer_unordered(in_flight);
-                while let Some((answer, took)) = done.next().await {
+                // W1's drivers' workers (`harness::windowed`), so that the
+                // two runs' drivers cost the same.
+                let (transport, peers) = (&transport, &peers);
+                let one = |k: u64| {
+                    let to = peers[(d + 1 + (k % 2) as usize) % peers.len()];
+                    async move {
+                        let entity = format!("entity-{}", k % 1_000);
+                        let mut payload = Vec::with_capacity(24);
+                        ciborium::into_writer(&(entity.as_str(), k), &mut payload)
+                            .expect("encodes");
+                        let began = Instant::now();
+                        let reply = transport
+                            .request(&to, BASELINE, Bytes::from(payload), Duration::from_secs(5))
+                            .await;
+                        let took = began.elapsed();
+                        let answer = reply.ok().map(|bytes| {
+                            ciborium::from_reader::<(String, u64), _>(&bytes[..])
+                                .is_ok_and(|(e, n)| n == k && e == entity)
+                        });
+                        (answer, took)
+                    }
+                };
+                let done = |(answer, took): (Option<bool>, Duration)| {
                     latency.saturating_record((took.as_micros() as u64).max(1));
                     match answer {
                         Some(true) => acks += 1,
                         Some(false) => wrong += 1,
                         None => failed += 1,
                     }
-                }
+                };
+                windowed(share, in_flight, one, done).await;
                 (latency, acks, wrong, failed)
             })
         })
