@@ -56,7 +56,7 @@ pub async fn run(
                     Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds");
                 let (mut acks, mut wrong, mut failed) = (0u64, 0u64, 0u64);
                 // W1's drivers' workers (`harness::windowed`), so that the
-                // two runs' drivers cost the same.
+                // two runs' drivers have the same shape.
                 let (transport, peers) = (&transport, &peers);
                 let one = |k: u64| {
                     let to = peers[(d + 1 + (k % 2) as usize) % peers.len()];
