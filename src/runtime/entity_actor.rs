@@ -139,7 +139,11 @@ pub(crate) struct EntityState<E> {
     // sent, so the next incarnation never coexists with this one.
     entity: E,
     args: EntityArgs<E>,
-    last_activity: Instant,
+    /// A handler returned since the last idle check. The idle timer reads
+    /// the clock at its checks only, not once per message.
+    active: bool,
+    /// When an idle check last found the entity active (or it started).
+    active_at: Instant,
     /// Of an event-sourced type: why this incarnation handles nothing (its
     /// recovery failed, or another incarnation wrote its journal since).
     /// Every message is answered with it, and the entity is passivated, so
@@ -196,6 +200,21 @@ fn build<E>(factory: &Factory<E>, ctx: &EntityContext) -> Result<E, ActorProcess
     })
 }
 
+/// How long after an idle check, which found the entity quiet for `quiet`
+/// (less than `idle`), the next one comes. An entity found active is
+/// looked at again after half its timeout, so it is passivated between one
+/// and one and a half timeouts after its last message (as Akka's checks at
+/// half the timeout do); a quiet one when its timeout would run out.
+fn next_idle_check(idle: Duration, quiet: Duration) -> Duration {
+    if quiet.is_zero() {
+        Some(idle / 2)
+            .filter(|half| !half.is_zero())
+            .unwrap_or(idle)
+    } else {
+        idle - quiet
+    }
+}
+
 impl<E> EntityState<E> {
     /// Asks the region to passivate this incarnation (`idle`: its idle
     /// timeout ran out).
@@ -243,7 +262,8 @@ where
         Ok(EntityState {
             entity,
             args,
-            last_activity: Instant::now(),
+            active: false,
+            active_at: Instant::now(),
             failed,
         })
     }
@@ -281,9 +301,7 @@ where
                         Box::pin(tracing::Instrument::instrument(handled, span)).await
                     }
                 };
-                if state.args.idle_timeout.is_some() {
-                    state.last_activity = Instant::now();
-                }
+                state.active = true;
                 if let OutcomeKind::Panicked(panic) = outcome.0 {
                     let ctx = &state.args.ctx;
                     tracing::warn!(type_name = ctx.type_name(), entity_id = ctx.entity_id(), %panic, "entity handler panicked; restarting the entity");
@@ -345,15 +363,49 @@ where
             EntityMsg::IdleCheck if state.failed.is_some() => state.request_passivation(false),
             EntityMsg::IdleCheck => {
                 if let Some(idle) = state.args.idle_timeout {
-                    let quiet = state.last_activity.elapsed();
+                    let now = Instant::now();
+                    if std::mem::take(&mut state.active) {
+                        // Its last message came at most one check ago: the
+                        // quiet is counted from now, so never overstated.
+                        state.active_at = now;
+                    }
+                    let quiet = now.saturating_duration_since(state.active_at);
                     if quiet >= idle {
                         state.request_passivation(true);
                     } else {
-                        myself.send_after(idle - quiet, || EntityMsg::IdleCheck);
+                        myself.send_after(next_idle_check(idle, quiet), || EntityMsg::IdleCheck);
                     }
                 }
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::next_idle_check;
+
+    #[test]
+    fn an_active_entity_is_checked_again_after_half_its_timeout() {
+        let idle = Duration::from_secs(120);
+        assert_eq!(
+            next_idle_check(idle, Duration::ZERO),
+            Duration::from_secs(60)
+        );
+        // Then, quiet since that check, when its timeout would run out.
+        assert_eq!(
+            next_idle_check(idle, Duration::from_secs(60)),
+            Duration::from_secs(60)
+        );
+        assert_eq!(
+            next_idle_check(idle, Duration::from_secs(100)),
+            Duration::from_secs(20)
+        );
+        // A timeout too small to halve is not checked in a busy loop.
+        let tiny = Duration::from_nanos(1);
+        assert_eq!(next_idle_check(tiny, Duration::ZERO), tiny);
     }
 }
