@@ -457,7 +457,11 @@ fn handle_data(
     // The hot messages in their canonical form, read in place.
     match fast::decode(payload, from) {
         Some(DataRef::Envelope(envelope)) => {
-            if let Some(region) = found_region(link, envelope.type_name) {
+            // (The system's strong count is read, not written: while it is
+            // dropped, envelopes are dropped as before, not delivered to
+            // regions it is killing.)
+            let alive = system.get().is_some_and(|s| s.strong_count() > 0);
+            if alive && let Some(region) = found_region(link, envelope.type_name) {
                 return deliver_to(&region, from, envelope);
             }
             if let Some(shared) = shared()
@@ -572,8 +576,9 @@ fn deliver_envelope(
 /// delivers it; every refusal is answered to the asker.
 fn deliver_to(region: &Region, from: &UniqueAddress, envelope: EnvelopeRef<'_>) {
     let Some(port) = region.port() else {
-        // (Every region of a system on a cluster has its port.)
-        tracing::debug!(%from, type_name = %envelope.type_name, "remote envelope for a region off the cluster dropped");
+        // Never: a region of a system on a cluster is built with its port,
+        // which it keeps.
+        tracing::warn!(%from, type_name = %envelope.type_name, "remote envelope for a region off the cluster dropped");
         return;
     };
     let reply = envelope

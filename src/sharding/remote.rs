@@ -74,7 +74,8 @@ pub(crate) struct Remote {
     /// The expiry task found no deadline kept and sleeps until woken.
     /// Set before it looks at the table a last time, read by an insert
     /// after its stripe's lock is released: each insert is either seen by
-    /// that look or wakes the task, and one while it is awake wakes nothing.
+    /// that look or wakes the task; one while it is awake costs it at most
+    /// one needless look.
     asleep: AtomicBool,
 }
 
