@@ -61,9 +61,8 @@ pub struct ShardingConfig {
     /// Used in cluster mode.
     #[builder(default)]
     pub down_removal_margin: Option<Duration>,
-    /// An entity with no message for this long is passivated (checked at
-    /// half this interval: it goes one to one and a half of it after its
-    /// last message, SPEC §6); `None` disables idle passivation.
+    /// An entity with no message for this long is passivated; `None` disables
+    /// idle passivation.
     #[builder(default = Some(Duration::from_secs(120)))]
     pub passivation_idle_timeout: Option<Duration>,
     /// At most this many live entities per region (of each entity type on

@@ -139,7 +139,7 @@ pub(crate) struct EntityState<E> {
     // sent, so the next incarnation never coexists with this one.
     entity: E,
     args: EntityArgs<E>,
-    idle: IdleTimer,
+    last_activity: Instant,
     /// Of an event-sourced type: why this incarnation handles nothing (its
     /// recovery failed, or another incarnation wrote its journal since).
     /// Every message is answered with it, and the entity is passivated, so
@@ -196,60 +196,6 @@ fn build<E>(factory: &Factory<E>, ctx: &EntityContext) -> Result<E, ActorProcess
     })
 }
 
-/// An entity's idle timer (SPEC §6), apart from the clock and the actor:
-/// a handler's return only marks it active, and the clock is read at its
-/// checks, not once per message.
-struct IdleTimer {
-    /// A handler returned since the last check.
-    active: bool,
-    /// When a check last found the entity active (or it started).
-    active_at: Instant,
-}
-
-impl IdleTimer {
-    /// The timer of an incarnation started at `now`, and when its first
-    /// check comes (none without an idle timeout): after half the timeout,
-    /// as after a check that finds the entity active, since its first
-    /// message is about to come.
-    fn start(now: Instant, idle: Option<Duration>) -> (Self, Option<Duration>) {
-        let timer = IdleTimer {
-            active: false,
-            active_at: now,
-        };
-        (
-            timer,
-            idle.map(|idle| next_idle_check(idle, Duration::ZERO)),
-        )
-    }
-
-    /// A check at `now`: `None` when the entity has been quiet for `idle`
-    /// (it is passivated), else how long until the next check. Active since
-    /// the last check, its quiet counts from now: its last message came
-    /// after that check, so the quiet is never overstated.
-    fn check(&mut self, now: Instant, idle: Duration) -> Option<Duration> {
-        if std::mem::take(&mut self.active) {
-            self.active_at = now;
-        }
-        let quiet = now.saturating_duration_since(self.active_at);
-        (quiet < idle).then(|| next_idle_check(idle, quiet))
-    }
-}
-
-/// How long after an idle check, which found the entity quiet for `quiet`
-/// (less than `idle`), the next one comes. An entity found active is
-/// looked at again after half its timeout, so it is passivated between one
-/// and one and a half timeouts after its last message (as Akka's checks at
-/// half the timeout do); a quiet one when its timeout would run out.
-fn next_idle_check(idle: Duration, quiet: Duration) -> Duration {
-    if quiet.is_zero() {
-        Some(idle / 2)
-            .filter(|half| !half.is_zero())
-            .unwrap_or(idle)
-    } else {
-        idle - quiet
-    }
-}
-
 impl<E> EntityState<E> {
     /// Asks the region to passivate this incarnation (`idle`: its idle
     /// timeout ran out).
@@ -291,14 +237,13 @@ where
             // Passivated after the messages already here are answered.
             myself.send_message(EntityMsg::IdleCheck).ok();
         }
-        let (idle, first_check) = IdleTimer::start(Instant::now(), args.idle_timeout);
-        if let Some(first_check) = first_check {
-            myself.send_after(first_check, || EntityMsg::IdleCheck);
+        if let Some(idle) = args.idle_timeout {
+            myself.send_after(idle, || EntityMsg::IdleCheck);
         }
         Ok(EntityState {
             entity,
             args,
-            idle,
+            last_activity: Instant::now(),
             failed,
         })
     }
@@ -336,7 +281,9 @@ where
                         Box::pin(tracing::Instrument::instrument(handled, span)).await
                     }
                 };
-                state.idle.active = true;
+                if state.args.idle_timeout.is_some() {
+                    state.last_activity = Instant::now();
+                }
                 if let OutcomeKind::Panicked(panic) = outcome.0 {
                     let ctx = &state.args.ctx;
                     tracing::warn!(type_name = ctx.type_name(), entity_id = ctx.entity_id(), %panic, "entity handler panicked; restarting the entity");
@@ -398,113 +345,15 @@ where
             EntityMsg::IdleCheck if state.failed.is_some() => state.request_passivation(false),
             EntityMsg::IdleCheck => {
                 if let Some(idle) = state.args.idle_timeout {
-                    match state.idle.check(Instant::now(), idle) {
-                        None => state.request_passivation(true),
-                        Some(next) => {
-                            myself.send_after(next, || EntityMsg::IdleCheck);
-                        }
+                    let quiet = state.last_activity.elapsed();
+                    if quiet >= idle {
+                        state.request_passivation(true);
+                    } else {
+                        myself.send_after(idle - quiet, || EntityMsg::IdleCheck);
                     }
                 }
             }
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::time::{Duration, Instant};
-
-    use quickcheck::quickcheck;
-
-    use super::{IdleTimer, next_idle_check};
-
-    /// When an entity started at 0, whose handlers return at `messages`
-    /// (offsets from its start), is passivated by an idle timer of `idle`
-    /// whose checks come when it asks for them.
-    fn passivated_at(idle: Duration, messages: &[Duration]) -> Duration {
-        let start = Instant::now();
-        let (mut timer, first) = IdleTimer::start(start, Some(idle));
-        let mut at = first.expect("a timeout");
-        let mut messages = messages.to_vec();
-        messages.sort();
-        let mut messages = messages.into_iter().peekable();
-        loop {
-            // A handler that returned by the time of a check is seen by it
-            // (the check waits behind it in the mailbox).
-            while messages.next_if(|m| *m <= at).is_some() {
-                timer.active = true;
-            }
-            match timer.check(start + at, idle) {
-                None => return at,
-                Some(next) => at += next,
-            }
-        }
-    }
-
-    #[test]
-    fn an_entity_that_hears_nothing_goes_after_one_timeout() {
-        let idle = Duration::from_secs(120);
-        assert_eq!(passivated_at(idle, &[]), idle);
-    }
-
-    #[test]
-    fn an_entity_goes_one_to_one_and_a_half_timeouts_after_its_last_message() {
-        let idle = Duration::from_secs(120);
-        let ms = Duration::from_millis;
-        // Its first message right after its start (the usual life of an
-        // entity spawned by a message), one just before and one just after
-        // a check, a busy spell.
-        let cases: [&[Duration]; 5] = [
-            &[ms(1)],
-            &[ms(59_999)],
-            &[ms(60_001)],
-            &[ms(1), ms(100_000), ms(190_000)],
-            &[ms(10), ms(110_000), ms(220_000), ms(330_000), ms(440_000)],
-        ];
-        for messages in cases {
-            let last = *messages.last().unwrap();
-            let at = passivated_at(idle, messages);
-            assert!(
-                at >= last + idle && at <= last + idle * 3 / 2,
-                "{messages:?}: passivated at {at:?}"
-            );
-        }
-    }
-
-    quickcheck! {
-        /// Whatever the messages: the entity is passivated only after a
-        /// whole timeout without one, and at most one and a half timeouts
-        /// after the last one before it.
-        fn never_sooner_than_a_timeout_and_at_most_half_one_later(offsets: Vec<u16>) -> bool {
-            let idle = Duration::from_millis(1_000);
-            let messages: Vec<Duration> =
-                offsets.iter().map(|&ms| Duration::from_millis(u64::from(ms))).collect();
-            let at = passivated_at(idle, &messages);
-            let last = messages.iter().copied().filter(|m| *m <= at).max().unwrap_or_default();
-            let quiet_enough = messages.iter().all(|m| *m <= at - idle || *m > at);
-            quiet_enough && at <= last + idle * 3 / 2
-        }
-    }
-
-    #[test]
-    fn an_active_entity_is_checked_again_after_half_its_timeout() {
-        let idle = Duration::from_secs(120);
-        assert_eq!(
-            next_idle_check(idle, Duration::ZERO),
-            Duration::from_secs(60)
-        );
-        // Then, quiet since that check, when its timeout would run out.
-        assert_eq!(
-            next_idle_check(idle, Duration::from_secs(60)),
-            Duration::from_secs(60)
-        );
-        assert_eq!(
-            next_idle_check(idle, Duration::from_secs(100)),
-            Duration::from_secs(20)
-        );
-        // A timeout too small to halve is not checked in a busy loop.
-        let tiny = Duration::from_nanos(1);
-        assert_eq!(next_idle_check(tiny, Duration::ZERO), tiny);
     }
 }

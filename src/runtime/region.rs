@@ -8,7 +8,7 @@ use ractor::{ActorCell, ActorRef, MessagingErr, RactorErr};
 
 use crate::config::{EntityLimit, PassivationPolicy};
 use crate::entity::{EntityContext, MigratedState, MigrationEvent};
-use crate::envelope::{LocalEnvelope, RemoteReply, ReplySink, Undecodable};
+use crate::envelope::{LocalEnvelope, RemoteReply, Undecodable};
 use crate::error::{ShardingError, ShardingResult};
 use crate::extractor::ShardId;
 use crate::identity::UniqueAddress;
@@ -55,8 +55,6 @@ pub(crate) trait ClusterPort: Send + Sync + 'static {
         envelope: LocalEnvelope,
         deadline: Option<(tokio::time::Instant, Duration)>,
     ) -> ShardingResult<bool>;
-    /// Where the replies of entities here to askers on other nodes go.
-    fn reply_sink(&self) -> Arc<dyn ReplySink>;
     /// Sends a passivation request to the node hosting the shard.
     fn passivate(
         &self,

@@ -24,9 +24,7 @@
 //! and a burst of entity traffic never delays the coordinator's protocol
 //! (which travels on the pipes' priority lane and its own task).
 
-use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -180,10 +178,6 @@ impl ClusterPort for RegionLink {
             .forward(home, region, shard, entity_id, envelope, deadline)
     }
 
-    fn reply_sink(&self) -> Arc<dyn ReplySink> {
-        self.remote.clone()
-    }
-
     fn passivate(
         &self,
         owner: UniqueAddress,
@@ -256,9 +250,12 @@ impl ClusterLink {
         // transport: a reader may keep it until its pipe's next frame after
         // it is unregistered.
         let target = system.clone();
-        let link = LINKS.fetch_add(1, Ordering::Relaxed);
         let registered = transport.register_inline_borrowed(SHARDING_DATA, move |from, payload| {
-            handle_data(&target, link, from, payload);
+            if let Some(shared) = target.get().and_then(Weak::upgrade)
+                && let Some(link) = shared.cluster_link()
+            {
+                handle_data(&*shared, &link.remote, from, payload);
+            }
         });
         if let Err(error) = registered {
             transport.unregister(SHARDING_CONTROL);
@@ -399,105 +396,23 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Numbers the cluster links of this process, for [`FOUND`].
-static LINKS: AtomicU64 = AtomicU64::new(0);
-
-/// At most this many regions are remembered per thread, the oldest
-/// forgotten first.
-const FOUND_MAX: usize = 16;
-
-thread_local! {
-    /// The regions that envelopes read on this thread went to, by cluster
-    /// link and type name. An envelope of one of them reaches it with one
-    /// `Weak::upgrade` of the region, not an upgrade of the system, a read
-    /// lock of its region table and a clone of the region's `Arc`: each a
-    /// write to a cache line that the readers on the other threads write
-    /// too. Weak, so nothing here keeps a region whose system is gone; and
-    /// a system only adds regions, never replaces one, so an entry that
-    /// upgrades is the region registered under its name.
-    static FOUND: RefCell<Vec<(u64, &'static str, Weak<Region>)>> =
-        const { RefCell::new(Vec::new()) };
-}
-
-/// The region of `type_name` under `link`, if this thread found it before.
-fn found_region(link: u64, type_name: &str) -> Option<Arc<Region>> {
-    FOUND.with_borrow(|found| {
-        found
-            .iter()
-            .find(|(l, name, _)| *l == link && *name == type_name)
-            .and_then(|(_, _, region)| region.upgrade())
-    })
-}
-
-/// Remembers `region` of `link` on this thread, forgetting regions that
-/// are gone (and the oldest, past [`FOUND_MAX`]).
-fn remember_region(link: u64, region: &Arc<Region>) {
-    FOUND.with_borrow_mut(|found| {
-        found.retain(|(l, name, r)| {
-            !(*l == link && *name == region.type_name) && r.strong_count() > 0
-        });
-        if found.len() >= FOUND_MAX {
-            found.remove(0);
-        }
-        found.push((link, region.type_name, Arc::downgrade(region)));
-    });
-}
-
-/// The inbound data path of cluster link `link`: decode, check, deliver.
-/// Runs on a reader task. The system is held only weakly: the handler
-/// keeps nothing that owns the transport, as a reader may keep the
-/// handler until its pipe's next frame after it is unregistered.
+/// The inbound data path: decode, check, deliver. Runs on a reader task.
 fn handle_data(
-    system: &OnceLock<Weak<dyn SystemPort>>,
-    link: u64,
-    from: &UniqueAddress,
-    payload: &[u8],
-) {
-    let shared = || system.get().and_then(Weak::upgrade);
-    // The hot messages in their canonical form, read in place.
-    match fast::decode(payload, from) {
-        Some(DataRef::Envelope(envelope)) => {
-            // (The system's strong count is read, not written: while it is
-            // dropped, envelopes are dropped as before, not delivered to
-            // regions it is killing.)
-            let alive = system.get().is_some_and(|s| s.strong_count() > 0);
-            if alive && let Some(region) = found_region(link, envelope.type_name) {
-                return deliver_to(&region, from, envelope);
-            }
-            if let Some(shared) = shared()
-                && let Some(cluster) = shared.cluster_link()
-            {
-                let region = shared.region(envelope.type_name);
-                if let Some(region) = &region {
-                    remember_region(link, region);
-                }
-                deliver_envelope(region, &cluster.remote, from, envelope);
-            }
-        }
-        Some(DataRef::ReplyOk { ask_id, value }) => {
-            if let Some(shared) = shared()
-                && let Some(cluster) = shared.cluster_link()
-            {
-                cluster.remote.complete(from, ask_id, Ok(value));
-            }
-        }
-        None => {
-            if let Some(shared) = shared()
-                && let Some(cluster) = shared.cluster_link()
-            {
-                handle_other_data(&*shared, &cluster.remote, from, payload);
-            }
-        }
-    }
-}
-
-/// The data messages not in the canonical hot forms: decoded whole.
-fn handle_other_data(
     shared: &dyn SystemPort,
     remote: &Arc<Remote>,
     from: &UniqueAddress,
     payload: &[u8],
 ) {
+    // The hot messages in their canonical form, read in place.
+    match fast::decode(payload, from) {
+        Some(DataRef::Envelope(envelope)) => {
+            return deliver_envelope(shared, remote, from, envelope);
+        }
+        Some(DataRef::ReplyOk { ask_id, value }) => {
+            return remote.complete(from, ask_id, Ok(value));
+        }
+        None => {}
+    }
     let msg: DataMsg = match ciborium::from_reader(payload) {
         Ok(msg) => msg,
         Err(error) => {
@@ -528,13 +443,12 @@ fn handle_other_data(
                     .as_ref()
                     .map(|(producer, epoch, seq)| DeliveryRef(producer, *epoch, *seq)),
             };
-            deliver_envelope(shared.region(envelope.type_name), remote, from, envelope);
+            deliver_envelope(shared, remote, from, envelope);
         }
         DataMsg::E(CompactEnvelope(t, fingerprint, shard, generation, e, index, ask, payload)) => {
             let c =
                 CompactEnvelopeRef(&t, fingerprint, shard, generation, &e, index, ask, &payload);
-            let envelope = EnvelopeRef::from_compact(c, from);
-            deliver_envelope(shared.region(envelope.type_name), remote, from, envelope);
+            deliver_envelope(shared, remote, from, EnvelopeRef::from_compact(c, from));
         }
         DataMsg::R(ask_id, bytes) => remote.complete(from, ask_id, Ok(&bytes)),
         DataMsg::Passivate {
@@ -553,42 +467,26 @@ fn handle_other_data(
     }
 }
 
-/// Delivers a remote envelope to `region`, its type's region here; with
-/// none, refuses it to the asker (`NotRegistered`).
+/// Checks a remote envelope against the local region and delivers it; every
+/// refusal is answered to the asker.
 fn deliver_envelope(
-    region: Option<Arc<Region>>,
+    shared: &dyn SystemPort,
     remote: &Arc<Remote>,
     from: &UniqueAddress,
     envelope: EnvelopeRef<'_>,
 ) {
-    match region {
-        Some(region) => deliver_to(&region, from, envelope),
-        None => {
-            tracing::debug!(%from, type_name = %envelope.type_name, "remote envelope of an unregistered type refused");
-            if let Some(target) = envelope.reply_to {
-                RemoteReply::new(target, remote.clone()).fail_remote(RemoteError::NotRegistered);
-            }
-        }
-    }
-}
-
-/// Checks a remote envelope against `region`, its type's region here, and
-/// delivers it; every refusal is answered to the asker.
-fn deliver_to(region: &Region, from: &UniqueAddress, envelope: EnvelopeRef<'_>) {
-    let Some(port) = region.port() else {
-        // Never: a region of a system on a cluster is built with its port,
-        // which it keeps.
-        tracing::warn!(%from, type_name = %envelope.type_name, "remote envelope for a region off the cluster dropped");
-        return;
-    };
+    let sink: Arc<dyn ReplySink> = remote.clone();
     let reply = envelope
         .reply_to
-        .map(|target| RemoteReply::new(target, port.reply_sink()));
+        .map(|target| RemoteReply::new(target, sink));
     let refuse = |reply: Option<RemoteReply>, error: RemoteError| {
         tracing::debug!(%from, type_name = %envelope.type_name, ?error, "remote envelope refused");
         if let Some(reply) = reply {
             reply.fail_remote(error);
         }
+    };
+    let Some(region) = shared.region(envelope.type_name) else {
+        return refuse(reply, RemoteError::NotRegistered);
     };
     if region.fingerprint != envelope.fingerprint {
         return refuse(
@@ -669,29 +567,17 @@ async fn expire_asks(remote: Weak<Remote>) {
     }
     let _stop = Stop(remote.clone());
     loop {
-        let Some(table) = remote.upgrade() else {
-            return;
+        let still_kept = {
+            let Some(remote) = remote.upgrade() else {
+                return;
+            };
+            remote.expire(tokio::time::Instant::now())
         };
-        if table.expire(tokio::time::Instant::now()) > 0 {
-            drop(table);
+        if still_kept == 0 {
+            kept.notified().await;
+        } else {
             tokio::time::sleep(EXPIRE_EVERY).await;
-            continue;
         }
-        // None kept: asleep until an insert wakes it. Waiting before it
-        // says so, and looking once more after (`Remote::asleep`).
-        let woken = kept.notified();
-        tokio::pin!(woken);
-        woken.as_mut().enable();
-        table.set_asleep(true);
-        let kept_meanwhile = table.expire(tokio::time::Instant::now());
-        drop(table);
-        if kept_meanwhile == 0 {
-            woken.await;
-        }
-        let Some(table) = remote.upgrade() else {
-            return;
-        };
-        table.set_asleep(false);
     }
 }
 

@@ -69,14 +69,8 @@ pub(crate) struct Remote {
     /// The expiry task runs: only then does this table keep deadlines
     /// (read under a stripe's lock when an entry is inserted).
     expiring: AtomicBool,
-    /// Wakes the expiry task when a deadline is kept while it sleeps.
+    /// Wakes the expiry task when a deadline is kept.
     deadlines: Arc<tokio::sync::Notify>,
-    /// The expiry task found no deadline kept and sleeps until woken.
-    /// Set before it looks at the table a last time, read by an insert
-    /// after its stripe's lock is released: each insert is either seen by
-    /// that look or wakes the task; one while it is awake costs it at most
-    /// one needless look.
-    asleep: AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -95,7 +89,6 @@ impl Remote {
             pending: std::array::from_fn(|_| Mutex::new(HashMap::new())),
             expiring: AtomicBool::new(false),
             deadlines: Arc::new(tokio::sync::Notify::new()),
-            asleep: AtomicBool::new(false),
         })
     }
 
@@ -194,7 +187,7 @@ impl Remote {
                     },
                 );
                 drop(table);
-                if kept && self.asleep.load(Ordering::SeqCst) {
+                if kept {
                     self.deadlines.notify_one();
                 }
                 let target = ReplyTarget {
@@ -377,14 +370,8 @@ impl Remote {
         kept
     }
 
-    /// The expiry task is about to sleep until a deadline is kept
-    /// (`true`: it looks at the table once more after this), or woke.
-    pub(crate) fn set_asleep(&self, asleep: bool) {
-        self.asleep.store(asleep, Ordering::SeqCst);
-    }
-
     /// The expiry task starts: from now on deadlines are kept, and this
-    /// wakes it when one is kept while it sleeps.
+    /// wakes it when one is.
     pub(crate) fn start_expiring(&self) -> Arc<tokio::sync::Notify> {
         self.expiring.store(true, Ordering::Release);
         self.deadlines.clone()
