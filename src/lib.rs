@@ -63,6 +63,7 @@ mod entity;
 mod envelope;
 mod error;
 mod extractor;
+mod fast_hash;
 pub mod guarantees;
 pub mod identity;
 #[cfg(feature = "management")]

@@ -25,7 +25,6 @@
 //! ```
 
 use std::any::TypeId;
-use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
@@ -44,6 +43,7 @@ use crate::entity::{
 use crate::envelope::{Delivery, Extras};
 use crate::error::{ShardingError, ShardingResult};
 use crate::extractor::{ShardExtractor, ShardId};
+use crate::fast_hash::FastMap;
 use crate::persistence::{DurableStateStore, Journal, NoJournal, SnapshotStore};
 use crate::protocol::SealedProtocol;
 use crate::protocol::{Ask, Message, Protocol, Tell};
@@ -93,7 +93,7 @@ impl<S, J> Clone for ShardedSystem<S, J> {
 /// The state every clone of a system and its tasks share.
 pub(crate) struct Shared {
     config: ShardingConfig,
-    regions: RwLock<HashMap<&'static str, Arc<Region>>>,
+    regions: RwLock<FastMap<&'static str, Arc<Region>>>,
     stopped: AtomicBool,
     /// `shutdown` has begun (a graceful leave comes before `stopped`).
     leaving: AtomicBool,
@@ -525,7 +525,7 @@ impl<S, J> ShardedSystemBuilder<S, J> {
         };
         let shared = Arc::new(Shared {
             config: self.config,
-            regions: RwLock::new(HashMap::new()),
+            regions: RwLock::new(FastMap::default()),
             stopped: AtomicBool::new(false),
             leaving: AtomicBool::new(false),
             cluster,
@@ -959,7 +959,7 @@ impl<S, J> ShardedSystem<S, J> {
         self.shared.is_shut_down()
     }
 
-    fn regions(&self) -> std::sync::RwLockReadGuard<'_, HashMap<&'static str, Arc<Region>>> {
+    fn regions(&self) -> std::sync::RwLockReadGuard<'_, FastMap<&'static str, Arc<Region>>> {
         self.shared
             .regions
             .read()

@@ -15,7 +15,6 @@
 //! [`ShardingError::PeerLost`]; asks whose caller stopped waiting (timed out)
 //! are swept.
 
-use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -30,6 +29,7 @@ use crate::envelope::{
 };
 use crate::error::{ShardingError, ShardingResult};
 use crate::extractor::ShardId;
+use crate::fast_hash::FastMap;
 use crate::identity::UniqueAddress;
 use crate::runtime::region::Region;
 use crate::sharding::coordinator::ShardHome;
@@ -65,7 +65,7 @@ pub(crate) struct Remote {
     transport: Transport,
     me: UniqueAddress,
     next_ask: AtomicU64,
-    pending: [Mutex<HashMap<u64, Pending>>; PENDING_STRIPES],
+    pending: [Mutex<FastMap<u64, Pending>>; PENDING_STRIPES],
     /// The expiry task runs: only then does this table keep deadlines
     /// (read under a stripe's lock when an entry is inserted).
     expiring: AtomicBool,
@@ -86,7 +86,7 @@ impl Remote {
             // A random start, so a reply meant for an earlier system on the
             // same node (a restart) does not complete a new ask.
             next_ask: AtomicU64::new(random_start()),
-            pending: std::array::from_fn(|_| Mutex::new(HashMap::new())),
+            pending: std::array::from_fn(|_| Mutex::new(FastMap::default())),
             expiring: AtomicBool::new(false),
             deadlines: Arc::new(tokio::sync::Notify::new()),
         })
@@ -102,7 +102,7 @@ impl Remote {
         &self.transport
     }
 
-    fn stripe(&self, ask_id: u64) -> &Mutex<HashMap<u64, Pending>> {
+    fn stripe(&self, ask_id: u64) -> &Mutex<FastMap<u64, Pending>> {
         &self.pending[(ask_id % PENDING_STRIPES as u64) as usize]
     }
 

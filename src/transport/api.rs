@@ -3,7 +3,7 @@
 //! the connection table (`table.rs`) and starts the accept loop
 //! (`accept.rs`); dials run in `dial.rs`.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -20,6 +20,7 @@ use super::connection::{Incoming, PendingGuard, Refused, lock, payload_of};
 use super::error::{ConnectError, RegisterError, RequestError, SendError, SendFailure};
 use super::events::{DisconnectReason, TransportEvent};
 use super::table::{Dial, Handler, RefusalLog, Shared, State, Stats, after};
+use crate::fast_hash::{FastMap, FastSet};
 use crate::identity::UniqueAddress;
 use crate::warn_limit::WarnLimit;
 use crate::wire::{Channel, Frame, FrameCodec, MIN_PROTOCOL_VERSION};
@@ -119,10 +120,10 @@ impl Transport {
             bound,
             runtime: tokio::runtime::Handle::current(),
             state: Mutex::new(State {
-                conns: HashMap::new(),
+                conns: FastMap::default(),
                 dials: HashMap::new(),
                 inbound: HashMap::new(),
-                down: HashSet::new(),
+                down: FastSet::default(),
                 subscribers: Vec::new(),
                 closed: false,
             }),

@@ -4,7 +4,7 @@
 //! Below the accept and dial loops and the pipes' readers and writers, which
 //! all work on it.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -20,6 +20,7 @@ use super::connection::{Conn, Incoming, lock};
 use super::error::{ConnectError, SendFailure};
 use super::events::{DisconnectReason, TransportEvent};
 use super::handshake::Local;
+use crate::fast_hash::{FastMap, FastSet};
 use crate::identity::UniqueAddress;
 use crate::warn_limit::{WarnLimit, warn_limited};
 use crate::wire::{Channel, Frame, FrameCodec, RejectReason, RemoteFailure};
@@ -116,7 +117,7 @@ impl Dial {
 
 pub(crate) struct State {
     /// Established pipes, by the peer identity's address.
-    pub(crate) conns: HashMap<SocketAddr, Arc<Conn>>,
+    pub(crate) conns: FastMap<SocketAddr, Arc<Conn>>,
     /// Dials in progress or backing off, by dialed address.
     pub(crate) dials: HashMap<SocketAddr, Dial>,
     /// Inbound handshakes past `Hello`, by the peer's claimed address. While
@@ -124,7 +125,7 @@ pub(crate) struct State {
     /// timeout (the claim is not proven yet): it is normally the pipe to be.
     pub(crate) inbound: HashMap<SocketAddr, usize>,
     /// Identities marked down: refused for good.
-    pub(crate) down: HashSet<UniqueAddress>,
+    pub(crate) down: FastSet<UniqueAddress>,
     pub(crate) subscribers: Vec<mpsc::UnboundedSender<TransportEvent>>,
     pub(crate) closed: bool,
 }
