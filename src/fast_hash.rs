@@ -1,4 +1,5 @@
-//! The hash maps of the per-message path whose keys no caller chooses.
+//! The hash maps of the per-message path whose keys no unauthenticated
+//! party and no sender of messages chooses.
 //!
 //! A message looks up its pipe (and the marked-down set), its region and,
 //! for a remote ask, its pending entry. With std's SipHash-1-3 those
@@ -7,11 +8,15 @@
 //! default hasher of hashbrown (the table behind std's `HashMap`), seeded
 //! at random per map: a few times fewer instructions for short keys.
 //!
-//! foldhash is only minimally resistant to hash flooding, so it keys only
-//! tables whose keys this node makes or admits itself: peers' addresses
-//! (authenticated members), ask ids (a counter of its own) and the type
-//! names registered on it. A table keyed by what a caller or a remote
-//! message names — entity ids above all — keeps std's SipHash (SPEC §12).
+//! foldhash resists hash flooding only minimally, so it keys only tables
+//! whose keys are made by this node (ask ids, from a counter of its own),
+//! registered by the application (type names), or named by the
+//! application or by peers that proved the cluster secret (the pipe
+//! table, by the listen address in a peer's proven identity; the
+//! marked-down set, from `Transport::mark_down` and the members' gossip).
+//! Those peers are trusted with far more than a table's speed. A table
+//! keyed by what a sender of messages names — entity ids above all — or by
+//! an unauthenticated address keeps std's SipHash (SPEC §12).
 
 /// A `HashMap` hashed with a randomly seeded foldhash.
 pub(crate) type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 const LAYERS: &[(&str, u8)] = &[
     ("identity", 0),
     ("warn_limit", 0),
+    ("fast_hash", 0),
     ("telemetry", 0),
     ("extractor", 0),
     ("wire", 1),
