@@ -260,11 +260,11 @@ fn address(r: &mut Reader<'_>) -> Option<UniqueAddress> {
     r.expect(MAJOR_MAP, 3)?;
     r.key("addr")?;
     r.expect(MAJOR_MAP, 1)?;
-    let family = r.text()?;
+    let family = r.text_bytes()?;
     r.expect(MAJOR_ARRAY, 2)?;
     let ip = match family {
-        "V4" => IpAddr::V4(Ipv4Addr::from(octets::<4>(r)?)),
-        "V6" => IpAddr::V6(Ipv6Addr::from(octets::<16>(r)?)),
+        b"V4" => IpAddr::V4(Ipv4Addr::from(octets::<4>(r)?)),
+        b"V6" => IpAddr::V6(Ipv6Addr::from(octets::<16>(r)?)),
         _ => return None,
     };
     let port = u16::try_from(r.uint()?).ok()?;
@@ -294,8 +294,10 @@ fn octets<const N: usize>(r: &mut Reader<'_>) -> Option<[u8; N]> {
 pub(crate) fn decode<'a>(body: &'a [u8], from: &UniqueAddress) -> Option<DataRef<'a>> {
     let mut r = Reader::new(body);
     r.expect(MAJOR_MAP, 1)?;
-    let msg = match r.text()? {
-        "E" => {
+    // Tags and keys are compared as bytes: one that is not UTF-8 matches
+    // none of them, as it matched no `str` before, with no check of its own.
+    let msg = match r.text_bytes()? {
+        b"E" => {
             r.expect(MAJOR_ARRAY, 8)?;
             let type_name = r.text()?;
             let fingerprint = r.uint()?;
@@ -321,7 +323,7 @@ pub(crate) fn decode<'a>(body: &'a [u8], from: &UniqueAddress) -> Option<DataRef
             );
             DataRef::Envelope(EnvelopeRef::from_compact(c, from))
         }
-        "R" => {
+        b"R" => {
             r.expect(MAJOR_ARRAY, 2)?;
             let ask_id = r.uint()?;
             DataRef::ReplyOk {
@@ -329,7 +331,7 @@ pub(crate) fn decode<'a>(body: &'a [u8], from: &UniqueAddress) -> Option<DataRef
                 value: r.bytes()?,
             }
         }
-        "Envelope" => {
+        b"Envelope" => {
             // Nine fields, then a trace context and a delivery tag if any.
             let fields = match r.head()? {
                 (MAJOR_MAP, n @ 9..=11) => n,
@@ -365,11 +367,11 @@ pub(crate) fn decode<'a>(body: &'a [u8], from: &UniqueAddress) -> Option<DataRef
             let payload = r.bytes()?;
             let (mut trace, mut delivery) = (None, None);
             for _ in 9..fields {
-                match r.text()? {
-                    "trace" if trace.is_none() && delivery.is_none() => {
+                match r.text_bytes()? {
+                    b"trace" if trace.is_none() && delivery.is_none() => {
                         trace = Some(r.bytes()?.try_into().ok()?);
                     }
-                    "delivery" if delivery.is_none() => {
+                    b"delivery" if delivery.is_none() => {
                         r.expect(MAJOR_ARRAY, 3)?;
                         delivery = Some(DeliveryRef(r.text()?, r.uint()?, r.uint()?));
                     }
@@ -390,7 +392,7 @@ pub(crate) fn decode<'a>(body: &'a [u8], from: &UniqueAddress) -> Option<DataRef
                 delivery,
             })
         }
-        "Reply" => {
+        b"Reply" => {
             r.expect(MAJOR_MAP, 2)?;
             r.key("ask_id")?;
             let ask_id = r.uint()?;

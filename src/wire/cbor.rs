@@ -14,6 +14,11 @@ pub(crate) const MAJOR_MAP: u8 = 5;
 pub(crate) const NULL: u8 = 0xf6;
 
 /// Writes a CBOR head with the shortest argument encoding.
+///
+/// Always inlined (the other writers and the reader's steps are marked
+/// `inline` too): called about ten times per remote message, a call's own
+/// entry and exit cost more than the head (BENCHMARKS.md, session 23).
+#[inline(always)]
 pub(crate) fn put_head(dst: &mut impl BufMut, major: u8, arg: u64) {
     let m = major << 5;
     if arg < 24 {
@@ -33,16 +38,19 @@ pub(crate) fn put_head(dst: &mut impl BufMut, major: u8, arg: u64) {
     }
 }
 
+#[inline]
 pub(crate) fn put_text(dst: &mut impl BufMut, s: &str) {
     put_head(dst, MAJOR_TEXT, s.len() as u64);
     dst.put_slice(s.as_bytes());
 }
 
+#[inline]
 pub(crate) fn put_bytes(dst: &mut impl BufMut, b: &[u8]) {
     put_head(dst, MAJOR_BYTES, b.len() as u64);
     dst.put_slice(b);
 }
 
+#[inline]
 pub(crate) fn put_uint(dst: &mut impl BufMut, v: u64) {
     put_head(dst, MAJOR_UINT, v);
 }
@@ -68,6 +76,7 @@ impl<'a> Reader<'a> {
         self.pos == self.buf.len()
     }
 
+    #[inline]
     pub(crate) fn take(&mut self, n: usize) -> Option<&'a [u8]> {
         let end = self.pos.checked_add(n)?;
         let s = self.buf.get(self.pos..end)?;
@@ -80,39 +89,45 @@ impl<'a> Reader<'a> {
     }
 
     /// A head with a definite, shortest-form argument.
+    /// Always inlined, as `put_head` is: its callers are the codecs' steps.
+    #[inline(always)]
     pub(crate) fn head(&mut self) -> Option<(u8, u64)> {
         let b = *self.take(1)?.first()?;
         let (major, info) = (b >> 5, b & 0x1f);
-        let arg = match info {
-            0..=23 => u64::from(info),
-            24..=27 => {
-                let width = 1usize << (info - 24);
-                let mut a = [0u8; 8];
-                a.get_mut(8 - width..)?.copy_from_slice(self.take(width)?);
-                let v = u64::from_be_bytes(a);
-                // Shortest form only: anything else goes to the general decoder.
-                let floor = if width == 1 { 24 } else { 1u64 << (4 * width) };
-                if v < floor {
-                    return None;
-                }
-                v
-            }
+        // Each width read as its own fixed-size array (no copy of a length
+        // known only at run time); shortest form only: anything else goes
+        // to the general decoder.
+        let (arg, floor) = match info {
+            0..=23 => return Some((major, u64::from(info))),
+            24 => (u64::from(self.array::<1>()?[0]), 24),
+            25 => (u64::from(u16::from_be_bytes(self.array()?)), 1 << 8),
+            26 => (u64::from(u32::from_be_bytes(self.array()?)), 1 << 16),
+            27 => (u64::from_be_bytes(self.array()?), 1 << 32),
             _ => return None,
         };
-        Some((major, arg))
+        (arg >= floor).then_some((major, arg))
     }
 
+    /// The next `N` bytes.
+    #[inline]
+    fn array<const N: usize>(&mut self) -> Option<[u8; N]> {
+        self.take(N)?.try_into().ok()
+    }
+
+    #[inline]
     pub(crate) fn expect(&mut self, major: u8, arg: u64) -> Option<()> {
         (self.head()? == (major, arg)).then_some(())
     }
 
     /// A text key equal to `name`.
+    #[inline]
     pub(crate) fn key(&mut self, name: &str) -> Option<()> {
         self.expect(MAJOR_TEXT, name.len() as u64)?;
         (self.take(name.len())? == name.as_bytes()).then_some(())
     }
 
     /// A text string's bytes (not checked as UTF-8).
+    #[inline]
     pub(crate) fn text_bytes(&mut self) -> Option<&'a [u8]> {
         let (major, len) = self.head()?;
         if major != MAJOR_TEXT {
@@ -122,16 +137,19 @@ impl<'a> Reader<'a> {
     }
 
     /// A text string, checked as UTF-8.
+    #[inline]
     pub(crate) fn text(&mut self) -> Option<&'a str> {
         std::str::from_utf8(self.text_bytes()?).ok()
     }
 
+    #[inline]
     pub(crate) fn uint(&mut self) -> Option<u64> {
         let (major, v) = self.head()?;
         (major == MAJOR_UINT).then_some(v)
     }
 
     /// A byte string's contents.
+    #[inline]
     pub(crate) fn bytes(&mut self) -> Option<&'a [u8]> {
         let (major, len) = self.head()?;
         if major != MAJOR_BYTES {
