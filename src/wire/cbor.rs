@@ -15,9 +15,9 @@ pub(crate) const NULL: u8 = 0xf6;
 
 /// Writes a CBOR head with the shortest argument encoding.
 ///
-/// Always inlined (the other writers and the reader's steps are marked
-/// `inline` too): called about ten times per remote message, a call's own
-/// entry and exit cost more than the head (BENCHMARKS.md, session 23).
+/// Always inlined, as every writer and every step of the reader here: a
+/// remote message calls them about twenty times, and a call's own entry
+/// and exit cost more than most steps (BENCHMARKS.md, session 23).
 #[inline(always)]
 pub(crate) fn put_head(dst: &mut impl BufMut, major: u8, arg: u64) {
     let m = major << 5;
@@ -38,19 +38,19 @@ pub(crate) fn put_head(dst: &mut impl BufMut, major: u8, arg: u64) {
     }
 }
 
-#[inline]
+#[inline(always)]
 pub(crate) fn put_text(dst: &mut impl BufMut, s: &str) {
     put_head(dst, MAJOR_TEXT, s.len() as u64);
     dst.put_slice(s.as_bytes());
 }
 
-#[inline]
+#[inline(always)]
 pub(crate) fn put_bytes(dst: &mut impl BufMut, b: &[u8]) {
     put_head(dst, MAJOR_BYTES, b.len() as u64);
     dst.put_slice(b);
 }
 
-#[inline]
+#[inline(always)]
 pub(crate) fn put_uint(dst: &mut impl BufMut, v: u64) {
     put_head(dst, MAJOR_UINT, v);
 }
@@ -76,7 +76,7 @@ impl<'a> Reader<'a> {
         self.pos == self.buf.len()
     }
 
-    #[inline]
+    #[inline(always)]
     pub(crate) fn take(&mut self, n: usize) -> Option<&'a [u8]> {
         let end = self.pos.checked_add(n)?;
         let s = self.buf.get(self.pos..end)?;
@@ -89,7 +89,6 @@ impl<'a> Reader<'a> {
     }
 
     /// A head with a definite, shortest-form argument.
-    /// Always inlined, as `put_head` is: its callers are the codecs' steps.
     #[inline(always)]
     pub(crate) fn head(&mut self) -> Option<(u8, u64)> {
         let b = *self.take(1)?.first()?;
@@ -109,25 +108,25 @@ impl<'a> Reader<'a> {
     }
 
     /// The next `N` bytes.
-    #[inline]
+    #[inline(always)]
     fn array<const N: usize>(&mut self) -> Option<[u8; N]> {
         self.take(N)?.try_into().ok()
     }
 
-    #[inline]
+    #[inline(always)]
     pub(crate) fn expect(&mut self, major: u8, arg: u64) -> Option<()> {
         (self.head()? == (major, arg)).then_some(())
     }
 
     /// A text key equal to `name`.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn key(&mut self, name: &str) -> Option<()> {
         self.expect(MAJOR_TEXT, name.len() as u64)?;
         (self.take(name.len())? == name.as_bytes()).then_some(())
     }
 
     /// A text string's bytes (not checked as UTF-8).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn text_bytes(&mut self) -> Option<&'a [u8]> {
         let (major, len) = self.head()?;
         if major != MAJOR_TEXT {
@@ -137,19 +136,19 @@ impl<'a> Reader<'a> {
     }
 
     /// A text string, checked as UTF-8.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn text(&mut self) -> Option<&'a str> {
         std::str::from_utf8(self.text_bytes()?).ok()
     }
 
-    #[inline]
+    #[inline(always)]
     pub(crate) fn uint(&mut self) -> Option<u64> {
         let (major, v) = self.head()?;
         (major == MAJOR_UINT).then_some(v)
     }
 
     /// A byte string's contents.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn bytes(&mut self) -> Option<&'a [u8]> {
         let (major, len) = self.head()?;
         if major != MAJOR_BYTES {
