@@ -401,3 +401,44 @@ fn trace_contexts_of_another_version_or_invalid_ids_are_refused() {
     assert_eq!(TraceContext::from_bytes(&zero_span.to_bytes()), None);
     assert_eq!(TraceContext::from_bytes(&good.to_bytes()[..25]), None);
 }
+
+/// A tag, key or address family whose last byte is not UTF-8 matches none
+/// (they are compared as bytes, with no check of their own).
+#[test]
+fn text_that_is_not_utf8_matches_no_tag_key_or_family() {
+    let c = Case {
+        type_name: "t".into(),
+        fingerprint: 1,
+        shard: 2,
+        generation: 3,
+        entity_id: "e".into(),
+        index: 4,
+        hops: 0,
+        reply_to: Some((false, [1; 16], 7, 8, 9, 10)),
+        payload: vec![0xee],
+        trace: Some([1; 26]),
+        delivery: None,
+    };
+    let mut good = Vec::new();
+    encode_envelope(&mut good, &c.as_ref());
+    assert!(decode(&good, &peer()).is_some());
+    for word in [&b"\x68Envelope"[..], b"\x62V4", b"\x65trace"] {
+        let at = good
+            .windows(word.len())
+            .position(|w| w == word)
+            .expect("present");
+        let mut bad = good.clone();
+        bad[at + word.len() - 1] = 0xff;
+        assert_eq!(
+            decode(&bad, &peer()),
+            None,
+            "{}",
+            String::from_utf8_lossy(word)
+        );
+    }
+    let mut compact = Vec::new();
+    encode_envelope_compact(&mut compact, &c.clone().compact().as_ref());
+    assert_eq!(&compact[1..3], b"\x61E");
+    compact[2] = 0xff;
+    assert_eq!(decode(&compact, &peer()), None);
+}

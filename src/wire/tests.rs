@@ -675,3 +675,52 @@ fn text_form_address_is_malformed() {
     let text = frame_with(b"\x6e127.0.0.1:7355");
     assert!(matches!(text, Err(WireError::Malformed(_))), "{text:?}");
 }
+
+/// The reader's heads: shortest form only, each width at its floor and top;
+/// info 28..=31, values under a width's floor and cut heads are refused,
+/// with no panic.
+#[test]
+fn reader_heads_are_shortest_form_only() {
+    fn head(bytes: &[u8]) -> (Option<(u8, u64)>, usize) {
+        let mut r = cbor::Reader::new(bytes);
+        let h = r.head();
+        (h, r.pos())
+    }
+    for (bytes, arg) in [
+        (&[0x17][..], 23),
+        (&[0x18, 24][..], 24),
+        (&[0x18, 0xff][..], 255),
+        (&[0x19, 0x01, 0x00][..], 256),
+        (&[0x19, 0xff, 0xff][..], 65_535),
+        (&[0x1a, 0x00, 0x01, 0x00, 0x00][..], 65_536),
+        (&[0x1a, 0xff, 0xff, 0xff, 0xff][..], u64::from(u32::MAX)),
+        (&[0x1b, 0, 0, 0, 1, 0, 0, 0, 0][..], 1 << 32),
+        (
+            &[0x1b, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff][..],
+            u64::MAX,
+        ),
+    ] {
+        assert_eq!(head(bytes), (Some((0, arg)), bytes.len()), "{bytes:02x?}");
+        let mut text = bytes.to_vec();
+        text[0] |= 0x60;
+        assert_eq!(head(&text).0, Some((3, arg)), "{text:02x?}");
+        for cut in 0..bytes.len() {
+            assert_eq!(head(&bytes[..cut]).0, None, "{:02x?}", &bytes[..cut]);
+        }
+    }
+    for bytes in [
+        &[0x18, 0x05][..],
+        &[0x18, 23][..],
+        &[0x19, 0x00, 0xff][..],
+        &[0x19, 0x00, 0x00][..],
+        &[0x1a, 0x00, 0x00, 0xff, 0xff][..],
+        &[0x1b, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff][..],
+        &[0x1c][..],
+        &[0x1d][..],
+        &[0x1e][..],
+        &[0x1f][..],
+        &[0xff][..],
+    ] {
+        assert_eq!(head(bytes).0, None, "{bytes:02x?}");
+    }
+}
