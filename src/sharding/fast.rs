@@ -294,8 +294,8 @@ fn octets<const N: usize>(r: &mut Reader<'_>) -> Option<[u8; N]> {
 pub(crate) fn decode<'a>(body: &'a [u8], from: &UniqueAddress) -> Option<DataRef<'a>> {
     let mut r = Reader::new(body);
     r.expect(MAJOR_MAP, 1)?;
-    // Tags and keys are compared as bytes: one that is not UTF-8 matches
-    // none of them, as it matched no `str` before, with no check of its own.
+    // Tags and keys are compared as bytes, as the frame codec's are
+    // (`wire/fast.rs`): one that is not UTF-8 matches none of them.
     let msg = match r.text_bytes()? {
         b"E" => {
             r.expect(MAJOR_ARRAY, 8)?;
