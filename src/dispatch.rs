@@ -9,6 +9,7 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 
 use futures_util::FutureExt;
+use futures_util::future::{Either, ready};
 use tokio::sync::oneshot;
 
 use crate::entity::{Admission, DeferredHandler, Entity, EntityContext, Handler, ReplyPort};
@@ -153,11 +154,14 @@ fn open<M: 'static, R: 'static>(envelope: LocalEnvelope) -> Result<(M, ReplyTo<R
 
 /// Handles one envelope of a `defer` line: the reply slot becomes the
 /// handler's `ReplyPort`.
-async fn handle_deferred<P, E, M>(
+///
+/// Like [`handle_local`], it opens the envelope when called and returns a
+/// future that holds only the handler's guarded future and what follows it.
+fn handle_deferred<P, E, M>(
     entity: &mut E,
     envelope: LocalEnvelope,
     ctx: &EntityContext,
-) -> Outcome
+) -> impl Future<Output = Outcome> + Send
 where
     P: Protocol,
     E: Entity<Protocol = P> + DeferredHandler<M>,
@@ -166,17 +170,21 @@ where
     let mut envelope = envelope;
     if envelope.take_delivery().is_some() {
         envelope.fail(reliable_ask::<P, M>());
-        return Outcome(OutcomeKind::Handled);
+        return Either::Left(ready(Outcome(OutcomeKind::Handled)));
     }
     let (msg, reply) = match open::<M, M::Reply>(envelope) {
         Ok(typed) => typed,
-        Err(outcome) => return outcome,
+        Err(outcome) => return Either::Left(ready(outcome)),
     };
     let port = ReplyPort::new(reply);
-    match AssertUnwindSafe(async move { entity.handle(msg, port, ctx).await })
-        .catch_unwind()
-        .await
+    // A panic in the call or while its future runs, caught as in
+    // `handle_local`.
+    let handled = match std::panic::catch_unwind(AssertUnwindSafe(|| entity.handle(msg, port, ctx)))
     {
+        Ok(handling) => Either::Left(AssertUnwindSafe(handling).catch_unwind()),
+        Err(panic) => Either::Right(ready(Err(panic))),
+    };
+    Either::Right(handled.map(move |handled| match handled {
         Ok(Ok(())) => Outcome(OutcomeKind::Handled),
         Ok(Err(error)) => {
             tracing::warn!(type_name = ctx.type_name(), entity_id = ctx.entity_id(), %error, "deferred handler failed");
@@ -184,16 +192,21 @@ where
         }
         // The port went down with the handler: its asker hears the entity stopped.
         Err(payload) => Outcome(OutcomeKind::Panicked(panic_message(payload.as_ref()))),
-    }
+    }))
 }
 
 /// Handles one envelope known to carry `M`: runs the handler, catches a panic,
 /// and answers the asker.
-pub async fn handle_local<P, E, M>(
+///
+/// The envelope is opened when this is called, and the future returned
+/// holds the handler's guarded future and the reply slot, nothing else:
+/// it is moved twice per message inside ractor's own (SPEC §13.5), so no
+/// argument is kept in it twice, as an `async fn` would keep them.
+pub fn handle_local<P, E, M>(
     entity: &mut E,
     envelope: LocalEnvelope,
     ctx: &EntityContext,
-) -> Outcome
+) -> impl Future<Output = Outcome> + Send
 where
     P: Protocol,
     E: Entity<Protocol = P> + Handler<M>,
@@ -203,18 +216,33 @@ where
     if let Some(delivery) = envelope.take_delivery() {
         // Boxed: the reliable path's future (the handler's and the store
         // write's) stays out of every message's handling future.
-        return Box::pin(handle_reliable::<P, E, M>(entity, envelope, delivery, ctx)).await;
+        let reliable = Box::pin(handle_reliable::<P, E, M>(entity, envelope, delivery, ctx));
+        return Either::Left(Either::Left(reliable));
     }
     let (msg, reply) = match open::<M, M::Reply>(envelope) {
         Ok(typed) => typed,
-        Err(outcome) => return outcome,
+        Err(outcome) => return Either::Left(Either::Right(ready(outcome))),
     };
-    // The whole call sits inside the guarded future, so a panic before
-    // `handle` returns its future is caught too.
-    match AssertUnwindSafe(async move { entity.handle(msg, ctx).await })
-        .catch_unwind()
-        .await
-    {
+    // A panic in the call (before `handle` returns its future) is caught
+    // here, one while it runs by the guard around its future.
+    match std::panic::catch_unwind(AssertUnwindSafe(|| entity.handle(msg, ctx))) {
+        Ok(handling) => {
+            let handled = AssertUnwindSafe(handling).catch_unwind();
+            Either::Right(Either::Left(
+                handled.map(move |handled| answer::<P, M>(reply, handled, ctx)),
+            ))
+        }
+        Err(panic) => Either::Right(Either::Right(ready(answer::<P, M>(reply, Err(panic), ctx)))),
+    }
+}
+
+/// Answers the asker with what the handler did (its result, or its panic).
+fn answer<P: Protocol, M: Message<P>>(
+    reply: ReplyTo<M::Reply>,
+    handled: Result<ShardingResult<M::Reply>, Box<dyn Any + Send>>,
+    ctx: &EntityContext,
+) -> Outcome {
+    match handled {
         Ok(result) => {
             if let (ReplyTo::Nobody, Err(error)) = (&reply, &result) {
                 tracing::warn!(type_name = ctx.type_name(), entity_id = ctx.entity_id(), %error, "tell handler failed");

@@ -3,13 +3,15 @@
 //! The `Sealed*` traits are the seal of the protocol family: only code that
 //! names this hidden module can implement them, and only `protocol!` should.
 //!
-//! Everything here is defined elsewhere in the crate and only re-exported,
-//! so the macro's paths stay `$crate::__private::…`; nothing in the crate
-//! imports this module.
+//! Everything here is defined elsewhere in the crate (or, for the
+//! dispatch chain's `Either` and `ready`, in futures-util) and only
+//! re-exported, so the macro's paths stay `$crate::__private::…`; nothing
+//! in the crate imports this module.
 
 pub use crate::dispatch::{Deferred, Direct, Dispatch, Handles, Outcome, decode_as, handle_local};
 pub use crate::envelope::{LocalEnvelope, RemoteReply, ReplyTarget, Undecodable};
 pub use crate::protocol::{SealedAsk, SealedMessage, SealedProtocol, SealedTell};
+pub use futures_util::future::{Either, ready};
 
 /// FNV-1a 64 over `parts`, each followed by the byte 0xff (which no UTF-8
 /// text contains, so the parts cannot run into each other): a protocol's

@@ -199,22 +199,17 @@ macro_rules! protocol {
             E: $crate::Entity<Protocol = $name>
                 $( + $crate::__private::Handles<$($msg)::+, $crate::__protocol_impl!(@style $kind)> )*,
         {
-            async fn dispatch(
+            // Not an `async fn`: the envelope's line is chosen here, and the
+            // future returned is that line's handling future alone (a chain
+            // of `Either`s, one level per line), with no copy of the
+            // arguments beside it.
+            fn dispatch(
                 entity: &mut E,
                 envelope: $crate::__private::LocalEnvelope,
                 ctx: &$crate::EntityContext,
-            ) -> $crate::__private::Outcome {
+            ) -> impl ::core::future::Future<Output = $crate::__private::Outcome> + ::core::marker::Send {
                 let index = envelope.index();
-                $(
-                    if index == <$($msg)::+ as $crate::Message<$name>>::INDEX {
-                        return <E as $crate::__private::Handles<
-                            $($msg)::+,
-                            $crate::__protocol_impl!(@style $kind),
-                        >>::run(entity, envelope, ctx)
-                        .await;
-                    }
-                )*
-                $crate::__private::Outcome::unknown(envelope)
+                $crate::__protocol_impl!(@dispatch $name, E, index, entity, envelope, ctx; $( $kind $($msg)::+ ; )*)
             }
         }
     };
@@ -255,6 +250,26 @@ macro_rules! __protocol_impl {
     };
     // Malformed lines: `@messages` reports them; no second error here.
     (@signature $($rest:tt)*) => { "" };
+
+    // The dispatch chain: the handling of the line whose index the
+    // envelope carries, or (past the last line) the envelope failed as
+    // unknown.
+    (@dispatch $p:ident, $e:ident, $index:ident, $entity:ident, $envelope:ident, $ctx:ident; ) => {
+        $crate::__private::ready($crate::__private::Outcome::unknown($envelope))
+    };
+    (@dispatch $p:ident, $e:ident, $index:ident, $entity:ident, $envelope:ident, $ctx:ident;
+        $kind:ident $($msg:ident)::+ ; $($rest:tt)*) => {
+        if $index == <$($msg)::+ as $crate::Message<$p>>::INDEX {
+            $crate::__private::Either::Left(<$e as $crate::__private::Handles<
+                $($msg)::+,
+                $crate::__protocol_impl!(@style $kind),
+            >>::run($entity, $envelope, $ctx))
+        } else {
+            $crate::__private::Either::Right($crate::__protocol_impl!(
+                @dispatch $p, $e, $index, $entity, $envelope, $ctx; $($rest)*
+            ))
+        }
+    };
 
     (@messages $p:ident, $idx:expr, ) => {};
     (@messages $p:ident, $idx:expr, tell $($msg:ident)::+ ; $($rest:tt)*) => {

@@ -248,112 +248,164 @@ where
         })
     }
 
-    async fn handle(
+    // Not an `async fn`: ractor moves this future twice per message (into
+    // its own, to race it against the actor's signals), and it lives in the
+    // entity's task. So what a message does without waiting is done here,
+    // and the future returned holds the envelope, the protocol's dispatch
+    // future and two references, with no copy of the message or its parts
+    // beside them (an `async fn` keeps each argument twice).
+    fn handle(
         &self,
         myself: ActorRef<EntityMsg>,
         msg: EntityMsg,
         state: &mut EntityState<E>,
-    ) -> Result<(), ActorProcessingErr> {
-        match msg {
-            EntityMsg::Deliver(envelope) if state.failed.is_some() => {
-                let error = state.failed.clone().expect("checked");
-                envelope.fail(error);
+    ) -> impl Future<Output = Result<(), ActorProcessingErr>> + Send {
+        let handling = match msg {
+            EntityMsg::Deliver(envelope) => match &state.failed {
+                Some(error) => {
+                    envelope.fail(error.clone());
+                    None
+                }
+                None => Some(envelope),
+            },
+            EntityMsg::Stop => {
+                myself.stop(Some("passivated".into()));
+                None
             }
-            EntityMsg::Deliver(mut envelope) => {
-                let traced = envelope.take_trace();
-                let (entity, ctx) = (&mut state.entity, &state.args.ctx);
-                // Awaited where it is made: a future bound to a local and
-                // then awaited would be stored twice in this one.
-                let outcome = match traced {
-                    None => <E::Protocol as Dispatch<E>>::dispatch(entity, envelope, ctx).await,
-                    // Tracing on (SPEC §14.2): the handling is a child of
-                    // the sender's span, or of the span that received it.
-                    Some(parent) => {
-                        let span = tracing::info_span!(
-                            parent: &parent,
-                            "datum.handle",
-                            entity_type = ctx.type_name(),
-                            entity_id = ctx.entity_id(),
-                        );
-                        let handled = <E::Protocol as Dispatch<E>>::dispatch(entity, envelope, ctx);
-                        // Boxed: a traced message's handling is the rare
-                        // case, kept out of every message's future.
-                        Box::pin(tracing::Instrument::instrument(handled, span)).await
-                    }
-                };
-                if state.args.idle_timeout.is_some() {
-                    state.last_activity = Instant::now();
-                }
-                if let OutcomeKind::Panicked(panic) = outcome.0 {
-                    let ctx = &state.args.ctx;
-                    tracing::warn!(type_name = ctx.type_name(), entity_id = ctx.entity_id(), %panic, "entity handler panicked; restarting the entity");
-                    match build(&state.args.factory, &state.args.ctx) {
-                        Ok(mut fresh) => {
-                            state.failed =
-                                Box::pin(recover_fresh(&mut fresh, &mut state.args)).await;
-                            let old = std::mem::replace(&mut state.entity, fresh);
-                            if std::panic::catch_unwind(AssertUnwindSafe(|| drop(old))).is_err() {
-                                let ctx = &state.args.ctx;
-                                tracing::warn!(
-                                    type_name = ctx.type_name(),
-                                    entity_id = ctx.entity_id(),
-                                    "dropping the panicked entity panicked too"
-                                );
-                            }
-                        }
-                        Err(error) => {
-                            tracing::error!(%error, "entity could not be rebuilt; stopping it");
-                            myself.stop(Some("factory panicked on restart".into()));
-                            return Ok(());
-                        }
-                    }
-                }
-                // A write refused as stale: this incarnation is done.
-                if state.failed.is_none() {
-                    state.failed = state.args.ctx.stale();
-                }
-                if state.failed.is_some() || state.args.ctx.take_passivate_request() {
-                    state.request_passivation(false);
-                }
-            }
-            EntityMsg::Stop => myself.stop(Some("passivated".into())),
             EntityMsg::StopToMove => {
-                if let (Some((migration, _)), None) = (&state.args.migration, &state.failed) {
-                    let take = migration.take;
-                    let (entity, ctx) = (&mut state.entity, &state.args.ctx);
-                    let taken = std::panic::catch_unwind(AssertUnwindSafe(|| take(entity, ctx)))
-                        .unwrap_or_else(|payload| {
-                            Err(format!(
-                                "dehydrate panicked: {}",
-                                panic_message(payload.as_ref())
-                            ))
-                        });
-                    match taken {
-                        Ok(mut migrated) => {
-                            // The deliveries table travels with the state.
-                            migrated.deliveries = state.args.ctx.delivery_rows();
-                            state.args.notice.state = Some(migrated);
-                        }
-                        Err(reason) => {
-                            let ctx = &state.args.ctx;
-                            tracing::warn!(type_name = ctx.type_name(), entity_id = ctx.entity_id(), %reason, "an entity's state could not be taken; its next incarnation starts from the factory");
-                        }
-                    }
-                }
-                myself.stop(Some("moved".into()));
+                state.stop_to_move(&myself);
+                None
             }
-            EntityMsg::IdleCheck if state.failed.is_some() => state.request_passivation(false),
             EntityMsg::IdleCheck => {
-                if let Some(idle) = state.args.idle_timeout {
-                    let quiet = state.last_activity.elapsed();
-                    if quiet >= idle {
-                        state.request_passivation(true);
-                    } else {
-                        myself.send_after(idle - quiet, || EntityMsg::IdleCheck);
-                    }
+                state.idle_check(&myself);
+                None
+            }
+        };
+        async move {
+            let Some(mut envelope) = handling else {
+                return Ok(());
+            };
+            let (entity, ctx) = (&mut state.entity, &state.args.ctx);
+            // Awaited where it is made: a future bound to a local and then
+            // awaited would be stored twice in this one. (`if let`, not
+            // `match`: the untraced path then keeps no `Option<Span>`.)
+            let outcome = if let Some(parent) = envelope.take_trace() {
+                // Tracing on (SPEC §14.2): the handling is a child of the
+                // sender's span, or of the span that received it.
+                let span = tracing::info_span!(
+                    parent: &parent,
+                    "datum.handle",
+                    entity_type = ctx.type_name(),
+                    entity_id = ctx.entity_id(),
+                );
+                let handled = <E::Protocol as Dispatch<E>>::dispatch(entity, envelope, ctx);
+                // Boxed: a traced message's handling is the rare case, kept
+                // out of every message's future.
+                Box::pin(tracing::Instrument::instrument(handled, span)).await
+            } else {
+                <E::Protocol as Dispatch<E>>::dispatch(entity, envelope, ctx).await
+            };
+            if state.args.idle_timeout.is_some() {
+                state.last_activity = Instant::now();
+            }
+            if let OutcomeKind::Panicked(panic) = outcome.0 {
+                // Boxed, as the rare rebuild is kept out of every
+                // message's future.
+                if Box::pin(state.rebuild(&myself, panic)).await.is_err() {
+                    return Ok(());
+                }
+            }
+            state.after_handling();
+            Ok(())
+        }
+    }
+}
+
+impl<E> EntityState<E>
+where
+    E: Entity,
+    E::Protocol: Dispatch<E>,
+{
+    /// What a message's handling leaves to do: a write refused as stale
+    /// ends this incarnation; it, a failed one, or the entity's own request
+    /// asks the region to passivate it.
+    fn after_handling(&mut self) {
+        if self.failed.is_none() {
+            self.failed = self.args.ctx.stale();
+        }
+        if self.failed.is_some() || self.args.ctx.take_passivate_request() {
+            self.request_passivation(false);
+        }
+    }
+
+    /// A fresh incarnation in place of one whose handler panicked; `Err`
+    /// (the actor is stopping) when the factory could not build one.
+    async fn rebuild(&mut self, myself: &ActorRef<EntityMsg>, panic: String) -> Result<(), ()> {
+        let ctx = &self.args.ctx;
+        tracing::warn!(type_name = ctx.type_name(), entity_id = ctx.entity_id(), %panic, "entity handler panicked; restarting the entity");
+        match build(&self.args.factory, &self.args.ctx) {
+            Ok(mut fresh) => {
+                self.failed = Box::pin(recover_fresh(&mut fresh, &mut self.args)).await;
+                let old = std::mem::replace(&mut self.entity, fresh);
+                if std::panic::catch_unwind(AssertUnwindSafe(|| drop(old))).is_err() {
+                    let ctx = &self.args.ctx;
+                    tracing::warn!(
+                        type_name = ctx.type_name(),
+                        entity_id = ctx.entity_id(),
+                        "dropping the panicked entity panicked too"
+                    );
+                }
+                Ok(())
+            }
+            Err(error) => {
+                tracing::error!(%error, "entity could not be rebuilt; stopping it");
+                myself.stop(Some("factory panicked on restart".into()));
+                Err(())
+            }
+        }
+    }
+
+    /// Stops this incarnation to move with its shard, handing over its
+    /// state if its type migrates state.
+    fn stop_to_move(&mut self, myself: &ActorRef<EntityMsg>) {
+        if let (Some((migration, _)), None) = (&self.args.migration, &self.failed) {
+            let take = migration.take;
+            let (entity, ctx) = (&mut self.entity, &self.args.ctx);
+            let taken = std::panic::catch_unwind(AssertUnwindSafe(|| take(entity, ctx)))
+                .unwrap_or_else(|payload| {
+                    Err(format!(
+                        "dehydrate panicked: {}",
+                        panic_message(payload.as_ref())
+                    ))
+                });
+            match taken {
+                Ok(mut migrated) => {
+                    // The deliveries table travels with the state.
+                    migrated.deliveries = self.args.ctx.delivery_rows();
+                    self.args.notice.state = Some(migrated);
+                }
+                Err(reason) => {
+                    let ctx = &self.args.ctx;
+                    tracing::warn!(type_name = ctx.type_name(), entity_id = ctx.entity_id(), %reason, "an entity's state could not be taken; its next incarnation starts from the factory");
                 }
             }
         }
-        Ok(())
+        myself.stop(Some("moved".into()));
+    }
+
+    /// The idle check: passivation once the idle timeout has passed with
+    /// no message (at once for an incarnation that handles nothing), the
+    /// next check otherwise.
+    fn idle_check(&self, myself: &ActorRef<EntityMsg>) {
+        if self.failed.is_some() {
+            self.request_passivation(false);
+        } else if let Some(idle) = self.args.idle_timeout {
+            let quiet = self.last_activity.elapsed();
+            if quiet >= idle {
+                self.request_passivation(true);
+            } else {
+                myself.send_after(idle - quiet, || EntityMsg::IdleCheck);
+            }
+        }
     }
 }
