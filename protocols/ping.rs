@@ -2,7 +2,6 @@
 //! ask carrying `(driver, seq)`, answered with the same pair as a logical ack.
 
 use std::collections::HashMap;
-use std::collections::hash_map::Entry;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -42,8 +41,8 @@ protocol! {
 /// W1's entity-side correctness counters, shared by every entity of a run.
 #[derive(Debug, Default)]
 pub struct Checks {
-    /// Messages handled.
-    pub processed: AtomicU64,
+    /// Messages handled: [`processed`](Self::processed) sums it.
+    processed: Tally,
     /// A `(driver, seq)` handled a second time.
     pub duplicate_processings: AtomicU64,
     /// A lower `seq` from a driver after a higher one.
@@ -54,6 +53,18 @@ pub struct Checks {
 }
 
 impl Checks {
+    /// Messages handled so far, by every entity that reports here.
+    #[allow(dead_code)] // not every program that includes this file reads it
+    pub fn processed(&self) -> u64 {
+        self.processed.sum()
+    }
+
+    /// Counts one message handled (for entities outside this file).
+    #[allow(dead_code)] // not every program that includes this file has one
+    pub fn count_processed(&self) {
+        self.processed.add_one();
+    }
+
     /// Duplicates and order violations of messages not in `retried`.
     #[allow(dead_code)] // not every program that includes this file checks
     pub fn unexplained(&self, retried: &std::collections::HashSet<(u32, u64)>) -> usize {
@@ -64,7 +75,7 @@ impl Checks {
     /// Counts a ping `last` (the driver's highest seq seen) says is a
     /// duplicate or out of order.
     fn check(&self, msg: Ping, last: Option<u64>) {
-        self.processed.fetch_add(1, Ordering::Relaxed);
+        self.processed.add_one();
         match last {
             Some(last) if last == msg.seq => {
                 self.duplicate_processings.fetch_add(1, Ordering::Relaxed);
@@ -84,15 +95,96 @@ impl Checks {
     }
 }
 
+/// A count that every thread adds to on a cache line of its own (a thread
+/// picks one of [`TALLY_LINES`] at its first add), summed when read. One
+/// shared counter would be a line written by both cores of the machine on
+/// every message: about a sixth of the handler's samples in a W1-sat
+/// profile (BENCHMARKS.md, session 24), the runner's cost, not the
+/// library's.
+#[derive(Debug, Default)]
+struct Tally([TallyLine; TALLY_LINES]);
+
+/// How many lines a [`Tally`] spreads over.
+const TALLY_LINES: usize = 8;
+
+/// One counter alone on its (128-byte, a prefetched pair of 64) line.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct TallyLine(AtomicU64);
+
+impl Tally {
+    fn add_one(&self) {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        thread_local! {
+            static LINE: usize = NEXT.fetch_add(1, Ordering::Relaxed) as usize % TALLY_LINES;
+        }
+        let line = LINE.with(|line| *line);
+        self.0[line].0.fetch_add(1, Ordering::Relaxed);
+    }
+
+    #[allow(dead_code)] // read through `Checks::processed` only
+    fn sum(&self) -> u64 {
+        self.0.iter().map(|line| line.0.load(Ordering::Relaxed)).sum()
+    }
+}
+
+/// The highest seq seen from each driver: the first [`INLINE_DRIVERS`] in
+/// the entity itself, beside its count, the rest in a map. A run has a
+/// driver per node, so a message touches no memory of the entity's but
+/// its own few lines (a map's table was two more cache misses a message,
+/// about two fifths of the handler's samples in the same profile).
+#[derive(Debug, Default)]
+struct SeqTable {
+    inline: [(u32, u64); INLINE_DRIVERS],
+    /// How many of `inline` are in use.
+    len: usize,
+    more: HashMap<u32, u64, foldhash::fast::RandomState>,
+}
+
+/// How many drivers a [`SeqTable`] keeps inline.
+const INLINE_DRIVERS: usize = 4;
+
+impl SeqTable {
+    /// The highest seq seen from `driver`.
+    fn get(&self, driver: u32) -> Option<u64> {
+        match self.inline[..self.len].iter().find(|(d, _)| *d == driver) {
+            Some((_, seq)) => Some(*seq),
+            None => self.more.get(&driver).copied(),
+        }
+    }
+
+    /// Records `seq` from `driver`, keeping the highest; returns the
+    /// highest seen before it.
+    fn raise(&mut self, driver: u32, seq: u64) -> Option<u64> {
+        let slot = match self.inline[..self.len].iter_mut().find(|(d, _)| *d == driver) {
+            Some((_, slot)) => slot,
+            // `more` is used only once `inline` is full.
+            None if self.len < INLINE_DRIVERS => {
+                self.inline[self.len] = (driver, seq);
+                self.len += 1;
+                return None;
+            }
+            None => match self.more.get_mut(&driver) {
+                Some(slot) => slot,
+                None => {
+                    self.more.insert(driver, seq);
+                    return None;
+                }
+            },
+        };
+        let last = *slot;
+        *slot = last.max(seq);
+        Some(last)
+    }
+}
+
 /// Counts what it handled and checks per-driver order.
 #[derive(Debug, Default)]
 pub struct PingEntity {
     /// Messages handled by this incarnation.
     pub handled: u64,
-    /// The highest seq seen from each driver (foldhash: the runner names
-    /// the drivers, and SipHash here was about 2 % of W1-sat's
-    /// instructions, the library's cost it is there to measure diluted).
-    last_seq: HashMap<u32, u64, foldhash::fast::RandomState>,
+    /// The highest seq seen from each driver.
+    last_seq: SeqTable,
     checks: Option<Arc<Checks>>,
 }
 
@@ -101,7 +193,7 @@ impl PingEntity {
     pub fn checked(checks: Arc<Checks>) -> Self {
         PingEntity {
             handled: 0,
-            last_seq: HashMap::default(),
+            last_seq: SeqTable::default(),
             checks: Some(checks),
         }
     }
@@ -115,24 +207,11 @@ impl Handler<Ping> for PingEntity {
     async fn handle(&mut self, msg: Ping, _ctx: &EntityContext) -> ShardingResult<Ack> {
         self.handled += 1;
         // An open-loop ask is a sender of its own (ids from 2³¹): no order
-        // to keep, and no entry per ask. Otherwise one lookup finds the
-        // highest seq seen and raises it.
+        // to keep, and no entry per ask.
         let last = if msg.driver >= 1 << 31 {
             None
         } else {
-            match self.last_seq.entry(msg.driver) {
-                Entry::Occupied(mut seen) => {
-                    let last = *seen.get();
-                    if last < msg.seq {
-                        seen.insert(msg.seq);
-                    }
-                    Some(last)
-                }
-                Entry::Vacant(seen) => {
-                    seen.insert(msg.seq);
-                    None
-                }
-            }
+            self.last_seq.raise(msg.driver, msg.seq)
         };
         if let Some(checks) = &self.checks {
             checks.check(msg, last);
@@ -167,15 +246,14 @@ impl EventSourced for DurablePingEntity {
     fn apply(&mut self, event: &Ping) {
         let entity = &mut self.0;
         entity.handled += 1;
-        let last = entity.last_seq.entry(event.driver).or_insert(event.seq);
-        *last = (*last).max(event.seq);
+        entity.last_seq.raise(event.driver, event.seq);
     }
 }
 
 impl Handler<Ping> for DurablePingEntity {
     async fn handle(&mut self, msg: Ping, ctx: &EntityContext) -> ShardingResult<Ack> {
         if let Some(checks) = &self.0.checks {
-            checks.check(msg, self.0.last_seq.get(&msg.driver).copied());
+            checks.check(msg, self.0.last_seq.get(msg.driver));
         }
         self.persist(ctx, msg).await?; // durable, then applied
         Ok(Ack {

@@ -682,7 +682,7 @@ async fn w2_on<J: Send + Sync + 'static>(
     // Kill at 30% of the acks: watch the entity-side counter.
     let target = (2 * share) * 3 / 10;
     // (The warm-up processed one ask per entity from each of the three nodes.)
-    while checks.processed.load(Ordering::Relaxed) < target + 3 * ENTITIES {
+    while checks.processed() < target + 3 * ENTITIES {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let victim = nodes[victim_index].cluster.self_address();
@@ -877,12 +877,12 @@ struct Progress(tokio::task::JoinHandle<()>);
 impl Progress {
     fn start(label: &'static str, checks: Arc<Checks>) -> Self {
         Progress(tokio::spawn(async move {
-            let mut last = checks.processed.load(Ordering::Relaxed);
+            let mut last = checks.processed();
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             tick.tick().await;
             loop {
                 tick.tick().await;
-                let now = checks.processed.load(Ordering::Relaxed);
+                let now = checks.processed();
                 eprint!("\r{label}: {now:>9} handled · {:>8} msg/s   ", now - last);
                 last = now;
             }

@@ -527,7 +527,7 @@ async fn serve<S: Send + Sync + 'static>(
         let checks = checks.clone();
         async move {
             loop {
-                println!("PROCESSED {}", checks.processed.load(Ordering::Relaxed));
+                println!("PROCESSED {}", checks.processed());
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         }

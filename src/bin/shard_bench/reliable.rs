@@ -78,7 +78,7 @@ impl Handler<Note> for NoteEntity {
     async fn handle(&mut self, note: Note, ctx: &EntityContext) -> ShardingResult<()> {
         let before = self.state.clone();
         let last = self.state.last.insert(note.driver, note.seq);
-        self.checks.processed.fetch_add(1, Ordering::Relaxed);
+        self.checks.count_processed();
         match last {
             Some(last) if last == note.seq => {
                 self.checks
