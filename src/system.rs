@@ -47,6 +47,7 @@ use crate::fast_hash::FastMap;
 use crate::persistence::{DurableStateStore, Journal, NoJournal, SnapshotStore};
 use crate::protocol::SealedProtocol;
 use crate::protocol::{Ask, Message, Protocol, Tell};
+use crate::runtime::ask_waits::{AskWaits, Expired, keep_deadlines};
 use crate::runtime::entity_actor::{EntityActor, EntityArgs, Factory, Recover, StopNotice};
 use crate::runtime::region::{MigrationSettings, Region, RegionCluster, RegionProtocol, Spawner};
 use crate::runtime::region_actor::RegionActor;
@@ -117,6 +118,9 @@ pub(crate) struct Shared {
     stop_task: Mutex<Option<tokio::sync::watch::Receiver<bool>>>,
     /// What became of migrated states here.
     migration_events: tokio::sync::broadcast::Sender<MigrationEvent>,
+    /// The deadlines of the asks waiting on this node that no pending
+    /// remote ask keeps (SPEC §13.5).
+    asks: Arc<AskWaits>,
 }
 
 impl Drop for Shared {
@@ -537,7 +541,9 @@ impl<S, J> ShardedSystemBuilder<S, J> {
             state_store: OnceLock::new(),
             state_writer: OnceLock::new(),
             migration_events: tokio::sync::broadcast::channel(1_024).0,
+            asks: AskWaits::new(),
         });
+        tokio::spawn(keep_deadlines(Arc::downgrade(&shared.asks)));
         if let Some(link) = &shared.cluster {
             let weak: Weak<Shared> = Arc::downgrade(&shared);
             let port: Weak<dyn SystemPort> = weak;
@@ -1435,13 +1441,13 @@ impl<P: Protocol> EntityRef<P> {
         }
         let (replied, guarded) = self.send_ask(region, msg, (deadline, timeout), extras)?;
         // Sent to another node in this call: the pending-ask table answers
-        // `AskTimeout` at the deadline, so no timer of the asker's own is
-        // armed (SPEC §13.5). Anywhere else — an entity here, a buffer —
-        // the asker times out by itself.
+        // `AskTimeout` at the deadline. Anywhere else — an entity here, a
+        // buffer — the system's table of waiting asks keeps it. Neither
+        // arms a runtime timer (SPEC §13.5).
         let replied = if guarded {
             Ok(replied.await)
         } else {
-            tokio::time::timeout_at(deadline, replied).await
+            self.shared.asks.wait(replied, deadline).await
         };
         match replied {
             Ok(Ok(result)) => result,
@@ -1450,7 +1456,8 @@ impl<P: Protocol> EntityRef<P> {
                 type_name: P::TYPE_NAME,
                 entity_id: self.entity_id.to_string(),
             }),
-            Err(_elapsed) => Err(ShardingError::AskTimeout {
+            Err(Expired::Stopped) => Err(ShardingError::ShuttingDown),
+            Err(Expired::TimedOut) => Err(ShardingError::AskTimeout {
                 type_name: P::TYPE_NAME,
                 entity_id: self.entity_id.to_string(),
                 timeout,

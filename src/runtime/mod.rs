@@ -28,6 +28,7 @@
 //! is dropped, and two incarnations of an entity never run at once on a
 //! node, also when its shard moved away and came back meanwhile.
 
+pub(crate) mod ask_waits;
 pub(crate) mod entity_actor;
 pub(crate) mod mailbox;
 pub(crate) mod passivation;
