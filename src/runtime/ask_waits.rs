@@ -6,8 +6,10 @@
 //! An asker whose reply has not come by its first poll enters the table
 //! with its deadline and its waker, and leaves it when the reply comes or
 //! it stops waiting. The task marks the entries past their deadline every
-//! [`CHECK_EVERY`] while the table holds one (asleep while it holds none)
-//! and wakes their askers, who then answer `AskTimeout` to their callers.
+//! [`CHECK_EVERY`] while the table holds one
+//! and wakes their askers, who then answer `AskTimeout` to their callers
+//! (asleep only while the table is empty: an entry expired and not yet
+//! taken by its asker counts too).
 //! So an ask fails at most about that late, as one kept by the pending
 //! table of remote asks does.
 //!
@@ -164,6 +166,7 @@ impl AskWaits {
                 entries.waiting.remove(&key.id);
                 Err(why)
             }
+            // Not reached: only the asker removes its entry once it is in.
             None => Err(Expired::Stopped),
         }
     }
@@ -176,19 +179,22 @@ impl AskWaits {
     }
 
     /// Marks every entry past its deadline at `now` and wakes its asker.
-    /// Returns how many deadlines it still keeps.
+    /// Returns how many entries the table holds (0: it is empty).
     fn expire(&self, now: Instant) -> usize {
         let mut kept = 0;
         let mut due = Vec::new();
         for stripe in &self.stripes {
             let mut entries = lock(stripe);
+            // Every entry counts, the expired ones whose askers have yet to
+            // take them too: the task sleeps only on an empty table, so
+            // the entry that makes a stripe non-empty is the one that
+            // wakes it.
+            kept += entries.waiting.len();
             for entry in entries.waiting.values_mut() {
-                if !matches!(entry.state, State::Waiting(_)) {
+                if !matches!(entry.state, State::Waiting(_)) || entry.deadline > now {
                     continue;
                 }
-                if entry.deadline > now {
-                    kept += 1;
-                } else if let State::Waiting(waker) =
+                if let State::Waiting(waker) =
                     std::mem::replace(&mut entry.state, State::Expired(Expired::TimedOut))
                 {
                     due.push(waker);
@@ -398,6 +404,40 @@ mod tests {
         assert!(futures_util::poll!(wait.as_mut()).is_pending());
         assert_eq!(entries(&waits), 1);
         drop(wait);
+        assert_eq!(entries(&waits), 0);
+    }
+
+    fn expired(waits: &AskWaits) -> usize {
+        let expired = |e: &Entry| matches!(e.state, State::Expired(_));
+        let stripes = waits.stripes.iter();
+        stripes
+            .map(|s| lock(s).waiting.values().filter(|e| expired(e)).count())
+            .sum()
+    }
+
+    /// An ask that enters a stripe still holding an expired entry its
+    /// asker has not taken yet is kept all the same (the task must not
+    /// sleep on a table that is not empty).
+    #[tokio::test]
+    async fn an_entry_beside_an_expired_one_still_times_out() {
+        let waits = kept_table().await;
+        let (_tx_a, rx_a) = oneshot::channel::<u32>();
+        let mut a = Box::pin(waits.wait(rx_a, Instant::now() + Duration::from_millis(10)));
+        assert!(futures_util::poll!(a.as_mut()).is_pending());
+        while expired(&waits) == 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        // The task has had its turn after marking A; B enters A's stripe
+        // (one thread, one stripe) before A is taken.
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        let (_tx_b, rx_b) = oneshot::channel::<u32>();
+        let mut b = Box::pin(waits.wait(rx_b, Instant::now() + Duration::from_millis(10)));
+        assert!(futures_util::poll!(b.as_mut()).is_pending());
+        assert!(matches!(a.await, Err(Expired::TimedOut)));
+        let b = tokio::time::timeout(Duration::from_secs(10), b).await;
+        assert!(matches!(b, Ok(Err(Expired::TimedOut))), "{b:?}");
         assert_eq!(entries(&waits), 0);
     }
 

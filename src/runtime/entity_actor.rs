@@ -251,9 +251,10 @@ where
     // Not an `async fn`: ractor moves this future twice per message (into
     // its own, to race it against the actor's signals), and it lives in the
     // entity's task. So what a message does without waiting is done here,
-    // and the future returned holds the envelope, the protocol's dispatch
-    // future and two references, with no copy of the message or its parts
-    // beside them (an `async fn` keeps each argument twice).
+    // and the future returned holds the envelope (until the dispatch takes
+    // it), the protocol's dispatch future, the actor's ref and the state's
+    // reference, with no copy of the message or its parts beside them (an
+    // `async fn` keeps each argument twice).
     fn handle(
         &self,
         myself: ActorRef<EntityMsg>,
@@ -298,7 +299,12 @@ where
                     entity_type = ctx.type_name(),
                     entity_id = ctx.entity_id(),
                 );
-                let handled = <E::Protocol as Dispatch<E>>::dispatch(entity, envelope, ctx);
+                // The call (what the handling does before its first
+                // await) runs in the span, as the future it returns does.
+                let handled = {
+                    let _in_span = span.enter();
+                    <E::Protocol as Dispatch<E>>::dispatch(entity, envelope, ctx)
+                };
                 // Boxed: a traced message's handling is the rare case, kept
                 // out of every message's future.
                 Box::pin(tracing::Instrument::instrument(handled, span)).await
