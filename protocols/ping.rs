@@ -124,7 +124,10 @@ impl Tally {
 
     #[allow(dead_code)] // read through `Checks::processed` only
     fn sum(&self) -> u64 {
-        self.0.iter().map(|line| line.0.load(Ordering::Relaxed)).sum()
+        self.0
+            .iter()
+            .map(|line| line.0.load(Ordering::Relaxed))
+            .sum()
     }
 }
 
@@ -156,7 +159,10 @@ impl SeqTable {
     /// Records `seq` from `driver`, keeping the highest; returns the
     /// highest seen before it.
     fn raise(&mut self, driver: u32, seq: u64) -> Option<u64> {
-        let slot = match self.inline[..self.len].iter_mut().find(|(d, _)| *d == driver) {
+        let slot = match self.inline[..self.len]
+            .iter_mut()
+            .find(|(d, _)| *d == driver)
+        {
             Some((_, slot)) => slot,
             // `more` is used only once `inline` is full.
             None if self.len < INLINE_DRIVERS => {
