@@ -13,6 +13,9 @@
 //! So an ask fails at most about that late, as one kept by the pending
 //! table of remote asks does.
 //!
+//! The checking task is [`keep_deadlines`], over any table that is
+//! [`Deadlines`]: the sharding layer's pending remote asks are one too.
+//!
 //! A thread enters its asks in a stripe of its own (of [`STRIPES`]), so
 //! the entries of one worker thread's askers share neither lock nor cache
 //! line with another's. Measured (BENCHMARKS.md, session 24): a runtime
@@ -238,28 +241,39 @@ impl Drop for AskWaits {
     }
 }
 
-/// Checks `waits` every [`CHECK_EVERY`] while it holds a deadline, until
-/// it is dropped. Spawned once per system.
-pub(crate) async fn keep_deadlines(waits: Weak<AskWaits>) {
-    let Some(wake) = waits.upgrade().map(|w| {
-        w.keeping.store(true, Ordering::Release);
-        w.wake.clone()
-    }) else {
+/// A table of deadlines that one task checks every [`CHECK_EVERY`]: the
+/// asks waiting here, and the sharding layer's pending remote asks.
+pub(crate) trait Deadlines: Send + Sync + 'static {
+    /// The task starts: from now on the table keeps deadlines. Returns
+    /// what wakes the task when it sleeps.
+    fn start_keeping(&self) -> Arc<Notify>;
+    /// Acts on every deadline past at `now`. Returns 0 when the task may
+    /// sleep until woken.
+    fn expire(&self, now: Instant) -> usize;
+    /// The task stopped (aborted, or its runtime gone): no deadline is
+    /// kept any more, and what the table kept must not wait for ever.
+    fn stop_keeping(&self);
+}
+
+/// Checks `table` every [`CHECK_EVERY`] while it keeps a deadline (asleep
+/// while it keeps none), until it is dropped.
+pub(crate) async fn keep_deadlines<T: Deadlines>(table: Weak<T>) {
+    let Some(wake) = table.upgrade().map(|t| t.start_keeping()) else {
         return;
     };
-    // Aborted, or its runtime gone: no asker may wait on it.
-    struct Stop(Weak<AskWaits>);
-    impl Drop for Stop {
+    // Aborted, or its runtime gone.
+    struct Stop<T: Deadlines>(Weak<T>);
+    impl<T: Deadlines> Drop for Stop<T> {
         fn drop(&mut self) {
-            if let Some(waits) = self.0.upgrade() {
-                waits.stop();
+            if let Some(table) = self.0.upgrade() {
+                table.stop_keeping();
             }
         }
     }
-    let _stop = Stop(waits.clone());
+    let _stop = Stop(table.clone());
     loop {
-        let kept = match waits.upgrade() {
-            Some(waits) => waits.expire(Instant::now()),
+        let kept = match table.upgrade() {
+            Some(table) => table.expire(Instant::now()),
             None => return,
         };
         if kept == 0 {
@@ -267,6 +281,21 @@ pub(crate) async fn keep_deadlines(waits: Weak<AskWaits>) {
         } else {
             tokio::time::sleep(CHECK_EVERY).await;
         }
+    }
+}
+
+impl Deadlines for AskWaits {
+    fn start_keeping(&self) -> Arc<Notify> {
+        self.keeping.store(true, Ordering::Release);
+        self.wake.clone()
+    }
+
+    fn expire(&self, now: Instant) -> usize {
+        AskWaits::expire(self, now)
+    }
+
+    fn stop_keeping(&self) {
+        self.stop();
     }
 }
 

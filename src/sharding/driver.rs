@@ -40,6 +40,7 @@ use crate::error::{RegionRefusal, ShardingError, ShardingResult};
 use crate::extractor::ShardId;
 use crate::identity::UniqueAddress;
 use crate::membership::{MemberStatus, MembershipState};
+use crate::runtime::ask_waits::keep_deadlines;
 use crate::runtime::mailbox::States;
 use crate::runtime::region::{ClusterPort, PortFuture, Region};
 use crate::runtime::slot::HomeChange;
@@ -328,7 +329,9 @@ impl ClusterLink {
         })));
         let _ = self.system.set(shared);
         lock(&self.tasks).push(tokio::spawn(control.run()));
-        lock(&self.tasks).push(tokio::spawn(expire_asks(Arc::downgrade(&self.remote))));
+        // The pending remote asks' deadlines (SPEC §13.5).
+        let expiry = keep_deadlines(Arc::downgrade(&self.remote));
+        lock(&self.tasks).push(tokio::spawn(expiry));
     }
 
     /// Asks the coordinator to hand off every shard hosted here (a graceful
@@ -541,42 +544,6 @@ fn deliver_envelope(
             if let Some(reply) = undecodable.reply {
                 reply.fail(&undecodable.error);
             }
-        }
-    }
-}
-
-/// How often the asks waiting on other nodes are checked against their
-/// deadlines: a remote ask's `AskTimeout` comes at most this late.
-const EXPIRE_EVERY: Duration = Duration::from_millis(5);
-
-/// Answers `AskTimeout` to every remote ask past its deadline, every
-/// [`EXPIRE_EVERY`] while the table keeps one (asleep while it keeps
-/// none), until the sharding layer is gone.
-async fn expire_asks(remote: Weak<Remote>) {
-    let Some(kept) = remote.upgrade().map(|r| r.start_expiring()) else {
-        return;
-    };
-    // Aborted, or its runtime gone: no asker is left waiting for it.
-    struct Stop(Weak<Remote>);
-    impl Drop for Stop {
-        fn drop(&mut self) {
-            if let Some(remote) = self.0.upgrade() {
-                remote.stop_expiring();
-            }
-        }
-    }
-    let _stop = Stop(remote.clone());
-    loop {
-        let still_kept = {
-            let Some(remote) = remote.upgrade() else {
-                return;
-            };
-            remote.expire(tokio::time::Instant::now())
-        };
-        if still_kept == 0 {
-            kept.notified().await;
-        } else {
-            tokio::time::sleep(EXPIRE_EVERY).await;
         }
     }
 }

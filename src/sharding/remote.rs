@@ -31,6 +31,7 @@ use crate::error::{ShardingError, ShardingResult};
 use crate::extractor::ShardId;
 use crate::fast_hash::FastMap;
 use crate::identity::UniqueAddress;
+use crate::runtime::ask_waits::Deadlines;
 use crate::runtime::region::Region;
 use crate::sharding::coordinator::ShardHome;
 use crate::sharding::fast::{self, DeliveryRef, EnvelopeRef};
@@ -454,6 +455,21 @@ impl ReplySink for Remote {
         if let Err(reason) = sent {
             tracing::debug!(origin = %target.origin, %reason, "reply to a remote ask not sent");
         }
+    }
+}
+
+/// The pending asks' deadlines, checked by the node's task for them.
+impl Deadlines for Remote {
+    fn start_keeping(&self) -> Arc<tokio::sync::Notify> {
+        self.start_expiring()
+    }
+
+    fn expire(&self, now: Instant) -> usize {
+        Remote::expire(self, now)
+    }
+
+    fn stop_keeping(&self) {
+        self.stop_expiring();
     }
 }
 
