@@ -6,12 +6,11 @@
 //! An asker whose reply has not come by its first poll enters the table
 //! with its deadline and its waker, and leaves it when the reply comes or
 //! it stops waiting. The task marks the entries past their deadline every
-//! [`CHECK_EVERY`] while the table holds one
-//! and wakes their askers, who then answer `AskTimeout` to their callers
-//! (asleep only while the table is empty: an entry expired and not yet
-//! taken by its asker counts too).
-//! So an ask fails at most about that late, as one kept by the pending
-//! table of remote asks does.
+//! [`CHECK_EVERY`] and wakes their askers, who then answer `AskTimeout` to
+//! their callers; it sleeps only while the table is empty (an entry
+//! expired and not yet taken by its asker counts). So an ask fails at
+//! most about that late, as one kept by the pending table of remote asks
+//! does.
 //!
 //! The checking task is [`keep_deadlines`], over any table that is
 //! [`Deadlines`]: the sharding layer's pending remote asks are one too.
