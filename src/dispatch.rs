@@ -177,13 +177,7 @@ where
         Err(outcome) => return Either::Left(ready(outcome)),
     };
     let port = ReplyPort::new(reply);
-    // A panic in the call or while its future runs, caught as in
-    // `handle_local`.
-    let handled = match std::panic::catch_unwind(AssertUnwindSafe(|| entity.handle(msg, port, ctx)))
-    {
-        Ok(handling) => Either::Left(AssertUnwindSafe(handling).catch_unwind()),
-        Err(panic) => Either::Right(ready(Err(panic))),
-    };
+    let handled = guarded(|| entity.handle(msg, port, ctx));
     Either::Right(handled.map(move |handled| match handled {
         Ok(Ok(())) => Outcome(OutcomeKind::Handled),
         Ok(Err(error)) => {
@@ -223,16 +217,19 @@ where
         Ok(typed) => typed,
         Err(outcome) => return Either::Left(Either::Right(ready(outcome))),
     };
-    // A panic in the call (before `handle` returns its future) is caught
-    // here, one while it runs by the guard around its future.
-    match std::panic::catch_unwind(AssertUnwindSafe(|| entity.handle(msg, ctx))) {
-        Ok(handling) => {
-            let handled = AssertUnwindSafe(handling).catch_unwind();
-            Either::Right(Either::Left(
-                handled.map(move |handled| answer::<P, M>(reply, handled, ctx)),
-            ))
-        }
-        Err(panic) => Either::Right(Either::Right(ready(answer::<P, M>(reply, Err(panic), ctx)))),
+    let handled = guarded(|| entity.handle(msg, ctx));
+    Either::Right(handled.map(move |handled| answer::<P, M>(reply, handled, ctx)))
+}
+
+/// Makes a handler's call and guards the future it returns: a panic in
+/// the call (before the handler returns its future) or while that future
+/// runs comes out as `Err` with its payload.
+fn guarded<F: Future>(
+    call: impl FnOnce() -> F,
+) -> impl Future<Output = Result<F::Output, Box<dyn Any + Send>>> {
+    match std::panic::catch_unwind(AssertUnwindSafe(call)) {
+        Ok(handling) => Either::Left(AssertUnwindSafe(handling).catch_unwind()),
+        Err(panic) => Either::Right(ready(Err(panic))),
     }
 }
 

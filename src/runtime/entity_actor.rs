@@ -351,7 +351,8 @@ where
         tracing::warn!(type_name = ctx.type_name(), entity_id = ctx.entity_id(), %panic, "entity handler panicked; restarting the entity");
         match build(&self.args.factory, &self.args.ctx) {
             Ok(mut fresh) => {
-                self.failed = Box::pin(recover_fresh(&mut fresh, &mut self.args)).await;
+                // (Not boxed again: this whole future is boxed where it is awaited.)
+                self.failed = recover_fresh(&mut fresh, &mut self.args).await;
                 let old = std::mem::replace(&mut self.entity, fresh);
                 if std::panic::catch_unwind(AssertUnwindSafe(|| drop(old))).is_err() {
                     let ctx = &self.args.ctx;
