@@ -281,8 +281,12 @@ async fn a_region_the_coordinator_refused_keeps_its_node_unready() {
     // Another shard count than the cluster's: the coordinator refuses it.
     let odd = counters_on(&second, 32).await;
     let odd_at = serve(&second, &odd).await;
+    // (Before the coordinator answers, the reason is that the region is
+    // not registered yet: wait past it, for the refusal.)
     let refused = until(odd_at.local_addr(), "/ready", |a| {
-        a.status == 503 && a.body.contains("entity type counter")
+        a.status == 503
+            && a.body.contains("entity type counter")
+            && !a.body.contains("not registered with the coordinator yet")
     })
     .await;
     assert_eq!(refused.json()["ready"], false);
