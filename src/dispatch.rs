@@ -9,7 +9,7 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 
 use futures_util::FutureExt;
-use futures_util::future::{Either, ready};
+use futures_util::future::{CatchUnwind, Either, ready};
 use tokio::sync::oneshot;
 
 use crate::entity::{Admission, DeferredHandler, Entity, EntityContext, Handler, ReplyPort};
@@ -177,7 +177,10 @@ where
         Err(outcome) => return Either::Left(ready(outcome)),
     };
     let port = ReplyPort::new(reply);
-    let handled = guarded(|| entity.handle(msg, port, ctx));
+    let handled = match guarded(|| entity.handle(msg, port, ctx)) {
+        Ok(handling) => Either::Left(handling),
+        Err(panic) => Either::Right(ready(Err(panic))),
+    };
     Either::Right(handled.map(move |handled| match handled {
         Ok(Ok(())) => Outcome(OutcomeKind::Handled),
         Ok(Err(error)) => {
@@ -217,20 +220,23 @@ where
         Ok(typed) => typed,
         Err(outcome) => return Either::Left(Either::Right(ready(outcome))),
     };
-    let handled = guarded(|| entity.handle(msg, ctx));
-    Either::Right(handled.map(move |handled| answer::<P, M>(reply, handled, ctx)))
+    // The common path's future is the guarded handling and the answer,
+    // with no branch for the rare panic in the call, answered here.
+    match guarded(|| entity.handle(msg, ctx)) {
+        Ok(handled) => Either::Right(Either::Left(
+            handled.map(move |handled| answer::<P, M>(reply, handled, ctx)),
+        )),
+        Err(panic) => Either::Right(Either::Right(ready(answer::<P, M>(reply, Err(panic), ctx)))),
+    }
 }
 
 /// Makes a handler's call and guards the future it returns: a panic in
-/// the call (before the handler returns its future) or while that future
-/// runs comes out as `Err` with its payload.
+/// the call (before the handler returns its future) is `Err` with its
+/// payload here, one while that future runs is its `Err` output.
 fn guarded<F: Future>(
     call: impl FnOnce() -> F,
-) -> impl Future<Output = Result<F::Output, Box<dyn Any + Send>>> {
-    match std::panic::catch_unwind(AssertUnwindSafe(call)) {
-        Ok(handling) => Either::Left(AssertUnwindSafe(handling).catch_unwind()),
-        Err(panic) => Either::Right(ready(Err(panic))),
-    }
+) -> Result<CatchUnwind<AssertUnwindSafe<F>>, Box<dyn Any + Send>> {
+    std::panic::catch_unwind(AssertUnwindSafe(call)).map(|f| AssertUnwindSafe(f).catch_unwind())
 }
 
 /// Answers the asker with what the handler did (its result, or its panic).
