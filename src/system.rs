@@ -1345,8 +1345,9 @@ impl<P: Protocol> EntityRef<P> {
     /// within `timeout`.
     pub async fn ask<M: Ask<P>>(&self, msg: M, timeout: Duration) -> ShardingResult<M::Reply> {
         let region = self.region()?;
-        // One clock read per ask: the deadline and the latency both count
-        // from it.
+        // The deadline and the latency both count from this one clock
+        // read; the latency reads the clock again only if a recorder
+        // takes it.
         let sent = tokio::time::Instant::now();
         region.metrics.asks.increment(1);
         let answer = match region.tracing() {
@@ -1368,10 +1369,7 @@ impl<P: Protocol> EntityRef<P> {
             }
         };
         match &answer {
-            Ok(_) => region
-                .metrics
-                .ask_seconds
-                .record(sent.elapsed().as_secs_f64()),
+            Ok(_) => region.metrics.ask_answered(sent),
             Err(e) => region.metrics.ask_failed(e.kind()),
         }
         answer

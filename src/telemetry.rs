@@ -75,7 +75,7 @@ pub(crate) struct RegionMetrics {
     /// By `PassivationCause` (idle, limit, explicit).
     pub(crate) passivations: [Counter; 3],
     pub(crate) asks: Counter,
-    pub(crate) ask_seconds: Histogram,
+    ask_seconds: Histogram,
     /// Sampled every second (`BUFFERED`, `HANDOFF_BUFFERED`).
     pub(crate) buffered: Gauge,
     pub(crate) handoff_buffered: Gauge,
@@ -143,10 +143,28 @@ impl RegionMetrics {
         self.handoff_buffered.set(0.0);
     }
 
+    /// An ask sent at `sent` was answered: its latency, read from the
+    /// clock only if a recorder takes it (with none, the histogram is a
+    /// no-op and the ask reads the clock once, for its deadline).
+    pub(crate) fn ask_answered(&self, sent: tokio::time::Instant) {
+        self.ask_seconds.record(SecondsSince(sent));
+    }
+
     /// An ask failed with `kind` (rare: looked up each time).
     pub(crate) fn ask_failed(&self, kind: &'static str) {
         counter!(ASK_FAILURES, "entity_type" => self.entity_type, "node" => self.node.clone(), "kind" => kind)
             .increment(1);
+    }
+}
+
+/// The seconds elapsed since an instant, as a histogram takes its value:
+/// the clock is read when the value is converted, which a no-op handle
+/// never does.
+struct SecondsSince(tokio::time::Instant);
+
+impl metrics::IntoF64 for SecondsSince {
+    fn into_f64(self) -> f64 {
+        self.0.elapsed().as_secs_f64()
     }
 }
 
