@@ -143,9 +143,9 @@ impl RegionMetrics {
         self.handoff_buffered.set(0.0);
     }
 
-    /// An ask sent at `sent` was answered: its latency, read from the
-    /// clock only if a recorder takes it (with none, the histogram is a
-    /// no-op and the ask reads the clock once, for its deadline).
+    /// An ask sent at `sent` was answered: records its latency, reading
+    /// the clock only if a recorder was installed when the region resolved
+    /// its handles (with none, the histogram is a no-op).
     pub(crate) fn ask_answered(&self, sent: tokio::time::Instant) {
         self.ask_seconds.record(SecondsSince(sent));
     }
@@ -158,8 +158,8 @@ impl RegionMetrics {
 }
 
 /// The seconds elapsed since an instant, as a histogram takes its value:
-/// the clock is read when the value is converted, which a no-op handle
-/// never does.
+/// the clock is read when the value is converted (in `Histogram::record`,
+/// before the recorder sees it), which a no-op handle never does.
 struct SecondsSince(tokio::time::Instant);
 
 impl metrics::IntoF64 for SecondsSince {
