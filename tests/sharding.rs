@@ -511,17 +511,40 @@ async fn the_acting_sharding_coordinator_its_epoch_and_allocation_are_visible() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ask_to_another_node_times_out_at_its_deadline_and_leaves_nothing_pending() {
     let nodes = three().await;
-    // An entity on another node than node 0.
-    let mut remote = None;
-    for k in 0..100 {
+    // Two entities on other nodes than node 0.
+    let mut remote = Vec::new();
+    for k in 0..200 {
         let id = format!("nap-{k}");
         let (home, _) = ask_retrying(&nodes[0].system, &id).await;
         if home != "node-0" {
-            remote = Some(id);
+            remote.push(id);
+        }
+        if remote.len() == 2 {
             break;
         }
     }
-    let id = remote.expect("an entity elsewhere");
+    let [id, other] = <[String; 2]>::try_from(remote).expect("two entities elsewhere");
+    // Asks with a far deadline wait meanwhile, one in each stripe of the
+    // pending table (ask ids are consecutive): a stripe is checked from
+    // the earliest deadline it holds, which the asks below lower. They
+    // wait behind the first one's nap (sent first: one pipe keeps their
+    // order), longer than the asks below take.
+    let far_ask = |nap| {
+        let other = nodes[0].system.entity_ref::<Tally>(other.as_str());
+        tokio::spawn(async move { other.ask(Nap(nap), Duration::from_secs(60)).await })
+    };
+    let system = &nodes[0].system;
+    let pending = |n| async move {
+        while system.pending_remote_asks() < n {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    };
+    let mut far = vec![far_ask(3_000)];
+    let first = tokio::time::timeout(LONG, pending(1)).await;
+    first.expect("the first far ask is pending");
+    far.extend((1..16).map(|_| far_ask(0)));
+    let all = tokio::time::timeout(LONG, pending(16)).await;
+    all.expect("the far asks are pending");
     let entity = nodes[0].system.entity_ref::<Tally>(id.as_str());
     for timeout in [Duration::from_millis(100), Duration::from_millis(300)] {
         let asked = Instant::now();
@@ -538,12 +561,17 @@ async fn an_ask_to_another_node_times_out_at_its_deadline_and_leaves_nothing_pen
         // At the deadline, give or take the 5 ms checks (and a busy CI).
         assert!(took >= timeout, "{took:?} < {timeout:?}");
         assert!(took < timeout + Duration::from_millis(500), "{took:?}");
-        assert_eq!(
-            nodes[0].system.pending_remote_asks(),
-            0,
-            "the timed-out ask is forgotten"
-        );
     }
+    // The far asks are answered once the first one's nap is over.
+    for ask in far {
+        let answer = ask.await.expect("the far ask's task");
+        assert!(answer.is_ok(), "{answer:?}");
+    }
+    assert_eq!(
+        nodes[0].system.pending_remote_asks(),
+        0,
+        "the timed-out asks are forgotten"
+    );
     // The naps end; the entity answers again, and the late replies are dropped.
     let (home, _) = ask_retrying(&nodes[0].system, &id).await;
     assert_ne!(home, "node-0");

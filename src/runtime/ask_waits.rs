@@ -10,7 +10,9 @@
 //! their callers; it sleeps only while the table is empty (an entry
 //! expired and not yet taken by its asker counts). So an ask fails at
 //! most about that late, as one kept by the pending table of remote asks
-//! does.
+//! does. Each stripe knows a time before which none of its deadlines
+//! falls, and a check passes over it until then: a check costs a lock per
+//! stripe, however many asks wait.
 //!
 //! The checking task is [`keep_deadlines`], over any table that is
 //! [`Deadlines`]: the sharding layer's pending remote asks are one too.
@@ -71,6 +73,12 @@ struct Entries {
     waiting: FastMap<u64, Entry>,
     /// The id of the next entry (ids are per stripe).
     next: u64,
+    /// No entry still waiting has a deadline before this (`None`: none is
+    /// known to): lowered as entries come, made exact when the stripe is
+    /// checked, left as it is when an entry leaves. The checking task
+    /// passes over a stripe until it is due, so a check costs a lock per
+    /// stripe, not a look at every waiting ask.
+    due_from: Option<Instant>,
 }
 
 struct Entry {
@@ -143,6 +151,7 @@ impl AskWaits {
         entries.next += 1;
         let state = State::Waiting(waker.clone());
         entries.waiting.insert(id, Entry { deadline, state });
+        entries.due_from = Some(entries.due_from.map_or(deadline, |d| d.min(deadline)));
         let first = entries.waiting.len() == 1;
         drop(entries);
         if first {
@@ -192,8 +201,16 @@ impl AskWaits {
             // the entry that makes a stripe non-empty is the one that
             // wakes it.
             kept += entries.waiting.len();
+            if entries.due_from.is_none_or(|at| at > now) {
+                continue;
+            }
+            let mut due_from: Option<Instant> = None;
             for entry in entries.waiting.values_mut() {
-                if !matches!(entry.state, State::Waiting(_)) || entry.deadline > now {
+                if !matches!(entry.state, State::Waiting(_)) {
+                    continue;
+                }
+                if entry.deadline > now {
+                    due_from = Some(due_from.map_or(entry.deadline, |d| d.min(entry.deadline)));
                     continue;
                 }
                 if let State::Waiting(waker) =
@@ -202,6 +219,7 @@ impl AskWaits {
                     due.push(waker);
                 }
             }
+            entries.due_from = due_from;
         }
         due.into_iter().for_each(Waker::wake);
         kept
@@ -467,6 +485,49 @@ mod tests {
         let b = tokio::time::timeout(Duration::from_secs(10), b).await;
         assert!(matches!(b, Ok(Err(Expired::TimedOut))), "{b:?}");
         assert_eq!(entries(&waits), 0);
+    }
+
+    /// A stripe is checked from the earliest deadline it holds: one that
+    /// comes after a later one lowers it, and after a check the next one
+    /// still waiting is the one it is checked from.
+    #[tokio::test]
+    async fn deadlines_in_any_order_each_time_out_in_turn() {
+        let waits = kept_table().await;
+        let began = Instant::now();
+        let (_tx_late, rx_late) = oneshot::channel::<u32>();
+        let (_tx_early, rx_early) = oneshot::channel::<u32>();
+        let (_tx_far, rx_far) = oneshot::channel::<u32>();
+        // One thread, one stripe: the late deadline enters first.
+        let mut late = Box::pin(waits.wait(rx_late, began + Duration::from_millis(120)));
+        assert!(futures_util::poll!(late.as_mut()).is_pending());
+        let mut early = Box::pin(waits.wait(rx_early, began + Duration::from_millis(20)));
+        assert!(futures_util::poll!(early.as_mut()).is_pending());
+        assert_eq!(due_from(&waits), Some(began + Duration::from_millis(20)));
+        let mut far = Box::pin(waits.wait(rx_far, began + Duration::from_secs(3600)));
+        assert!(futures_util::poll!(far.as_mut()).is_pending());
+        let bound = Duration::from_secs(10);
+        let early = tokio::time::timeout(bound, early).await;
+        assert!(matches!(early, Ok(Err(Expired::TimedOut))), "{early:?}");
+        assert!(began.elapsed() >= Duration::from_millis(20));
+        let late = tokio::time::timeout(bound, late).await;
+        assert!(matches!(late, Ok(Err(Expired::TimedOut))), "{late:?}");
+        assert!(began.elapsed() >= Duration::from_millis(120));
+        // The far one is still waiting, and its stripe is checked from its
+        // deadline now.
+        assert!(futures_util::poll!(far.as_mut()).is_pending());
+        assert_eq!(due_from(&waits), Some(began + Duration::from_secs(3600)));
+    }
+
+    /// The one stripe holding entries: where its checks start from.
+    fn due_from(waits: &AskWaits) -> Option<Instant> {
+        let mut holding = waits
+            .stripes
+            .iter()
+            .map(lock)
+            .filter(|e| !e.waiting.is_empty());
+        let stripe = holding.next().expect("a stripe holds the entries");
+        assert!(holding.next().is_none(), "one thread, one stripe");
+        stripe.due_from
     }
 
     #[tokio::test]

@@ -58,6 +58,17 @@ struct Pending {
     deadline: Option<(Instant, Duration)>,
 }
 
+/// One lock's share of the pending asks.
+#[derive(Default)]
+struct PendingStripe {
+    asks: FastMap<u64, Pending>,
+    /// No ask here whose deadline the table keeps is due before this
+    /// (`None`: none is known to be kept): lowered as asks come, made
+    /// exact when the stripe is checked, left as it is when an ask leaves.
+    /// `expire` passes over a stripe until it is due.
+    due_from: Option<Instant>,
+}
+
 /// An ask's deadline and the timeout it came from.
 pub(crate) type Deadline = (Instant, Duration);
 
@@ -66,7 +77,7 @@ pub(crate) struct Remote {
     transport: Transport,
     me: UniqueAddress,
     next_ask: AtomicU64,
-    pending: [Mutex<FastMap<u64, Pending>>; PENDING_STRIPES],
+    pending: [Mutex<PendingStripe>; PENDING_STRIPES],
     /// The expiry task runs: only then does this table keep deadlines
     /// (read under a stripe's lock when an entry is inserted).
     expiring: AtomicBool,
@@ -87,7 +98,7 @@ impl Remote {
             // A random start, so a reply meant for an earlier system on the
             // same node (a restart) does not complete a new ask.
             next_ask: AtomicU64::new(random_start()),
-            pending: std::array::from_fn(|_| Mutex::new(FastMap::default())),
+            pending: Default::default(),
             expiring: AtomicBool::new(false),
             deadlines: Arc::new(tokio::sync::Notify::new()),
         })
@@ -103,7 +114,7 @@ impl Remote {
         &self.transport
     }
 
-    fn stripe(&self, ask_id: u64) -> &Mutex<FastMap<u64, Pending>> {
+    fn stripe(&self, ask_id: u64) -> &Mutex<PendingStripe> {
         &self.pending[(ask_id % PENDING_STRIPES as u64) as usize]
     }
 
@@ -177,7 +188,10 @@ impl Remote {
                 // (Read under the lock: see `stop_expiring`.)
                 let deadline = deadline.filter(|_| self.expiring.load(Ordering::Acquire));
                 kept = deadline.is_some();
-                table.insert(
+                if let Some((at, _)) = deadline {
+                    table.due_from = Some(table.due_from.map_or(at, |d| d.min(at)));
+                }
+                table.asks.insert(
                     ask_id,
                     Pending {
                         node: owner,
@@ -229,7 +243,7 @@ impl Remote {
                 let error = send_error(region.type_name, shard, entity_id, &owner, &reason);
                 match (ask, reply_to) {
                     (Some(ask_id), _) => {
-                        if let Some(pending) = lock(self.stripe(ask_id)).remove(&ask_id) {
+                        if let Some(pending) = lock(self.stripe(ask_id)).asks.remove(&ask_id) {
                             pending.reply.complete(Err(error.clone()));
                         }
                     }
@@ -293,7 +307,7 @@ impl Remote {
         ask_id: u64,
         result: Result<&[u8], RemoteError>,
     ) {
-        let Some(pending) = lock(self.stripe(ask_id)).remove(&ask_id) else {
+        let Some(pending) = lock(self.stripe(ask_id)).asks.remove(&ask_id) else {
             // The asker gave up and was swept, or its node was lost meanwhile.
             return;
         };
@@ -312,12 +326,13 @@ impl Remote {
         for stripe in &self.pending {
             let mut table = lock(stripe);
             let lost: Vec<u64> = table
+                .asks
                 .iter()
                 .filter(|(_, p)| p.node == *node)
                 .map(|(id, _)| *id)
                 .collect();
             for id in lost {
-                if let Some(pending) = table.remove(&id) {
+                if let Some(pending) = table.asks.remove(&id) {
                     failed.push(pending);
                 }
             }
@@ -335,29 +350,35 @@ impl Remote {
     }
 
     /// Answers `AskTimeout` to every ask whose deadline this table keeps
-    /// and that is past it at `now`. Returns how many deadlines it still
-    /// keeps. (A scan of the waiting asks, stripe by stripe.)
+    /// and that is past it at `now`. Returns 0 when it keeps no deadline
+    /// any more (a stripe passed over, not yet due, counts as one).
     pub(crate) fn expire(&self, now: Instant) -> usize {
         let mut expired = Vec::new();
         let mut kept = 0;
         for stripe in &self.pending {
             let mut table = lock(stripe);
-            if table.is_empty() {
-                continue;
+            match table.due_from {
+                None => continue,
+                Some(at) if at > now => {
+                    kept += 1;
+                    continue;
+                }
+                Some(_) => {}
             }
-            let due: Vec<u64> = table
-                .iter()
-                .filter(|(_, p)| match p.deadline {
-                    Some((at, _)) if at <= now => true,
-                    Some(_) => {
+            let mut due = Vec::new();
+            let mut due_from: Option<Instant> = None;
+            for (id, pending) in &table.asks {
+                match pending.deadline {
+                    Some((at, _)) if at <= now => due.push(*id),
+                    Some((at, _)) => {
                         kept += 1;
-                        false
+                        due_from = Some(due_from.map_or(at, |d| d.min(at)));
                     }
-                    None => false,
-                })
-                .map(|(id, _)| *id)
-                .collect();
-            expired.extend(due.into_iter().filter_map(|id| table.remove(&id)));
+                    None => {}
+                }
+            }
+            table.due_from = due_from;
+            expired.extend(due.into_iter().filter_map(|id| table.asks.remove(&id)));
         }
         for pending in expired {
             let timeout = pending.deadline.map_or(Duration::ZERO, |(_, t)| t);
@@ -389,11 +410,13 @@ impl Remote {
         for stripe in &self.pending {
             let mut table = lock(stripe);
             let kept: Vec<u64> = table
+                .asks
                 .iter()
                 .filter(|(_, p)| p.deadline.is_some())
                 .map(|(id, _)| *id)
                 .collect();
-            failed.extend(kept.into_iter().filter_map(|id| table.remove(&id)));
+            failed.extend(kept.into_iter().filter_map(|id| table.asks.remove(&id)));
+            table.due_from = None;
         }
         for pending in failed {
             pending.reply.complete(Err(ShardingError::ShuttingDown));
@@ -405,9 +428,9 @@ impl Remote {
         let mut swept = 0;
         for stripe in &self.pending {
             let mut table = lock(stripe);
-            let before = table.len();
-            table.retain(|_, p| !p.reply.is_abandoned());
-            swept += before - table.len();
+            let before = table.asks.len();
+            table.asks.retain(|_, p| !p.reply.is_abandoned());
+            swept += before - table.asks.len();
         }
         swept
     }
@@ -415,7 +438,7 @@ impl Remote {
     /// Fails every pending ask (the system is shutting down).
     pub(crate) fn fail_all(&self, error: &ShardingError) {
         for stripe in &self.pending {
-            let drained: Vec<Pending> = lock(stripe).drain().map(|(_, p)| p).collect();
+            let drained: Vec<Pending> = lock(stripe).asks.drain().map(|(_, p)| p).collect();
             for pending in drained {
                 pending.reply.complete(Err(error.clone()));
             }
@@ -424,7 +447,7 @@ impl Remote {
 
     /// Asks waiting for a reply now.
     pub(crate) fn pending_asks(&self) -> usize {
-        self.pending.iter().map(|s| lock(s).len()).sum()
+        self.pending.iter().map(|s| lock(s).asks.len()).sum()
     }
 }
 
