@@ -526,25 +526,19 @@ async fn an_ask_to_another_node_times_out_at_its_deadline_and_leaves_nothing_pen
     let [id, other] = <[String; 2]>::try_from(remote).expect("two entities elsewhere");
     // Asks with a far deadline wait meanwhile, one in each stripe of the
     // pending table (ask ids are consecutive): a stripe is checked from
-    // the earliest deadline it holds, which the asks below lower. They
-    // wait behind the first one's nap (sent first: one pipe keeps their
-    // order), longer than the asks below take.
-    let far_ask = |nap| {
-        let other = nodes[0].system.entity_ref::<Tally>(other.as_str());
-        tokio::spawn(async move { other.ask(Nap(nap), Duration::from_secs(60)).await })
-    };
-    let system = &nodes[0].system;
-    let pending = |n| async move {
-        while system.pending_remote_asks() < n {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-    };
-    let mut far = vec![far_ask(3_000)];
-    let first = tokio::time::timeout(LONG, pending(1)).await;
-    first.expect("the first far ask is pending");
-    far.extend((1..16).map(|_| far_ask(0)));
-    let all = tokio::time::timeout(LONG, pending(16)).await;
-    all.expect("the far asks are pending");
+    // the earliest deadline it holds, which the asks below lower. Each is
+    // sent at its first poll, in turn on this task (one pipe keeps their
+    // order), so they wait behind the first one's nap, longer than the
+    // asks below take.
+    let other = nodes[0].system.entity_ref::<Tally>(other.as_str());
+    let naps = std::iter::once(3_000).chain([0; 15]);
+    let mut far: Vec<_> = naps
+        .map(|nap| Box::pin(other.ask(Nap(nap), Duration::from_secs(60))))
+        .collect();
+    for ask in &mut far {
+        assert!(futures_util::poll!(ask.as_mut()).is_pending());
+    }
+    assert_eq!(nodes[0].system.pending_remote_asks(), 16);
     let entity = nodes[0].system.entity_ref::<Tally>(id.as_str());
     for timeout in [Duration::from_millis(100), Duration::from_millis(300)] {
         let asked = Instant::now();
@@ -564,7 +558,7 @@ async fn an_ask_to_another_node_times_out_at_its_deadline_and_leaves_nothing_pen
     }
     // The far asks are answered once the first one's nap is over.
     for ask in far {
-        let answer = ask.await.expect("the far ask's task");
+        let answer = ask.await;
         assert!(answer.is_ok(), "{answer:?}");
     }
     assert_eq!(

@@ -62,11 +62,43 @@ struct Pending {
 #[derive(Default)]
 struct PendingStripe {
     asks: FastMap<u64, Pending>,
-    /// No ask here whose deadline the table keeps is due before this
-    /// (`None`: none is known to be kept): lowered as asks come, made
-    /// exact when the stripe is checked, left as it is when an ask leaves.
+    /// How many of them have their deadline kept here.
+    kept: usize,
+    /// No ask whose deadline is kept here is due before this (`None`: none
+    /// is kept): lowered as asks come, made exact when the stripe is
+    /// checked, left as it is when an ask leaves while others are kept.
     /// `expire` passes over a stripe until it is due.
     due_from: Option<Instant>,
+}
+
+impl PendingStripe {
+    fn insert(&mut self, ask_id: u64, pending: Pending) {
+        if let Some((at, _)) = pending.deadline {
+            self.kept += 1;
+            self.due_from = Some(self.due_from.map_or(at, |d| d.min(at)));
+        }
+        self.asks.insert(ask_id, pending);
+    }
+
+    fn remove(&mut self, ask_id: u64) -> Option<Pending> {
+        let pending = self.asks.remove(&ask_id)?;
+        if pending.deadline.is_some() {
+            self.kept -= 1;
+            if self.kept == 0 {
+                self.due_from = None;
+            }
+        }
+        Some(pending)
+    }
+
+    /// Removes the asks that `leaves` picks, and returns them.
+    fn take(&mut self, leaves: impl Fn(&Pending) -> bool) -> Vec<Pending> {
+        let ids: Vec<u64> = (self.asks.iter())
+            .filter(|(_, p)| leaves(p))
+            .map(|(id, _)| *id)
+            .collect();
+        ids.into_iter().filter_map(|id| self.remove(id)).collect()
+    }
 }
 
 /// An ask's deadline and the timeout it came from.
@@ -188,10 +220,7 @@ impl Remote {
                 // (Read under the lock: see `stop_expiring`.)
                 let deadline = deadline.filter(|_| self.expiring.load(Ordering::Acquire));
                 kept = deadline.is_some();
-                if let Some((at, _)) = deadline {
-                    table.due_from = Some(table.due_from.map_or(at, |d| d.min(at)));
-                }
-                table.asks.insert(
+                table.insert(
                     ask_id,
                     Pending {
                         node: owner,
@@ -243,7 +272,7 @@ impl Remote {
                 let error = send_error(region.type_name, shard, entity_id, &owner, &reason);
                 match (ask, reply_to) {
                     (Some(ask_id), _) => {
-                        if let Some(pending) = lock(self.stripe(ask_id)).asks.remove(&ask_id) {
+                        if let Some(pending) = lock(self.stripe(ask_id)).remove(ask_id) {
                             pending.reply.complete(Err(error.clone()));
                         }
                     }
@@ -307,7 +336,7 @@ impl Remote {
         ask_id: u64,
         result: Result<&[u8], RemoteError>,
     ) {
-        let Some(pending) = lock(self.stripe(ask_id)).asks.remove(&ask_id) else {
+        let Some(pending) = lock(self.stripe(ask_id)).remove(ask_id) else {
             // The asker gave up and was swept, or its node was lost meanwhile.
             return;
         };
@@ -324,18 +353,7 @@ impl Remote {
     pub(crate) fn node_lost(&self, node: &UniqueAddress) -> usize {
         let mut failed = Vec::new();
         for stripe in &self.pending {
-            let mut table = lock(stripe);
-            let lost: Vec<u64> = table
-                .asks
-                .iter()
-                .filter(|(_, p)| p.node == *node)
-                .map(|(id, _)| *id)
-                .collect();
-            for id in lost {
-                if let Some(pending) = table.asks.remove(&id) {
-                    failed.push(pending);
-                }
-            }
+            failed.extend(lock(stripe).take(|p| p.node == *node));
         }
         let count = failed.len();
         for pending in failed {
@@ -350,35 +368,19 @@ impl Remote {
     }
 
     /// Answers `AskTimeout` to every ask whose deadline this table keeps
-    /// and that is past it at `now`. Returns 0 when it keeps no deadline
-    /// any more (a stripe passed over, not yet due, counts as one).
+    /// and that is past it at `now`. Returns how many deadlines it still
+    /// keeps.
     pub(crate) fn expire(&self, now: Instant) -> usize {
         let mut expired = Vec::new();
         let mut kept = 0;
         for stripe in &self.pending {
             let mut table = lock(stripe);
-            match table.due_from {
-                None => continue,
-                Some(at) if at > now => {
-                    kept += 1;
-                    continue;
-                }
-                Some(_) => {}
+            if table.due_from.is_some_and(|at| at <= now) {
+                expired.extend(table.take(|p| p.deadline.is_some_and(|(at, _)| at <= now)));
+                let deadlines = table.asks.values().filter_map(|p| p.deadline);
+                table.due_from = deadlines.map(|(at, _)| at).min();
             }
-            let mut due = Vec::new();
-            let mut due_from: Option<Instant> = None;
-            for (id, pending) in &table.asks {
-                match pending.deadline {
-                    Some((at, _)) if at <= now => due.push(*id),
-                    Some((at, _)) => {
-                        kept += 1;
-                        due_from = Some(due_from.map_or(at, |d| d.min(at)));
-                    }
-                    None => {}
-                }
-            }
-            table.due_from = due_from;
-            expired.extend(due.into_iter().filter_map(|id| table.asks.remove(&id)));
+            kept += table.kept;
         }
         for pending in expired {
             let timeout = pending.deadline.map_or(Duration::ZERO, |(_, t)| t);
@@ -408,15 +410,7 @@ impl Remote {
         self.expiring.store(false, Ordering::Release);
         let mut failed = Vec::new();
         for stripe in &self.pending {
-            let mut table = lock(stripe);
-            let kept: Vec<u64> = table
-                .asks
-                .iter()
-                .filter(|(_, p)| p.deadline.is_some())
-                .map(|(id, _)| *id)
-                .collect();
-            failed.extend(kept.into_iter().filter_map(|id| table.asks.remove(&id)));
-            table.due_from = None;
+            failed.extend(lock(stripe).take(|p| p.deadline.is_some()));
         }
         for pending in failed {
             pending.reply.complete(Err(ShardingError::ShuttingDown));
@@ -427,10 +421,7 @@ impl Remote {
     pub(crate) fn sweep(&self) -> usize {
         let mut swept = 0;
         for stripe in &self.pending {
-            let mut table = lock(stripe);
-            let before = table.asks.len();
-            table.asks.retain(|_, p| !p.reply.is_abandoned());
-            swept += before - table.asks.len();
+            swept += lock(stripe).take(|p| p.reply.is_abandoned()).len();
         }
         swept
     }
@@ -438,7 +429,7 @@ impl Remote {
     /// Fails every pending ask (the system is shutting down).
     pub(crate) fn fail_all(&self, error: &ShardingError) {
         for stripe in &self.pending {
-            let drained: Vec<Pending> = lock(stripe).asks.drain().map(|(_, p)| p).collect();
+            let drained = lock(stripe).take(|_| true);
             for pending in drained {
                 pending.reply.complete(Err(error.clone()));
             }
@@ -528,5 +519,59 @@ fn send_error(
             entity_id: entity_id.to_owned(),
             node: owner.to_string(),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+
+    use tokio::sync::oneshot;
+
+    use super::*;
+    use crate::identity::NodeId;
+
+    /// A pending ask as `forward_encoded` makes one, its deadline `at`
+    /// kept by the table or not.
+    fn pending(at: Option<Instant>) -> Pending {
+        let (reply, _replied) = oneshot::channel::<ShardingResult<u32>>();
+        let envelope = LocalEnvelope::local::<u32, u32>(0, 7, Some(reply));
+        let parts = envelope.into_remote(&mut Vec::new()).expect("encodes");
+        let Route::Local(reply) = parts.route else {
+            panic!("an ask's route is its asker here");
+        };
+        Pending {
+            node: UniqueAddress {
+                addr: SocketAddr::from(([127, 0, 0, 1], 7000)),
+                node_id: NodeId(1),
+                incarnation: 1,
+            },
+            type_name: "t",
+            entity_id: Arc::from("e"),
+            reply,
+            deadline: at.map(|at| (at, Duration::from_secs(1))),
+        }
+    }
+
+    #[test]
+    fn a_stripe_is_due_from_its_earliest_kept_deadline_and_from_none_once_none_is_kept() {
+        let now = Instant::now();
+        let (soon, later) = (now + Duration::from_secs(1), now + Duration::from_secs(9));
+        let mut stripe = PendingStripe::default();
+        stripe.insert(1, pending(Some(later)));
+        stripe.insert(2, pending(None));
+        stripe.insert(3, pending(Some(soon)));
+        assert_eq!((stripe.kept, stripe.due_from), (2, Some(soon)));
+        // An ask that leaves while another is kept leaves the bound early
+        // (the next check makes it exact)...
+        assert!(stripe.remove(3).is_some());
+        assert_eq!((stripe.kept, stripe.due_from), (1, Some(soon)));
+        // ...and the last kept one clears it, so the checking task may
+        // sleep although an ask whose deadline is not kept still waits.
+        assert!(stripe.remove(1).is_some());
+        assert_eq!((stripe.kept, stripe.due_from), (0, None));
+        assert_eq!(stripe.asks.len(), 1);
+        let taken = stripe.take(|_| true);
+        assert_eq!((taken.len(), stripe.kept, stripe.due_from), (1, 0, None));
     }
 }
