@@ -77,7 +77,8 @@ impl PendingStripe {
             self.kept += 1;
             self.due_from = Some(self.due_from.map_or(at, |d| d.min(at)));
         }
-        self.asks.insert(ask_id, pending);
+        let earlier = self.asks.insert(ask_id, pending);
+        debug_assert!(earlier.is_none(), "ask id {ask_id} pending twice");
     }
 
     fn remove(&mut self, ask_id: u64) -> Option<Pending> {
@@ -421,7 +422,9 @@ impl Remote {
     pub(crate) fn sweep(&self) -> usize {
         let mut swept = 0;
         for stripe in &self.pending {
-            swept += lock(stripe).take(|p| p.reply.is_abandoned()).len();
+            // (Dropped outside the lock.)
+            let gone = lock(stripe).take(|p| p.reply.is_abandoned());
+            swept += gone.len();
         }
         swept
     }
