@@ -43,6 +43,12 @@ pub(crate) const CHECK_EVERY: Duration = Duration::from_millis(5);
 /// How many stripes the table is split into.
 const STRIPES: usize = 16;
 
+/// Lowers `bound` (a time before which no deadline falls; `None`: no
+/// deadline) to `at`, if `at` is earlier.
+pub(crate) fn lower(bound: &mut Option<Instant>, at: Instant) {
+    *bound = Some(bound.map_or(at, |b| b.min(at)));
+}
+
 /// Why an ask stopped waiting without its reply.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Expired {
@@ -151,7 +157,7 @@ impl AskWaits {
         entries.next += 1;
         let state = State::Waiting(waker.clone());
         entries.waiting.insert(id, Entry { deadline, state });
-        entries.due_from = Some(entries.due_from.map_or(deadline, |d| d.min(deadline)));
+        lower(&mut entries.due_from, deadline);
         let first = entries.waiting.len() == 1;
         drop(entries);
         if first {
@@ -187,67 +193,6 @@ impl AskWaits {
         let gone = lock(&self.stripes[key.stripe]).waiting.remove(&key.id);
         // Its waker is dropped outside the lock.
         drop(gone);
-    }
-
-    /// Marks every entry past its deadline at `now` and wakes its asker.
-    /// Returns how many entries the table holds (0: it is empty).
-    fn expire(&self, now: Instant) -> usize {
-        let mut kept = 0;
-        let mut due = Vec::new();
-        for stripe in &self.stripes {
-            let mut entries = lock(stripe);
-            // Every entry counts, the expired ones whose askers have yet to
-            // take them too: the task sleeps only on an empty table, so
-            // the entry that makes a stripe non-empty is the one that
-            // wakes it.
-            kept += entries.waiting.len();
-            if entries.due_from.is_none_or(|at| at > now) {
-                continue;
-            }
-            let mut due_from: Option<Instant> = None;
-            for entry in entries.waiting.values_mut() {
-                if !matches!(entry.state, State::Waiting(_)) {
-                    continue;
-                }
-                if entry.deadline > now {
-                    due_from = Some(due_from.map_or(entry.deadline, |d| d.min(entry.deadline)));
-                    continue;
-                }
-                if let State::Waiting(waker) =
-                    std::mem::replace(&mut entry.state, State::Expired(Expired::TimedOut))
-                {
-                    due.push(waker);
-                }
-            }
-            entries.due_from = due_from;
-        }
-        due.into_iter().for_each(Waker::wake);
-        kept
-    }
-
-    /// The checking task stopped: no deadline is entered any more, and the
-    /// askers waiting stop with [`Expired::Stopped`]. (An entry is made
-    /// under its stripe's lock after reading `keeping`, which this takes
-    /// after clearing it: each entry is either seen here or sees the flag
-    /// cleared.)
-    fn stop(&self) {
-        self.keeping.store(false, Ordering::Release);
-        let mut woken = Vec::new();
-        for stripe in &self.stripes {
-            let mut entries = lock(stripe);
-            let waiting = entries
-                .waiting
-                .values_mut()
-                .filter(|entry| matches!(entry.state, State::Waiting(_)));
-            for entry in waiting {
-                if let State::Waiting(waker) =
-                    std::mem::replace(&mut entry.state, State::Expired(Expired::Stopped))
-                {
-                    woken.push(waker);
-                }
-            }
-        }
-        woken.into_iter().for_each(Waker::wake);
     }
 }
 
@@ -307,12 +252,65 @@ impl Deadlines for AskWaits {
         self.wake.clone()
     }
 
+    /// Marks every entry past its deadline at `now` and wakes its asker.
+    /// Returns how many entries the table holds (0: it is empty).
     fn expire(&self, now: Instant) -> usize {
-        AskWaits::expire(self, now)
+        let mut kept = 0;
+        let mut due = Vec::new();
+        for stripe in &self.stripes {
+            let mut entries = lock(stripe);
+            // Every entry counts, the expired ones whose askers have yet to
+            // take them too: the task sleeps only on an empty table, so
+            // the entry that makes a stripe non-empty is the one that
+            // wakes it.
+            kept += entries.waiting.len();
+            if entries.due_from.is_none_or(|at| at > now) {
+                continue;
+            }
+            let mut due_from: Option<Instant> = None;
+            for entry in entries.waiting.values_mut() {
+                if !matches!(entry.state, State::Waiting(_)) {
+                    continue;
+                }
+                if entry.deadline > now {
+                    lower(&mut due_from, entry.deadline);
+                    continue;
+                }
+                if let State::Waiting(waker) =
+                    std::mem::replace(&mut entry.state, State::Expired(Expired::TimedOut))
+                {
+                    due.push(waker);
+                }
+            }
+            entries.due_from = due_from;
+        }
+        due.into_iter().for_each(Waker::wake);
+        kept
     }
 
+    /// The checking task stopped: no deadline is entered any more, and the
+    /// askers waiting stop with [`Expired::Stopped`]. (An entry is made
+    /// under its stripe's lock after reading `keeping`, which this takes
+    /// after clearing it: each entry is either seen here or sees the flag
+    /// cleared.)
     fn stop_keeping(&self) {
-        self.stop();
+        self.keeping.store(false, Ordering::Release);
+        let mut woken = Vec::new();
+        for stripe in &self.stripes {
+            let mut entries = lock(stripe);
+            let waiting = entries
+                .waiting
+                .values_mut()
+                .filter(|entry| matches!(entry.state, State::Waiting(_)));
+            for entry in waiting {
+                if let State::Waiting(waker) =
+                    std::mem::replace(&mut entry.state, State::Expired(Expired::Stopped))
+                {
+                    woken.push(waker);
+                }
+            }
+        }
+        woken.into_iter().for_each(Waker::wake);
     }
 }
 

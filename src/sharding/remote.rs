@@ -31,7 +31,7 @@ use crate::error::{ShardingError, ShardingResult};
 use crate::extractor::ShardId;
 use crate::fast_hash::FastMap;
 use crate::identity::UniqueAddress;
-use crate::runtime::ask_waits::Deadlines;
+use crate::runtime::ask_waits::{Deadlines, lower};
 use crate::runtime::region::Region;
 use crate::sharding::coordinator::ShardHome;
 use crate::sharding::fast::{self, DeliveryRef, EnvelopeRef};
@@ -75,7 +75,7 @@ impl PendingStripe {
     fn insert(&mut self, ask_id: u64, pending: Pending) {
         if let Some((at, _)) = pending.deadline {
             self.kept += 1;
-            self.due_from = Some(self.due_from.map_or(at, |d| d.min(at)));
+            lower(&mut self.due_from, at);
         }
         let earlier = self.asks.insert(ask_id, pending);
         debug_assert!(earlier.is_none(), "ask id {ask_id} pending twice");
@@ -218,7 +218,7 @@ impl Remote {
             Route::Local(reply) => {
                 let ask_id = self.next_ask.fetch_add(1, Ordering::Relaxed);
                 let mut table = lock(self.stripe(ask_id));
-                // (Read under the lock: see `stop_expiring`.)
+                // (Read under the lock: see `stop_keeping`.)
                 let deadline = deadline.filter(|_| self.expiring.load(Ordering::Acquire));
                 kept = deadline.is_some();
                 table.insert(
@@ -368,56 +368,6 @@ impl Remote {
         count
     }
 
-    /// Answers `AskTimeout` to every ask whose deadline this table keeps
-    /// and that is past it at `now`. Returns how many deadlines it still
-    /// keeps.
-    pub(crate) fn expire(&self, now: Instant) -> usize {
-        let mut expired = Vec::new();
-        let mut kept = 0;
-        for stripe in &self.pending {
-            let mut table = lock(stripe);
-            if table.due_from.is_some_and(|at| at <= now) {
-                expired.extend(table.take(|p| p.deadline.is_some_and(|(at, _)| at <= now)));
-                let deadlines = table.asks.values().filter_map(|p| p.deadline);
-                table.due_from = deadlines.map(|(at, _)| at).min();
-            }
-            kept += table.kept;
-        }
-        for pending in expired {
-            let timeout = pending.deadline.map_or(Duration::ZERO, |(_, t)| t);
-            let error = ShardingError::AskTimeout {
-                type_name: pending.type_name,
-                entity_id: pending.entity_id.to_string(),
-                timeout,
-            };
-            pending.reply.complete(Err(error));
-        }
-        kept
-    }
-
-    /// The expiry task starts: from now on deadlines are kept, and this
-    /// wakes it when one is.
-    pub(crate) fn start_expiring(&self) -> Arc<tokio::sync::Notify> {
-        self.expiring.store(true, Ordering::Release);
-        self.deadlines.clone()
-    }
-
-    /// The expiry task stopped (its runtime went away): no deadline is
-    /// kept any more, and the asks whose deadline was kept fail now with
-    /// `ShuttingDown` rather than wait for ever. (An insert reads
-    /// `expiring` under its stripe's lock, which this takes after clearing
-    /// it: each insert is either seen here or sees the flag cleared.)
-    pub(crate) fn stop_expiring(&self) {
-        self.expiring.store(false, Ordering::Release);
-        let mut failed = Vec::new();
-        for stripe in &self.pending {
-            failed.extend(lock(stripe).take(|p| p.deadline.is_some()));
-        }
-        for pending in failed {
-            pending.reply.complete(Err(ShardingError::ShuttingDown));
-        }
-    }
-
     /// Forgets asks whose caller stopped waiting. Returns how many.
     pub(crate) fn sweep(&self) -> usize {
         let mut swept = 0;
@@ -477,16 +427,54 @@ impl ReplySink for Remote {
 
 /// The pending asks' deadlines, checked by the node's task for them.
 impl Deadlines for Remote {
-    fn start_keeping(&self) -> Arc<tokio::sync::Notify> {
-        self.start_expiring()
-    }
-
+    /// Answers `AskTimeout` to every ask whose deadline this table keeps
+    /// and that is past it at `now`. Returns how many deadlines it still
+    /// keeps.
     fn expire(&self, now: Instant) -> usize {
-        Remote::expire(self, now)
+        let mut expired = Vec::new();
+        let mut kept = 0;
+        for stripe in &self.pending {
+            let mut table = lock(stripe);
+            if table.due_from.is_some_and(|at| at <= now) {
+                expired.extend(table.take(|p| p.deadline.is_some_and(|(at, _)| at <= now)));
+                let deadlines = table.asks.values().filter_map(|p| p.deadline);
+                table.due_from = deadlines.map(|(at, _)| at).min();
+            }
+            kept += table.kept;
+        }
+        for pending in expired {
+            let timeout = pending.deadline.map_or(Duration::ZERO, |(_, t)| t);
+            let error = ShardingError::AskTimeout {
+                type_name: pending.type_name,
+                entity_id: pending.entity_id.to_string(),
+                timeout,
+            };
+            pending.reply.complete(Err(error));
+        }
+        kept
     }
 
+    /// The expiry task starts: from now on deadlines are kept, and this
+    /// wakes it when one is.
+    fn start_keeping(&self) -> Arc<tokio::sync::Notify> {
+        self.expiring.store(true, Ordering::Release);
+        self.deadlines.clone()
+    }
+
+    /// The expiry task stopped (its runtime went away): no deadline is
+    /// kept any more, and the asks whose deadline was kept fail now with
+    /// `ShuttingDown` rather than wait for ever. (An insert reads
+    /// `expiring` under its stripe's lock, which this takes after clearing
+    /// it: each insert is either seen here or sees the flag cleared.)
     fn stop_keeping(&self) {
-        self.stop_expiring();
+        self.expiring.store(false, Ordering::Release);
+        let mut failed = Vec::new();
+        for stripe in &self.pending {
+            failed.extend(lock(stripe).take(|p| p.deadline.is_some()));
+        }
+        for pending in failed {
+            pending.reply.complete(Err(ShardingError::ShuttingDown));
+        }
     }
 }
 
