@@ -10,6 +10,7 @@ use std::panic::AssertUnwindSafe;
 
 use futures_util::FutureExt;
 use futures_util::future::{CatchUnwind, Either, ready};
+use serde::Serialize;
 use tokio::sync::oneshot;
 
 use crate::entity::{Admission, DeferredHandler, Entity, EntityContext, Handler, ReplyPort};
@@ -176,7 +177,7 @@ where
         Ok(typed) => typed,
         Err(outcome) => return Either::Left(ready(outcome)),
     };
-    let port = ReplyPort::new(reply);
+    let port = ReplyPort::new(reply, ctx);
     let handled = match guarded(|| entity.handle(msg, port, ctx)) {
         Ok(handling) => Either::Left(handling),
         Err(panic) => Either::Right(ready(Err(panic))),
@@ -187,7 +188,7 @@ where
             tracing::warn!(type_name = ctx.type_name(), entity_id = ctx.entity_id(), %error, "deferred handler failed");
             Outcome(OutcomeKind::Handled)
         }
-        // The port went down with the handler: its asker hears the entity stopped.
+        // The port went down with the handler: its asker hears it was interrupted.
         Err(payload) => Outcome(OutcomeKind::Panicked(panic_message(payload.as_ref()))),
     }))
 }
@@ -220,6 +221,9 @@ where
         Ok(typed) => typed,
         Err(outcome) => return Either::Left(Either::Right(ready(outcome))),
     };
+    // From here the handler has begun: should its future be dropped
+    // unfinished (the entity killed), the asker hears so.
+    let reply = Begun::new(reply, ctx);
     // The common path's future is the guarded handling and the answer,
     // with no branch for the rare panic in the call, answered here.
     match guarded(|| entity.handle(msg, ctx)) {
@@ -239,12 +243,46 @@ fn guarded<F: Future>(
     std::panic::catch_unwind(AssertUnwindSafe(call)).map(|f| AssertUnwindSafe(f).catch_unwind())
 }
 
+/// The reply slot of a message whose handler has begun: dropped
+/// unanswered (the handling future dropped midway, as when its entity is
+/// killed), it answers `HandlerInterrupted`, since the message may have been
+/// processed; a slot dropped before its handler began answers
+/// `EntityStopped`, since it was not.
+struct Begun<'a, R: Serialize> {
+    /// `None` once answered.
+    reply: Option<ReplyTo<R>>,
+    ctx: &'a EntityContext,
+}
+
+impl<'a, R: Serialize> Begun<'a, R> {
+    fn new(reply: ReplyTo<R>, ctx: &'a EntityContext) -> Self {
+        Begun {
+            reply: Some(reply),
+            ctx,
+        }
+    }
+
+    /// The slot, to answer: this guard answers nothing more.
+    fn take(mut self) -> ReplyTo<R> {
+        self.reply.take().unwrap_or(ReplyTo::Nobody)
+    }
+}
+
+impl<R: Serialize> Drop for Begun<'_, R> {
+    fn drop(&mut self) {
+        if let Some(reply) = self.reply.take() {
+            reply.interrupted(self.ctx.type_name(), self.ctx.entity_id());
+        }
+    }
+}
+
 /// Answers the asker with what the handler did (its result, or its panic).
 fn answer<P: Protocol, M: Message<P>>(
-    reply: ReplyTo<M::Reply>,
+    reply: Begun<'_, M::Reply>,
     handled: Result<ShardingResult<M::Reply>, Box<dyn Any + Send>>,
     ctx: &EntityContext,
 ) -> Outcome {
+    let reply = reply.take();
     match handled {
         Ok(result) => {
             if let (ReplyTo::Nobody, Err(error)) = (&reply, &result) {
@@ -324,15 +362,18 @@ where
         }
     }
     ctx.begin_delivery(delivery);
-    // Should this future be dropped midway, the message stays unrecorded.
+    // Should this future be dropped midway, the message stays unrecorded,
+    // and its producer hears the handler was interrupted (it sends again;
+    // a write that committed makes the next attempt a duplicate).
     let _unrecorded = Unrecorded(ctx);
+    let reply = Begun::new(reply, ctx);
     let handled = AssertUnwindSafe(async { entity.handle(msg, ctx).await })
         .catch_unwind()
         .await;
     match handled {
         Ok(Err(error @ ShardingError::Persistence { .. })) => {
             ctx.fail_delivery(&error);
-            reply.answer(Err(error));
+            reply.take().answer(Err(error));
             Outcome(OutcomeKind::Handled)
         }
         Ok(result) => {
@@ -358,13 +399,13 @@ where
             if let Err(error) = &answer {
                 tracing::warn!(type_name = ctx.type_name(), entity_id = ctx.entity_id(), %error, "reliable tell handler failed");
             }
-            reply.answer(answer);
+            reply.take().answer(answer);
             Outcome(OutcomeKind::Handled)
         }
         Err(payload) => {
             ctx.abandon_delivery();
             let panic = panic_message(payload.as_ref());
-            reply.answer(Err(ShardingError::EntityPanicked {
+            reply.take().answer(Err(ShardingError::EntityPanicked {
                 type_name: ctx.type_name(),
                 entity_id: ctx.entity_id().to_owned(),
                 panic: panic.clone(),
@@ -391,5 +432,62 @@ pub(crate) fn panic_message(payload: &(dyn Any + Send)) -> String {
         s.clone()
     } else {
         "non-string panic payload".to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::extractor::ShardId;
+
+    fn ctx() -> EntityContext {
+        EntityContext::new("t", Arc::from("e"), ShardId(0), None)
+    }
+
+    fn interrupted() -> ShardingError {
+        ShardingError::HandlerInterrupted {
+            type_name: "t",
+            entity_id: "e".into(),
+        }
+    }
+
+    /// A handling future dropped midway (its entity killed) answers that
+    /// the message may have been processed; a reply slot dropped before
+    /// its handler began (a mailbox dropped) closes, which the asker
+    /// reads as not processed.
+    #[test]
+    fn a_reply_slot_dropped_after_its_handler_began_says_maybe_processed() {
+        let ctx = ctx();
+        let (reply, mut replied) = oneshot::channel::<ShardingResult<u32>>();
+        drop(Begun::new(ReplyTo::Local(reply), &ctx));
+        assert_eq!(replied.try_recv(), Ok(Err(interrupted())));
+
+        let (reply, mut replied) = oneshot::channel::<ShardingResult<u32>>();
+        drop(ReplyTo::Local(reply));
+        assert_eq!(
+            replied.try_recv(),
+            Err(oneshot::error::TryRecvError::Closed)
+        );
+
+        // Answered, it answers nothing more.
+        let (reply, mut replied) = oneshot::channel::<ShardingResult<u32>>();
+        Begun::new(ReplyTo::Local(reply), &ctx).take().answer(Ok(7));
+        assert_eq!(replied.try_recv(), Ok(Ok(7)));
+    }
+
+    /// A deferred handler's port dropped unanswered — by the handler, or
+    /// with it — says the same.
+    #[test]
+    fn a_reply_port_dropped_unanswered_says_maybe_processed() {
+        let ctx = ctx();
+        let (reply, mut replied) = oneshot::channel::<ShardingResult<u32>>();
+        drop(ReplyPort::new(ReplyTo::Local(reply), &ctx));
+        assert_eq!(replied.try_recv(), Ok(Err(interrupted())));
+
+        let (reply, mut replied) = oneshot::channel::<ShardingResult<u32>>();
+        ReplyPort::new(ReplyTo::Local(reply), &ctx).send(3);
+        assert_eq!(replied.try_recv(), Ok(Ok(3)));
     }
 }

@@ -101,9 +101,11 @@ where
     M: Message<Self::Protocol>,
 {
     /// Handles one message; `reply` answers the asker (once). A port
-    /// dropped unanswered — or lost with a panicking handler — answers
-    /// [`ShardingError::EntityStopped`](crate::ShardingError::EntityStopped).
-    /// An `Err` returned here is logged, not sent.
+    /// dropped unanswered — or lost with a panicking or killed handler —
+    /// answers
+    /// [`ShardingError::HandlerInterrupted`](crate::ShardingError::HandlerInterrupted)
+    /// (the message may have been processed). An `Err` returned here is
+    /// logged, not sent.
     fn handle(
         &mut self,
         msg: M,
@@ -115,9 +117,20 @@ where
 /// The reply slot of one ask, for a [`DeferredHandler`]: answer it once, from
 /// anywhere (it is `Send`), whether the asker is on this node or another.
 /// It cannot be sent inside a message.
-#[must_use = "dropping a ReplyPort answers the asker with EntityStopped"]
+#[must_use = "dropping a ReplyPort answers the asker with HandlerInterrupted"]
 pub struct ReplyPort<R> {
-    reply: crate::envelope::ReplyTo<R>,
+    /// `None` once answered.
+    reply: Option<crate::envelope::ReplyTo<R>>,
+    type_name: &'static str,
+    entity_id: Arc<str>,
+}
+
+impl<R> Drop for ReplyPort<R> {
+    fn drop(&mut self) {
+        if let Some(reply) = self.reply.take() {
+            reply.interrupted(self.type_name, &self.entity_id);
+        }
+    }
 }
 
 impl<R> std::fmt::Debug for ReplyPort<R> {
@@ -127,18 +140,26 @@ impl<R> std::fmt::Debug for ReplyPort<R> {
 }
 
 impl<R: serde::Serialize + Send + 'static> ReplyPort<R> {
-    pub(crate) fn new(reply: crate::envelope::ReplyTo<R>) -> Self {
-        ReplyPort { reply }
+    pub(crate) fn new(reply: crate::envelope::ReplyTo<R>, ctx: &EntityContext) -> Self {
+        ReplyPort {
+            reply: Some(reply),
+            type_name: ctx.type_name,
+            entity_id: ctx.entity_id.clone(),
+        }
     }
 
     /// Sends the reply.
-    pub fn send(self, reply: R) {
-        self.reply.answer(Ok(reply));
+    pub fn send(mut self, reply: R) {
+        if let Some(port) = self.reply.take() {
+            port.answer(Ok(reply));
+        }
     }
 
     /// Answers with an error instead (for example `ShardingError::Handler`).
-    pub fn fail(self, error: crate::ShardingError) {
-        self.reply.answer(Err(error));
+    pub fn fail(mut self, error: crate::ShardingError) {
+        if let Some(port) = self.reply.take() {
+            port.answer(Err(error));
+        }
     }
 }
 

@@ -86,9 +86,40 @@ pub enum ShardingError {
     /// The handler returned an error of its own; passed to the asker as is.
     #[error("handler error: {0}")]
     Handler(String),
-    /// The system is shutting down or has shut down; the message was not processed.
-    #[error("the sharded system is shutting down")]
+    /// The system is shutting down or has shut down, and the message never
+    /// left this node (refused, or dropped from a buffer here): it was not
+    /// processed.
+    #[error("the sharded system is shutting down; message not processed")]
     ShuttingDown,
+    /// This system stopped waiting for the reply — it shut down, or its node
+    /// fenced itself (§13.9: it saw itself Down or Removed) — after the
+    /// message had been handed on: written towards another node, or to an
+    /// entity here. It may have been processed (another node's entity may
+    /// have applied it, and its reply was cut off); a retry may process it
+    /// twice.
+    #[error(
+        "the sharded system stopped while the message to `{type_name}` entity `{entity_id}` was in flight; it may have been processed"
+    )]
+    ShutDownInFlight {
+        /// The entity type.
+        type_name: &'static str,
+        /// The entity.
+        entity_id: String,
+    },
+    /// The entity stopped after its handler had begun on the message and
+    /// before it answered: the handler was killed (it outran the stop
+    /// timeout), or it dropped its [`ReplyPort`](crate::entity::ReplyPort)
+    /// unanswered. It may have been processed in part or whole — a durable
+    /// entity's write may be committed.
+    #[error(
+        "`{type_name}` entity `{entity_id}` stopped while handling the message; it may have been processed"
+    )]
+    HandlerInterrupted {
+        /// The entity type.
+        type_name: &'static str,
+        /// The entity.
+        entity_id: String,
+    },
     /// No entity type with this protocol is registered on this system.
     #[error("entity type `{type_name}` is not registered on this system")]
     NotRegistered {
@@ -228,7 +259,66 @@ pub enum ShardingError {
     },
 }
 
+/// Whether the message an error concerns was processed: what a caller
+/// needs to decide on a retry ([`ShardingError::processed`]; SPEC §11).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Processed {
+    /// It was not: it never reached a handler (or the error concerns no
+    /// message). Retrying cannot process it twice.
+    No,
+    /// It may have been, in part or whole: a retry may process it twice.
+    Maybe,
+    /// It was: the handler ran (a reply's value may be lost).
+    Yes,
+}
+
 impl ShardingError {
+    /// Whether the message this error answered may have been processed
+    /// (SPEC §11's "processed?" column). An error a handler returns is
+    /// passed to the asker as is: `Handler` says the handler ran; another
+    /// variant it passes on from a call of its own (a nested ask's
+    /// `AskTimeout`, say) tells of that call, not of this message.
+    pub fn processed(&self) -> Processed {
+        use crate::persistence::PersistenceError as P;
+        use ShardingError as E;
+        match self {
+            E::BufferOverflow { .. }
+            | E::ShuttingDown
+            | E::EntityStopped { .. }
+            | E::NotRegistered { .. }
+            | E::AlreadyRegistered { .. }
+            | E::InvalidShard { .. }
+            | E::InvalidConfig(_)
+            | E::RememberEntities { .. }
+            | E::RegionRefused(_)
+            | E::ProtocolMismatch { .. }
+            | E::TooManyHops { .. }
+            | E::Remote(_)
+            | E::Spawn(_)
+            | E::Bug(_)
+            | E::Superseded { .. } => Processed::No,
+            E::AskTimeout { .. }
+            | E::PeerLost { .. }
+            | E::ShutDownInFlight { .. }
+            | E::HandlerInterrupted { .. }
+            | E::EntityPanicked { .. } => Processed::Maybe,
+            E::Handler(_) => Processed::Yes,
+            // A reply that did not decode was the answer of a handler
+            // that ran; a message that did not decode reached none.
+            E::Undecodable { what, .. } if what == "reply" => Processed::Yes,
+            E::Undecodable { .. } => Processed::No,
+            E::Persistence { error, .. } => match **error {
+                // The store failed: the write may have committed before
+                // its answer was lost.
+                P::Store(_) => Processed::Maybe,
+                P::SequenceConflict { .. }
+                | P::RevisionConflict { .. }
+                | P::Invalid(_)
+                | P::Corrupt { .. } => Processed::No,
+            },
+        }
+    }
+
     /// The variant's name in snake case: the `kind` label of the
     /// `datum_ask_failures_total` metric (SPEC §14).
     pub fn kind(&self) -> &'static str {
@@ -239,6 +329,8 @@ impl ShardingError {
             ShardingError::EntityStopped { .. } => "entity_stopped",
             ShardingError::Handler(_) => "handler",
             ShardingError::ShuttingDown => "shutting_down",
+            ShardingError::ShutDownInFlight { .. } => "shut_down_in_flight",
+            ShardingError::HandlerInterrupted { .. } => "handler_interrupted",
             ShardingError::NotRegistered { .. } => "not_registered",
             ShardingError::AlreadyRegistered { .. } => "already_registered",
             ShardingError::InvalidShard { .. } => "invalid_shard",
@@ -277,6 +369,9 @@ pub enum RemoteError {
     },
     /// The entity stopped before replying.
     EntityStopped,
+    /// The entity stopped while its handler ran on the message; it may have
+    /// been processed.
+    HandlerInterrupted,
     /// The handler returned an error.
     Handler(String),
     /// The remote system is shutting down; not processed.
@@ -345,6 +440,7 @@ impl From<&ShardingError> for RemoteError {
                 panic: panic.clone(),
             },
             E::EntityStopped { .. } => RemoteError::EntityStopped,
+            E::HandlerInterrupted { .. } => RemoteError::HandlerInterrupted,
             E::Handler(message) => RemoteError::Handler(message.clone()),
             E::ShuttingDown => RemoteError::ShuttingDown,
             E::NotRegistered { .. } => RemoteError::NotRegistered,
@@ -409,6 +505,10 @@ impl RemoteError {
                 type_name,
                 entity_id: entity_id.to_owned(),
             },
+            RemoteError::HandlerInterrupted => ShardingError::HandlerInterrupted {
+                type_name,
+                entity_id: entity_id.to_owned(),
+            },
             RemoteError::Handler(message) => ShardingError::Handler(message),
             RemoteError::ShuttingDown => ShardingError::ShuttingDown,
             RemoteError::NotRegistered => ShardingError::NotRegistered { type_name },
@@ -455,5 +555,160 @@ impl RemoteError {
                 current,
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::persistence::{PersistenceError, PersistenceId};
+
+    /// SPEC §11's "processed?" column, row by row: an error that says "not
+    /// processed" must never answer a message that left for a handler.
+    #[test]
+    fn each_error_says_whether_its_message_may_have_been_processed() {
+        let id = || "e".to_string();
+        let store = |error| ShardingError::Persistence {
+            type_name: "t",
+            entity_id: id(),
+            error: Box::new(error),
+        };
+        let pid = || PersistenceId::new("t", "e");
+        let refusal = RegionRefusal {
+            type_name: "t",
+            fingerprint: 1,
+            num_shards: 2,
+            cluster_fingerprint: None,
+            cluster_num_shards: None,
+            reason: "r".into(),
+        };
+        use Processed::{Maybe, No, Yes};
+        let table = [
+            (
+                ShardingError::BufferOverflow {
+                    type_name: "t",
+                    shard_id: ShardId(1),
+                },
+                No,
+            ),
+            (
+                ShardingError::AskTimeout {
+                    type_name: "t",
+                    entity_id: id(),
+                    timeout: Duration::ZERO,
+                },
+                Maybe,
+            ),
+            (
+                ShardingError::EntityPanicked {
+                    type_name: "t",
+                    entity_id: id(),
+                    panic: "p".into(),
+                },
+                Maybe,
+            ),
+            (
+                ShardingError::EntityStopped {
+                    type_name: "t",
+                    entity_id: id(),
+                },
+                No,
+            ),
+            (ShardingError::Handler("h".into()), Yes),
+            (ShardingError::ShuttingDown, No),
+            (
+                ShardingError::ShutDownInFlight {
+                    type_name: "t",
+                    entity_id: id(),
+                },
+                Maybe,
+            ),
+            (
+                ShardingError::HandlerInterrupted {
+                    type_name: "t",
+                    entity_id: id(),
+                },
+                Maybe,
+            ),
+            (ShardingError::NotRegistered { type_name: "t" }, No),
+            (
+                ShardingError::PeerLost {
+                    type_name: "t",
+                    entity_id: id(),
+                    node: "n".into(),
+                },
+                Maybe,
+            ),
+            (ShardingError::RegionRefused(Box::new(refusal)), No),
+            (
+                ShardingError::Undecodable {
+                    what: "reply".into(),
+                    error: "x".into(),
+                },
+                Yes,
+            ),
+            (
+                ShardingError::Undecodable {
+                    what: "message 1 of `t`".into(),
+                    error: "x".into(),
+                },
+                No,
+            ),
+            (
+                ShardingError::TooManyHops {
+                    type_name: "t",
+                    entity_id: id(),
+                    hops: 4,
+                },
+                No,
+            ),
+            (ShardingError::Remote("r".into()), No),
+            (store(PersistenceError::Store("down".into())), Maybe),
+            (store(PersistenceError::Invalid("i".into())), No),
+            (
+                store(PersistenceError::SequenceConflict {
+                    persistence_id: pid(),
+                    expected: 1,
+                    actual: 2,
+                }),
+                No,
+            ),
+            (
+                store(PersistenceError::RevisionConflict {
+                    persistence_id: pid(),
+                    expected: 1,
+                    actual: 2,
+                }),
+                No,
+            ),
+            (
+                store(PersistenceError::Corrupt {
+                    persistence_id: pid(),
+                    what: "w".into(),
+                }),
+                No,
+            ),
+        ];
+        for (error, processed) in table {
+            assert_eq!(error.processed(), processed, "{error:?}");
+        }
+    }
+
+    /// The "maybe" errors that begin on one node keep their meaning on
+    /// the asker's: a handler interrupted there is interrupted here.
+    #[test]
+    fn an_interrupted_handler_reaches_a_remote_asker_as_maybe_processed() {
+        let node = UniqueAddress {
+            addr: std::net::SocketAddr::from(([127, 0, 0, 1], 7000)),
+            node_id: crate::identity::NodeId(1),
+            incarnation: 1,
+        };
+        let interrupted = ShardingError::HandlerInterrupted {
+            type_name: "t",
+            entity_id: "e".into(),
+        };
+        let back = RemoteError::from(&interrupted).into_error("t", "e", &node);
+        assert_eq!(back, interrupted);
+        assert_eq!(back.processed(), Processed::Maybe);
     }
 }

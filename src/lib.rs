@@ -89,7 +89,7 @@ pub use entity::{
     DeferredHandler, DurableState, Entity, EntityContext, EventSourced, Handler, Migratable,
     MigrationEvent, ReplyPort, Snapshotted,
 };
-pub use error::{RegionRefusal, ShardingError, ShardingResult};
+pub use error::{Processed, RegionRefusal, ShardingError, ShardingResult};
 pub use extractor::{DefaultShardExtractor, ShardExtractor, ShardId, fnv1a_64};
 pub use protocol::{Ask, Message, MessageInfo, MessageKind, Protocol, Tell};
 pub use reliable::{DurableProducer, ProducerConfig, ProducerStats, ReliableProducer};

@@ -229,7 +229,7 @@ impl Shared {
         // ...and what they hold stops.
         futures_util::future::join_all(regions.iter().map(|r| r.shutdown())).await;
         if let Some(link) = &self.cluster {
-            link.remote.fail_all(&ShardingError::ShuttingDown);
+            link.remote.stop_waiting();
         }
         // What was recorded reaches the store before shutdown returns.
         let remember = self
@@ -302,7 +302,8 @@ impl Shared {
     /// This node is out of the cluster (downed, removed, or its node
     /// stopped): stop now, so that what the rest of the cluster
     /// reallocates does not also run here. Regions stop accepting at once
-    /// and stop their entities on a task; asks waiting on other nodes fail.
+    /// and stop their entities on a task; asks waiting on other nodes fail
+    /// with `ShutDownInFlight` (they may have been processed there).
     /// The system is the one owner of its regions' lifecycle: this, the
     /// graceful `shutdown`, and `Drop`.
     pub(crate) fn fence(&self) {
@@ -315,7 +316,7 @@ impl Shared {
             region.stop_accepting();
         }
         if let Some(link) = &self.cluster {
-            link.remote.fail_all(&ShardingError::ShuttingDown);
+            link.remote.stop_waiting();
         }
         tokio::spawn(async move {
             for region in regions {
@@ -1447,14 +1448,25 @@ impl<P: Protocol> EntityRef<P> {
         } else {
             self.shared.asks.wait(replied, deadline).await
         };
+        // A reply slot closed unanswered never reached a handler: one that
+        // had answers `HandlerInterrupted` if it stops midway. Except the
+        // pending-ask table's: dropped with the system, after the message
+        // was sent away.
+        let in_flight = || ShardingError::ShutDownInFlight {
+            type_name: P::TYPE_NAME,
+            entity_id: self.entity_id.to_string(),
+        };
         match replied {
             Ok(Ok(result)) => result,
+            Ok(Err(_closed)) if guarded => Err(in_flight()),
             Ok(Err(_closed)) if region.is_stopped() => Err(ShardingError::ShuttingDown),
             Ok(Err(_closed)) => Err(ShardingError::EntityStopped {
                 type_name: P::TYPE_NAME,
                 entity_id: self.entity_id.to_string(),
             }),
-            Err(Expired::Stopped) => Err(ShardingError::ShuttingDown),
+            // The table of waiting asks stopped with its runtime: where the
+            // message stands (a buffer, a handler, another node) is unknown.
+            Err(Expired::Stopped) => Err(in_flight()),
             Err(Expired::TimedOut) => Err(ShardingError::AskTimeout {
                 type_name: P::TYPE_NAME,
                 entity_id: self.entity_id.to_string(),

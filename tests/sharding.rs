@@ -304,11 +304,12 @@ async fn every_entity_is_reachable_from_every_node_with_typed_replies() {
         .expect("a local entity");
     let local = nodes[0].system.entity_ref::<Tally>(local_id.as_str());
     assert_eq!(local.ask(Later(1), ASK).await, Ok(2));
-    // A port dropped unanswered answers EntityStopped, on both paths.
+    // A port dropped unanswered answers HandlerInterrupted (the handler
+    // ran: the message may have been processed), on both paths.
     for (entity, id) in [(&r, remote_id), (&local, local_id)] {
         match entity.ask(Forget, ASK).await {
-            Err(ShardingError::EntityStopped { entity_id, .. }) => assert_eq!(&entity_id, id),
-            other => panic!("expected EntityStopped for {id}, got {other:?}"),
+            Err(ShardingError::HandlerInterrupted { entity_id, .. }) => assert_eq!(&entity_id, id),
+            other => panic!("expected HandlerInterrupted for {id}, got {other:?}"),
         }
     }
     for n in &nodes {
@@ -572,6 +573,48 @@ async fn an_ask_to_another_node_times_out_at_its_deadline_and_leaves_nothing_pen
     let (home, _) = ask_retrying(&nodes[0].system, &id).await;
     assert_ne!(home, "node-0");
     assert_eq!(nodes[0].system.pending_remote_asks(), 0);
+    stop(nodes).await;
+}
+
+/// An ask that has left its node for another and then loses its asker's
+/// system — the node stops under it, as a downed node fences itself — fails
+/// with `ShutDownInFlight`, which says it may have been processed, never
+/// with `ShuttingDown`, which says it was not: the other node does handle
+/// it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ask_in_flight_when_its_node_stops_may_have_been_processed() {
+    let nodes = three().await;
+    let mut remote = None;
+    for k in 0..200 {
+        let id = format!("inflight-{k}");
+        let (home, _) = ask_retrying(&nodes[0].system, &id).await;
+        if home != "node-0" {
+            remote = Some((id, home));
+            break;
+        }
+    }
+    let (id, home) = remote.expect("an entity elsewhere");
+    let host = &nodes[if home == "node-1" { 1 } else { 2 }];
+    let entity = nodes[0].system.entity_ref::<Tally>(id.as_str());
+    let before = nodes[0].system.pending_remote_asks();
+    let mut asked = Box::pin(entity.ask(Nap(500), LONG));
+    assert!(futures_util::poll!(asked.as_mut()).is_pending());
+    assert_eq!(nodes[0].system.pending_remote_asks(), before + 1);
+    // The asker's node stops: its system fences itself.
+    nodes[0].cluster.crash().await;
+    let result = tokio::time::timeout(LONG, asked)
+        .await
+        .expect("the ask was answered");
+    match &result {
+        Err(error @ ShardingError::ShutDownInFlight { entity_id, .. }) => {
+            assert_eq!(entity_id, &id);
+            assert_eq!(error.processed(), datum_cluster_sharding::Processed::Maybe);
+        }
+        other => panic!("expected ShutDownInFlight, got {other:?}"),
+    }
+    // The entity lives on where it was, and answers there.
+    let (again, _) = ask_retrying(&host.system, &id).await;
+    assert_eq!(again, home);
     stop(nodes).await;
 }
 

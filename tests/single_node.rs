@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use datum_cluster_sharding::prelude::*;
-use datum_cluster_sharding::{FileStore, FileStoreFsyncPolicy};
+use datum_cluster_sharding::{FileStore, FileStoreFsyncPolicy, Processed};
 
 #[allow(dead_code)]
 #[path = "../protocols/counter.rs"]
@@ -425,7 +425,16 @@ async fn shutdown_fails_pending_asks_instead_of_hanging() {
         .await
         .expect("held ask hung")
         .unwrap();
-    assert_eq!(held, Err(ShardingError::ShuttingDown));
+    // Its handler had begun when it was killed: it may have been
+    // processed, and the error says so.
+    assert_eq!(
+        held,
+        Err(ShardingError::HandlerInterrupted {
+            type_name: "probe",
+            entity_id: "stuck".into()
+        })
+    );
+    assert_eq!(held.unwrap_err().processed(), Processed::Maybe);
     let queued = tokio::time::timeout(LONG, queued)
         .await
         .expect("queued ask hung")
@@ -838,7 +847,13 @@ async fn shutdown_during_passivation_fails_what_waits() {
         .await
         .expect("the held ask hung")
         .unwrap();
-    assert_eq!(held, Err(ShardingError::ShuttingDown));
+    assert_eq!(
+        held,
+        Err(ShardingError::HandlerInterrupted {
+            type_name: "probe",
+            entity_id: "leaving".into()
+        })
+    );
     let buffered = tokio::time::timeout(LONG, buffered)
         .await
         .expect("the buffered ask hung")

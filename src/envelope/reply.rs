@@ -33,6 +33,23 @@ impl<R: Serialize> ReplyTo<R> {
     }
 }
 
+impl<R> ReplyTo<R> {
+    /// Answers `HandlerInterrupted`: the handler began on the message and
+    /// stopped without answering (nobody hears it of a tell).
+    pub(crate) fn interrupted(self, type_name: &'static str, entity_id: &str) {
+        match self {
+            ReplyTo::Local(sender) => {
+                let _ = sender.send(Err(ShardingError::HandlerInterrupted {
+                    type_name,
+                    entity_id: entity_id.to_owned(),
+                }));
+            }
+            ReplyTo::Remote(remote) => remote.fail_remote(RemoteError::HandlerInterrupted),
+            ReplyTo::Nobody => {}
+        }
+    }
+}
+
 /// Where a remote asker waits: its node and its ask id.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReplyTarget {

@@ -465,6 +465,8 @@ fn resend_after(error: &ShardingError) -> bool {
         E::AskTimeout { .. }
         | E::PeerLost { .. }
         | E::EntityStopped { .. }
+        | E::HandlerInterrupted { .. }
+        | E::ShutDownInFlight { .. }
         | E::BufferOverflow { .. }
         | E::ShuttingDown
         | E::NotRegistered { .. }

@@ -345,7 +345,8 @@ impl ClusterLink {
         answer.await.unwrap_or(false)
     }
 
-    /// Stops the tasks and fails the asks still waiting on other nodes.
+    /// Stops the tasks and fails the asks still waiting on other nodes
+    /// (`ShutDownInFlight`: they may have been processed there).
     ///
     /// The control task first tells the coordinator this node's regions are
     /// going (`Unregister`), so their shards get new homes now rather than
@@ -357,7 +358,7 @@ impl ClusterLink {
         let _ = self.driver.send(DriverMsg::Retire);
         let _ = self.driver.send(DriverMsg::Barrier(done));
         let _ = tokio::time::timeout(STOP_WAIT, retired).await;
-        self.remote.fail_all(&ShardingError::ShuttingDown);
+        self.remote.stop_waiting();
     }
 }
 

@@ -58,6 +58,17 @@ struct Pending {
     deadline: Option<(Instant, Duration)>,
 }
 
+impl Pending {
+    /// Answers `ShutDownInFlight`: this node stopped waiting for a reply
+    /// to a message it had sent.
+    fn fail_in_flight(self) {
+        self.reply.complete(Err(ShardingError::ShutDownInFlight {
+            type_name: self.type_name,
+            entity_id: self.entity_id.to_string(),
+        }));
+    }
+}
+
 /// One lock's share of the pending asks.
 #[derive(Default)]
 struct PendingStripe {
@@ -379,12 +390,15 @@ impl Remote {
         swept
     }
 
-    /// Fails every pending ask (the system is shutting down).
-    pub(crate) fn fail_all(&self, error: &ShardingError) {
+    /// This system stops waiting (it shuts down, or its node fenced
+    /// itself): every pending ask fails now with `ShutDownInFlight`. Each
+    /// was handed to a pipe towards its owner, so it may have been
+    /// processed there — never `ShuttingDown`, which says it was not.
+    pub(crate) fn stop_waiting(&self) {
         for stripe in &self.pending {
             let drained = lock(stripe).take(|_| true);
             for pending in drained {
-                pending.reply.complete(Err(error.clone()));
+                pending.fail_in_flight();
             }
         }
     }
@@ -463,7 +477,7 @@ impl Deadlines for Remote {
 
     /// The expiry task stopped (its runtime went away): no deadline is
     /// kept any more, and the asks whose deadline was kept fail now with
-    /// `ShuttingDown` rather than wait for ever. (An insert reads
+    /// `ShutDownInFlight` rather than wait for ever. (An insert reads
     /// `expiring` under its stripe's lock, which this takes after clearing
     /// it: each insert is either seen here or sees the flag cleared.)
     fn stop_keeping(&self) {
@@ -473,7 +487,7 @@ impl Deadlines for Remote {
             failed.extend(lock(stripe).take(|p| p.deadline.is_some()));
         }
         for pending in failed {
-            pending.reply.complete(Err(ShardingError::ShuttingDown));
+            pending.fail_in_flight();
         }
     }
 }
@@ -526,6 +540,11 @@ mod tests {
     /// kept by the table or not.
     fn pending(at: Option<Instant>) -> Pending {
         let (reply, _replied) = oneshot::channel::<ShardingResult<u32>>();
+        pending_to(reply, at)
+    }
+
+    /// [`pending`], answering `reply`.
+    fn pending_to(reply: oneshot::Sender<ShardingResult<u32>>, at: Option<Instant>) -> Pending {
         let envelope = LocalEnvelope::local::<u32, u32>(0, 7, Some(reply));
         let parts = envelope.into_remote(&mut Vec::new()).expect("encodes");
         let Route::Local(reply) = parts.route else {
@@ -542,6 +561,28 @@ mod tests {
             reply,
             deadline: at.map(|at| (at, Duration::from_secs(1))),
         }
+    }
+
+    /// An ask this node stops waiting for (it shuts down, or fences
+    /// itself) had been handed to a pipe: its asker hears it may have been
+    /// processed, never `ShuttingDown`'s "not processed".
+    #[test]
+    fn an_ask_whose_node_stops_waiting_may_have_been_processed() {
+        let (reply, mut replied) = oneshot::channel::<ShardingResult<u32>>();
+        let mut stripe = PendingStripe::default();
+        stripe.insert(1, pending_to(reply, None));
+        for pending in stripe.take(|_| true) {
+            pending.fail_in_flight();
+        }
+        let error = replied.try_recv().expect("answered").expect_err("an error");
+        assert_eq!(
+            error,
+            ShardingError::ShutDownInFlight {
+                type_name: "t",
+                entity_id: "e".into()
+            }
+        );
+        assert_eq!(error.processed(), crate::Processed::Maybe);
     }
 
     #[test]

@@ -943,6 +943,7 @@ mod tests {
             RemoteError::BufferOverflow { shard: 3 },
             RemoteError::EntityPanicked { panic: "p".into() },
             RemoteError::EntityStopped,
+            RemoteError::HandlerInterrupted,
             RemoteError::Handler("h".into()),
             RemoteError::ShuttingDown,
             RemoteError::NotRegistered,
