@@ -1,7 +1,8 @@
 //! The metrics a two-node cluster records through the `metrics` facade,
-//! read off a recorder installed before the nodes start (the one test of
-//! this binary: the recorder is process-wide), against what the nodes'
-//! own APIs say.
+//! read off a recorder installed before the nodes start (process-wide, so
+//! installed by one test only), against what the nodes' own APIs say; and
+//! the ask latency as Prometheus gets it, from a recorder of the other
+//! test's own thread.
 
 use std::time::{Duration, Instant};
 
@@ -34,6 +35,31 @@ impl Entity for SleepyEntity {
 impl Handler<Nap> for SleepyEntity {
     async fn handle(&mut self, _: Nap, _: &EntityContext) -> ShardingResult<()> {
         tokio::time::sleep(Duration::from_millis(500)).await;
+        Ok(())
+    }
+}
+
+/// How long a [`Doze`] takes.
+const DOZE: Duration = Duration::from_millis(2);
+
+/// Answered after [`DOZE`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Doze;
+
+protocol! {
+    /// Answers in a known time.
+    pub protocol Dozy = "dozy" {
+        ask Doze -> ();
+    }
+}
+
+struct DozyEntity;
+impl Entity for DozyEntity {
+    type Protocol = Dozy;
+}
+impl Handler<Doze> for DozyEntity {
+    async fn handle(&mut self, _: Doze, _: &EntityContext) -> ShardingResult<()> {
+        tokio::time::sleep(DOZE).await;
         Ok(())
     }
 }
@@ -185,6 +211,28 @@ async fn a_clusters_metrics_agree_with_what_its_nodes_say() {
         })
         .sum();
     assert_eq!(samples, 40, "one latency per answered ask");
+    // Registered when the nodes and regions started, by every label value
+    // known then, before anything counted them.
+    let registered = |name: &str, labels: &[(&str, &str)]| {
+        let found = values(&taken, name, labels);
+        assert!(!found.is_empty(), "{name} {labels:?} not registered");
+    };
+    let (stay, down) = (
+        [node0[0], ("decision", "stay")],
+        [node0[0], ("decision", "down")],
+    );
+    let leave = [node0[0], ("reason", "graceful_leave")];
+    registered(
+        telemetry::ASK_FAILURES,
+        &[counter_type[0], node0[0], ("kind", "peer_lost")],
+    );
+    registered(telemetry::REMEMBER_QUEUE, &[]);
+    registered(telemetry::REMEMBER_FAILURES, &[]);
+    registered(telemetry::SPLIT_BRAIN_DECISIONS, &stay);
+    registered(telemetry::SPLIT_BRAIN_DECISIONS, &down);
+    registered(telemetry::REBALANCE_ROUNDS, &leave);
+    registered(telemetry::SHARD_MOVES, &leave);
+    registered(telemetry::REBALANCE_ROUND_SECONDS, &leave);
     let asks = counter_sum(&taken, telemetry::ASKS, &[counter_type[0], node0[0]]);
     assert_eq!(asks, 40, "asks from the first node to counters");
     let timeouts = counter_sum(
@@ -337,4 +385,142 @@ impl Sums {
             .map(|(_, _, sum)| sum)
             .sum()
     }
+}
+
+/// The ask latency as metrics-exporter-prometheus exports it with the
+/// crate's builder: a histogram in seconds whose buckets, sum and count
+/// agree with asks that each take [`DOZE`]. The recorder is this thread's,
+/// where a current-thread runtime runs every task (the other test's is the
+/// process's).
+#[tokio::test(flavor = "current_thread")]
+async fn the_ask_latency_is_a_histogram_of_seconds_that_agrees_with_the_asks() {
+    let recorder = telemetry::prometheus_builder().build_recorder();
+    let prometheus = recorder.handle();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let system = ShardedSystem::builder().start().await.expect("system");
+    system
+        .register::<DozyEntity>(|_| DozyEntity)
+        .await
+        .expect("registered");
+    let here = [("entity_type", "dozy"), ("node", "local")];
+    let seconds = telemetry::ASK_SECONDS;
+
+    // Before any ask: the region's metrics are there, its counters at 0,
+    // its latency an empty histogram.
+    let before = exported(&prometheus.render());
+    for name in [
+        telemetry::ASKS,
+        telemetry::ASK_FAILURES,
+        telemetry::PASSIVATIONS,
+    ] {
+        let found = of(&before, name, &here);
+        assert!(
+            !found.is_empty() && found.iter().all(|v| *v == 0.0),
+            "{name}: {found:?}"
+        );
+    }
+    for name in [
+        telemetry::SHARDS,
+        telemetry::ENTITIES,
+        telemetry::BUFFERED,
+        telemetry::HANDOFF_BUFFERED,
+    ] {
+        assert!(!of(&before, name, &here).is_empty(), "{name} not exported");
+    }
+    for name in [telemetry::REMEMBER_QUEUE, telemetry::REMEMBER_FAILURES] {
+        assert_eq!(of(&before, name, &[]), [0.0], "{name}");
+    }
+    assert_eq!(of(&before, &format!("{seconds}_count"), &here), [0.0]);
+
+    const ASKED: usize = 25;
+    for i in 0..ASKED {
+        let entity = system.entity_ref::<Dozy>(format!("d{}", i % 5));
+        entity.ask(Doze, LONG).await.expect("answered");
+    }
+    let text = prometheus.render();
+    assert!(
+        text.contains(&format!("# TYPE {seconds} histogram\n")),
+        "{text}"
+    );
+    let after = exported(&text);
+    let sum = of(&after, &format!("{seconds}_sum"), &here);
+    let count = of(&after, &format!("{seconds}_count"), &here);
+    assert_eq!(count, [ASKED as f64], "one sample per answered ask");
+    let (sum, count) = (sum[0], count[0]);
+    // The buckets, cumulative, by bound: the crate's bounds and +Inf.
+    let mut buckets: Vec<(f64, f64)> = after
+        .iter()
+        .filter(|(n, labels, _)| *n == format!("{seconds}_bucket") && has_labels(labels, &here))
+        .map(|(_, labels, value)| {
+            let le = labels.iter().find(|(k, _)| k == "le").expect("le");
+            (le.1.parse::<f64>().expect("a bound"), *value)
+        })
+        .collect();
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let bounds: Vec<f64> = buckets.iter().map(|b| b.0).collect();
+    assert_eq!(bounds[..bounds.len() - 1], telemetry::SECONDS_BUCKETS);
+    assert_eq!(bounds.last(), Some(&f64::INFINITY));
+    assert!(buckets.windows(2).all(|w| w[0].1 <= w[1].1), "{buckets:?}");
+    assert_eq!(buckets.last().unwrap().1, count);
+    // Every ask took DOZE at least: none below it; all below 10 s.
+    let doze = DOZE.as_secs_f64();
+    for (le, n) in &buckets {
+        if *le < doze {
+            assert_eq!(*n, 0.0, "an ask under {le} s: {buckets:?}");
+        }
+    }
+    let under_10_s = buckets.iter().find(|(le, _)| *le == 10.0).unwrap().1;
+    assert_eq!(under_10_s, count, "{buckets:?}");
+    // The sum lies between the samples' buckets' bounds.
+    let (mut low, mut high, mut below) = (0.0, 0.0, (0.0, 0.0));
+    for &(le, n) in &buckets {
+        let samples = n - below.1;
+        if samples > 0.0 {
+            low += below.0 * samples;
+            high += le * samples;
+        }
+        below = (le, n);
+    }
+    assert!(
+        low <= sum && sum <= high,
+        "sum {sum} s outside {low}..{high}"
+    );
+    let mean = sum / count;
+    assert!(
+        mean >= doze && mean < 0.5,
+        "mean {mean} s for asks of {doze} s"
+    );
+    system.shutdown().await;
+}
+
+/// A Prometheus text's samples: name, labels, value.
+fn exported(text: &str) -> Vec<(String, Labels, f64)> {
+    text.lines()
+        .filter(|line| !line.is_empty() && !line.starts_with('#'))
+        .map(|line| {
+            let (series, value) = line.rsplit_once(' ').expect("a value");
+            let (name, labels) = match series.split_once('{') {
+                Some((name, labels)) => (name, labels.trim_end_matches('}')),
+                None => (series, ""),
+            };
+            let labels = labels
+                .split(',')
+                .filter(|label| !label.is_empty())
+                .map(|label| {
+                    let (k, v) = label.split_once('=').expect("key=value");
+                    (k.to_owned(), v.trim_matches('"').to_owned())
+                })
+                .collect();
+            (name.to_owned(), labels, value.parse().expect("a number"))
+        })
+        .collect()
+}
+
+/// The values of the samples of `name` whose labels include `labels`.
+fn of(samples: &[(String, Labels, f64)], name: &str, labels: &[(&str, &str)]) -> Vec<f64> {
+    samples
+        .iter()
+        .filter(|(n, have, _)| n == name && has_labels(have, labels))
+        .map(|(_, _, value)| *value)
+        .collect()
 }

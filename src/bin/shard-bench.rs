@@ -154,7 +154,7 @@ struct Args {
     #[arg(long)]
     tls: bool,
     /// W1 and W1-sat in one process: a Prometheus recorder
-    /// (metrics-exporter-prometheus, histograms as buckets from 50 µs to
+    /// (metrics-exporter-prometheus, histograms as buckets from 1 µs to
     /// 10 s) installed, so every metric of SPEC §14 is recorded; the run
     /// renders it once at the end.
     #[arg(long)]
@@ -428,12 +428,9 @@ async fn run_w1(
     prometheus: bool,
 ) -> Result<(serde_json::Value, bool), Box<dyn std::error::Error>> {
     let recorder = if prometheus {
-        // Histograms as buckets (50 µs to 10 s), as an operator would
-        // configure them: the default summaries keep every sample until
-        // the next scrape.
-        let buckets: Vec<f64> = (0..19).map(|i| 50e-6 * 2f64.powi(i)).collect();
-        let builder =
-            metrics_exporter_prometheus::PrometheusBuilder::new().set_buckets(&buckets)?;
+        // Histograms as buckets (1 µs to 10 s), as the management
+        // endpoint exports them.
+        let builder = datum_cluster_sharding::telemetry::prometheus_builder();
         Some(builder.install_recorder()?)
     } else {
         None

@@ -239,6 +239,9 @@ impl ClusterNode {
             }
         };
         let (state_tx, state) = watch::channel(core.state());
+        // The node's metrics read from its start, before the view changes.
+        publish_members(&state.borrow());
+        crate::telemetry::node_started(&me.addr.to_string());
         let (events, _) = broadcast::channel(EVENT_CAPACITY);
         let (control, control_rx) = mpsc::unbounded_channel();
         let (refusals_tx, refusals) = mpsc::unbounded_channel();
