@@ -6,6 +6,8 @@
 //! Each child's stdout is read line by line on its own thread and forwarded,
 //! stamped with the time it was read, over a channel; every wait is a
 //! `recv_timeout` on that channel under a generous deadline, never a sleep.
+//! Its stderr is gathered by another thread, whose end is waited for
+//! before anything reads it.
 //! A [`NodeProcess`] kills and reaps its child when dropped, so a failing
 //! test leaves no process behind.
 
@@ -23,6 +25,11 @@ use common::{field, number};
 const BIN: &str = env!("CARGO_BIN_EXE_datum-node");
 /// Generous bound on any one wait: these processes share 2 cores with others.
 const LONG: Duration = Duration::from_secs(30);
+/// The client's ask timeout. An ask that times out counts as lost (only
+/// ShuttingDown may be retried), so this is generous too: a busy machine
+/// may answer seconds late during a handoff. Below `LONG`, so that a lost
+/// ask fails the test as a timeout.
+const ASK_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// One line of a child's stdout, or its end.
 enum Output {
@@ -36,6 +43,8 @@ struct NodeProcess {
     child: Child,
     lines: Receiver<Output>,
     stderr: Arc<Mutex<String>>,
+    /// Disconnected once the stderr thread has read the pipe to its end.
+    stderr_ended: Receiver<()>,
     addr: String,
     node_id: String,
     reaped: bool,
@@ -77,7 +86,9 @@ impl NodeProcess {
         });
         let stderr = Arc::new(Mutex::new(String::new()));
         let sink = stderr.clone();
+        let (ended, stderr_ended) = channel::<()>();
         thread::spawn(move || {
+            let _ended = ended; // dropped when the pipe has been read out
             let mut buf = [0u8; 4096];
             let mut pipe = stderr_pipe;
             while let Ok(n @ 1..) = pipe.read(&mut buf) {
@@ -92,6 +103,7 @@ impl NodeProcess {
             child,
             lines,
             stderr,
+            stderr_ended,
             addr: String::new(),
             node_id: String::new(),
             reaped: false,
@@ -140,8 +152,9 @@ impl NodeProcess {
         });
     }
 
-    /// Waits for this node's stdout to end, then reaps it; returns its exit
-    /// status and the lines it printed meanwhile.
+    /// Waits for this node's stdout to end, then reaps it and waits for its
+    /// stderr to be read out; returns its exit status and the lines it
+    /// printed meanwhile.
     fn expect_exit(&mut self) -> (ExitStatus, Vec<String>) {
         let deadline = Instant::now() + LONG;
         let mut seen = Vec::new();
@@ -157,7 +170,24 @@ impl NodeProcess {
         }
         let status = self.child.wait().expect("wait for child");
         self.reaped = true;
+        // A node says why it stopped on stderr after its last stdout line,
+        // and that pipe has a reader of its own that a loaded machine may
+        // not have run yet: whoever reads `stderr` next must see it all.
+        assert!(
+            self.wait_for_stderr_end(),
+            "{}: stderr still open {LONG:?} after it exited",
+            self.name
+        );
         (status, seen)
+    }
+
+    /// Waits (at most [`LONG`]) until the stderr thread has read the pipe
+    /// to its end; whether it has.
+    fn wait_for_stderr_end(&self) -> bool {
+        matches!(
+            self.stderr_ended.recv_timeout(LONG),
+            Err(RecvTimeoutError::Disconnected)
+        )
     }
 
     /// SIGKILL, then reap.
@@ -183,6 +213,8 @@ impl Drop for NodeProcess {
             let _ = self.child.wait();
         }
         if thread::panicking() {
+            // Reaped by now, so its last words are on their way.
+            self.wait_for_stderr_end();
             let stderr = self.stderr.lock().unwrap_or_else(|p| p.into_inner());
             eprintln!("--- {} ({}) stderr ---\n{stderr}", self.name, self.addr);
         }
@@ -237,8 +269,11 @@ fn a_sigkilled_node_is_downed_by_the_other_two() {
             "{}: kill → unreachable {unreachable:?}, → down {down:?}",
             observer.name
         );
-        // Budget: 600 ms after the last heartbeat; generous for a shared machine.
-        assert!(down < Duration::from_secs(5), "downed only after {down:?}");
+        // Budget: 1.4 s (detection, then the view holding still for the
+        // resolver's `stable_after`). The bound leaves room for a machine
+        // whose cores are all busy; a Down an order of magnitude later than
+        // configured still fails it.
+        assert!(down < Duration::from_secs(10), "downed only after {down:?}");
     }
 }
 
@@ -441,7 +476,7 @@ fn a_sigtermed_counter_node_hands_its_shards_off_under_traffic() {
                         let counter = system.entity_ref::<counter::Counter>(id.as_str());
                         let deadline = Instant::now() + LONG;
                         loop {
-                            match counter.ask(counter::Get, Duration::from_secs(5)).await {
+                            match counter.ask(counter::Get, ASK_TIMEOUT).await {
                                 Ok(_) => break,
                                 Err(e) => {
                                     assert!(Instant::now() < deadline, "{id}: {e}");
@@ -488,9 +523,17 @@ fn a_sigtermed_counter_node_hands_its_shards_off_under_traffic() {
             "{answered} asks answered, {} retried after ShuttingDown",
             retried.len()
         );
-        // The two that stay host every shard that had a home.
+        // The two that stay host every shard that had a home. The stats ask
+        // every member the client sees Joining, Up or Leaving, and n3 exited
+        // once it knew it was removed, which the client may hear later:
+        // first wait until the client has removed it too.
+        let gone: std::net::SocketAddr = n3.addr.parse().expect("n3's addr");
+        client
+            .wait_until(|s| s.members.iter().all(|m| m.address.addr != gone), LONG)
+            .await
+            .expect("the client sees n3 removed");
         let stats = system
-            .cluster_sharding_stats::<counter::Counter>(Duration::from_secs(5))
+            .cluster_sharding_stats::<counter::Counter>(LONG)
             .await
             .expect("stats");
         assert!(stats.failed.is_empty(), "{stats:?}");
