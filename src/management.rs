@@ -25,33 +25,96 @@
 //! | `GET /cluster/shards/{type}` | where each shard of a type lives, its generation, what waits in buffers, JSON |
 //! | `GET /metrics` | the Prometheus recorder's text, when one was given |
 //!
+//! `HEAD` answers as `GET` does, without the body (as HTTP expects of a
+//! server that answers `GET`); any other method gets 405.
+//!
 //! The endpoint reads what the node and system already publish; serving it
 //! takes no lock a message path holds for longer than a shard's summary.
+//!
+//! It holds at most [`DEFAULT_MAX_CONNECTIONS`] connections at once (or a
+//! quarter of the process's open-file limit, when that is lower), closes one
+//! more as soon as it is accepted, and closes a connection that takes longer
+//! than [`DEFAULT_HEADER_READ_TIMEOUT`] to send a request's head (an idle
+//! one among them) or moves no byte for [`DEFAULT_IDLE_TIMEOUT`]: however
+//! many connections reach it, it never takes the descriptors the cluster's
+//! pipes need. Each is configurable ([`Management::max_connections`],
+//! [`Management::header_read_timeout`], [`Management::idle_timeout`]).
 
 use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
+use std::task::{Context, Poll};
+use std::time::Duration;
 
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::{Value, json};
-use tokio::sync::oneshot;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot, watch};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 use crate::cluster::ClusterNode;
 use crate::identity::UniqueAddress;
 use crate::membership::MemberStatus;
 use crate::system::{ShardedSystem, Shared};
+use crate::warn_limit::{WarnLimit, warn_limited};
 
 /// How often the Prometheus recorder's upkeep runs (it drains histogram
-/// samples into their summaries).
+/// samples into their buckets).
 const UPKEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The content type of Prometheus's text exposition format.
 const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// The most connections the endpoint holds at once when no limit is given,
+/// unless the process's open-file limit calls for fewer
+/// ([`Management::max_connections`]).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
+
+/// How long a connection may take to send a request's head, by default
+/// ([`Management::header_read_timeout`]).
+pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a connection may move no byte either way, by default
+/// ([`Management::idle_timeout`]).
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The highest connection limit taken (far past any open-file limit; the
+/// permits of the limit are counted in `u32`).
+const MAX_CONNECTIONS_CAP: usize = 1 << 20;
+
+/// How long the accept loop waits after a failed accept other than a
+/// connection reset before it tries again: out of descriptors, most likely,
+/// and retrying at once would only spin.
+const ACCEPT_RETRY: Duration = Duration::from_millis(100);
+
+/// How many connections the endpoint holds, and for how long.
+#[derive(Clone, Copy, Debug)]
+struct Limits {
+    /// `None`: [`default_max_connections`], read when serving starts.
+    max_connections: Option<usize>,
+    header_read_timeout: Duration,
+    idle_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_connections: None,
+            header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+        }
+    }
+}
 
 /// What the endpoint serves: a cluster node, and optionally the sharded
 /// system on it and a Prometheus recorder's handle. Build it, then
@@ -62,6 +125,7 @@ pub struct Management {
     /// Held weakly: the endpoint does not keep a dropped system alive.
     system: Option<Weak<Shared>>,
     prometheus: Option<PrometheusHandle>,
+    limits: Limits,
 }
 
 impl std::fmt::Debug for Management {
@@ -70,6 +134,7 @@ impl std::fmt::Debug for Management {
             .field("node", &self.node.self_address())
             .field("system", &self.system.is_some())
             .field("prometheus", &self.prometheus.is_some())
+            .field("limits", &self.limits)
             .finish()
     }
 }
@@ -98,6 +163,7 @@ impl Management {
             node,
             system: None,
             prometheus: None,
+            limits: Limits::default(),
         }
     }
 
@@ -110,9 +176,41 @@ impl Management {
 
     /// Also `/metrics`: the text of the Prometheus recorder this handle
     /// belongs to (the application installs the recorder, before it starts
-    /// the node, so the node's metrics register with it; SPEC §14).
+    /// the node, so the node's metrics register with it; SPEC §14). Build
+    /// it with [`telemetry::prometheus_builder`](crate::telemetry::prometheus_builder),
+    /// which exports the latencies as histograms with buckets.
     pub fn prometheus(mut self, handle: PrometheusHandle) -> Self {
         self.prometheus = Some(handle);
+        self
+    }
+
+    /// Holds at most `n` connections at once (at least 1); a connection
+    /// past the limit is closed as soon as it is accepted, so the endpoint
+    /// never holds more descriptors than this. Without it the limit is
+    /// [`DEFAULT_MAX_CONNECTIONS`], or a quarter of the process's open-file
+    /// limit when that is lower (read on Linux), leaving the rest to the
+    /// cluster's pipes; give a limit well below that file limit too.
+    pub fn max_connections(mut self, n: usize) -> Self {
+        self.limits.max_connections = Some(n.clamp(1, MAX_CONNECTIONS_CAP));
+        self
+    }
+
+    /// How long a connection may take to send a request's head, timed from
+    /// when it starts waiting for one: when it opens, and on a kept-alive
+    /// connection after each answer. So a connection that sends nothing,
+    /// or trickles its head, is closed after it, and so is one kept alive
+    /// that sends no next request. Default [`DEFAULT_HEADER_READ_TIMEOUT`].
+    pub fn header_read_timeout(mut self, timeout: Duration) -> Self {
+        self.limits.header_read_timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// How long a connection may go without a byte moving either way before
+    /// it is closed, whatever it is doing: a client that stops reading its
+    /// answer holds its connection no longer than this. Default
+    /// [`DEFAULT_IDLE_TIMEOUT`].
+    pub fn idle_timeout(mut self, timeout: Duration) -> Self {
+        self.limits.idle_timeout = timeout.max(Duration::from_millis(1));
         self
     }
 
@@ -166,16 +264,20 @@ impl Management {
     /// Binds `addr` and serves the routes on a task of its own, until the
     /// returned server is shut down or dropped.
     pub async fn serve(self, addr: SocketAddr) -> std::io::Result<ManagementServer> {
-        self.serve_on(tokio::net::TcpListener::bind(addr).await?)
+        self.serve_on(TcpListener::bind(addr).await?)
     }
 
     /// Serves the routes on `listener` (bound beforehand, say before the
     /// node joins, so that a taken port fails before there is a member to
     /// down). With a Prometheus handle, its upkeep runs every 5 s while the
     /// endpoint serves, so histogram samples do not pile up unscraped.
-    pub fn serve_on(self, listener: tokio::net::TcpListener) -> std::io::Result<ManagementServer> {
+    pub fn serve_on(self, listener: TcpListener) -> std::io::Result<ManagementServer> {
         let local_addr = listener.local_addr()?;
         let upkeep = self.prometheus.clone();
+        let limits = self.limits;
+        let max_connections = limits
+            .max_connections
+            .unwrap_or_else(default_max_connections);
         let router = axum::Router::new()
             .route("/alive", get(alive))
             .route("/ready", get(ready))
@@ -196,22 +298,221 @@ impl Management {
                     handle.run_upkeep();
                 }
             };
-            let served = axum::serve(listener, router).with_graceful_shutdown(async move {
-                tokio::select! {
-                    _ = stopped => {}
-                    () = upkeep => {}
-                }
-            });
-            let served = served.await;
-            if let Err(error) = served {
-                tracing::warn!(%error, "the management endpoint stopped");
+            let accepting = accept(listener, router, max_connections, limits, stopped);
+            tokio::select! {
+                () = accepting => {}
+                () = upkeep => {}
             }
         });
         Ok(ManagementServer {
             local_addr,
+            max_connections,
             stop: Some(stop),
             task: Some(task),
         })
+    }
+}
+
+/// The connection limit when none is given: [`DEFAULT_MAX_CONNECTIONS`],
+/// or a quarter of the process's open-file limit when that is lower, so
+/// that management traffic cannot take the descriptors the cluster's pipes
+/// need.
+fn default_max_connections() -> usize {
+    let files = std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|limits| open_file_limit(&limits));
+    files.map_or(DEFAULT_MAX_CONNECTIONS, |files| {
+        (files / 4).clamp(1, DEFAULT_MAX_CONNECTIONS)
+    })
+}
+
+/// The soft open-file limit in the text of Linux's `/proc/self/limits`;
+/// `None` when it is unlimited or not there.
+fn open_file_limit(limits: &str) -> Option<usize> {
+    let line = limits
+        .lines()
+        .find_map(|l| l.strip_prefix("Max open files"))?;
+    line.split_whitespace().next()?.parse().ok()
+}
+
+/// Accepts connections until `stopped` (sent or dropped), each served on a
+/// task of its own under one of `max_connections` permits; then lets the
+/// connections finish the requests under way and waits for them.
+async fn accept(
+    listener: TcpListener,
+    router: axum::Router,
+    max_connections: usize,
+    limits: Limits,
+    mut stopped: oneshot::Receiver<()>,
+) {
+    let permits = Arc::new(Semaphore::new(max_connections));
+    let (stopping, stop) = watch::channel(());
+    let refused = WarnLimit::default();
+    let failed = WarnLimit::default();
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = &mut stopped => break,
+        };
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                use std::io::ErrorKind::{ConnectionAborted, ConnectionRefused, ConnectionReset};
+                if !matches!(
+                    error.kind(),
+                    ConnectionAborted | ConnectionRefused | ConnectionReset
+                ) {
+                    warn_limited!(failed, "the management endpoint cannot accept a connection"; %error);
+                    tokio::time::sleep(ACCEPT_RETRY).await;
+                }
+                continue;
+            }
+        };
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            // Closed at once: past the limit a connection costs a
+            // descriptor only for as long as it takes to close it.
+            drop(stream);
+            warn_limited!(
+                refused,
+                "management connection closed: the endpoint holds its limit of connections";
+                %peer, limit = max_connections
+            );
+            continue;
+        };
+        tokio::spawn(connection(
+            stream,
+            router.clone(),
+            limits,
+            stop.clone(),
+            permit,
+        ));
+    }
+    drop(listener);
+    drop(stopping);
+    // Each connection holds its permit until it has ended.
+    let _ = permits.acquire_many(max_connections as u32).await;
+}
+
+/// Serves one connection, HTTP/1.1, until it ends, moves no byte for the
+/// idle timeout, or the endpoint stops (`stop`'s sender dropped: requests
+/// under way are answered first). `_permit` is its place under the limit.
+async fn connection(
+    stream: TcpStream,
+    router: axum::Router,
+    limits: Limits,
+    mut stop: watch::Receiver<()>,
+    _permit: OwnedSemaphorePermit,
+) {
+    let opened = Instant::now();
+    let moved = Arc::new(AtomicU64::new(0));
+    let io = Watched {
+        io: stream,
+        opened,
+        moved: moved.clone(),
+    };
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout);
+    let served = http.serve_connection(TokioIo::new(io), TowerToHyperService::new(router));
+    tokio::pin!(served);
+    let last_moved = || opened + Duration::from_millis(moved.load(Ordering::Relaxed));
+    let mut stopping = false;
+    loop {
+        tokio::select! {
+            ended = served.as_mut() => {
+                if let Err(error) = ended {
+                    tracing::debug!(%error, "management connection ended");
+                }
+                return;
+            }
+            // (Bytes may have moved while it slept: only a deadline still
+            // past closes the connection.)
+            () = tokio::time::sleep_until(last_moved() + limits.idle_timeout) => {
+                if last_moved() + limits.idle_timeout <= Instant::now() {
+                    tracing::debug!("management connection closed: idle");
+                    return;
+                }
+            }
+            _ = stop.changed(), if !stopping => {
+                stopping = true;
+                served.as_mut().graceful_shutdown();
+            }
+        }
+    }
+}
+
+/// A connection's stream that notes when a byte last moved either way, for
+/// the idle timeout.
+struct Watched {
+    io: TcpStream,
+    opened: Instant,
+    /// When a byte last moved, in milliseconds since `opened`.
+    moved: Arc<AtomicU64>,
+}
+
+impl Watched {
+    fn moved_now(&self) {
+        let ms = u64::try_from(self.opened.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.moved.store(ms, Ordering::Relaxed);
+    }
+
+    /// Notes a write that took bytes.
+    fn wrote(&self, polled: &Poll<std::io::Result<usize>>) {
+        if matches!(polled, Poll::Ready(Ok(n)) if *n > 0) {
+            self.moved_now();
+        }
+    }
+}
+
+impl AsyncRead for Watched {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut this.io).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            this.moved_now();
+        }
+        polled
+    }
+}
+
+impl AsyncWrite for Watched {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.io).poll_write(cx, buf);
+        this.wrote(&polled);
+        polled
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
+        this.wrote(&polled);
+        polled
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
     }
 }
 
@@ -220,6 +521,7 @@ impl Management {
 #[derive(Debug)]
 pub struct ManagementServer {
     local_addr: SocketAddr,
+    max_connections: usize,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<()>>,
 }
@@ -228,6 +530,12 @@ impl ManagementServer {
     /// The address it listens on (the port chosen, for port 0).
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// The most connections it holds at once (the limit given, or the
+    /// default the process's open-file limit allowed).
+    pub fn max_connections(&self) -> usize {
+        self.max_connections
     }
 
     /// Stops listening and waits for the requests under way.
@@ -428,5 +736,35 @@ async fn metrics(State(m): Endpoint) -> Response {
             StatusCode::NOT_FOUND,
             json!({ "error": "no Prometheus recorder on this node" }),
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_soft_open_file_limit_is_read_from_proc_limits() {
+        let limits = "Limit                     Soft Limit           Hard Limit           Units     \n\
+                      Max cpu time              unlimited            unlimited            seconds   \n\
+                      Max open files            1024                 524288               files     \n\
+                      Max locked memory         8388608              8388608              bytes     \n";
+        assert_eq!(open_file_limit(limits), Some(1024));
+        let unlimited =
+            "Max open files            unlimited            unlimited            files\n";
+        assert_eq!(open_file_limit(unlimited), None);
+        assert_eq!(open_file_limit("Max processes 10 10 processes\n"), None);
+    }
+
+    #[test]
+    fn the_default_limit_leaves_most_descriptors_to_the_pipes() {
+        let limit = default_max_connections();
+        assert!((1..=DEFAULT_MAX_CONNECTIONS).contains(&limit), "{limit}");
+        let files = std::fs::read_to_string("/proc/self/limits")
+            .ok()
+            .and_then(|l| open_file_limit(&l));
+        if let Some(files) = files {
+            assert!(limit <= files.div_ceil(4), "{limit} of {files}");
+        }
     }
 }

@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 use datum_cluster_sharding::cluster::{ClusterConfig, ClusterNode};
 use datum_cluster_sharding::management::{Management, ManagementServer};
 use datum_cluster_sharding::prelude::*;
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use datum_cluster_sharding::telemetry;
+use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::Value;
 
 mod common;
@@ -32,7 +33,7 @@ fn recorder() -> PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE
         .get_or_init(|| {
-            PrometheusBuilder::new()
+            telemetry::prometheus_builder()
                 .install_recorder()
                 .expect("the only recorder of this process")
         })
@@ -208,6 +209,55 @@ async fn three_nodes_answer_probes_members_placement_and_metrics() {
         .unwrap_or_else(|| panic!("no {asks} in\n{}", metrics.body));
     let count: f64 = line[asks.len()..].trim().parse().expect("a number");
     assert!(count >= 60.0, "{line}");
+    // Every metric of SPEC §14 is there, whether or not it counted
+    // anything yet; the latencies as histograms.
+    for name in [
+        telemetry::MEMBERS,
+        telemetry::UNREACHABLE,
+        telemetry::SHARDS,
+        telemetry::ENTITIES,
+        telemetry::PASSIVATIONS,
+        telemetry::ASKS,
+        telemetry::ASK_FAILURES,
+        telemetry::REMEMBER_QUEUE,
+        telemetry::REMEMBER_FAILURES,
+        telemetry::PIPE_FRAMES,
+        telemetry::PIPE_WRITES,
+        telemetry::PIPES,
+        telemetry::PIPE_PEER_FRAMES,
+        telemetry::PIPE_PEER_BYTES,
+        telemetry::BUFFERED,
+        telemetry::HANDOFF_BUFFERED,
+        telemetry::REBALANCE_ROUNDS,
+        telemetry::SHARD_MOVES,
+        telemetry::SPLIT_BRAIN_DECISIONS,
+    ] {
+        assert!(
+            metrics.body.contains(&format!("# TYPE {name} ")),
+            "no {name} in\n{}",
+            metrics.body
+        );
+    }
+    for name in [telemetry::ASK_SECONDS, telemetry::REBALANCE_ROUND_SECONDS] {
+        assert!(
+            metrics.body.contains(&format!("# TYPE {name} histogram\n")),
+            "{name} is not a histogram in\n{}",
+            metrics.body
+        );
+    }
+    let answered = format!(
+        "{}_bucket{{entity_type=\"counter\",node=\"{}\",le=\"+Inf\"}} ",
+        telemetry::ASK_SECONDS,
+        nodes[0].bound_addr()
+    );
+    assert!(
+        metrics.body.lines().any(|l| l
+            .strip_prefix(&answered)
+            .and_then(|n| n.trim().parse::<f64>().ok())
+            .is_some_and(|n| n >= 60.0)),
+        "no {answered}(60 or more) in\n{}",
+        metrics.body
+    );
 
     // What is not there.
     let missing = get(at[0], "/cluster/shards/nope").await;
@@ -335,6 +385,14 @@ fn datum_node_serves_the_endpoint_on_its_flag() {
             "{}",
             metrics.body
         );
+        // The latencies as histograms, each registered before any sample.
+        for name in [telemetry::ASK_SECONDS, telemetry::REBALANCE_ROUND_SECONDS] {
+            assert!(
+                metrics.body.contains(&format!("# TYPE {name} histogram\n")),
+                "{}",
+                metrics.body
+            );
+        }
         let shards = get(at, "/cluster/shards/counter").await;
         assert_eq!(shards.status, 200, "{}", shards.body);
         assert_eq!(shards.json()["num_shards"], 128);
@@ -344,4 +402,463 @@ fn datum_node_serves_the_endpoint_on_its_flag() {
     unsafe { libc::kill(child.0.id() as i32, libc::SIGTERM) };
     let status = child.0.wait().expect("exit");
     assert_eq!(status.code(), Some(0));
+}
+
+/// A status code and a body, or `None` when the connection failed (as one
+/// past the endpoint's limit does: closed as soon as it is accepted).
+async fn try_get(server: SocketAddr, path: &str) -> Option<Answer> {
+    let response = reqwest::get(format!("http://{server}{path}")).await.ok()?;
+    Some(Answer {
+        status: response.status().as_u16(),
+        body: response.text().await.ok()?,
+    })
+}
+
+/// Asks `path` until an answer comes and `check` holds of it (at most
+/// `LONG`); failed connections are tried again.
+async fn until_answered(server: SocketAddr, path: &str, check: impl Fn(&Answer) -> bool) -> Answer {
+    let deadline = Instant::now() + LONG;
+    loop {
+        if let Some(answer) = try_get(server, path).await
+            && check(&answer)
+        {
+            return answer;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "GET {path} never answered as expected"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A TCP connection to `server` that sends nothing, non-blocking, so that
+/// [`closed`] can ask whether the server closed it.
+fn idle_connection(server: SocketAddr) -> std::net::TcpStream {
+    let stream = std::net::TcpStream::connect(server).expect("connects");
+    stream.set_nonblocking(true).expect("non-blocking");
+    stream
+}
+
+/// Whether the server closed `stream` (end of stream or reset), without
+/// waiting; `stream` is non-blocking.
+fn closed(stream: &mut std::net::TcpStream) -> bool {
+    use std::io::Read;
+    let mut byte = [0u8; 1];
+    match stream.read(&mut byte) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+    }
+}
+
+/// Marks in `gone` which of `streams` the server has closed by now; how
+/// many are.
+fn mark_closed(streams: &mut [std::net::TcpStream], gone: &mut [bool]) -> usize {
+    for (stream, gone) in streams.iter_mut().zip(gone.iter_mut()) {
+        *gone = *gone || closed(stream);
+    }
+    gone.iter().filter(|g| **g).count()
+}
+
+/// Waits (at most `LONG`) until at least `n` of `streams` are closed by the
+/// server; gives which are.
+fn until_closed(streams: &mut [std::net::TcpStream], n: usize) -> Vec<bool> {
+    let deadline = Instant::now() + LONG;
+    let mut gone = vec![false; streams.len()];
+    loop {
+        let count = mark_closed(streams, &mut gone);
+        if count >= n {
+            return gone;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{count} connections closed by the server, not {n}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// [`until_closed`] in an async test, pausing on the runtime's timer.
+async fn until_closed_async(streams: &mut [std::net::TcpStream], n: usize) -> Vec<bool> {
+    let deadline = Instant::now() + LONG;
+    let mut gone = vec![false; streams.len()];
+    loop {
+        let count = mark_closed(streams, &mut gone);
+        if count >= n {
+            return gone;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{count} connections closed by the server, not {n}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn head_answers_as_get_does_and_other_methods_get_405() {
+    let node = cluster_node("management-methods", vec![]).await;
+    let server = Management::new(node.clone())
+        .serve("127.0.0.1:0".parse().unwrap())
+        .await
+        .expect("endpoint binds");
+    let at = server.local_addr();
+    let client = reqwest::Client::new();
+    let head = client
+        .head(format!("http://{at}/alive"))
+        .send()
+        .await
+        .expect("HEAD");
+    assert_eq!(head.status().as_u16(), 200);
+    assert_eq!(
+        head.headers()[reqwest::header::CONTENT_TYPE],
+        "application/json"
+    );
+    assert!(head.bytes().await.expect("an empty body").is_empty());
+    let missing = client
+        .head(format!("http://{at}/nope"))
+        .send()
+        .await
+        .expect("HEAD");
+    assert_eq!(missing.status().as_u16(), 404);
+    for method in [
+        reqwest::Method::POST,
+        reqwest::Method::PUT,
+        reqwest::Method::DELETE,
+        reqwest::Method::PATCH,
+        reqwest::Method::OPTIONS,
+    ] {
+        let answer = client
+            .request(method.clone(), format!("http://{at}/alive"))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{method}: {e}"));
+        assert_eq!(answer.status().as_u16(), 405, "{method}");
+        let allow = answer.headers()[reqwest::header::ALLOW]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        assert!(
+            allow.contains("GET") && allow.contains("HEAD"),
+            "{method}: {allow}"
+        );
+    }
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_past_the_limit_are_closed_at_once() {
+    let node = cluster_node("management-limit", vec![]).await;
+    let server = Management::new(node.clone())
+        .max_connections(4)
+        .header_read_timeout(Duration::from_secs(600))
+        .idle_timeout(Duration::from_secs(600))
+        .serve("127.0.0.1:0".parse().unwrap())
+        .await
+        .expect("endpoint binds");
+    assert_eq!(server.max_connections(), 4);
+    let at = server.local_addr();
+    // Twelve connections that send nothing: the first four are held (their
+    // timeouts are long), the eight after them closed as they come.
+    let mut idle: Vec<_> = (0..12).map(|_| idle_connection(at)).collect();
+    let gone = until_closed_async(&mut idle, 8).await;
+    assert_eq!(gone.iter().filter(|g| !**g).count(), 4, "{gone:?}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let held: Vec<usize> = (0..idle.len()).filter(|i| !gone[*i]).collect();
+    for i in &held {
+        assert!(
+            !closed(&mut idle[*i]),
+            "connection {i} was held, then closed"
+        );
+    }
+    // The limit is full: a probe is closed too.
+    assert!(try_get(at, "/alive").await.is_none());
+    // The held ones go: the endpoint answers again.
+    drop(idle);
+    let alive = until_answered(at, "/alive", |a| a.status == 200).await;
+    assert_eq!(alive.json()["alive"], true);
+    server.shutdown().await;
+}
+
+/// Reads `stream` (blocking, at most `LONG`) until what was read holds
+/// `needle`.
+fn read_until(stream: &mut std::net::TcpStream, needle: &str) -> String {
+    use std::io::Read;
+    stream.set_read_timeout(Some(LONG)).expect("a read timeout");
+    let mut read = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&read).contains(needle) {
+        let n = stream.read(&mut buf).expect("an answer");
+        assert!(
+            n > 0,
+            "closed before {needle:?}: {}",
+            String::from_utf8_lossy(&read)
+        );
+        read.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&read).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_and_slow_connections_are_closed_after_the_header_timeout() {
+    use std::io::Write;
+    let node = cluster_node("management-header-timeout", vec![]).await;
+    let server = Management::new(node.clone())
+        .max_connections(4)
+        .header_read_timeout(Duration::from_secs(1))
+        .idle_timeout(Duration::from_secs(600))
+        .serve("127.0.0.1:0".parse().unwrap())
+        .await
+        .expect("endpoint binds");
+    let at = server.local_addr();
+    // One kept alive after an answer, one that sends half a head, two
+    // that send nothing: the limit is full. (Each one's timeout starts
+    // after `started`.)
+    let started = Instant::now();
+    let mut kept = std::net::TcpStream::connect(at).expect("connects");
+    kept.write_all(b"GET /alive HTTP/1.1\r\nhost: test\r\n\r\n")
+        .expect("sent");
+    let kept_answer = tokio::task::spawn_blocking(move || {
+        let answer = read_until(&mut kept, r#"{"alive":true}"#);
+        (kept, answer)
+    });
+    let (kept, answer) = kept_answer.await.expect("read");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    kept.set_nonblocking(true).expect("non-blocking");
+    let mut slow = idle_connection(at);
+    slow.write_all(b"GET /alive HTTP/1.1\r\nhost: te")
+        .expect("sent");
+    let mut held = vec![kept, slow, idle_connection(at), idle_connection(at)];
+    // /alive answers again once they have timed out, all four.
+    let alive = until_answered(at, "/alive", |a| a.status == 200).await;
+    assert_eq!(alive.json()["alive"], true);
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "answered after {:?}, before the held connections timed out",
+        started.elapsed()
+    );
+    until_closed_async(&mut held, 4).await;
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_its_answers_is_cut_off_by_the_idle_timeout() {
+    use std::io::{Read, Write};
+    let node = cluster_node("management-stall", vec![]).await;
+    // A recorder of this test's own (not installed) whose text is long.
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    metrics::with_local_recorder(&recorder, || {
+        for i in 0..2_000 {
+            metrics::counter!(format!(
+                "management_test_filler_{i:04}_named_at_length_to_make_a_long_text"
+            ))
+            .increment(1);
+        }
+    });
+    assert!(handle.render().len() > 100_000);
+    let server = Management::new(node.clone())
+        .prometheus(handle)
+        .max_connections(1)
+        .header_read_timeout(Duration::from_secs(600))
+        .idle_timeout(Duration::from_secs(1))
+        .serve("127.0.0.1:0".parse().unwrap())
+        .await
+        .expect("endpoint binds");
+    let at = server.local_addr();
+    // 128 long answers asked for at once and none read: once the socket
+    // buffers are full, no byte moves.
+    const ASKED: usize = 128;
+    let mut stalled = std::net::TcpStream::connect(at).expect("connects");
+    stalled
+        .write_all(
+            "GET /metrics HTTP/1.1\r\nhost: test\r\n\r\n"
+                .repeat(ASKED)
+                .as_bytes(),
+        )
+        .expect("sent");
+    // It holds the only connection until the idle timeout closes it.
+    let alive = until_answered(at, "/alive", |a| a.status == 200).await;
+    assert_eq!(alive.json()["alive"], true);
+    // What it had been sent ends early: the server closed it.
+    let answers = tokio::task::spawn_blocking(move || {
+        stalled
+            .set_read_timeout(Some(LONG))
+            .expect("a read timeout");
+        let mut read = Vec::new();
+        let mut buf = vec![0u8; 1 << 16];
+        loop {
+            match stalled.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => read.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+                Err(e) => panic!("still open after {} bytes: {e}", read.len()),
+            }
+        }
+        read.windows(15).filter(|w| *w == b"HTTP/1.1 200 OK").count()
+    })
+    .await
+    .expect("read");
+    assert!(answers < ASKED, "all {answers} answers came");
+    server.shutdown().await;
+}
+
+/// Raises this process's soft open-file limit to `want` if it is lower
+/// and the hard limit allows; whether it is at least `want` now.
+fn raise_file_limit(want: libc::rlim_t) -> bool {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit with a valid rlimit of ours.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return false;
+        }
+        if limit.rlim_cur < want {
+            limit.rlim_cur = want.min(limit.rlim_max);
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                return false;
+            }
+        }
+    }
+    limit.rlim_cur >= want
+}
+
+/// A `datum-node` process with `flags`, its open-file limit lowered to
+/// `files` when given, and its stdout lines.
+fn node_process(
+    flags: &[&str],
+    files: Option<libc::rlim_t>,
+) -> (KillOnDrop, std::sync::mpsc::Receiver<String>) {
+    use std::os::unix::process::CommandExt;
+    let mut command = Command::new(BIN);
+    command
+        .args(flags)
+        .env("DATUM_SECRET", "management-secret")
+        .env("RUST_LOG", "error")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    if let Some(files) = files {
+        // SAFETY: only getrlimit and setrlimit between fork and exec.
+        unsafe {
+            command.pre_exec(move || {
+                let mut limit = libc::rlimit {
+                    rlim_cur: 0,
+                    rlim_max: 0,
+                };
+                if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                limit.rlim_cur = files.min(limit.rlim_max);
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    let mut child = KillOnDrop(command.spawn().expect("spawn datum-node"));
+    let stdout = child.0.stdout.take().unwrap();
+    let (lines, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            if lines.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    (child, rx)
+}
+
+/// The first line (at most `LONG` away) that `check` holds of, parsed.
+fn expect_line(lines: &std::sync::mpsc::Receiver<String>, check: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + LONG;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = lines
+            .recv_timeout(left)
+            .unwrap_or_else(|e| panic!("no such line within {LONG:?}: {e}"));
+        let event: Value = serde_json::from_str(&line).expect("a JSON line");
+        if check(&event) {
+            return event;
+        }
+    }
+}
+
+/// A node whose process may hold 256 files: 400 connections to its
+/// endpoint that never send a request are more than its file limit, but
+/// the endpoint holds at most a quarter of it (the default limit) and
+/// closes the rest as they come, so the cluster port still accepts (a
+/// second node joins through it) and, once the held ones go, `/alive`
+/// answers.
+#[test]
+fn connections_to_the_endpoint_cannot_take_the_cluster_ports_files() {
+    const FILES: libc::rlim_t = 256;
+    const CONNECTIONS: usize = 400;
+    if !raise_file_limit(2_048) {
+        eprintln!("skipped: this process cannot hold 2048 open files");
+        return;
+    }
+    let (_first, first_lines) = node_process(
+        &[
+            "--cluster-name",
+            "management-files",
+            "--bind",
+            "127.0.0.1:0",
+            "--management-addr",
+            "127.0.0.1:0",
+            "--management-header-timeout-ms",
+            "600000",
+            "--management-idle-timeout-ms",
+            "600000",
+        ],
+        Some(FILES),
+    );
+    let started = expect_line(&first_lines, |e| e["event"] == "started");
+    let cluster_addr = started["addr"].as_str().unwrap().to_owned();
+    let listening = expect_line(&first_lines, |e| e["event"] == "management_listening");
+    let at: SocketAddr = listening["addr"].as_str().unwrap().parse().unwrap();
+
+    let mut idle: Vec<_> = (0..CONNECTIONS).map(|_| idle_connection(at)).collect();
+    // All but a quarter of the file limit are closed as they come.
+    let limit = (FILES / 4) as usize;
+    let gone = until_closed(&mut idle, CONNECTIONS - limit);
+    let open = gone.iter().filter(|g| !**g).count();
+    assert_eq!(open, limit);
+
+    // The cluster port still accepts: a second node joins through it while
+    // the endpoint holds its limit.
+    let (_second, second_lines) = node_process(
+        &[
+            "--cluster-name",
+            "management-files",
+            "--bind",
+            "127.0.0.1:0",
+            "--seeds",
+            &cluster_addr,
+        ],
+        None,
+    );
+    let second = expect_line(&second_lines, |e| e["event"] == "started");
+    let second_id = second["node_id"].clone();
+    expect_line(&first_lines, |e| {
+        e["event"] == "member_up" && e["node_id"] == second_id
+    });
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        // Full: a probe is closed too; once the held connections go, it is
+        // answered.
+        assert!(try_get(at, "/alive").await.is_none());
+        drop(idle);
+        let alive = until_answered(at, "/alive", |a| a.status == 200).await;
+        assert_eq!(alive.json()["alive"], true);
+    });
 }

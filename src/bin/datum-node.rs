@@ -60,7 +60,8 @@ mod counter;
     after_help = "Every flag can also be set by the environment variable shown. Logs go to stderr \
 (RUST_LOG, default `warn`). SIGTERM or Ctrl-C: leave gracefully, exit 0.\n\
 Exit codes: 0 left gracefully; 1 could not start (bind failure, refused configuration); \
-2 bad flags; 3 downed or removed by the cluster; 4 the graceful leave did not complete in time.\n\
+2 bad flags; 3 downed or removed by the cluster; 4 the graceful leave did not complete in time; \
+5 gave up joining: the seeds refused this node (another cluster name or secret, an unsupported protocol version).\n\
 `datum-node certs --out DIR --nodes IP,IP,...` writes a test CA and node certificates for --tls-* (see `datum-node certs --help`)."
 )]
 struct Args {
@@ -167,6 +168,13 @@ struct Args {
     #[arg(long, env = "DATUM_DRIVE", default_value_t = 0, requires = "counter")]
     drive: u32,
 
+    /// With --drive: at most this many asks (or credits) per second from
+    /// each loop, so that driving leaves the node's core to the node; 0 for
+    /// as fast as the answers come.
+    #[arg(long, env = "DATUM_DRIVE_RATE", default_value_t = 100, requires = "drive",
+          value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
+    drive_rate: u32,
+
     /// With --drive: each loop asks a counter never asked before every time
     /// (loop `i`'s R-th ask goes to `drive-R-i`), so new entities, and new
     /// shards, keep being placed.
@@ -225,6 +233,34 @@ struct Args {
     /// `management_listening` line tells which.
     #[arg(long, env = "DATUM_MANAGEMENT_ADDR")]
     management_addr: Option<SocketAddr>,
+
+    /// With --management-addr: the most connections the endpoint holds at
+    /// once; one more is closed as soon as it is accepted. Default 256, or
+    /// a quarter of the process's open-file limit when that is lower, so
+    /// that the cluster's pipes keep the rest.
+    #[arg(long, env = "DATUM_MANAGEMENT_MAX_CONNECTIONS", requires = "management_addr",
+          value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    #[cfg_attr(not(feature = "management"), allow(dead_code))]
+    management_max_connections: Option<u32>,
+
+    /// With --management-addr: how long a connection may take to send a
+    /// request's head, in milliseconds, timed from when it opens and, kept
+    /// alive, from each answer: a connection that sends nothing is closed
+    /// after it.
+    #[arg(long, env = "DATUM_MANAGEMENT_HEADER_TIMEOUT_MS", default_value_t = 10_000,
+          requires = "management_addr",
+          value_parser = clap::value_parser!(u64).range(1..=MAX_MS))]
+    #[cfg_attr(not(feature = "management"), allow(dead_code))]
+    management_header_timeout_ms: u64,
+
+    /// With --management-addr: how long a connection may move no byte
+    /// either way (say, a client that stops reading its answer) before it
+    /// is closed, in milliseconds.
+    #[arg(long, env = "DATUM_MANAGEMENT_IDLE_TIMEOUT_MS", default_value_t = 30_000,
+          requires = "management_addr",
+          value_parser = clap::value_parser!(u64).range(1..=MAX_MS))]
+    #[cfg_attr(not(feature = "management"), allow(dead_code))]
+    management_idle_timeout_ms: u64,
 
     /// Find the seeds while joining instead of --seeds: `file:PATH` (one
     /// `IP:port` per line, read again every second), `dns:NAME:PORT` (the
@@ -332,36 +368,69 @@ struct CertsArgs {
 
 /// Runs `datum-node certs`.
 fn certs(args: CertsArgs) -> ExitCode {
+    match write_certificates(&args) {
+        Ok(lines) => {
+            for line in lines {
+                println!("{line}");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("datum-node certs: {error}");
+            ExitCode::from(EXIT_START_FAILED)
+        }
+    }
+}
+
+/// Writes the test CA and certificates `args` asks for; gives, per name,
+/// the `--tls-*` flags that use them.
+fn write_certificates(args: &CertsArgs) -> Result<Vec<String>, String> {
     #[cfg(feature = "tls")]
     {
+        // Only new files are written: name the first that exists before any
+        // is written (the writer refuses one too, but with only the OS's
+        // "File exists", and after writing those before it).
+        if let Some(path) = existing_certificate_file(&args.out, args.nodes.len()) {
+            return Err(format!(
+                "refusing to overwrite {}, which exists (remove it or choose another --out)",
+                path.display()
+            ));
+        }
         let names: Vec<&str> = args.nodes.iter().map(String::as_str).collect();
         let valid_for = Duration::from_secs(args.days * 86_400);
-        match datum_cluster_sharding::transport::generate_test_certificates(
+        let configs = datum_cluster_sharding::transport::generate_test_certificates(
             &args.out, &names, valid_for,
-        ) {
-            Ok(configs) => {
-                for (name, c) in names.iter().zip(&configs) {
-                    println!(
-                        "{name}: --tls-cert {} --tls-key {} --tls-ca {}",
-                        c.cert_chain.display(),
-                        c.private_key.display(),
-                        c.ca_roots.display()
-                    );
-                }
-                ExitCode::SUCCESS
-            }
-            Err(error) => {
-                eprintln!("datum-node certs: {error}");
-                ExitCode::from(EXIT_START_FAILED)
-            }
-        }
+        )
+        .map_err(|e| e.to_string())?;
+        Ok(names
+            .iter()
+            .zip(&configs)
+            .map(|(name, c)| {
+                format!(
+                    "{name}: --tls-cert {} --tls-key {} --tls-ca {}",
+                    c.cert_chain.display(),
+                    c.private_key.display(),
+                    c.ca_roots.display()
+                )
+            })
+            .collect())
     }
     #[cfg(not(feature = "tls"))]
     {
         let _ = args;
-        eprintln!("datum-node certs: needs a build with `--features tls`");
-        ExitCode::from(EXIT_START_FAILED)
+        Err("needs a build with `--features tls`".into())
     }
+}
+
+/// The first of the files `datum-node certs` writes into `dir` for `nodes`
+/// names that exists already (a link counts, whatever it points to).
+#[cfg(feature = "tls")]
+fn existing_certificate_file(dir: &std::path::Path, nodes: usize) -> Option<std::path::PathBuf> {
+    let per_node = (0..nodes).flat_map(|i| [format!("node-{i}.pem"), format!("node-{i}-key.pem")]);
+    std::iter::once("ca.pem".to_owned())
+        .chain(per_node)
+        .map(|name| dir.join(name))
+        .find(|path| path.symlink_metadata().is_ok())
 }
 
 /// The TLS material the --tls-* flags name (none without them).
@@ -399,7 +468,7 @@ fn recorder(args: &Args) -> Result<Option<Recorder>, String> {
     }
     #[cfg(feature = "management")]
     {
-        metrics_exporter_prometheus::PrometheusBuilder::new()
+        datum_cluster_sharding::telemetry::prometheus_builder()
             .install_recorder()
             .map(Some)
             .map_err(|e| e.to_string())
@@ -408,16 +477,31 @@ fn recorder(args: &Args) -> Result<Option<Recorder>, String> {
     Err("--management-addr needs a build with `--features management`".into())
 }
 
+/// The `--management-*` limits.
+#[cfg(feature = "management")]
+struct ManagementLimits {
+    max_connections: Option<u32>,
+    header_timeout_ms: u64,
+    idle_timeout_ms: u64,
+}
+
 /// Serves the management endpoint on `listener` for `node` (and its system).
 #[cfg(feature = "management")]
 fn serve_management(
     listener: tokio::net::TcpListener,
+    limits: ManagementLimits,
     node: &ClusterNode,
     system: Option<&Hosted>,
     recorder: Recorder,
 ) -> std::io::Result<datum_cluster_sharding::management::ManagementServer> {
     use datum_cluster_sharding::management::Management;
-    let mut management = Management::new(node.clone()).prometheus(recorder);
+    let mut management = Management::new(node.clone())
+        .prometheus(recorder)
+        .header_read_timeout(Duration::from_millis(limits.header_timeout_ms))
+        .idle_timeout(Duration::from_millis(limits.idle_timeout_ms));
+    if let Some(n) = limits.max_connections {
+        management = management.max_connections(n as usize);
+    }
     match system {
         Some(Hosted::Counter(system)) => management = management.system(system),
         #[cfg(feature = "postgres")]
@@ -640,7 +724,12 @@ async fn run(args: Args) -> ExitCode {
     #[cfg(feature = "management")]
     let _management = match (management_listener, recorder) {
         (Some(listener), Some(recorder)) => {
-            match serve_management(listener, &node, system.as_ref(), recorder) {
+            let limits = ManagementLimits {
+                max_connections: args.management_max_connections,
+                header_timeout_ms: args.management_header_timeout_ms,
+                idle_timeout_ms: args.management_idle_timeout_ms,
+            };
+            match serve_management(listener, limits, &node, system.as_ref(), recorder) {
                 Ok(server) => {
                     emit(&Listening::new(server.local_addr(), started));
                     Some(server)
@@ -663,7 +752,7 @@ async fn run(args: Args) -> ExitCode {
     let drive = match &system {
         Some(system) if args.drive > 0 => {
             let loops = (args.drive, args.drive_fresh);
-            match system.drive(loops, args.drive_reliable, &me) {
+            match system.drive(loops, args.drive_rate, args.drive_reliable, &me) {
                 Ok(drive) => Some(drive),
                 Err(error) => {
                     eprintln!("datum-node: cannot drive traffic: {error}");
@@ -870,17 +959,18 @@ impl Hosted {
 
     /// `--drive`: asks `Get` of counters, `Add(1)` of journaled counters;
     /// `reliable`: credits to journaled counters through a producer of
-    /// `me`'s.
+    /// `me`'s; `rate` of them per second from each loop (0: unpaced).
     fn drive(
         &self,
         loops: (u32, bool),
+        rate: u32,
         reliable: bool,
         me: &UniqueAddress,
     ) -> Result<Drive, ShardingError> {
         let counts = Arc::new(DriveCounts::default());
         match self {
             Hosted::Counter(system) => {
-                drive_counters::<counter::Counter, _, _>(system, counter::Get, loops, &counts)
+                drive_counters::<counter::Counter, _, _>(system, counter::Get, loops, rate, &counts)
             }
             #[cfg(feature = "postgres")]
             Hosted::Journaled(system) if reliable => {
@@ -889,7 +979,7 @@ impl Hosted {
                     datum_cluster_sharding::ProducerConfig::default(),
                 )?;
                 let stop = Arc::new(AtomicBool::new(false));
-                drive_credits(&producer, loops.0, &stop);
+                drive_credits(&producer, loops.0, rate, &stop);
                 return Ok(Drive::Reliable { producer, stop });
             }
             #[cfg(feature = "postgres")]
@@ -897,6 +987,7 @@ impl Hosted {
                 system,
                 counter::Add(1),
                 loops,
+                rate,
                 &counts,
             ),
         }
@@ -931,8 +1022,9 @@ struct DriveCounts {
 }
 
 /// `--drive N`: N asking loops, loop `i` asking `msg` of entity `drive-i`
-/// (with `--drive-fresh`, `drive-R-i` in its round R) forever, each ask
-/// retried until answered or given up after 30 s.
+/// (with `--drive-fresh`, `drive-R-i` in its round R) forever, at most
+/// `rate` logical asks per second (0: unpaced), each ask retried until
+/// answered or given up after 30 s.
 fn drive_counters<
     P: Protocol,
     M: Ask<P> + Clone + Send + Sync + 'static,
@@ -941,6 +1033,7 @@ fn drive_counters<
     system: &ShardedSystem<NoStore, J>,
     msg: M,
     (entities, fresh): (u32, bool),
+    rate: u32,
     counts: &Arc<DriveCounts>,
 ) {
     for i in 0..entities {
@@ -949,7 +1042,9 @@ fn drive_counters<
         let msg = msg.clone();
         tokio::spawn(async move {
             let fixed = system.entity_ref::<P>(format!("drive-{i}"));
+            let mut pace = Pace::new(rate);
             for round in 0u64.. {
+                pace.wait().await;
                 let entity = if fresh {
                     system.entity_ref::<P>(format!("drive-{round}-{i}"))
                 } else {
@@ -986,6 +1081,28 @@ async fn ask_until_answered<P: Protocol, M: Ask<P> + Clone>(
                 counts.retries.fetch_add(1, Ordering::Relaxed);
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
+        }
+    }
+}
+
+/// `--drive-rate`: one drive loop's pace, at most `rate` a second.
+struct Pace(Option<tokio::time::Interval>);
+
+impl Pace {
+    /// `rate` a second; 0 for no pace at all.
+    fn new(rate: u32) -> Pace {
+        Pace((rate > 0).then(|| {
+            let mut every = tokio::time::interval(Duration::from_secs(1) / rate);
+            // A slow answer delays the next ask; it does not earn a burst.
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            every
+        }))
+    }
+
+    /// Until the next one may go.
+    async fn wait(&mut self) {
+        if let Some(every) = &mut self.0 {
+            every.tick().await;
         }
     }
 }
@@ -1045,19 +1162,26 @@ impl Drive {
 }
 
 /// `--drive-reliable`: `loops` loops, loop `i` sending `Credit(1)` to
-/// journaled counter `drive-i` through `producer` until `stop` is set (or
-/// the system shuts down).
+/// journaled counter `drive-i` through `producer`, at most `rate` a second
+/// (0: as fast as its window lets it), until `stop` is set (or the system
+/// shuts down).
 #[cfg(feature = "postgres")]
 fn drive_credits(
     producer: &datum_cluster_sharding::ReliableProducer<journaled::JournaledCounter>,
     loops: u32,
+    rate: u32,
     stop: &Arc<AtomicBool>,
 ) {
     for i in 0..loops {
         let (producer, stop) = (producer.clone(), stop.clone());
         tokio::spawn(async move {
             let id: Arc<str> = format!("drive-{i}").into();
+            let mut pace = Pace::new(rate);
             while !stop.load(Ordering::Relaxed) {
+                pace.wait().await;
+                if stop.load(Ordering::Relaxed) {
+                    return;
+                }
                 if producer
                     .send(id.clone(), journaled::Credit(1))
                     .await
@@ -1336,6 +1460,109 @@ mod tests {
             node_id: NodeId(0x93b3_0568_2c1a_07ee),
             incarnation: 1_796_042_329_732_518,
         }
+    }
+
+    /// `--help` names every exit code the binary has, each once.
+    #[test]
+    fn help_lists_every_exit_code() {
+        use clap::CommandFactory;
+        let help = Args::command().render_long_help().to_string();
+        // The list as one line: clap wraps long help to the terminal.
+        let after = help.split_once("Exit codes: ").expect("an exit code list").1;
+        let codes = after.split("\n\n").next().unwrap_or_default();
+        let codes = codes.split_whitespace().collect::<Vec<_>>().join(" ");
+        let listed: Vec<u8> = codes
+            .trim_end_matches('.')
+            .split("; ")
+            .map(|each| {
+                let code = each.split(' ').next().unwrap_or_default();
+                code.parse()
+                    .unwrap_or_else(|_| panic!("{each:?} in {codes:?}"))
+            })
+            .collect();
+        let every = [
+            0,
+            EXIT_START_FAILED,
+            2,
+            EXIT_STOPPED_BY_CLUSTER,
+            EXIT_LEAVE_TIMED_OUT,
+            EXIT_JOIN_REFUSED,
+        ];
+        assert_eq!(listed, every, "{codes}");
+    }
+
+    /// `datum-node certs` into a directory that holds them already refuses,
+    /// naming the file, and writes nothing.
+    #[cfg(feature = "tls")]
+    #[test]
+    fn certs_refuse_to_overwrite_naming_the_file() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let args = |nodes: &str| {
+            CertsArgs::parse_from([
+                "datum-node certs",
+                "--out",
+                dir.path().to_str().unwrap(),
+                "--nodes",
+                nodes,
+            ])
+        };
+        let lines = write_certificates(&args("127.0.0.1,127.0.0.2")).expect("written");
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        let error = write_certificates(&args("127.0.0.1")).expect_err("refused");
+        let ca = dir.path().join("ca.pem");
+        assert_eq!(
+            error,
+            format!(
+                "refusing to overwrite {}, which exists (remove it or choose another --out)",
+                ca.display()
+            )
+        );
+        // Only a node's file there: named too, and no CA is written.
+        let other = tempfile::tempdir().expect("a temporary directory");
+        let key = other.path().join("node-1-key.pem");
+        std::fs::write(&key, "").expect("written");
+        let out = other.path().to_str().unwrap();
+        let refused = CertsArgs::parse_from([
+            "datum-node certs",
+            "--out",
+            out,
+            "--nodes",
+            "127.0.0.1,127.0.0.2",
+        ]);
+        let error = write_certificates(&refused).expect_err("refused");
+        assert!(error.contains(&key.display().to_string()), "{error}");
+        assert!(!other.path().join("ca.pem").exists());
+    }
+
+    /// `--drive-rate` paces a loop: 0 not at all, 50 a second 20 ms apart
+    /// (never faster); 100 unless told.
+    #[tokio::test]
+    async fn drive_rate_paces_each_loop() {
+        let started = Instant::now();
+        let mut unpaced = Pace::new(0);
+        for _ in 0..1_000 {
+            unpaced.wait().await;
+        }
+        assert!(started.elapsed() < Duration::from_secs(1));
+        let started = Instant::now();
+        let mut paced = Pace::new(50);
+        for _ in 0..11 {
+            paced.wait().await;
+        }
+        // The first goes at once, the ten after it 20 ms apart.
+        assert!(started.elapsed() >= Duration::from_millis(200));
+        let flags = [
+            "--cluster-name",
+            "c",
+            "--secret",
+            "s",
+            "--counter",
+            "--drive",
+            "2",
+        ];
+        let args =
+            Args::try_parse_from(std::iter::once("datum-node").chain(flags)).expect("parses");
+        assert_eq!(args.drive_rate, 100);
     }
 
     #[test]
