@@ -6,9 +6,17 @@
 
 #![allow(dead_code)] // the tests use the protocol, the node binary the entity
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
 use datum_cluster_sharding::prelude::*;
 
 use super::counter::{Add, Get};
+
+/// How long each `Add` handler waits before it journals (`datum-node
+/// --handle-ms`), in milliseconds: a slow handler, so that asks are in
+/// flight when a test cuts the network.
+pub static ADD_DELAY_MS: AtomicU64 = AtomicU64::new(0);
 
 /// Adds to the counter without a reply: what a reliable producer sends.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -63,6 +71,10 @@ impl JournaledCounterEntity {
 
 impl Handler<Add> for JournaledCounterEntity {
     async fn handle(&mut self, msg: Add, ctx: &EntityContext) -> ShardingResult<u64> {
+        let delay = ADD_DELAY_MS.load(Ordering::Relaxed);
+        if delay > 0 {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+        }
         self.add(msg.0, ctx).await?;
         Ok(self.total)
     }

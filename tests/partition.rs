@@ -865,6 +865,104 @@ fn a_split_over_a_shared_postgres_journal_never_forks_it() {
     );
 }
 
+/// The numbers listed under `key` in a JSON line.
+fn tags(line: &str, key: &str) -> Vec<u64> {
+    let value: serde_json::Value = serde_json::from_str(line).unwrap_or_default();
+    let listed = value[key].as_array().cloned().unwrap_or_default();
+    listed
+        .iter()
+        .filter_map(serde_json::Value::as_u64)
+        .collect()
+}
+
+/// The 3/2 split of [`journaling`] with asks that a cut leaves in flight:
+/// each `Add` handler waits 40 ms before it journals (`--handle-ms`), each
+/// attempt waits up to 10 s for its answer (`--drive-timeout-ms`, past the
+/// resolver's decision), and each attempt adds a number of its own
+/// (`--drive-tags`). At the cut side B's asks to side A's counters are
+/// being handled there; side A journals them and their answers are lost;
+/// side B downs itself, and its fence fails the asks still waiting. No
+/// attempt whose error said it was not processed is in any journal —
+/// `ShuttingDown` said so of such asks before — and some of side B's
+/// attempts did fail saying they may have been.
+#[test]
+fn asks_in_flight_when_their_side_is_cut_off_fail_as_maybe_processed() {
+    let _serial = one_at_a_time();
+    let flags = [
+        "--handle-ms",
+        "40",
+        "--drive-timeout-ms",
+        "10000",
+        "--drive-tags",
+    ];
+    let Some((net, server, db, mut nodes)) = journaling(&flags) else {
+        return;
+    };
+    let maybe_before: u64 = nodes[3..]
+        .iter_mut()
+        .filter_map(|n| number(&n.newest("drive"), "maybe"))
+        .sum();
+    net.sides_linked(false);
+    let mut lines = Vec::new();
+    for n in &mut nodes[3..] {
+        let mut last_drive = String::new();
+        let stopped = n.expect(|l| {
+            if field(l, "event") == Some("drive") {
+                last_drive = l.to_owned();
+            }
+            field(l, "event") == Some("stopped")
+        });
+        assert_eq!(field(&stopped, "reason"), Some("downed"), "{stopped}");
+        assert_eq!(n.wait().code(), Some(3));
+        lines.push(last_drive);
+    }
+    // Side B downs nobody: what failed there as maybe since the cut
+    // failed when it fenced itself.
+    let maybe_after: u64 = lines.iter().filter_map(|l| number(l, "maybe")).sum();
+    let side_b_maybe = maybe_after - maybe_before;
+    for n in &mut nodes[..3] {
+        let line = n.expect(|l| field(l, "event") == Some("drive"));
+        let before = number(&line, "acked").expect("acked");
+        n.expect(|l| {
+            field(l, "event") == Some("drive") && number(l, "acked") >= Some(before + 256)
+        });
+    }
+    net.sides_linked(true);
+    for n in &mut nodes[..3] {
+        n.drain(Duration::from_secs(1));
+        lines.push(n.newest("drive"));
+    }
+    leave_gracefully(&mut nodes[..3]);
+
+    let refused: BTreeSet<u64> = lines.iter().flat_map(|l| tags(l, "refused")).collect();
+    let mut journaled = 0;
+    common::walk_counter_journals(
+        &server.psql(&db, common::COUNTER_JOURNALS),
+        |entity, _, row| {
+            if let common::CounterRow::Added(tag) = row {
+                journaled += 1;
+                assert!(
+                    !refused.contains(&tag),
+                    "{entity}: attempt {tag:#x} was applied, but its asker was told it was not processed"
+                );
+            }
+        },
+    );
+    let acked: u64 = lines.iter().filter_map(|l| number(l, "acked")).sum();
+    assert!(
+        journaled >= acked,
+        "{acked} answered, {journaled} journaled"
+    );
+    assert!(
+        side_b_maybe > 0,
+        "no attempt of side B failed as maybe processed at its fence: {lines:?}"
+    );
+    eprintln!(
+        "{journaled} additions journaled, {acked} answered; side B's fence failed {side_b_maybe} attempts as maybe processed; {} attempts refused unprocessed, none journaled",
+        refused.len()
+    );
+}
+
 /// The 3/2 split of [`a_split_over_a_shared_postgres_journal_never_forks_it`]
 /// with every driver sending `Credit(1)` through a reliable producer of its
 /// node's (`--drive-reliable`). Side B's nodes are asked to leave (SIGTERM)

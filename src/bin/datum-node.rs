@@ -28,7 +28,9 @@ use datum_cluster_sharding::identity::UniqueAddress;
 use datum_cluster_sharding::membership::{MemberStatus, MembershipEvent, SplitBrainStrategy};
 #[cfg(feature = "postgres")]
 use datum_cluster_sharding::persistence::PgPersistence;
-use datum_cluster_sharding::{Ask, EntityRef, NoStore, Protocol, ShardedSystem, ShardingError};
+use datum_cluster_sharding::{
+    Ask, EntityRef, NoStore, Processed, Protocol, ShardedSystem, ShardingError,
+};
 use serde::Serialize;
 use tokio::sync::broadcast::error::RecvError;
 
@@ -174,6 +176,28 @@ struct Args {
     #[arg(long, env = "DATUM_DRIVE_RATE", default_value_t = 100, requires = "drive",
           value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
     drive_rate: u32,
+
+    /// With --drive: how long each attempt of an ask waits for its answer
+    /// before it counts as failed and is tried again.
+    #[arg(long, env = "DATUM_DRIVE_TIMEOUT_MS", default_value_t = 1_000, requires = "drive",
+          value_parser = clap::value_parser!(u64).range(1..=MAX_MS))]
+    drive_timeout_ms: u64,
+
+    /// With --drive and --journal-url: each attempt of an ask adds a number
+    /// of its own (unique to this node: its node id's low 16 bits above the
+    /// attempt's count) instead of 1, and the `drive` line lists as
+    /// `refused` the numbers of the attempts that failed with an error
+    /// saying they were not processed — so a journal can be checked
+    /// against what each failure said.
+    #[arg(long, env = "DATUM_DRIVE_TAGS", requires_all = ["drive", "journal_url"],
+          conflicts_with = "drive_reliable")]
+    drive_tags: bool,
+
+    /// With --journal-url: each `Add` handler waits this long before it
+    /// journals, so that asks are in flight for a while (a slow handler).
+    #[arg(long, env = "DATUM_HANDLE_MS", default_value_t = 0, requires = "journal_url",
+          value_parser = clap::value_parser!(u64).range(0..=MAX_MS))]
+    handle_ms: u64,
 
     /// With --drive: each loop asks a counter never asked before every time
     /// (loop `i`'s R-th ask goes to `drive-R-i`), so new entities, and new
@@ -673,6 +697,8 @@ async fn run(args: Args) -> ExitCode {
             return ExitCode::from(EXIT_START_FAILED);
         }
     };
+    #[cfg(feature = "postgres")]
+    journaled::ADD_DELAY_MS.store(args.handle_ms, Ordering::Relaxed);
     // The journal is connected before the node joins: a bad URL or an
     // unreachable database fails the start without a member to down.
     let journal = match open_journal(args.journal_url.as_deref().filter(|_| args.counter)).await {
@@ -751,8 +777,15 @@ async fn run(args: Args) -> ExitCode {
     let print_stats = system.is_some() && args.stats_ms > 0;
     let drive = match &system {
         Some(system) if args.drive > 0 => {
-            let loops = (args.drive, args.drive_fresh);
-            match system.drive(loops, args.drive_rate, args.drive_reliable, &me) {
+            let options = DriveOptions {
+                loops: args.drive,
+                fresh: args.drive_fresh,
+                rate: args.drive_rate,
+                reliable: args.drive_reliable,
+                timeout: Duration::from_millis(args.drive_timeout_ms),
+                tags: args.drive_tags.then_some((me.node_id.0 & 0xffff) << 32),
+            };
+            match system.drive(&options, &me) {
                 Ok(drive) => Some(drive),
                 Err(error) => {
                     eprintln!("datum-node: cannot drive traffic: {error}");
@@ -814,6 +847,12 @@ async fn run(args: Args) -> ExitCode {
     }
 
     if stopped_by_cluster {
+        // The asks waiting when the system fenced have failed: their
+        // loops count them before the last `drive` line.
+        if let Some(drive) = &drive {
+            drive.ended(Duration::from_secs(5)).await;
+            emit(&drive.line(started));
+        }
         drain(&mut events, started);
         if let Some(refusal) = node.join_refusal() {
             node.crash().await;
@@ -960,40 +999,36 @@ impl Hosted {
     /// `--drive`: asks `Get` of counters, `Add(1)` of journaled counters;
     /// `reliable`: credits to journaled counters through a producer of
     /// `me`'s; `rate` of them per second from each loop (0: unpaced).
-    fn drive(
-        &self,
-        loops: (u32, bool),
-        rate: u32,
-        reliable: bool,
-        me: &UniqueAddress,
-    ) -> Result<Drive, ShardingError> {
+    fn drive(&self, options: &DriveOptions, me: &UniqueAddress) -> Result<Drive, ShardingError> {
         let counts = Arc::new(DriveCounts::default());
         match self {
             Hosted::Counter(system) => {
-                drive_counters::<counter::Counter, _, _>(system, counter::Get, loops, rate, &counts)
+                drive_counters::<counter::Counter, _, _>(system, |_| counter::Get, options, &counts)
             }
             #[cfg(feature = "postgres")]
-            Hosted::Journaled(system) if reliable => {
+            Hosted::Journaled(system) if options.reliable => {
                 let producer = system.reliable_producer(
                     format!("drive-{}", me.node_id),
                     datum_cluster_sharding::ProducerConfig::default(),
                 )?;
                 let stop = Arc::new(AtomicBool::new(false));
-                drive_credits(&producer, loops.0, rate, &stop);
+                drive_credits(&producer, options.loops, options.rate, &stop);
                 return Ok(Drive::Reliable { producer, stop });
             }
             #[cfg(feature = "postgres")]
-            Hosted::Journaled(system) => drive_counters::<journaled::JournaledCounter, _, _>(
-                system,
-                counter::Add(1),
-                loops,
-                rate,
-                &counts,
-            ),
+            Hosted::Journaled(system) => {
+                let tagged = options.tags.is_some();
+                drive_counters::<journaled::JournaledCounter, _, _>(
+                    system,
+                    move |tag| counter::Add(if tagged { tag } else { 1 }),
+                    options,
+                    &counts,
+                )
+            }
         }
         // (Without the `postgres` feature, credits have no counter to go to.)
         #[cfg(not(feature = "postgres"))]
-        let _ = (reliable, me);
+        let _ = me;
         Ok(Drive::Asks(counts))
     }
 
@@ -1012,34 +1047,88 @@ impl Hosted {
 #[path = "../../protocols/journaled.rs"]
 mod journaled;
 
+/// How `--drive` drives.
+struct DriveOptions {
+    loops: u32,
+    fresh: bool,
+    /// Logical asks a second per loop (0: unpaced).
+    rate: u32,
+    reliable: bool,
+    /// Each attempt's ask timeout.
+    timeout: Duration,
+    /// `--drive-tags`: the first attempt's number (later ones count up).
+    tags: Option<u64>,
+}
+
 /// What `--drive` counts: logical asks answered, retries of failed asks,
-/// and asks given up after 30 s of retries.
+/// asks given up after 30 s of retries, failed attempts whose error said
+/// they may have been processed, and (`--drive-tags`) the numbers of
+/// those whose error said they were not.
 #[derive(Debug, Default)]
 struct DriveCounts {
     acked: AtomicU64,
     retries: AtomicU64,
     missing: AtomicU64,
+    maybe: AtomicU64,
+    /// `--drive-tags`: attempts are numbered, and `refused` is printed.
+    tagged: AtomicBool,
+    /// The next attempt's number.
+    next_tag: AtomicU64,
+    refused: std::sync::Mutex<Vec<u64>>,
+    /// Loops still asking: each ends when its system stops.
+    running: AtomicU64,
 }
 
-/// `--drive N`: N asking loops, loop `i` asking `msg` of entity `drive-i`
-/// (with `--drive-fresh`, `drive-R-i` in its round R) forever, at most
-/// `rate` logical asks per second (0: unpaced), each ask retried until
-/// answered or given up after 30 s.
-fn drive_counters<
-    P: Protocol,
-    M: Ask<P> + Clone + Send + Sync + 'static,
-    J: Send + Sync + 'static,
->(
+impl DriveCounts {
+    /// Counts a failed attempt (numbered `tag`) by what its error says
+    /// of its processing.
+    fn failed(&self, tag: u64, error: &ShardingError) {
+        match error.processed() {
+            Processed::Maybe => {
+                self.maybe.fetch_add(1, Ordering::Relaxed);
+            }
+            Processed::No => {
+                let mut refused = self.refused.lock().unwrap_or_else(|p| p.into_inner());
+                refused.push(tag);
+            }
+            // (Not a failure of delivery: the handler answered an error.)
+            _ => {}
+        }
+    }
+
+    /// Until every loop has ended, `patience` at most.
+    async fn ended(&self, patience: Duration) {
+        let deadline = tokio::time::Instant::now() + patience;
+        while self.running.load(Ordering::Acquire) > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+/// `--drive N`: N asking loops, loop `i` asking `msg(number)` of entity
+/// `drive-i` (with `--drive-fresh`, `drive-R-i` in its round R) forever,
+/// at most `rate` logical asks per second (0: unpaced), each ask retried
+/// until answered or given up after 30 s.
+fn drive_counters<P, M, J>(
     system: &ShardedSystem<NoStore, J>,
-    msg: M,
-    (entities, fresh): (u32, bool),
-    rate: u32,
+    msg: impl Fn(u64) -> M + Clone + Send + Sync + 'static,
+    options: &DriveOptions,
     counts: &Arc<DriveCounts>,
-) {
-    for i in 0..entities {
+) where
+    P: Protocol,
+    M: Ask<P> + Send + 'static,
+    J: Send + Sync + 'static,
+{
+    if let Some(first) = options.tags {
+        counts.tagged.store(true, Ordering::Relaxed);
+        counts.next_tag.store(first, Ordering::Relaxed);
+    }
+    for i in 0..options.loops {
         let system = system.clone();
         let counts = counts.clone();
         let msg = msg.clone();
+        let (fresh, rate, timeout) = (options.fresh, options.rate, options.timeout);
+        counts.running.fetch_add(1, Ordering::AcqRel);
         tokio::spawn(async move {
             let fixed = system.entity_ref::<P>(format!("drive-{i}"));
             let mut pace = Pace::new(rate);
@@ -1050,34 +1139,43 @@ fn drive_counters<
                 } else {
                     fixed.clone()
                 };
-                if !ask_until_answered(&entity, &msg, &counts).await {
-                    return;
+                if !ask_until_answered(&entity, &msg, timeout, &counts).await {
+                    break;
                 }
             }
+            counts.running.fetch_sub(1, Ordering::AcqRel);
         });
     }
 }
 
-/// One logical ask, retried; false once the system is shutting down.
-async fn ask_until_answered<P: Protocol, M: Ask<P> + Clone>(
+/// One logical ask, retried; false once the system has stopped.
+async fn ask_until_answered<P: Protocol, M: Ask<P>>(
     entity: &EntityRef<P>,
-    msg: &M,
+    msg: impl Fn(u64) -> M,
+    timeout: Duration,
     counts: &DriveCounts,
 ) -> bool {
     const GIVE_UP: Duration = Duration::from_secs(30);
     let first = Instant::now();
     loop {
-        match entity.ask(msg.clone(), Duration::from_secs(1)).await {
+        let tag = counts.next_tag.fetch_add(1, Ordering::Relaxed);
+        match entity.ask(msg(tag), timeout).await {
             Ok(_) => {
                 counts.acked.fetch_add(1, Ordering::Relaxed);
                 return true;
             }
-            Err(ShardingError::ShuttingDown) => return false,
-            Err(_) if first.elapsed() >= GIVE_UP => {
-                counts.missing.fetch_add(1, Ordering::Relaxed);
-                return true;
-            }
-            Err(_) => {
+            Err(error) => {
+                counts.failed(tag, &error);
+                if matches!(
+                    error,
+                    ShardingError::ShuttingDown | ShardingError::ShutDownInFlight { .. }
+                ) {
+                    return false;
+                }
+                if first.elapsed() >= GIVE_UP {
+                    counts.missing.fetch_add(1, Ordering::Relaxed);
+                    return true;
+                }
                 counts.retries.fetch_add(1, Ordering::Relaxed);
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
@@ -1130,6 +1228,14 @@ impl Drive {
                 acked: counts.acked.load(Ordering::Relaxed),
                 retries: counts.retries.load(Ordering::Relaxed),
                 missing: counts.missing.load(Ordering::Relaxed),
+                maybe: Some(counts.maybe.load(Ordering::Relaxed)),
+                refused: counts.tagged.load(Ordering::Relaxed).then(|| {
+                    counts
+                        .refused
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .clone()
+                }),
                 unconfirmed: None,
                 t_ms,
             },
@@ -1141,10 +1247,20 @@ impl Drive {
                     acked: stats.confirmed,
                     retries: stats.resent,
                     missing: stats.failed,
+                    maybe: None,
+                    refused: None,
                     unconfirmed: Some(stats.unconfirmed as u64),
                     t_ms,
                 }
             }
+        }
+    }
+
+    /// Once the system stopped (fenced): until the asking loops, whose
+    /// last attempts failed then, have counted them (`patience` at most).
+    async fn ended(&self, patience: Duration) {
+        if let Drive::Asks(counts) = self {
+            counts.ended(patience).await;
         }
     }
 
@@ -1201,6 +1317,14 @@ struct DriveLine {
     acked: u64,
     retries: u64,
     missing: u64,
+    /// Asks only: failed attempts whose error said they may have been
+    /// processed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    maybe: Option<u64>,
+    /// With `--drive-tags`: the numbers of the attempts whose error said
+    /// they were not processed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    refused: Option<Vec<u64>>,
     /// With `--drive-reliable` only: credits sent and not yet confirmed.
     #[serde(skip_serializing_if = "Option::is_none")]
     unconfirmed: Option<u64>,
@@ -1468,7 +1592,10 @@ mod tests {
         use clap::CommandFactory;
         let help = Args::command().render_long_help().to_string();
         // The list as one line: clap wraps long help to the terminal.
-        let after = help.split_once("Exit codes: ").expect("an exit code list").1;
+        let after = help
+            .split_once("Exit codes: ")
+            .expect("an exit code list")
+            .1;
         let codes = after.split("\n\n").next().unwrap_or_default();
         let codes = codes.split_whitespace().collect::<Vec<_>>().join(" ");
         let listed: Vec<u8> = codes
@@ -1651,10 +1778,25 @@ mod tests {
                     acked: 2_048,
                     retries: 3,
                     missing: 0,
+                    maybe: Some(2),
+                    refused: None,
                     unconfirmed: None,
                     t_ms: 1_050,
                 }),
-                r#"{"event":"drive","acked":2048,"retries":3,"missing":0,"t_ms":1050}"#,
+                r#"{"event":"drive","acked":2048,"retries":3,"missing":0,"maybe":2,"t_ms":1050}"#,
+            ),
+            (
+                json_line(&DriveLine {
+                    event: "drive",
+                    acked: 2_048,
+                    retries: 3,
+                    missing: 0,
+                    maybe: Some(2),
+                    refused: Some(vec![0x1f2e_0000_0009]),
+                    unconfirmed: None,
+                    t_ms: 1_050,
+                }),
+                r#"{"event":"drive","acked":2048,"retries":3,"missing":0,"maybe":2,"refused":[34282428956681],"t_ms":1050}"#,
             ),
             (
                 json_line(&DriveLine {
@@ -1662,6 +1804,8 @@ mod tests {
                     acked: 9_120,
                     retries: 41,
                     missing: 0,
+                    maybe: None,
+                    refused: None,
                     unconfirmed: Some(0),
                     t_ms: 8_412,
                 }),

@@ -399,7 +399,9 @@ impl<P: Protocol> ReliableProducer<P> {
 
     /// Waits until every message sent so far is confirmed, `timeout` at
     /// most (`AskTimeout` naming the producer then), or the producer
-    /// stops (its error).
+    /// stops (its error; when its system shut down, `ShutDownInFlight`
+    /// naming the producer, since an unconfirmed message may have been
+    /// handled before its confirmation was lost).
     pub async fn flush(&self, timeout: Duration) -> ShardingResult<()> {
         let inner = &self.inner;
         let waited = tokio::time::timeout(timeout, async {
@@ -410,8 +412,15 @@ impl<P: Protocol> ReliableProducer<P> {
                     if state.stats.unconfirmed == 0 {
                         return Ok(());
                     }
-                    if let Some(why) = &state.stopped {
-                        return Err(why.clone());
+                    match &state.stopped {
+                        Some(ShardingError::ShuttingDown) => {
+                            return Err(ShardingError::ShutDownInFlight {
+                                type_name: P::TYPE_NAME,
+                                entity_id: format!("(producer {})", inner.id),
+                            });
+                        }
+                        Some(why) => return Err(why.clone()),
+                        None => {}
                     }
                 }
                 drained.await;
