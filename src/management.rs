@@ -221,12 +221,23 @@ impl Management {
     ///   has come since the regions registered.
     pub fn readiness(&self) -> Readiness {
         let not = |why: &str| Readiness::NotReady(why.to_owned());
+        // A seed's refusal (another secret, TLS keeping the node out) is
+        // what an operator needs to read first.
+        let refused = |why: &str| match self.node.join_refusal() {
+            Some(refusal) => Readiness::NotReady(format!("{why}: {refusal}")),
+            None => not(why),
+        };
         if !self.node.is_running() {
-            return not("the node has stopped");
+            return match self.node.join_refusal() {
+                Some(refusal) => Readiness::NotReady(format!(
+                    "the node has stopped: it gave up joining: {refusal}"
+                )),
+                None => not("the node has stopped"),
+            };
         }
         match self.node.current_state().self_status() {
             Some(MemberStatus::Up) => {}
-            None => return not("not a member yet"),
+            None => return refused("not a member yet"),
             Some(MemberStatus::Joining) => return not("joining"),
             Some(MemberStatus::Leaving | MemberStatus::Exiting) => return not("leaving"),
             Some(MemberStatus::Down | MemberStatus::Removed) => return not("out of the cluster"),

@@ -324,9 +324,12 @@ async fn a_refused_join_is_reported_and_the_node_gives_up() {
                         reason: r,
                         by_seed: b,
                         refusals,
+                        tls,
+                        ..
                     },
             } => {
                 assert_eq!((*s, r, *b), (seed, &reason, by_seed), "{error}");
+                assert_eq!(tls, &None, "not a TLS refusal: {error}");
                 assert_eq!(*refusals, 3, "gave up at the limit: {error}");
             }
             other => panic!("expected JoinRefused, got {other:?}"),

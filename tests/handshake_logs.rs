@@ -141,3 +141,48 @@ async fn a_flood_of_refused_handshakes_logs_a_bounded_number_of_warnings() {
         .count();
     assert!((1..=10).contains(&mine), "{mine} warnings for 50 refusals");
 }
+
+/// A TLS client at a plaintext node is named in the acceptor's warning as
+/// what it is — a peer that speaks TLS — not as an oversized frame (its
+/// `ClientHello`'s record header read as a length of hundreds of MiB).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_client_at_a_plaintext_node_is_named_in_the_warning() {
+    use tokio::io::AsyncWriteExt;
+    let warnings = warnings();
+    let a = Transport::bind(TransportConfig::new("plain", "one"))
+        .await
+        .expect("bind");
+    let me = format!("local={}", a.local());
+    let mut raw = tokio::net::TcpStream::connect(a.bound_addr())
+        .await
+        .expect("tcp");
+    raw.write_all(&[
+        0x16, 0x03, 0x01, 0x00, 0xc8, 0x01, 0x00, 0x00, 0xc4, 0x03, 0x03,
+    ])
+    .await
+    .expect("ClientHello");
+    let mine = || -> Vec<String> {
+        warnings
+            .0
+            .lock()
+            .expect("lock")
+            .iter()
+            .filter(|w| w.contains(&me))
+            .cloned()
+            .collect()
+    };
+    // The acceptor logs from its connection task; wait for it (bounded),
+    // without sleeping blindly.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while mine().is_empty() {
+        assert!(tokio::time::Instant::now() < deadline, "no warning");
+        tokio::task::yield_now().await;
+    }
+    let logged = mine();
+    assert!(
+        logged
+            .iter()
+            .all(|w| w.contains("speaks TLS") && !w.contains("exceeds")),
+        "{logged:?}"
+    );
+}

@@ -291,6 +291,37 @@ async fn three_nodes_answer_probes_members_placement_and_metrics() {
     }
 }
 
+/// A node its seed refuses (another cluster name: a misconfiguration a
+/// retry cannot cure) says why on `/ready` while it tries, and once it
+/// gave up is no longer alive, so an orchestrator restarts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_node_names_the_refusal_on_ready_and_gives_up_not_alive() {
+    let seed = cluster_node("management-right", vec![]).await;
+    let node = cluster_node("management-wrong", vec![seed.bound_addr()]).await;
+    let server = Management::new(node.clone())
+        .serve("127.0.0.1:0".parse().unwrap())
+        .await
+        .expect("endpoint binds");
+    let at = server.local_addr();
+    // Refused, then given up (after `join_refusal_limit` refusals): alive
+    // no more, and `/ready` says why.
+    until(at, "/alive", |a| a.status == 503).await;
+    let ready = get(at, "/ready").await;
+    assert_eq!(ready.status, 503);
+    let reason = ready.json()["reason"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        reason.starts_with("the node has stopped: it gave up joining: ")
+            && reason.contains(&seed.bound_addr().to_string())
+            && reason.contains("WrongCluster"),
+        "{reason}"
+    );
+    server.shutdown().await;
+    let _ = seed.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_that_has_not_joined_is_alive_but_not_ready() {
     // A seed that accepts connections and never answers a handshake.
@@ -696,7 +727,9 @@ async fn a_client_that_stops_reading_its_answers_is_cut_off_by_the_idle_timeout(
                 Err(e) => panic!("still open after {} bytes: {e}", read.len()),
             }
         }
-        read.windows(15).filter(|w| *w == b"HTTP/1.1 200 OK").count()
+        read.windows(15)
+            .filter(|w| *w == b"HTTP/1.1 200 OK")
+            .count()
     })
     .await
     .expect("read");

@@ -289,3 +289,81 @@ async fn certificates_renewed_on_disk_under_traffic_lose_no_ask() {
     let nodes = Arc::try_unwrap(nodes).ok().expect("drivers done");
     stop(nodes).await;
 }
+
+/// A node that TLS keeps from its seed — its certificate from another CA,
+/// the seed's certificate not naming what it expects, no TLS at all, or TLS
+/// at a plaintext seed — gives up joining as a node with a wrong secret
+/// does: `wait_until` fails with `JoinRefused`, whose refusal carries TLS's
+/// reason, and the node stops (so a supervisor sees it fail instead of
+/// waiting for ever). The seeds serve on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_tls_keeps_out_gives_up_joining_and_says_why() {
+    use datum_cluster_sharding::cluster::ClusterError;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ours = generate_test_certificates(
+        &dir.path().join("ours"),
+        &["127.0.0.1", "127.0.0.1", "nodes.elsewhere.test"],
+        DAY,
+    )
+    .expect("certificates");
+    let theirs = generate_test_certificates(&dir.path().join("theirs"), &["127.0.0.1"], DAY)
+        .expect("certificates");
+    let seed = ClusterNode::start(config(Some(&ours[0]), vec![]))
+        .await
+        .expect("the TLS seed starts");
+    let plain_seed = ClusterNode::start(config(None, vec![]))
+        .await
+        .expect("the plaintext seed starts");
+    for s in [&seed, &plain_seed] {
+        s.wait_until(|s| s.self_status().is_some(), LONG)
+            .await
+            .expect("a seed forms its cluster");
+    }
+    let elsewhere = ours[2].clone().with_peer_name("nodes.elsewhere.test");
+    let cases = [
+        (
+            "a certificate from another CA",
+            Some(&theirs[0]),
+            &seed,
+            "UnknownIssuer",
+        ),
+        (
+            "a seed certificate naming something else",
+            Some(&elsewhere),
+            &seed,
+            "not valid for name",
+        ),
+        ("no TLS, at a TLS seed", None, &seed, "speaks TLS"),
+        (
+            "TLS, at a plaintext seed",
+            Some(&ours[1]),
+            &plain_seed,
+            "speaks plaintext",
+        ),
+    ];
+    for (case, tls, seed, says) in cases {
+        let node = ClusterNode::start(config(tls, vec![seed.bound_addr()]))
+            .await
+            .expect("starts");
+        let error = node
+            .wait_until(|s| s.self_status().is_some(), LONG)
+            .await
+            .expect_err(case);
+        match &error {
+            ClusterError::JoinRefused { refusal } => {
+                assert_eq!(refusal.seed, seed.bound_addr(), "{case}: {error}");
+                let tls = refusal.tls.as_deref().unwrap_or_default();
+                assert!(tls.contains(says), "{case}: {error}");
+            }
+            other => panic!("{case}: expected JoinRefused, got {other:?}"),
+        }
+        assert!(error.to_string().contains(says), "{case}: {error}");
+        assert!(!node.is_running(), "{case}: the node gave up and stopped");
+        assert_eq!(node.join_refusal().map(|r| r.seed), Some(seed.bound_addr()));
+        node.crash().await;
+    }
+    for s in [&seed, &plain_seed] {
+        assert_eq!(s.current_state().members.len(), 1, "nobody was admitted");
+        s.crash().await;
+    }
+}

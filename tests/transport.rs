@@ -1038,3 +1038,115 @@ async fn large_frame_during_the_handshake_closes_at_once() {
         "closed at once, not at the handshake timeout"
     );
 }
+
+// -------------------------------------------------------------- TLS on one side only
+
+/// The first bytes a TLS client sends: a `ClientHello`'s record header and
+/// the start of its body.
+const CLIENT_HELLO_START: [u8; 11] = [
+    0x16, 0x03, 0x01, 0x00, 0xc8, 0x01, 0x00, 0x00, 0xc4, 0x03, 0x03,
+];
+
+/// A plaintext node meeting a TLS one takes the TLS record it reads for
+/// what it is — the peer speaks TLS — and not for a frame of hundreds of
+/// MiB: as the dialer (the TLS node's alert refusing its `Hello`), and as
+/// the acceptor (a `ClientHello`), which then answers with a plaintext
+/// `Reject`, so that the TLS side learns that this node speaks plaintext.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plaintext_node_says_that_its_peer_speaks_tls() {
+    let a = node().await;
+    // As the dialer, at an acceptor that answers the Hello as rustls does:
+    // a fatal `decode_error` alert.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let acceptor = tokio::spawn(async move {
+        let (mut tcp, _) = listener.accept().await.expect("accept");
+        let mut hello = [0u8; 4096];
+        let _ = tcp.read(&mut hello).await;
+        tcp.write_all(&[0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x32])
+            .await
+            .expect("alert");
+        tcp // held open: the dialer reads the alert, not an end
+    });
+    let err = within("connect", a.connect(addr))
+        .await
+        .expect_err("refused");
+    match &err {
+        ConnectError::Tls(why) => assert!(why.contains("speaks TLS"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    let _held = acceptor.await.expect("acceptor");
+
+    // As the acceptor, of a ClientHello: a plaintext Reject.
+    let mut raw = TcpStream::connect(a.bound_addr()).await.expect("tcp");
+    raw.write_all(&CLIENT_HELLO_START).await.expect("write");
+    let mut framed = Framed::new(raw, FrameCodec::default());
+    let reply = within("reply", framed.next()).await;
+    assert!(
+        matches!(
+            reply,
+            Some(Ok(Frame::Reject {
+                reason: RejectReason::ProtocolViolation
+            }))
+        ),
+        "{reply:?}"
+    );
+    assert!(a.connected_peers().is_empty());
+}
+
+// -------------------------------------------------------------- stalled handshakes
+
+/// Connections from one source that stall their handshake (silent, or half
+/// a `Hello`) hold at most `max_inbound_handshakes_per_source` of the
+/// handshake permits; the rest are closed at once, and a node from another
+/// source still connects while they stall. (127.0.0.2 is another source on
+/// Linux's loopback; a node dialing 127.0.0.1 comes from 127.0.0.1.)
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_handshakes_from_one_source_leave_room_for_others() {
+    let mut c = config();
+    c.max_inbound_handshakes = 16;
+    // The stalls outlast the test: only the bound per source makes room.
+    c.handshake_timeout = Duration::from_secs(120);
+    let per_source = c.max_inbound_handshakes_per_source;
+    let a = node_with(c).await;
+    let _ia = echo(&a, "a");
+    let mut stalled = Vec::new();
+    for i in 0..40 {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket
+            .bind("127.0.0.2:0".parse().expect("literal"))
+            .expect("a second source on the loopback");
+        let mut tcp = socket.connect(a.bound_addr()).await.expect("tcp");
+        if i % 2 == 0 {
+            // A length prefix and the first byte of a Hello's body.
+            tcp.write_all(&[0x00, 0x00, 0x00, 0x80, 0xa1])
+                .await
+                .expect("write");
+        }
+        stalled.push(tcp);
+    }
+    // Accepted after all of those (in order), b finds a permit free.
+    let b = node().await;
+    let found = within("connect while they stall", b.connect(a.bound_addr()))
+        .await
+        .expect("a node from another source connects");
+    assert_eq!(found, a.local());
+    assert_eq!(
+        ask(&b, &a.local(), "ok").await.expect("the pipe works"),
+        Bytes::from_static(b"a:ok")
+    );
+    // The source's first connections hold their handshakes; the others were
+    // closed at once (the stalls' timeout is far away).
+    for tcp in stalled.iter_mut().skip(per_source) {
+        assert!(closed_by_peer(tcp).await);
+    }
+    let mut buf = [0u8; 16];
+    for (i, tcp) in stalled.iter().enumerate().take(per_source) {
+        let open =
+            matches!(tcp.try_read(&mut buf), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
+        assert!(open, "connection {i} still waits for its handshake");
+    }
+}

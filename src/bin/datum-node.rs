@@ -63,7 +63,7 @@ mod counter;
 (RUST_LOG, default `warn`). SIGTERM or Ctrl-C: leave gracefully, exit 0.\n\
 Exit codes: 0 left gracefully; 1 could not start (bind failure, refused configuration); \
 2 bad flags; 3 downed or removed by the cluster; 4 the graceful leave did not complete in time; \
-5 gave up joining: the seeds refused this node (another cluster name or secret, an unsupported protocol version).\n\
+5 gave up joining: the seeds refused this node (another cluster name or secret, an unsupported protocol version, TLS refusing the connection).\n\
 `datum-node certs --out DIR --nodes IP,IP,...` writes a test CA and node certificates for --tls-* (see `datum-node certs --help`)."
 )]
 struct Args {

@@ -101,7 +101,9 @@ pub struct ClusterConfig {
     /// it this often (a seed that does not answer may still be starting, so
     /// one misconfigured seed among good ones stops nothing). Only refusals
     /// retrying cannot cure count: another cluster name, another secret, an
-    /// unsupported protocol version (`MembershipEvent::JoinRefused`). Joins
+    /// unsupported protocol version, and under TLS a certificate refused by
+    /// either side (another CA, expired, not naming its node) or TLS on one
+    /// of the two nodes only (`MembershipEvent::JoinRefused`). Joins
     /// are retried every 250 ms, so the default, 5, gives up about a second
     /// after the first refusals; `ClusterNode::wait_until` then fails with
     /// `ClusterError::JoinRefused`. 0 never gives up (each refusal is still

@@ -54,9 +54,10 @@ pub enum ClusterError {
     Stopped,
     /// The node never became a member: a seed refused its handshake for a
     /// reason retrying cannot cure (another cluster name or secret, an
-    /// unsupported protocol version). Returned by `wait_until` once the node
-    /// has given up (`ClusterConfig::join_refusal_limit`), or when its wait
-    /// ran out while the node was still joining and a seed had refused it.
+    /// unsupported protocol version, TLS refusing the connection). Returned
+    /// by `wait_until` once the node has given up
+    /// (`ClusterConfig::join_refusal_limit`), or when its wait ran out while
+    /// the node was still joining and a seed had refused it.
     #[error("{refusal}")]
     JoinRefused {
         /// The latest refusal.
@@ -65,25 +66,45 @@ pub enum ClusterError {
 }
 
 /// A seed's refusal of this node's join (see [`ClusterError::JoinRefused`]).
+/// Its `Display` names the seed and the cause, for an operator.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct JoinRefusal {
     /// The seed address dialed.
     pub seed: SocketAddr,
-    /// The reason in the `Reject` frame.
+    /// The reason in the `Reject` frame. A refusal by TLS itself, before
+    /// any frame (see `tls`), is `CertificateMismatch`.
     pub reason: RejectReason,
     /// True when the seed refused this node; false when this node refused
-    /// the seed (it could not verify the seed's proof of the secret).
+    /// the seed (it could not verify the seed's proof of the secret), and
+    /// when TLS refused the connection (its reason, in `tls`, says whose
+    /// check failed).
     pub by_seed: bool,
     /// How many such refusals this node has taken so far, from every seed.
     pub refusals: u32,
+    /// When TLS refused the connection (`ConnectError::Tls`): its reason —
+    /// a certificate from another CA, expired or not naming its node, as
+    /// this node's check or the seed's alert says; or TLS configured on one
+    /// of the two nodes only. `None` for a `Reject` frame.
+    pub tls: Option<String>,
 }
 
 impl std::fmt::Display for JoinRefusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some(tls) = &self.tls {
+            return write!(
+                f,
+                "join refused by seed {}: TLS refused the connection ({tls}; {} refusal(s))",
+                self.seed, self.refusals
+            );
+        }
         let what = match self.reason {
             RejectReason::WrongCluster => "another cluster name",
             RejectReason::BadProof => "another cluster secret",
             RejectReason::UnsupportedVersion { .. } => "an unsupported protocol version",
+            RejectReason::CertificateMismatch => {
+                "a TLS certificate that does not name the address its node claims"
+            }
             _ => "an incompatible handshake",
         };
         let who = if self.by_seed {
@@ -99,11 +120,28 @@ impl std::fmt::Display for JoinRefusal {
     }
 }
 
+/// A seed dial's refusal that retrying cannot cure (see [`JoinRefusal`]).
+struct Refused {
+    reason: RejectReason,
+    by_seed: bool,
+    tls: Option<String>,
+}
+
 /// The refusals of a handshake that retrying cannot cure, from a seed dial.
-fn incurable(error: &ConnectError) -> Option<(RejectReason, bool)> {
+/// Under TLS, every `ConnectError::Tls` is one: the transport reports a
+/// connection that merely failed under TLS (closed, reset, as by a seed
+/// over its handshake bounds) as `Closed` or `Io`, which are retried.
+fn incurable(error: &ConnectError) -> Option<Refused> {
     let (reason, by_seed) = match error {
         ConnectError::Rejected(reason) => (reason, true),
         ConnectError::Refused(reason) => (reason, false),
+        ConnectError::Tls(why) => {
+            return Some(Refused {
+                reason: RejectReason::CertificateMismatch,
+                by_seed: false,
+                tls: Some(why.clone()),
+            });
+        }
         _ => return None,
     };
     matches!(
@@ -111,8 +149,13 @@ fn incurable(error: &ConnectError) -> Option<(RejectReason, bool)> {
         RejectReason::WrongCluster
             | RejectReason::BadProof
             | RejectReason::UnsupportedVersion { .. }
+            | RejectReason::CertificateMismatch
     )
-    .then(|| (reason.clone(), by_seed))
+    .then(|| Refused {
+        reason: reason.clone(),
+        by_seed,
+        tls: None,
+    })
 }
 
 /// This node's view as `datum_cluster_members` (by status) and
@@ -355,8 +398,11 @@ impl ClusterNode {
     }
 
     /// The latest refusal of this node's join by a seed, for a reason
-    /// retrying cannot cure, while the node has not become a member (`None`
-    /// once it has). See [`ClusterConfig::join_refusal_limit`].
+    /// retrying cannot cure (another cluster name or secret, an unsupported
+    /// protocol version, TLS refusing the connection), while the node has
+    /// not become a member (`None` once it has), also after it gave up and
+    /// stopped. Its `Display` names the seed and the cause, as a readiness
+    /// probe may report it. See [`ClusterConfig::join_refusal_limit`].
     pub fn join_refusal(&self) -> Option<JoinRefusal> {
         if self.inner.state.borrow().self_status().is_some() {
             return None;
@@ -490,8 +536,8 @@ struct Driver {
     /// Rate limit of the warning that discovery does not list this node.
     unlisted: WarnLimit,
     /// Seed dials report incurable refusals here.
-    refusals_tx: mpsc::UnboundedSender<(SocketAddr, RejectReason, bool)>,
-    refusals: mpsc::UnboundedReceiver<(SocketAddr, RejectReason, bool)>,
+    refusals_tx: mpsc::UnboundedSender<(SocketAddr, Refused)>,
+    refusals: mpsc::UnboundedReceiver<(SocketAddr, Refused)>,
     /// The latest refusal, shared with the handles.
     refusal: Arc<std::sync::Mutex<Option<JoinRefusal>>>,
     refusal_limit: u32,
@@ -607,8 +653,8 @@ impl Driver {
                     None => break,
                 },
                 Some(found) = next_found(&mut self.discovered) => self.on_discovered(found),
-                Some((seed, reason, by_seed)) = self.refusals.recv() => {
-                    if self.on_refusal(seed, reason, by_seed) {
+                Some((seed, refused)) = self.refusals.recv() => {
+                    if self.on_refusal(seed, refused) {
                         break;
                     }
                     Ok(())
@@ -657,13 +703,19 @@ impl Driver {
         self.core.set_seeds(Instant::now(), &found, may_form)
     }
 
-    /// A seed refused this node's handshake (or this node the seed's) for a
-    /// reason retrying cannot cure. While still joining: publish it, keep it
-    /// for the handles, and true once the node should give up.
-    fn on_refusal(&mut self, seed: SocketAddr, reason: RejectReason, by_seed: bool) -> bool {
+    /// A seed refused this node's handshake (or this node the seed's, or TLS
+    /// the connection) for a reason retrying cannot cure. While still
+    /// joining: publish it, keep it for the handles, and true once the node
+    /// should give up.
+    fn on_refusal(&mut self, seed: SocketAddr, refused: Refused) -> bool {
         if self.core.self_status().is_some() {
             return false; // a member already: a stale dial's news
         }
+        let Refused {
+            reason,
+            by_seed,
+            tls,
+        } = refused;
         let refusals = {
             let mut slot = self.refusal.lock().unwrap_or_else(|p| p.into_inner());
             let refusal = JoinRefusal {
@@ -671,6 +723,7 @@ impl Driver {
                 reason: reason.clone(),
                 by_seed,
                 refusals: slot.as_ref().map_or(0, |r| r.refusals) + 1,
+                tls,
             };
             tracing::error!(node = %self.core.self_address(), %refusal, "join refused");
             let refusals = refusal.refusals;
@@ -734,8 +787,8 @@ impl Driver {
                                         let _ = transport.send(&peer, MEMBERSHIP_CHANNEL, payload);
                                     }
                                     Err(error) => {
-                                        if let Some((reason, by_seed)) = incurable(&error) {
-                                            let _ = refusals.send((addr, reason, by_seed));
+                                        if let Some(refused) = incurable(&error) {
+                                            let _ = refusals.send((addr, refused));
                                         }
                                         tracing::debug!(seed = %addr, %error, "seed not reachable")
                                     }

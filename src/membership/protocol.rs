@@ -89,17 +89,20 @@ pub enum MembershipEvent {
     CoordinatorChanged(Option<UniqueAddress>),
     /// While this node was still joining, a seed's handshake ended in a
     /// refusal that retrying cannot cure: another cluster name, another
-    /// secret, or an unsupported protocol version. Published by the node's
-    /// driver (the core never sees a handshake); after
-    /// `ClusterConfig::join_refusal_limit` of them the node gives up and
-    /// stops (`ClusterError::JoinRefused`).
+    /// secret, an unsupported protocol version, or TLS refusing the
+    /// connection. Published by the node's driver (the core never sees a
+    /// handshake); after `ClusterConfig::join_refusal_limit` of them the
+    /// node gives up and stops (`ClusterError::JoinRefused`, whose
+    /// `JoinRefusal` also carries TLS's reason).
     JoinRefused {
         /// The seed address dialed.
         seed: SocketAddr,
-        /// The reason in the `Reject` frame.
+        /// The reason in the `Reject` frame; `CertificateMismatch` when TLS
+        /// refused the connection, before any frame.
         reason: crate::wire::RejectReason,
         /// True when the seed refused this node; false when this node
-        /// refused the seed (it could not verify the seed's proof).
+        /// refused the seed (it could not verify the seed's proof), and
+        /// when TLS refused the connection.
         by_seed: bool,
     },
 }

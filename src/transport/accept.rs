@@ -1,7 +1,17 @@
 //! The listener's side: accept TCP connections, bound the unauthenticated
 //! handshakes, run the acceptor's handshake and install the pipe.
+//!
+//! Two bounds hold an unauthenticated handshake, both taken at accept,
+//! before anything is read: one of `max_inbound_handshakes` permits, and
+//! one of `max_inbound_handshakes_per_source` for its source (an IPv4
+//! address, an IPv6 /64). A connection that finds either exhausted is
+//! closed at once. Without the second, one client could hold every permit
+//! with handshakes it never finishes (a `ClientHello` or a `Hello` it
+//! stalls) and lock every node out, a handshake timeout at a time; with
+//! it, that takes `max_inbound_handshakes / max_inbound_handshakes_per_source`
+//! sources (32 by default).
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -24,20 +34,16 @@ pub(crate) async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
             accepted = listener.accept() => accepted,
         };
         match accepted {
-            Ok((stream, remote)) => match shared.handshakes.clone().try_acquire_owned() {
+            Ok((stream, remote)) => match shared.admit_handshake(remote.ip()) {
                 Ok(permit) => {
                     shared
                         .runtime
                         .spawn(shared.clone().serve_inbound(stream, remote, permit));
                 }
-                Err(_) => {
+                Err(e) => {
                     // Too many unauthenticated handshakes at once: close
                     // this one now, before reading anything from it.
                     drop(stream);
-                    let e = ConnectError::Protocol(format!(
-                        "more than {} inbound handshakes at once; connection closed",
-                        shared.config.max_inbound_handshakes
-                    ));
                     shared.refusals.log(shared.local, remote, &e);
                 }
             },
@@ -48,6 +54,39 @@ pub(crate) async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
                     _ = shared.shutdown.cancelled() => return,
                     _ = tokio::time::sleep(Duration::from_millis(100)) => {}
                 }
+            }
+        }
+    }
+}
+
+/// The source an inbound connection counts under: its IPv4 address (an
+/// IPv4-mapped IPv6 one as that IPv4 address), or the /64 prefix of an IPv6
+/// address — a host is commonly given a whole /64, so one IPv6 address
+/// each would bound nothing.
+fn source_of(ip: IpAddr) -> IpAddr {
+    match ip.to_canonical() {
+        IpAddr::V6(v6) => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & (u128::MAX << 64))),
+        v4 => v4,
+    }
+}
+
+/// An inbound handshake's hold on both bounds: a permit of
+/// `max_inbound_handshakes`, and a place among its source's
+/// `max_inbound_handshakes_per_source`. Dropped once the peer is
+/// authenticated, or when the handshake ends however it ends.
+pub(crate) struct HandshakePermit {
+    _permit: OwnedSemaphorePermit,
+    source: IpAddr,
+    shared: Arc<Shared>,
+}
+
+impl Drop for HandshakePermit {
+    fn drop(&mut self) {
+        let mut sources = lock(&self.shared.sources);
+        if let Some(n) = sources.get_mut(&self.source) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                sources.remove(&self.source);
             }
         }
     }
@@ -114,6 +153,33 @@ impl Drop for InboundSlot {
 }
 
 impl Shared {
+    /// Admission of a connection just accepted from `remote` to a handshake:
+    /// a place among its source's, then a permit. Refused (the connection is
+    /// to be closed) when either bound is reached.
+    fn admit_handshake(self: &Arc<Self>, remote: IpAddr) -> Result<HandshakePermit, ConnectError> {
+        let source = source_of(remote);
+        let per_source = self.config.max_inbound_handshakes_per_source.max(1);
+        let mut sources = lock(&self.sources);
+        let held = sources.get(&source).copied().unwrap_or(0);
+        if held >= per_source {
+            return Err(ConnectError::Protocol(format!(
+                "more than {per_source} inbound handshakes at once from {source}; connection closed"
+            )));
+        }
+        let permit = self.handshakes.clone().try_acquire_owned().map_err(|_| {
+            ConnectError::Protocol(format!(
+                "more than {} inbound handshakes at once; connection closed",
+                self.config.max_inbound_handshakes
+            ))
+        })?;
+        sources.insert(source, held + 1);
+        Ok(HandshakePermit {
+            _permit: permit,
+            source,
+            shared: self.clone(),
+        })
+    }
+
     /// Admission of an inbound handshake right after its `Hello`. When
     /// admitted, the handshake holds the peer address's slot until `slot` is
     /// dropped, so no dial to that address starts meanwhile.
@@ -141,14 +207,14 @@ impl Shared {
     }
 
     /// Serves one inbound TCP connection: TLS (when configured), the
-    /// handshake, then the pipe. `permit` (one of `max_inbound_handshakes`)
-    /// is held until the peer is authenticated or the handshake ends; both
-    /// handshakes together must end within `handshake_timeout`.
+    /// handshake, then the pipe. `permit` is held until the peer is
+    /// authenticated or the handshake ends; both handshakes together must
+    /// end within `handshake_timeout`.
     pub(crate) async fn serve_inbound(
         self: Arc<Self>,
         stream: TcpStream,
         remote: SocketAddr,
-        permit: OwnedSemaphorePermit,
+        permit: HandshakePermit,
     ) {
         let _ = stream.set_nodelay(true);
         let sockets = socket_addrs(&stream);
@@ -184,7 +250,7 @@ impl Shared {
         sockets: (SocketAddr, SocketAddr),
         cert: Option<PeerCert<'_>>,
         deadline: tokio::time::Instant,
-        permit: OwnedSemaphorePermit,
+        permit: HandshakePermit,
     ) -> Result<(), ConnectError> {
         let mut framed = handshake_framed(stream);
         let local = self.local_handshake();
@@ -218,5 +284,30 @@ impl Shared {
         .await
         .map(drop)
         .map_err(ConnectError::Refused)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// IPv4 sources are single addresses (IPv4-mapped ones included); IPv6
+    /// ones are /64 prefixes.
+    #[test]
+    fn sources_are_ipv4_addresses_and_ipv6_prefixes() {
+        let ip = |s: &str| s.parse::<IpAddr>().expect("literal");
+        assert_eq!(source_of(ip("10.1.2.3")), ip("10.1.2.3"));
+        assert_ne!(source_of(ip("10.1.2.3")), source_of(ip("10.1.2.4")));
+        assert_eq!(source_of(ip("::ffff:10.1.2.3")), ip("10.1.2.3"));
+        assert_eq!(source_of(ip("2001:db8:1:2:aaaa::1")), ip("2001:db8:1:2::"));
+        assert_eq!(
+            source_of(ip("2001:db8:1:2:ffff:ffff:ffff:ffff")),
+            source_of(ip("2001:db8:1:2::7"))
+        );
+        assert_ne!(
+            source_of(ip("2001:db8:1:2::1")),
+            source_of(ip("2001:db8:1:3::1"))
+        );
+        assert_eq!(source_of(ip("::1")), ip("::"));
     }
 }

@@ -134,6 +134,7 @@ impl Transport {
             stats: Stats::new(local.addr.to_string()),
             accept_task: Mutex::new(None),
             handshakes: Arc::new(Semaphore::new(config.max_inbound_handshakes.max(1))),
+            sources: Mutex::new(HashMap::new()),
             slots: Notify::new(),
             refusals: RefusalLog::default(),
             bad_input: WarnLimit::default(),

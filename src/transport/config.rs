@@ -88,6 +88,15 @@ pub struct TransportConfig {
     /// Inbound handshakes that may be under way (not yet authenticated) at
     /// once; a connection accepted beyond it is closed at once. Default 256.
     pub max_inbound_handshakes: usize,
+    /// Of those, how many may come from one source at once: one IPv4
+    /// address, or one IPv6 /64 prefix. A connection beyond it is closed at
+    /// once, before anything is read, so that a client who stalls its
+    /// handshakes holds this many permits, not all of them. A node dials
+    /// another at most once at a time, so this is also how many nodes
+    /// sharing one address (on one host) may handshake with this one at the
+    /// same moment; the others' dials fail (`Closed` or `Io`) and are
+    /// retried after the backoff. Default 8; 0 is taken as 1.
+    pub max_inbound_handshakes_per_source: usize,
     /// TLS 1.3 on every pipe, mutually authenticated (feature `tls`; see
     /// [`Tls`](super::Tls)): the handshake then runs inside the TLS
     /// session, and a peer must present a certificate from the CA roots
@@ -112,6 +121,7 @@ impl TransportConfig {
             dial_queue_capacity: 4_096,
             control_channels: crate::wire::channels::PRIORITY.to_vec(),
             max_inbound_handshakes: 256,
+            max_inbound_handshakes_per_source: 8,
             tls: None,
         }
     }

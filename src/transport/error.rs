@@ -35,9 +35,13 @@ pub enum ConnectError {
     /// The operating system's random generator failed; no nonce could be drawn.
     #[error("random generator failed: {0}")]
     Rng(String),
-    /// The TLS handshake failed (feature `tls`): the peer's certificate is
-    /// not from the CA roots, has expired, does not name it, or the peer
-    /// does not speak TLS. rustls's reason.
+    /// TLS refused the connection: a certificate not from the CA roots,
+    /// expired, or not naming its node — the peer's, refused here, or this
+    /// node's, refused by the peer (told by its alert): rustls's reason. Or
+    /// one side speaks TLS and the other does not (either side says so,
+    /// with or without the feature `tls`). A refusal retrying cannot cure
+    /// while the configuration stays; a connection that merely fails under
+    /// TLS (closed, reset) is `Closed` or `Io`.
     #[error("TLS: {0}")]
     Tls(String),
     /// The local transport is shut down.

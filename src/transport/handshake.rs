@@ -31,6 +31,14 @@
 //! the handshake's frame limit) ends the handshake without a `Reject`: the
 //! connection is just closed. The whole exchange runs under the transport's
 //! handshake timeout (applied by the caller).
+//!
+//! One exception to that, over plain TCP: a peer configured with TLS opens
+//! with a TLS record (a `ClientHello`, or an alert refusing this node's
+//! plaintext), whose first bytes read as a frame of hundreds of MiB. It is
+//! recognised as such and reported as [`ConnectError::Tls`] ("the peer
+//! speaks TLS"), not as an oversized frame; an acceptor also answers it
+//! with a plaintext `Reject{ProtocolViolation}`, which the dialer's TLS
+//! layer reports in turn as a peer that speaks plaintext.
 
 use std::net::SocketAddr;
 
@@ -142,13 +150,32 @@ impl Transcript<'_> {
     }
 }
 
+/// What a plaintext node reports when its peer speaks TLS.
+pub(crate) const PEER_SPEAKS_TLS: &str = "the peer speaks TLS and this node does not: TLS must be configured on every node of the cluster, or on none";
+
 /// Reads the next frame, mapping end-of-stream and codec errors.
 async fn next<S: PipeIo>(stream: &mut HandshakeStream<S>) -> Result<Frame, ConnectError> {
     match stream.next().await {
         Some(Ok(frame)) => Ok(frame),
+        Some(Err(WireError::FrameTooLarge { len, .. })) if !S::TLS && tls_record(len) => {
+            Err(ConnectError::Tls(PEER_SPEAKS_TLS.into()))
+        }
         Some(Err(e)) => Err(wire_error(e)),
         None => Err(ConnectError::Closed),
     }
+}
+
+/// Whether a frame's announced length is in fact the header of a TLS
+/// record: a content type from 20 to 23 (change_cipher_spec, alert,
+/// handshake, application_data), then protocol version 3.0 to 3.4. Read as a
+/// length that is over 320 MiB, far over a handshake frame's 4 KiB, so no
+/// frame of this protocol is taken for one.
+fn tls_record(len: u64) -> bool {
+    let Ok(len) = u32::try_from(len) else {
+        return false;
+    };
+    let [content_type, major, minor, _] = len.to_be_bytes();
+    (0x14..=0x17).contains(&content_type) && major == 3 && minor <= 4
 }
 
 fn wire_error(e: WireError) -> ConnectError {
@@ -277,7 +304,17 @@ pub(crate) async fn accept<S: PipeIo>(
     local: &Local<'_>,
     admit: impl Fn(&UniqueAddress) -> Result<(), RejectReason>,
 ) -> Result<(UniqueAddress, u16), ConnectError> {
-    let (peer, version_i, nonce_i) = match next(stream).await? {
+    let hello = match next(stream).await {
+        Err(e @ ConnectError::Tls(_)) => {
+            // A TLS dialer at a plaintext acceptor: answered in plaintext,
+            // its TLS layer says that this node speaks plaintext, where a
+            // bare close would tell it nothing.
+            let _ = refuse(stream, RejectReason::ProtocolViolation).await;
+            return Err(e);
+        }
+        other => other?,
+    };
+    let (peer, version_i, nonce_i) = match hello {
         Frame::Hello {
             version,
             cluster,
@@ -354,6 +391,40 @@ mod tests {
         .mac(Role::Acceptor)
         .expect("mac");
         mac.finalize().into_bytes().to_vec()
+    }
+
+    /// The first bytes of TLS records (a `ClientHello` of TLS 1.0 to 1.3
+    /// clients, alerts) are recognised as such; no length a handshake frame
+    /// may have, nor the largest lengths, is.
+    #[test]
+    fn tls_record_headers_are_told_from_frame_lengths() {
+        let header = |bytes: [u8; 4]| u64::from(u32::from_be_bytes(bytes));
+        for tls in [
+            [0x16, 0x03, 0x01, 0x00],
+            [0x16, 0x03, 0x03, 0x02],
+            [0x15, 0x03, 0x03, 0x00],
+            [0x17, 0x03, 0x04, 0xff],
+            [0x14, 0x03, 0x00, 0x00],
+        ] {
+            assert!(tls_record(header(tls)), "{tls:02x?}");
+        }
+        for frame in [
+            0,
+            1,
+            4 * 1024,
+            4 * 1024 * 1024,
+            u64::from(u32::MAX),
+            u64::MAX,
+        ] {
+            assert!(!tls_record(frame), "{frame}");
+        }
+        for other in [
+            [0x18, 0x03, 0x03, 0x00],
+            [0x16, 0x02, 0x00, 0x00],
+            [0x16, 0x03, 0x05, 0x00],
+        ] {
+            assert!(!tls_record(header(other)), "{other:02x?}");
+        }
     }
 
     /// A version rewritten in transit (either side's) changes both proofs,

@@ -24,9 +24,10 @@
 //!   [`handshake`]: protocol version, cluster name, and a mutual
 //!   HMAC-SHA256 challenge–response over the shared secret. Until a peer is
 //!   authenticated it costs bounded resources: 4 KiB handshake frames, at
-//!   most `max_inbound_handshakes` such handshakes at once, rate-limited
-//!   refusal warnings, and a dial it defers proceeds after one handshake
-//!   timeout.
+//!   most `max_inbound_handshakes` such handshakes at once and
+//!   `max_inbound_handshakes_per_source` from one source address,
+//!   rate-limited refusal warnings, and a dial it defers proceeds after one
+//!   handshake timeout.
 //! * **Batched writes.** A send encodes its frame straight into the pipe's
 //!   outbox, a byte buffer per lane; one writer task per pipe takes it out
 //!   a batch at a time, one `write_all` each (after yielding once, so

@@ -14,6 +14,10 @@ pub(crate) trait PipeIo: AsyncRead + AsyncWrite + Unpin + Send + 'static {
     type Read: AsyncRead + Unpin + Send + 'static;
     /// The writer task's half.
     type Write: AsyncWrite + Unpin + Send + 'static;
+    /// Whether the stream is a TLS session. Over plain TCP, a handshake
+    /// frame whose length prefix is a TLS record's header means that the
+    /// peer speaks TLS (see `handshake::tls_record`).
+    const TLS: bool = false;
     /// Splits the stream for the two tasks.
     fn into_halves(self) -> (Self::Read, Self::Write);
 }

@@ -5,7 +5,7 @@
 //! all work on it.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
@@ -159,6 +159,9 @@ pub(crate) struct Shared {
     pub(crate) accept_task: Mutex<Option<JoinHandle<()>>>,
     /// Permits for inbound handshakes not yet authenticated.
     pub(crate) handshakes: Arc<Semaphore>,
+    /// Inbound handshakes not yet authenticated, per source (see
+    /// `accept::source_of`); a source with none is absent.
+    pub(crate) sources: Mutex<HashMap<IpAddr, usize>>,
     /// Woken whenever an inbound handshake releases its address's slot.
     pub(crate) slots: Notify,
     /// Rate limit of warnings about refused inbound connections.

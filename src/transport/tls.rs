@@ -276,7 +276,7 @@ impl Tls {
             .server
             .accept(stream)
             .await
-            .map_err(|e| ConnectError::Tls(e.to_string()))?;
+            .map_err(handshake_error)?;
         let cert = stream
             .get_ref()
             .1
@@ -298,7 +298,7 @@ impl Tls {
             .client
             .connect(self.name_for(addr), stream)
             .await
-            .map_err(|e| ConnectError::Tls(e.to_string()))
+            .map_err(handshake_error)
     }
 
     /// Whether the accepted peer's certificate names the address it claims.
@@ -309,6 +309,32 @@ impl Tls {
     ) -> Result<(), String> {
         let parsed = ParsedCertificate::try_from(cert).map_err(|e| e.to_string())?;
         verify_server_name(&parsed, &self.name_for(claimed)).map_err(|e| e.to_string())
+    }
+}
+
+/// What a TLS node reports when its peer speaks plaintext.
+pub(crate) const PEER_SPEAKS_PLAINTEXT: &str = "the peer speaks plaintext, not TLS: TLS must be configured on every node of the cluster, or on none";
+
+/// A failed TLS handshake as a [`ConnectError`]: what rustls refused (a
+/// certificate, either side's; an alert; bytes that are no TLS record) is
+/// `Tls`, so that error always means a refusal retrying cannot cure while
+/// the configuration stays; the connection failing under it (closed,
+/// reset: a peer that stopped, or over its handshake bounds) is `Closed`
+/// or `Io`, as without TLS.
+fn handshake_error(e: std::io::Error) -> ConnectError {
+    let refused = e
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>());
+    match refused {
+        // The first bytes are not a TLS record: a node without TLS (whose
+        // `Hello`, or `Reject` of this node's `ClientHello`, opens with a
+        // length prefix, whose first byte is 0).
+        Some(rustls::Error::InvalidMessage(rustls::InvalidMessage::InvalidContentType)) => {
+            ConnectError::Tls(PEER_SPEAKS_PLAINTEXT.into())
+        }
+        Some(refused) => ConnectError::Tls(refused.to_string()),
+        None if e.kind() == std::io::ErrorKind::UnexpectedEof => ConnectError::Closed,
+        None => ConnectError::from(e),
     }
 }
 
@@ -451,6 +477,7 @@ fn stamps(config: &TlsConfig) -> Stamps {
 impl PipeIo for server::TlsStream<TcpStream> {
     type Read = ReadHalf<Self>;
     type Write = WriteHalf<Self>;
+    const TLS: bool = true;
 
     fn into_halves(self) -> (Self::Read, Self::Write) {
         tokio::io::split(self)
@@ -460,6 +487,7 @@ impl PipeIo for server::TlsStream<TcpStream> {
 impl PipeIo for client::TlsStream<TcpStream> {
     type Read = ReadHalf<Self>;
     type Write = WriteHalf<Self>;
+    const TLS: bool = true;
 
     fn into_halves(self) -> (Self::Read, Self::Write) {
         tokio::io::split(self)

@@ -35,6 +35,11 @@ async fn node_with(tls: Option<&TlsConfig>, handshake_timeout: Duration) -> Tran
     let mut c = plain_config();
     c.handshake_timeout = handshake_timeout;
     c.tls = tls.map(|t| Tls::load(t.clone()).expect("loads"));
+    node_configured(c).await
+}
+
+/// A transport with this configuration that echoes every request on `CH`.
+async fn node_configured(c: TransportConfig) -> Transport {
     let t = Transport::bind(c).await.expect("bind");
     let mut inbox = t.register(CH, 1024).expect("register");
     tokio::spawn(async move {
@@ -234,6 +239,11 @@ async fn no_tls_session_is_resumed() {
 
 #[tokio::test]
 async fn plaintext_and_garbage_cost_a_tls_node_only_that_connection() {
+    use tracing_subscriber::layer::SubscriberExt;
+    // This test's tasks run on its one thread: their logs come here.
+    let captured = crate::warn_limit::capture::Captured::default();
+    let _logs =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(captured.clone()));
     let dir = tempfile::tempdir().expect("tempdir");
     let certs = pki(dir.path(), &["127.0.0.1", "127.0.0.1"]);
     // The secure node's handshake timeout is longer than the test's
@@ -241,18 +251,44 @@ async fn plaintext_and_garbage_cost_a_tls_node_only_that_connection() {
     let secure = node_with(Some(&certs[0]), Duration::from_secs(60)).await;
     let friend = node(Some(&certs[1])).await;
     let plain = node(None).await;
-    // A plaintext node's Hello is not a TLS ClientHello: closed.
+    // A plaintext node's Hello is not a TLS ClientHello: the TLS node's
+    // alert (a TLS record) tells the plaintext node that its peer speaks
+    // TLS, instead of reading as a frame of hundreds of MiB.
     let refused = connect_error(&plain, &secure).await;
-    assert!(
-        matches!(
-            refused,
-            ConnectError::Closed | ConnectError::Io { .. } | ConnectError::Protocol(_)
-        ),
-        "{refused:?}"
+    assert_eq!(
+        refused,
+        ConnectError::Tls(super::handshake::PEER_SPEAKS_TLS.into()),
+        "{refused}"
     );
-    // A TLS client's ClientHello is not a frame to a plaintext node.
+    // A TLS client's ClientHello is not a frame to a plaintext node, which
+    // answers in plaintext: the TLS node says that its peer speaks it.
     let refused = connect_error(&secure, &plain).await;
-    assert!(matches!(refused, ConnectError::Tls(_)), "{refused:?}");
+    assert_eq!(
+        refused,
+        ConnectError::Tls(super::tls::PEER_SPEAKS_PLAINTEXT.into()),
+        "{refused}"
+    );
+    // The warnings say so too: the TLS node's, accepting the plaintext
+    // Hello, and the plaintext node's (none an oversized frame). Those of an
+    // acceptor come from its connection task: waited for (bounded), not
+    // slept on.
+    let warned = |text: &str| {
+        captured
+            .events()
+            .into_iter()
+            .any(|(level, fields)| level == tracing::Level::WARN && fields.contains(text))
+    };
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !(warned(super::tls::PEER_SPEAKS_PLAINTEXT) && warned(super::handshake::PEER_SPEAKS_TLS))
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{:?}",
+            captured.events()
+        );
+        tokio::task::yield_now().await;
+    }
+    assert!(!warned("exceeds"), "{:?}", captured.events());
     // Garbage before the TLS handshake: the node answers with at most an
     // alert and closes.
     let mut raw = TcpStream::connect(secure.bound_addr()).await.expect("tcp");
@@ -273,6 +309,67 @@ async fn plaintext_and_garbage_cost_a_tls_node_only_that_connection() {
     round_trip(&friend, &secure)
         .await
         .expect("the node still serves its peers");
+}
+
+/// Connections from one source that stall their TLS handshake (half a
+/// `ClientHello`, or nothing at all) hold at most
+/// `max_inbound_handshakes_per_source` of the handshake permits; the rest
+/// are closed at once, and a node from another source still gets its pipe
+/// while they stall. (127.0.0.2 is another source on Linux's loopback.)
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_client_hellos_from_one_source_leave_room_for_others() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let certs = pki(dir.path(), &["127.0.0.1", "127.0.0.1"]);
+    let mut c = plain_config();
+    c.max_inbound_handshakes = 16;
+    // The stalls outlast the test: only the bound per source makes room.
+    c.handshake_timeout = Duration::from_secs(120);
+    c.tls = Some(Tls::load(certs[0].clone()).expect("loads"));
+    let per_source = c.max_inbound_handshakes_per_source;
+    let secure = node_configured(c).await;
+    let mut stalled = Vec::new();
+    for i in 0..40 {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket
+            .bind("127.0.0.2:0".parse().expect("literal"))
+            .expect("a second source on the loopback");
+        let mut tcp = socket.connect(secure.bound_addr()).await.expect("tcp");
+        if i % 2 == 0 {
+            // A ClientHello's record header and the start of its body.
+            tcp.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01])
+                .await
+                .expect("write");
+        }
+        stalled.push(tcp);
+    }
+    // Accepted after all of those (in order), a friend from 127.0.0.1 finds
+    // a permit free.
+    let friend = node(Some(&certs[1])).await;
+    round_trip(&friend, &secure)
+        .await
+        .expect("a node from another source gets its pipe while they stall");
+    // The source's first connections hold their handshakes; the others were
+    // closed at once (the stalls' timeout is far away).
+    let mut buf = [0u8; 64];
+    for (i, tcp) in stalled.iter_mut().enumerate().skip(per_source) {
+        let closed = tokio::time::timeout(PATIENCE, async {
+            loop {
+                match tcp.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
+                }
+            }
+        });
+        closed
+            .await
+            .unwrap_or_else(|_| panic!("connection {i} was not closed"));
+    }
+    for (i, tcp) in stalled.iter().enumerate().take(per_source) {
+        let open =
+            matches!(tcp.try_read(&mut buf), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
+        assert!(open, "connection {i} still waits for its handshake");
+    }
 }
 
 #[test]
