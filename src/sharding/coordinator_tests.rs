@@ -835,6 +835,21 @@ fn check_history_with(ops: Vec<Op>, config: CoordinatorConfig) -> Result<(), Str
                 let registration = reg_as(SHARDS, replica(&known, *r), leaving.contains(r));
                 commands.extend(c.register(now, nodes[*r], &registration));
             }
+            // So were the stop reports repeated above: a standby core drops
+            // `ShardStopped`. An owner still waiting for the shard's next
+            // home repeats its report (a real one at once after the new
+            // coordinator's table, and every 300 ms: SPEC §13.2, §13.11),
+            // so the new coordinator finishes the handoff rather than
+            // starting it afresh and timing it out as a dead-owner move.
+            for ((owner, shard), (generation, _)) in &asked {
+                if reported.contains(&(*shard, *generation))
+                    && alive.contains(owner)
+                    && known.get(owner).and_then(|k| k.get(shard))
+                        == Some(&(nodes[*owner], *generation))
+                {
+                    commands.extend(c.shard_stopped(now, nodes[*owner], TYPE, *shard, *generation));
+                }
+            }
         }
         match op {
             Op::Register(i) if alive.contains(&(i as usize)) => {
@@ -2015,4 +2030,38 @@ fn a_takeover_moves_the_old_coordinators_shards_one_margin_after_its_down() {
     let t2 = t1 + Duration::from_millis(500);
     c.set_membership(t2, &view(n[1], &n[1..2], &[n[0], n[2]], &[]));
     moves_off_at(&mut c, 1, n[2], t2 + m);
+}
+
+/// Node 3's leaving region reports shard 6 stopped to coordinator 3, then
+/// node 1 joins and takes over: the regions re-register with it, but the
+/// repeated stop report reached it while it was still a standby core,
+/// which drops it. Node 3 still waits for the shard's next home, so it
+/// repeats the report to the active coordinator, which allocates the shard
+/// as a GracefulLeave move of one. (Without that repeat, the new core
+/// started the leave's handoff afresh and timed it out as a dead-owner
+/// move from live node 3.)
+#[test]
+fn regression_a_stop_report_repeated_to_a_coordinator_that_took_over() {
+    use Op::*;
+    let ops = vec![
+        Join(3),
+        Join(5),
+        Register(3),
+        Advance(10881),
+        Ask(3, 6),
+        Unreachable(0),
+        Join(2),
+        Leave(3),
+        Register(5),
+        Crash(2),
+        Stopped(3),
+        Join(1),
+        Advance(11273),
+        Advance(12991),
+    ];
+    let config = CoordinatorConfig {
+        dead_owner_margin: Duration::from_millis(700),
+        ..CoordinatorConfig::default()
+    };
+    assert_eq!(check_history_with(ops, config), Ok(()));
 }
