@@ -36,7 +36,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::envelope::Delivery;
@@ -179,6 +179,15 @@ pub struct EntityContext {
     state: Option<StateHandle>,
     /// What reliable producers' messages did here (SPEC §13.17).
     deliveries: std::sync::Mutex<Deliveries>,
+    /// The deadline of the ask being handled (during recovery, of the ask
+    /// that spawned this incarnation): the store calls it causes end
+    /// before it (see [`CallDeadline`]). `None` for a tell, an ask from
+    /// another node, or no message.
+    deadline: Option<tokio::time::Instant>,
+    /// How many of this entity's writes in a row were refused by a
+    /// conflict (kept across its restarts in place; reset by an accepted
+    /// write): the pause before the next restart grows with it.
+    conflicts: AtomicU32,
 }
 
 impl EntityContext {
@@ -198,6 +207,8 @@ impl EntityContext {
             journal: None,
             state: None,
             deliveries: std::sync::Mutex::default(),
+            deadline: None,
+            conflicts: AtomicU32::new(0),
         }
     }
 
@@ -469,9 +480,10 @@ impl Deliveries {
 /// incarnation of the entity (a split brain, a handoff that timed out)
 /// wrote since this one recovered — so the journal is never forked: the
 /// persist fails with [`ShardingError::Persistence`](crate::ShardingError::Persistence)
-/// (a `SequenceConflict`), and this incarnation answers every later
-/// message with that error and is passivated; the next message recovers a
-/// new incarnation from the journal.
+/// (a `SequenceConflict`), and once the handler has answered, the
+/// incarnation is replaced in place, after a short pause: a fresh one
+/// recovers the journal, the other writer's events included, and handles
+/// the messages that waited meanwhile.
 pub trait EventSourced: Entity {
     /// What happened, as it is journaled.
     type Event: serde::Serialize + serde::de::DeserializeOwned + Send + Sync + 'static;
@@ -1041,6 +1053,14 @@ impl Linger {
 /// [`Linger`] says), in one call, so many entities' writes cost one
 /// commit; while a batch commits, the next one gathers. The thread ends
 /// when the last handle to the writer goes.
+///
+/// A write made for an ask carries the ask's [`CallDeadline`]: the batch's
+/// store call ends (`call_deadline`) when the last of its writes' askers
+/// stops waiting, and a write still waiting for a batch when its sender
+/// stops waiting is withdrawn, never written — so a write queued behind a
+/// batch stuck on a store that is away does not outlast its asker. A write
+/// a batch took is waited for: its outcome is what the incarnation's
+/// state must follow.
 pub(crate) struct BatchWriter<W> {
     tx: std::sync::mpsc::Sender<Pending<W>>,
     /// Writes sent and not yet taken by the thread.
@@ -1048,7 +1068,37 @@ pub(crate) struct BatchWriter<W> {
 }
 
 /// A write waiting for its batch, and where its result goes.
-type Pending<W> = (W, tokio::sync::oneshot::Sender<PersistenceResult<()>>);
+struct Pending<W> {
+    write: W,
+    /// When the store's waits for it must end (`CallDeadline::store`);
+    /// `None`: no one waits for it with a deadline.
+    by: Option<std::time::Instant>,
+    /// Of a write with a deadline: set by whichever comes first, the
+    /// writer taking it into a batch or its sender withdrawing it.
+    claimed: Option<Arc<AtomicBool>>,
+    done: tokio::sync::oneshot::Sender<PersistenceResult<()>>,
+}
+
+/// What became of a write handed to a [`BatchWriter`] or a
+/// [`StateWriter`].
+enum Written {
+    /// The store's answer.
+    Done(PersistenceResult<()>),
+    /// Its sender's deadline came before a batch took it: not written.
+    Withdrawn,
+}
+
+/// When the store's waits for a batch end: when the last of its writes'
+/// senders stops waiting; `None` (no bound) if one waits without a
+/// deadline.
+fn latest_by<W>(batch: &[Pending<W>]) -> Option<std::time::Instant> {
+    let mut latest: Option<std::time::Instant> = None;
+    for pending in batch {
+        let by = pending.by?;
+        latest = Some(latest.map_or(by, |l| l.max(by)));
+    }
+    latest
+}
 
 fn writer_stopped() -> PersistenceError {
     PersistenceError::Store("the system's store writer stopped".into())
@@ -1072,15 +1122,29 @@ impl<W: Send + 'static> BatchWriter<W> {
                 let mut batch = vec![first];
                 linger.gather(&rx, &mut batch);
                 queued.fetch_sub(batch.len(), Ordering::Relaxed);
-                let (writes, replies): (Vec<W>, Vec<_>) = batch.into_iter().unzip();
+                // A write its sender withdrew (its deadline came while it
+                // waited) is not written; the others are claimed, so that
+                // their senders know they went to the store.
+                batch.retain(|p| {
+                    p.claimed
+                        .as_ref()
+                        .is_none_or(|c| !c.swap(true, Ordering::AcqRel))
+                });
+                if batch.is_empty() {
+                    continue;
+                }
+                let by = latest_by(&batch);
+                let (writes, replies): (Vec<W>, Vec<_>) =
+                    batch.into_iter().map(|p| (p.write, p.done)).unzip();
                 let count = writes.len();
                 let began = Instant::now();
-                let mut results =
-                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| commit(&writes)))
-                        .unwrap_or_else(|_| {
-                            let panicked = PersistenceError::Store("the store panicked".into());
-                            vec![Err(panicked); count]
-                        });
+                let committed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    crate::persistence::with_call_deadline(by, || commit(&writes))
+                }));
+                let mut results = committed.unwrap_or_else(|_| {
+                    let panicked = PersistenceError::Store("the store panicked".into());
+                    vec![Err(panicked); count]
+                });
                 // (A store that answers fewer results than writes failed
                 // the rest.)
                 results.resize_with(count, || {
@@ -1101,15 +1165,34 @@ impl<W: Send + 'static> BatchWriter<W> {
         BatchWriter { tx, waiting }
     }
 
-    /// Queues `write` for the next batch and waits for its result.
-    async fn write(&self, write: W) -> PersistenceResult<()> {
-        let (done, result) = tokio::sync::oneshot::channel();
+    /// Queues `write` for the next batch and waits for its result; with a
+    /// `deadline`, withdraws it at its `wait` if no batch took it yet.
+    async fn write(&self, write: W, deadline: Option<CallDeadline>) -> Written {
+        let (done, mut result) = tokio::sync::oneshot::channel();
+        let claimed = deadline.map(|_| Arc::new(AtomicBool::new(false)));
+        let pending = Pending {
+            write,
+            by: deadline.map(|d| d.store),
+            claimed: claimed.clone(),
+            done,
+        };
         self.waiting.fetch_add(1, Ordering::Relaxed);
-        if self.tx.send((write, done)).is_err() {
+        if self.tx.send(pending).is_err() {
             self.waiting.fetch_sub(1, Ordering::Relaxed);
-            return Err(writer_stopped());
+            return Written::Done(Err(writer_stopped()));
         }
-        result.await.unwrap_or_else(|_| Err(writer_stopped()))
+        let (Some(deadline), Some(claimed)) = (deadline, claimed) else {
+            return Written::Done(result.await.unwrap_or_else(|_| Err(writer_stopped())));
+        };
+        let waited = tokio::time::timeout_at(deadline.wait, &mut result).await;
+        let answer = match waited {
+            Ok(answer) => answer,
+            // No batch took it, and none will now.
+            Err(_) if !claimed.swap(true, Ordering::AcqRel) => return Written::Withdrawn,
+            // A batch took it: its store call ends by its `call_deadline`.
+            Err(_) => result.await,
+        };
+        Written::Done(answer.unwrap_or_else(|_| Err(writer_stopped())))
     }
 }
 
@@ -1140,8 +1223,8 @@ impl JournalWriter {
         })
     }
 
-    async fn append(&self, write: AtomicWrite) -> PersistenceResult<()> {
-        self.batches.write(write).await
+    async fn append(&self, write: AtomicWrite, deadline: Option<CallDeadline>) -> Written {
+        self.batches.write(write, deadline).await
     }
 
     fn journal(&self) -> PersistenceResult<Arc<dyn Journal>> {
@@ -1177,12 +1260,17 @@ impl StateWriter {
         Arc::new(StateWriter::Batched(batches))
     }
 
-    async fn save(&self, write: StateWrite) -> PersistenceResult<()> {
+    /// Saves `write`; with a `deadline`, withdrawing it at its `wait` if
+    /// no batch took it yet (a save not batched goes to the store at once,
+    /// its `call_deadline` set).
+    async fn save(&self, write: StateWrite, deadline: Option<CallDeadline>) -> Written {
         match self {
-            StateWriter::Batched(batches) => batches.write(write).await,
+            StateWriter::Batched(batches) => batches.write(write, deadline).await,
             StateWriter::Direct(store) => {
-                let store = store.upgrade().ok_or_else(writer_stopped)?;
-                blocking(move || {
+                let Some(store) = store.upgrade() else {
+                    return Written::Done(Err(writer_stopped()));
+                };
+                let saved = blocking_by(deadline.map(|d| d.store), move || {
                     let StateWrite {
                         persistence_id,
                         expected,
@@ -1190,8 +1278,8 @@ impl StateWriter {
                         writer,
                     } = write;
                     store.save(&persistence_id, expected, payload, writer)
-                })
-                .await
+                });
+                Written::Done(saved.await)
             }
         }
     }
@@ -1209,6 +1297,9 @@ pub(crate) struct JournalHandle {
     /// because another incarnation wrote since, or one whose outcome is
     /// unknown (a store error, an append whose caller went away).
     retired: std::sync::Mutex<Option<PersistenceError>>,
+    /// Whether the reason it was retired is a conflict (read without the
+    /// lock after every message; see [`EntityContext::take_conflict`]).
+    conflicted: AtomicBool,
 }
 
 impl JournalHandle {
@@ -1251,15 +1342,76 @@ impl std::fmt::Debug for JournalHandle {
     }
 }
 
-/// Runs a store call on a blocking thread (the SPI is synchronous).
-async fn blocking<T: Send + 'static>(
+/// Runs a store call on a blocking thread (the SPI is synchronous), with
+/// `by` as the call's [`call_deadline`](crate::persistence::call_deadline).
+async fn blocking_by<T: Send + 'static>(
+    by: Option<std::time::Instant>,
     call: impl FnOnce() -> PersistenceResult<T> + Send + 'static,
 ) -> PersistenceResult<T> {
+    let call = move || crate::persistence::with_call_deadline(by, call);
     tokio::task::spawn_blocking(call).await.unwrap_or_else(|e| {
         Err(PersistenceError::Store(format!(
             "the store call panicked: {e}"
         )))
     })
+}
+
+/// How long before an ask's deadline the store calls it causes end, at
+/// most: a fifth of the time left when a call starts, up to this. (The
+/// asker needs the answer before its deadline, not at it: the reply still
+/// has to reach it.)
+const ANSWER_MARGIN: Duration = Duration::from_millis(500);
+
+/// The bounds of a store call made for an ask (SPEC §8b): the store's own
+/// waits end at `store` (its [`call_deadline`](crate::persistence::call_deadline)),
+/// and a write that no batch took by `wait`, a little later, is withdrawn
+/// — both before the ask's deadline, so that the asker hears the store's
+/// typed error rather than its own timeout.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CallDeadline {
+    store: std::time::Instant,
+    wait: tokio::time::Instant,
+}
+
+/// The first pause before an incarnation refused by a conflict recovers
+/// anew; it doubles with each conflict in a row.
+const CONFLICT_PAUSE: Duration = Duration::from_millis(10);
+
+/// The longest such pause.
+const CONFLICT_PAUSE_MAX: Duration = Duration::from_millis(500);
+
+/// The pause before recovering after `conflicts` conflicts in a row:
+/// between half and all of [`CONFLICT_PAUSE`] doubled for each conflict
+/// after the first (at most [`CONFLICT_PAUSE_MAX`]), at random, so that
+/// two writers that refuse each other do not retry in step.
+fn conflict_pause(conflicts: u32) -> Duration {
+    let doublings = conflicts.saturating_sub(1).min(16);
+    let full = CONFLICT_PAUSE
+        .saturating_mul(1 << doublings)
+        .min(CONFLICT_PAUSE_MAX);
+    let half = full / 2;
+    let share = f64::from(getrandom::u32().unwrap_or(u32::MAX)) / f64::from(u32::MAX);
+    half + half.mul_f64(share)
+}
+
+/// Clears a handle's retirement if a conflict is what retired it (its
+/// `conflicted` flag set); true if it did.
+fn unretire_conflict(
+    conflicted: &AtomicBool,
+    retired: &std::sync::Mutex<Option<PersistenceError>>,
+) -> bool {
+    if !conflicted.load(Ordering::Acquire) || !conflicted.swap(false, Ordering::AcqRel) {
+        return false;
+    }
+    let mut retired = retired.lock().unwrap_or_else(|p| p.into_inner());
+    let conflict = matches!(
+        *retired,
+        Some(PersistenceError::SequenceConflict { .. } | PersistenceError::RevisionConflict { .. })
+    );
+    if conflict {
+        *retired = None;
+    }
+    conflict
 }
 
 impl EntityContext {
@@ -1275,7 +1427,73 @@ impl EntityContext {
             id: PersistenceId::new(self.type_name, &*self.entity_id),
             highest: AtomicU64::new(0),
             retired: std::sync::Mutex::new(None),
+            conflicted: AtomicBool::new(false),
         });
+    }
+
+    /// The deadline of the message about to be handled (`None`: a tell, or
+    /// an ask whose deadline is not known here); set by the runtime before
+    /// each message and, for the recovery, when the incarnation is spawned
+    /// for an ask.
+    pub(crate) fn set_deadline(&mut self, deadline: Option<tokio::time::Instant>) {
+        self.deadline = deadline;
+    }
+
+    /// The bounds of a store call made now for the message being handled:
+    /// the store's waits end a fifth of the time left (at most
+    /// [`ANSWER_MARGIN`]) before its deadline, and a write still queued is
+    /// withdrawn half that before it. `None` without a deadline, or once
+    /// it has passed (the asker has gone: the call takes the time it
+    /// takes, as one made for a tell does).
+    fn call_deadline(&self) -> Option<CallDeadline> {
+        let deadline = self.deadline?;
+        let now = tokio::time::Instant::now();
+        let left = deadline
+            .checked_duration_since(now)
+            .filter(|l| !l.is_zero())?;
+        let margin = (left / 5).min(ANSWER_MARGIN);
+        Some(CallDeadline {
+            // Counted on the standard clock, which the store reads.
+            store: std::time::Instant::now() + (left - margin),
+            wait: deadline - margin / 2,
+        })
+    }
+
+    /// Of an incarnation that a conflict retired (another incarnation
+    /// wrote its journal, or saved its state, since it recovered): clears
+    /// that, so that it can be rebuilt in place and recovered anew (SPEC
+    /// §8b, Fencing), and says how long to pause first — longer while its
+    /// writes keep being refused, back to the shortest after one is
+    /// accepted. `None` otherwise (after every message: one atomic load).
+    pub(crate) fn take_conflict(&mut self) -> Option<Duration> {
+        let journal = self
+            .journal
+            .as_ref()
+            .is_some_and(|j| unretire_conflict(&j.conflicted, &j.retired));
+        let state = self
+            .state
+            .as_ref()
+            .is_some_and(|s| unretire_conflict(&s.conflicted, &s.retired));
+        if !journal && !state {
+            return None;
+        }
+        // As in a fresh incarnation: the recovery reads the table back,
+        // and a deadline of the message that met the conflict (answered
+        // by now) bounds nothing of it.
+        *self.deliveries() = Deliveries::default();
+        self.deadline = None;
+        let conflicts = self
+            .conflicts
+            .fetch_add(1, Ordering::Relaxed)
+            .saturating_add(1);
+        Some(conflict_pause(conflicts))
+    }
+
+    /// An accepted write ends a run of conflicts.
+    fn accepted(&self) {
+        if self.conflicts.load(Ordering::Relaxed) != 0 {
+            self.conflicts.store(0, Ordering::Relaxed);
+        }
     }
 
     fn persistence_error(&self, error: PersistenceError) -> crate::ShardingError {
@@ -1322,7 +1540,8 @@ impl EntityContext {
             None => None,
         };
         let id = handle.id.clone();
-        let read = blocking(move || {
+        let by = self.call_deadline().map(|d| d.store);
+        let read = blocking_by(by, move || {
             let highest = journal.highest_sequence_nr(&id)?;
             let snapshot = match store {
                 Some(store) => store.load(&id, highest)?,
@@ -1371,7 +1590,8 @@ impl EntityContext {
         if let Some(handle) = &self.state {
             let store = self.state_store(handle)?;
             let id = handle.id.clone();
-            let revision = blocking(move || store.revision(&id))
+            let by = self.call_deadline().map(|d| d.store);
+            let revision = blocking_by(by, move || store.revision(&id))
                 .await
                 .map_err(|e| self.persistence_error(e))?;
             if revision != migrated.position {
@@ -1401,7 +1621,8 @@ impl EntityContext {
             .map_err(|e| self.persistence_error(e))?;
         let id = handle.id.clone();
         let from = migrated.position;
-        let read = blocking(move || {
+        let by = self.call_deadline().map(|d| d.store);
+        let read = blocking_by(by, move || {
             let highest = journal.highest_sequence_nr(&id)?;
             if highest < from {
                 return Ok((highest, None));
@@ -1475,15 +1696,27 @@ impl EntityContext {
                 let older = record
                     .sequence_nr
                     .saturating_sub(snapshots.kept * snapshots.every);
-                blocking(move || {
+                let deadline = self.call_deadline();
+                let save = blocking_by(deadline.map(|d| d.store), move || {
                     store.save(&id, record)?;
                     if older > 0 {
                         store.delete_to(&id, older)?;
                     }
                     Ok(())
-                })
-                .await
-                .map_err(|e| self.persistence_error(e))
+                });
+                let saved = match deadline {
+                    None => save.await,
+                    // The reply waits for this: not past the asker's deadline.
+                    Some(deadline) => tokio::time::timeout_at(deadline.wait, save)
+                        .await
+                        .unwrap_or_else(|_| {
+                            Err(PersistenceError::Store(
+                                "the snapshot store did not answer before the ask's deadline"
+                                    .into(),
+                            ))
+                        }),
+                };
+                saved.map_err(|e| self.persistence_error(e))
             }
             (Err(error), _) => Err(error),
             (_, None) => return,
@@ -1497,7 +1730,11 @@ impl EntityContext {
     /// knows. A refusal because another incarnation wrote, or an outcome
     /// that is not known (a store error: the events may be in the journal;
     /// the caller gone before the answer), retires this incarnation: the
-    /// next one recovers what the journal holds.
+    /// next one — in place after a conflict
+    /// ([`take_conflict`](Self::take_conflict)), otherwise the next
+    /// message's — recovers what the journal holds. An append withdrawn
+    /// before any batch took it (the ask's deadline near) was not written,
+    /// and leaves the incarnation running.
     async fn append(&self, events: Vec<Payload>) -> ShardingResult<()> {
         let handle = self.handle()?;
         if let Some(why) = handle.retired() {
@@ -1528,11 +1765,21 @@ impl EntityContext {
             handle,
             done: false,
         };
-        let written = handle.writer.append(write).await;
+        let written = handle.writer.append(write, self.call_deadline()).await;
         in_flight.done = true;
+        let written = match written {
+            Written::Done(result) => result,
+            // Never written: this incarnation may go on.
+            Written::Withdrawn => {
+                return Err(self.persistence_error(PersistenceError::Store(
+                    "the journal took no append before the ask's deadline: not written".into(),
+                )));
+            }
+        };
         match written {
             Ok(()) => {
                 handle.highest.store(expected + count, Ordering::Release);
+                self.accepted();
                 if marked && let Some((_, saved)) = &mut self.deliveries().current {
                     *saved = true;
                 }
@@ -1541,12 +1788,13 @@ impl EntityContext {
             // Refused before anything was written: this incarnation may go on.
             Err(error @ PersistenceError::Invalid(_)) => Err(self.persistence_error(error)),
             Err(error) => {
+                handle.retire(error.clone());
                 if matches!(error, PersistenceError::SequenceConflict { .. }) {
-                    tracing::warn!(type_name = self.type_name, entity_id = %self.entity_id, %error, "another incarnation wrote this entity's journal: this one stops");
+                    tracing::warn!(type_name = self.type_name, entity_id = %self.entity_id, %error, "another incarnation wrote this entity's journal: this one recovers it anew");
+                    handle.conflicted.store(true, Ordering::Release);
                 } else {
                     tracing::warn!(type_name = self.type_name, entity_id = %self.entity_id, %error, "an append's outcome is unknown: this incarnation stops");
                 }
-                handle.retire(error.clone());
                 Err(self.persistence_error(error))
             }
         }
@@ -1578,6 +1826,7 @@ impl EntityContext {
             id: PersistenceId::new(self.type_name, &*self.entity_id),
             revision: AtomicU64::new(0),
             retired: std::sync::Mutex::new(None),
+            conflicted: AtomicBool::new(false),
         });
     }
 
@@ -1592,7 +1841,8 @@ impl EntityContext {
     async fn recover_state(&self, handle: &StateHandle) -> ShardingResult<Recovered> {
         let store = self.state_store(handle)?;
         let id = handle.id.clone();
-        let read = blocking(move || Ok((store.revision(&id)?, store.load(&id)?))).await;
+        let by = self.call_deadline().map(|d| d.store);
+        let read = blocking_by(by, move || Ok((store.revision(&id)?, store.load(&id)?))).await;
         let (revision, state) = read.map_err(|e| self.persistence_error(e))?;
         handle.revision.store(revision, Ordering::Release);
         Ok(Recovered {
@@ -1604,7 +1854,8 @@ impl EntityContext {
 
     /// Saves `payload` as the next revision after the one this incarnation
     /// knows. A conflict (another incarnation saved since) or an outcome
-    /// that is not known retires this incarnation, as for an append.
+    /// that is not known retires this incarnation, as for an append; a
+    /// save withdrawn unwritten leaves it running.
     async fn save_state(&self, payload: Payload) -> ShardingResult<()> {
         let Some(handle) = &self.state else {
             return Err(crate::ShardingError::Bug(format!(
@@ -1631,11 +1882,21 @@ impl EntityContext {
             handle,
             done: false,
         };
-        let saved = handle.writer.save(write).await;
+        let saved = handle.writer.save(write, self.call_deadline()).await;
         guard.done = true;
+        let saved = match saved {
+            Written::Done(result) => result,
+            // Never written: this incarnation may go on.
+            Written::Withdrawn => {
+                return Err(self.persistence_error(PersistenceError::Store(
+                    "the state store took no save before the ask's deadline: not written".into(),
+                )));
+            }
+        };
         match saved {
             Ok(()) => {
                 handle.revision.store(expected + 1, Ordering::Release);
+                self.accepted();
                 // The message being handled, if a reliable one, is recorded.
                 if let Some((_, saved)) = &mut self.deliveries().current {
                     *saved = true;
@@ -1644,8 +1905,13 @@ impl EntityContext {
             }
             Err(error @ PersistenceError::Invalid(_)) => Err(self.persistence_error(error)),
             Err(error) => {
-                tracing::warn!(type_name = self.type_name, entity_id = %self.entity_id, %error, "a state save was refused or its outcome is unknown: this incarnation stops");
                 handle.retire(error.clone());
+                if matches!(error, PersistenceError::RevisionConflict { .. }) {
+                    tracing::warn!(type_name = self.type_name, entity_id = %self.entity_id, %error, "another incarnation saved this entity's state: this one loads it anew");
+                    handle.conflicted.store(true, Ordering::Release);
+                } else {
+                    tracing::warn!(type_name = self.type_name, entity_id = %self.entity_id, %error, "a state save's outcome is unknown: this incarnation stops");
+                }
                 Err(self.persistence_error(error))
             }
         }
@@ -1667,6 +1933,8 @@ struct StateHandle {
     revision: AtomicU64,
     /// Why this incarnation must handle nothing more.
     retired: std::sync::Mutex<Option<PersistenceError>>,
+    /// Whether the reason it was retired is a conflict.
+    conflicted: AtomicBool,
 }
 
 impl StateHandle {
@@ -1854,7 +2122,13 @@ mod linger_tests {
                 generation: 1,
             },
         };
-        ((write, done), result)
+        let pending = Pending {
+            write,
+            by: None,
+            claimed: None,
+            done,
+        };
+        (pending, result)
     }
 
     #[test]
@@ -1901,5 +2175,58 @@ mod linger_tests {
         // A lone writer (one answered, one back) has its batch at once.
         linger.committed(1, Duration::from_secs(1), 0);
         assert_eq!(linger.target, 1, "one append is a whole batch");
+    }
+}
+
+#[cfg(test)]
+mod withdrawal_tests {
+    use super::*;
+
+    /// A write still queued for its batch when its sender's time is up is
+    /// withdrawn — answered at once, and never handed to the store — while
+    /// the write the store has is waited for.
+    #[tokio::test]
+    async fn a_write_queued_past_its_deadline_is_withdrawn_unwritten() {
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let held = std::sync::Mutex::new(held);
+        let (entered, mut batches) = tokio::sync::mpsc::unbounded_channel::<Vec<u32>>();
+        let writer = Arc::new(BatchWriter::start(
+            "datum-test-writer",
+            move |writes: &[u32]| {
+                let _ = entered.send(writes.to_vec());
+                // The store answers once the test lets it.
+                let _ = held.lock().unwrap_or_else(|p| p.into_inner()).recv();
+                vec![Ok(()); writes.len()]
+            },
+        ));
+        let first = tokio::spawn({
+            let writer = writer.clone();
+            async move { writer.write(1, None).await }
+        });
+        assert_eq!(
+            batches.recv().await,
+            Some(vec![1]),
+            "the store has the first"
+        );
+        let soon = CallDeadline {
+            store: std::time::Instant::now() + Duration::from_millis(20),
+            wait: tokio::time::Instant::now() + Duration::from_millis(20),
+        };
+        assert!(
+            matches!(writer.write(2, Some(soon)).await, Written::Withdrawn),
+            "queued behind a store that does not answer"
+        );
+        release.send(()).expect("the writer waits");
+        release.send(()).expect("the writer waits");
+        assert!(matches!(
+            first.await.expect("the first"),
+            Written::Done(Ok(()))
+        ));
+        assert!(matches!(writer.write(3, None).await, Written::Done(Ok(()))));
+        assert_eq!(
+            batches.recv().await,
+            Some(vec![3]),
+            "the withdrawn write is not written"
+        );
     }
 }

@@ -23,6 +23,7 @@
 //! | `GET /cluster/members` | this node's view of the membership, JSON |
 //! | `GET /cluster/shards` | the entity types registered here, JSON |
 //! | `GET /cluster/shards/{type}` | where each shard of a type lives, its generation, what waits in buffers, JSON |
+//! | `GET /cluster/shards/{type}?ids=N` | the same, with the ids of each hosted shard's live entities (at most `N` a shard) |
 //! | `GET /metrics` | the Prometheus recorder's text, when one was given |
 //!
 //! `HEAD` answers as `GET` does, without the body (as HTTP expects of a
@@ -30,6 +31,10 @@
 //!
 //! The endpoint reads what the node and system already publish; serving it
 //! takes no lock a message path holds for longer than a shard's summary.
+//! Listing ids walks each hosted shard's entities once more under its
+//! lock (as counting them does), and the ids are bounded per shard
+//! ([`MAX_IDS_PER_SHARD`]) and in all ([`MAX_IDS_IN_ALL`]), so that no
+//! query can make an answer grow with the entities hosted.
 //!
 //! It holds at most [`DEFAULT_MAX_CONNECTIONS`] connections at once (or a
 //! quarter of the process's open-file limit, when that is lower), closes one
@@ -48,7 +53,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::{Path, RawQuery, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -87,6 +92,20 @@ pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a connection may move no byte either way, by default
 /// ([`Management::idle_timeout`]).
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How many ids of each hosted shard's live entities
+/// `/cluster/shards/{type}?ids` lists when no number is given.
+pub const DEFAULT_IDS_PER_SHARD: usize = 100;
+
+/// The most ids of one shard `/cluster/shards/{type}?ids=N` lists: a
+/// greater `N` is refused (400).
+pub const MAX_IDS_PER_SHARD: usize = 10_000;
+
+/// The most ids one answer of `/cluster/shards/{type}` lists over all its
+/// shards, whatever `N` (the shards take from it in ascending order; those
+/// past it list none and are marked cut), so that an answer stays a few
+/// megabytes on a node hosting many shards.
+pub const MAX_IDS_IN_ALL: usize = 100_000;
 
 /// The highest connection limit taken (far past any open-file limit; the
 /// permits of the limit are counted in `u32`).
@@ -657,7 +676,49 @@ async fn entity_types(State(m): Endpoint) -> Response {
     answer(StatusCode::OK, json!({ "types": types }))
 }
 
-async fn shards(State(m): Endpoint, Path(type_name): Path<String>) -> Response {
+/// The ids per hosted shard that `/cluster/shards/{type}`'s query asks
+/// for: `None` without `ids`; `ids` alone (or `ids=`) asks for
+/// [`DEFAULT_IDS_PER_SHARD`]. Refused, with the 400's text: another
+/// parameter (a misspelt one would otherwise go unnoticed), `ids` twice,
+/// or a value that is not a decimal number from 0 to [`MAX_IDS_PER_SHARD`].
+fn ids_per_shard(query: Option<&str>) -> Result<Option<usize>, String> {
+    let mut asked = None;
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if name != "ids" {
+            return Err(format!(
+                "unknown query parameter {name:?} (this route takes ids=N)"
+            ));
+        }
+        if asked.is_some() {
+            return Err("ids is given more than once".to_owned());
+        }
+        let n = if value.is_empty() {
+            DEFAULT_IDS_PER_SHARD
+        } else {
+            // (`parse` alone would take a leading `+`.)
+            value
+                .parse::<usize>()
+                .ok()
+                .filter(|n| *n <= MAX_IDS_PER_SHARD && !value.starts_with('+'))
+                .ok_or_else(|| {
+                    format!("ids must be a number from 0 to {MAX_IDS_PER_SHARD}, not {value:?}")
+                })?
+        };
+        asked = Some(n);
+    }
+    Ok(asked)
+}
+
+async fn shards(
+    State(m): Endpoint,
+    Path(type_name): Path<String>,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let ids = match ids_per_shard(query.as_deref()) {
+        Ok(ids) => ids,
+        Err(error) => return answer(StatusCode::BAD_REQUEST, json!({ "error": error })),
+    };
     let Some(system) = m.system.as_ref().and_then(Weak::upgrade) else {
         return no_system();
     };
@@ -667,11 +728,14 @@ async fn shards(State(m): Endpoint, Path(type_name): Path<String>) -> Response {
             json!({ "error": format!("no entity type {type_name:?} registered on this node") }),
         );
     };
-    // Counting the entities locks every slot in turn: off the runtime's
-    // threads (a node's runtime may have only one).
+    // Counting the entities (and listing their ids) locks every slot in
+    // turn: off the runtime's threads (a node's runtime may have only one).
     let state = match tokio::task::spawn_blocking({
         let region = region.clone();
-        move || region.state()
+        move || match ids {
+            Some(per_shard) => region.state_with_ids(per_shard, MAX_IDS_IN_ALL),
+            None => region.state(),
+        }
     })
     .await
     {
@@ -689,14 +753,22 @@ async fn shards(State(m): Endpoint, Path(type_name): Path<String>) -> Response {
         .iter()
         .map(|(shard, placement)| {
             let here = placement.owner.is_none();
-            json!({
+            let mut entry = json!({
                 "shard": shard.0,
                 "owner": placement.owner.unwrap_or(me).to_string(),
                 "here": here,
                 "generation": placement.generation,
                 "entities": state.shards.get(shard),
                 "handing_off": state.handing_off.contains(shard),
-            })
+            });
+            // Asked for: a hosted shard's ids, null for one elsewhere.
+            if ids.is_some() {
+                let listed = state.entity_ids.get(shard);
+                entry["ids"] = json!(listed);
+                entry["ids_truncated"] =
+                    json!(listed.map(|_| state.entity_ids_truncated.contains(shard)));
+            }
+            entry
         })
         .collect();
     let coordinator = system.coordinator_status().map(|c| {
@@ -706,33 +778,34 @@ async fn shards(State(m): Endpoint, Path(type_name): Path<String>) -> Response {
             "registered": c.registered,
         })
     });
-    let ids = |set: &std::collections::BTreeSet<crate::ShardId>| {
+    let shard_ids = |set: &std::collections::BTreeSet<crate::ShardId>| {
         set.iter().map(|s| s.0).collect::<Vec<_>>()
     };
-    answer(
-        StatusCode::OK,
-        json!({
-            "type": state.type_name,
-            "node": me.to_string(),
-            "num_shards": region.num_shards(),
-            "proxy": state.proxy,
-            "refused": state.refused.as_ref().map(|e| e.to_string()),
-            "hosted_shards": state.shards.len(),
-            "entities": state.shards.values().sum::<usize>(),
-            "entity_limit": state.entity_limit,
-            "buffered": state.buffered,
-            "handing_off": ids(&state.handing_off),
-            "respawning": ids(&state.respawning),
-            "failed": ids(&state.failed),
-            "passivations": {
-                "idle": state.passivations.idle,
-                "limit": state.passivations.limit,
-                "explicit": state.passivations.explicit,
-            },
-            "coordinator": coordinator,
-            "shards": shards,
-        }),
-    )
+    let mut body = json!({
+        "type": state.type_name,
+        "node": me.to_string(),
+        "num_shards": region.num_shards(),
+        "proxy": state.proxy,
+        "refused": state.refused.as_ref().map(|e| e.to_string()),
+        "hosted_shards": state.shards.len(),
+        "entities": state.shards.values().sum::<usize>(),
+        "entity_limit": state.entity_limit,
+        "buffered": state.buffered,
+        "handing_off": shard_ids(&state.handing_off),
+        "respawning": shard_ids(&state.respawning),
+        "failed": shard_ids(&state.failed),
+        "passivations": {
+            "idle": state.passivations.idle,
+            "limit": state.passivations.limit,
+            "explicit": state.passivations.explicit,
+        },
+        "coordinator": coordinator,
+        "shards": shards,
+    });
+    if let Some(per_shard) = ids {
+        body["ids_per_shard"] = json!(per_shard);
+    }
+    answer(StatusCode::OK, body)
 }
 
 async fn metrics(State(m): Endpoint) -> Response {
@@ -765,6 +838,33 @@ mod tests {
             "Max open files            unlimited            unlimited            files\n";
         assert_eq!(open_file_limit(unlimited), None);
         assert_eq!(open_file_limit("Max processes 10 10 processes\n"), None);
+    }
+
+    #[test]
+    fn the_ids_query_is_read_strictly() {
+        assert_eq!(ids_per_shard(None), Ok(None));
+        assert_eq!(ids_per_shard(Some("")), Ok(None));
+        assert_eq!(ids_per_shard(Some("ids")), Ok(Some(DEFAULT_IDS_PER_SHARD)));
+        assert_eq!(ids_per_shard(Some("ids=")), Ok(Some(DEFAULT_IDS_PER_SHARD)));
+        assert_eq!(ids_per_shard(Some("ids=0")), Ok(Some(0)));
+        assert_eq!(ids_per_shard(Some("ids=7&")), Ok(Some(7)));
+        assert_eq!(
+            ids_per_shard(Some("ids=10000")),
+            Ok(Some(MAX_IDS_PER_SHARD))
+        );
+        for bad in [
+            "ids=10001",
+            "ids=99999999999999999999999",
+            "ids=-1",
+            "ids=+5",
+            "ids=5x",
+            "ids=%35",
+            "ids=1&ids=2",
+            "id=5",
+            "ids=5&pretty",
+        ] {
+            assert!(ids_per_shard(Some(bad)).is_err(), "{bad} was taken");
+        }
     }
 
     #[test]

@@ -372,6 +372,17 @@ impl SystemPort for Shared {
 }
 
 /// What an event-sourced type's spawner gives each incarnation.
+/// What kind of region a registration installs.
+struct RegionKind {
+    /// Hosts nothing here: routes only.
+    proxy: bool,
+    /// Its entities' state moves with their shard (§13.16).
+    migratable: bool,
+    /// Its entities keep their state in a store: asks carry their
+    /// deadline to the store calls (§8b).
+    durable: bool,
+}
+
 struct Durable<E> {
     writer: Option<Arc<JournalWriter>>,
     snapshots: Option<Arc<Snapshots>>,
@@ -617,7 +628,12 @@ impl<S, J> ShardedSystem<S, J> {
                 ctx.type_name()
             )))
         });
-        self.install_region(region_protocol::<P>(), spawner, None, true, false)
+        let kind = RegionKind {
+            proxy: true,
+            migratable: false,
+            durable: false,
+        };
+        self.install_region(region_protocol::<P>(), spawner, None, kind)
             .await
     }
 
@@ -689,6 +705,7 @@ impl<S, J> ShardedSystem<S, J> {
         };
         let migration = migration.map(|m| (m, self.shared.migration_events.clone()));
         let migratable = migration.is_some();
+        let stores = durable.is_some();
         let spawner: Spawner = Box::new(move |mut ctx, incarnation, region, migrated| {
             let recover = durable.as_ref().map(|d| {
                 if let Some(writer) = &d.writer {
@@ -719,14 +736,13 @@ impl<S, J> ShardedSystem<S, J> {
                 .map(|(actor, _)| actor)
                 .map_err(|e| ShardingError::Spawn(e.to_string()))
         });
-        self.install_region(
-            region_protocol::<E::Protocol>(),
-            spawner,
-            remember,
-            false,
+        let kind = RegionKind {
+            proxy: false,
             migratable,
-        )
-        .await
+            durable: stores,
+        };
+        self.install_region(region_protocol::<E::Protocol>(), spawner, remember, kind)
+            .await
     }
 
     /// Starts a region (and its actor) for `protocol` and makes it visible.
@@ -735,8 +751,11 @@ impl<S, J> ShardedSystem<S, J> {
         protocol: RegionProtocol,
         spawner: Spawner,
         remember: Option<Arc<Remember>>,
-        proxy: bool,
-        migratable: bool,
+        RegionKind {
+            proxy,
+            migratable,
+            durable,
+        }: RegionKind,
     ) -> ShardingResult<()> {
         let type_name = protocol.type_name;
         if self.is_shut_down() || self.shared.leaving.load(Ordering::Acquire) {
@@ -779,7 +798,8 @@ impl<S, J> ShardedSystem<S, J> {
             // which would forget them.)
             .with_entity_limit(config.entity_limit.filter(|_| !remembers))
             .with_migration(migration_settings)
-            .with_tracing(config.tracing.clone()),
+            .with_tracing(config.tracing.clone())
+            .with_durable(durable),
         );
         if remembers && config.entity_limit.is_some() {
             tracing::warn!(
@@ -898,6 +918,29 @@ impl<S, J> ShardedSystem<S, J> {
         self.regions()
             .get(P::TYPE_NAME)
             .map(|region| region.state())
+    }
+
+    /// As [`shard_region_state`](Self::shard_region_state), with the ids
+    /// of the live entities (as Akka's `GetShardRegionState` answers them):
+    /// `entity_ids` has every hosted shard with the ids of its live
+    /// entities, ascending, at most `limit_per_shard` of them (the least),
+    /// and `entity_ids_truncated` the shards that have more: the entities
+    /// a graceful leave begun now would stop here, to start again where
+    /// their shards go. `None` when `P` is not registered here.
+    ///
+    /// Each shard is read under its own lock in turn, as for its count
+    /// (SPEC §13.13); its ids take one more walk over its entities under
+    /// that lock, keeping the least `limit_per_shard`, and are copied and
+    /// sorted once it is released. The answer holds up to
+    /// `limit_per_shard` ids for each hosted shard: bound it for a region
+    /// of many shards.
+    pub fn shard_region_state_with_ids<P: Protocol>(
+        &self,
+        limit_per_shard: usize,
+    ) -> Option<ShardRegionState> {
+        self.regions()
+            .get(P::TYPE_NAME)
+            .map(|region| region.state_with_ids(limit_per_shard, usize::MAX))
     }
 
     /// The cluster-wide view of protocol `P` (Akka's
@@ -1362,6 +1405,7 @@ impl<P: Protocol> EntityRef<P> {
                 let extras = Extras {
                     trace: Some(span.clone()),
                     delivery: None,
+                    deadline: None,
                 };
                 let asked = self.ask_in(region, msg, (sent, timeout), Some(Box::new(extras)));
                 // Boxed, as every rare wait of an ask: what an untraced
@@ -1412,6 +1456,7 @@ impl<P: Protocol> EntityRef<P> {
         let extras = Extras {
             trace: None,
             delivery: Some(delivery),
+            deadline: None,
         };
         self.ask_in(region, msg, (sent, timeout), Some(Box::new(extras)))
             .await
@@ -1488,6 +1533,9 @@ impl<P: Protocol> EntityRef<P> {
         let mut envelope = envelope_of::<P, M>(msg, Some(reply));
         envelope.set_extras(extras);
         envelope.set_guarded();
+        if region.durable() {
+            envelope.set_deadline(deadline);
+        }
         let guarded =
             region.deliver_ask(self.shard, &self.entity_id, envelope, (deadline, timeout))?;
         Ok((replied, guarded))

@@ -378,6 +378,174 @@ async fn a_region_the_coordinator_refused_keeps_its_node_unready() {
     assert_eq!(get(agreed_at.local_addr(), "/ready").await.status, 200);
 }
 
+/// Each hosted shard's live entity ids, as `?ids=N` lists them.
+fn listed_ids(view: &Value) -> BTreeMap<u64, (Vec<String>, bool)> {
+    view["shards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|shard| shard["here"] == true)
+        .map(|shard| {
+            let ids = shard["ids"]
+                .as_array()
+                .unwrap_or_else(|| panic!("a hosted shard without ids: {shard}"))
+                .iter()
+                .map(|id| id.as_str().unwrap().to_owned())
+                .collect();
+            let cut = shard["ids_truncated"].as_bool().expect("a flag");
+            (shard["shard"].as_u64().unwrap(), (ids, cut))
+        })
+        .collect()
+}
+
+/// `?ids=N` lists the ids of each shard a node hosts (ascending, at most
+/// N a shard, the cut lists flagged; `null` for a shard elsewhere), and
+/// a passivated entity leaves its list; without the query the answer has
+/// no ids; a bad query gets 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ids_of_each_hosted_shard_are_listed_when_asked() {
+    let _ = recorder();
+    let first = cluster_node("management-ids", vec![]).await;
+    let second = cluster_node("management-ids", vec![first.bound_addr()]).await;
+    let nodes = [first, second];
+    for node in &nodes {
+        node.wait_until(|s| s.up_members().count() == 2, LONG)
+            .await
+            .expect("both Up");
+    }
+    let mut systems = Vec::new();
+    let mut servers = Vec::new();
+    for node in &nodes {
+        let system = counters_on(node, 8).await;
+        servers.push(serve(node, &system).await);
+        systems.push(system);
+    }
+    let at: Vec<SocketAddr> = servers.iter().map(|s| s.local_addr()).collect();
+    for server in &at {
+        until(*server, "/ready", |a| a.status == 200).await;
+    }
+
+    // Entities on both nodes, through node 0.
+    let mut expected: BTreeMap<u64, Vec<String>> = BTreeMap::new();
+    for i in 0..40 {
+        let id = format!("m{i:02}");
+        let entity = systems[0].entity_ref::<Counter>(id.clone());
+        entity.tell(Add(1)).await.expect("told");
+        assert_eq!(entity.ask(Get, LONG).await.expect("answered"), 1);
+        expected
+            .entry(entity.shard_id().0 as u64)
+            .or_default()
+            .push(id);
+    }
+    for ids in expected.values_mut() {
+        ids.sort();
+    }
+
+    // Room for all: between them the nodes list every id once, each list
+    // as long as its shard's count; a shard elsewhere has none.
+    let mut all = BTreeMap::new();
+    let mut hosting = BTreeMap::new();
+    for (n, server) in at.iter().enumerate() {
+        let view = get(*server, "/cluster/shards/counter?ids=1000").await;
+        assert_eq!(view.status, 200, "{}", view.body);
+        let view = view.json();
+        assert_eq!(view["ids_per_shard"], 1000);
+        for shard in view["shards"].as_array().unwrap() {
+            if shard["here"] == true {
+                let count = shard["entities"].as_u64().unwrap() as usize;
+                assert_eq!(shard["ids"].as_array().unwrap().len(), count, "{shard}");
+            } else {
+                assert!(
+                    shard["ids"].is_null() && shard["ids_truncated"].is_null(),
+                    "{shard}"
+                );
+            }
+        }
+        for (shard, (ids, cut)) in listed_ids(&view) {
+            assert!(!cut, "shard {shard} cut at 1000");
+            assert!(
+                all.insert(shard, ids).is_none(),
+                "shard {shard} listed twice"
+            );
+            hosting.insert(shard, n);
+        }
+    }
+    assert_eq!(all, expected);
+    assert_eq!(
+        hosting.values().collect::<BTreeSet<_>>().len(),
+        2,
+        "both nodes host: {hosting:?}"
+    );
+
+    // Two a shard: the two least ids, the longer lists flagged as cut.
+    let mut cut_any = false;
+    for server in &at {
+        let view = get(*server, "/cluster/shards/counter?ids=2").await.json();
+        for (shard, (ids, cut)) in listed_ids(&view) {
+            let whole = &expected[&shard];
+            assert_eq!(ids, whole[..whole.len().min(2)].to_vec(), "shard {shard}");
+            assert_eq!(cut, whole.len() > 2, "shard {shard}");
+            cut_any |= cut;
+        }
+    }
+    assert!(cut_any, "40 ids on 8 shards: some shard has more than 2");
+
+    // `ids` alone: the default cap. No query: no ids at all.
+    let view = get(at[0], "/cluster/shards/counter?ids").await.json();
+    assert_eq!(
+        view["ids_per_shard"].as_u64(),
+        Some(datum_cluster_sharding::management::DEFAULT_IDS_PER_SHARD as u64)
+    );
+    let view = get(at[0], "/cluster/shards/counter").await.json();
+    assert!(view.get("ids_per_shard").is_none(), "{view}");
+    assert!(
+        view["shards"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|shard| shard.get("ids").is_none() && shard.get("ids_truncated").is_none()),
+        "{view}"
+    );
+
+    // A passivated entity leaves its shard's list on the node hosting it.
+    let gone = systems[0].entity_ref::<Counter>("m07");
+    let shard = gone.shard_id().0 as u64;
+    gone.passivate().await.expect("passivated");
+    let host = at[hosting[&shard]];
+    let view = until(host, "/cluster/shards/counter?ids=1000", |a| {
+        listed_ids(&a.json())
+            .get(&shard)
+            .is_some_and(|(ids, _)| !ids.iter().any(|id| id == "m07"))
+    })
+    .await
+    .json();
+    let mut rest = expected[&shard].clone();
+    rest.retain(|id| id != "m07");
+    assert_eq!(listed_ids(&view)[&shard].0, rest);
+
+    // Bad queries: 400 with the reason.
+    let over = format!(
+        "ids={}",
+        datum_cluster_sharding::management::MAX_IDS_PER_SHARD + 1
+    );
+    for query in ["ids=many", over.as_str(), "ids=-1", "ids=1&ids=2", "idz=3"] {
+        let bad = get(at[0], &format!("/cluster/shards/counter?{query}")).await;
+        assert_eq!(bad.status, 400, "{query}: {}", bad.body);
+        let error = bad.json()["error"].as_str().unwrap_or_default().to_owned();
+        assert!(
+            error.contains("ids") || error.contains("idz"),
+            "{query}: {error}"
+        );
+    }
+
+    for server in servers {
+        server.shutdown().await;
+    }
+    for system in &systems {
+        system.shutdown().await;
+    }
+}
+
 #[test]
 fn datum_node_serves_the_endpoint_on_its_flag() {
     let mut child = KillOnDrop(

@@ -959,3 +959,117 @@ async fn an_entity_limit_bounds_the_live_entities_and_loses_no_message() {
         system.shutdown().await;
     }
 }
+
+/// `shard_region_state_with_ids` names each hosted shard's live entities,
+/// ascending, cut at the limit asked (the least ids kept, the cut shards
+/// named), read with the same counts as `shards`; a passivated entity
+/// leaves its list and a message brings it back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_live_entity_ids_of_each_shard_are_listed_up_to_a_limit() {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    let config = ShardingConfig::builder()
+        .num_shards(4)
+        .passivation_idle_timeout(None)
+        .build();
+    let system = ShardedSystem::builder()
+        .config(config)
+        .start()
+        .await
+        .unwrap();
+    system
+        .register::<CounterEntity>(|_| CounterEntity::default())
+        .await
+        .unwrap();
+    assert!(
+        system.shard_region_state_with_ids::<Probe>(10).is_none(),
+        "a type not registered here has no state"
+    );
+
+    let mut expected: BTreeMap<ShardId, Vec<String>> = BTreeMap::new();
+    for i in 0..30 {
+        let id = format!("e{i:02}");
+        let entity = system.entity_ref::<Counter>(id.clone());
+        entity.tell(Add(1)).await.unwrap();
+        assert_eq!(entity.ask(Get, LONG).await.unwrap(), 1);
+        expected.entry(entity.shard_id()).or_default().push(id);
+    }
+    for ids in expected.values_mut() {
+        ids.sort();
+    }
+    assert!(expected.len() > 1, "30 ids over 4 shards: {expected:?}");
+
+    // Room for all: every list whole, none cut, as many as counted.
+    let state = system
+        .shard_region_state_with_ids::<Counter>(1_000)
+        .expect("registered");
+    assert_eq!(state.entity_ids, expected);
+    assert!(state.entity_ids_truncated.is_empty());
+    for (shard, ids) in &state.entity_ids {
+        assert_eq!(state.shards.get(shard), Some(&ids.len()), "shard {shard:?}");
+    }
+
+    // Two a shard: the two least of each, and the shards with more named.
+    let state = system
+        .shard_region_state_with_ids::<Counter>(2)
+        .expect("registered");
+    let least_two: BTreeMap<ShardId, Vec<String>> = expected
+        .iter()
+        .map(|(shard, ids)| (*shard, ids.iter().take(2).cloned().collect()))
+        .collect();
+    assert_eq!(state.entity_ids, least_two);
+    let more_than_two: BTreeSet<ShardId> = expected
+        .iter()
+        .filter(|(_, ids)| ids.len() > 2)
+        .map(|(shard, _)| *shard)
+        .collect();
+    assert!(!more_than_two.is_empty());
+    assert_eq!(state.entity_ids_truncated, more_than_two);
+
+    // None asked: every hosted shard listed empty, every one cut.
+    let state = system
+        .shard_region_state_with_ids::<Counter>(0)
+        .expect("registered");
+    assert!(state.entity_ids.values().all(Vec::is_empty));
+    assert_eq!(
+        state.entity_ids.keys().collect::<Vec<_>>(),
+        expected.keys().collect::<Vec<_>>()
+    );
+    assert_eq!(
+        state.entity_ids_truncated,
+        expected.keys().copied().collect::<BTreeSet<_>>()
+    );
+
+    // The plain state lists no ids.
+    let plain = system.shard_region_state::<Counter>().expect("registered");
+    assert!(plain.entity_ids.is_empty() && plain.entity_ids_truncated.is_empty());
+
+    // A passivated entity leaves its shard's list; a message brings it back.
+    let gone = system.entity_ref::<Counter>("e07");
+    let shard = gone.shard_id();
+    gone.passivate().await.unwrap();
+    let deadline = std::time::Instant::now() + LONG;
+    loop {
+        let state = system
+            .shard_region_state_with_ids::<Counter>(1_000)
+            .expect("registered");
+        let listed = &state.entity_ids[&shard];
+        if !listed.iter().any(|id| id == "e07") {
+            let mut rest = expected[&shard].clone();
+            rest.retain(|id| id != "e07");
+            assert_eq!(listed, &rest, "only the passivated entity left");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "e07 still listed after passivation: {listed:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(gone.ask(Get, LONG).await.unwrap(), 0, "a fresh incarnation");
+    let state = system
+        .shard_region_state_with_ids::<Counter>(1_000)
+        .expect("registered");
+    assert_eq!(state.entity_ids, expected);
+    system.shutdown().await;
+}

@@ -62,6 +62,10 @@ pub(crate) struct Extras {
     /// Sent by a reliable producer (SPEC §13.17): who sent it, and its
     /// number in that producer's stream to this entity.
     pub(crate) delivery: Option<Delivery>,
+    /// Of an ask made on this node to a durable type: its deadline, which
+    /// bounds the store calls its handling makes (SPEC §8b). Kept here,
+    /// not in every envelope, so the messages of other types stay small.
+    pub(crate) deadline: Option<tokio::time::Instant>,
 }
 
 /// A reliable producer's tag on a message (SPEC §13.17): the producer,
@@ -176,6 +180,19 @@ impl LocalEnvelope {
     /// Whether [`set_guarded`](Self::set_guarded) was called.
     pub(crate) fn is_guarded(&self) -> bool {
         self.guarded
+    }
+
+    /// Records the deadline of the ask this envelope carries (asks to a
+    /// durable type only: it costs an allocation).
+    pub(crate) fn set_deadline(&mut self, deadline: tokio::time::Instant) {
+        self.extras.get_or_insert_default().deadline = Some(deadline);
+    }
+
+    /// The deadline of the ask this envelope carries, if known here: `None`
+    /// for a tell, an ask from another node (the wire does not carry it),
+    /// and an ask to a type that keeps nothing in a store.
+    pub(crate) fn deadline(&self) -> Option<tokio::time::Instant> {
+        self.extras.as_ref().and_then(|e| e.deadline)
     }
 
     /// The span this message is traced under (tracing on).

@@ -24,9 +24,11 @@
 //! The traits are synchronous, as [`RememberEntitiesStore`](crate::RememberEntitiesStore)
 //! is: the system calls them off its async workers (on blocking threads),
 //! and a write takes a whole batch, so a store can make many entities'
-//! appends durable in one commit (group commit). [`conformance`] holds the
-//! contract as tests: every store of this crate runs it, and so can a
-//! third party's.
+//! appends durable in one commit (group commit). A call the system makes
+//! for an ask says, through [`call_deadline`], when its asker stops
+//! waiting: a store should not wait for a connection or a server past it.
+//! [`conformance`] holds the contract as tests: every store of this crate
+//! runs it, and so can a third party's.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -41,6 +43,48 @@ pub use redb_store::RedbPersistence;
 mod pg_store;
 #[cfg(feature = "postgres")]
 pub use pg_store::{PG_CONNECTION_TIMEOUT, PgPersistence};
+
+thread_local! {
+    /// See [`call_deadline`].
+    static CALL_DEADLINE: std::cell::Cell<Option<std::time::Instant>> =
+        const { std::cell::Cell::new(None) };
+}
+
+/// When the store call this thread is making must be over: a little
+/// before the deadline of the ask that caused it (of the last of the asks
+/// whose writes share a batch), so that the asker hears the store's typed
+/// error rather than its own timeout. `None` when nothing bounds it: a
+/// tell, an ask from another node (the wire does not carry its deadline),
+/// an asker gone already.
+///
+/// The system sets it around the calls an entity's message causes (a
+/// recovery, an append, a snapshot, a state's save; they run on its
+/// blocking threads and writer threads). A store that waits for what it
+/// does not control — a connection from its pool, a server that is away —
+/// should stop waiting by then and fail with [`PersistenceError::Store`];
+/// the PostgreSQL store's wait for a connection ends then. (An append or
+/// a save, once a store call has it, is waited for: its outcome decides
+/// the entity's state; one still queued for its batch near the deadline
+/// is withdrawn instead, never written.)
+pub fn call_deadline() -> Option<std::time::Instant> {
+    CALL_DEADLINE.with(std::cell::Cell::get)
+}
+
+/// Runs `call` with [`call_deadline`] giving `deadline`, and then what it
+/// gave before (a panic in `call` included).
+pub(crate) fn with_call_deadline<T>(
+    deadline: Option<std::time::Instant>,
+    call: impl FnOnce() -> T,
+) -> T {
+    struct Restore(Option<std::time::Instant>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            CALL_DEADLINE.with(|d| d.set(self.0));
+        }
+    }
+    let _restore = Restore(CALL_DEADLINE.with(|d| d.replace(deadline)));
+    call()
+}
 
 /// The marker for a system built without a journal: it has no
 /// `register_event_sourced`.

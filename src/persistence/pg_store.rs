@@ -47,7 +47,9 @@ use super::{
 type Pool = r2d2::Pool<PostgresConnectionManager<NoTls>>;
 
 /// How long a call waits for a connection (a pooled one, or a new one
-/// while the server is away) before it fails with a `Store` error.
+/// while the server is away) before it fails with a `Store` error; less
+/// when it is made for an ask whose deadline comes first
+/// ([`call_deadline`](crate::persistence::call_deadline)).
 pub const PG_CONNECTION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The advisory lock key that serializes schema creation ("datum" in
@@ -279,7 +281,15 @@ impl PgPersistence {
             .0
             .as_ref()
             .ok_or_else(|| PersistenceError::Store("the store is closed".into()))?;
-        pool.get().map_err(|e| self.connect_errors.explain(e))
+        // A call made for an ask waits no longer than its deadline allows
+        // (`call_deadline`): with the server away, the asker hears this
+        // store's error rather than its own timeout.
+        let wait = super::call_deadline().map_or(PG_CONNECTION_TIMEOUT, |by| {
+            by.saturating_duration_since(std::time::Instant::now())
+                .min(PG_CONNECTION_TIMEOUT)
+        });
+        pool.get_timeout(wait)
+            .map_err(|e| self.connect_errors.explain(e))
     }
 }
 

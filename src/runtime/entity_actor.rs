@@ -140,8 +140,10 @@ pub(crate) struct EntityState<E> {
     entity: E,
     args: EntityArgs<E>,
     last_activity: Instant,
-    /// Of an event-sourced type: why this incarnation handles nothing (its
-    /// recovery failed, or another incarnation wrote its journal since).
+    /// Of a durable type: why this incarnation handles nothing (its
+    /// recovery failed, or a write's outcome is unknown; a write refused
+    /// because another incarnation wrote since replaces it in place
+    /// instead, see `restart_after_conflict`).
     /// Every message is answered with it, and the entity is passivated, so
     /// that the next message recovers a new incarnation.
     failed: Option<ShardingError>,
@@ -267,7 +269,12 @@ where
                     envelope.fail(error.clone());
                     None
                 }
-                None => Some(envelope),
+                None => {
+                    // The store calls its handling makes end before its
+                    // asker's deadline (SPEC §8b).
+                    state.args.ctx.set_deadline(envelope.deadline());
+                    Some(envelope)
+                }
             },
             EntityMsg::Stop => {
                 myself.stop(Some("passivated".into()));
@@ -320,6 +327,14 @@ where
                 if Box::pin(state.rebuild(&myself, panic)).await.is_err() {
                     return Ok(());
                 }
+            } else if let Some(pause) = state.args.ctx.take_conflict() {
+                // Boxed, as the rebuild is.
+                if Box::pin(state.restart_after_conflict(&myself, pause))
+                    .await
+                    .is_err()
+                {
+                    return Ok(());
+                }
             }
             state.after_handling();
             Ok(())
@@ -349,6 +364,30 @@ where
     async fn rebuild(&mut self, myself: &ActorRef<EntityMsg>, panic: String) -> Result<(), ()> {
         let ctx = &self.args.ctx;
         tracing::warn!(type_name = ctx.type_name(), entity_id = ctx.entity_id(), %panic, "entity handler panicked; restarting the entity");
+        self.replace_incarnation(myself).await
+    }
+
+    /// A fresh incarnation in place of one whose write was refused because
+    /// another incarnation wrote since it recovered (SPEC §8b, Fencing):
+    /// after `pause`, built by the factory and recovered from the store —
+    /// the other writer's events or state included — it handles the
+    /// messages that wait in the mailbox, so none of them is answered with
+    /// a conflict it did not meet, nor tried against the refused state.
+    /// Meanwhile they wait: a losing writer does not retry at once. `Err`
+    /// (the actor is stopping) when the factory could not build one.
+    async fn restart_after_conflict(
+        &mut self,
+        myself: &ActorRef<EntityMsg>,
+        pause: Duration,
+    ) -> Result<(), ()> {
+        tokio::time::sleep(pause).await;
+        self.replace_incarnation(myself).await
+    }
+
+    /// Builds and recovers a fresh incarnation in place of this one, its
+    /// mailbox kept; `Err` (the actor is stopping) when the factory could
+    /// not build one.
+    async fn replace_incarnation(&mut self, myself: &ActorRef<EntityMsg>) -> Result<(), ()> {
         match build(&self.args.factory, &self.args.ctx) {
             Ok(mut fresh) => {
                 // (Not boxed again: this whole future is boxed where it is awaited.)
@@ -359,7 +398,7 @@ where
                     tracing::warn!(
                         type_name = ctx.type_name(),
                         entity_id = ctx.entity_id(),
-                        "dropping the panicked entity panicked too"
+                        "dropping the replaced entity panicked"
                     );
                 }
                 Ok(())

@@ -177,6 +177,9 @@ pub(crate) struct Region {
     outgoing: Mutex<std::collections::HashMap<u32, Outgoing>>,
     /// Its handles for the `metrics` facade.
     pub(crate) metrics: RegionMetrics,
+    /// Its entities keep their state in a store (event-sourced or durable
+    /// state): asks carry their deadline to the store calls (SPEC §8b).
+    durable: bool,
 }
 
 /// Why a live entity was passivated (an index into `Region::passivated`).
@@ -254,6 +257,15 @@ pub struct ShardRegionState {
     /// another node — with its generation. A shard not listed has no home
     /// known here yet (no message has asked for it).
     pub placements: std::collections::BTreeMap<ShardId, ShardPlacement>,
+    /// Of [`ShardedSystem::shard_region_state_with_ids`](crate::ShardedSystem::shard_region_state_with_ids)
+    /// only (empty otherwise): every hosted shard with the ids of its live
+    /// entities, ascending, at most the limit asked (the least ids). Read
+    /// under the same lock as the shard's count in `shards`, so a list
+    /// not cut has that many ids.
+    pub entity_ids: std::collections::BTreeMap<ShardId, Vec<String>>,
+    /// The hosted shards whose list in `entity_ids` was cut: they have
+    /// more live entities than it names.
+    pub entity_ids_truncated: std::collections::BTreeSet<ShardId>,
 }
 
 /// What a region needs to know of its protocol.
@@ -321,6 +333,7 @@ impl Region {
             migration: None,
             outgoing: Mutex::new(std::collections::HashMap::new()),
             metrics: RegionMetrics::new(protocol.type_name, node),
+            durable: false,
         }
     }
 
@@ -330,6 +343,17 @@ impl Region {
     }
 
     /// Tracing across nodes, when the system's configuration has it.
+    /// Marks a durable type's region (see `durable`).
+    pub(crate) fn with_durable(mut self, durable: bool) -> Self {
+        self.durable = durable;
+        self
+    }
+
+    /// Its entities keep their state in a store.
+    pub(crate) fn durable(&self) -> bool {
+        self.durable
+    }
+
     pub(crate) fn with_tracing(self, tracing: Option<crate::telemetry::Tracing>) -> Self {
         Region { tracing, ..self }
     }
@@ -1015,7 +1039,25 @@ impl Region {
 
     /// This region's own state.
     pub(crate) fn state(&self) -> ShardRegionState {
+        self.read_state(None)
+    }
+
+    /// This region's own state with the ids of its live entities: at most
+    /// `per_shard` of each hosted shard, and at most `in_all` over the
+    /// shards, taken in ascending order (a shard past `in_all` lists none,
+    /// and is marked cut if it has live entities).
+    pub(crate) fn state_with_ids(&self, per_shard: usize, in_all: usize) -> ShardRegionState {
+        self.read_state(Some((per_shard, in_all)))
+    }
+
+    /// Reads every slot under its own lock in turn (never two at once, so
+    /// a message path waits at most for one shard's summary), with its
+    /// ids when `ids` gives the limits.
+    fn read_state(&self, ids: Option<(usize, usize)>) -> ShardRegionState {
         let mut shards = std::collections::BTreeMap::new();
+        let mut entity_ids = std::collections::BTreeMap::new();
+        let mut entity_ids_truncated = std::collections::BTreeSet::new();
+        let mut ids_left = ids.map_or(0, |(_, in_all)| in_all);
         let mut handing_off = std::collections::BTreeSet::new();
         let mut respawning = std::collections::BTreeSet::new();
         let mut failed = std::collections::BTreeSet::new();
@@ -1023,7 +1065,21 @@ impl Region {
         let mut placements = std::collections::BTreeMap::new();
         for (i, slot) in self.slots.iter().enumerate() {
             let shard = ShardId(i as u32);
-            let summary = lock(slot).summary();
+            let guard = lock(slot);
+            let summary = guard.summary();
+            let listed =
+                ids.and_then(|(per_shard, _)| guard.least_live_ids(per_shard.min(ids_left)));
+            drop(guard);
+            // The text is copied and sorted with the lock released.
+            if let Some((listed, more)) = listed {
+                ids_left -= listed.len();
+                let mut listed: Vec<String> = listed.iter().map(|id| id.to_string()).collect();
+                listed.sort_unstable();
+                if more {
+                    entity_ids_truncated.insert(shard);
+                }
+                entity_ids.insert(shard, listed);
+            }
             buffered += summary.buffered;
             if let Some((owner, generation)) = summary.home {
                 placements.insert(shard, ShardPlacement { owner, generation });
@@ -1060,6 +1116,8 @@ impl Region {
                     .load(Ordering::Relaxed),
             },
             placements,
+            entity_ids,
+            entity_ids_truncated,
         }
     }
 
@@ -1261,6 +1319,9 @@ impl SlotHost for Host<'_> {
         let me = self.region.cluster.as_ref().map(|c| c.me);
         let mut ctx = EntityContext::new(self.region.type_name, entity_id.clone(), shard, me);
         ctx.generation = generation;
+        // Spawned in the delivery of an ask made here: its recovery's
+        // store calls end before that ask's deadline (SPEC §8b).
+        ctx.set_deadline(self.ask.as_ref().map(|ask| ask.deadline));
         let spawned = (self.region.spawner)(ctx, incarnation, region_actor.clone(), state);
         if spawned.is_ok() {
             self.region.metrics.entities(1);

@@ -888,6 +888,42 @@ impl<E: Clone> Slot<E> {
         }
     }
 
+    /// Of a hosted shard: the `limit` least ids of its live (not
+    /// passivating) entities, in no order, and whether it has more; `None`
+    /// for a shard not hosted here.
+    ///
+    /// One walk over the entities, as counting them makes, keeping the
+    /// least ids seen in a heap of at most `limit`: a shard's lock is held
+    /// about as long for its ids as for its count (a comparison more per
+    /// entity, and `limit` reference counts), never for a sort or a copy
+    /// of the text, which the caller makes once the lock is released.
+    pub(crate) fn least_live_ids(&self, limit: usize) -> Option<(Vec<Arc<str>>, bool)> {
+        let State::Local(local) = &self.state else {
+            return None;
+        };
+        let mut least: std::collections::BinaryHeap<&Arc<str>> =
+            std::collections::BinaryHeap::with_capacity(limit.min(local.entities.len()));
+        let mut more = false;
+        for (id, entry) in &local.entities {
+            if !matches!(entry, Entry::Live(_)) {
+                continue;
+            }
+            if least.len() < limit {
+                least.push(id);
+                continue;
+            }
+            more = true;
+            // Full (or `limit` 0, with nothing to peek): the greatest kept
+            // gives way to a lesser id.
+            if let Some(mut greatest) = least.peek_mut()
+                && id < *greatest
+            {
+                *greatest = id;
+            }
+        }
+        Some((least.into_iter().cloned().collect(), more))
+    }
+
     /// What the region reports of this slot.
     pub(crate) fn summary(&self) -> SlotSummary {
         let mut summary = SlotSummary::default();
