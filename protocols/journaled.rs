@@ -54,7 +54,8 @@ impl Entity for JournaledCounterEntity {
 impl EventSourced for JournaledCounterEntity {
     type Event = Added;
     fn apply(&mut self, event: &Added) {
-        self.total += event.by;
+        // (Wrapping: `--drive-tags` adds large numbers.)
+        self.total = self.total.wrapping_add(event.by);
     }
 }
 

@@ -156,9 +156,12 @@ impl<R: serde::Serialize + Send + 'static> ReplyPort<R> {
     }
 
     /// Answers with an error instead (for example `ShardingError::Handler`).
+    /// The handler ran: an error of another variant than `Handler` or
+    /// `Persistence` reaches the asker as `Handler` with its text, so that
+    /// it never reads as "not processed" (SPEC §11).
     pub fn fail(mut self, error: crate::ShardingError) {
         if let Some(port) = self.reply.take() {
-            port.answer(Err(error));
+            port.answer(Err(error.answered_by_handler()));
         }
     }
 }

@@ -311,10 +311,12 @@ impl ShardingError {
                 // The store failed: the write may have committed before
                 // its answer was lost.
                 P::Store(_) => Processed::Maybe,
-                P::SequenceConflict { .. }
-                | P::RevisionConflict { .. }
-                | P::Invalid(_)
-                | P::Corrupt { .. } => Processed::No,
+                // A write refused as invalid leaves the handler's other
+                // doings, and a durable state's change in memory, in place.
+                P::Invalid(_) => Processed::Maybe,
+                P::SequenceConflict { .. } | P::RevisionConflict { .. } | P::Corrupt { .. } => {
+                    Processed::No
+                }
             },
         }
     }
@@ -346,6 +348,22 @@ impl ShardingError {
             ShardingError::Spawn(_) => "spawn",
             ShardingError::Bug(_) => "bug",
             ShardingError::Superseded { .. } => "superseded",
+        }
+    }
+}
+
+impl ShardingError {
+    /// The error a handler returned (or failed its `ReplyPort` with), as
+    /// its asker gets it. The handler ran, so the asker must not read "not
+    /// processed": `Handler` stays, as does `Persistence` (the store's
+    /// answer to this message's own write, whose column §11 gives); any
+    /// other variant — one the handler passed on from a call of its own, a
+    /// nested ask's `AskTimeout` or `NotRegistered`, say — becomes
+    /// `Handler` with its text.
+    pub(crate) fn answered_by_handler(self) -> ShardingError {
+        match self {
+            ShardingError::Handler(_) | ShardingError::Persistence { .. } => self,
+            other => ShardingError::Handler(other.to_string()),
         }
     }
 }
@@ -664,7 +682,7 @@ mod tests {
             ),
             (ShardingError::Remote("r".into()), No),
             (store(PersistenceError::Store("down".into())), Maybe),
-            (store(PersistenceError::Invalid("i".into())), No),
+            (store(PersistenceError::Invalid("i".into())), Maybe),
             (
                 store(PersistenceError::SequenceConflict {
                     persistence_id: pid(),
@@ -692,6 +710,24 @@ mod tests {
         for (error, processed) in table {
             assert_eq!(error.processed(), processed, "{error:?}");
         }
+    }
+
+    /// A handler ran, so what it answers never reads "not processed": an
+    /// error it passes on from a call of its own becomes `Handler`.
+    #[test]
+    fn a_handlers_own_error_answer_says_it_ran() {
+        let nested = ShardingError::NotRegistered { type_name: "other" };
+        let answered = nested.clone().answered_by_handler();
+        assert_eq!(answered, ShardingError::Handler(nested.to_string()));
+        assert_eq!(answered.processed(), Processed::Yes);
+        let own = ShardingError::Handler("no".into());
+        assert_eq!(own.clone().answered_by_handler(), own);
+        let store = ShardingError::Persistence {
+            type_name: "t",
+            entity_id: "e".into(),
+            error: Box::new(PersistenceError::Store("away".into())),
+        };
+        assert_eq!(store.clone().answered_by_handler(), store);
     }
 
     /// The "maybe" errors that begin on one node keep their meaning on

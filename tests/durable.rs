@@ -178,6 +178,9 @@ async fn two_incarnations_writing_one_journal_never_fork_it() {
     b.shutdown().await;
 }
 
+#[path = "../protocols/writers.rs"]
+mod writers;
+
 /// Two systems that do not know each other share one journal and host the
 /// same entities, each through several askers that send each add again at
 /// once until it is accepted (a split brain under load). A write refused
@@ -193,66 +196,8 @@ async fn two_incarnations_writing_one_journal_never_fork_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_losing_second_writer_does_not_storm() {
     let journal = SlowCountingJournal::default();
-    let sides = [
-        system_on(journal.clone()).await,
-        system_on(journal.clone()).await,
-    ];
-    const ENTITIES: usize = 4;
-    const ASKERS: usize = 10;
-    const ADDS: u64 = 10;
-    let mut askers = tokio::task::JoinSet::new();
-    for system in &sides {
-        for k in 0..ENTITIES {
-            for _ in 0..ASKERS {
-                let entity = system.entity_ref::<Tally>(format!("w{k}"));
-                askers.spawn(async move {
-                    let (mut accepted, mut conflicts) = (0u64, 0u64);
-                    // Each add sent again at once until it is accepted (a
-                    // storm gives up, to fail below rather than run on).
-                    while accepted < ADDS && conflicts < 100 * ADDS {
-                        match entity.ask(Add(1), T).await {
-                            Ok(_) => accepted += 1,
-                            Err(ShardingError::Persistence { error, .. })
-                                if matches!(*error, PersistenceError::SequenceConflict { .. }) =>
-                            {
-                                conflicts += 1
-                            }
-                            Err(other) => panic!("only a conflict may refuse: {other}"),
-                        }
-                    }
-                    (k, accepted, conflicts)
-                });
-            }
-        }
-    }
-    let mut accepted = [0u64; ENTITIES];
-    let mut conflicts = 0u64;
-    while let Some(done) = askers.join_next().await {
-        let (k, a, c) = done.expect("an asker");
-        accepted[k] += a;
-        conflicts += c;
-    }
-    let total: u64 = accepted.iter().sum();
-    assert!(total > 0, "no write was accepted");
-    assert!(
-        conflicts < 3 * total,
-        "{conflicts} conflicts for {total} accepted writes"
-    );
-    for (k, accepted) in accepted.iter().enumerate() {
-        let id = PersistenceId::new("tally", format!("w{k}"));
-        let events = journal.replay(&id, 1, u64::MAX, 10_000).expect("replay");
-        let numbers: Vec<u64> = events.iter().map(|e| e.sequence_nr).collect();
-        assert_eq!(
-            numbers,
-            (1..=events.len() as u64).collect::<Vec<_>>(),
-            "w{k}: gap-free"
-        );
-        assert_eq!(
-            events.len() as u64,
-            *accepted,
-            "w{k}: every accepted add, once"
-        );
-    }
+    let sides = [system_on(journal.clone()).await, system_on(journal).await];
+    writers::second_writers_race::<Tally, _>(&sides, Add, T).await;
     for side in &sides {
         side.shutdown().await;
     }

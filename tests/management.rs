@@ -651,13 +651,27 @@ fn closed(stream: &mut std::net::TcpStream) -> bool {
     }
 }
 
-/// Marks in `gone` which of `streams` the server has closed by now; how
-/// many are.
-fn mark_closed(streams: &mut [std::net::TcpStream], gone: &mut [bool]) -> usize {
+/// Marks in `gone` which of `streams` the server has closed by now; whether
+/// at least `n` are. Fails once `deadline` has passed with fewer: one poll
+/// of [`until_closed`] and [`until_closed_async`].
+fn closed_enough(
+    streams: &mut [std::net::TcpStream],
+    gone: &mut [bool],
+    n: usize,
+    deadline: Instant,
+) -> bool {
     for (stream, gone) in streams.iter_mut().zip(gone.iter_mut()) {
         *gone = *gone || closed(stream);
     }
-    gone.iter().filter(|g| **g).count()
+    let count = gone.iter().filter(|g| **g).count();
+    if count >= n {
+        return true;
+    }
+    assert!(
+        Instant::now() < deadline,
+        "{count} connections closed by the server, not {n}"
+    );
+    false
 }
 
 /// Waits (at most `LONG`) until at least `n` of `streams` are closed by the
@@ -665,34 +679,20 @@ fn mark_closed(streams: &mut [std::net::TcpStream], gone: &mut [bool]) -> usize 
 fn until_closed(streams: &mut [std::net::TcpStream], n: usize) -> Vec<bool> {
     let deadline = Instant::now() + LONG;
     let mut gone = vec![false; streams.len()];
-    loop {
-        let count = mark_closed(streams, &mut gone);
-        if count >= n {
-            return gone;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{count} connections closed by the server, not {n}"
-        );
+    while !closed_enough(streams, &mut gone, n, deadline) {
         std::thread::sleep(Duration::from_millis(20));
     }
+    gone
 }
 
 /// [`until_closed`] in an async test, pausing on the runtime's timer.
 async fn until_closed_async(streams: &mut [std::net::TcpStream], n: usize) -> Vec<bool> {
     let deadline = Instant::now() + LONG;
     let mut gone = vec![false; streams.len()];
-    loop {
-        let count = mark_closed(streams, &mut gone);
-        if count >= n {
-            return gone;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{count} connections closed by the server, not {n}"
-        );
+    while !closed_enough(streams, &mut gone, n, deadline) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    gone
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

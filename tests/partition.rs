@@ -898,6 +898,17 @@ fn asks_in_flight_when_their_side_is_cut_off_fail_as_maybe_processed() {
     let Some((net, server, db, mut nodes)) = journaling(&flags) else {
         return;
     };
+    // Each node numbers its attempts from its node id's low 20 bits: two
+    // nodes alike there (about 1 run in 100,000) would share numbers.
+    let bases: BTreeSet<u64> = nodes
+        .iter()
+        .map(|n| u64::from_str_radix(&n.node_id, 16).expect("a hex node id") & 0xf_ffff)
+        .collect();
+    if bases.len() < nodes.len() {
+        eprintln!("two nodes would number their attempts alike; skipped");
+        leave_gracefully(&mut nodes);
+        return;
+    }
     let maybe_before: u64 = nodes[3..]
         .iter_mut()
         .filter_map(|n| number(&n.newest("drive"), "maybe"))

@@ -269,6 +269,21 @@ fn store_on(url: &str) -> PgPersistence {
     PgPersistence::connect(url, 2).expect("connect")
 }
 
+/// The two sides of a split brain on the database at `url`: systems that
+/// do not know each other (each the whole cluster in its own eyes), a pool
+/// each.
+async fn two_sides(url: &str) -> Vec<ShardedSystem<NoStore, PgPersistence>> {
+    let mut sides = Vec::new();
+    for _ in 0..2 {
+        let url = url.to_owned();
+        let store = tokio::task::spawn_blocking(move || store_on(&url))
+            .await
+            .expect("connect");
+        sides.push(system_on(store).await);
+    }
+    sides
+}
+
 /// The database goes away under a durable entity and comes back: while it
 /// is away an ask fails with a typed persistence error within its timeout;
 /// nothing acknowledged is lost; once it is back the entity recovers its
@@ -333,6 +348,9 @@ async fn the_database_going_away_fails_asks_typed_and_loses_nothing() {
 #[path = "../protocols/remembered_kill.rs"]
 mod remembered_kill;
 
+#[path = "../protocols/writers.rs"]
+mod writers;
+
 /// Remember-entities on PostgreSQL, which the nodes share (a pool each, as
 /// separate processes would have): after a node dies, each id it hosted is
 /// respawned by the survivor its shard lands on, with no message sent —
@@ -362,14 +380,7 @@ async fn a_split_brain_on_one_journal_never_forks_it() {
         return;
     };
     let url = server.database();
-    let mut sides = Vec::new();
-    for _ in 0..2 {
-        let url = url.clone();
-        let store = tokio::task::spawn_blocking(move || store_on(&url))
-            .await
-            .expect("connect");
-        sides.push(system_on(store).await);
-    }
+    let sides = two_sides(&url).await;
     const ENTITIES: usize = 10;
     const ADDS: usize = 60;
     let mut drivers = tokio::task::JoinSet::new();
@@ -405,19 +416,8 @@ async fn a_split_brain_on_one_journal_never_forks_it() {
     assert!(conflicts > 0, "the two sides did race");
     let journal = sides[0].journal().clone();
     for (k, acked) in acked.iter().enumerate() {
-        let id = PersistenceId::new("tally", format!("e{k}"));
-        let journal = journal.clone();
-        let events = tokio::task::spawn_blocking(move || journal.replay(&id, 1, u64::MAX, 10_000))
-            .await
-            .expect("replay")
-            .expect("replay");
-        let numbers: Vec<u64> = events.iter().map(|e| e.sequence_nr).collect();
-        assert_eq!(
-            numbers,
-            (1..=events.len() as u64).collect::<Vec<_>>(),
-            "e{k}: gap-free"
-        );
-        assert_eq!(events.len() as u64, *acked, "e{k}: every acked add, once");
+        let journaled = writers::journaled::<Tally, _>(&journal, &format!("e{k}")).await;
+        assert_eq!(journaled, *acked, "e{k}: every acked add, once");
         for side in &sides {
             let total = side.entity_ref::<Tally>(format!("e{k}")).ask(Get, T).await;
             // A side whose incarnation is stale learns it on its next
@@ -607,75 +607,8 @@ async fn a_losing_second_writer_does_not_storm() {
         return;
     };
     let url = server.database();
-    let mut sides = Vec::new();
-    for _ in 0..2 {
-        let url = url.clone();
-        let store = tokio::task::spawn_blocking(move || store_on(&url))
-            .await
-            .expect("connect");
-        sides.push(system_on(store).await);
-    }
-    const ENTITIES: usize = 4;
-    const ASKERS: usize = 10;
-    const ADDS: u64 = 10;
-    let mut askers = tokio::task::JoinSet::new();
-    for system in &sides {
-        for k in 0..ENTITIES {
-            for _ in 0..ASKERS {
-                let entity = system.entity_ref::<Tally>(format!("w{k}"));
-                askers.spawn(async move {
-                    let (mut accepted, mut conflicts) = (0u64, 0u64);
-                    // Each add sent again at once until it is accepted (a
-                    // storm gives up, to fail below rather than run on).
-                    while accepted < ADDS && conflicts < 100 * ADDS {
-                        match entity.ask(Add(1), T).await {
-                            Ok(_) => accepted += 1,
-                            Err(ShardingError::Persistence { error, .. })
-                                if matches!(*error, PersistenceError::SequenceConflict { .. }) =>
-                            {
-                                conflicts += 1
-                            }
-                            Err(other) => panic!("only a conflict may refuse: {other}"),
-                        }
-                    }
-                    (k, accepted, conflicts)
-                });
-            }
-        }
-    }
-    let mut accepted = [0u64; ENTITIES];
-    let mut conflicts = 0u64;
-    while let Some(done) = askers.join_next().await {
-        let (k, a, c) = done.expect("an asker");
-        accepted[k] += a;
-        conflicts += c;
-    }
-    let total: u64 = accepted.iter().sum();
-    assert!(total > 0, "no write was accepted");
-    assert!(
-        conflicts < 3 * total,
-        "{conflicts} conflicts for {total} accepted writes"
-    );
-    let journal = sides[0].journal().clone();
-    for (k, accepted) in accepted.iter().enumerate() {
-        let id = PersistenceId::new("tally", format!("w{k}"));
-        let journal = journal.clone();
-        let events = tokio::task::spawn_blocking(move || journal.replay(&id, 1, u64::MAX, 10_000))
-            .await
-            .expect("replay")
-            .expect("replay");
-        let numbers: Vec<u64> = events.iter().map(|e| e.sequence_nr).collect();
-        assert_eq!(
-            numbers,
-            (1..=events.len() as u64).collect::<Vec<_>>(),
-            "w{k}: gap-free"
-        );
-        assert_eq!(
-            events.len() as u64,
-            *accepted,
-            "w{k}: every accepted add, once"
-        );
-    }
+    let sides = two_sides(&url).await;
+    writers::second_writers_race::<Tally, _>(&sides, Add, T).await;
     for side in &sides {
         side.shutdown().await;
     }

@@ -184,7 +184,7 @@ struct Args {
     drive_timeout_ms: u64,
 
     /// With --drive and --journal-url: each attempt of an ask adds a number
-    /// of its own (unique to this node: its node id's low 16 bits above the
+    /// of its own (unique to this node: its node id's low 20 bits above the
     /// attempt's count) instead of 1, and the `drive` line lists as
     /// `refused` the numbers of the attempts that failed with an error
     /// saying they were not processed — so a journal can be checked
@@ -783,7 +783,7 @@ async fn run(args: Args) -> ExitCode {
                 rate: args.drive_rate,
                 reliable: args.drive_reliable,
                 timeout: Duration::from_millis(args.drive_timeout_ms),
-                tags: args.drive_tags.then_some((me.node_id.0 & 0xffff) << 32),
+                tags: args.drive_tags.then_some(tag_base(&me)),
             };
             match system.drive(&options, &me) {
                 Ok(drive) => Some(drive),
@@ -850,7 +850,9 @@ async fn run(args: Args) -> ExitCode {
         // The asks waiting when the system fenced have failed: their
         // loops count them before the last `drive` line.
         if let Some(drive) = &drive {
-            drive.ended(Duration::from_secs(5)).await;
+            // (Bounded past the longest an attempt may still wait.)
+            let patience = Duration::from_millis(args.drive_timeout_ms) + Duration::from_secs(5);
+            drive.ended(patience).await;
             emit(&drive.line(started));
         }
         drain(&mut events, started);
@@ -1046,6 +1048,12 @@ impl Hosted {
 #[cfg(feature = "postgres")]
 #[path = "../../protocols/journaled.rs"]
 mod journaled;
+
+/// The first number of this node's `--drive-tags` attempts: its node id's
+/// low 20 bits shifted left by 28 (room for 2^28 attempts each).
+fn tag_base(me: &UniqueAddress) -> u64 {
+    (me.node_id.0 & 0xf_ffff) << 28
+}
 
 /// How `--drive` drives.
 struct DriveOptions {

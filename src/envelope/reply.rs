@@ -103,11 +103,13 @@ impl RemoteReply {
         };
         with_scratch(|bytes| match ciborium::into_writer(&reply, &mut *bytes) {
             Ok(()) => sink.send_reply(self.target, Ok(bytes)),
+            // The handler ran; its answer is lost (processed: yes).
             Err(error) => sink.send_reply(
                 self.target,
-                Err(RemoteError::Other(format!(
-                    "BUG: reply does not serialize: {error}"
-                ))),
+                Err(RemoteError::Undecodable {
+                    what: "reply".into(),
+                    error: format!("BUG: the reply does not serialize: {error}"),
+                }),
             ),
         });
     }

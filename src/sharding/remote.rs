@@ -125,6 +125,10 @@ pub(crate) struct Remote {
     /// The expiry task runs: only then does this table keep deadlines
     /// (read under a stripe's lock when an entry is inserted).
     expiring: AtomicBool,
+    /// This system stopped waiting for replies (`stop_waiting`): an ask
+    /// sent after it is refused before it leaves (read under a stripe's
+    /// lock, as `expiring` is, so none slips in behind the drain).
+    closed: AtomicBool,
     /// Wakes the expiry task when a deadline is kept.
     deadlines: Arc<tokio::sync::Notify>,
 }
@@ -144,6 +148,7 @@ impl Remote {
             next_ask: AtomicU64::new(random_start()),
             pending: Default::default(),
             expiring: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
             deadlines: Arc::new(tokio::sync::Notify::new()),
         })
     }
@@ -229,6 +234,12 @@ impl Remote {
             Route::Local(reply) => {
                 let ask_id = self.next_ask.fetch_add(1, Ordering::Relaxed);
                 let mut table = lock(self.stripe(ask_id));
+                if self.closed.load(Ordering::Acquire) {
+                    // Not sent: it was not processed, and says so.
+                    drop(table);
+                    reply.complete(Err(ShardingError::ShuttingDown));
+                    return Err(ShardingError::ShuttingDown);
+                }
                 // (Read under the lock: see `stop_keeping`.)
                 let deadline = deadline.filter(|_| self.expiring.load(Ordering::Acquire));
                 kept = deadline.is_some();
@@ -395,6 +406,9 @@ impl Remote {
     /// was handed to a pipe towards its owner, so it may have been
     /// processed there — never `ShuttingDown`, which says it was not.
     pub(crate) fn stop_waiting(&self) {
+        // (Each stripe's lock is taken after this: an ask is either drained
+        // below or sees it and is refused unsent.)
+        self.closed.store(true, Ordering::Release);
         for stripe in &self.pending {
             let drained = lock(stripe).take(|_| true);
             for pending in drained {

@@ -97,7 +97,7 @@ pub fn walk_counter_journals(rows: &str, mut each: impl FnMut(&str, String, Coun
             "journaled-counter" => {
                 let added: Added = ciborium::from_reader(&bytes[..]).expect("an Added event");
                 assert_eq!(added.onto, *total, "{entity}: a fork at {row}");
-                *total += added.by;
+                *total = total.wrapping_add(added.by);
                 CounterRow::Added(added.by)
             }
             "journaled-counter#delivery" => {
