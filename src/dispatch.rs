@@ -288,7 +288,7 @@ fn answer<P: Protocol, M: Message<P>>(
             if let (ReplyTo::Nobody, Err(error)) = (&reply, &result) {
                 tracing::warn!(type_name = ctx.type_name(), entity_id = ctx.entity_id(), %error, "tell handler failed");
             }
-            reply.answer(result.map_err(ShardingError::answered_by_handler));
+            reply.answer(result.map_err(|e| e.answered_after(ctx.wrote())));
             Outcome(OutcomeKind::Handled)
         }
         Err(payload) => {
@@ -393,7 +393,7 @@ where
                         }))
                     });
             let answer = match ctx.commit_delivery(payload).await {
-                Ok(()) => result.map_err(ShardingError::answered_by_handler),
+                Ok(()) => result.map_err(|e| e.answered_after(ctx.wrote())),
                 Err(error) => Err(error),
             };
             if let Err(error) = &answer {

@@ -182,11 +182,15 @@ pub struct EntityContext {
     state: Option<StateHandle>,
     /// What reliable producers' messages did here (SPEC §13.17).
     deliveries: std::sync::Mutex<Deliveries>,
-    /// The deadline of the ask being handled (during recovery, of the ask
-    /// that spawned this incarnation): the store calls it causes end
-    /// before it (see [`CallDeadline`]). `None` for a tell, an ask from
-    /// another node, or no message.
+    /// The deadline of the ask being handled: the store calls it causes
+    /// end before it (see [`CallDeadline`]). `None` for a tell, an ask from
+    /// another node, or no message — and during a recovery, which serves
+    /// every message waiting for it, not one ask.
     deadline: Option<tokio::time::Instant>,
+    /// A write was accepted while the message being handled was (reset
+    /// with `deadline` for each message): a later write's error then says
+    /// the message was processed in part.
+    wrote: AtomicBool,
     /// How many of this entity's writes in a row were refused by a
     /// conflict (kept across its restarts in place; reset by an accepted
     /// write): the pause before the next restart grows with it.
@@ -212,6 +216,7 @@ impl EntityContext {
             deliveries: std::sync::Mutex::default(),
             deadline: None,
             conflicts: AtomicU32::new(0),
+            wrote: AtomicBool::new(false),
         }
     }
 
@@ -1434,12 +1439,17 @@ impl EntityContext {
         });
     }
 
-    /// The deadline of the message about to be handled (`None`: a tell, or
-    /// an ask whose deadline is not known here); set by the runtime before
-    /// each message and, for the recovery, when the incarnation is spawned
-    /// for an ask.
+    /// The deadline of the message about to be handled (`None`: a tell, an
+    /// ask whose deadline is not known here, or a recovery); set by the
+    /// runtime before each message.
     pub(crate) fn set_deadline(&mut self, deadline: Option<tokio::time::Instant>) {
         self.deadline = deadline;
+        *self.wrote.get_mut() = false;
+    }
+
+    /// A write was accepted while the message being handled was.
+    pub(crate) fn wrote(&self) -> bool {
+        self.wrote.load(Ordering::Relaxed)
     }
 
     /// The bounds of a store call made now for the message being handled:
@@ -1494,6 +1504,7 @@ impl EntityContext {
 
     /// An accepted write ends a run of conflicts.
     fn accepted(&self) {
+        self.wrote.store(true, Ordering::Relaxed);
         if self.conflicts.load(Ordering::Relaxed) != 0 {
             self.conflicts.store(0, Ordering::Relaxed);
         }
@@ -1774,8 +1785,8 @@ impl EntityContext {
             Written::Done(result) => result,
             // Never written: this incarnation may go on.
             Written::Withdrawn => {
-                return Err(self.persistence_error(PersistenceError::Store(
-                    "the journal took no append before the ask's deadline: not written".into(),
+                return Err(self.persistence_error(PersistenceError::Unavailable(
+                    "the journal took no append before the ask's deadline".into(),
                 )));
             }
         };
@@ -1788,8 +1799,11 @@ impl EntityContext {
                 }
                 Ok(())
             }
-            // Refused before anything was written: this incarnation may go on.
-            Err(error @ PersistenceError::Invalid(_)) => Err(self.persistence_error(error)),
+            // Refused, or not sent, before anything was written: this
+            // incarnation may go on (its events apply only once written).
+            Err(error @ (PersistenceError::Invalid(_) | PersistenceError::Unavailable(_))) => {
+                Err(self.persistence_error(error))
+            }
             Err(error) => {
                 handle.retire(error.clone());
                 if matches!(error, PersistenceError::SequenceConflict { .. }) {
@@ -1889,12 +1903,9 @@ impl EntityContext {
         guard.done = true;
         let saved = match saved {
             Written::Done(result) => result,
-            // Never written: this incarnation may go on.
-            Written::Withdrawn => {
-                return Err(self.persistence_error(PersistenceError::Store(
-                    "the state store took no save before the ask's deadline: not written".into(),
-                )));
-            }
+            Written::Withdrawn => Err(PersistenceError::Unavailable(
+                "the state store took no save before the ask's deadline".into(),
+            )),
         };
         match saved {
             Ok(()) => {
@@ -1907,11 +1918,16 @@ impl EntityContext {
                 Ok(())
             }
             Err(error @ PersistenceError::Invalid(_)) => Err(self.persistence_error(error)),
+            // Not written, but the handler changed the state in memory
+            // before it saved: this incarnation is retired, so the next
+            // one loads what is stored (and "not processed" holds).
             Err(error) => {
                 handle.retire(error.clone());
                 if matches!(error, PersistenceError::RevisionConflict { .. }) {
                     tracing::warn!(type_name = self.type_name, entity_id = %self.entity_id, %error, "another incarnation saved this entity's state: this one loads it anew");
                     handle.conflicted.store(true, Ordering::Release);
+                } else if matches!(error, PersistenceError::Unavailable(_)) {
+                    tracing::warn!(type_name = self.type_name, entity_id = %self.entity_id, %error, "a state save was not sent in time: this incarnation stops, the next loads what is stored");
                 } else {
                     tracing::warn!(type_name = self.type_name, entity_id = %self.entity_id, %error, "a state save's outcome is unknown: this incarnation stops");
                 }

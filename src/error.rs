@@ -314,9 +314,10 @@ impl ShardingError {
                 // A write refused as invalid leaves the handler's other
                 // doings, and a durable state's change in memory, in place.
                 P::Invalid(_) => Processed::Maybe,
-                P::SequenceConflict { .. } | P::RevisionConflict { .. } | P::Corrupt { .. } => {
-                    Processed::No
-                }
+                P::SequenceConflict { .. }
+                | P::RevisionConflict { .. }
+                | P::Corrupt { .. }
+                | P::Unavailable(_) => Processed::No,
             },
         }
     }
@@ -361,8 +362,17 @@ impl ShardingError {
     /// nested ask's `AskTimeout` or `NotRegistered`, say — becomes
     /// `Handler` with its text.
     pub(crate) fn answered_by_handler(self) -> ShardingError {
+        self.answered_after(false)
+    }
+
+    /// [`answered_by_handler`](Self::answered_by_handler), for a handler
+    /// that `wrote` already (a write of its accepted while it handled this
+    /// message): then a `Persistence` error of a later write is `Handler`
+    /// too, since the message was processed in part.
+    pub(crate) fn answered_after(self, wrote: bool) -> ShardingError {
         match self {
-            ShardingError::Handler(_) | ShardingError::Persistence { .. } => self,
+            ShardingError::Handler(_) => self,
+            ShardingError::Persistence { .. } if !wrote => self,
             other => ShardingError::Handler(other.to_string()),
         }
     }
@@ -683,6 +693,7 @@ mod tests {
             (ShardingError::Remote("r".into()), No),
             (store(PersistenceError::Store("down".into())), Maybe),
             (store(PersistenceError::Invalid("i".into())), Maybe),
+            (store(PersistenceError::Unavailable("late".into())), No),
             (
                 store(PersistenceError::SequenceConflict {
                     persistence_id: pid(),
@@ -728,6 +739,11 @@ mod tests {
             error: Box::new(PersistenceError::Store("away".into())),
         };
         assert_eq!(store.clone().answered_by_handler(), store);
+        // After a write of its was accepted, a later write's error says
+        // the message was processed in part.
+        let later = store.clone().answered_after(true);
+        assert_eq!(later, ShardingError::Handler(store.to_string()));
+        assert_eq!(later.processed(), Processed::Yes);
     }
 
     /// The "maybe" errors that begin on one node keep their meaning on

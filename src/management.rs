@@ -97,14 +97,20 @@ pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// `/cluster/shards/{type}?ids` lists when no number is given.
 pub const DEFAULT_IDS_PER_SHARD: usize = 100;
 
+/// The longest header-read or idle timeout taken (a longer one, say
+/// `Duration::MAX` for "never", is taken as this): a deadline past it would
+/// overflow the clock.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 60 * 60);
+
 /// The most ids of one shard `/cluster/shards/{type}?ids=N` lists: a
 /// greater `N` is refused (400).
 pub const MAX_IDS_PER_SHARD: usize = 10_000;
 
 /// The most ids one answer of `/cluster/shards/{type}` lists over all its
 /// shards, whatever `N` (the shards take from it in ascending order; those
-/// past it list none and are marked cut), so that an answer stays a few
-/// megabytes on a node hosting many shards.
+/// past it list none and are marked cut); their bytes are bounded too, at
+/// 8 MiB, so that an answer stays a few megabytes on a node hosting many
+/// shards, however long its ids.
 pub const MAX_IDS_IN_ALL: usize = 100_000;
 
 /// The highest connection limit taken (far past any open-file limit; the
@@ -219,8 +225,9 @@ impl Management {
     /// connection after each answer. So a connection that sends nothing,
     /// or trickles its head, is closed after it, and so is one kept alive
     /// that sends no next request. Default [`DEFAULT_HEADER_READ_TIMEOUT`].
+    /// Taken between 1 ms and [`MAX_TIMEOUT`].
     pub fn header_read_timeout(mut self, timeout: Duration) -> Self {
-        self.limits.header_read_timeout = timeout.max(Duration::from_millis(1));
+        self.limits.header_read_timeout = timeout.clamp(Duration::from_millis(1), MAX_TIMEOUT);
         self
     }
 
@@ -228,8 +235,9 @@ impl Management {
     /// it is closed, whatever it is doing: a client that stops reading its
     /// answer holds its connection no longer than this. Default
     /// [`DEFAULT_IDLE_TIMEOUT`].
+    /// Taken between 1 ms and [`MAX_TIMEOUT`].
     pub fn idle_timeout(mut self, timeout: Duration) -> Self {
-        self.limits.idle_timeout = timeout.max(Duration::from_millis(1));
+        self.limits.idle_timeout = timeout.clamp(Duration::from_millis(1), MAX_TIMEOUT);
         self
     }
 

@@ -109,7 +109,7 @@ pub fn prometheus_builder() -> metrics_exporter_prometheus::PrometheusBuilder {
 /// how asks fail in a working cluster (as `ShardingError::kind` names
 /// them). The others, signs of a bug or a misconfiguration, appear at
 /// their first occurrence.
-const USUAL_ASK_FAILURES: [&str; 9] = [
+const USUAL_ASK_FAILURES: [&str; 10] = [
     "ask_timeout",
     "peer_lost",
     "entity_stopped",
@@ -119,6 +119,7 @@ const USUAL_ASK_FAILURES: [&str; 9] = [
     "shut_down_in_flight",
     "handler_interrupted",
     "buffer_overflow",
+    "persistence",
 ];
 
 /// The `reason`s of the rebalance metrics (as the coordinator names its

@@ -63,6 +63,44 @@ async fn get(server: SocketAddr, path: &str) -> Answer {
 }
 
 /// Asks `path` until `check` holds of the answer (at most `LONG`).
+/// Checks that a `/metrics` text has every metric of SPEC §14 but those
+/// in `but`, and the two latencies as histograms.
+fn lists_every_metric(body: &str, but: &[&str]) {
+    let names = [
+        telemetry::MEMBERS,
+        telemetry::UNREACHABLE,
+        telemetry::SHARDS,
+        telemetry::ENTITIES,
+        telemetry::PASSIVATIONS,
+        telemetry::ASKS,
+        telemetry::ASK_FAILURES,
+        telemetry::REMEMBER_QUEUE,
+        telemetry::REMEMBER_FAILURES,
+        telemetry::PIPE_FRAMES,
+        telemetry::PIPE_WRITES,
+        telemetry::PIPES,
+        telemetry::PIPE_PEER_FRAMES,
+        telemetry::PIPE_PEER_BYTES,
+        telemetry::BUFFERED,
+        telemetry::HANDOFF_BUFFERED,
+        telemetry::REBALANCE_ROUNDS,
+        telemetry::SHARD_MOVES,
+        telemetry::SPLIT_BRAIN_DECISIONS,
+    ];
+    for name in names.into_iter().filter(|n| !but.contains(n)) {
+        assert!(
+            body.contains(&format!("# TYPE {name} ")),
+            "no {name} in\n{body}"
+        );
+    }
+    for name in [telemetry::ASK_SECONDS, telemetry::REBALANCE_ROUND_SECONDS] {
+        assert!(
+            body.contains(&format!("# TYPE {name} histogram\n")),
+            "{name} is not a histogram in\n{body}"
+        );
+    }
+}
+
 async fn until(server: SocketAddr, path: &str, check: impl Fn(&Answer) -> bool) -> Answer {
     let deadline = Instant::now() + LONG;
     loop {
@@ -211,40 +249,7 @@ async fn three_nodes_answer_probes_members_placement_and_metrics() {
     assert!(count >= 60.0, "{line}");
     // Every metric of SPEC §14 is there, whether or not it counted
     // anything yet; the latencies as histograms.
-    for name in [
-        telemetry::MEMBERS,
-        telemetry::UNREACHABLE,
-        telemetry::SHARDS,
-        telemetry::ENTITIES,
-        telemetry::PASSIVATIONS,
-        telemetry::ASKS,
-        telemetry::ASK_FAILURES,
-        telemetry::REMEMBER_QUEUE,
-        telemetry::REMEMBER_FAILURES,
-        telemetry::PIPE_FRAMES,
-        telemetry::PIPE_WRITES,
-        telemetry::PIPES,
-        telemetry::PIPE_PEER_FRAMES,
-        telemetry::PIPE_PEER_BYTES,
-        telemetry::BUFFERED,
-        telemetry::HANDOFF_BUFFERED,
-        telemetry::REBALANCE_ROUNDS,
-        telemetry::SHARD_MOVES,
-        telemetry::SPLIT_BRAIN_DECISIONS,
-    ] {
-        assert!(
-            metrics.body.contains(&format!("# TYPE {name} ")),
-            "no {name} in\n{}",
-            metrics.body
-        );
-    }
-    for name in [telemetry::ASK_SECONDS, telemetry::REBALANCE_ROUND_SECONDS] {
-        assert!(
-            metrics.body.contains(&format!("# TYPE {name} histogram\n")),
-            "{name} is not a histogram in\n{}",
-            metrics.body
-        );
-    }
+    lists_every_metric(&metrics.body, &[]);
     let answered = format!(
         "{}_bucket{{entity_type=\"counter\",node=\"{}\",le=\"+Inf\"}} ",
         telemetry::ASK_SECONDS,
@@ -584,14 +589,10 @@ fn datum_node_serves_the_endpoint_on_its_flag() {
             "{}",
             metrics.body
         );
-        // The latencies as histograms, each registered before any sample.
-        for name in [telemetry::ASK_SECONDS, telemetry::REBALANCE_ROUND_SECONDS] {
-            assert!(
-                metrics.body.contains(&format!("# TYPE {name} histogram\n")),
-                "{}",
-                metrics.body
-            );
-        }
+        // A fresh node, before any ask: every metric of SPEC §14 but the
+        // per-peer ones (it has no peer), the latencies as histograms.
+        let per_peer = [telemetry::PIPE_PEER_FRAMES, telemetry::PIPE_PEER_BYTES];
+        lists_every_metric(&metrics.body, &per_peer);
         let shards = get(at, "/cluster/shards/counter").await;
         assert_eq!(shards.status, 200, "{}", shards.body);
         assert_eq!(shards.json()["num_shards"], 128);

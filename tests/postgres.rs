@@ -519,11 +519,11 @@ async fn timed<R>(
 
 /// The database stopped: an ask whose timeout is shorter than the store's
 /// wait for a connection (`PG_CONNECTION_TIMEOUT`) still gets the store's
-/// typed error, before its timeout, whichever store call it causes — an
-/// append, an append queued behind another stuck on the store, a durable
-/// state's save, the recovery of the incarnation it spawns — since the
-/// ask's deadline bounds them. (Bounded by the connection wait alone, each
-/// would answer `AskTimeout`.)
+/// typed error, before its timeout, whichever write it causes — an append,
+/// an append queued behind another stuck on the store, a durable state's
+/// save — since the ask's deadline bounds them: `Unavailable`, nothing
+/// written. (Bounded by the connection wait alone, each would answer
+/// `AskTimeout`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_database_away_an_ask_hears_the_store_before_its_timeout() {
     const SHORT: Duration = Duration::from_secs(3);
@@ -547,19 +547,13 @@ async fn with_the_database_away_an_ask_hears_the_store_before_its_timeout() {
     assert_eq!(stuck.ask(Add(1), T).await.expect("appended"), 1);
     assert_eq!(queued.ask(Add(1), T).await.expect("appended"), 1);
     assert_eq!(saves.ask(Add(1), T).await.expect("saved"), 1);
-    // Not spawned yet, in a shard already hosted here: the ask spawns it,
-    // and its recovery is the store call.
-    let recovers = (0..)
-        .map(|i| system.entity_ref::<Tally>(format!("fresh-{i}")))
-        .find(|e| e.shard_id() == stuck.shard_id())
-        .expect("an id in a hosted shard");
 
     let server = std::sync::Arc::new(server);
     let halted = server.clone();
     tokio::task::spawn_blocking(move || halted.halt())
         .await
         .expect("halt");
-    let (stuck_append, queued_append, saved, recovered) = tokio::join!(
+    let (stuck_append, queued_append, saved) = tokio::join!(
         // Its batch holds the journal's writer while it waits for a
         // connection...
         timed(stuck.ask(Add(1), LONGER)),
@@ -569,18 +563,18 @@ async fn with_the_database_away_an_ask_hears_the_store_before_its_timeout() {
             timed(queued.ask(Add(1), SHORT)).await
         },
         timed(saves.ask(Add(1), SHORT)),
-        timed(recovers.ask(Get, SHORT)),
     );
     for (what, (answer, took), timeout) in [
         ("an append", stuck_append, LONGER),
         ("an append queued behind it", queued_append, SHORT),
         ("a save", saved, SHORT),
-        ("a recovery", recovered, SHORT),
     ] {
+        // Each was cut short before the store took it: nothing written,
+        // and the error says so.
         match answer {
             Err(ShardingError::Persistence { error, .. }) => {
                 assert!(
-                    matches!(*error, PersistenceError::Store(_)),
+                    matches!(*error, PersistenceError::Unavailable(_)),
                     "{what}: {error}"
                 )
             }
@@ -608,7 +602,9 @@ async fn a_losing_second_writer_does_not_storm() {
     };
     let url = server.database();
     let sides = two_sides(&url).await;
-    writers::second_writers_race::<Tally, _>(&sides, Add, T).await;
+    // (Generous: the last of ten askers waits out up to ten pauses and
+    // recoveries on a busy machine.)
+    writers::second_writers_race::<Tally, _>(&sides, Add, 3 * T).await;
     for side in &sides {
         side.shutdown().await;
     }

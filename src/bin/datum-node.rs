@@ -17,9 +17,7 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
-#[cfg(feature = "postgres")]
-use std::sync::atomic::AtomicBool;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
@@ -1030,7 +1028,7 @@ impl Hosted {
         }
         // (Without the `postgres` feature, credits have no counter to go to.)
         #[cfg(not(feature = "postgres"))]
-        let _ = me;
+        let _ = (me, options.reliable);
         Ok(Drive::Asks(counts))
     }
 
@@ -1267,8 +1265,10 @@ impl Drive {
     /// Once the system stopped (fenced): until the asking loops, whose
     /// last attempts failed then, have counted them (`patience` at most).
     async fn ended(&self, patience: Duration) {
-        if let Drive::Asks(counts) = self {
-            counts.ended(patience).await;
+        match self {
+            Drive::Asks(counts) => counts.ended(patience).await,
+            #[cfg(feature = "postgres")]
+            Drive::Reliable { .. } => {}
         }
     }
 

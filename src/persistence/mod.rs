@@ -251,6 +251,11 @@ pub enum PersistenceError {
     /// or may not have been applied only where the store says so.
     #[error("persistence store error: {0}")]
     Store(String),
+    /// The call's deadline (`call_deadline`, an ask's) came before the
+    /// store took the write — no connection from the pool by then, or the
+    /// write still queued for a batch: nothing was sent, nothing written.
+    #[error("persistence store not reached in time, nothing written: {0}")]
+    Unavailable(String),
 }
 
 /// The result of a persistence operation.

@@ -288,8 +288,14 @@ impl PgPersistence {
             by.saturating_duration_since(std::time::Instant::now())
                 .min(PG_CONNECTION_TIMEOUT)
         });
+        // Cut short by the deadline, the call sent nothing: the caller
+        // may go on as if it had not been made (`Unavailable`).
+        let cut_short = wait < PG_CONNECTION_TIMEOUT;
         pool.get_timeout(wait)
-            .map_err(|e| self.connect_errors.explain(e))
+            .map_err(|e| match self.connect_errors.explain(e) {
+                PersistenceError::Store(why) if cut_short => PersistenceError::Unavailable(why),
+                other => other,
+            })
     }
 }
 

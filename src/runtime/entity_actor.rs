@@ -322,6 +322,10 @@ where
                 state.last_activity = Instant::now();
             }
             if let OutcomeKind::Panicked(panic) = outcome.0 {
+                // The rebuild recovers anew: a conflict met before the
+                // panic is cleared with it.
+                let _ = state.args.ctx.take_conflict();
+                state.args.ctx.set_deadline(None);
                 // Boxed, as the rare rebuild is kept out of every
                 // message's future.
                 if Box::pin(state.rebuild(&myself, panic)).await.is_err() {

@@ -129,6 +129,11 @@ pub(crate) struct RegionCluster {
     pub(crate) proxy: bool,
 }
 
+/// The most bytes of ids one [`Region::state_with_ids`] answer holds in
+/// all (its shards take from it in ascending order; those past it list
+/// none and are marked cut): ids have no length limit.
+pub(crate) const IDS_BYTES_IN_ALL: usize = 8 << 20;
+
 pub(crate) struct Region {
     pub(crate) type_name: &'static str,
     pub(crate) protocol: std::any::TypeId,
@@ -342,7 +347,6 @@ impl Region {
         Region { migration, ..self }
     }
 
-    /// Tracing across nodes, when the system's configuration has it.
     /// Marks a durable type's region (see `durable`).
     pub(crate) fn with_durable(mut self, durable: bool) -> Self {
         self.durable = durable;
@@ -354,6 +358,7 @@ impl Region {
         self.durable
     }
 
+    /// Tracing across nodes, when the system's configuration has it.
     pub(crate) fn with_tracing(self, tracing: Option<crate::telemetry::Tracing>) -> Self {
         Region { tracing, ..self }
     }
@@ -1058,6 +1063,7 @@ impl Region {
         let mut entity_ids = std::collections::BTreeMap::new();
         let mut entity_ids_truncated = std::collections::BTreeSet::new();
         let mut ids_left = ids.map_or(0, |(_, in_all)| in_all);
+        let mut ids_bytes_left = IDS_BYTES_IN_ALL;
         let mut handing_off = std::collections::BTreeSet::new();
         let mut respawning = std::collections::BTreeSet::new();
         let mut failed = std::collections::BTreeSet::new();
@@ -1072,10 +1078,22 @@ impl Region {
             drop(guard);
             // The text is copied and sorted with the lock released.
             if let Some((listed, more)) = listed {
-                ids_left -= listed.len();
                 let mut listed: Vec<String> = listed.iter().map(|id| id.to_string()).collect();
                 listed.sort_unstable();
-                if more {
+                // Ids have no length limit: the answer has a byte budget
+                // as well; once it is spent, no later shard lists any.
+                let mut fit = 0;
+                for id in &listed {
+                    if id.len() > ids_bytes_left {
+                        break;
+                    }
+                    ids_bytes_left -= id.len();
+                    fit += 1;
+                }
+                let spent = fit < listed.len();
+                listed.truncate(fit);
+                ids_left = if spent { 0 } else { ids_left - listed.len() };
+                if more || spent {
                     entity_ids_truncated.insert(shard);
                 }
                 entity_ids.insert(shard, listed);
@@ -1321,7 +1339,8 @@ impl SlotHost for Host<'_> {
         ctx.generation = generation;
         // Spawned in the delivery of an ask made here: its recovery's
         // store calls end before that ask's deadline (SPEC §8b).
-        ctx.set_deadline(self.ask.as_ref().map(|ask| ask.deadline));
+        // (No ask's deadline bounds its recovery: the recovery serves
+        // every message that waits for it.)
         let spawned = (self.region.spawner)(ctx, incarnation, region_actor.clone(), state);
         if spawned.is_ok() {
             self.region.metrics.entities(1);
