@@ -288,7 +288,8 @@ fn answer<P: Protocol, M: Message<P>>(
             if let (ReplyTo::Nobody, Err(error)) = (&reply, &result) {
                 tracing::warn!(type_name = ctx.type_name(), entity_id = ctx.entity_id(), %error, "tell handler failed");
             }
-            reply.answer(result.map_err(|e| e.answered_after(ctx.wrote())));
+            let of = (ctx.type_name(), ctx.entity_id());
+            reply.answer(result.map_err(|e| e.answered_after(of, ctx.wrote())));
             Outcome(OutcomeKind::Handled)
         }
         Err(payload) => {
@@ -393,7 +394,10 @@ where
                         }))
                     });
             let answer = match ctx.commit_delivery(payload).await {
-                Ok(()) => result.map_err(|e| e.answered_after(ctx.wrote())),
+                Ok(()) => {
+                    let of = (ctx.type_name(), ctx.entity_id());
+                    result.map_err(|e| e.answered_after(of, ctx.wrote()))
+                }
                 Err(error) => Err(error),
             };
             if let Err(error) = &answer {

@@ -161,7 +161,9 @@ impl<R: serde::Serialize + Send + 'static> ReplyPort<R> {
     /// it never reads as "not processed" (SPEC §11).
     pub fn fail(mut self, error: crate::ShardingError) {
         if let Some(port) = self.reply.take() {
-            port.answer(Err(error.answered_by_handler()));
+            port.answer(Err(
+                error.answered_by_handler((self.type_name, &self.entity_id))
+            ));
         }
     }
 }

@@ -361,18 +361,25 @@ impl ShardingError {
     /// other variant — one the handler passed on from a call of its own, a
     /// nested ask's `AskTimeout` or `NotRegistered`, say — becomes
     /// `Handler` with its text.
-    pub(crate) fn answered_by_handler(self) -> ShardingError {
-        self.answered_after(false)
+    pub(crate) fn answered_by_handler(self, of: (&str, &str)) -> ShardingError {
+        self.answered_after(of, false)
     }
 
-    /// [`answered_by_handler`](Self::answered_by_handler), for a handler
-    /// that `wrote` already (a write of its accepted while it handled this
-    /// message): then a `Persistence` error of a later write is `Handler`
-    /// too, since the message was processed in part.
-    pub(crate) fn answered_after(self, wrote: bool) -> ShardingError {
+    /// [`answered_by_handler`](Self::answered_by_handler) of the entity
+    /// `of` (type name, id), for a handler that `wrote` already (a write of
+    /// its accepted while it handled this message): then a `Persistence`
+    /// error of a later write is `Handler` too, since the message was
+    /// processed in part. A `Persistence` error of another entity (passed
+    /// on from a nested ask) is `Handler` as well: its column tells of
+    /// that entity's write, not of this message.
+    pub(crate) fn answered_after(self, of: (&str, &str), wrote: bool) -> ShardingError {
         match self {
             ShardingError::Handler(_) => self,
-            ShardingError::Persistence { .. } if !wrote => self,
+            ShardingError::Persistence {
+                type_name,
+                ref entity_id,
+                ..
+            } if !wrote && (type_name, entity_id.as_str()) == of => self,
             other => ShardingError::Handler(other.to_string()),
         }
     }
@@ -728,20 +735,24 @@ mod tests {
     #[test]
     fn a_handlers_own_error_answer_says_it_ran() {
         let nested = ShardingError::NotRegistered { type_name: "other" };
-        let answered = nested.clone().answered_by_handler();
+        let answered = nested.clone().answered_by_handler(("t", "e"));
         assert_eq!(answered, ShardingError::Handler(nested.to_string()));
         assert_eq!(answered.processed(), Processed::Yes);
         let own = ShardingError::Handler("no".into());
-        assert_eq!(own.clone().answered_by_handler(), own);
+        assert_eq!(own.clone().answered_by_handler(("t", "e")), own);
         let store = ShardingError::Persistence {
             type_name: "t",
             entity_id: "e".into(),
             error: Box::new(PersistenceError::Store("away".into())),
         };
-        assert_eq!(store.clone().answered_by_handler(), store);
+        assert_eq!(store.clone().answered_by_handler(("t", "e")), store);
+        // Another entity's store error, passed on from a nested ask, tells
+        // of that entity, not of this message.
+        let nested = store.clone().answered_by_handler(("t", "other"));
+        assert_eq!(nested, ShardingError::Handler(store.to_string()));
         // After a write of its was accepted, a later write's error says
         // the message was processed in part.
-        let later = store.clone().answered_after(true);
+        let later = store.clone().answered_after(("t", "e"), true);
         assert_eq!(later, ShardingError::Handler(store.to_string()));
         assert_eq!(later.processed(), Processed::Yes);
     }

@@ -932,8 +932,9 @@ impl<S, J> ShardedSystem<S, J> {
     /// (SPEC §13.13); its ids take one more walk over its entities under
     /// that lock, keeping the least `limit_per_shard`, and are copied and
     /// sorted once it is released. The answer holds up to
-    /// `limit_per_shard` ids for each hosted shard: bound it for a region
-    /// of many shards.
+    /// `limit_per_shard` ids for each hosted shard, and 8 MiB of ids in
+    /// all (the shards past that list none and are marked cut): bound it
+    /// for a region of many shards.
     pub fn shard_region_state_with_ids<P: Protocol>(
         &self,
         limit_per_shard: usize,

@@ -1337,8 +1337,6 @@ impl SlotHost for Host<'_> {
         let me = self.region.cluster.as_ref().map(|c| c.me);
         let mut ctx = EntityContext::new(self.region.type_name, entity_id.clone(), shard, me);
         ctx.generation = generation;
-        // Spawned in the delivery of an ask made here: its recovery's
-        // store calls end before that ask's deadline (SPEC §8b).
         // (No ask's deadline bounds its recovery: the recovery serves
         // every message that waits for it.)
         let spawned = (self.region.spawner)(ctx, incarnation, region_actor.clone(), state);
