@@ -249,31 +249,33 @@ fn guarded<F: Future>(
 /// processed; a slot dropped before its handler began answers
 /// `EntityStopped`, since it was not.
 struct Begun<'a, R: Serialize> {
-    /// `None` once answered.
-    reply: Option<ReplyTo<R>>,
+    /// `ReplyTo::Nobody` once taken to be answered.
+    reply: ReplyTo<R>,
     ctx: &'a EntityContext,
 }
 
 impl<'a, R: Serialize> Begun<'a, R> {
     fn new(reply: ReplyTo<R>, ctx: &'a EntityContext) -> Self {
-        Begun {
-            reply: Some(reply),
-            ctx,
-        }
+        Begun { reply, ctx }
     }
 
     /// The slot, to answer: this guard answers nothing more.
     fn take(mut self) -> ReplyTo<R> {
-        self.reply.take().unwrap_or(ReplyTo::Nobody)
+        std::mem::replace(&mut self.reply, ReplyTo::Nobody)
     }
 }
 
 impl<R: Serialize> Drop for Begun<'_, R> {
     fn drop(&mut self) {
-        if let Some(reply) = self.reply.take() {
-            reply.interrupted(self.ctx.type_name(), self.ctx.entity_id());
-        }
+        let reply = std::mem::replace(&mut self.reply, ReplyTo::Nobody);
+        reply.interrupted(self.ctx.type_name(), self.ctx.entity_id());
     }
+}
+
+/// An error the handler of `ctx`'s entity answered with, as its asker
+/// gets it (`ShardingError::answered_after`).
+fn handlers_error(error: ShardingError, ctx: &EntityContext) -> ShardingError {
+    error.answered_after((ctx.type_name(), ctx.entity_id()), ctx.wrote())
 }
 
 /// Answers the asker with what the handler did (its result, or its panic).
@@ -288,8 +290,7 @@ fn answer<P: Protocol, M: Message<P>>(
             if let (ReplyTo::Nobody, Err(error)) = (&reply, &result) {
                 tracing::warn!(type_name = ctx.type_name(), entity_id = ctx.entity_id(), %error, "tell handler failed");
             }
-            let of = (ctx.type_name(), ctx.entity_id());
-            reply.answer(result.map_err(|e| e.answered_after(of, ctx.wrote())));
+            reply.answer(result.map_err(|e| handlers_error(e, ctx)));
             Outcome(OutcomeKind::Handled)
         }
         Err(payload) => {
@@ -394,10 +395,7 @@ where
                         }))
                     });
             let answer = match ctx.commit_delivery(payload).await {
-                Ok(()) => {
-                    let of = (ctx.type_name(), ctx.entity_id());
-                    result.map_err(|e| e.answered_after(of, ctx.wrote()))
-                }
+                Ok(()) => result.map_err(|e| handlers_error(e, ctx)),
                 Err(error) => Err(error),
             };
             if let Err(error) = &answer {

@@ -1089,13 +1089,10 @@ struct Pending<W> {
     done: tokio::sync::oneshot::Sender<PersistenceResult<()>>,
 }
 
-/// What became of a write handed to a [`BatchWriter`] or a
-/// [`StateWriter`].
-enum Written {
-    /// The store's answer.
-    Done(PersistenceResult<()>),
-    /// Its sender's deadline came before a batch took it: not written.
-    Withdrawn,
+/// The answer to a write its sender withdrew: its deadline came before a
+/// batch took it, so it was never sent.
+fn withdrawn() -> PersistenceError {
+    PersistenceError::Unavailable("no batch took the write before the ask's deadline".into())
 }
 
 /// When the store's waits for a batch end: when the last of its writes'
@@ -1177,7 +1174,7 @@ impl<W: Send + 'static> BatchWriter<W> {
 
     /// Queues `write` for the next batch and waits for its result; with a
     /// `deadline`, withdraws it at its `wait` if no batch took it yet.
-    async fn write(&self, write: W, deadline: Option<CallDeadline>) -> Written {
+    async fn write(&self, write: W, deadline: Option<CallDeadline>) -> PersistenceResult<()> {
         let (done, mut result) = tokio::sync::oneshot::channel();
         let claimed = deadline.map(|_| Arc::new(AtomicBool::new(false)));
         let pending = Pending {
@@ -1189,20 +1186,20 @@ impl<W: Send + 'static> BatchWriter<W> {
         self.waiting.fetch_add(1, Ordering::Relaxed);
         if self.tx.send(pending).is_err() {
             self.waiting.fetch_sub(1, Ordering::Relaxed);
-            return Written::Done(Err(writer_stopped()));
+            return Err(writer_stopped());
         }
         let (Some(deadline), Some(claimed)) = (deadline, claimed) else {
-            return Written::Done(result.await.unwrap_or_else(|_| Err(writer_stopped())));
+            return result.await.unwrap_or_else(|_| Err(writer_stopped()));
         };
         let waited = tokio::time::timeout_at(deadline.wait, &mut result).await;
         let answer = match waited {
             Ok(answer) => answer,
             // No batch took it, and none will now.
-            Err(_) if !claimed.swap(true, Ordering::AcqRel) => return Written::Withdrawn,
+            Err(_) if !claimed.swap(true, Ordering::AcqRel) => return Err(withdrawn()),
             // A batch took it: its store call ends by its `call_deadline`.
             Err(_) => result.await,
         };
-        Written::Done(answer.unwrap_or_else(|_| Err(writer_stopped())))
+        answer.unwrap_or_else(|_| Err(writer_stopped()))
     }
 }
 
@@ -1233,7 +1230,11 @@ impl JournalWriter {
         })
     }
 
-    async fn append(&self, write: AtomicWrite, deadline: Option<CallDeadline>) -> Written {
+    async fn append(
+        &self,
+        write: AtomicWrite,
+        deadline: Option<CallDeadline>,
+    ) -> PersistenceResult<()> {
         self.batches.write(write, deadline).await
     }
 
@@ -1273,12 +1274,16 @@ impl StateWriter {
     /// Saves `write`; with a `deadline`, withdrawing it at its `wait` if
     /// no batch took it yet (a save not batched goes to the store at once,
     /// its `call_deadline` set).
-    async fn save(&self, write: StateWrite, deadline: Option<CallDeadline>) -> Written {
+    async fn save(
+        &self,
+        write: StateWrite,
+        deadline: Option<CallDeadline>,
+    ) -> PersistenceResult<()> {
         match self {
             StateWriter::Batched(batches) => batches.write(write, deadline).await,
             StateWriter::Direct(store) => {
                 let Some(store) = store.upgrade() else {
-                    return Written::Done(Err(writer_stopped()));
+                    return Err(writer_stopped());
                 };
                 let saved = blocking_by(deadline.map(|d| d.store), move || {
                     let StateWrite {
@@ -1289,7 +1294,7 @@ impl StateWriter {
                     } = write;
                     store.save(&persistence_id, expected, payload, writer)
                 });
-                Written::Done(saved.await)
+                saved.await
             }
         }
     }
@@ -1444,7 +1449,7 @@ impl EntityContext {
     /// The deadline of the message about to be handled (`None`: a tell, an
     /// ask whose deadline is not known here, or a recovery); set by the
     /// runtime before each message.
-    pub(crate) fn set_deadline(&mut self, deadline: Option<tokio::time::Instant>) {
+    pub(crate) fn begin_message(&mut self, deadline: Option<tokio::time::Instant>) {
         self.deadline = deadline;
         *self.wrote.get_mut() = false;
     }
@@ -1783,15 +1788,6 @@ impl EntityContext {
         };
         let written = handle.writer.append(write, self.call_deadline()).await;
         in_flight.done = true;
-        let written = match written {
-            Written::Done(result) => result,
-            // Never written: this incarnation may go on.
-            Written::Withdrawn => {
-                return Err(self.persistence_error(PersistenceError::Unavailable(
-                    "the journal took no append before the ask's deadline".into(),
-                )));
-            }
-        };
         match written {
             Ok(()) => {
                 handle.highest.store(expected + count, Ordering::Release);
@@ -1903,12 +1899,6 @@ impl EntityContext {
         };
         let saved = handle.writer.save(write, self.call_deadline()).await;
         guard.done = true;
-        let saved = match saved {
-            Written::Done(result) => result,
-            Written::Withdrawn => Err(PersistenceError::Unavailable(
-                "the state store took no save before the ask's deadline".into(),
-            )),
-        };
         match saved {
             Ok(()) => {
                 handle.revision.store(expected + 1, Ordering::Release);
@@ -2234,16 +2224,16 @@ mod withdrawal_tests {
             wait: tokio::time::Instant::now() + Duration::from_millis(20),
         };
         assert!(
-            matches!(writer.write(2, Some(soon)).await, Written::Withdrawn),
+            matches!(
+                writer.write(2, Some(soon)).await,
+                Err(PersistenceError::Unavailable(_))
+            ),
             "queued behind a store that does not answer"
         );
         release.send(()).expect("the writer waits");
         release.send(()).expect("the writer waits");
-        assert!(matches!(
-            first.await.expect("the first"),
-            Written::Done(Ok(()))
-        ));
-        assert!(matches!(writer.write(3, None).await, Written::Done(Ok(()))));
+        assert!(matches!(first.await.expect("the first"), Ok(())));
+        assert!(matches!(writer.write(3, None).await, Ok(())));
         assert_eq!(
             batches.recv().await,
             Some(vec![3]),

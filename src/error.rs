@@ -730,6 +730,57 @@ mod tests {
         }
     }
 
+    /// The failure kinds a region registers at 0 are kinds errors have,
+    /// so no zero series sits beside a real one.
+    #[test]
+    fn the_usual_failure_kinds_registered_at_start_are_kinds() {
+        let (t, e) = ("t", || "e".to_string());
+        let errors = [
+            ShardingError::AskTimeout {
+                type_name: t,
+                entity_id: e(),
+                timeout: Duration::ZERO,
+            },
+            ShardingError::PeerLost {
+                type_name: t,
+                entity_id: e(),
+                node: "n".into(),
+            },
+            ShardingError::EntityStopped {
+                type_name: t,
+                entity_id: e(),
+            },
+            ShardingError::EntityPanicked {
+                type_name: t,
+                entity_id: e(),
+                panic: "p".into(),
+            },
+            ShardingError::Handler("h".into()),
+            ShardingError::ShuttingDown,
+            ShardingError::ShutDownInFlight {
+                type_name: t,
+                entity_id: e(),
+            },
+            ShardingError::HandlerInterrupted {
+                type_name: t,
+                entity_id: e(),
+            },
+            ShardingError::BufferOverflow {
+                type_name: t,
+                shard_id: ShardId(0),
+            },
+            ShardingError::Persistence {
+                type_name: t,
+                entity_id: e(),
+                error: Box::new(PersistenceError::Store("s".into())),
+            },
+        ];
+        assert_eq!(
+            errors.map(|e| e.kind()),
+            crate::telemetry::USUAL_ASK_FAILURES
+        );
+    }
+
     /// A handler ran, so what it answers never reads "not processed": an
     /// error it passes on from a call of its own becomes `Handler`.
     #[test]

@@ -109,7 +109,7 @@ pub fn prometheus_builder() -> metrics_exporter_prometheus::PrometheusBuilder {
 /// how asks fail in a working cluster (as `ShardingError::kind` names
 /// them). The others, signs of a bug or a misconfiguration, appear at
 /// their first occurrence.
-const USUAL_ASK_FAILURES: [&str; 10] = [
+pub(crate) const USUAL_ASK_FAILURES: [&str; 10] = [
     "ask_timeout",
     "peer_lost",
     "entity_stopped",
@@ -124,7 +124,7 @@ const USUAL_ASK_FAILURES: [&str; 10] = [
 
 /// The `reason`s of the rebalance metrics (as the coordinator names its
 /// rounds' reasons).
-const REBALANCE_REASONS: [&str; 3] = ["dead_owner", "graceful_spread", "graceful_leave"];
+pub(crate) const REBALANCE_REASONS: [&str; 3] = ["dead_owner", "graceful_spread", "graceful_leave"];
 
 /// One entity type's region's handles (labels `entity_type`, `node`).
 /// Its gauges move by what this region adds and takes away, so two regions

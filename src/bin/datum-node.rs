@@ -17,7 +17,9 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+#[cfg(feature = "postgres")]
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
@@ -1000,7 +1002,11 @@ impl Hosted {
     /// `reliable`: credits to journaled counters through a producer of
     /// `me`'s; `rate` of them per second from each loop (0: unpaced).
     fn drive(&self, options: &DriveOptions, me: &UniqueAddress) -> Result<Drive, ShardingError> {
-        let counts = Arc::new(DriveCounts::default());
+        let counts = Arc::new(DriveCounts {
+            next_tag: AtomicU64::new(options.tags.unwrap_or(0)),
+            refused: options.tags.map(|_| Default::default()),
+            ..DriveCounts::default()
+        });
         match self {
             Hosted::Counter(system) => {
                 drive_counters::<counter::Counter, _, _>(system, |_| counter::Get, options, &counts)
@@ -1076,11 +1082,10 @@ struct DriveCounts {
     retries: AtomicU64,
     missing: AtomicU64,
     maybe: AtomicU64,
-    /// `--drive-tags`: attempts are numbered, and `refused` is printed.
-    tagged: AtomicBool,
     /// The next attempt's number.
     next_tag: AtomicU64,
-    refused: std::sync::Mutex<Vec<u64>>,
+    /// `--drive-tags` only: the refused attempts' numbers.
+    refused: Option<std::sync::Mutex<Vec<u64>>>,
     /// Loops still asking: each ends when its system stops.
     running: AtomicU64,
 }
@@ -1094,8 +1099,9 @@ impl DriveCounts {
                 self.maybe.fetch_add(1, Ordering::Relaxed);
             }
             Processed::No => {
-                let mut refused = self.refused.lock().unwrap_or_else(|p| p.into_inner());
-                refused.push(tag);
+                if let Some(refused) = &self.refused {
+                    refused.lock().unwrap_or_else(|p| p.into_inner()).push(tag);
+                }
             }
             // (Not a failure of delivery: the handler answered an error.)
             _ => {}
@@ -1125,10 +1131,6 @@ fn drive_counters<P, M, J>(
     M: Ask<P> + Send + 'static,
     J: Send + Sync + 'static,
 {
-    if let Some(first) = options.tags {
-        counts.tagged.store(true, Ordering::Relaxed);
-        counts.next_tag.store(first, Ordering::Relaxed);
-    }
     for i in 0..options.loops {
         let system = system.clone();
         let counts = counts.clone();
@@ -1235,13 +1237,8 @@ impl Drive {
                 retries: counts.retries.load(Ordering::Relaxed),
                 missing: counts.missing.load(Ordering::Relaxed),
                 maybe: Some(counts.maybe.load(Ordering::Relaxed)),
-                refused: counts.tagged.load(Ordering::Relaxed).then(|| {
-                    counts
-                        .refused
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .clone()
-                }),
+                refused: (counts.refused.as_ref())
+                    .map(|refused| refused.lock().unwrap_or_else(|p| p.into_inner()).clone()),
                 unconfirmed: None,
                 t_ms,
             },

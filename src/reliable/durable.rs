@@ -527,13 +527,7 @@ async fn journal_batch<P: Protocol>(
         }
         // Journaled, it is not lost: a restart sends it, so its sender must
         // not read "not processed" and send it again under a new number.
-        let queued = queued.map_err(|error| match error {
-            ShardingError::ShuttingDown => ShardingError::ShutDownInFlight {
-                type_name: P::TYPE_NAME,
-                entity_id: format!("(producer {})", log.id),
-            },
-            other => other,
-        });
+        let queued = queued.map_err(|error| super::in_flight_at_shutdown::<P>(error, &log.id));
         let _ = w.done.send(queued);
     }
     // A snapshot holds what is queued: with a message journaled and not

@@ -412,15 +412,8 @@ impl<P: Protocol> ReliableProducer<P> {
                     if state.stats.unconfirmed == 0 {
                         return Ok(());
                     }
-                    match &state.stopped {
-                        Some(ShardingError::ShuttingDown) => {
-                            return Err(ShardingError::ShutDownInFlight {
-                                type_name: P::TYPE_NAME,
-                                entity_id: format!("(producer {})", inner.id),
-                            });
-                        }
-                        Some(why) => return Err(why.clone()),
-                        None => {}
+                    if let Some(why) = &state.stopped {
+                        return Err(in_flight_at_shutdown::<P>(why.clone(), &inner.id));
                     }
                 }
                 drained.await;
@@ -459,6 +452,23 @@ impl<P: Protocol> Producer<P> {
         self.lock().stopped.get_or_insert(why);
         self.window.close();
         self.drained.notify_waiters();
+    }
+}
+
+/// A producer's error about messages it had taken: its system's shutdown
+/// (`ShuttingDown`, which would say "not processed") is `ShutDownInFlight`
+/// naming the producer, since a taken message may have been handled (or,
+/// journaled, is sent again by a restart).
+pub(crate) fn in_flight_at_shutdown<P: Protocol>(
+    error: ShardingError,
+    producer: &impl std::fmt::Display,
+) -> ShardingError {
+    match error {
+        ShardingError::ShuttingDown => ShardingError::ShutDownInFlight {
+            type_name: P::TYPE_NAME,
+            entity_id: format!("(producer {producer})"),
+        },
+        other => other,
     }
 }
 

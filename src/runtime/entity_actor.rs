@@ -272,7 +272,7 @@ where
                 None => {
                     // The store calls its handling makes end before its
                     // asker's deadline (SPEC §8b).
-                    state.args.ctx.set_deadline(envelope.deadline());
+                    state.args.ctx.begin_message(envelope.deadline());
                     Some(envelope)
                 }
             },
@@ -325,7 +325,7 @@ where
                 // The rebuild recovers anew: a conflict met before the
                 // panic is cleared with it.
                 let _ = state.args.ctx.take_conflict();
-                state.args.ctx.set_deadline(None);
+                state.args.ctx.begin_message(None);
                 // Boxed, as the rare rebuild is kept out of every
                 // message's future.
                 if Box::pin(state.rebuild(&myself, panic)).await.is_err() {

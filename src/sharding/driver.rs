@@ -1083,11 +1083,7 @@ impl Control {
             let node = self.me.addr.to_string();
             let now = Instant::now();
             for (reason, moves, at) in closed {
-                let reason = match reason {
-                    RebalanceReason::DeadOwner => "dead_owner",
-                    RebalanceReason::GracefulSpread => "graceful_spread",
-                    RebalanceReason::GracefulLeave => "graceful_leave",
-                };
+                let reason = reason_label(reason);
                 let seconds = now.saturating_duration_since(at).as_secs_f64();
                 crate::telemetry::rebalance_round(&node, reason, moves, seconds);
             }
@@ -1207,5 +1203,31 @@ impl LocalRegions for Hosted {
                 reason,
             })));
         }
+    }
+}
+
+/// A rebalance round's reason as the metrics label it (SPEC §14).
+fn reason_label(reason: RebalanceReason) -> &'static str {
+    match reason {
+        RebalanceReason::DeadOwner => "dead_owner",
+        RebalanceReason::GracefulSpread => "graceful_spread",
+        RebalanceReason::GracefulLeave => "graceful_leave",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The reasons registered at 0 when a node starts are the labels its
+    /// rounds are counted under, so no zero series sits beside a real one.
+    #[test]
+    fn the_reasons_registered_at_start_are_those_rounds_count_under() {
+        let all = [
+            RebalanceReason::DeadOwner,
+            RebalanceReason::GracefulSpread,
+            RebalanceReason::GracefulLeave,
+        ];
+        assert_eq!(all.map(reason_label), crate::telemetry::REBALANCE_REASONS);
     }
 }
