@@ -102,7 +102,8 @@ fn fixture(flavor: &str) -> &'static Fixture {
                 .await
                 .unwrap();
             system
-                .register::<CounterEntity>(|_| CounterEntity::default())
+                .entity_type::<CounterEntity>()
+                .register(|_| CounterEntity::default())
                 .await
                 .unwrap();
             let sharded = system.entity_ref::<Counter>("bench-entity");

@@ -112,7 +112,9 @@ async fn kept_on(
         .await
         .expect("system");
     system
-        .register_remembered::<KeptEntity>(|_| KeptEntity)
+        .entity_type::<KeptEntity>()
+        .remembered()
+        .register(|_| KeptEntity)
         .await
         .expect("registered");
     system
@@ -149,7 +151,9 @@ async fn restarted(dir: &std::path::Path, started: &Arc<AtomicUsize>) -> Sharded
         .expect("system");
     let counter = started.clone();
     system
-        .register_remembered::<KeptEntity>(move |_| {
+        .entity_type::<KeptEntity>()
+        .remembered()
+        .register(move |_| {
             counter.fetch_add(1, Ordering::Relaxed);
             KeptEntity
         })

@@ -71,7 +71,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .start()
         .await?;
     system
-        .register_event_sourced::<TallyEntity>(|_ctx| TallyEntity::default())
+        .entity_type::<TallyEntity>()
+        .event_sourced()
+        .register(|_ctx| TallyEntity::default())
         .await?;
     let visits = system.entity_ref::<Tally>("visits");
     let before = visits.ask(Get, Duration::from_secs(5)).await?;

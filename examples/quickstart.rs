@@ -14,7 +14,8 @@ use counter::{Add, Counter, CounterEntity, Get};
 async fn main() -> ShardingResult<()> {
     let system = ShardedSystem::builder().num_shards(64).start().await?;
     system
-        .register::<CounterEntity>(|_ctx| CounterEntity::default())
+        .entity_type::<CounterEntity>()
+        .register(|_ctx| CounterEntity::default())
         .await?;
 
     let cart = system.entity_ref::<Counter>("cart-42");

@@ -82,7 +82,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .start()
             .await?;
         system
-            .register::<ping::PingEntity>(ping_factory(checks.clone()))
+            .entity_type::<ping::PingEntity>()
+            .register(ping_factory(checks.clone()))
             .await?;
         nodes.push(Node { cluster, system });
     }

@@ -56,7 +56,8 @@ pub async fn counters_on(
         .start()
         .await?;
     system
-        .register::<CounterEntity>(|_| CounterEntity::default())
+        .entity_type::<CounterEntity>()
+        .register(|_| CounterEntity::default())
         .await?;
     Ok(system)
 }

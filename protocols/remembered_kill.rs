@@ -72,7 +72,9 @@ pub async fn remembered_ids_come_back_after_a_kill<S: RememberEntitiesStore>(sto
             .expect("system starts");
         let tx = started_tx.clone();
         system
-            .register_remembered::<KeptEntity>(move |ctx| {
+            .entity_type::<KeptEntity>()
+            .remembered()
+            .register(move |ctx| {
                 let _ = tx.send((i, ctx.entity_id().to_owned()));
                 KeptEntity { node: i }
             })

@@ -46,7 +46,7 @@ pub struct ShardingConfig {
     /// Used in cluster mode.
     #[builder(default = Duration::from_secs(10))]
     pub handoff_timeout: Duration,
-    /// Of a migratable type (`register_migratable`): how long a shard's
+    /// Of a migratable type (`.migratable()`): how long a shard's
     /// new owner waits for the states its entities handed over on the old
     /// one (its messages wait meanwhile) before it starts them from the
     /// factory; the old owner keeps them twice as long. Used in cluster
@@ -76,7 +76,7 @@ pub struct ShardingConfig {
     #[builder(default = Duration::from_secs(5))]
     pub shutdown_timeout: Duration,
     /// The remember-entities write-behind queue and failure policy (used by
-    /// types registered with `register_remembered`).
+    /// types registered `.remembered()`).
     #[builder(default)]
     pub remember_entities: RememberEntitiesConfig,
     /// Tracing across nodes (SPEC §14.2): with it, every tell and ask has a

@@ -232,7 +232,7 @@
 ///     async fn handle(&mut self, _: Add, _: &EntityContext) -> ShardingResult<()> { Ok(()) }
 /// }
 /// async fn demo(system: ShardedSystem) -> ShardingResult<()> {
-///     system.register::<HalfCounter>(|_| HalfCounter).await
+///     system.entity_type::<HalfCounter>().register(|_| HalfCounter).await
 /// }
 /// ```
 ///
@@ -254,7 +254,7 @@
 /// # }
 /// # fn main() {}
 /// async fn demo(system: ShardedSystem) -> ShardingResult<()> {
-///     system.register::<CounterEntity>(|_| CounterEntity::default()).await
+///     system.entity_type::<CounterEntity>().register(|_| CounterEntity::default()).await
 /// }
 /// ```
 ///
@@ -275,7 +275,7 @@
 ///     async fn handle(&mut self, _: Slow, _: &EntityContext) -> ShardingResult<u64> { Ok(1) }
 /// }
 /// async fn demo(system: ShardedSystem) -> ShardingResult<()> {
-///     system.register::<Waiter>(|_| Waiter).await
+///     system.entity_type::<Waiter>().register(|_| Waiter).await
 /// }
 /// ```
 ///
@@ -295,7 +295,7 @@
 ///     }
 /// }
 /// async fn demo(system: ShardedSystem) -> ShardingResult<()> {
-///     system.register::<Waiter>(|_| Waiter).await
+///     system.entity_type::<Waiter>().register(|_| Waiter).await
 /// }
 /// ```
 ///
@@ -346,7 +346,7 @@
 ///
 /// ## Registering a remembered entity type without a store
 ///
-/// `register_remembered` exists only on a `ShardedSystem<S>` whose `S` is a `RememberEntitiesStore`; a system built without `.store(..)` is a `ShardedSystem<NoStore>`. Error: `the method register_remembered exists for struct ShardedSystem, but its trait bounds were not satisfied`.
+/// `Registration::remembered` exists only on a registration of a `ShardedSystem<S>` whose `S` is a `RememberEntitiesStore`; a system built without `.store(..)` is a `ShardedSystem<NoStore>`. Error: ``the method `remembered` exists for struct `Registration<'_, NoStore, NoJournal, CounterEntity>`, but its trait bounds were not satisfied``.
 ///
 /// Rejected (`E0599`):
 ///
@@ -367,7 +367,7 @@
 /// # fn main() {}
 /// async fn demo() -> ShardingResult<()> {
 ///     let system = ShardedSystem::builder().start().await?;
-///     system.register_remembered::<CounterEntity>(|_| CounterEntity::default()).await
+///     system.entity_type::<CounterEntity>().remembered().register(|_| CounterEntity::default()).await
 /// }
 /// ```
 ///
@@ -390,13 +390,13 @@
 /// # fn main() {}
 /// async fn demo() -> ShardingResult<()> {
 ///     let system = ShardedSystem::builder().store(InMemoryStore::new()).start().await?;
-///     system.register_remembered::<CounterEntity>(|_| CounterEntity::default()).await
+///     system.entity_type::<CounterEntity>().remembered().register(|_| CounterEntity::default()).await
 /// }
 /// ```
 ///
 /// ## Registering an event-sourced entity type without a journal
 ///
-/// `register_event_sourced` exists only on a `ShardedSystem<S, J>` whose `J` is a `Journal`; a system built without `.journal(..)` is a `ShardedSystem<_, NoJournal>`. Error: `the method register_event_sourced exists for struct ShardedSystem, but its trait bounds were not satisfied`.
+/// `Registration::event_sourced` exists only on a registration of a `ShardedSystem<S, J>` whose `J` is a `Journal`; a system built without `.journal(..)` is a `ShardedSystem<_, NoJournal>`. Error: ``the method `event_sourced` exists for struct `Registration<'_, NoStore, NoJournal, TallyEntity>`, but its trait bounds were not satisfied``.
 ///
 /// Rejected (`E0599`):
 ///
@@ -419,7 +419,7 @@
 /// # fn main() {}
 /// async fn demo() -> ShardingResult<()> {
 ///     let system = ShardedSystem::builder().start().await?;
-///     system.register_event_sourced::<TallyEntity>(|_| TallyEntity::default()).await
+///     system.entity_type::<TallyEntity>().event_sourced().register(|_| TallyEntity::default()).await
 /// }
 /// ```
 ///
@@ -445,7 +445,115 @@
 /// async fn demo() -> ShardingResult<()> {
 ///     let journal = datum_cluster_sharding::persistence::InMemoryPersistence::new();
 ///     let system = ShardedSystem::builder().journal(journal).start().await?;
-///     system.register_event_sourced::<TallyEntity>(|_| TallyEntity::default()).await
+///     system.entity_type::<TallyEntity>().event_sourced().register(|_| TallyEntity::default()).await
+/// }
+/// ```
+///
+/// ## Moving the state of an entity that cannot give it
+///
+/// `Registration::migratable` on an in-memory type exists only when the entity is [`Migratable`](crate::Migratable): it must say how its state leaves and comes back. Error: ``the method `migratable` exists for struct `Registration<'_, NoStore, NoJournal, CounterEntity>`, but its trait bounds were not satisfied``.
+///
+/// Rejected (`E0599`):
+///
+/// ```compile_fail,E0599
+/// # use datum_cluster_sharding::prelude::*;
+/// # #[derive(Serialize, Deserialize)] pub struct Add(pub u64);
+/// # #[derive(Serialize, Deserialize)] pub struct Get;
+/// # protocol! { pub protocol Counter = "counter" { tell Add; ask Get -> u64; } }
+/// # #[derive(Default)] pub struct CounterEntity { total: u64 }
+/// # impl Entity for CounterEntity { type Protocol = Counter; }
+/// # impl Handler<Add> for CounterEntity {
+/// #     async fn handle(&mut self, m: Add, _: &EntityContext) -> ShardingResult<()> { self.total += m.0; Ok(()) }
+/// # }
+/// # impl Handler<Get> for CounterEntity {
+/// #     async fn handle(&mut self, _: Get, _: &EntityContext) -> ShardingResult<u64> { Ok(self.total) }
+/// # }
+/// # fn main() {}
+/// async fn demo() -> ShardingResult<()> {
+///     let system = ShardedSystem::builder().start().await?;
+///     system.entity_type::<CounterEntity>().migratable().register(|_| CounterEntity::default()).await
+/// }
+/// ```
+///
+/// Its twin, which compiles:
+///
+/// ```
+/// # use datum_cluster_sharding::prelude::*;
+/// # #[derive(Serialize, Deserialize)] pub struct Add(pub u64);
+/// # #[derive(Serialize, Deserialize)] pub struct Get;
+/// # protocol! { pub protocol Counter = "counter" { tell Add; ask Get -> u64; } }
+/// # #[derive(Default)] pub struct CounterEntity { total: u64 }
+/// # impl Entity for CounterEntity { type Protocol = Counter; }
+/// # impl Handler<Add> for CounterEntity {
+/// #     async fn handle(&mut self, m: Add, _: &EntityContext) -> ShardingResult<()> { self.total += m.0; Ok(()) }
+/// # }
+/// # impl Handler<Get> for CounterEntity {
+/// #     async fn handle(&mut self, _: Get, _: &EntityContext) -> ShardingResult<u64> { Ok(self.total) }
+/// # }
+/// impl Migratable for CounterEntity {
+///     type Dehydrated = u64;
+///     fn dehydrate(&mut self) -> u64 { self.total }
+///     fn rehydrate(&mut self, total: u64) { self.total = total; }
+/// }
+/// # fn main() {}
+/// async fn demo() -> ShardingResult<()> {
+///     let system = ShardedSystem::builder().start().await?;
+///     system.entity_type::<CounterEntity>().migratable().register(|_| CounterEntity::default()).await
+/// }
+/// ```
+///
+/// ## Registering a durable-state entity type without a state store
+///
+/// `Registration::durable_state` exists only on a registration of a `ShardedSystem<S, J>` whose `J` is a `DurableStateStore`; a system built without `.journal(..)` is a `ShardedSystem<_, NoJournal>`. Error: ``the method `durable_state` exists for struct `Registration<'_, NoStore, NoJournal, Locker>`, but its trait bounds were not satisfied``.
+///
+/// Rejected (`E0599`):
+///
+/// ```compile_fail,E0599
+/// # use datum_cluster_sharding::prelude::*;
+/// # #[derive(Serialize, Deserialize)] pub struct Put(pub u64);
+/// # protocol! { pub protocol Lockers = "locker" { ask Put -> u64; } }
+/// # #[derive(Default)] pub struct Locker { value: u64 }
+/// # impl Entity for Locker { type Protocol = Lockers; }
+/// # impl DurableState for Locker {
+/// #     type State = u64;
+/// #     fn state(&self) -> &u64 { &self.value }
+/// #     fn set_state(&mut self, value: u64) { self.value = value }
+/// # }
+/// # impl Handler<Put> for Locker {
+/// #     async fn handle(&mut self, m: Put, ctx: &EntityContext) -> ShardingResult<u64> {
+/// #         self.value = m.0; self.save_state(ctx).await?; Ok(self.value)
+/// #     }
+/// # }
+/// # fn main() {}
+/// async fn demo() -> ShardingResult<()> {
+///     let system = ShardedSystem::builder().start().await?;
+///     system.entity_type::<Locker>().durable_state().register(|_| Locker::default()).await
+/// }
+/// ```
+///
+/// Its twin, which compiles:
+///
+/// ```
+/// # use datum_cluster_sharding::prelude::*;
+/// # #[derive(Serialize, Deserialize)] pub struct Put(pub u64);
+/// # protocol! { pub protocol Lockers = "locker" { ask Put -> u64; } }
+/// # #[derive(Default)] pub struct Locker { value: u64 }
+/// # impl Entity for Locker { type Protocol = Lockers; }
+/// # impl DurableState for Locker {
+/// #     type State = u64;
+/// #     fn state(&self) -> &u64 { &self.value }
+/// #     fn set_state(&mut self, value: u64) { self.value = value }
+/// # }
+/// # impl Handler<Put> for Locker {
+/// #     async fn handle(&mut self, m: Put, ctx: &EntityContext) -> ShardingResult<u64> {
+/// #         self.value = m.0; self.save_state(ctx).await?; Ok(self.value)
+/// #     }
+/// # }
+/// # fn main() {}
+/// async fn demo() -> ShardingResult<()> {
+///     let journal = datum_cluster_sharding::persistence::InMemoryPersistence::new();
+///     let system = ShardedSystem::builder().journal(journal).start().await?;
+///     system.entity_type::<Locker>().durable_state().register(|_| Locker::default()).await
 /// }
 /// ```
 ///

@@ -39,7 +39,10 @@
 //!
 //! # #[tokio::main] async fn main() -> ShardingResult<()> {
 //! let system = ShardedSystem::builder().num_shards(64).start().await?;
-//! system.register::<CounterEntity>(|_ctx| CounterEntity::default()).await?;
+//! system
+//!     .entity_type::<CounterEntity>()
+//!     .register(|_ctx| CounterEntity::default())
+//!     .await?;
 //! let cart = system.entity_ref::<Counter>("cart-42");
 //! cart.tell(Add(3)).await?;
 //! let total: u64 = cart.ask(Get, Duration::from_secs(5)).await?;
@@ -98,6 +101,7 @@ pub use store::{
     MAX_TYPE_NAME, NoStore, RememberEntitiesEvent, RememberEntitiesOperation,
     RememberEntitiesStore, RememberRecord, StoreError, StoreRepair,
 };
+pub use system::registration::{self, Registration};
 pub use system::{EntityRef, ShardedSystem, ShardedSystemBuilder};
 
 /// Everything a user of the typed façade needs, plus serde's derives.

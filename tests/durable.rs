@@ -80,7 +80,9 @@ async fn system_on<J: Journal>(journal: J) -> ShardedSystem<NoStore, J> {
         .await
         .expect("start");
     system
-        .register_event_sourced::<TallyEntity>(|_| TallyEntity::default())
+        .entity_type::<TallyEntity>()
+        .event_sourced()
+        .register(|_| TallyEntity::default())
         .await
         .expect("register");
     system
@@ -594,7 +596,9 @@ async fn a_snapshotted_entity_recovers_from_its_latest_snapshot() {
             .await
             .expect("start");
         system
-            .register_snapshotted::<SnapTallyEntity>(|_| SnapTallyEntity::default())
+            .entity_type::<SnapTallyEntity>()
+            .snapshotted()
+            .register(|_| SnapTallyEntity::default())
             .await
             .expect("register");
         system
@@ -677,7 +681,9 @@ async fn state_system_on<J: datum_cluster_sharding::persistence::DurableStateSto
         .await
         .expect("start");
     system
-        .register_durable_state::<StateTallyEntity>(|_| StateTallyEntity::default())
+        .entity_type::<StateTallyEntity>()
+        .durable_state()
+        .register(|_| StateTallyEntity::default())
         .await
         .expect("register");
     system

@@ -160,11 +160,13 @@ async fn a_clusters_metrics_agree_with_what_its_nodes_say() {
             .await
             .expect("system");
         system
-            .register::<CounterEntity>(|_| CounterEntity::default())
+            .entity_type::<CounterEntity>()
+            .register(|_| CounterEntity::default())
             .await
             .expect("registered");
         system
-            .register::<SleepyEntity>(|_| SleepyEntity)
+            .entity_type::<SleepyEntity>()
+            .register(|_| SleepyEntity)
             .await
             .expect("registered");
         systems.push(system);
@@ -399,7 +401,8 @@ async fn the_ask_latency_is_a_histogram_of_seconds_that_agrees_with_the_asks() {
     let _local = metrics::set_default_local_recorder(&recorder);
     let system = ShardedSystem::builder().start().await.expect("system");
     system
-        .register::<DozyEntity>(|_| DozyEntity)
+        .entity_type::<DozyEntity>()
+        .register(|_| DozyEntity)
         .await
         .expect("registered");
     let here = [("entity_type", "dozy"), ("node", "local")];

@@ -110,7 +110,9 @@ async fn host(cluster: ClusterNode, label: &str, ledger: &Ledger) -> Node {
     let events = system.subscribe_migration_events();
     let (node, ledger) = (label.to_owned(), ledger.clone());
     system
-        .register_migratable::<TallyEntity>(move |ctx| TallyEntity {
+        .entity_type::<TallyEntity>()
+        .migratable()
+        .register(move |ctx| TallyEntity {
             node: node.clone(),
             id: ctx.entity_id().to_owned(),
             log: Vec::new(),
@@ -502,7 +504,9 @@ async fn a_state_of_a_newer_version_is_refused_and_its_entity_starts_from_the_fa
     let system = builder_on(&newer).start().await.expect("system starts");
     let ledger2 = ledger.clone();
     system
-        .register_migratable::<TallyV2>(move |ctx| {
+        .entity_type::<TallyV2>()
+        .migratable()
+        .register(move |ctx| {
             TallyV2(TallyEntity {
                 node: "newer".into(),
                 id: ctx.entity_id().to_owned(),
@@ -855,10 +859,17 @@ async fn durable_leave(migrate: bool, outside: bool) -> (u64, u64, Vec<Migration
         };
         if migrate {
             system
-                .register_snapshotted_migratable::<SumEntity>(factory)
+                .entity_type::<SumEntity>()
+                .snapshotted()
+                .migratable()
+                .register(factory)
                 .await
         } else {
-            system.register_snapshotted::<SumEntity>(factory).await
+            system
+                .entity_type::<SumEntity>()
+                .snapshotted()
+                .register(factory)
+                .await
         }
         .expect("registered");
         let saved = move |_: &EntityContext| SavedSumEntity {
@@ -867,10 +878,17 @@ async fn durable_leave(migrate: bool, outside: bool) -> (u64, u64, Vec<Migration
         };
         if migrate {
             system
-                .register_durable_state_migratable::<SavedSumEntity>(saved)
+                .entity_type::<SavedSumEntity>()
+                .durable_state()
+                .migratable()
+                .register(saved)
                 .await
         } else {
-            system.register_durable_state::<SavedSumEntity>(saved).await
+            system
+                .entity_type::<SavedSumEntity>()
+                .durable_state()
+                .register(saved)
+                .await
         }
         .expect("registered");
         systems.push(system);
@@ -1034,7 +1052,10 @@ async fn remembered_entities_come_back_on_the_new_owner_with_their_state() {
             .expect("system starts");
         let (node, ledger) = (format!("node-{i}"), ledger.clone());
         system
-            .register_remembered_migratable::<TallyEntity>(move |ctx| TallyEntity {
+            .entity_type::<TallyEntity>()
+            .migratable()
+            .remembered()
+            .register(move |ctx| TallyEntity {
                 node: node.clone(),
                 id: ctx.entity_id().to_owned(),
                 log: Vec::new(),

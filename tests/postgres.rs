@@ -112,7 +112,9 @@ async fn system_on(store: PgPersistence) -> ShardedSystem<NoStore, PgPersistence
         .await
         .expect("start");
     system
-        .register_event_sourced::<TallyEntity>(|_| TallyEntity::default())
+        .entity_type::<TallyEntity>()
+        .event_sourced()
+        .register(|_| TallyEntity::default())
         .await
         .expect("register");
     system
@@ -538,7 +540,9 @@ async fn with_the_database_away_an_ask_hears_the_store_before_its_timeout() {
         .expect("connect");
     let system = system_on(store).await;
     system
-        .register_durable_state::<StateTallyEntity>(|_| StateTallyEntity::default())
+        .entity_type::<StateTallyEntity>()
+        .durable_state()
+        .register(|_| StateTallyEntity::default())
         .await
         .expect("register");
     let stuck = system.entity_ref::<Tally>("stuck");

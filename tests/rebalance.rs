@@ -138,7 +138,8 @@ fn factory(
 async fn host(cluster: ClusterNode, label: &str, ledger: &Ledger) -> Node {
     let system = start_system(&cluster).await;
     system
-        .register::<SeqEntity>(factory(label, ledger))
+        .entity_type::<SeqEntity>()
+        .register(factory(label, ledger))
         .await
         .expect("registered");
     Node {
@@ -632,7 +633,9 @@ async fn a_role_restricted_type_is_hosted_only_on_members_with_the_role() {
     for (i, cluster) in clusters.iter().enumerate() {
         let system = start_system(cluster).await;
         system
-            .register_on_role::<SeqEntity>("backend", factory(&format!("node-{i}"), &ledger))
+            .entity_type::<SeqEntity>()
+            .on_role("backend")
+            .register(factory(&format!("node-{i}"), &ledger))
             .await
             .expect("registered");
         systems.push(system);
@@ -935,7 +938,9 @@ async fn remembered_entities_are_respawned_on_the_new_homes_after_a_graceful_lea
             .await
             .expect("system");
         system
-            .register_remembered::<SeqEntity>(factory(&format!("node-{i}"), &ledger))
+            .entity_type::<SeqEntity>()
+            .remembered()
+            .register(factory(&format!("node-{i}"), &ledger))
             .await
             .expect("registered");
         systems.push(system);
@@ -987,7 +992,9 @@ async fn remembered_entities_are_respawned_on_the_new_homes_after_a_graceful_lea
         .await
         .expect("system");
     system
-        .register_remembered::<SeqEntity>(factory("node-3", &ledger))
+        .entity_type::<SeqEntity>()
+        .remembered()
+        .register(factory("node-3", &ledger))
         .await
         .expect("registered");
     systems.swap_remove(2);

@@ -196,7 +196,9 @@ async fn one_node(store: InMemoryPersistence) -> ShardedSystem<NoStore, InMemory
         .await
         .expect("start");
     system
-        .register_durable_state::<LedgerEntity>(|_| LedgerEntity::default())
+        .entity_type::<LedgerEntity>()
+        .durable_state()
+        .register(|_| LedgerEntity::default())
         .await
         .expect("register");
     system
@@ -481,7 +483,9 @@ async fn an_event_sourced_entity_journals_its_record_with_its_events() {
     let store = InMemoryPersistence::new();
     let system = one_node(store.clone()).await;
     system
-        .register_event_sourced::<EventLedgerEntity>(|_| EventLedgerEntity::default())
+        .entity_type::<EventLedgerEntity>()
+        .event_sourced()
+        .register(|_| EventLedgerEntity::default())
         .await
         .expect("registered");
     let producer: ReliableProducer<EventLedger> = system
@@ -608,11 +612,15 @@ async fn three(
             .await
             .expect("system starts");
         system
-            .register_durable_state::<LedgerEntity>(|_| LedgerEntity::default())
+            .entity_type::<LedgerEntity>()
+            .durable_state()
+            .register(|_| LedgerEntity::default())
             .await
             .expect("registered");
         system
-            .register_event_sourced::<EventLedgerEntity>(|_| EventLedgerEntity::default())
+            .entity_type::<EventLedgerEntity>()
+            .event_sourced()
+            .register(|_| EventLedgerEntity::default())
             .await
             .expect("registered");
         nodes.push((cluster, system));

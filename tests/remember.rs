@@ -146,7 +146,9 @@ async fn on_files(dir: &std::path::Path) -> ShardedSystem<FileStore> {
         .await
         .unwrap();
     system
-        .register_remembered::<GreeterEntity>(|_| GreeterEntity)
+        .entity_type::<GreeterEntity>()
+        .remembered()
+        .register(|_| GreeterEntity)
         .await
         .unwrap();
     system
@@ -194,7 +196,9 @@ async fn system_full(
         .await
         .unwrap();
     system
-        .register_remembered::<GreeterEntity>(|_| GreeterEntity)
+        .entity_type::<GreeterEntity>()
+        .remembered()
+        .register(|_| GreeterEntity)
         .await
         .unwrap();
     system
@@ -307,7 +311,9 @@ async fn respawned_ids_are_not_recorded_again_and_a_passivated_one_stays_forgott
         .unwrap();
     let (tx, mut started) = tokio::sync::mpsc::unbounded_channel();
     system
-        .register_remembered::<GreeterEntity>(move |ctx| {
+        .entity_type::<GreeterEntity>()
+        .remembered()
+        .register(move |ctx| {
             let _ = tx.send(ctx.entity_id().to_owned());
             GreeterEntity
         })
@@ -625,7 +631,9 @@ fn flushed_ids_survive_a_sigkill() {
             .unwrap();
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         system
-            .register_remembered::<GreeterEntity>(move |ctx| {
+            .entity_type::<GreeterEntity>()
+            .remembered()
+            .register(move |ctx| {
                 let _ = tx.send(ctx.entity_id().to_owned());
                 GreeterEntity
             })
@@ -675,7 +683,9 @@ async fn respawning_system(
         .unwrap();
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     system
-        .register_remembered::<GreeterEntity>(move |ctx| {
+        .entity_type::<GreeterEntity>()
+        .remembered()
+        .register(move |ctx| {
             let _ = tx.send(ctx.entity_id().to_owned());
             GreeterEntity
         })
@@ -856,7 +866,9 @@ async fn a_torn_tail_cut_off_on_restart_is_published_as_an_event() {
         .unwrap();
     let mut events = system.subscribe_remember_entities_events().unwrap();
     system
-        .register_remembered::<GreeterEntity>(|_| GreeterEntity)
+        .entity_type::<GreeterEntity>()
+        .remembered()
+        .register(|_| GreeterEntity)
         .await
         .unwrap();
     let event = loop {

@@ -182,7 +182,8 @@ async fn three() -> Vec<Node> {
             .expect("system starts");
         let label = format!("node-{i}");
         system
-            .register::<TallyEntity>(move |_| TallyEntity {
+            .entity_type::<TallyEntity>()
+            .register(move |_| TallyEntity {
                 node: label.clone(),
                 log: Vec::new(),
             })
@@ -337,7 +338,8 @@ async fn a_region_with_another_shard_count_is_refused_and_its_asks_fail_fast() {
         .await
         .expect("system starts");
     system
-        .register::<TallyEntity>(|_| TallyEntity {
+        .entity_type::<TallyEntity>()
+        .register(|_| TallyEntity {
             node: "odd".into(),
             log: Vec::new(),
         })

@@ -34,7 +34,8 @@ async fn probe_system(
         .unwrap();
     let (probes, events) = Probes::new();
     system
-        .register::<ProbeEntity>(probes.factory())
+        .entity_type::<ProbeEntity>()
+        .register(probes.factory())
         .await
         .unwrap();
     (system, probes, events)
@@ -44,7 +45,8 @@ async fn probe_system(
 async fn counter_system() -> ShardedSystem {
     let system = ShardedSystem::builder().start().await.unwrap();
     system
-        .register::<CounterEntity>(|_| CounterEntity::default())
+        .entity_type::<CounterEntity>()
+        .register(|_| CounterEntity::default())
         .await
         .unwrap();
     system
@@ -450,7 +452,8 @@ async fn shutdown_fails_pending_asks_instead_of_hanging() {
     );
     assert!(
         system
-            .register::<CounterEntity>(|_| CounterEntity::default())
+            .entity_type::<CounterEntity>()
+            .register(|_| CounterEntity::default())
             .await
             .is_err()
     );
@@ -466,12 +469,14 @@ async fn registration_errors_are_clear() {
         })
     );
     system
-        .register::<CounterEntity>(|_| CounterEntity::default())
+        .entity_type::<CounterEntity>()
+        .register(|_| CounterEntity::default())
         .await
         .unwrap();
     assert_eq!(
         system
-            .register::<CounterEntity>(|_| CounterEntity::default())
+            .entity_type::<CounterEntity>()
+            .register(|_| CounterEntity::default())
             .await,
         Err(ShardingError::AlreadyRegistered {
             type_name: "counter"
@@ -537,7 +542,11 @@ async fn a_protocol_can_name_its_own_extractor() {
         .start()
         .await
         .unwrap();
-    system.register::<Tenant>(|_| Tenant).await.unwrap();
+    system
+        .entity_type::<Tenant>()
+        .register(|_| Tenant)
+        .await
+        .unwrap();
     let r = system.entity_ref::<Tenants>("7/alice");
     assert_eq!(r.shard_id(), ShardId(7));
     assert_eq!(r.ask(WhichShard, LONG).await.unwrap(), 7);
@@ -589,7 +598,11 @@ impl Handler<Tracked> for Echoer {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_messages_are_never_serialized() {
     let system = ShardedSystem::builder().start().await.unwrap();
-    system.register::<Echoer>(|_| Echoer).await.unwrap();
+    system
+        .entity_type::<Echoer>()
+        .register(|_| Echoer)
+        .await
+        .unwrap();
     for i in 0..100 {
         assert_eq!(
             system
@@ -620,7 +633,9 @@ async fn remembered_entities_respawn_when_their_shard_starts() {
             .unwrap();
         let (probes, _events) = Probes::new();
         system
-            .register_remembered::<ProbeEntity>(probes.factory())
+            .entity_type::<ProbeEntity>()
+            .remembered()
+            .register(probes.factory())
             .await
             .unwrap();
         for id in ["r-1", "r-2", "r-3"] {
@@ -665,7 +680,9 @@ async fn remembered_entities_respawn_when_their_shard_starts() {
         .unwrap();
     let (probes, mut events) = Probes::new();
     system
-        .register_remembered::<ProbeEntity>(probes.factory())
+        .entity_type::<ProbeEntity>()
+        .remembered()
+        .register(probes.factory())
         .await
         .unwrap();
     let mut started = Vec::new();
@@ -692,7 +709,9 @@ async fn file_store_ids_survive_into_a_new_store_on_the_same_directory() {
             .unwrap();
         let (probes, _events) = Probes::new();
         system
-            .register_remembered::<ProbeEntity>(probes.factory())
+            .entity_type::<ProbeEntity>()
+            .remembered()
+            .register(probes.factory())
             .await
             .unwrap();
         for id in ["f-1", "f-2", "f-3"] {
@@ -712,7 +731,9 @@ async fn file_store_ids_survive_into_a_new_store_on_the_same_directory() {
         .unwrap();
     let (probes, mut events) = Probes::new();
     system
-        .register_remembered::<ProbeEntity>(probes.factory())
+        .entity_type::<ProbeEntity>()
+        .remembered()
+        .register(probes.factory())
         .await
         .unwrap();
     let mut started = Vec::new();
@@ -886,7 +907,8 @@ async fn sends_racing_registration_are_all_delivered() {
         .collect();
     tokio::task::yield_now().await;
     system
-        .register::<CounterEntity>(|_| CounterEntity::default())
+        .entity_type::<CounterEntity>()
+        .register(|_| CounterEntity::default())
         .await
         .unwrap();
     for s in senders {
@@ -929,7 +951,8 @@ async fn an_entity_limit_bounds_the_live_entities_and_loses_no_message() {
             .await
             .unwrap();
         system
-            .register::<CounterEntity>(|_| CounterEntity::default())
+            .entity_type::<CounterEntity>()
+            .register(|_| CounterEntity::default())
             .await
             .unwrap();
         let mut most = 0;
@@ -978,7 +1001,8 @@ async fn the_live_entity_ids_of_each_shard_are_listed_up_to_a_limit() {
         .await
         .unwrap();
     system
-        .register::<CounterEntity>(|_| CounterEntity::default())
+        .entity_type::<CounterEntity>()
+        .register(|_| CounterEntity::default())
         .await
         .unwrap();
     assert!(

@@ -53,7 +53,8 @@ async fn node(tls: &TlsConfig, seed: Option<&Node>) -> Node {
         .await
         .expect("system starts");
     system
-        .register::<CounterEntity>(|_| CounterEntity::default())
+        .entity_type::<CounterEntity>()
+        .register(|_| CounterEntity::default())
         .await
         .expect("registered");
     Node { cluster, system }

@@ -104,7 +104,8 @@ fn order_holds(senders: Vec<Vec<Op>>) -> TestResult {
             .unwrap();
         let (probes, _events) = Probes::new();
         system
-            .register::<ProbeEntity>(probes.factory())
+            .entity_type::<ProbeEntity>()
+            .register(probes.factory())
             .await
             .unwrap();
         let ids = ["q-0", "q-1", "q-2", "q-3"];

@@ -296,7 +296,8 @@ async fn cluster(
         let builder = ShardedSystem::builder().config(sharding_config());
         let system = builder.node(cluster.clone()).start().await?;
         system
-            .register::<PingEntity>(ping_factory(checks.clone()))
+            .entity_type::<PingEntity>()
+            .register(ping_factory(checks.clone()))
             .await?;
         nodes.push(Node { cluster, system });
     }
@@ -320,7 +321,9 @@ async fn remembered_cluster<S: RememberEntitiesStore + Clone>(
             .start()
             .await?;
         system
-            .register_remembered::<PingEntity>(ping_factory(checks.clone()))
+            .entity_type::<PingEntity>()
+            .remembered()
+            .register(ping_factory(checks.clone()))
             .await?;
         nodes.push(Node { cluster, system });
     }

@@ -92,7 +92,7 @@ pub struct ClusterConfig {
     #[builder(default = Duration::from_secs(1))]
     pub stable_after: Duration,
     /// This node's roles. An entity type registered with
-    /// `ShardedSystem::register_on_role` is hosted only on nodes that have
+    /// `.on_role(..)` (`Registration::on_role`) is hosted only on nodes that have
     /// its role (elsewhere its region is proxy-only).
     #[builder(default, setter(transform = |roles: impl IntoIterator<Item = impl Into<String>>| roles.into_iter().map(Into::into).collect()))]
     pub roles: std::collections::BTreeSet<String>,

@@ -86,8 +86,8 @@ pub(crate) fn with_call_deadline<T>(
     call()
 }
 
-/// The marker for a system built without a journal: it has no
-/// `register_event_sourced`.
+/// The marker for a system built without a journal: its registrations
+/// have no `event_sourced()`, `durable_state()` nor `snapshotted()`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct NoJournal;
 

@@ -1,7 +1,7 @@
 //! Remember-entities stores: which entity ids to respawn when a shard starts.
 //!
 //! The store is chosen when the system is built and is part of its type:
-//! `ShardedSystem<NoStore>` has no `register_remembered`, so registering a
+//! a `ShardedSystem<NoStore>`'s registrations have no `remembered()`, so registering a
 //! remembered entity type on a system without a store does not compile.
 //!
 //! A shard records an id when the entity starts and removes it when the entity

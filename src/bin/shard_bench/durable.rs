@@ -183,9 +183,9 @@ pub async fn durable_cluster(
             .await?;
         let checks = checks.clone();
         system
-            .register_event_sourced::<DurablePingEntity>(move |_| {
-                DurablePingEntity(PingEntity::checked(checks.clone()))
-            })
+            .entity_type::<DurablePingEntity>()
+            .event_sourced()
+            .register(move |_| DurablePingEntity(PingEntity::checked(checks.clone())))
             .await?;
         nodes.push(Node { cluster, system });
     }

@@ -133,11 +133,14 @@ async fn run_variant(migrate: bool, entities: u64) -> Result<Moved, Box<dyn std:
         events.push(system.subscribe_migration_events());
         if migrate {
             system
-                .register_migratable::<BlobEntity>(|_| BlobEntity::default())
+                .entity_type::<BlobEntity>()
+                .migratable()
+                .register(|_| BlobEntity::default())
                 .await?;
         } else {
             system
-                .register::<BlobEntity>(|_| BlobEntity::default())
+                .entity_type::<BlobEntity>()
+                .register(|_| BlobEntity::default())
                 .await?;
         }
         nodes.push(Node { cluster, system });

@@ -187,7 +187,8 @@ pub async fn run_one(
             .start()
             .await?;
         system
-            .register::<CachedEntity>(|_| CachedEntity {
+            .entity_type::<CachedEntity>()
+            .register(|_| CachedEntity {
                 state: vec![0; 1024],
                 visited: false,
             })

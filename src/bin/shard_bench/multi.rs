@@ -450,7 +450,9 @@ async fn run_child(
         "memory" => {
             let system = builder.store(InMemoryStore::new()).start().await?;
             system
-                .register_remembered::<PingEntity>(ping_factory(checks.clone()))
+                .entity_type::<PingEntity>()
+                .remembered()
+                .register(ping_factory(checks.clone()))
                 .await?;
             serve(index, args, in_flight, &cluster, system, checks, &mut words).await
         }
@@ -461,14 +463,17 @@ async fn run_child(
             let store = Arc::new(FileStore::open(dir.path(), FileStoreFsyncPolicy::Always)?);
             let system = builder.store(store).start().await?;
             system
-                .register_remembered::<PingEntity>(ping_factory(checks.clone()))
+                .entity_type::<PingEntity>()
+                .remembered()
+                .register(ping_factory(checks.clone()))
                 .await?;
             serve(index, args, in_flight, &cluster, system, checks, &mut words).await
         }
         _ => {
             let system = builder.start().await?;
             system
-                .register::<PingEntity>(ping_factory(checks.clone()))
+                .entity_type::<PingEntity>()
+                .register(ping_factory(checks.clone()))
                 .await?;
             serve(index, args, in_flight, &cluster, system, checks, &mut words).await
         }

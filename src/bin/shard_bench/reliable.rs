@@ -324,7 +324,9 @@ where
             .await?;
         let checks = checks.clone();
         system
-            .register_durable_state::<NoteEntity>(move |_| NoteEntity {
+            .entity_type::<NoteEntity>()
+            .durable_state()
+            .register(move |_| NoteEntity {
                 state: NoteState::default(),
                 durable: true,
                 checks: checks.clone(),
@@ -350,7 +352,8 @@ async fn plain_note_nodes(
             .await?;
         let checks = checks.clone();
         system
-            .register::<NoteEntity>(move |_| NoteEntity {
+            .entity_type::<NoteEntity>()
+            .register(move |_| NoteEntity {
                 state: NoteState::default(),
                 durable: false,
                 checks: checks.clone(),

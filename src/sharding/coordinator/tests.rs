@@ -9,7 +9,8 @@ use quickcheck::{Arbitrary, Gen, QuickCheck};
 
 use super::*;
 use crate::identity::NodeId;
-use crate::membership::Member;
+use crate::membership::{Member, MemberStatus, MembershipState};
+use crate::sharding::wire::{ControlMsg, TypeRegistration};
 
 const TYPE: &str = "counter";
 const FP: u64 = 0xfeed;

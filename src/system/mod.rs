@@ -16,7 +16,7 @@
 //! # }
 //! # #[tokio::main] async fn main() -> ShardingResult<()> {
 //! let system = ShardedSystem::builder().num_shards(64).start().await?;
-//! system.register::<CounterEntity>(|_ctx| CounterEntity::default()).await?;
+//! system.entity_type::<CounterEntity>().register(|_ctx| CounterEntity::default()).await?;
 //! let cart = system.entity_ref::<Counter>("cart-42");
 //! cart.tell(Add(3)).await?;
 //! assert_eq!(cart.ask(Get, Duration::from_secs(5)).await?, 3);
@@ -24,22 +24,20 @@
 //! # Ok(()) }
 //! ```
 
+pub mod registration;
+
 use std::any::TypeId;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 use std::time::Duration;
 
-use ractor::Actor;
 use tokio::sync::oneshot;
 
 use crate::cluster::ClusterNode;
 use crate::config::ShardingConfig;
-use crate::dispatch::{Dispatch, envelope_of};
-use crate::entity::{
-    DurableState, Entity, EntityContext, EventSourced, JournalWriter, Migratable, Migration,
-    MigrationEvent, Snapshots, Snapshotted, StateEncoder, StateWriter,
-};
+use crate::dispatch::envelope_of;
+use crate::entity::{JournalWriter, MigrationEvent, StateWriter};
 use crate::envelope::{Delivery, Extras};
 use crate::error::{ShardingError, ShardingResult};
 use crate::extractor::{ShardExtractor, ShardId};
@@ -48,9 +46,7 @@ use crate::persistence::{DurableStateStore, Journal, NoJournal, SnapshotStore};
 use crate::protocol::SealedProtocol;
 use crate::protocol::{Ask, Message, Protocol, Tell};
 use crate::runtime::ask_waits::{AskWaits, Expired, keep_deadlines};
-use crate::runtime::entity_actor::{EntityActor, EntityArgs, Factory, Recover, StopNotice};
-use crate::runtime::region::{MigrationSettings, Region, RegionCluster, RegionProtocol, Spawner};
-use crate::runtime::region_actor::RegionActor;
+use crate::runtime::region::{Region, RegionProtocol};
 use crate::sharding::coordinator::{CoordinatorConfig, RebalanceRound, ShardAllocationStrategy};
 use crate::sharding::driver::{BoxFuture, ClusterLink, DriverMsg, RegionLink, SystemPort};
 use crate::sharding::stats::{ClusterShardingStats, ShardRegionState};
@@ -371,29 +367,6 @@ impl SystemPort for Shared {
     }
 }
 
-/// What an event-sourced type's spawner gives each incarnation.
-/// What kind of region a registration installs.
-struct RegionKind {
-    /// Hosts nothing here: routes only.
-    proxy: bool,
-    /// Its entities' state moves with their shard (§13.16).
-    migratable: bool,
-    /// Its entities keep their state in a store: asks carry their
-    /// deadline to the store calls (§8b).
-    durable: bool,
-}
-
-struct Durable<E> {
-    writer: Option<Arc<JournalWriter>>,
-    snapshots: Option<Arc<Snapshots>>,
-    state: Option<(
-        std::sync::Weak<dyn DurableStateStore>,
-        Arc<StateWriter>,
-        StateEncoder,
-    )>,
-    recover: Recover<E>,
-}
-
 /// Builds a [`ShardedSystem`]; the store and the journal given (if any)
 /// become part of the system's type.
 #[must_use = "a builder does nothing until `start` is awaited"]
@@ -453,7 +426,8 @@ impl<S, J> ShardedSystemBuilder<S, J> {
         self
     }
 
-    /// Uses `store` for remember-entities; enables `register_remembered`.
+    /// Uses `store` for remember-entities; enables `.remembered()`
+    /// registrations.
     pub fn store<T: RememberEntitiesStore>(self, store: T) -> ShardedSystemBuilder<T, J> {
         ShardedSystemBuilder {
             config: self.config,
@@ -464,8 +438,9 @@ impl<S, J> ShardedSystemBuilder<S, J> {
         }
     }
 
-    /// Uses `journal` for event-sourced entities; enables
-    /// `register_event_sourced`.
+    /// Uses `journal` for entities with a store; enables the
+    /// `event_sourced()`, `snapshotted()` and `durable_state()`
+    /// registrations the journal's traits allow.
     pub fn journal<T: Journal>(self, journal: T) -> ShardedSystemBuilder<S, T> {
         ShardedSystemBuilder {
             config: self.config,
@@ -573,276 +548,6 @@ impl<S, J> ShardedSystem<S, J> {
     /// The configuration the system runs with.
     pub fn config(&self) -> &ShardingConfig {
         &self.shared.config
-    }
-
-    /// Registers entity type `E`: from now on messages to its protocol are
-    /// routed to entities built by `factory`. The compiler checks that `E`
-    /// handles every message of its protocol.
-    pub async fn register<E>(
-        &self,
-        factory: impl Fn(&EntityContext) -> E + Send + Sync + 'static,
-    ) -> ShardingResult<()>
-    where
-        E: Entity,
-        E::Protocol: Dispatch<E>,
-    {
-        self.register_with::<E>(Arc::new(factory), None).await
-    }
-
-    /// Registers entity type `E` to be hosted only on nodes whose cluster
-    /// configuration has `role` (`ClusterConfig::roles`); on other nodes
-    /// the type's region is proxy-only: it routes to the hosting nodes and
-    /// hosts nothing. On a system without a cluster node the role is
-    /// ignored and the type is hosted here.
-    pub async fn register_on_role<E>(
-        &self,
-        role: &str,
-        factory: impl Fn(&EntityContext) -> E + Send + Sync + 'static,
-    ) -> ShardingResult<()>
-    where
-        E: Entity,
-        E::Protocol: Dispatch<E>,
-    {
-        match &self.shared.cluster {
-            Some(link) if !link.node.config().roles.contains(role) => {
-                self.register_proxy::<E::Protocol>().await
-            }
-            _ => self.register(factory).await,
-        }
-    }
-
-    /// Registers protocol `P` proxy-only on this node: its messages are
-    /// routed to the nodes that host its entities, and no entity of it ever
-    /// runs here (the coordinator gives a proxy-only region no shard). Needs
-    /// a system built with a cluster node.
-    pub async fn register_proxy<P: Protocol>(&self) -> ShardingResult<()> {
-        if self.shared.cluster.is_none() {
-            return Err(ShardingError::InvalidConfig(format!(
-                "`{}` cannot be proxy-only on a system without a cluster node: nothing would host it",
-                P::TYPE_NAME
-            )));
-        }
-        let spawner: Spawner = Box::new(|ctx, _, _, _| {
-            Err(ShardingError::Bug(format!(
-                "an entity of `{}` was spawned in a proxy-only region",
-                ctx.type_name()
-            )))
-        });
-        let kind = RegionKind {
-            proxy: true,
-            migratable: false,
-            durable: false,
-        };
-        self.install_region(region_protocol::<P>(), spawner, None, kind)
-            .await
-    }
-
-    async fn register_with<E>(
-        &self,
-        factory: Factory<E>,
-        remember: Option<Arc<Remember>>,
-    ) -> ShardingResult<()>
-    where
-        E: Entity,
-        E::Protocol: Dispatch<E>,
-    {
-        self.register_durable::<E>(factory, remember, None).await
-    }
-
-    /// Registers `E` as a migratable entity type: as
-    /// [`register`](Self::register), and when a shard of it moves
-    /// gracefully (a rebalance, a graceful leave, a rolling restart) each
-    /// live entity's state moves with it ([`Migratable`], SPEC §13.16): the
-    /// next incarnation, on the new owner, starts from it before any
-    /// message. On a single node there is nowhere to move, and this is
-    /// `register`.
-    pub async fn register_migratable<E>(
-        &self,
-        factory: impl Fn(&EntityContext) -> E + Send + Sync + 'static,
-    ) -> ShardingResult<()>
-    where
-        E: Migratable,
-        E::Protocol: Dispatch<E>,
-    {
-        self.register_spawned::<E>(Arc::new(factory), None, None, Some(Migration::of()))
-            .await
-    }
-
-    async fn register_durable<E>(
-        &self,
-        factory: Factory<E>,
-        remember: Option<Arc<Remember>>,
-        durable: Option<Durable<E>>,
-    ) -> ShardingResult<()>
-    where
-        E: Entity,
-        E::Protocol: Dispatch<E>,
-    {
-        self.register_spawned::<E>(factory, remember, durable, None)
-            .await
-    }
-
-    /// Registers `E` with what each incarnation is given: the factory, the
-    /// store it is remembered in, its durable store, its migration.
-    async fn register_spawned<E>(
-        &self,
-        factory: Factory<E>,
-        remember: Option<Arc<Remember>>,
-        durable: Option<Durable<E>>,
-        migration: Option<Migration<E>>,
-    ) -> ShardingResult<()>
-    where
-        E: Entity,
-        E::Protocol: Dispatch<E>,
-    {
-        let config = &self.shared.config;
-        // Akka's rule: remembered entities are not passivated when idle (a
-        // passivated id would be forgotten).
-        let idle_timeout = if remember.is_some() {
-            None
-        } else {
-            config.passivation_idle_timeout
-        };
-        let migration = migration.map(|m| (m, self.shared.migration_events.clone()));
-        let migratable = migration.is_some();
-        let stores = durable.is_some();
-        let spawner: Spawner = Box::new(move |mut ctx, incarnation, region, migrated| {
-            let recover = durable.as_ref().map(|d| {
-                if let Some(writer) = &d.writer {
-                    ctx.attach_journal(writer.clone(), d.snapshots.clone());
-                }
-                if let Some((store, writer, encode)) = &d.state {
-                    ctx.attach_state(store.clone(), writer.clone(), *encode);
-                }
-                d.recover
-            });
-            let notice = StopNotice {
-                region,
-                shard: ctx.shard_id(),
-                entity_id: ctx.entity_id_arc(),
-                incarnation,
-                state: None,
-            };
-            let args = EntityArgs {
-                factory: factory.clone(),
-                ctx,
-                idle_timeout,
-                notice,
-                recover,
-                migration: migration.clone(),
-                migrated,
-            };
-            ractor::ActorRuntime::<EntityActor<E>>::spawn_instant(None, EntityActor::new(), args)
-                .map(|(actor, _)| actor)
-                .map_err(|e| ShardingError::Spawn(e.to_string()))
-        });
-        let kind = RegionKind {
-            proxy: false,
-            migratable,
-            durable: stores,
-        };
-        self.install_region(region_protocol::<E::Protocol>(), spawner, remember, kind)
-            .await
-    }
-
-    /// Starts a region (and its actor) for `protocol` and makes it visible.
-    async fn install_region(
-        &self,
-        protocol: RegionProtocol,
-        spawner: Spawner,
-        remember: Option<Arc<Remember>>,
-        RegionKind {
-            proxy,
-            migratable,
-            durable,
-        }: RegionKind,
-    ) -> ShardingResult<()> {
-        let type_name = protocol.type_name;
-        if self.is_shut_down() || self.shared.leaving.load(Ordering::Acquire) {
-            return Err(ShardingError::ShuttingDown);
-        }
-        if self.regions().contains_key(type_name) {
-            return Err(ShardingError::AlreadyRegistered { type_name });
-        }
-        let config = &self.shared.config;
-        let remembers = remember.is_some();
-        // A state travels in a chunk of its own at most: the frame's payload
-        // less room for the chunk's framing and the entity's id.
-        let migration_settings = match &self.shared.cluster {
-            Some(link) if migratable => Some(MigrationSettings {
-                timeout: config.migration_timeout,
-                max_state: link.remote.transport().max_payload().saturating_sub(1_024),
-                events: self.shared.migration_events.clone(),
-            }),
-            _ => None,
-        };
-        let cluster = self.shared.cluster.as_ref().map(|link| RegionCluster {
-            me: link.remote.me(),
-            port: Arc::new(RegionLink {
-                remote: link.remote.clone(),
-                driver: link.driver.clone(),
-            }),
-            proxy,
-        });
-        let region = Arc::new(
-            Region::new(
-                protocol,
-                config.num_shards,
-                config.allocation_buffer,
-                spawner,
-                remember,
-                config.shutdown_timeout,
-                cluster,
-            )
-            // (Akka's rule: remembered entities are not passivated by a limit,
-            // which would forget them.)
-            .with_entity_limit(config.entity_limit.filter(|_| !remembers))
-            .with_migration(migration_settings)
-            .with_tracing(config.tracing.clone())
-            .with_durable(durable),
-        );
-        if remembers && config.entity_limit.is_some() {
-            tracing::warn!(
-                entity_type = type_name,
-                "entity_limit ignored: a remembered type is not passivated by a limit"
-            );
-        }
-        // The region actor exists before any sender can see the region, so
-        // every allocation request has somewhere to go.
-        let (actor, _) = RegionActor::spawn(None, RegionActor, region.clone())
-            .await
-            .map_err(|e| ShardingError::Spawn(e.to_string()))?;
-        let _ = region.region_actor.set(actor.clone());
-        {
-            let mut regions = self
-                .shared
-                .regions
-                .write()
-                .unwrap_or_else(|p| p.into_inner());
-            let leaving = self.shared.leaving.load(Ordering::Acquire);
-            if self.is_shut_down() || leaving || regions.contains_key(type_name) {
-                drop(regions);
-                actor.stop(None);
-                return Err(if self.is_shut_down() || leaving {
-                    ShardingError::ShuttingDown
-                } else {
-                    ShardingError::AlreadyRegistered { type_name }
-                });
-            }
-            regions.insert(type_name, region.clone());
-        }
-        if let Some(link) = &self.shared.cluster {
-            let _ = link.driver.send(DriverMsg::TypeRegistered);
-        }
-        if !proxy {
-            // (The store's calls block: off the async worker.)
-            let reader = region.clone();
-            let shards = tokio::task::spawn_blocking(move || reader.remembered_shards())
-                .await
-                .unwrap_or_default();
-            region.start_shards(shards);
-        }
-        Ok(())
     }
 
     /// A reference to entity `entity_id` of protocol `P`. Cheap; no message is sent.
@@ -1027,42 +732,6 @@ impl<S, J> ShardedSystem<S, J> {
 }
 
 impl<S, J: Journal> ShardedSystem<S, J> {
-    /// Registers `E` as an event-sourced entity type: its incarnations
-    /// recover from the system's journal before their first message, and
-    /// its handlers persist events with [`EventSourced::persist`]. Exists
-    /// only on a system built with `.journal(..)`.
-    pub async fn register_event_sourced<E>(
-        &self,
-        factory: impl Fn(&EntityContext) -> E + Send + Sync + 'static,
-    ) -> ShardingResult<()>
-    where
-        E: EventSourced,
-        E::Protocol: Dispatch<E>,
-    {
-        let writer = self.journal_writer();
-        let recover: Recover<E> = crate::entity::recover::<E>;
-        let durable = Some(Durable {
-            writer: Some(writer),
-            snapshots: None,
-            state: None,
-            recover,
-        });
-        self.register_durable::<E>(Arc::new(factory), None, durable)
-            .await
-    }
-
-    /// The system's journal writer, started on first use. The system holds
-    /// its journal while it lives (an entity ref alone may keep it
-    /// running); the writer and the entities hold it weakly.
-    fn journal_writer(&self) -> Arc<JournalWriter> {
-        let journal: Arc<dyn Journal> = self.journal.clone();
-        let journal = self.shared.journal.get_or_init(|| journal).clone();
-        self.shared
-            .journal_writer
-            .get_or_init(|| JournalWriter::start(&journal))
-            .clone()
-    }
-
     /// The system's journal.
     pub fn journal(&self) -> &J {
         &self.journal
@@ -1074,171 +743,7 @@ impl<S, J: Journal> ShardedSystem<S, J> {
     }
 }
 
-impl<S, J: DurableStateStore> ShardedSystem<S, J> {
-    /// Registers `E` as a durable-state type: its incarnations load their
-    /// state from the system's store before their first message, and its
-    /// handlers save it with [`DurableState::save_state`]. Needs a system
-    /// whose journal is also a [`DurableStateStore`].
-    pub async fn register_durable_state<E>(
-        &self,
-        factory: impl Fn(&EntityContext) -> E + Send + Sync + 'static,
-    ) -> ShardingResult<()>
-    where
-        E: DurableState,
-        E::Protocol: Dispatch<E>,
-    {
-        self.register_durable_state_with::<E>(Arc::new(factory), None)
-            .await
-    }
-
-    /// Registers `E` as a durable-state type, as
-    /// [`register_durable_state`](Self::register_durable_state), whose
-    /// state moves with its shard on a graceful move (SPEC §13.16): the
-    /// next incarnation takes it with its revision instead of loading it,
-    /// when the store's revision is still that one.
-    pub async fn register_durable_state_migratable<E>(
-        &self,
-        factory: impl Fn(&EntityContext) -> E + Send + Sync + 'static,
-    ) -> ShardingResult<()>
-    where
-        E: DurableState,
-        E::Protocol: Dispatch<E>,
-    {
-        let migration = Some(Migration::durable_state());
-        self.register_durable_state_with::<E>(Arc::new(factory), migration)
-            .await
-    }
-
-    async fn register_durable_state_with<E>(
-        &self,
-        factory: Factory<E>,
-        migration: Option<Migration<E>>,
-    ) -> ShardingResult<()>
-    where
-        E: DurableState,
-        E::Protocol: Dispatch<E>,
-    {
-        let store: Arc<dyn DurableStateStore> = self.journal.clone();
-        let store = self.shared.state_store.get_or_init(|| store).clone();
-        let writer = self
-            .shared
-            .state_writer
-            .get_or_init(|| StateWriter::start(&store))
-            .clone();
-        let recover: Recover<E> = crate::entity::recover_state::<E>;
-        let durable = Some(Durable {
-            writer: None,
-            snapshots: None,
-            state: Some((
-                Arc::downgrade(&store),
-                writer,
-                crate::entity::encode_state_of::<E>,
-            )),
-            recover,
-        });
-        self.register_spawned::<E>(factory, None, durable, migration)
-            .await
-    }
-}
-
-impl<S, J: Journal + SnapshotStore> ShardedSystem<S, J> {
-    /// Registers `E` as a snapshotted event-sourced type: as
-    /// [`register_event_sourced`](Self::register_event_sourced), and its
-    /// incarnations save a snapshot every `E::SNAPSHOT_EVERY` events (to the
-    /// journal's snapshot store, keeping `E::SNAPSHOTS_KEPT`) and recover
-    /// from the latest one and the events after it.
-    pub async fn register_snapshotted<E>(
-        &self,
-        factory: impl Fn(&EntityContext) -> E + Send + Sync + 'static,
-    ) -> ShardingResult<()>
-    where
-        E: Snapshotted,
-        E::Protocol: Dispatch<E>,
-    {
-        self.register_snapshotted_with::<E>(Arc::new(factory), None)
-            .await
-    }
-
-    /// Registers `E` as a snapshotted event-sourced type, as
-    /// [`register_snapshotted`](Self::register_snapshotted), whose state
-    /// moves with its shard on a graceful move (SPEC §13.16): the next
-    /// incarnation starts from it as from a snapshot at its sequence
-    /// number, reading only the journal's events after it (none, when no
-    /// other writer appended), instead of the latest stored snapshot and
-    /// the events after that.
-    pub async fn register_snapshotted_migratable<E>(
-        &self,
-        factory: impl Fn(&EntityContext) -> E + Send + Sync + 'static,
-    ) -> ShardingResult<()>
-    where
-        E: Snapshotted,
-        E::Protocol: Dispatch<E>,
-    {
-        let migration = Some(Migration::snapshotted());
-        self.register_snapshotted_with::<E>(Arc::new(factory), migration)
-            .await
-    }
-
-    async fn register_snapshotted_with<E>(
-        &self,
-        factory: Factory<E>,
-        migration: Option<Migration<E>>,
-    ) -> ShardingResult<()>
-    where
-        E: Snapshotted,
-        E::Protocol: Dispatch<E>,
-    {
-        let writer = self.journal_writer();
-        let store: Arc<dyn SnapshotStore> = self.journal.clone();
-        let store = self.shared.snapshot_store.get_or_init(|| store).clone();
-        let snapshots = Some(Snapshots::of::<E>(&store));
-        let recover: Recover<E> = crate::entity::recover_snapshotted::<E>;
-        let durable = Some(Durable {
-            writer: Some(writer),
-            snapshots,
-            state: None,
-            recover,
-        });
-        self.register_spawned::<E>(factory, None, durable, migration)
-            .await
-    }
-}
-
 impl<S: RememberEntitiesStore, J> ShardedSystem<S, J> {
-    /// Registers `E` as a remembered entity type: its started entity ids are
-    /// recorded in the system's store and respawned when their shard starts.
-    pub async fn register_remembered<E>(
-        &self,
-        factory: impl Fn(&EntityContext) -> E + Send + Sync + 'static,
-    ) -> ShardingResult<()>
-    where
-        E: Entity,
-        E::Protocol: Dispatch<E>,
-    {
-        let remember = self.remember()?;
-        self.register_with::<E>(Arc::new(factory), Some(remember))
-            .await
-    }
-
-    /// Registers `E` as a remembered entity type, as
-    /// [`register_remembered`](Self::register_remembered), whose live
-    /// entities' states move with their shard on a graceful move (SPEC
-    /// §13.16): on the new owner each remembered entity whose state came
-    /// starts from it at once, the others are respawned as usual.
-    pub async fn register_remembered_migratable<E>(
-        &self,
-        factory: impl Fn(&EntityContext) -> E + Send + Sync + 'static,
-    ) -> ShardingResult<()>
-    where
-        E: Migratable,
-        E::Protocol: Dispatch<E>,
-    {
-        let remember = Some(self.remember()?);
-        let migration = Some(Migration::of());
-        self.register_spawned::<E>(Arc::new(factory), remember, None, migration)
-            .await
-    }
-
     /// The write-behind queue, started on first use.
     fn remember(&self) -> ShardingResult<Arc<Remember>> {
         let mut slot = self
@@ -1661,7 +1166,8 @@ mod finishing_tests {
         let counts = Arc::new(Counts::default());
         let c = counts.clone();
         system
-            .register::<SlowEntity>(move |_| SlowEntity::new(&c))
+            .entity_type::<SlowEntity>()
+            .register(move |_| SlowEntity::new(&c))
             .await
             .expect("registered");
         let entity = system.entity_ref::<Slow>("e");

@@ -5,8 +5,11 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use super::*;
+use crate::config::PassivationPolicy;
 use crate::envelope::LocalEnvelope;
-use crate::identity::NodeId;
+use crate::error::ShardingResult;
+use crate::identity::{NodeId, UniqueAddress};
+use crate::store::RememberEntitiesOperation;
 
 /// A fake mailbox: the number of the spawn that made it.
 type Mailbox = u32;

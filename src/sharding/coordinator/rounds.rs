@@ -1,0 +1,151 @@
+//! Rebalance rounds: asking the strategy to spread load, the handoffs a
+//! round starts, and the history of finished rounds (each with why its
+//! shards moved).
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use crate::extractor::ShardId;
+use crate::identity::UniqueAddress;
+
+use super::{Command, CoordinatorCore, HandOff, RebalanceReason, RebalanceRound, ShardMovement};
+
+/// A rebalance round whose handoffs are not all finished: it enters the
+/// history when the last one ends, with the moves that completed.
+pub(super) struct OpenRound {
+    pub(super) round: RebalanceRound,
+    pending: usize,
+}
+
+impl CoordinatorCore {
+    /// The rebalance rounds made while this node was coordinator, oldest first.
+    pub(crate) fn rounds(&self) -> &[RebalanceRound] {
+        &self.rounds
+    }
+
+    /// The rounds closed since the last call (reason, moves, decided at),
+    /// whatever the history keeps: for the metrics.
+    pub(crate) fn take_closed(&mut self) -> Vec<(RebalanceReason, usize, Instant)> {
+        std::mem::take(&mut self.closed_since)
+    }
+
+    /// Asks the strategy which shards of `type_name` to move to spread
+    /// load, and starts at most `rebalance_per_round` handoffs.
+    pub(super) fn rebalance(&mut self, type_name: &str, now: Instant, out: &mut Vec<Command>) {
+        let candidates = self.candidates(type_name);
+        let Some(table) = self.types.get_mut(type_name) else {
+            return;
+        };
+        if candidates.len() < 2 || !table.handoffs.is_empty() {
+            return;
+        }
+        let mut owned: BTreeMap<UniqueAddress, Vec<ShardId>> =
+            candidates.iter().map(|m| (*m, Vec::new())).collect();
+        for (shard, home) in table.homes.iter().enumerate() {
+            if let Some(shards) = home.and_then(|h| owned.get_mut(&h.owner)) {
+                shards.push(ShardId(shard as u32));
+            }
+        }
+        let limit = self.config.rebalance_per_round;
+        let epoch = self.epoch;
+        let chosen = self.strategy.rebalance(type_name, &owned, limit);
+        let round = (RebalanceReason::GracefulSpread, self.next_round);
+        let mut started = 0;
+        for ShardId(shard) in chosen {
+            if started == limit {
+                break;
+            }
+            let owned_by_candidate = table
+                .homes
+                .get(shard as usize)
+                .copied()
+                .flatten()
+                .is_some_and(|h| candidates.contains(&h.owner));
+            if owned_by_candidate && table.start_handoff(type_name, shard, round, (now, epoch), out)
+            {
+                started += 1;
+            }
+        }
+        self.open_round(round.1, round.0, now, started);
+    }
+
+    /// Opens round `number` (the next one) with `started` handoffs.
+    pub(super) fn open_round(
+        &mut self,
+        number: u64,
+        reason: RebalanceReason,
+        at: Instant,
+        started: usize,
+    ) {
+        if started == 0 {
+            return;
+        }
+        debug_assert_eq!(number, self.next_round);
+        self.next_round += 1;
+        let round = RebalanceRound {
+            at,
+            reason,
+            moves: Vec::new(),
+        };
+        self.open_rounds.insert(
+            number,
+            OpenRound {
+                round,
+                pending: started,
+            },
+        );
+    }
+
+    /// A handoff ended: with the move it completed, or without one (its
+    /// shard was reallocated another way). Its round closes with its last.
+    pub(super) fn end_handoff(&mut self, handoff: HandOff, moved: Option<ShardMovement>) {
+        let Some(number) = handoff.round else {
+            return;
+        };
+        let Some(open) = self.open_rounds.get_mut(&number) else {
+            return;
+        };
+        open.round.moves.extend(moved);
+        open.pending -= 1;
+        if open.pending == 0
+            && let Some(open) = self.open_rounds.remove(&number)
+        {
+            self.close(open.round);
+        }
+    }
+
+    /// Adds a finished round to the history (if it moved anything).
+    pub(super) fn close(&mut self, round: RebalanceRound) {
+        if round.moves.is_empty() {
+            return;
+        }
+        self.closed_since
+            .push((round.reason, round.moves.len(), round.at));
+        self.rounds.push(round);
+        if self.rounds.len() > self.config.history {
+            let excess = self.rounds.len() - self.config.history;
+            self.rounds.drain(..excess);
+        }
+    }
+
+    /// Adds moves made now outside any open round to the history, a round
+    /// per reason.
+    pub(super) fn record(&mut self, now: Instant, moves: Vec<(RebalanceReason, ShardMovement)>) {
+        for reason in [
+            RebalanceReason::DeadOwner,
+            RebalanceReason::GracefulLeave,
+            RebalanceReason::GracefulSpread,
+        ] {
+            let these: Vec<ShardMovement> = moves
+                .iter()
+                .filter(|(r, _)| *r == reason)
+                .map(|(_, m)| m.clone())
+                .collect();
+            self.close(RebalanceRound {
+                at: now,
+                reason,
+                moves: these,
+            });
+        }
+    }
+}

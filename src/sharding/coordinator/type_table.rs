@@ -1,0 +1,193 @@
+//! The coordinator's table of one entity type: each shard's home and
+//! highest generation, the regions of the type, and the shards waiting
+//! for a home, being handed off, or claimed by a region.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use crate::identity::UniqueAddress;
+use crate::sharding::wire::ControlMsg;
+
+use super::{Command, RebalanceReason, ShardHome, handoff_msg};
+
+/// A live shard on its way from its owner to a new home.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct HandOff {
+    /// The owner that stops the shard.
+    pub(super) from: UniqueAddress,
+    /// The generation it hosts the shard under.
+    pub(super) generation: u64,
+    pub(super) reason: RebalanceReason,
+    pub(super) started: Instant,
+    /// When `HandOff` was last sent to the owner.
+    pub(super) sent: Instant,
+    /// The owner reported the shard stopped: it has no home, and is
+    /// allocated as soon as there is a candidate.
+    pub(super) stopped: bool,
+    /// The rebalance round that started it (none for a handoff that an
+    /// earlier coordinator started).
+    pub(super) round: Option<u64>,
+}
+
+/// `HandOff` is sent again this often until the owner reports.
+pub(super) const HANDOFF_RESEND: Duration = Duration::from_secs(1);
+
+pub(super) struct TypeTable {
+    pub(super) fingerprint: u64,
+    pub(super) num_shards: u32,
+    pub(super) homes: Vec<Option<ShardHome>>,
+    /// The highest generation seen per shard, even when it has no home now.
+    pub(super) generations: Vec<u64>,
+    pub(super) regions: BTreeSet<UniqueAddress>,
+    /// Regions registered proxy-only: they route and are given nothing.
+    pub(super) proxies: BTreeSet<UniqueAddress>,
+    /// Regions leaving gracefully: their shards are handed off, and they
+    /// are given nothing new.
+    pub(super) leaving: BTreeSet<UniqueAddress>,
+    /// Shards asked for that have no home yet, and who asked.
+    pub(super) waiting: BTreeMap<u32, BTreeSet<UniqueAddress>>,
+    pub(super) handoffs: BTreeMap<u32, HandOff>,
+    /// Shards a region says it hosts under a generation this table has
+    /// passed, while the table has no home for them (see `settle_claims`).
+    pub(super) claims: BTreeMap<u32, BTreeSet<UniqueAddress>>,
+    /// What each region said it hosts in its latest registration: its own
+    /// homes that it has not stopped, shard → generation (see
+    /// `reallocate_orphans`).
+    pub(super) hosting: BTreeMap<UniqueAddress, BTreeMap<u32, u64>>,
+}
+
+impl TypeTable {
+    pub(super) fn new(fingerprint: u64, num_shards: u32) -> Self {
+        TypeTable {
+            fingerprint,
+            num_shards,
+            homes: vec![None; num_shards as usize],
+            generations: vec![0; num_shards as usize],
+            regions: BTreeSet::new(),
+            proxies: BTreeSet::new(),
+            leaving: BTreeSet::new(),
+            waiting: BTreeMap::new(),
+            handoffs: BTreeMap::new(),
+            claims: BTreeMap::new(),
+            hosting: BTreeMap::new(),
+        }
+    }
+
+    /// Starts moving `shard` away from its owner as part of `round`; false
+    /// (nothing done) for a shard with no home or already moving.
+    pub(super) fn start_handoff(
+        &mut self,
+        type_name: &str,
+        shard: u32,
+        (reason, round): (RebalanceReason, u64),
+        (now, epoch): (Instant, u64),
+        out: &mut Vec<Command>,
+    ) -> bool {
+        let Some(home) = self.homes[shard as usize] else {
+            return false;
+        };
+        if self.handoffs.contains_key(&shard) {
+            return false;
+        }
+        self.handoffs.insert(
+            shard,
+            HandOff {
+                from: home.owner,
+                generation: home.generation,
+                reason,
+                started: now,
+                sent: now,
+                stopped: false,
+                round: Some(round),
+            },
+        );
+        out.push(handoff_msg(type_name, shard, home, epoch));
+        true
+    }
+
+    /// Takes `home` for `shard` if its generation is higher than what is
+    /// known (an equal one only when the shard has no home, and was not
+    /// stopped under it by a handoff: a replica sent before the stop must
+    /// not bring the old home back).
+    pub(super) fn learn(&mut self, shard: u32, home: ShardHome) -> bool {
+        let i = shard as usize;
+        if self
+            .handoffs
+            .get(&shard)
+            .is_some_and(|h| h.stopped && home.generation <= h.generation)
+        {
+            return false;
+        }
+        if home.generation <= self.generations[i] && self.homes[i].is_some() {
+            return false;
+        }
+        if home.generation < self.generations[i] {
+            return false;
+        }
+        self.generations[i] = home.generation;
+        self.homes[i] = Some(home);
+        true
+    }
+
+    /// Makes `owner` the home of `shard` under a new generation, above every
+    /// one seen and above `above`; `None` (nothing changed) once the
+    /// generations are exhausted.
+    pub(super) fn place(
+        &mut self,
+        shard: u32,
+        owner: UniqueAddress,
+        above: u64,
+    ) -> Option<ShardHome> {
+        let i = shard as usize;
+        let generation = self.generations[i].max(above).checked_add(1)?;
+        let home = ShardHome { owner, generation };
+        self.generations[i] = generation;
+        self.homes[i] = Some(home);
+        Some(home)
+    }
+
+    /// Tells every region of the type the new `home` of `shard`; `from`:
+    /// the old owner, whose handoff of the shard this allocation follows.
+    pub(super) fn tell_regions(
+        &self,
+        type_name: &str,
+        shard: u32,
+        (home, from): (ShardHome, Option<UniqueAddress>),
+        epoch: u64,
+        out: &mut Vec<Command>,
+    ) {
+        for region in &self.regions {
+            let mut msg = self.home_msg(type_name, shard, home, epoch);
+            if let ControlMsg::Home { from: f, .. } = &mut msg {
+                *f = from;
+            }
+            out.push(Command::Send { to: *region, msg });
+        }
+    }
+
+    pub(super) fn home_msg(
+        &self,
+        type_name: &str,
+        shard: u32,
+        home: ShardHome,
+        epoch: u64,
+    ) -> ControlMsg {
+        debug_assert!(shard < self.num_shards);
+        ControlMsg::Home {
+            type_name: type_name.to_owned(),
+            shard,
+            owner: home.owner,
+            generation: home.generation,
+            epoch,
+            from: None,
+        }
+    }
+}
+
+pub(super) fn is_departed(
+    departed: &BTreeMap<String, BTreeSet<UniqueAddress>>,
+    type_name: &str,
+    member: &UniqueAddress,
+) -> bool {
+    departed.get(type_name).is_some_and(|d| d.contains(member))
+}

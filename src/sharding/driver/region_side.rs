@@ -1,0 +1,208 @@
+//! The region side of the allocation protocol, as the control task runs it:
+//! this node's regions as the region core reads and moves them, the region
+//! core's commands and timers, a graceful leave, and handed-off shards
+//! reported once their records are flushed.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::error::{RegionRefusal, ShardingError};
+use crate::extractor::ShardId;
+use crate::identity::UniqueAddress;
+use crate::runtime::region::Region;
+use crate::runtime::slot::HomeChange;
+use crate::sharding::coordinator::ShardHome;
+use crate::sharding::region_core::{LocalRegions, RegionCommand};
+use crate::sharding::wire::TypeRegistration;
+
+use super::Control;
+use super::inbox::DriverMsg;
+
+impl Control {
+    /// This node's regions, for the region side.
+    pub(super) fn hosted(&self) -> Hosted {
+        Hosted(self.regions())
+    }
+
+    /// Runs the region side's commands.
+    pub(super) fn run_side(&mut self, commands: Vec<RegionCommand>) {
+        for command in commands {
+            match command {
+                RegionCommand::Send { to, msg } => self.send(to, msg),
+                RegionCommand::FailAsks(node) => {
+                    let failed = self.remote.node_lost(&node);
+                    tracing::debug!(node = %self.me, lost = %node, failed_asks = failed, "member gone");
+                }
+            }
+        }
+    }
+
+    /// The region side's timers, step by step: each step's messages (to
+    /// this node itself, answered at once) land before the next looks.
+    pub(super) fn tick_side(&mut self, now: Instant) {
+        let hosted = self.hosted();
+        let commands = self.side.retry_requests(now, &hosted);
+        self.run_side(commands);
+        let epoch = self.core.highest_epoch();
+        let commands = self.side.reregister(now, &hosted, epoch);
+        self.run_side(commands);
+        let commands = self.side.repeat_reports(now, &hosted);
+        self.run_side(commands);
+    }
+
+    /// Starts a graceful leave. Returns whether handoffs are worth waiting
+    /// for: not when there is no coordinator, nor when this node
+    /// coordinates and no other region can take a shard.
+    pub(super) fn begin_leave(&mut self) -> bool {
+        let hosted = self.hosted();
+        let (me, core) = (self.me, &self.core);
+        let (wait, commands) = self.side.begin_leave(Instant::now(), &hosted, |types| {
+            core.is_active() && !types.iter().any(|t| core.has_host_besides(t, &me))
+        });
+        self.run_side(commands);
+        wait
+    }
+
+    /// A handed-off shard stopped: once what its entities recorded is in
+    /// the store (the next home reads it to respawn them), tell the
+    /// coordinator.
+    pub(super) fn flush_then_report(
+        &mut self,
+        type_name: &'static str,
+        shard: ShardId,
+        generation: u64,
+    ) {
+        let report = DriverMsg::ReportStopped {
+            type_name,
+            shard,
+            generation,
+        };
+        let remember = self.region(type_name).and_then(|r| r.remember().cloned());
+        match (remember, self.self_tx.upgrade()) {
+            (Some(remember), Some(tx)) => {
+                tokio::spawn(async move {
+                    if let Err(error) = remember.barrier().await {
+                        tracing::warn!(type_name, %shard, %error, "remember-entities records of a handed-off shard not flushed");
+                    }
+                    let _ = tx.send(report);
+                });
+            }
+            _ => {
+                let commands =
+                    self.side
+                        .shard_stopped(Instant::now(), type_name, shard.0, generation);
+                self.run_side(commands);
+            }
+        }
+    }
+}
+
+/// This node's regions, as the region side reads and moves them.
+pub(super) struct Hosted(pub(super) Vec<Arc<Region>>);
+
+impl Hosted {
+    fn get(&self, type_name: &str) -> Option<&Arc<Region>> {
+        self.0.iter().find(|r| r.type_name == type_name)
+    }
+
+    /// The region of `type_name`, if `shard` is one of its shards.
+    fn with_shard(&self, type_name: &str, shard: u32) -> Option<&Arc<Region>> {
+        self.get(type_name).filter(|r| shard < r.num_shards())
+    }
+}
+
+impl LocalRegions for Hosted {
+    fn registrations(&self, leaving: bool) -> Vec<TypeRegistration> {
+        self.0
+            .iter()
+            .map(|r| TypeRegistration {
+                type_name: r.type_name.to_owned(),
+                fingerprint: r.fingerprint,
+                num_shards: r.num_shards(),
+                proxy: r.is_proxy(),
+                leaving,
+                homes: r
+                    .replica()
+                    .into_iter()
+                    .map(|(shard, home)| (shard, home.owner, home.generation))
+                    .collect(),
+                stopped: r.stopped_shards(),
+            })
+            .collect()
+    }
+
+    fn type_names(&self) -> Vec<String> {
+        self.0.iter().map(|r| r.type_name.to_owned()).collect()
+    }
+
+    fn generation_of(&self, type_name: &str, shard: u32) -> u64 {
+        self.get(type_name)
+            .map_or(0, |r| r.generation_of(ShardId(shard)))
+    }
+
+    fn is_handed_off(&self, type_name: &str, shard: u32, generation: u64) -> bool {
+        self.get(type_name)
+            .is_some_and(|r| r.is_handed_off(ShardId(shard), generation))
+    }
+
+    fn set_home(
+        &self,
+        type_name: &str,
+        shard: u32,
+        home: ShardHome,
+        from: Option<UniqueAddress>,
+    ) -> Option<(&'static str, HomeChange)> {
+        let region = self.with_shard(type_name, shard)?;
+        Some((
+            region.type_name,
+            region.set_home(ShardId(shard), home, from),
+        ))
+    }
+
+    fn node_lost(&self, node: &UniqueAddress) -> usize {
+        self.0.iter().map(|r| r.node_lost(node)).sum()
+    }
+
+    fn call_off_handoffs(&self) {
+        for region in &self.0 {
+            region.call_off_handoffs();
+        }
+    }
+
+    fn hand_off(&self, type_name: &str, shard: u32, generation: u64) {
+        if let Some(region) = self.with_shard(type_name, shard) {
+            region.hand_off(ShardId(shard), generation);
+        }
+    }
+
+    fn mark_left(&self, type_name: &str, nowhere: bool) {
+        if let Some(region) = self.get(type_name) {
+            region.mark_left(nowhere);
+        }
+    }
+
+    fn accepted(&self, type_name: &str, by: UniqueAddress) {
+        if let Some(region) = self.get(type_name) {
+            region.accepted(by);
+        }
+    }
+
+    fn refused(
+        &self,
+        type_name: &str,
+        reason: String,
+        cluster_fingerprint: Option<u64>,
+        cluster_num_shards: Option<u32>,
+    ) {
+        if let Some(region) = self.get(type_name) {
+            region.refuse(ShardingError::RegionRefused(Box::new(RegionRefusal {
+                type_name: region.type_name,
+                fingerprint: region.fingerprint,
+                num_shards: region.num_shards(),
+                cluster_fingerprint,
+                cluster_num_shards,
+                reason,
+            })));
+        }
+    }
+}

@@ -1,0 +1,17 @@
+//! The driver's unit tests.
+
+use crate::sharding::coordinator::RebalanceReason;
+
+use super::publish::reason_label;
+
+/// The reasons registered at 0 when a node starts are the labels its
+/// rounds are counted under, so no zero series sits beside a real one.
+#[test]
+fn the_reasons_registered_at_start_are_those_rounds_count_under() {
+    let all = [
+        RebalanceReason::DeadOwner,
+        RebalanceReason::GracefulSpread,
+        RebalanceReason::GracefulLeave,
+    ];
+    assert_eq!(all.map(reason_label), crate::telemetry::REBALANCE_REASONS);
+}
