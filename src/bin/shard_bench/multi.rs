@@ -22,13 +22,24 @@ use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
 use std::process::{Child, ChildStdin, Command, ExitCode, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use datum_cluster_sharding::cluster::ClusterNode;
-use datum_cluster_sharding::membership::MemberStatus;
+use datum_cluster_sharding::membership::{MemberStatus, MembershipEvent};
+use datum_cluster_sharding::prelude::*;
+use datum_cluster_sharding::{FileStore, FileStoreFsyncPolicy};
+use serde_json::json;
+use tokio::sync::Mutex;
 
-use super::*;
+use super::args::{Args, Downing, Workload};
+use super::harness::{
+    self, Answered, ENTITIES, cpu_time, drive, entity_id, peak_rss_kib, ping_factory,
+    sharding_config, shares,
+};
+use super::ping::{self, Checks, PingEntity, Pinger};
 
 const WAIT: Duration = Duration::from_secs(120);
 
