@@ -25,6 +25,7 @@
 //!
 //! SPEC.md §13 states the protocol, the wire form and the guarantees.
 
+pub(crate) mod control_core;
 pub mod coordinator;
 pub(crate) mod driver;
 pub(crate) mod fast;

@@ -8,8 +8,9 @@
 //! unanswered, which members left gracefully — and decides, given `now`:
 //! events in, [`RegionCommand`]s out, and [`poll_timeout`](RegionCore::poll_timeout)
 //! for when time alone has something to do. It reads this node's regions
-//! and applies homes to them through [`LocalRegions`]; the driver feeds it
-//! and runs its commands, as it does the coordinator core's.
+//! and applies homes to them through [`LocalRegions`]; the control core
+//! (`control_core`) feeds it and runs its commands with the coordinator
+//! core's.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -628,4 +629,4 @@ impl RegionCore {
 
 #[cfg(test)]
 #[path = "region_core_tests.rs"]
-mod tests;
+pub(crate) mod tests;

@@ -9,7 +9,7 @@ use crate::identity::NodeId;
 use crate::membership::Member;
 
 /// Regions of one type, `t`, that record what is done to them.
-struct Fake {
+pub(crate) struct Fake {
     calls: RefCell<Vec<String>>,
     types: Vec<String>,
     /// What applying a home does.
@@ -20,7 +20,7 @@ struct Fake {
 }
 
 impl Fake {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Fake {
             calls: RefCell::new(Vec::new()),
             types: vec!["t".into()],
@@ -30,7 +30,7 @@ impl Fake {
         }
     }
 
-    fn calls(&self) -> Vec<String> {
+    pub(crate) fn calls(&self) -> Vec<String> {
         std::mem::take(&mut self.calls.borrow_mut())
     }
 }
@@ -116,7 +116,7 @@ impl LocalRegions for Fake {
     }
 }
 
-fn node(n: u64) -> UniqueAddress {
+pub(crate) fn node(n: u64) -> UniqueAddress {
     UniqueAddress {
         addr: std::net::SocketAddr::from(([127, 0, 0, 1], 7000 + n as u16)),
         node_id: NodeId(n),

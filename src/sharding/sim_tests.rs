@@ -1,7 +1,7 @@
 //! A seeded simulator of the distributed layer that runs the real code:
-//! every node has the real [`CoordinatorCore`], the real region side of
-//! the allocation protocol ([`RegionCore`]) and one region of real
-//! [`Slot`]s. Only the effects are simulated: an entity is a mailbox of
+//! every node has the real control core ([`ControlCore`]: the coordinator
+//! core and the region side of the allocation protocol) and one region of
+//! real [`Slot`]s. Only the effects are simulated: an entity is a mailbox of
 //! message ids and stop markers that the history processes one item at a
 //! time, the region actor is a queue of hosting starts, passivation
 //! requests and stop notices, and the nodes are joined by links that
@@ -9,8 +9,8 @@
 //! a pipe, so control may overtake data) and that can be cut (everything
 //! in flight on the link is lost) or made unreachable one way or both
 //! (what is sent that way is lost too, until they heal), under a scripted
-//! membership. The driver's part is done as `driver.rs` does it: the same
-//! calls, in the same order; each core is woken only when its own
+//! membership. The control task's decisions are the real [`ControlCore`]'s,
+//! fed as `driver` feeds it; a node's core is woken only when its
 //! `poll_timeout` says so. Half the histories place and move shards with
 //! the default strategy, half with [`Restless`], which moves them at
 //! random; handoffs time out after a second, and a node's entities can be
@@ -53,11 +53,11 @@ use std::time::{Duration, Instant};
 
 use quickcheck::{Arbitrary, Gen, QuickCheck};
 
+use super::control_core::{ControlCommand, ControlCore};
 use super::coordinator::{
-    Command, CoordinatorConfig, CoordinatorCore, LeastShardAllocation, ShardAllocationStrategy,
-    ShardHome,
+    CoordinatorConfig, CoordinatorCore, LeastShardAllocation, ShardAllocationStrategy, ShardHome,
 };
-use super::region_core::{LocalRegions, RegionCommand, RegionCore};
+use super::region_core::LocalRegions;
 use super::remote::MAX_HOPS;
 use super::wire::{ControlMsg, TypeRegistration};
 use crate::entity::{Admission, Deliveries, DeliveryRow, MigratedState};
@@ -768,8 +768,7 @@ impl LocalRegions for Region {
 
 struct Node {
     me: UniqueAddress,
-    core: CoordinatorCore,
-    side: RegionCore,
+    control: ControlCore,
     region: Region,
     /// The region actor's mailbox.
     actor: VecDeque<ActorMsg>,
@@ -798,8 +797,7 @@ impl Node {
         };
         Node {
             me: addr(i),
-            core: CoordinatorCore::new(addr(i), config, strategy),
-            side: RegionCore::new(addr(i)),
+            control: ControlCore::new(addr(i), CoordinatorCore::new(addr(i), config, strategy)),
             region: Region::new(addr(i)),
             actor: VecDeque::new(),
             preparing: BTreeSet::new(),
@@ -1119,63 +1117,43 @@ impl Sim {
         }
     }
 
-    // ---- the driver, as `driver.rs` runs the cores ----
+    // ---- the control task: the real `ControlCore`, fed as `driver` feeds it ----
 
     /// `Control::membership`, at every up node.
     fn membership_changed(&mut self) {
         for i in self.up.clone() {
-            let mut state = self.view(i);
+            let state = self.view(i);
             let now = self.now;
             let Some(node) = self.node(i) else { continue };
-            let acting = node.core.acting(now, &state);
-            state.coordinator = acting;
-            if state.coordinator == Some(node.me) && !node.core.is_active() {
-                // Taking over: seeded before the gone members' homes leave
-                // the replica.
-                node.core.seed(TYPE, 1, SHARDS, &node.region.replica());
-                let own = node.side.registrations(&node.region);
-                let me = node.me;
-                let out = node.core.register(now, me, &own);
-                self.execute(i, out);
-            }
-            let Some(node) = self.node(i) else { continue };
-            let out = node.side.members(&state, &node.region);
-            self.run_side(i, out);
-            let Some(node) = self.node(i) else { continue };
-            let out = node.core.apply_membership(now, &state, acting);
-            self.execute(i, out);
-            let Some(node) = self.node(i) else { continue };
-            let epoch = node.core.highest_epoch();
-            let out = node
-                .side
-                .follow(now, state.coordinator, &node.region, epoch);
-            self.run_side(i, out);
-            let Some(node) = self.node(i) else { continue };
-            let out = node.side.catch_up(now, &node.region);
-            self.run_side(i, out);
+            let out = node.control.membership(now, state, &node.region);
+            self.run_control(i, out);
         }
     }
 
-    fn execute(&mut self, i: usize, commands: Vec<Command>) {
-        for Command::Send { to, msg } in commands {
-            self.send_control(i, index(&to), msg);
-        }
-    }
-
-    fn run_side(&mut self, i: usize, commands: Vec<RegionCommand>) {
+    /// Carries out a control core's commands, then what the region's slots
+    /// asked for meanwhile.
+    fn run_control(&mut self, i: usize, commands: Vec<ControlCommand>) {
         for command in commands {
             match command {
-                RegionCommand::Send { to, msg } => self.send_control(i, index(&to), msg),
+                ControlCommand::Send { to, msg } => self.send_control(i, index(&to), msg),
                 // No asks in the simulator: nothing waits on a member.
-                RegionCommand::FailAsks(_) => {}
+                ControlCommand::FailAsks(_) => {}
+                ControlCommand::Fence => {
+                    self.broken
+                        .get_or_insert(format!("node {i} fenced while up in its own view"));
+                }
             }
         }
         self.effects(i);
+        // The real leave looks every 10 ms: it stops as soon as it may.
+        self.maybe_retire(i);
     }
 
     fn send_control(&mut self, from: usize, to: usize, msg: ControlMsg) {
         if from == to {
-            self.on_control(to, from, msg);
+            self.broken.get_or_insert(format!(
+                "node {from}: a control message to itself left its core"
+            ));
         } else if self.blocked.contains(&(from, to)) {
             // Lost on an unreachable link; the sender's retries recover.
         } else if self.nodes[to].is_some() {
@@ -1222,14 +1200,16 @@ impl Sim {
             }
             Effect::Allocate(shard) => {
                 let Some(node) = self.node(i) else { return };
-                let out = node.side.allocate(now, &node.region, TYPE, shard);
-                self.run_side(i, out);
+                let out = node.control.allocate(now, &node.region, TYPE, shard);
+                self.run_control(i, out);
             }
             Effect::ShardStopped(shard, generation) => {
                 // (No store to flush first: reported at once.)
                 let Some(node) = self.node(i) else { return };
-                let out = node.side.shard_stopped(now, TYPE, shard, generation);
-                self.run_side(i, out);
+                let out = node
+                    .control
+                    .shard_stopped(now, &node.region, TYPE, shard, generation);
+                self.run_control(i, out);
             }
             Effect::Host(shard, generation, from) => {
                 if let Some(node) = self.node(i) {
@@ -1262,75 +1242,22 @@ impl Sim {
             eprintln!("{at} <- {from}: {msg:?}");
         }
         let now = self.now;
-        let from_addr = addr(from);
         let Some(node) = self.node(at) else { return };
-        let out = match msg {
-            ControlMsg::Register { types, epoch } => {
-                node.core.observe_epoch(epoch);
-                node.core.register(now, from_addr, &types)
-            }
-            ControlMsg::Unregister { types } => node.core.unregister(now, from_addr, &types),
-            ControlMsg::GetHome {
-                type_name,
-                shard,
-                generation,
-            } => node
-                .core
-                .get_home(now, from_addr, &type_name, shard, generation),
-            ControlMsg::ShardStopped {
-                type_name,
-                shard,
-                generation,
-            } => node
-                .core
-                .shard_stopped(now, from_addr, &type_name, shard, generation),
-            ControlMsg::Leave { types } => node.core.leave(now, from_addr, &types),
-            msg @ (ControlMsg::Home { .. }
-            | ControlMsg::Table { .. }
-            | ControlMsg::HandOff { .. }
-            | ControlMsg::Left { .. }
-            | ControlMsg::Refused { .. }) => {
-                let left = matches!(msg, ControlMsg::Left { .. });
-                if !node.side.hears(from_addr) {
-                } else if !node.core.accept_epoch(&msg) {
-                    node.side.older_epoch();
-                } else {
-                    node.side.coordinator_said(from_addr, msg, &node.region);
-                }
-                self.effects(at);
-                if left {
-                    // The real leave looks every 10 ms: it stops at once.
-                    self.maybe_retire(at);
-                }
-                Vec::new()
-            }
-            ControlMsg::GetStats { .. } | ControlMsg::Stats { .. } => Vec::new(),
-        };
-        self.execute(at, out);
+        let out = node.control.control(now, addr(from), msg, &node.region);
+        self.run_control(at, out);
     }
 
-    /// Time passes: each core acts only when its own `poll_timeout` is due.
+    /// Time passes: a node's control core acts when its `poll_timeout` is
+    /// due (the real task also wakes for other timers, which this skips).
     fn tick(&mut self) {
         self.now += TICK;
         let now = self.now;
         for i in self.up.clone() {
+            let state = self.view(i);
             let Some(node) = self.node(i) else { continue };
-            if node.core.poll_timeout().is_some_and(|due| due <= now) {
-                let out = node.core.tick(now);
-                self.execute(i, out);
-            }
-            let Some(node) = self.node(i) else { continue };
-            if node.side.poll_timeout().is_some_and(|due| due <= now) {
-                // `Control::tick_side`: step by step.
-                let out = node.side.retry_requests(now, &node.region);
-                self.run_side(i, out);
-                let Some(node) = self.node(i) else { continue };
-                let epoch = node.core.highest_epoch();
-                let out = node.side.reregister(now, &node.region, epoch);
-                self.run_side(i, out);
-                let Some(node) = self.node(i) else { continue };
-                let out = node.side.repeat_reports(now, &node.region);
-                self.run_side(i, out);
+            if node.control.poll_timeout().is_some_and(|due| due <= now) {
+                let out = node.control.handle_timeout(now, &state, &node.region);
+                self.run_control(i, out);
             }
             self.maybe_retire(i);
         }
@@ -1347,13 +1274,9 @@ impl Sim {
             return;
         }
         self.log.push(format!("leave {i}"));
-        let (me, core) = (node.me, &node.core);
-        let (wait, out) = node.side.begin_leave(now, &node.region, |types| {
-            core.is_active() && !types.iter().any(|t| core.has_host_besides(t, &me))
-        });
+        let (wait, out) = node.control.begin_leave(now, &node.region);
         node.leave = Some((now, wait));
-        self.run_side(i, out);
-        self.maybe_retire(i);
+        self.run_control(i, out);
     }
 
     /// A leaving system stops once every region is done, or after the
@@ -1375,7 +1298,6 @@ impl Sim {
         }
         node.retired = true;
         node.region.stopped.set(true);
-        let out = node.side.retire(now, vec![TYPE.into()]);
         // What the region holds stops: buffered messages are refused,
         // hosted entities stop (their mailboxes lost), entities of shards
         // that moved away finish theirs (`Region::shutdown` waits for them).
@@ -1413,7 +1335,10 @@ impl Sim {
                 "held by a leaver with nowhere to hand off, or out of time",
             );
         }
-        self.run_side(i, out);
+        // Then the control task hears the system stopped.
+        let Some(node) = self.node(i) else { return };
+        let out = node.control.retire(now, &node.region, vec![TYPE.into()]);
+        self.run_control(i, out);
     }
 
     // ---- the region's users, entities and actor ----

@@ -1,14 +1,13 @@
-//! The control channel: a peer's message (or this node's own, handled at
-//! once) goes to the coordinator core, the region side or a stats request;
-//! the coordinator core's commands go out on the pipes.
+//! The control channel: a peer's message (or this node's own) goes to the
+//! control core, or, for the stats exchange, to the stats requests; the
+//! control core's commands go out on the pipes, fail asks, or fence.
 
-use std::collections::VecDeque;
 use std::time::Instant;
 
 use bytes::Bytes;
 
 use crate::identity::UniqueAddress;
-use crate::sharding::coordinator::Command;
+use crate::sharding::control_core::ControlCommand;
 use crate::sharding::wire::{ActiveCoordinator, ControlMsg};
 use crate::wire::channels::SHARDING_CONTROL;
 
@@ -17,80 +16,45 @@ use super::stats_requests::hosted_shards;
 
 impl Control {
     pub(super) fn handle(&mut self, from: UniqueAddress, msg: ControlMsg) {
-        let mut queue = VecDeque::from([(from, msg)]);
-        while let Some((from, msg)) = queue.pop_front() {
-            let now = Instant::now();
-            let commands = match msg {
-                ControlMsg::Register { types, epoch } => {
-                    self.core.observe_epoch(epoch);
-                    self.core.register(now, from, &types)
-                }
-                ControlMsg::Unregister { types } => self.core.unregister(now, from, &types),
-                ControlMsg::GetHome {
-                    type_name,
-                    shard,
-                    generation,
-                } => self.core.get_home(now, from, &type_name, shard, generation),
-                ControlMsg::ShardStopped {
-                    type_name,
-                    shard,
-                    generation,
-                } => self
-                    .core
-                    .shard_stopped(now, from, &type_name, shard, generation),
-                ControlMsg::Leave { types } => self.core.leave(now, from, &types),
-                ControlMsg::GetStats { id, type_name } => {
-                    let region = self.region(&type_name);
-                    let msg = ControlMsg::Stats {
-                        id,
-                        region: region.is_some(),
-                        shards: region.as_deref().map(hosted_shards).unwrap_or_default(),
-                        coordinator: self
-                            .core
-                            .activity(now)
-                            .map(|(epoch, allocating)| ActiveCoordinator { epoch, allocating }),
-                    };
-                    self.send_remote(from, &msg);
-                    Vec::new()
-                }
-                ControlMsg::Stats {
+        let now = Instant::now();
+        match msg {
+            ControlMsg::GetStats { id, type_name } => {
+                let region = self.region(&type_name);
+                let msg = ControlMsg::Stats {
                     id,
-                    region,
-                    shards,
-                    coordinator,
-                } => {
-                    self.stats_answer(from, id, region, shards, coordinator);
-                    Vec::new()
-                }
-                msg @ (ControlMsg::Home { .. }
-                | ControlMsg::Table { .. }
-                | ControlMsg::HandOff { .. }
-                | ControlMsg::Left { .. }
-                | ControlMsg::Refused { .. }) => {
-                    if !self.side.hears(from) {
-                        tracing::debug!(node = %self.me, %from, "a home from a node that is not the coordinator here: ignored");
-                    } else if !self.core.accept_epoch(&msg) {
-                        // Fencing (SPEC §13.15): a coordinator of an older
-                        // term. Register again, carrying the higher epoch, so
-                        // that it takes one above it if it is still in charge.
-                        tracing::debug!(node = %self.me, %from, epoch = ?msg.coordinator_epoch(), highest = self.core.highest_epoch(), "a coordinator message from an older epoch: ignored");
-                        self.side.older_epoch();
-                    } else {
-                        self.side.coordinator_said(from, msg, &self.hosted());
-                    }
-                    Vec::new()
-                }
-            };
-            for command in commands {
-                match command {
-                    Command::Send { to, msg } if to == self.me => queue.push_back((to, msg)),
-                    Command::Send { to, msg } => self.send_remote(to, &msg),
-                }
+                    region: region.is_some(),
+                    shards: region.as_deref().map(hosted_shards).unwrap_or_default(),
+                    coordinator: self
+                        .core
+                        .coordinator()
+                        .activity(now)
+                        .map(|(epoch, allocating)| ActiveCoordinator { epoch, allocating }),
+                };
+                self.send(from, msg);
+            }
+            ControlMsg::Stats {
+                id,
+                region,
+                shards,
+                coordinator,
+            } => self.stats_answer(from, id, region, shards, coordinator),
+            msg @ (ControlMsg::Register { .. }
+            | ControlMsg::Unregister { .. }
+            | ControlMsg::GetHome { .. }
+            | ControlMsg::ShardStopped { .. }
+            | ControlMsg::Leave { .. }
+            | ControlMsg::Home { .. }
+            | ControlMsg::Table { .. }
+            | ControlMsg::HandOff { .. }
+            | ControlMsg::Left { .. }
+            | ControlMsg::Refused { .. }) => {
+                let commands = self.core.control(now, from, msg, &self.hosted());
+                self.execute(commands);
             }
         }
-        self.publish_rounds();
     }
 
+    /// `msg` to `to`: this node's own stats exchange is handled at once.
     pub(super) fn send(&mut self, to: UniqueAddress, msg: ControlMsg) {
         if to == self.me {
             self.handle(to, msg);
@@ -106,10 +70,16 @@ impl Control {
         }
     }
 
-    pub(super) fn execute(&mut self, commands: Vec<Command>) {
+    /// Carries out the control core's commands.
+    pub(super) fn execute(&mut self, commands: Vec<ControlCommand>) {
         for command in commands {
             match command {
-                Command::Send { to, msg } => self.send(to, msg),
+                ControlCommand::Send { to, msg } => self.send_remote(to, &msg),
+                ControlCommand::FailAsks(node) => {
+                    let failed = self.remote.node_lost(&node);
+                    tracing::debug!(node = %self.me, lost = %node, failed_asks = failed, "member gone");
+                }
+                ControlCommand::Fence => self.fence("this node was downed or removed"),
             }
         }
         self.publish_rounds();

@@ -10,7 +10,7 @@ use tokio::time::sleep_until;
 
 use crate::membership::MembershipState;
 use crate::runtime::region::Region;
-use crate::sharding::region_core::{LocalRegions, RegionCore};
+use crate::sharding::region_core::LocalRegions;
 use crate::sharding::stats::CoordinatorStatus;
 use crate::sharding::wire::ControlMsg;
 
@@ -37,7 +37,6 @@ impl Control {
             // left in the past, a core's bug, must not spin the task.)
             let due = [
                 self.core.poll_timeout(),
-                self.side.poll_timeout(),
                 self.stats.values().map(|p| p.deadline).min(),
                 Some(next_sweep),
             ]
@@ -50,21 +49,20 @@ impl Control {
                 msg = self.rx.recv() => match msg {
                     None => break,
                     Some(DriverMsg::Retire) => {
-                        let types = self.hosted().type_names();
-                        let commands = self.side.retire(Instant::now(), types);
-                        self.run_side(commands);
+                        let hosted = self.hosted();
+                        let commands = self.core.retire(Instant::now(), &hosted, hosted.type_names());
+                        self.execute(commands);
                     }
                     Some(DriverMsg::Barrier(done)) => {
                         let _ = done.send(());
                     }
                     Some(DriverMsg::Allocate { type_name, shard }) => {
-                        let commands = self.side.allocate(Instant::now(), &self.hosted(), type_name, shard.0);
-                        self.run_side(commands);
+                        let commands = self.core.allocate(Instant::now(), &self.hosted(), type_name, shard.0);
+                        self.execute(commands);
                     }
                     Some(DriverMsg::TypeRegistered) => {
-                        let epoch = self.core.highest_epoch();
-                        let commands = self.side.register(Instant::now(), &self.hosted(), epoch);
-                        self.run_side(commands);
+                        let commands = self.core.type_registered(Instant::now(), &self.hosted());
+                        self.execute(commands);
                     }
                     Some(DriverMsg::Leave(done)) => {
                         let wait = self.begin_leave();
@@ -77,8 +75,8 @@ impl Control {
                         self.gather_stats(type_name, timeout, reply);
                     }
                     Some(DriverMsg::ReportStopped { type_name, shard, generation }) => {
-                        let commands = self.side.shard_stopped(Instant::now(), type_name, shard.0, generation);
-                        self.run_side(commands);
+                        let commands = self.core.shard_stopped(Instant::now(), &self.hosted(), type_name, shard.0, generation);
+                        self.execute(commands);
                     }
                 },
                 incoming = self.control.recv() => match incoming {
@@ -139,22 +137,13 @@ impl Control {
         self.shared.upgrade()?.region(type_name)
     }
 
-    /// Time alone has work for a core: the view is looked at again when
-    /// a hold on a flagged coordinator may have run out, then the
-    /// coordinator core and the region side act, and stats requests whose
-    /// time is up are answered.
+    /// Time alone has work for the control core (with the view as the
+    /// membership publishes it), and stats requests whose time is up are
+    /// answered.
     fn wake(&mut self, now: Instant) {
-        if self.core.holding() {
-            // The role may move when a hold runs out: the view is handled
-            // again only then.
-            let state = self.state.borrow().clone();
-            if self.core.acting(now, &state) != self.core.acting_now() {
-                self.membership(state);
-            }
-        }
-        let commands = self.core.tick(now);
+        let state = self.state.borrow().clone();
+        let commands = self.core.handle_timeout(now, &state, &self.hosted());
         self.execute(commands);
-        self.tick_side(now);
         self.expire_stats(now);
     }
 
@@ -163,7 +152,7 @@ impl Control {
     /// cluster node stopped): its regions stop accepting and stop their
     /// entities, so that what the rest of the cluster reallocates does not
     /// also run here. Done once.
-    fn fence(&mut self, why: &str) {
+    pub(super) fn fence(&mut self, why: &str) {
         if self.fenced {
             return;
         }
@@ -180,40 +169,8 @@ impl Control {
         shared.fence();
     }
 
-    fn membership(&mut self, mut state: MembershipState) {
-        let now = Instant::now();
-        // The coordinator this layer follows (the placement coordinator, or
-        // with a resolver an oldest member beyond a partition: SPEC §13.15).
-        let acting = self.core.acting(now, &state);
-        state.coordinator = acting;
-        if RegionCore::is_out(&state) {
-            self.fence("this node was downed or removed");
-        }
-        let hosted = self.hosted();
-        if state.coordinator == Some(self.me) && !self.core.is_active() {
-            // Taking over: start from this node's replica and registration,
-            // before the gone members' homes leave it below (their shards are
-            // then known as theirs, and move as dead-owner moves).
-            for region in &hosted.0 {
-                self.core.seed(
-                    region.type_name,
-                    region.fingerprint,
-                    region.num_shards(),
-                    &region.replica(),
-                );
-            }
-            let own = self.side.registrations(&hosted);
-            let commands = self.core.register(now, self.me, &own);
-            self.execute(commands);
-        }
-        let commands = self.side.members(&state, &hosted);
-        self.run_side(commands);
-        let commands = self.core.apply_membership(now, &state, acting);
+    fn membership(&mut self, state: MembershipState) {
+        let commands = self.core.membership(Instant::now(), state, &self.hosted());
         self.execute(commands);
-        let epoch = self.core.highest_epoch();
-        let commands = self.side.follow(now, state.coordinator, &hosted, epoch);
-        self.run_side(commands);
-        let commands = self.side.catch_up(now, &hosted);
-        self.run_side(commands);
     }
 }

@@ -14,12 +14,12 @@ use crate::cluster::ClusterNode;
 use crate::error::{ShardingError, ShardingResult};
 use crate::runtime::ask_waits::keep_deadlines;
 use crate::runtime::region::Region;
+use crate::sharding::control_core::ControlCore;
 use crate::sharding::coordinator::{
     CoordinatorConfig, CoordinatorCore, LeastShardAllocation, RebalanceRound,
     ShardAllocationStrategy,
 };
 use crate::sharding::migration;
-use crate::sharding::region_core::RegionCore;
 use crate::sharding::remote::Remote;
 use crate::sharding::stats::CoordinatorStatus;
 use crate::transport::Incoming;
@@ -159,12 +159,11 @@ impl ClusterLink {
             shared: shared.clone(),
             node: self.node.clone(),
             me,
-            core: CoordinatorCore::new(me, parts.config, parts.strategy),
+            core: ControlCore::new(me, CoordinatorCore::new(me, parts.config, parts.strategy)),
             self_tx: self.driver.downgrade(),
             rx: parts.rx,
             control: parts.control,
             state: self.node.watch_state(),
-            side: RegionCore::new(me),
             stats: BTreeMap::new(),
             next_stats: 0,
             fenced: false,

@@ -12,12 +12,12 @@
 //!   migration channel (peers) ──► on the pipe's reader task: kept states served
 //! ```
 //!
-//! The control task is IO around two sans-IO cores: the coordinator core
-//! (`coordinator`, acting when this node is the coordinator) and the
-//! region side of the allocation protocol (`region_core`: where this
-//! node's shards wait for a home, registrations, reports, leaving). It
-//! feeds both with `now`, runs their commands, and wakes at the earlier of
-//! their `poll_timeout`s (and for stats deadlines and a once-a-second
+//! The control task is IO around one sans-IO core, `control_core`, which
+//! runs two: the coordinator core (`coordinator`, acting when this node is
+//! the coordinator) and the region side of the allocation protocol
+//! (`region_core`: where this node's shards wait for a home,
+//! registrations, reports, leaving). It feeds it with `now`, runs its
+//! commands, and wakes at its `poll_timeout` (and for stats deadlines and a once-a-second
 //! sweep of asks whose caller gave up). The data path
 //! runs inline on each pipe's reader task (`Transport::register_inline_borrowed`,
 //! the payload read in place): decoding and delivery never block,
@@ -41,8 +41,8 @@ use tokio::sync::{mpsc, watch};
 use crate::cluster::ClusterNode;
 use crate::identity::UniqueAddress;
 use crate::membership::MembershipState;
-use crate::sharding::coordinator::{CoordinatorCore, RebalanceRound};
-use crate::sharding::region_core::RegionCore;
+use crate::sharding::control_core::ControlCore;
+use crate::sharding::coordinator::RebalanceRound;
 use crate::sharding::remote::Remote;
 use crate::sharding::stats::CoordinatorStatus;
 use crate::transport::Incoming;
@@ -67,12 +67,11 @@ struct Control {
     shared: Weak<dyn SystemPort>,
     node: ClusterNode,
     me: UniqueAddress,
-    core: CoordinatorCore,
+    /// The decisions: the coordinator core and the region side.
+    core: ControlCore,
     rx: mpsc::UnboundedReceiver<DriverMsg>,
     control: mpsc::Receiver<Incoming>,
     state: watch::Receiver<MembershipState>,
-    /// The region side of the allocation protocol.
-    side: RegionCore,
     /// This task's own inbox (weak: the system's handle keeps it open).
     self_tx: mpsc::WeakUnboundedSender<DriverMsg>,
     /// This node's regions were stopped because it is out of the cluster.

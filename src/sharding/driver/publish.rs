@@ -12,16 +12,16 @@ impl Control {
     /// This node's view of the sharding coordinator.
     pub(super) fn coordinator_status(&self) -> CoordinatorStatus {
         let mut status = CoordinatorStatus {
-            acting: self.side.coordinator(),
-            epoch: self.core.highest_epoch(),
+            acting: self.core.side().coordinator(),
+            epoch: self.core.coordinator().highest_epoch(),
             allocating: None,
-            registered: self.side.coordinator().is_some_and(|c| {
+            registered: self.core.side().coordinator().is_some_and(|c| {
                 self.regions()
                     .iter()
                     .all(|region| region.accepted_by() == Some(c))
             }),
         };
-        if let Some((epoch, allocating)) = self.core.activity(Instant::now()) {
+        if let Some((epoch, allocating)) = self.core.coordinator().activity(Instant::now()) {
             status.acting = Some(self.me);
             status.epoch = epoch;
             status.allocating = Some(allocating);
@@ -30,7 +30,7 @@ impl Control {
     }
 
     pub(super) fn publish_rounds(&mut self) {
-        let closed = self.core.take_closed();
+        let closed = self.core.coordinator_mut().take_closed();
         if !closed.is_empty() {
             let node = self.me.addr.to_string();
             let now = Instant::now();
@@ -40,7 +40,7 @@ impl Control {
                 crate::telemetry::rebalance_round(&node, reason, moves, seconds);
             }
         }
-        let rounds = self.core.rounds();
+        let rounds = self.core.coordinator().rounds();
         let mut published = lock(&self.rounds);
         if published.len() != rounds.len() || published.last() != rounds.last() {
             *published = rounds.to_vec();

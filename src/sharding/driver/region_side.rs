@@ -1,7 +1,6 @@
 //! The region side of the allocation protocol, as the control task runs it:
-//! this node's regions as the region core reads and moves them, the region
-//! core's commands and timers, a graceful leave, and handed-off shards
-//! reported once their records are flushed.
+//! this node's regions as the region core reads and moves them, a graceful
+//! leave, and handed-off shards reported once their records are flushed.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -12,7 +11,7 @@ use crate::identity::UniqueAddress;
 use crate::runtime::region::Region;
 use crate::runtime::slot::HomeChange;
 use crate::sharding::coordinator::ShardHome;
-use crate::sharding::region_core::{LocalRegions, RegionCommand};
+use crate::sharding::region_core::LocalRegions;
 use crate::sharding::wire::TypeRegistration;
 
 use super::Control;
@@ -24,42 +23,12 @@ impl Control {
         Hosted(self.regions())
     }
 
-    /// Runs the region side's commands.
-    pub(super) fn run_side(&mut self, commands: Vec<RegionCommand>) {
-        for command in commands {
-            match command {
-                RegionCommand::Send { to, msg } => self.send(to, msg),
-                RegionCommand::FailAsks(node) => {
-                    let failed = self.remote.node_lost(&node);
-                    tracing::debug!(node = %self.me, lost = %node, failed_asks = failed, "member gone");
-                }
-            }
-        }
-    }
-
-    /// The region side's timers, step by step: each step's messages (to
-    /// this node itself, answered at once) land before the next looks.
-    pub(super) fn tick_side(&mut self, now: Instant) {
-        let hosted = self.hosted();
-        let commands = self.side.retry_requests(now, &hosted);
-        self.run_side(commands);
-        let epoch = self.core.highest_epoch();
-        let commands = self.side.reregister(now, &hosted, epoch);
-        self.run_side(commands);
-        let commands = self.side.repeat_reports(now, &hosted);
-        self.run_side(commands);
-    }
-
     /// Starts a graceful leave. Returns whether handoffs are worth waiting
     /// for: not when there is no coordinator, nor when this node
     /// coordinates and no other region can take a shard.
     pub(super) fn begin_leave(&mut self) -> bool {
-        let hosted = self.hosted();
-        let (me, core) = (self.me, &self.core);
-        let (wait, commands) = self.side.begin_leave(Instant::now(), &hosted, |types| {
-            core.is_active() && !types.iter().any(|t| core.has_host_besides(t, &me))
-        });
-        self.run_side(commands);
+        let (wait, commands) = self.core.begin_leave(Instant::now(), &self.hosted());
+        self.execute(commands);
         wait
     }
 
@@ -88,10 +57,14 @@ impl Control {
                 });
             }
             _ => {
-                let commands =
-                    self.side
-                        .shard_stopped(Instant::now(), type_name, shard.0, generation);
-                self.run_side(commands);
+                let commands = self.core.shard_stopped(
+                    Instant::now(),
+                    &self.hosted(),
+                    type_name,
+                    shard.0,
+                    generation,
+                );
+                self.execute(commands);
             }
         }
     }

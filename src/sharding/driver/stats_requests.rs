@@ -67,7 +67,7 @@ impl Control {
             let shards = region.state().shards;
             stats.regions.insert(self.me, shards);
         }
-        if let Some((epoch, allocating)) = self.core.activity(Instant::now()) {
+        if let Some((epoch, allocating)) = self.core.coordinator().activity(Instant::now()) {
             note_coordinator(&mut stats, self.me, ActiveCoordinator { epoch, allocating });
         }
         let state = self.state.borrow().clone();

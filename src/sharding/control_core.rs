@@ -1,0 +1,355 @@
+//! What a node's sharding control task decides, as a state machine.
+//!
+//! [`ControlCore`] holds the two cores of the allocation protocol — the
+//! coordinator core (acting when this node is the coordinator) and the
+//! region side (`RegionCore`: this node's regions asking for homes,
+//! registering, reporting, leaving) — and runs them in the order the
+//! protocol needs: a membership view goes to the region side and the
+//! coordinator core in turn, a control message to the one it is for, time
+//! to both. A message one core sends to this node itself is handled at
+//! once, before the next step looks (a registration with this node as
+//! coordinator is answered, and its table applied, before the open requests
+//! are told to it), so only messages to other members, asks to fail and the
+//! fence come out as [`ControlCommand`]s.
+//!
+//! It takes `now` with every input and tells when time alone has work for
+//! it ([`poll_timeout`](ControlCore::poll_timeout)). The control task in
+//! `driver` feeds it from its channels and timers and carries its commands
+//! out; the simulator (`sim_tests`) feeds it a scripted cluster.
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use crate::identity::UniqueAddress;
+use crate::membership::MembershipState;
+use crate::runtime::slot::ShardHome;
+use crate::sharding::coordinator::{Command, CoordinatorCore};
+use crate::sharding::region_core::{LocalRegions, RegionCommand, RegionCore};
+use crate::sharding::wire::ControlMsg;
+
+/// What the control core asks its driver to do.
+#[derive(Debug, PartialEq)]
+pub(crate) enum ControlCommand {
+    /// Send a control message to another member.
+    Send { to: UniqueAddress, msg: ControlMsg },
+    /// Fail the asks waiting on a member that is gone and may not answer.
+    FailAsks(UniqueAddress),
+    /// The view puts this node out of the cluster (downed or removed): its
+    /// regions must stop.
+    Fence,
+}
+
+/// The control task's decisions (see the module docs).
+pub(crate) struct ControlCore {
+    me: UniqueAddress,
+    coordinator: CoordinatorCore,
+    side: RegionCore,
+}
+
+impl ControlCore {
+    pub(crate) fn new(me: UniqueAddress, coordinator: CoordinatorCore) -> Self {
+        ControlCore {
+            me,
+            coordinator,
+            side: RegionCore::new(me),
+        }
+    }
+
+    /// The coordinator core, for what the control task publishes.
+    pub(crate) fn coordinator(&self) -> &CoordinatorCore {
+        &self.coordinator
+    }
+
+    /// The coordinator core, to take its closed rounds.
+    pub(crate) fn coordinator_mut(&mut self) -> &mut CoordinatorCore {
+        &mut self.coordinator
+    }
+
+    /// The region side.
+    pub(crate) fn side(&self) -> &RegionCore {
+        &self.side
+    }
+
+    /// When [`handle_timeout`](Self::handle_timeout) has something to do,
+    /// if nothing else happens first.
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
+        match (self.coordinator.poll_timeout(), self.side.poll_timeout()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// A new membership view. The acting coordinator is decided first
+    /// (SPEC §13.15); a node that takes the role over seeds the coordinator
+    /// core from its own replica and registration before the gone
+    /// members' homes leave it below (their shards are then known as
+    /// theirs, and move as dead-owner moves); then the region side lets go
+    /// of the gone members, the coordinator core sees the view, and the
+    /// region side follows the coordinator and catches a new one up.
+    pub(crate) fn membership(
+        &mut self,
+        now: Instant,
+        mut state: MembershipState,
+        regions: &dyn LocalRegions,
+    ) -> Vec<ControlCommand> {
+        let mut out = Vec::new();
+        let acting = self.coordinator.acting(now, &state);
+        state.coordinator = acting;
+        if RegionCore::is_out(&state) {
+            out.push(ControlCommand::Fence);
+        }
+        if state.coordinator == Some(self.me) && !self.coordinator.is_active() {
+            let own = self.side.registrations(regions);
+            for reg in &own {
+                let homes: Vec<(u32, ShardHome)> = reg
+                    .homes
+                    .iter()
+                    .map(|&(shard, owner, generation)| (shard, ShardHome { owner, generation }))
+                    .collect();
+                self.coordinator
+                    .seed(&reg.type_name, reg.fingerprint, reg.num_shards, &homes);
+            }
+            let commands = self.coordinator.register(now, self.me, &own);
+            self.coordinator_out(now, regions, commands, &mut out);
+        }
+        let commands = self.side.members(&state, regions);
+        self.side_out(now, regions, commands, &mut out);
+        let commands = self.coordinator.apply_membership(now, &state, acting);
+        self.coordinator_out(now, regions, commands, &mut out);
+        let epoch = self.coordinator.highest_epoch();
+        let commands = self.side.follow(now, state.coordinator, regions, epoch);
+        self.side_out(now, regions, commands, &mut out);
+        let commands = self.side.catch_up(now, regions);
+        self.side_out(now, regions, commands, &mut out);
+        out
+    }
+
+    /// A control message from `from` (this node itself included). The
+    /// stats exchange (`GetStats`, `Stats`) is the driver's, not this
+    /// core's: it is ignored here.
+    pub(crate) fn control(
+        &mut self,
+        now: Instant,
+        from: UniqueAddress,
+        msg: ControlMsg,
+        regions: &dyn LocalRegions,
+    ) -> Vec<ControlCommand> {
+        let mut out = Vec::new();
+        self.handle_queue(now, regions, VecDeque::from([(from, msg)]), &mut out);
+        out
+    }
+
+    /// A shard has messages and no home.
+    pub(crate) fn allocate(
+        &mut self,
+        now: Instant,
+        regions: &dyn LocalRegions,
+        type_name: &'static str,
+        shard: u32,
+    ) -> Vec<ControlCommand> {
+        let mut out = Vec::new();
+        let commands = self.side.allocate(now, regions, type_name, shard);
+        self.side_out(now, regions, commands, &mut out);
+        out
+    }
+
+    /// An entity type was registered here.
+    pub(crate) fn type_registered(
+        &mut self,
+        now: Instant,
+        regions: &dyn LocalRegions,
+    ) -> Vec<ControlCommand> {
+        let mut out = Vec::new();
+        let epoch = self.coordinator.highest_epoch();
+        let commands = self.side.register(now, regions, epoch);
+        self.side_out(now, regions, commands, &mut out);
+        out
+    }
+
+    /// A handed-off shard stopped and what its entities recorded is in the
+    /// store.
+    pub(crate) fn shard_stopped(
+        &mut self,
+        now: Instant,
+        regions: &dyn LocalRegions,
+        type_name: &'static str,
+        shard: u32,
+        generation: u64,
+    ) -> Vec<ControlCommand> {
+        let mut out = Vec::new();
+        let commands = self.side.shard_stopped(now, type_name, shard, generation);
+        self.side_out(now, regions, commands, &mut out);
+        out
+    }
+
+    /// The system shut down: its regions (of `types`) are gone.
+    pub(crate) fn retire(
+        &mut self,
+        now: Instant,
+        regions: &dyn LocalRegions,
+        types: Vec<String>,
+    ) -> Vec<ControlCommand> {
+        let mut out = Vec::new();
+        let commands = self.side.retire(now, types);
+        self.side_out(now, regions, commands, &mut out);
+        out
+    }
+
+    /// Starts a graceful leave. The flag says whether handoffs are worth
+    /// waiting for: not when there is no coordinator, nor when this node
+    /// coordinates and no other region can take a shard.
+    pub(crate) fn begin_leave(
+        &mut self,
+        now: Instant,
+        regions: &dyn LocalRegions,
+    ) -> (bool, Vec<ControlCommand>) {
+        let mut out = Vec::new();
+        let (me, core) = (self.me, &self.coordinator);
+        let (wait, commands) = self.side.begin_leave(now, regions, |types| {
+            core.is_active() && !types.iter().any(|t| core.has_host_besides(t, &me))
+        });
+        self.side_out(now, regions, commands, &mut out);
+        (wait, out)
+    }
+
+    /// Time alone has work: the view (`state`, as the membership publishes
+    /// it) is looked at again when a hold on a flagged coordinator may have
+    /// run out; then the coordinator core acts, and the region side's
+    /// timers run step by step, each step's messages to this node landing
+    /// before the next step looks.
+    pub(crate) fn handle_timeout(
+        &mut self,
+        now: Instant,
+        state: &MembershipState,
+        regions: &dyn LocalRegions,
+    ) -> Vec<ControlCommand> {
+        let mut out = Vec::new();
+        if self.coordinator.holding()
+            && self.coordinator.acting(now, state) != self.coordinator.acting_now()
+        {
+            out.extend(self.membership(now, state.clone(), regions));
+        }
+        let commands = self.coordinator.tick(now);
+        self.coordinator_out(now, regions, commands, &mut out);
+        let commands = self.side.retry_requests(now, regions);
+        self.side_out(now, regions, commands, &mut out);
+        let epoch = self.coordinator.highest_epoch();
+        let commands = self.side.reregister(now, regions, epoch);
+        self.side_out(now, regions, commands, &mut out);
+        let commands = self.side.repeat_reports(now, regions);
+        self.side_out(now, regions, commands, &mut out);
+        out
+    }
+
+    /// The coordinator core's commands: each message to this node is
+    /// handled (with what it leads to) before the next command.
+    fn coordinator_out(
+        &mut self,
+        now: Instant,
+        regions: &dyn LocalRegions,
+        commands: Vec<Command>,
+        out: &mut Vec<ControlCommand>,
+    ) {
+        for command in commands {
+            match command {
+                Command::Send { to, msg } => self.send(now, regions, to, msg, out),
+            }
+        }
+    }
+
+    /// The region side's commands, as [`coordinator_out`](Self::coordinator_out).
+    fn side_out(
+        &mut self,
+        now: Instant,
+        regions: &dyn LocalRegions,
+        commands: Vec<RegionCommand>,
+        out: &mut Vec<ControlCommand>,
+    ) {
+        for command in commands {
+            match command {
+                RegionCommand::Send { to, msg } => self.send(now, regions, to, msg, out),
+                RegionCommand::FailAsks(node) => out.push(ControlCommand::FailAsks(node)),
+            }
+        }
+    }
+
+    fn send(
+        &mut self,
+        now: Instant,
+        regions: &dyn LocalRegions,
+        to: UniqueAddress,
+        msg: ControlMsg,
+        out: &mut Vec<ControlCommand>,
+    ) {
+        if to == self.me {
+            self.handle_queue(now, regions, VecDeque::from([(to, msg)]), out);
+        } else {
+            out.push(ControlCommand::Send { to, msg });
+        }
+    }
+
+    /// Handles `queue` in order; the coordinator core's messages to this
+    /// node join its end.
+    fn handle_queue(
+        &mut self,
+        now: Instant,
+        regions: &dyn LocalRegions,
+        mut queue: VecDeque<(UniqueAddress, ControlMsg)>,
+        out: &mut Vec<ControlCommand>,
+    ) {
+        while let Some((from, msg)) = queue.pop_front() {
+            let commands = match msg {
+                ControlMsg::Register { types, epoch } => {
+                    self.coordinator.observe_epoch(epoch);
+                    self.coordinator.register(now, from, &types)
+                }
+                ControlMsg::Unregister { types } => self.coordinator.unregister(now, from, &types),
+                ControlMsg::GetHome {
+                    type_name,
+                    shard,
+                    generation,
+                } => self
+                    .coordinator
+                    .get_home(now, from, &type_name, shard, generation),
+                ControlMsg::ShardStopped {
+                    type_name,
+                    shard,
+                    generation,
+                } => self
+                    .coordinator
+                    .shard_stopped(now, from, &type_name, shard, generation),
+                ControlMsg::Leave { types } => self.coordinator.leave(now, from, &types),
+                msg @ (ControlMsg::Home { .. }
+                | ControlMsg::Table { .. }
+                | ControlMsg::HandOff { .. }
+                | ControlMsg::Left { .. }
+                | ControlMsg::Refused { .. }) => {
+                    if !self.side.hears(from) {
+                        tracing::debug!(node = %self.me, %from, "a home from a node that is not the coordinator here: ignored");
+                    } else if !self.coordinator.accept_epoch(&msg) {
+                        // Fencing (SPEC §13.15): a coordinator of an older
+                        // term. Register again, carrying the higher epoch,
+                        // so that it takes one above it if it is still in
+                        // charge.
+                        tracing::debug!(node = %self.me, %from, epoch = ?msg.coordinator_epoch(), highest = self.coordinator.highest_epoch(), "a coordinator message from an older epoch: ignored");
+                        self.side.older_epoch();
+                    } else {
+                        self.side.coordinator_said(from, msg, regions);
+                    }
+                    Vec::new()
+                }
+                ControlMsg::GetStats { .. } | ControlMsg::Stats { .. } => Vec::new(),
+            };
+            for command in commands {
+                match command {
+                    Command::Send { to, msg } if to == self.me => queue.push_back((to, msg)),
+                    Command::Send { to, msg } => out.push(ControlCommand::Send { to, msg }),
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "control_core_tests.rs"]
+mod tests;
