@@ -60,47 +60,42 @@
 #[path = "private.rs"]
 pub mod __private;
 pub mod cluster;
-mod config;
-mod dispatch;
 mod entity;
-mod envelope;
-mod error;
-mod extractor;
-mod fast_hash;
 pub mod guarantees;
-pub mod identity;
-#[cfg(feature = "management")]
-pub mod management;
 pub mod membership;
+mod model;
+mod ops;
 pub mod persistence;
-mod protocol;
 mod reliable;
 mod runtime;
 pub mod sharding;
-mod store;
 mod system;
-pub mod telemetry;
 pub mod transport;
-mod warn_limit;
+mod util;
 pub mod wire;
 
-pub use config::{
-    EntityLimit, MAX_SHARDS, PassivationPolicy, RememberEntitiesConfig,
-    RememberEntitiesFailurePolicy, RememberEntitiesQueueFull, ShardingConfig,
-};
+pub use model::identity;
+#[cfg(feature = "management")]
+pub use ops::management;
+pub use ops::telemetry;
+
 pub use entity::{
     DeferredHandler, DurableState, Entity, EntityContext, EventSourced, Handler, Migratable,
     MigrationEvent, ReplyPort, Snapshotted,
 };
-pub use error::{Processed, RegionRefusal, ShardingError, ShardingResult};
-pub use extractor::{DefaultShardExtractor, ShardExtractor, ShardId, fnv1a_64};
-pub use protocol::{Ask, Message, MessageInfo, MessageKind, Protocol, Tell};
-pub use reliable::{DurableProducer, ProducerConfig, ProducerStats, ReliableProducer};
-pub use store::{
+pub use model::config::{
+    EntityLimit, MAX_SHARDS, PassivationPolicy, RememberEntitiesConfig,
+    RememberEntitiesFailurePolicy, RememberEntitiesQueueFull, ShardingConfig,
+};
+pub use model::error::{Processed, RegionRefusal, ShardingError, ShardingResult};
+pub use model::extractor::{DefaultShardExtractor, ShardExtractor, ShardId, fnv1a_64};
+pub use model::protocol::{Ask, Message, MessageInfo, MessageKind, Protocol, Tell};
+pub use persistence::remember::{
     FILE_STORE_VERSION, FileStore, FileStoreFsyncPolicy, InMemoryStore, LOCK_FILE, MAX_ENTITY_ID,
     MAX_TYPE_NAME, NoStore, RememberEntitiesEvent, RememberEntitiesOperation,
     RememberEntitiesStore, RememberRecord, StoreError, StoreRepair,
 };
+pub use reliable::{DurableProducer, ProducerConfig, ProducerStats, ReliableProducer};
 pub use system::registration::{self, Registration};
 pub use system::{EntityRef, ShardedSystem, ShardedSystemBuilder};
 

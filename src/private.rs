@@ -8,9 +8,11 @@
 //! re-exported, so the macro's paths stay `$crate::__private::…`; nothing
 //! in the crate imports this module.
 
-pub use crate::dispatch::{Deferred, Direct, Dispatch, Handles, Outcome, decode_as, handle_local};
-pub use crate::envelope::{LocalEnvelope, RemoteReply, ReplyTarget, Undecodable};
-pub use crate::protocol::{SealedAsk, SealedMessage, SealedProtocol, SealedTell};
+pub use crate::model::envelope::{LocalEnvelope, RemoteReply, ReplyTarget, Undecodable};
+pub use crate::model::protocol::{SealedAsk, SealedMessage, SealedProtocol, SealedTell};
+pub use crate::runtime::dispatch::{
+    Deferred, Direct, Dispatch, Handles, Outcome, decode_as, handle_local,
+};
 pub use futures_util::future::{Either, ready};
 
 /// FNV-1a 64 over `parts`, each followed by the byte 0xff (which no UTF-8
@@ -54,8 +56,8 @@ pub const fn valid_wire_name(name: &str) -> bool {
 
 /// The remote-envelope path, exposed for `benches/envelope.rs` only.
 pub mod bench {
-    use crate::envelope::ReplyTarget;
-    use crate::identity::{NodeId, UniqueAddress};
+    use crate::model::envelope::ReplyTarget;
+    use crate::model::identity::{NodeId, UniqueAddress};
     use crate::sharding::fast::{self, DataRef, EnvelopeRef};
     use crate::sharding::wire::{DataMsg, DataMsgOut};
 
@@ -119,24 +121,24 @@ pub mod bench {
     /// Decodes a user message or reply as the receiving node does
     /// (cbor4ii, with ciborium for what cbor4ii leaves).
     pub fn decode_message<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Option<T> {
-        crate::envelope::from_cbor(bytes).ok()
+        crate::model::envelope::from_cbor(bytes).ok()
     }
 
     /// Decodes it with ciborium alone, as the receiving node did before.
     pub fn decode_message_ciborium<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Option<T> {
-        crate::envelope::from_ciborium(bytes).ok()
+        crate::model::envelope::from_ciborium(bytes).ok()
     }
 
     /// A write-behind queue over an in-memory store, for timing what
     /// recording one id costs the region (the push only).
-    pub struct RememberQueue(std::sync::Arc<crate::store::writer::Remember>);
+    pub struct RememberQueue(std::sync::Arc<crate::persistence::remember::writer::Remember>);
 
     impl RememberQueue {
         /// A queue of `capacity` records in front of an in-memory store.
         pub fn new(capacity: usize) -> Self {
             let config = crate::RememberEntitiesConfig::default().with_queue_capacity(capacity);
             RememberQueue(
-                crate::store::writer::Remember::start(
+                crate::persistence::remember::writer::Remember::start(
                     std::sync::Arc::new(crate::InMemoryStore::new()),
                     &config,
                 )
@@ -168,7 +170,7 @@ pub mod bench {
 #[cfg(test)]
 mod tests {
     use super::{fingerprint, valid_wire_name};
-    use crate::protocol::Protocol;
+    use crate::model::protocol::Protocol;
     use serde::{Deserialize, Serialize};
 
     #[derive(Serialize, Deserialize)]

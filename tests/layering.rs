@@ -6,25 +6,26 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// Each top-level module's layer, lowest first. A module may use its own
-/// layer and those below it.
+/// Each module's layer, lowest first; a module not listed takes the layer
+/// of its nearest listed ancestor. A module may use its own layer and
+/// those below it.
 const LAYERS: &[(&str, u8)] = &[
-    ("identity", 0),
-    ("warn_limit", 0),
-    ("fast_hash", 0),
-    ("telemetry", 0),
-    ("extractor", 0),
+    ("model", 0),
+    ("model/extractor", 0),
+    ("model/identity", 0),
+    ("util", 0),
+    ("ops/telemetry", 0),
     ("wire", 1),
-    ("error", 1),
+    ("model/error", 1),
     ("persistence", 1),
-    ("config", 2),
-    ("envelope", 2),
+    ("model/config", 2),
+    ("model/envelope", 2),
     ("transport", 2),
     ("membership", 2),
-    ("protocol", 3),
+    ("persistence/remember/writer", 2),
+    ("model/protocol", 3),
     ("entity", 4),
-    ("dispatch", 5),
-    ("store", 5),
+    ("runtime/dispatch", 5),
     ("cluster", 5),
     ("runtime", 6),
     ("sharding", 7),
@@ -32,19 +33,42 @@ const LAYERS: &[(&str, u8)] = &[
     ("reliable", 8),
     ("private", 8),
     ("guarantees", 8),
-    ("management", 9),
+    ("ops", 9),
+    ("ops/management", 9),
     ("lib", 9),
 ];
 
 /// The state machines that decide without doing: they take `now` and
 /// give commands (or call a host), and never name an executor, an actor
-/// runtime or the clock.
-/// A folder stands for every source file under it but its tests.
+/// runtime or the clock. A folder stands for every source file under it
+/// but its tests.
 const CORES: &[&str] = &[
     "src/membership/core",
     "src/sharding/coordinator",
     "src/runtime/slot",
     "src/sharding/region_core.rs",
+    "src/sharding/control_core.rs",
+];
+
+/// What the cores may import besides each other and their own folder:
+/// the model, and the data the protocol each one runs is spoken in — the
+/// membership's view and gossip, the sharding control messages, a shard's
+/// mailbox and passivation bookkeeping, a migrated state, a remembered
+/// entity's record. Nothing here runs a task or holds a socket.
+const CORE_MAY_IMPORT: &[&str] = &[
+    "model",
+    "membership/config",
+    "membership/error",
+    "membership/gossip",
+    "membership/protocol",
+    "membership/ring",
+    "membership/state",
+    "membership/status",
+    "sharding/wire",
+    "runtime/mailbox",
+    "runtime/passivation",
+    "entity/migration",
+    "persistence/remember",
 ];
 
 /// The files of the cores, each folder walked as `sources` walks `src/`.
@@ -94,42 +118,199 @@ fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// The identifiers after each `prefix` in `code`; `prefix::{a, b}` gives both.
-fn paths_after<'a>(code: &'a str, prefix: &str) -> Vec<(&'a str, Option<&'a str>)> {
-    let ident = |s: &'a str| {
-        let end = s
-            .find(|c: char| !(c.is_alphanumeric() || c == '_'))
-            .unwrap_or(s.len());
-        &s[..end]
-    };
+/// The paths after each `prefix` in `code`, as their segments:
+/// `prefix::a::b::C` gives `[a, b, C]`; `prefix::{a::B, c}` gives `[a, B]`
+/// and `[c]`; `prefix::a::{b::C, d::{E, F}}` gives `[a, b, C]`,
+/// `[a, d, E]` and `[a, d, F]`.
+fn paths_after<'a>(code: &'a str, prefix: &str) -> Vec<Vec<&'a str>> {
+    /// The paths of `rest` (a path, maybe ending in a group) under `base`.
+    fn walk<'a>(mut rest: &'a str, mut base: Vec<&'a str>, out: &mut Vec<Vec<&'a str>>) {
+        loop {
+            if let Some(group) = rest.strip_prefix('{') {
+                for item in split_group(group) {
+                    walk(item.trim(), base.clone(), out);
+                }
+                return;
+            }
+            let end = rest
+                .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+                .unwrap_or(rest.len());
+            if end == 0 {
+                break;
+            }
+            base.push(&rest[..end]);
+            match rest[end..].strip_prefix("::") {
+                Some(next) => rest = next,
+                None => break,
+            }
+        }
+        if !base.is_empty() {
+            out.push(base);
+        }
+    }
+    /// The items of a group, `{` already taken, up to its matching `}`.
+    fn split_group(group: &str) -> Vec<&str> {
+        let (mut depth, mut from, mut items) = (0usize, 0, Vec::new());
+        for (at, c) in group.char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' if depth == 0 => {
+                    items.push(&group[from..at]);
+                    return items;
+                }
+                '}' => depth -= 1,
+                ',' if depth == 0 => {
+                    items.push(&group[from..at]);
+                    from = at + 1;
+                }
+                _ => {}
+            }
+        }
+        items.push(&group[from..]);
+        items
+    }
     let mut found = Vec::new();
     for (at, _) in code.match_indices(prefix) {
-        let rest = &code[at + prefix.len()..];
-        if let Some(group) = rest.strip_prefix('{') {
-            let group = &group[..group.find('}').unwrap_or(group.len())];
-            for item in group.split(',') {
-                let item = item.trim();
-                let first = ident(item);
-                let second = item[first.len()..].strip_prefix("::").map(ident);
-                found.push((first, second));
-            }
-        } else {
-            let first = ident(rest);
-            let second = rest[first.len()..].strip_prefix("::").map(ident);
-            found.push((first, second));
+        // `$crate::` is a macro's path, resolved where it expands.
+        if code[..at].ends_with('$') {
+            continue;
         }
+        walk(&code[at + prefix.len()..], Vec::new(), &mut found);
     }
     found
 }
 
-/// Every module each file imports, by the modules' paths.
+/// The modules under `src`, by path (`sharding/driver`, `lib`).
+fn modules(src: &Path) -> BTreeSet<String> {
+    let mut files = Vec::new();
+    sources(src, &mut files);
+    let mut all = BTreeSet::new();
+    for file in files {
+        let module = module_of(src, &file);
+        // A folder's files make it a module even without code of its own.
+        let mut at = module.as_str();
+        while let Some((parent, _)) = at.rsplit_once('/') {
+            all.insert(parent.to_owned());
+            at = parent;
+        }
+        all.insert(module);
+    }
+    all
+}
+
+/// The module a path from the crate root names: its longest prefix that
+/// is a module, then (when the next segment is a name that module
+/// re-exports) the module that holds that name, and so on. A path that
+/// starts with no module is looked up among the root's re-exports.
+fn resolve(
+    modules: &BTreeSet<String>,
+    reexports: &BTreeMap<(String, String), String>,
+    path: &[&str],
+) -> Option<String> {
+    let (mut module, mut used) = (1..=path.len())
+        .rev()
+        .map(|n| (path[..n].join("/"), n))
+        .find(|(m, _)| modules.contains(m))
+        .unwrap_or_else(|| ("lib".to_owned(), 0));
+    // (Bounded: a re-export names a module that holds the name.)
+    for _ in 0..8 {
+        let Some(next) = path.get(used) else { break };
+        match reexports.get(&(module.clone(), (*next).to_owned())) {
+            Some(holder) if *holder != module => {
+                module = holder.clone();
+                used += 1;
+            }
+            _ => break,
+        }
+    }
+    (module != "lib" || used > 0).then_some(module)
+}
+
+/// What each module re-exports (`pub use self::a::B`, `pub(crate) use
+/// crate::c::{D, self}`): by the module and the name it is known by there,
+/// the module that holds it.
+fn reexports(src: &Path, modules: &BTreeSet<String>) -> BTreeMap<(String, String), String> {
+    let mut files = Vec::new();
+    sources(src, &mut files);
+    let mut out = BTreeMap::new();
+    for file in files {
+        let me = module_of(src, &file);
+        let text = std::fs::read_to_string(&file).expect("readable");
+        let code: String = text
+            .lines()
+            .map(|l| l.split("//").next().unwrap_or(""))
+            .collect::<Vec<_>>()
+            .join("\n");
+        // The module `self::` names: a file's own module (the root's is
+        // empty), under which its children are found.
+        let here: Vec<&str> = if me == "lib" {
+            Vec::new()
+        } else {
+            me.split('/').collect()
+        };
+        for statement in code.split(';') {
+            let Some(at) = ["pub use ", "pub(crate) use ", "pub(super) use "]
+                .iter()
+                .find_map(|p| statement.find(p).map(|at| at + p.len()))
+            else {
+                continue;
+            };
+            let used = statement[at..].trim();
+            let (base, names): (&str, Vec<&str>) = match used.split_once("::{") {
+                Some((base, group)) => (
+                    base,
+                    group
+                        .trim_end_matches('}')
+                        .split(',')
+                        .map(str::trim)
+                        .collect(),
+                ),
+                None => match used.rsplit_once("::") {
+                    Some((base, name)) => (base, vec![name]),
+                    None => continue,
+                },
+            };
+            let mut base: Vec<&str> = base.split("::").collect();
+            match base.first().copied() {
+                Some("crate") => {
+                    base.remove(0);
+                }
+                Some("self") => {
+                    base.splice(0..1, here.iter().copied());
+                }
+                Some(_) => {
+                    // A child module (an external crate is no module here).
+                    base.splice(0..0, here.iter().copied());
+                }
+                None => continue,
+            }
+            for name in names.into_iter().filter(|n| !n.is_empty()) {
+                let name = name.split(" as ").next().unwrap_or(name).trim();
+                let (alias, path) = if name == "self" {
+                    (base.last().copied().unwrap_or_default(), base.clone())
+                } else {
+                    let mut path = base.clone();
+                    path.push(name);
+                    (name, path)
+                };
+                if let Some(module) = resolve(modules, &BTreeMap::new(), &path) {
+                    out.insert((me.clone(), alias.to_owned()), module);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Every module each file imports, by the modules' paths; a name the crate
+/// root re-exports (`crate::ShardingError`) is followed to the module that
+/// defines it.
 fn imports() -> BTreeMap<String, BTreeSet<String>> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut files = Vec::new();
     sources(&src, &mut files);
-    let exists = |module: &str| {
-        src.join(format!("{module}.rs")).exists() || src.join(module).join("mod.rs").exists()
-    };
+    let modules = modules(&src);
+    let reexports = reexports(&src, &modules);
     let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for file in files {
         let me = module_of(&src, &file);
@@ -140,24 +321,21 @@ fn imports() -> BTreeMap<String, BTreeSet<String>> {
             .collect::<Vec<_>>()
             .join("\n");
         let edges = graph.entry(me.clone()).or_default();
-        for (first, second) in paths_after(&code, "crate::") {
-            if !exists(first) {
-                continue; // an item re-exported at the root, or `crate::Foo`
-            }
-            let target = match second.map(|s| format!("{first}/{s}")) {
-                Some(sub) if exists(&sub) => sub,
-                _ => first.to_owned(),
-            };
-            if target != me {
+        for path in paths_after(&code, "crate::") {
+            if let Some(target) = resolve(&modules, &reexports, &path).filter(|t| *t != me) {
                 edges.insert(target);
             }
         }
         let is_mod_rs = file.file_name().is_some_and(|n| n == "mod.rs");
         if let Some((parent, _)) = me.rsplit_once('/').filter(|_| !is_mod_rs) {
-            for (first, _) in paths_after(&code, "super::") {
-                let sibling = format!("{parent}/{first}");
-                if exists(&sibling) {
-                    edges.insert(sibling);
+            for path in paths_after(&code, "super::") {
+                let mut full = vec![parent];
+                full.extend(path);
+                // (A sibling's item the parent re-exports is the parent's
+                // here: the parts of one concept's folder may share it.)
+                let direct = BTreeMap::new();
+                if let Some(target) = resolve(&modules, &direct, &full).filter(|t| t != parent) {
+                    edges.insert(target);
                 }
             }
         }
@@ -166,22 +344,26 @@ fn imports() -> BTreeMap<String, BTreeSet<String>> {
 }
 
 fn layer(module: &str) -> u8 {
-    let top = module.split('/').next().unwrap_or(module);
     LAYERS
         .iter()
-        .find(|(name, _)| *name == top)
+        .filter(|(name, _)| {
+            module == *name
+                || module
+                    .strip_prefix(name)
+                    .is_some_and(|rest| rest.starts_with('/'))
+        })
+        .max_by_key(|(name, _)| name.len())
         .map(|(_, l)| *l)
-        .unwrap_or_else(|| panic!("module `{top}` has no layer in tests/layering.rs"))
+        .unwrap_or_else(|| panic!("module `{module}` has no layer in tests/layering.rs"))
 }
 
-/// The imports of `graph` that go up a layer, by top-level module.
+/// The imports of `graph` that go up a layer.
 fn upward(graph: &BTreeMap<String, BTreeSet<String>>) -> BTreeSet<(String, String)> {
-    let top = |m: &str| m.split('/').next().unwrap_or(m).to_owned();
     let mut found = BTreeSet::new();
     for (from, targets) in graph {
         for to in targets {
             if layer(to) > layer(from) {
-                found.insert((top(from), top(to)));
+                found.insert((from.clone(), to.clone()));
             }
         }
     }
@@ -198,19 +380,44 @@ fn layers_import_only_downward() {
 }
 
 /// The checker sees what it must: the parser finds the module of each
-/// import, and an import from the runtime into the sharding layer is
-/// upward. (Limits: an item the crate root re-exports, `crate::Foo`, is
-/// not followed to the module that defines it; `self::` and
+/// import, a root re-export is followed, and an import from the runtime
+/// into the sharding layer is upward. (Limits: `self::` and
 /// `super::super::` paths, and `/* */` comments, are not read.)
 #[test]
 fn the_upward_check_finds_an_upward_import() {
-    let code = "use crate::sharding::{driver::DriverMsg, remote};\nuse crate::envelope::X;";
-    // (A group after a module is not entered: the import is still the
-    // sharding layer's, which is what the layer check needs.)
+    let code =
+        "use crate::sharding::{driver::DriverMsg, remote};\nuse crate::{model::envelope::X, Y};";
     assert_eq!(
         paths_after(code, "crate::"),
-        [("sharding", Some("")), ("envelope", Some("X"))]
+        [
+            vec!["sharding", "driver", "DriverMsg"],
+            vec!["sharding", "remote"],
+            vec!["model", "envelope", "X"],
+            vec!["Y"]
+        ]
     );
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let modules = modules(&src);
+    let reexports = reexports(&src, &modules);
+    let at = |path: &[&str]| resolve(&modules, &reexports, path);
+    assert_eq!(
+        at(&["model", "envelope", "X"]).as_deref(),
+        Some("model/envelope")
+    );
+    assert_eq!(at(&["ShardingError"]).as_deref(), Some("model/error"));
+    assert_eq!(
+        at(&["Registration"]).as_deref(),
+        Some("system/registration")
+    );
+    assert_eq!(
+        at(&["identity", "NodeId"]).as_deref(),
+        Some("model/identity")
+    );
+    assert_eq!(
+        at(&["membership", "MembershipState"]).as_deref(),
+        Some("membership/state")
+    );
+    assert_eq!(at(&["NotAName"]), None);
     let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     graph
         .entry("runtime/region".into())
@@ -223,7 +430,45 @@ fn the_upward_check_finds_an_upward_import() {
     let found = upward(&graph);
     assert_eq!(
         found,
-        BTreeSet::from([("runtime".to_owned(), "sharding".to_owned())])
+        BTreeSet::from([("runtime/region".to_owned(), "sharding/driver".to_owned())])
+    );
+}
+
+/// The cores import only the model, the data their protocols speak
+/// (`CORE_MAY_IMPORT`), each other, and their own folder's files.
+#[test]
+fn the_cores_import_only_the_model_and_their_data() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let src = root.join("src");
+    let graph = imports();
+    let cores: Vec<String> = CORES
+        .iter()
+        .map(|c| {
+            c.trim_start_matches("src/")
+                .trim_end_matches(".rs")
+                .to_owned()
+        })
+        .collect();
+    let within = |module: &str, of: &str| {
+        module == of
+            || module
+                .strip_prefix(of)
+                .is_some_and(|rest| rest.starts_with('/'))
+    };
+    let mut found = BTreeSet::new();
+    for file in core_files(root) {
+        let me = module_of(&src, &file);
+        for target in graph.get(&me).into_iter().flatten() {
+            let allowed = CORE_MAY_IMPORT.iter().any(|m| within(target, m))
+                || cores.iter().any(|c| within(target, c));
+            if !allowed {
+                found.insert((me.clone(), target.clone()));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "a core imports what is neither the model nor its data: {found:?}"
     );
 }
 
@@ -335,5 +580,5 @@ fn the_circle_finder_finds_circles_and_only_them() {
     assert_eq!(found, BTreeSet::from([abc]));
     assert!(circles(&graph(&[("a", "b"), ("b", "c"), ("a", "c")])).is_empty());
     let found = paths_after("use crate::{wire::Frame, identity};", "crate::");
-    assert_eq!(found, vec![("wire", Some("Frame")), ("identity", None)]);
+    assert_eq!(found, vec![vec!["wire", "Frame"], vec!["identity"]]);
 }

@@ -10,13 +10,13 @@ use tokio::task::JoinHandle;
 
 use super::config::ClusterConfig;
 use super::discovery::SeedDiscovery;
-use crate::identity::{NodeId, UniqueAddress};
 use crate::membership::{
     Command, MemberStatus, MembershipCore, MembershipError, MembershipEvent, MembershipMsg,
     MembershipState, Target,
 };
+use crate::model::identity::{NodeId, UniqueAddress};
 use crate::transport::{ConnectError, Incoming, Transport};
-use crate::warn_limit::{WarnLimit, warn_limited};
+use crate::util::warn_limit::{WarnLimit, warn_limited};
 use crate::wire::RejectReason;
 
 /// The transport channel membership messages travel on.
@@ -176,7 +176,7 @@ fn publish_members(state: &MembershipState) {
         )
     });
     let node = state.self_member.addr.to_string();
-    crate::telemetry::members(&node, &by_status, state.unreachable.len());
+    crate::ops::telemetry::members(&node, &by_status, state.unreachable.len());
 }
 
 /// Requests from handles to the driver.
@@ -284,7 +284,7 @@ impl ClusterNode {
         let (state_tx, state) = watch::channel(core.state());
         // The node's metrics read from its start, before the view changes.
         publish_members(&state.borrow());
-        crate::telemetry::node_started(&me.addr.to_string());
+        crate::ops::telemetry::node_started(&me.addr.to_string());
         let (events, _) = broadcast::channel(EVENT_CAPACITY);
         let (control, control_rx) = mpsc::unbounded_channel();
         let (refusals_tx, refusals) = mpsc::unbounded_channel();
@@ -820,7 +820,7 @@ impl Driver {
             let went_down = decisions.1 - self.decisions_counted.1;
             for (decision, n) in [("stay", stayed), ("down", went_down)] {
                 if n > 0 {
-                    crate::telemetry::split_brain_decisions(&node, decision, n);
+                    crate::ops::telemetry::split_brain_decisions(&node, decision, n);
                 }
             }
             self.decisions_counted = decisions;

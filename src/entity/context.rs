@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use super::{Deliveries, JournalHandle, StateHandle};
-use crate::extractor::ShardId;
+use crate::model::extractor::ShardId;
 
 /// Where an entity lives, given to its factory and to every handler.
 #[derive(Debug)]
@@ -14,7 +14,7 @@ pub struct EntityContext {
     pub(super) type_name: &'static str,
     pub(super) entity_id: Arc<str>,
     shard_id: ShardId,
-    pub(super) node: Option<crate::identity::UniqueAddress>,
+    pub(super) node: Option<crate::model::identity::UniqueAddress>,
     /// The allocation generation of the shard's hosting (0 on one node).
     pub(crate) generation: u64,
     passivate: AtomicBool,
@@ -44,7 +44,7 @@ impl EntityContext {
         type_name: &'static str,
         entity_id: Arc<str>,
         shard_id: ShardId,
-        node: Option<crate::identity::UniqueAddress>,
+        node: Option<crate::model::identity::UniqueAddress>,
     ) -> Self {
         EntityContext {
             type_name,
@@ -79,7 +79,7 @@ impl EntityContext {
 
     /// The cluster node this entity runs on (its identity: address, node
     /// id, incarnation); `None` on a system without a cluster node.
-    pub fn node(&self) -> Option<crate::identity::UniqueAddress> {
+    pub fn node(&self) -> Option<crate::model::identity::UniqueAddress> {
         self.node
     }
 

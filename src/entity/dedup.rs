@@ -6,8 +6,8 @@
 use std::sync::Arc;
 
 use super::EntityContext;
-use crate::envelope::Delivery;
-use crate::error::ShardingResult;
+use crate::model::envelope::Delivery;
+use crate::model::error::ShardingResult;
 use crate::persistence::{Payload, PersistenceError};
 
 /// One producer's record at an entity, as saved and migrated: `[producer,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use super::{DeliveryRow, Entity, EntityContext, Recovered, StateWriter, blocking_by, corrupt};
-use crate::error::ShardingResult;
+use crate::model::error::ShardingResult;
 use crate::persistence::{DurableStateStore, Payload, PersistenceError, PersistenceId, StateWrite};
 
 /// An entity whose whole state is saved, with a revision (Akka's durable

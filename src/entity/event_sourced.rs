@@ -5,7 +5,7 @@
 use std::future::Future;
 
 use super::{DeliveryRow, Entity, EntityContext, Recovered, corrupt, delivery_manifest};
-use crate::error::ShardingResult;
+use crate::model::error::ShardingResult;
 use crate::persistence::{EventRecord, Payload, PersistenceError};
 
 /// An entity whose state is the sum of the events it persisted: each

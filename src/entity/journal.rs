@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use super::{EntityContext, JournalWriter, Snapshots};
-use crate::error::ShardingResult;
+use crate::model::error::ShardingResult;
 use crate::persistence::{AtomicWrite, Payload, PersistenceError, PersistenceId};
 
 /// An event-sourced incarnation's link to its journal.

@@ -6,7 +6,7 @@
 use std::sync::atomic::Ordering;
 
 use super::{DeliveryRow, DurableState, Entity, EntityContext, Snapshotted};
-use crate::extractor::ShardId;
+use crate::model::extractor::ShardId;
 
 /// An entity whose in-memory state moves with it when its shard moves
 /// gracefully (live migration, Orleans' dehydrate / rehydrate): a
@@ -185,7 +185,7 @@ pub enum MigrationEvent {
         /// The shard.
         shard: ShardId,
         /// Its old owner.
-        from: crate::identity::UniqueAddress,
+        from: crate::model::identity::UniqueAddress,
         /// How many states came.
         entities: usize,
         /// Their encoded size.
@@ -201,7 +201,7 @@ pub enum MigrationEvent {
         /// Its old owner, when the move was a handoff; `None` for a shard
         /// that moved without one (its owner was lost, or its handoff
         /// timed out), which moves no state.
-        from: Option<crate::identity::UniqueAddress>,
+        from: Option<crate::model::identity::UniqueAddress>,
         /// Why: the old owner is gone, had none for this node, the
         /// migration timed out, or the move was not a handoff.
         reason: String,

@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering;
 
 use super::{EntityContext, MigratedState, blocking_by, snapshot_manifest, state_manifest};
-use crate::error::ShardingResult;
+use crate::model::error::ShardingResult;
 use crate::persistence::{
     EventRecord, Payload, PersistenceError, PersistenceId, SnapshotRecord, StateRecord,
 };

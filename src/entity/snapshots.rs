@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use super::{
     DeliveryRow, EntityContext, EventSourced, Recovered, blocking_by, corrupt, decode_events,
 };
-use crate::error::ShardingResult;
+use crate::model::error::ShardingResult;
 use crate::persistence::{Payload, PersistenceError, SnapshotRecord, SnapshotStore};
 
 /// An [`EventSourced`] entity that also saves snapshots of its state: one

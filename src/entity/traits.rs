@@ -6,8 +6,8 @@ use std::future::Future;
 use std::sync::Arc;
 
 use super::EntityContext;
-use crate::error::ShardingResult;
-use crate::protocol::{Message, Protocol};
+use crate::model::error::ShardingResult;
+use crate::model::protocol::{Message, Protocol};
 
 /// A stateful entity of one protocol.
 pub trait Entity: Send + 'static {
@@ -81,7 +81,7 @@ where
 #[must_use = "dropping a ReplyPort answers the asker with HandlerInterrupted"]
 pub struct ReplyPort<R> {
     /// `None` once answered.
-    reply: Option<crate::envelope::ReplyTo<R>>,
+    reply: Option<crate::model::envelope::ReplyTo<R>>,
     type_name: &'static str,
     entity_id: Arc<str>,
 }
@@ -101,7 +101,7 @@ impl<R> std::fmt::Debug for ReplyPort<R> {
 }
 
 impl<R: serde::Serialize + Send + 'static> ReplyPort<R> {
-    pub(crate) fn new(reply: crate::envelope::ReplyTo<R>, ctx: &EntityContext) -> Self {
+    pub(crate) fn new(reply: crate::model::envelope::ReplyTo<R>, ctx: &EntityContext) -> Self {
         ReplyPort {
             reply: Some(reply),
             type_name: ctx.type_name,

@@ -1,7 +1,7 @@
 //! Errors returned by the membership core.
 
 use super::status::MemberStatus;
-use crate::identity::UniqueAddress;
+use crate::model::identity::UniqueAddress;
 
 /// Why a call into [`MembershipCore`](super::MembershipCore) was refused.
 ///

@@ -24,7 +24,7 @@ use std::net::SocketAddr;
 use serde::{Deserialize, Serialize};
 
 use super::status::MemberStatus;
-use crate::identity::UniqueAddress;
+use crate::model::identity::UniqueAddress;
 
 /// A member identity ordered by age: `(incarnation, node_id)`, then address.
 ///
@@ -34,7 +34,7 @@ use crate::identity::UniqueAddress;
 pub(crate) struct MemberKey(pub(crate) UniqueAddress);
 
 impl MemberKey {
-    fn sort_key(&self) -> (u64, crate::identity::NodeId, SocketAddr) {
+    fn sort_key(&self) -> (u64, crate::model::identity::NodeId, SocketAddr) {
         (self.0.incarnation, self.0.node_id, self.0.addr)
     }
 }
@@ -314,7 +314,7 @@ impl Fnv {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::identity::NodeId;
+    use crate::model::identity::NodeId;
     use quickcheck::{Arbitrary, Gen};
     use quickcheck_macros::quickcheck;
 

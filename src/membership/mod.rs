@@ -45,7 +45,7 @@
 //!
 //! Every step raises the status's rank ([`MemberStatus`] derives `Ord` in
 //! that order), so a member's status only grows. Members are identified by
-//! their full [`UniqueAddress`](crate::identity::UniqueAddress): a node
+//! their full [`UniqueAddress`](crate::model::identity::UniqueAddress): a node
 //! restarted at the same address is a *new* member, and when it joins, the
 //! member that admits it downs the old incarnation.
 //!

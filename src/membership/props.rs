@@ -13,7 +13,7 @@ use quickcheck::{Arbitrary, Gen, QuickCheck, TestResult};
 
 use super::sim::Sim;
 use super::*;
-use crate::identity::UniqueAddress;
+use crate::model::identity::UniqueAddress;
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)

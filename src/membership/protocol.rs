@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use super::gossip::Gossip;
 use super::status::MemberStatus;
-use crate::identity::UniqueAddress;
+use crate::model::identity::UniqueAddress;
 
 /// A membership message between two nodes. The driver encodes it as an
 /// opaque payload on the membership channel of the pipe to the peer and

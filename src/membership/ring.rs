@@ -70,7 +70,7 @@ fn walk(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::identity::{NodeId, UniqueAddress};
+    use crate::model::identity::{NodeId, UniqueAddress};
     use quickcheck_macros::quickcheck;
     use std::net::SocketAddr;
 

@@ -14,7 +14,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use super::*;
-use crate::identity::{NodeId, UniqueAddress};
+use crate::model::identity::{NodeId, UniqueAddress};
 
 /// splitmix64: tiny, seedable, good enough for fault injection.
 #[derive(Clone, Debug)]

@@ -1,7 +1,7 @@
 //! A read-only snapshot of one node's view of the cluster.
 
 use super::status::MemberStatus;
-use crate::identity::{NodeId, UniqueAddress};
+use crate::model::identity::{NodeId, UniqueAddress};
 
 /// One member and its status.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use super::gossip::MemberKey;
 use super::sim::Sim;
 use super::*;
-use crate::identity::{NodeId, UniqueAddress};
+use crate::model::identity::{NodeId, UniqueAddress};
 
 const MS: Duration = Duration::from_millis(1);
 

@@ -22,7 +22,7 @@
 use std::collections::BTreeSet;
 
 use super::remember::{RememberEntitiesStore, RememberRecord};
-use crate::extractor::ShardId;
+use crate::model::extractor::ShardId;
 
 use super::{
     AtomicWrite, DurableStateStore, Journal, Payload, PersistenceError, PersistenceId,

@@ -36,7 +36,7 @@ use r2d2_postgres::postgres::{Client, GenericClient, IsolationLevel, NoTls, Row}
 use super::remember::{
     RememberEntitiesStore, RememberRecord, StoreError, final_states, record_one,
 };
-use crate::extractor::ShardId;
+use crate::model::extractor::ShardId;
 
 use super::{
     AtomicWrite, DurableStateStore, EventRecord, Journal, Payload, PersistenceError, PersistenceId,

@@ -31,7 +31,7 @@ use redb::{Database, ReadableTable, TableDefinition};
 use super::remember::{
     RememberEntitiesStore, RememberRecord, StoreError, final_states, record_one,
 };
-use crate::extractor::ShardId;
+use crate::model::extractor::ShardId;
 
 use super::{
     AtomicWrite, DurableStateStore, EventRecord, Journal, Payload, PersistenceError, PersistenceId,

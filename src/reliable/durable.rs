@@ -23,12 +23,12 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{Mutex, OwnedSemaphorePermit, oneshot};
 
 use super::{Attempt, ProducerConfig, ProducerStats, ReliableProducer, attempt_of, epoch_now};
-use crate::error::{ShardingError, ShardingResult};
+use crate::model::error::{ShardingError, ShardingResult};
+use crate::model::protocol::{Protocol, Tell};
 use crate::persistence::{
     AtomicWrite, Journal, Payload, PersistenceError, PersistenceId, SnapshotRecord, SnapshotStore,
     Writer,
 };
-use crate::protocol::{Protocol, Tell};
 use crate::system::ShardedSystem;
 
 /// Events between snapshots of a durable producer's journal.

@@ -30,10 +30,10 @@ mod durable;
 
 pub use durable::DurableProducer;
 
-use crate::envelope::Delivery;
-use crate::error::{ShardingError, ShardingResult};
+use crate::model::envelope::Delivery;
+use crate::model::error::{ShardingError, ShardingResult};
+use crate::model::protocol::{Protocol, Tell};
 use crate::persistence::PersistenceError;
-use crate::protocol::{Protocol, Tell};
 use crate::system::{EntityRef, ShardedSystem};
 
 /// How a [`ReliableProducer`] sends.

@@ -34,7 +34,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::fast_hash::FastMap;
+use crate::util::fast_hash::FastMap;
 
 /// How often the table is checked while it holds a deadline: an ask
 /// fails at most about this long after its deadline.

@@ -7,10 +7,10 @@ use std::time::{Duration, Instant};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
-use crate::dispatch::{Dispatch, OutcomeKind, panic_message};
 use crate::entity::{Entity, EntityContext, MigratedState, Migration, MigrationEvent, Recovered};
-use crate::error::{ShardingError, ShardingResult};
-use crate::extractor::ShardId;
+use crate::model::error::{ShardingError, ShardingResult};
+use crate::model::extractor::ShardId;
+use crate::runtime::dispatch::{Dispatch, OutcomeKind, panic_message};
 use crate::runtime::mailbox::{EntityMsg, RegionMsg};
 
 /// Builds an entity incarnation.

@@ -5,9 +5,9 @@
 use std::sync::Arc;
 
 use crate::entity::MigratedState;
-use crate::envelope::LocalEnvelope;
-use crate::extractor::ShardId;
-use crate::identity::UniqueAddress;
+use crate::model::envelope::LocalEnvelope;
+use crate::model::extractor::ShardId;
+use crate::model::identity::UniqueAddress;
 
 /// Migrated states of one shard's entities, by entity id.
 pub(crate) type States = Vec<(Arc<str>, MigratedState)>;

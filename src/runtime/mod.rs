@@ -29,6 +29,7 @@
 //! node, also when its shard moved away and came back meanwhile.
 
 pub(crate) mod ask_waits;
+pub(crate) mod dispatch;
 pub(crate) mod entity_actor;
 pub(crate) mod mailbox;
 pub(crate) mod passivation;

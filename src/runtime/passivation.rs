@@ -31,7 +31,7 @@ use std::sync::Arc;
 use count_min_sketch::CountMinSketch8;
 use lru::LruCache;
 
-use crate::config::PassivationPolicy;
+use crate::model::config::PassivationPolicy;
 
 /// Ids in recency order (least recent first out).
 type Recency = LruCache<Arc<str>, ()>;

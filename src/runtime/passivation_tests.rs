@@ -7,7 +7,7 @@ use std::sync::Arc;
 use quickcheck::quickcheck;
 
 use super::Passivator;
-use crate::config::PassivationPolicy::{self, LeastRecentlyUsed, SegmentedLru, WTinyLfu};
+use crate::model::config::PassivationPolicy::{self, LeastRecentlyUsed, SegmentedLru, WTinyLfu};
 
 /// Runs `script` (`+id`: start, `id`: a message, `-id`: no longer live)
 /// and gives the victims in order.

@@ -12,10 +12,10 @@ use std::sync::Arc;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
-use crate::dispatch::panic_message;
 use crate::entity::MigrationEvent;
-use crate::extractor::ShardId;
-use crate::identity::UniqueAddress;
+use crate::model::extractor::ShardId;
+use crate::model::identity::UniqueAddress;
+use crate::runtime::dispatch::panic_message;
 use crate::runtime::mailbox::{RegionMsg, States};
 use crate::runtime::region::Region;
 

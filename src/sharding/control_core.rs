@@ -20,8 +20,8 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use crate::identity::UniqueAddress;
 use crate::membership::MembershipState;
+use crate::model::identity::UniqueAddress;
 use crate::runtime::slot::ShardHome;
 use crate::sharding::coordinator::{Command, CoordinatorCore};
 use crate::sharding::region_core::{LocalRegions, RegionCommand, RegionCore};

@@ -22,9 +22,9 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use crate::envelope::ReplyTarget;
-use crate::identity::{NodeId, UniqueAddress};
-use crate::telemetry::TraceContext;
+use crate::model::envelope::ReplyTarget;
+use crate::model::identity::{NodeId, UniqueAddress};
+use crate::ops::telemetry::TraceContext;
 
 use crate::wire::cbor::{
     MAJOR_ARRAY, MAJOR_MAP, NULL, Reader, put_bytes, put_head, put_text, put_uint,

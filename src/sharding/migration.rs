@@ -24,8 +24,8 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use crate::entity::MigratedState;
-use crate::extractor::ShardId;
-use crate::identity::UniqueAddress;
+use crate::model::extractor::ShardId;
+use crate::model::identity::UniqueAddress;
 use crate::runtime::mailbox::States;
 use crate::runtime::region::{ChunkAnswer, Region};
 use crate::sharding::wire::{MigratedEntry, MigrationReply, MigrationRequest, encode_cbor};

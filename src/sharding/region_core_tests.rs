@@ -5,8 +5,8 @@ use std::cell::RefCell;
 use std::time::{Duration, Instant};
 
 use super::*;
-use crate::identity::NodeId;
 use crate::membership::Member;
+use crate::model::identity::NodeId;
 
 /// Regions of one type, `t`, that record what is done to them.
 pub(crate) struct Fake {

@@ -24,19 +24,19 @@ use tokio::time::Instant;
 
 use bytes::Bytes;
 
-use crate::envelope::{
+use crate::model::envelope::{
     LocalEnvelope, PendingReply, ReplySink, ReplyTarget, Route, with_frame, with_scratch,
 };
-use crate::error::{ShardingError, ShardingResult};
-use crate::extractor::ShardId;
-use crate::fast_hash::FastMap;
-use crate::identity::UniqueAddress;
+use crate::model::error::{ShardingError, ShardingResult};
+use crate::model::extractor::ShardId;
+use crate::model::identity::UniqueAddress;
 use crate::runtime::ask_waits::{Deadlines, lower};
 use crate::runtime::region::Region;
 use crate::sharding::coordinator::ShardHome;
 use crate::sharding::fast::{self, DeliveryRef, EnvelopeRef};
 use crate::sharding::wire::{DataMsgOut, RemoteError, ReplyBodyOut};
 use crate::transport::{SendFailure, Transport};
+use crate::util::fast_hash::FastMap;
 use crate::wire::COMPACT_DATA_VERSION;
 use crate::wire::channels::SHARDING_DATA;
 
@@ -548,7 +548,7 @@ mod tests {
     use tokio::sync::oneshot;
 
     use super::*;
-    use crate::identity::NodeId;
+    use crate::model::identity::NodeId;
 
     /// A pending ask as `forward_encoded` makes one, its deadline `at`
     /// kept by the table or not.

@@ -61,15 +61,15 @@ use super::region_core::LocalRegions;
 use super::remote::MAX_HOPS;
 use super::wire::{ControlMsg, TypeRegistration};
 use crate::entity::{Admission, Deliveries, DeliveryRow, MigratedState};
-use crate::envelope::Delivery;
-use crate::envelope::{LocalEnvelope, ReplyTo};
-use crate::error::{ShardingError, ShardingResult};
-use crate::extractor::ShardId;
-use crate::identity::{NodeId, UniqueAddress};
 use crate::membership::{Member, MemberStatus, MembershipState};
+use crate::model::envelope::Delivery;
+use crate::model::envelope::{LocalEnvelope, ReplyTo};
+use crate::model::error::{ShardingError, ShardingResult};
+use crate::model::extractor::ShardId;
+use crate::model::identity::{NodeId, UniqueAddress};
+use crate::persistence::remember::RememberEntitiesOperation;
 use crate::runtime::mailbox::States;
 use crate::runtime::slot::{HomeChange, Refused, Slot, SlotHost, Undelivered};
-use crate::store::RememberEntitiesOperation;
 
 const TYPE: &str = "sim";
 const SHARDS: u32 = 6;
@@ -461,7 +461,7 @@ impl SlotHost for Host {
         self.effects.push(Effect::ShardStopped(shard.0, generation));
     }
 
-    fn entity_share(&self) -> Option<(usize, crate::config::PassivationPolicy)> {
+    fn entity_share(&self) -> Option<(usize, crate::model::config::PassivationPolicy)> {
         None // (the simulator's histories run without a limit)
     }
 

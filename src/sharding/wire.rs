@@ -10,9 +10,9 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::entity::DeliveryRow;
-use crate::envelope::ReplyTarget;
-pub use crate::error::RemoteError;
-use crate::identity::UniqueAddress;
+use crate::model::envelope::ReplyTarget;
+pub use crate::model::error::RemoteError;
+use crate::model::identity::UniqueAddress;
 pub(crate) use crate::sharding::fast::{CompactEnvelopeRef, EnvelopeRef};
 use crate::wire::payload;
 
@@ -351,7 +351,7 @@ impl ControlMsg {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::identity::NodeId;
+    use crate::model::identity::NodeId;
     use crate::sharding::fast::DeliveryRef;
 
     /// Hex bytes written in rows, as SPEC prints them.
@@ -478,7 +478,7 @@ mod tests {
         let DataMsgOut::Envelope(mut envelope) = example_envelope() else {
             unreachable!()
         };
-        let context = crate::telemetry::TraceContext {
+        let context = crate::ops::telemetry::TraceContext {
             trace_id: *b"\x4b\xf9\x2f\x35\x77\xb3\x4d\xa6\xa3\xce\x92\x9d\x0e\x0e\x47\x36",
             span_id: *b"\x00\xf0\x67\xaa\x0b\xa9\x02\xb7",
             flags: 1,
@@ -1008,7 +1008,7 @@ mod tests {
         };
         let node = UniqueAddress {
             addr: "127.0.0.1:1".parse().expect("an address"),
-            node_id: crate::identity::NodeId(1),
+            node_id: crate::model::identity::NodeId(1),
             incarnation: 1,
         };
         let back = RemoteError::from(&error).into_error("tally", "x", &node);

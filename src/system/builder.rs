@@ -8,14 +8,14 @@ use std::time::Duration;
 
 use super::{ShardedSystem, Shared};
 use crate::cluster::ClusterNode;
-use crate::config::ShardingConfig;
-use crate::error::ShardingResult;
-use crate::fast_hash::FastMap;
+use crate::model::config::ShardingConfig;
+use crate::model::error::ShardingResult;
+use crate::persistence::remember::{NoStore, RememberEntitiesStore};
 use crate::persistence::{Journal, NoJournal};
 use crate::runtime::ask_waits::{AskWaits, keep_deadlines};
 use crate::sharding::coordinator::{CoordinatorConfig, ShardAllocationStrategy};
 use crate::sharding::driver::{ClusterLink, SystemPort};
-use crate::store::{NoStore, RememberEntitiesStore};
+use crate::util::fast_hash::FastMap;
 
 /// Builds a [`ShardedSystem`]; the store and the journal given (if any)
 /// become part of the system's type.

@@ -9,12 +9,12 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 
 use super::{ShardedSystem, Shared};
-use crate::dispatch::envelope_of;
-use crate::envelope::{Delivery, Extras};
-use crate::error::{ShardingError, ShardingResult};
-use crate::extractor::{ShardExtractor, ShardId};
-use crate::protocol::{Ask, Message, Protocol, Tell};
+use crate::model::envelope::{Delivery, Extras};
+use crate::model::error::{ShardingError, ShardingResult};
+use crate::model::extractor::{ShardExtractor, ShardId};
+use crate::model::protocol::{Ask, Message, Protocol, Tell};
 use crate::runtime::ask_waits::Expired;
+use crate::runtime::dispatch::envelope_of;
 use crate::runtime::region::Region;
 
 /// A reference to one entity of protocol `P`: send it tells and asks.
@@ -216,7 +216,7 @@ impl<P: Protocol> EntityRef<P> {
         (sent, timeout): (tokio::time::Instant, Duration),
         extras: Option<Box<Extras>>,
     ) -> ShardingResult<M::Reply> {
-        let deadline = crate::store::writer::deadline_from(sent, timeout);
+        let deadline = crate::persistence::remember::writer::deadline_from(sent, timeout);
         if let Some(remember) = region.remember().filter(|r| r.is_full()) {
             Box::pin(remember.room(P::TYPE_NAME, self.shard, Some(deadline))).await?;
         }

@@ -10,9 +10,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::cluster::{ClusterConfig, ClusterNode};
 use crate::entity::{Entity, EntityContext, Handler};
-use crate::error::ShardingResult;
-use crate::extractor::ShardId;
-use crate::identity::{NodeId, UniqueAddress};
+use crate::model::error::ShardingResult;
+use crate::model::extractor::ShardId;
+use crate::model::identity::{NodeId, UniqueAddress};
 use crate::runtime::region::Region;
 use crate::runtime::slot::HomeChange;
 use crate::sharding::coordinator::ShardHome;

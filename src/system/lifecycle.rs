@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::{ShardedSystem, Shared};
 #[cfg(doc)]
-use crate::error::ShardingError;
+use crate::model::error::ShardingError;
 use crate::runtime::region::Region;
 use crate::sharding::driver::{BoxFuture, ClusterLink, SystemPort};
 

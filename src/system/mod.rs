@@ -39,18 +39,18 @@ use std::any::TypeId;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
-use crate::config::ShardingConfig;
 use crate::entity::{JournalWriter, MigrationEvent, StateWriter};
-use crate::extractor::ShardExtractor;
-use crate::fast_hash::FastMap;
+use crate::model::config::ShardingConfig;
+use crate::model::extractor::ShardExtractor;
+use crate::model::protocol::Protocol;
+use crate::model::protocol::SealedProtocol;
+use crate::persistence::remember::NoStore;
+use crate::persistence::remember::writer::Remember;
 use crate::persistence::{DurableStateStore, Journal, NoJournal, SnapshotStore};
-use crate::protocol::Protocol;
-use crate::protocol::SealedProtocol;
 use crate::runtime::ask_waits::AskWaits;
 use crate::runtime::region::{Region, RegionProtocol};
 use crate::sharding::driver::{ClusterLink, RegionLink};
-use crate::store::NoStore;
-use crate::store::writer::Remember;
+use crate::util::fast_hash::FastMap;
 
 /// What a region needs to know of protocol `P`.
 fn region_protocol<P: Protocol>() -> RegionProtocol {

@@ -12,19 +12,19 @@ use super::ShardedSystem;
 #[cfg(feature = "management")]
 use super::Shared;
 use crate::cluster::ClusterNode;
-use crate::config::ShardingConfig;
 use crate::entity::MigrationEvent;
-use crate::error::{ShardingError, ShardingResult};
-use crate::extractor::ShardId;
-use crate::fast_hash::FastMap;
+use crate::model::config::ShardingConfig;
+use crate::model::error::{ShardingError, ShardingResult};
+use crate::model::extractor::ShardId;
+use crate::model::protocol::Protocol;
 use crate::persistence::Journal;
-use crate::protocol::Protocol;
+use crate::persistence::remember::writer::Remember;
+use crate::persistence::remember::{RememberEntitiesEvent, RememberEntitiesStore};
 use crate::runtime::region::Region;
 use crate::sharding::coordinator::RebalanceRound;
 use crate::sharding::driver::DriverMsg;
 use crate::sharding::stats::{ClusterShardingStats, ShardRegionState};
-use crate::store::writer::Remember;
-use crate::store::{RememberEntitiesEvent, RememberEntitiesStore};
+use crate::util::fast_hash::FastMap;
 
 impl<S, J> ShardedSystem<S, J> {
     /// The configuration the system runs with.

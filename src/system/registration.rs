@@ -25,20 +25,20 @@ use std::sync::atomic::Ordering;
 use ractor::Actor;
 
 use super::{RegionLink, ShardedSystem, region_protocol};
-use crate::dispatch::Dispatch;
 use crate::entity::{
     DurableState, Entity, EntityContext, EventSourced, JournalWriter, Migratable, Migration,
     Snapshots as SnapshotSettings, Snapshotted, StateEncoder, StateWriter,
 };
-use crate::error::{ShardingError, ShardingResult};
+use crate::model::error::{ShardingError, ShardingResult};
+use crate::model::protocol::Protocol;
+use crate::persistence::remember::RememberEntitiesStore;
+use crate::persistence::remember::writer::Remember;
 use crate::persistence::{DurableStateStore, Journal, SnapshotStore};
-use crate::protocol::Protocol;
+use crate::runtime::dispatch::Dispatch;
 use crate::runtime::entity_actor::{EntityActor, EntityArgs, Factory, Recover, StopNotice};
 use crate::runtime::region::{MigrationSettings, Region, RegionCluster, RegionProtocol, Spawner};
 use crate::runtime::region_actor::RegionActor;
 use crate::sharding::driver::DriverMsg;
-use crate::store::RememberEntitiesStore;
-use crate::store::writer::Remember;
 
 /// The type keeps its state in memory only (the default).
 #[derive(Debug)]

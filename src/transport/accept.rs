@@ -24,7 +24,7 @@ use super::handshake::{self};
 use super::pipe::{handshake_framed, socket_addrs};
 use super::stream::PipeIo;
 use super::table::Shared;
-use crate::identity::UniqueAddress;
+use crate::model::identity::UniqueAddress;
 use crate::wire::{Frame, RejectReason};
 
 pub(crate) async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {

@@ -20,9 +20,9 @@ use super::connection::{Incoming, PendingGuard, Refused, lock, payload_of};
 use super::error::{ConnectError, RegisterError, RequestError, SendError, SendFailure};
 use super::events::{DisconnectReason, TransportEvent};
 use super::table::{Dial, Handler, RefusalLog, Shared, State, Stats, after};
-use crate::fast_hash::{FastMap, FastSet};
-use crate::identity::UniqueAddress;
-use crate::warn_limit::WarnLimit;
+use crate::model::identity::UniqueAddress;
+use crate::util::fast_hash::{FastMap, FastSet};
+use crate::util::warn_limit::WarnLimit;
 use crate::wire::{Channel, Frame, FrameCodec, MIN_PROTOCOL_VERSION};
 
 /// Upper bound on the CBOR envelope around a payload (map headers, variant

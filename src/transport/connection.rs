@@ -27,7 +27,7 @@ use super::error::{RequestError, SendError, SendFailure};
 
 use super::events::DisconnectReason;
 
-use crate::identity::{NodeId, UniqueAddress};
+use crate::model::identity::{NodeId, UniqueAddress};
 
 use crate::wire::{Channel, Frame, FrameCodec, LEN_PREFIX, RemoteFailure, ReplyResult, WireError};
 

@@ -14,7 +14,7 @@ use super::handshake::{self};
 use super::pipe::{handshake_framed, socket_addrs};
 use super::stream::PipeIo;
 use super::table::{Dial, Shared, State, after, log_refusal};
-use crate::identity::UniqueAddress;
+use crate::model::identity::UniqueAddress;
 use crate::wire::{MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, RejectReason};
 
 /// What a dial attempt led to.

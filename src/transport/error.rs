@@ -124,7 +124,7 @@ pub enum RequestError {
     #[error("the node at the target's address is now {found}")]
     WrongPeer {
         /// The identity found at the address.
-        found: crate::identity::UniqueAddress,
+        found: crate::model::identity::UniqueAddress,
     },
     /// No reply within the timeout; the pending entry was removed. The
     /// request may or may not have been handled remotely.

@@ -1,6 +1,6 @@
 //! Connection-level events for the membership driver.
 
-use crate::identity::UniqueAddress;
+use crate::model::identity::UniqueAddress;
 use crate::wire::RejectReason;
 
 /// A change in the set of peers this node has a pipe to.

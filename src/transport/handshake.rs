@@ -53,7 +53,7 @@ use tokio_util::codec::Framed;
 
 use super::config::Secret;
 use super::error::ConnectError;
-use crate::identity::UniqueAddress;
+use crate::model::identity::UniqueAddress;
 use crate::wire::{
     Frame, FrameCodec, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, RejectReason, WireError,
 };
@@ -462,12 +462,12 @@ mod tests {
     fn spec_transcript_test_vector() {
         let initiator = UniqueAddress {
             addr: "127.0.0.1:7355".parse().expect("literal"),
-            node_id: crate::identity::NodeId(0x0123_4567_89ab_cdef),
+            node_id: crate::model::identity::NodeId(0x0123_4567_89ab_cdef),
             incarnation: 1_700_000_000_000_000,
         };
         let acceptor = UniqueAddress {
             addr: "127.0.0.1:7356".parse().expect("literal"),
-            node_id: crate::identity::NodeId(0xfedc_ba98_7654_3210),
+            node_id: crate::model::identity::NodeId(0xfedc_ba98_7654_3210),
             incarnation: 1_700_000_000_000_001,
         };
         let nonce_i: Vec<u8> = (0x00..0x20).collect();

@@ -17,7 +17,7 @@
 //! ```
 //!
 //! * **One pipe per pair.** Either node may dial. When both dial at once,
-//!   the connection dialed by the lower [`NodeId`](crate::identity::NodeId)
+//!   the connection dialed by the lower [`NodeId`](crate::model::identity::NodeId)
 //!   survives; the other is refused (`Reject{Duplicate}`) or closed, and
 //!   whatever waited for it is moved to the survivor.
 //! * **Authenticated.** Every connection opens with the handshake in

@@ -17,7 +17,7 @@ use super::reader::read_loop;
 use super::stream::PipeIo;
 use super::table::Shared;
 use super::writer::{OutboxGuard, write_loop};
-use crate::identity::{NodeId, UniqueAddress};
+use crate::model::identity::{NodeId, UniqueAddress};
 use crate::wire::{Frame, FrameCodec, HANDSHAKE_MAX_FRAME_LEN, RejectReason};
 
 /// A handshake's framed stream: its codec accepts at most

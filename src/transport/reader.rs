@@ -12,7 +12,7 @@ use super::connection::{Conn, Incoming, READ_BUF, ReplyHandle};
 use super::error::RequestError;
 use super::events::DisconnectReason;
 use super::table::{BorrowedHandler, Shared};
-use crate::warn_limit::warn_limited;
+use crate::util::warn_limit::warn_limited;
 use crate::wire::{Channel, Frame, FrameCodec, ReplyResult};
 
 /// The reader: handles every complete frame it holds (a canonical `Oneway`

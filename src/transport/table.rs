@@ -20,9 +20,9 @@ use super::connection::{Conn, Incoming, lock};
 use super::error::{ConnectError, SendFailure};
 use super::events::{DisconnectReason, TransportEvent};
 use super::handshake::Local;
-use crate::fast_hash::{FastMap, FastSet};
-use crate::identity::UniqueAddress;
-use crate::warn_limit::{WarnLimit, warn_limited};
+use crate::model::identity::UniqueAddress;
+use crate::util::fast_hash::{FastMap, FastSet};
+use crate::util::warn_limit::{WarnLimit, warn_limited};
 use crate::wire::{Channel, Frame, FrameCodec, RejectReason, RemoteFailure};
 
 pub(crate) struct Stats {
@@ -30,7 +30,7 @@ pub(crate) struct Stats {
     pub(crate) writes: AtomicU64,
     pub(crate) overflow: AtomicU64,
     /// The same, and the pipes up, for the `metrics` facade.
-    pub(crate) metrics: crate::telemetry::PipeMetrics,
+    pub(crate) metrics: crate::ops::telemetry::PipeMetrics,
 }
 
 impl Stats {
@@ -40,7 +40,7 @@ impl Stats {
             frames: AtomicU64::new(0),
             writes: AtomicU64::new(0),
             overflow: AtomicU64::new(0),
-            metrics: crate::telemetry::PipeMetrics::new(node),
+            metrics: crate::ops::telemetry::PipeMetrics::new(node),
         }
     }
 

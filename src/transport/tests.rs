@@ -12,7 +12,7 @@ use tokio_util::codec::Framed;
 
 use super::handshake::{self, HandshakeStream, Local};
 use super::*;
-use crate::identity::UniqueAddress;
+use crate::model::identity::UniqueAddress;
 use crate::wire::{Frame, FrameCodec, RejectReason};
 
 const CH: u16 = 7;
@@ -396,12 +396,12 @@ async fn older_incarnation_cannot_push_out_a_newer_one(mode: Mode) {
     let addr = "127.0.0.1:7".parse().expect("literal");
     let newer = UniqueAddress {
         addr,
-        node_id: crate::identity::NodeId(2),
+        node_id: crate::model::identity::NodeId(2),
         incarnation: 20,
     };
     let older = UniqueAddress {
         addr,
-        node_id: crate::identity::NodeId(1),
+        node_id: crate::model::identity::NodeId(1),
         incarnation: 10,
     };
     let _keep = raw_handshake(&t, newer, &mode)
@@ -594,7 +594,7 @@ async fn inbound_handshakes_claiming_one_address(mode: Mode) {
 #[test]
 fn bad_frames_on_pipes_log_a_bounded_number_of_warnings() {
     use tracing_subscriber::layer::SubscriberExt;
-    let captured = crate::warn_limit::capture::Captured::default();
+    let captured = crate::util::warn_limit::capture::Captured::default();
     let subscriber = tracing_subscriber::registry().with(captured.clone());
     // One thread, so every task logs to this thread's subscriber.
     let runtime = tokio::runtime::Builder::new_current_thread()

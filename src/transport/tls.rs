@@ -29,7 +29,7 @@ use tokio_rustls::{TlsAcceptor, TlsConnector, client, server};
 use super::connection::lock;
 use super::error::ConnectError;
 use super::stream::PipeIo;
-use crate::warn_limit::{WarnLimit, warn_limited};
+use crate::util::warn_limit::{WarnLimit, warn_limited};
 
 /// Where a node's TLS material lives (PEM files), and which name its peers'
 /// certificates must carry.

@@ -166,7 +166,7 @@ async fn a_certificate_must_name_the_node_on_both_sides() {
         .expect("TLS passes");
     let mut framed = super::pipe::handshake_framed(tls);
     let secret = Secret::from("sesame");
-    let me = crate::identity::UniqueAddress::new_at("127.0.0.1:1".parse().expect("literal"));
+    let me = crate::model::identity::UniqueAddress::new_at("127.0.0.1:1".parse().expect("literal"));
     let local = super::handshake::Local {
         me,
         cluster: "unit",
@@ -241,7 +241,7 @@ async fn no_tls_session_is_resumed() {
 async fn plaintext_and_garbage_cost_a_tls_node_only_that_connection() {
     use tracing_subscriber::layer::SubscriberExt;
     // This test's tasks run on its one thread: their logs come here.
-    let captured = crate::warn_limit::capture::Captured::default();
+    let captured = crate::util::warn_limit::capture::Captured::default();
     let _logs =
         tracing::subscriber::set_default(tracing_subscriber::registry().with(captured.clone()));
     let dir = tempfile::tempdir().expect("tempdir");
@@ -425,7 +425,7 @@ fn bad_files_are_refused_with_the_file_named() {
 async fn an_expired_certificate_is_refused_by_name_at_load_and_by_peers() {
     use tracing_subscriber::layer::SubscriberExt;
     // This test's tasks run on its one thread: their logs come here.
-    let captured = crate::warn_limit::capture::Captured::default();
+    let captured = crate::util::warn_limit::capture::Captured::default();
     let _logs =
         tracing::subscriber::set_default(tracing_subscriber::registry().with(captured.clone()));
     let dir = tempfile::tempdir().expect("tempdir");

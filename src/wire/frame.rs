@@ -4,7 +4,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use super::payload;
-use crate::identity::UniqueAddress;
+use crate::model::identity::UniqueAddress;
 
 /// The wire protocol version this build speaks. Bumped on any change of
 /// [`Frame`], of the handshake or of what a channel may carry.

@@ -8,7 +8,7 @@ use quickcheck_macros::quickcheck;
 use tokio_util::codec::{Decoder, Encoder};
 
 use super::*;
-use crate::identity::{NodeId, UniqueAddress};
+use crate::model::identity::{NodeId, UniqueAddress};
 
 fn addr() -> UniqueAddress {
     let addr: SocketAddr = "127.0.0.1:2552".parse().expect("literal address");

@@ -7,11 +7,11 @@ use std::time::Instant;
 use tracing::{debug, info};
 
 use super::{MembershipCore, Phase};
-use crate::identity::UniqueAddress;
 use crate::membership::error::MembershipError;
 use crate::membership::gossip::{Gossip, MemberKey};
 use crate::membership::protocol::{Command, MembershipEvent, MembershipMsg};
 use crate::membership::status::MemberStatus;
+use crate::model::identity::UniqueAddress;
 
 impl MembershipCore {
     /// When the core next needs [`handle_timeout`](Self::handle_timeout);

@@ -9,11 +9,11 @@ use tracing::info;
 
 use super::ticks::later;
 use super::{MembershipCore, Phase};
-use crate::identity::UniqueAddress;
 use crate::membership::error::MembershipError;
 use crate::membership::gossip::{Gossip, MemberKey};
 use crate::membership::protocol::{Command, MembershipMsg, Target};
 use crate::membership::status::MemberStatus;
+use crate::model::identity::UniqueAddress;
 
 impl MembershipCore {
     /// Starts joining through `seeds`.

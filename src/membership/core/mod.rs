@@ -13,7 +13,7 @@ use super::error::MembershipError;
 use super::gossip::{Gossip, MemberKey};
 use super::protocol::Command;
 use super::status::MemberStatus;
-use crate::identity::UniqueAddress;
+use crate::model::identity::UniqueAddress;
 
 mod detector;
 mod input;

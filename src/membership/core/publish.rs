@@ -2,10 +2,10 @@
 //! published when this node's view changes.
 
 use super::MembershipCore;
-use crate::identity::UniqueAddress;
 use crate::membership::gossip::MemberKey;
 use crate::membership::protocol::{Command, MembershipEvent, MembershipMsg, Target};
 use crate::membership::status::MemberStatus;
+use crate::model::identity::UniqueAddress;
 
 impl MembershipCore {
     pub(super) fn send(&mut self, to: UniqueAddress, msg: MembershipMsg) {

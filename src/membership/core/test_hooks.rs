@@ -4,9 +4,9 @@
 use std::time::Instant;
 
 use super::{MembershipCore, Phase};
-use crate::identity::UniqueAddress;
 use crate::membership::config::MembershipConfig;
 use crate::membership::gossip::Gossip;
+use crate::model::identity::UniqueAddress;
 
 impl MembershipCore {
     /// The former heartbeat targets still heartbeated, and until when.

@@ -5,12 +5,12 @@
 use std::collections::BTreeSet;
 
 use super::{MembershipCore, Phase};
-use crate::identity::UniqueAddress;
 use crate::membership::config::MembershipConfig;
 use crate::membership::gossip::{Gossip, MemberKey};
 use crate::membership::protocol::Command;
 use crate::membership::state::{Member, MembershipState};
 use crate::membership::status::MemberStatus;
+use crate::model::identity::UniqueAddress;
 
 impl MembershipCore {
     /// This node's identity.

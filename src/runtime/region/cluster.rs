@@ -7,10 +7,10 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::{Region, fail_undelivered, lock};
-use crate::envelope::LocalEnvelope;
-use crate::error::{ShardingError, ShardingResult};
-use crate::extractor::ShardId;
-use crate::identity::UniqueAddress;
+use crate::model::envelope::LocalEnvelope;
+use crate::model::error::{ShardingError, ShardingResult};
+use crate::model::extractor::ShardId;
+use crate::model::identity::UniqueAddress;
 use crate::runtime::mailbox::{RegionMsg, States};
 use crate::runtime::slot::ShardHome;
 
@@ -107,7 +107,7 @@ impl Region {
     }
 
     /// The coordinator `by` accepted this region (sent it the type's table).
-    pub(crate) fn accepted(&self, by: crate::identity::UniqueAddress) {
+    pub(crate) fn accepted(&self, by: crate::model::identity::UniqueAddress) {
         self.refused.store(false, Ordering::Release);
         *self.refusal.lock().unwrap_or_else(|p| p.into_inner()) = None;
         *self.accepted_by.lock().unwrap_or_else(|p| p.into_inner()) = Some(by);
@@ -115,7 +115,7 @@ impl Region {
 
     /// The coordinator whose table last came for this region (`None`
     /// before any, and on a single node).
-    pub(crate) fn accepted_by(&self) -> Option<crate::identity::UniqueAddress> {
+    pub(crate) fn accepted_by(&self) -> Option<crate::model::identity::UniqueAddress> {
         *self.accepted_by.lock().unwrap_or_else(|p| p.into_inner())
     }
 

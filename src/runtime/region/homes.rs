@@ -5,8 +5,8 @@ use std::sync::atomic::Ordering;
 
 use super::{Region, fail_undelivered, lock};
 use crate::entity::MigrationEvent;
-use crate::extractor::ShardId;
-use crate::identity::UniqueAddress;
+use crate::model::extractor::ShardId;
+use crate::model::identity::UniqueAddress;
 use crate::runtime::mailbox::RegionMsg;
 use crate::runtime::slot::{HomeChange, ShardHome};
 

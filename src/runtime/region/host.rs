@@ -8,15 +8,15 @@ use std::time::Duration;
 use ractor::{ActorRef, MessagingErr};
 
 use super::{PassivationCause, Region};
-use crate::config::PassivationPolicy;
 use crate::entity::{EntityContext, MigratedState};
-use crate::envelope::LocalEnvelope;
-use crate::error::{ShardingError, ShardingResult};
-use crate::extractor::ShardId;
-use crate::identity::UniqueAddress;
+use crate::model::config::PassivationPolicy;
+use crate::model::envelope::LocalEnvelope;
+use crate::model::error::{ShardingError, ShardingResult};
+use crate::model::extractor::ShardId;
+use crate::model::identity::UniqueAddress;
+use crate::persistence::remember::RememberEntitiesOperation;
 use crate::runtime::mailbox::{EntityMsg, RegionMsg};
 use crate::runtime::slot::{Refused, ShardHome, SlotHost};
-use crate::store::RememberEntitiesOperation;
 
 impl Region {
     /// The slot's host: this region's effects.

@@ -5,10 +5,10 @@ use std::sync::MutexGuard;
 use std::sync::atomic::Ordering;
 
 use super::{Region, fail_undelivered, lock};
-use crate::config::PassivationPolicy;
-use crate::extractor::ShardId;
+use crate::model::config::PassivationPolicy;
+use crate::model::extractor::ShardId;
+use crate::persistence::remember::RememberEntitiesOperation;
 use crate::runtime::mailbox::States;
-use crate::store::RememberEntitiesOperation;
 
 impl Region {
     /// Whether `shard` is hosted here under `generation` or a later one.
@@ -103,7 +103,11 @@ impl Region {
         let listed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             remember.store().list_shards(self.type_name)
         }))
-        .unwrap_or_else(|_| Err(crate::store::StoreError("the store panicked".into())));
+        .unwrap_or_else(|_| {
+            Err(crate::persistence::remember::StoreError(
+                "the store panicked".into(),
+            ))
+        });
         match listed {
             Ok(shards) => shards,
             Err(error) => {

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use super::{Region, lock};
 use crate::entity::MigrationEvent;
-use crate::extractor::ShardId;
-use crate::identity::UniqueAddress;
+use crate::model::extractor::ShardId;
+use crate::model::identity::UniqueAddress;
 use crate::runtime::entity_actor::MigrationEvents;
 use crate::runtime::mailbox::{RegionMsg, States};
 use crate::runtime::slot::ShardHome;

@@ -27,12 +27,12 @@ pub(crate) use report::PassivationCause;
 pub use report::{Passivations, ShardPlacement, ShardRegionState};
 pub(crate) use setup::{DecodeFn, ExtractFn, RegionProtocol, Spawner};
 
-use crate::config::EntityLimit;
-use crate::error::ShardingError;
+use crate::model::config::EntityLimit;
+use crate::model::error::ShardingError;
+use crate::ops::telemetry::RegionMetrics;
+use crate::persistence::remember::writer::Remember;
 use crate::runtime::mailbox::{EntityMsg, RegionMsg};
 use crate::runtime::slot::{Slot, Undelivered};
-use crate::store::writer::Remember;
-use crate::telemetry::RegionMetrics;
 use migration::Outgoing;
 
 pub(crate) struct Region {
@@ -64,9 +64,9 @@ pub(crate) struct Region {
     refused: AtomicBool,
     refusal: Mutex<Option<ShardingError>>,
     /// The coordinator whose table last came for this region.
-    accepted_by: Mutex<Option<crate::identity::UniqueAddress>>,
+    accepted_by: Mutex<Option<crate::model::identity::UniqueAddress>>,
     /// Tracing across nodes (SPEC §14.2), if on.
-    tracing: Option<crate::telemetry::Tracing>,
+    tracing: Option<crate::ops::telemetry::Tracing>,
     /// The active-entity limit (none for a remembered type).
     entity_limit: Option<EntityLimit>,
     /// The shards hosted here (installed and not moved away), over which

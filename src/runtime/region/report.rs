@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering;
 
 use super::{Region, lock};
-use crate::extractor::ShardId;
+use crate::model::extractor::ShardId;
 
 /// The most bytes of ids one [`Region::state_with_ids`] answer holds in
 /// all (its shards take from it in ascending order; those past it list
@@ -43,7 +43,7 @@ pub struct Passivations {
 #[non_exhaustive]
 pub struct ShardPlacement {
     /// The node hosting the shard; `None` when it is this node.
-    pub owner: Option<crate::identity::UniqueAddress>,
+    pub owner: Option<crate::model::identity::UniqueAddress>,
     /// The allocation generation the home came with (0 on a single node).
     pub generation: u64,
 }

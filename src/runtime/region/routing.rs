@@ -8,9 +8,9 @@ use std::time::Duration;
 use super::host::{AskDelivery, Host};
 use super::{PassivationCause, Region, fail_undelivered, lock};
 use crate::entity::MigratedState;
-use crate::envelope::LocalEnvelope;
-use crate::error::{ShardingError, ShardingResult};
-use crate::extractor::ShardId;
+use crate::model::envelope::LocalEnvelope;
+use crate::model::error::{ShardingError, ShardingResult};
+use crate::model::extractor::ShardId;
 use crate::runtime::slot::{Refused, SlotHost};
 
 impl Region {

@@ -8,15 +8,15 @@ use std::time::Duration;
 use ractor::ActorRef;
 
 use super::{MigrationSettings, Region, RegionCluster};
-use crate::config::EntityLimit;
 use crate::entity::{EntityContext, MigratedState};
-use crate::envelope::{LocalEnvelope, RemoteReply, Undecodable};
-use crate::error::ShardingError;
-use crate::extractor::ShardId;
+use crate::model::config::EntityLimit;
+use crate::model::envelope::{LocalEnvelope, RemoteReply, Undecodable};
+use crate::model::error::ShardingError;
+use crate::model::extractor::ShardId;
+use crate::ops::telemetry::RegionMetrics;
+use crate::persistence::remember::writer::Remember;
 use crate::runtime::mailbox::{EntityMsg, RegionMsg};
 use crate::runtime::slot::Slot;
-use crate::store::writer::Remember;
-use crate::telemetry::RegionMetrics;
 
 /// Spawns one entity actor (type-erased over the entity type): its context,
 /// its incarnation number, the region actor to notify, and the state it
@@ -113,12 +113,12 @@ impl Region {
     }
 
     /// Tracing across nodes, when the system's configuration has it.
-    pub(crate) fn with_tracing(self, tracing: Option<crate::telemetry::Tracing>) -> Self {
+    pub(crate) fn with_tracing(self, tracing: Option<crate::ops::telemetry::Tracing>) -> Self {
         Region { tracing, ..self }
     }
 
     /// The system's tracing, if on.
-    pub(crate) fn tracing(&self) -> Option<&crate::telemetry::Tracing> {
+    pub(crate) fn tracing(&self) -> Option<&crate::ops::telemetry::Tracing> {
         self.tracing.as_ref()
     }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 use ractor::{ActorCell, RactorErr};
 
 use super::{Region, fail_undelivered, lock};
-use crate::error::ShardingError;
+use crate::model::error::ShardingError;
 
 impl Region {
     pub(crate) fn is_stopped(&self) -> bool {

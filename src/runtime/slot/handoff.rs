@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 
 use super::{Entry, HandingOff, Live, LocalShard, Slot, SlotHost, State, Undelivered};
-use crate::extractor::ShardId;
+use crate::model::extractor::ShardId;
 
 impl<E: Clone> Slot<E> {
     /// The coordinator moves the shard, hosted here under `generation`:

@@ -2,9 +2,9 @@
 //! refused region, and the states kept for the node a shard moved to.
 
 use super::{Buffered, Entry, HomeChange, ShardHome, Slot, SlotHost, State, Undelivered, messages};
-use crate::envelope::LocalEnvelope;
-use crate::extractor::ShardId;
-use crate::identity::UniqueAddress;
+use crate::model::envelope::LocalEnvelope;
+use crate::model::extractor::ShardId;
+use crate::model::identity::UniqueAddress;
 use crate::runtime::mailbox::States;
 
 impl<E: Clone> Slot<E> {

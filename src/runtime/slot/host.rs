@@ -4,13 +4,13 @@
 
 use std::sync::Arc;
 
-use crate::config::PassivationPolicy;
 use crate::entity::MigratedState;
-use crate::envelope::LocalEnvelope;
-use crate::error::{ShardingError, ShardingResult};
-use crate::extractor::ShardId;
-use crate::identity::UniqueAddress;
-use crate::store::RememberEntitiesOperation;
+use crate::model::config::PassivationPolicy;
+use crate::model::envelope::LocalEnvelope;
+use crate::model::error::{ShardingError, ShardingResult};
+use crate::model::extractor::ShardId;
+use crate::model::identity::UniqueAddress;
+use crate::persistence::remember::RememberEntitiesOperation;
 
 /// Where a shard lives, and which allocation of it this is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use super::{Entry, LocalShard, Slot, SlotHost, State, Undelivered};
-use crate::extractor::ShardId;
+use crate::model::extractor::ShardId;
 use crate::runtime::mailbox::States;
 use crate::runtime::passivation::Passivator;
 

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::{LocalShard, Slot, SlotHost, State};
-use crate::extractor::ShardId;
+use crate::model::extractor::ShardId;
 
 impl<E: Clone> Slot<E> {
     /// The region's shards changed: a hosted shard's share of the

@@ -35,9 +35,9 @@ pub(crate) use host::{HomeChange, Refused, SlotHost, Undelivered};
 use super::mailbox::States;
 use super::passivation::Passivator;
 use crate::entity::MigratedState;
-use crate::envelope::LocalEnvelope;
-use crate::error::ShardingError;
-use crate::extractor::ShardId;
+use crate::model::envelope::LocalEnvelope;
+use crate::model::error::ShardingError;
+use crate::model::extractor::ShardId;
 
 /// Something waiting in a buffer: a message, or a passivation request that
 /// must take effect after the messages buffered before it.

@@ -5,9 +5,9 @@ use std::sync::Arc;
 
 use super::{Buffered, Entry, LocalShard, Slot, SlotHost, State, Undelivered, overflow, waits_in};
 use crate::entity::MigratedState;
-use crate::error::{ShardingError, ShardingResult};
-use crate::extractor::ShardId;
-use crate::store::RememberEntitiesOperation;
+use crate::model::error::{ShardingError, ShardingResult};
+use crate::model::extractor::ShardId;
+use crate::persistence::remember::RememberEntitiesOperation;
 
 impl<E: Clone> Slot<E> {
     /// Passivates `entity_id` — only `incarnation` if one is named (a request

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::{Entry, ShardHome, Slot, State};
-use crate::identity::UniqueAddress;
+use crate::model::identity::UniqueAddress;
 
 /// What the region reports of one slot (`ShardRegionState`).
 #[derive(Default)]

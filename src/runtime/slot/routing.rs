@@ -5,10 +5,10 @@
 use std::sync::Arc;
 
 use super::{Buffered, Entry, Live, LocalShard, Refused, Slot, SlotHost, State, overflow, refused};
-use crate::envelope::LocalEnvelope;
-use crate::error::{ShardingError, ShardingResult};
-use crate::extractor::ShardId;
-use crate::store::RememberEntitiesOperation;
+use crate::model::envelope::LocalEnvelope;
+use crate::model::error::{ShardingError, ShardingResult};
+use crate::model::extractor::ShardId;
+use crate::persistence::remember::RememberEntitiesOperation;
 
 /// How far ahead of a slot's generation an envelope's may be and still be
 /// believed (allocations are one generation each; a real lead is small).

@@ -1,7 +1,7 @@
 //! A stopping region takes its entities and buffered messages out of a slot.
 
 use super::{Entry, Slot, State, messages};
-use crate::envelope::LocalEnvelope;
+use crate::model::envelope::LocalEnvelope;
 
 /// What a stopping region takes out of a slot.
 pub(crate) struct Taken<E> {

@@ -5,11 +5,11 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use super::*;
-use crate::config::PassivationPolicy;
-use crate::envelope::LocalEnvelope;
-use crate::error::ShardingResult;
-use crate::identity::{NodeId, UniqueAddress};
-use crate::store::RememberEntitiesOperation;
+use crate::model::config::PassivationPolicy;
+use crate::model::envelope::LocalEnvelope;
+use crate::model::error::ShardingResult;
+use crate::model::identity::{NodeId, UniqueAddress};
+use crate::persistence::remember::RememberEntitiesOperation;
 
 /// A fake mailbox: the number of the spawn that made it.
 type Mailbox = u32;

@@ -6,8 +6,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use crate::identity::UniqueAddress;
 use crate::membership::{MemberStatus, MembershipState};
+use crate::model::identity::UniqueAddress;
 use crate::sharding::wire::ControlMsg;
 
 use super::{Command, CoordinatorCore};

@@ -68,7 +68,7 @@ mod type_table;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
-use crate::identity::UniqueAddress;
+use crate::model::identity::UniqueAddress;
 
 pub use crate::runtime::slot::ShardHome;
 pub use config::CoordinatorConfig;

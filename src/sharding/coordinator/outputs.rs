@@ -4,8 +4,8 @@
 
 use std::time::Instant;
 
-use crate::extractor::ShardId;
-use crate::identity::UniqueAddress;
+use crate::model::extractor::ShardId;
+use crate::model::identity::UniqueAddress;
 use crate::sharding::wire::ControlMsg;
 
 use super::ShardHome;

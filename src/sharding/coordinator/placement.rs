@@ -6,8 +6,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
-use crate::extractor::ShardId;
-use crate::identity::UniqueAddress;
+use crate::model::extractor::ShardId;
+use crate::model::identity::UniqueAddress;
 
 use super::{
     Command, CoordinatorCore, HANDOFF_RESEND, RebalanceReason, ShardHome, ShardMovement, Standing,

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use crate::identity::UniqueAddress;
+use crate::model::identity::UniqueAddress;
 use crate::sharding::wire::{ControlMsg, TypeRegistration};
 
 use super::{
@@ -49,7 +49,7 @@ impl CoordinatorCore {
         let mut ended = Vec::new();
         self.registered.insert(from);
         for reg in types {
-            if reg.num_shards == 0 || reg.num_shards > crate::config::MAX_SHARDS {
+            if reg.num_shards == 0 || reg.num_shards > crate::model::config::MAX_SHARDS {
                 if self.active {
                     out.push(Command::Send {
                         to: from,
@@ -58,7 +58,7 @@ impl CoordinatorCore {
                             reason: format!(
                                 "num_shards {} is outside 1..={}",
                                 reg.num_shards,
-                                crate::config::MAX_SHARDS
+                                crate::model::config::MAX_SHARDS
                             ),
                             cluster_fingerprint: None,
                             cluster_num_shards: None,

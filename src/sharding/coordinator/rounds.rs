@@ -5,8 +5,8 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use crate::extractor::ShardId;
-use crate::identity::UniqueAddress;
+use crate::model::extractor::ShardId;
+use crate::model::identity::UniqueAddress;
 
 use super::{Command, CoordinatorCore, HandOff, RebalanceReason, RebalanceRound, ShardMovement};
 

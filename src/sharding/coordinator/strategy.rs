@@ -4,8 +4,8 @@
 
 use std::collections::BTreeMap;
 
-use crate::extractor::ShardId;
-use crate::identity::UniqueAddress;
+use crate::model::extractor::ShardId;
+use crate::model::identity::UniqueAddress;
 
 /// Decides where a shard goes. The coordinator calls it only with at least
 /// one candidate.

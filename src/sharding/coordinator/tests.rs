@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use quickcheck::{Arbitrary, Gen, QuickCheck};
 
 use super::*;
-use crate::identity::NodeId;
 use crate::membership::{Member, MemberStatus, MembershipState};
+use crate::model::identity::NodeId;
 use crate::sharding::wire::{ControlMsg, TypeRegistration};
 
 const TYPE: &str = "counter";

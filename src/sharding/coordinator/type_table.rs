@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use crate::identity::UniqueAddress;
+use crate::model::identity::UniqueAddress;
 use crate::sharding::wire::ControlMsg;
 
 use super::{Command, RebalanceReason, ShardHome, handoff_msg};

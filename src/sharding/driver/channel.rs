@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
-use crate::identity::UniqueAddress;
+use crate::model::identity::UniqueAddress;
 use crate::sharding::control_core::ControlCommand;
 use crate::sharding::wire::{ActiveCoordinator, ControlMsg};
 use crate::wire::channels::SHARDING_CONTROL;

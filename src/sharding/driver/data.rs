@@ -5,15 +5,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::envelope::Delivery;
-use crate::envelope::{RemoteReply, ReplySink};
-use crate::extractor::ShardId;
-use crate::identity::UniqueAddress;
+use crate::model::envelope::Delivery;
+use crate::model::envelope::{RemoteReply, ReplySink};
+use crate::model::extractor::ShardId;
+use crate::model::identity::UniqueAddress;
+use crate::ops::telemetry::TraceContext;
 use crate::sharding::fast::{self, DataRef, DeliveryRef, EnvelopeRef};
 use crate::sharding::remote::Remote;
 use crate::sharding::wire::{CompactEnvelope, CompactEnvelopeRef, DataMsg, RemoteError, ReplyBody};
-use crate::telemetry::TraceContext;
-use crate::warn_limit::{WarnLimit, warn_limited};
+use crate::util::warn_limit::{WarnLimit, warn_limited};
 
 use super::SystemPort;
 

@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use crate::envelope::LocalEnvelope;
-use crate::error::ShardingResult;
-use crate::extractor::ShardId;
-use crate::identity::UniqueAddress;
+use crate::model::envelope::LocalEnvelope;
+use crate::model::error::ShardingResult;
+use crate::model::extractor::ShardId;
+use crate::model::identity::UniqueAddress;
 use crate::runtime::mailbox::States;
 use crate::runtime::region::{ClusterPort, PortFuture, Region};
 use crate::sharding::coordinator::ShardHome;

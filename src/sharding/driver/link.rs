@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use crate::cluster::ClusterNode;
-use crate::error::{ShardingError, ShardingResult};
+use crate::model::error::{ShardingError, ShardingResult};
 use crate::runtime::ask_waits::keep_deadlines;
 use crate::runtime::region::Region;
 use crate::sharding::control_core::ControlCore;

@@ -39,8 +39,8 @@ use std::sync::{Arc, Mutex, Weak};
 use tokio::sync::{mpsc, watch};
 
 use crate::cluster::ClusterNode;
-use crate::identity::UniqueAddress;
 use crate::membership::MembershipState;
+use crate::model::identity::UniqueAddress;
 use crate::sharding::control_core::ControlCore;
 use crate::sharding::coordinator::RebalanceRound;
 use crate::sharding::remote::Remote;

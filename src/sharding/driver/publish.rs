@@ -37,7 +37,7 @@ impl Control {
             for (reason, moves, at) in closed {
                 let reason = reason_label(reason);
                 let seconds = now.saturating_duration_since(at).as_secs_f64();
-                crate::telemetry::rebalance_round(&node, reason, moves, seconds);
+                crate::ops::telemetry::rebalance_round(&node, reason, moves, seconds);
             }
         }
         let rounds = self.core.coordinator().rounds();

@@ -5,9 +5,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::error::{RegionRefusal, ShardingError};
-use crate::extractor::ShardId;
-use crate::identity::UniqueAddress;
+use crate::model::error::{RegionRefusal, ShardingError};
+use crate::model::extractor::ShardId;
+use crate::model::identity::UniqueAddress;
 use crate::runtime::region::Region;
 use crate::runtime::slot::HomeChange;
 use crate::sharding::coordinator::ShardHome;

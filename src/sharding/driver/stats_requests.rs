@@ -5,9 +5,9 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use crate::extractor::ShardId;
-use crate::identity::UniqueAddress;
 use crate::membership::MemberStatus;
+use crate::model::extractor::ShardId;
+use crate::model::identity::UniqueAddress;
 use crate::runtime::region::Region;
 use crate::sharding::stats::{ClusterShardingStats, CoordinatorStatus};
 use crate::sharding::wire::{ActiveCoordinator, ControlMsg};

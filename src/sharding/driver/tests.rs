@@ -13,5 +13,8 @@ fn the_reasons_registered_at_start_are_those_rounds_count_under() {
         RebalanceReason::GracefulSpread,
         RebalanceReason::GracefulLeave,
     ];
-    assert_eq!(all.map(reason_label), crate::telemetry::REBALANCE_REASONS);
+    assert_eq!(
+        all.map(reason_label),
+        crate::ops::telemetry::REBALANCE_REASONS
+    );
 }

@@ -1,11 +1,10 @@
 //! The remember-entities store SPI: which entity ids to respawn when a
-//! shard starts. `InMemoryStore` and `FileStore` live in the store layer;
-//! `RedbPersistence` and `PgPersistence` implement it beside their
-//! journals, which is why it is defined here, low.
+//! shard starts. `InMemoryStore` and `FileStore` implement it beside this;
+//! `RedbPersistence` and `PgPersistence` beside their journals.
 
 use std::sync::Arc;
 
-use crate::extractor::ShardId;
+use crate::model::extractor::ShardId;
 
 /// A store failed; the message says how.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

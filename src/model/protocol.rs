@@ -46,8 +46,8 @@
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::envelope::{LocalEnvelope, RemoteReply, Undecodable};
-use crate::extractor::ShardExtractor;
+use crate::model::envelope::{LocalEnvelope, RemoteReply, Undecodable};
+use crate::model::extractor::ShardExtractor;
 
 /// Seal of [`Protocol`], and its decoder for messages from other nodes
 /// (`protocol!` names the seals through `__private`).

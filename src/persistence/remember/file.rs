@@ -30,7 +30,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use super::{RememberEntitiesStore, RememberRecord, StoreError, StoreRepair};
-use crate::extractor::ShardId;
+use crate::model::extractor::ShardId;
 
 const MAGIC: &[u8; 4] = b"DCSR";
 /// The log format this build writes and reads.

@@ -18,7 +18,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::oneshot;
 
-use crate::error::{ShardingError, ShardingResult};
+use crate::model::error::{ShardingError, ShardingResult};
 
 pub(crate) use buffers::{from_cbor, from_ciborium, with_frame, with_scratch};
 pub(crate) use reply::ReplySink;

@@ -14,9 +14,11 @@ use serde::Serialize;
 use tokio::sync::oneshot;
 
 use crate::entity::{Admission, DeferredHandler, Entity, EntityContext, Handler, ReplyPort};
-use crate::envelope::{Delivery, LocalEnvelope, RemoteReply, ReplyTo, Undecodable, from_cbor};
-use crate::error::{ShardingError, ShardingResult};
-use crate::protocol::{Message, Protocol};
+use crate::model::envelope::{
+    Delivery, LocalEnvelope, RemoteReply, ReplyTo, Undecodable, from_cbor,
+};
+use crate::model::error::{ShardingError, ShardingResult};
+use crate::model::protocol::{Message, Protocol};
 
 /// Runs a type-erased envelope against an entity. `protocol!` implements it for
 /// the protocol marker, generic over every entity that handles all its messages.
@@ -442,7 +444,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::extractor::ShardId;
+    use crate::model::extractor::ShardId;
 
     fn ctx() -> EntityContext {
         EntityContext::new("t", Arc::from("e"), ShardId(0), None)

@@ -7,8 +7,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 
 use super::buffers::with_scratch;
-use crate::error::{RemoteError, ShardingError, ShardingResult};
-use crate::identity::UniqueAddress;
+use crate::model::error::{RemoteError, ShardingError, ShardingResult};
+use crate::model::identity::UniqueAddress;
 
 /// Where the reply to one message goes.
 pub(crate) enum ReplyTo<R> {

@@ -68,10 +68,10 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::cluster::ClusterNode;
-use crate::identity::UniqueAddress;
 use crate::membership::MemberStatus;
+use crate::model::identity::UniqueAddress;
 use crate::system::{ShardedSystem, Shared};
-use crate::warn_limit::{WarnLimit, warn_limited};
+use crate::util::warn_limit::{WarnLimit, warn_limited};
 
 /// How often the Prometheus recorder's upkeep runs (it drains histogram
 /// samples into their buckets).
@@ -202,7 +202,7 @@ impl Management {
     /// Also `/metrics`: the text of the Prometheus recorder this handle
     /// belongs to (the application installs the recorder, before it starts
     /// the node, so the node's metrics register with it; SPEC §14). Build
-    /// it with [`telemetry::prometheus_builder`](crate::telemetry::prometheus_builder),
+    /// it with [`telemetry::prometheus_builder`](crate::ops::telemetry::prometheus_builder),
     /// which exports the latencies as histograms with buckets.
     pub fn prometheus(mut self, handle: PrometheusHandle) -> Self {
         self.prometheus = Some(handle);

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use typed_builder::TypedBuilder;
 
-use crate::error::{ShardingError, ShardingResult};
+use crate::model::error::{ShardingError, ShardingResult};
 
 /// The largest shard count accepted: each shard has a slot in every region.
 pub const MAX_SHARDS: u32 = 65_536;
@@ -85,7 +85,7 @@ pub struct ShardingConfig {
     /// other nodes in the envelope. `None` (the default): no spans, nothing
     /// carried.
     #[builder(default, setter(strip_option))]
-    pub tracing: Option<crate::telemetry::Tracing>,
+    pub tracing: Option<crate::ops::telemetry::Tracing>,
 }
 
 /// Passivation by an active-entity limit (SPEC §6.1).

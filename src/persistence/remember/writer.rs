@@ -29,11 +29,11 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::{broadcast, oneshot};
 
 use super::{RememberEntitiesStore, RememberRecord};
-use crate::config::{
+use crate::model::config::{
     RememberEntitiesConfig, RememberEntitiesFailurePolicy, RememberEntitiesQueueFull,
 };
-use crate::error::{ShardingError, ShardingResult};
-use crate::extractor::ShardId;
+use crate::model::error::{ShardingError, ShardingResult};
+use crate::model::extractor::ShardId;
 
 /// What a remember-entities event is about.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -250,8 +250,8 @@ impl Remember {
             record_failures: std::sync::atomic::AtomicU64::new(0),
             last_record_failure: Mutex::new(None),
             reported_failures: Mutex::new(0),
-            depth: metrics::gauge!(crate::telemetry::REMEMBER_QUEUE),
-            failures: metrics::counter!(crate::telemetry::REMEMBER_FAILURES),
+            depth: metrics::gauge!(crate::ops::telemetry::REMEMBER_QUEUE),
+            failures: metrics::counter!(crate::ops::telemetry::REMEMBER_FAILURES),
         });
         let writer = Arc::downgrade(&remember);
         // Weak: the thread must not keep the store (and a file store's

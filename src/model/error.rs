@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::extractor::ShardId;
-use crate::identity::UniqueAddress;
+use crate::model::extractor::ShardId;
+use crate::model::identity::UniqueAddress;
 
 /// Why the coordinator refused a region (`ShardingError::RegionRefused`):
 /// both configurations of the type.
@@ -777,7 +777,7 @@ mod tests {
         ];
         assert_eq!(
             errors.map(|e| e.kind()),
-            crate::telemetry::USUAL_ASK_FAILURES
+            crate::ops::telemetry::USUAL_ASK_FAILURES
         );
     }
 
@@ -814,7 +814,7 @@ mod tests {
     fn an_interrupted_handler_reaches_a_remote_asker_as_maybe_processed() {
         let node = UniqueAddress {
             addr: std::net::SocketAddr::from(([127, 0, 0, 1], 7000)),
-            node_id: crate::identity::NodeId(1),
+            node_id: crate::model::identity::NodeId(1),
             incarnation: 1,
         };
         let interrupted = ShardingError::HandlerInterrupted {

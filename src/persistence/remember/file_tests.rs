@@ -39,7 +39,9 @@ fn tree(dir: &Path) -> Vec<PathBuf> {
 
 #[test]
 fn the_in_memory_store_keeps_the_remember_entities_contract() {
-    crate::persistence::conformance::remember_entities(crate::store::InMemoryStore::new);
+    crate::persistence::conformance::remember_entities(
+        crate::persistence::remember::InMemoryStore::new,
+    );
 }
 
 #[test]

@@ -12,16 +12,15 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
-use crate::extractor::ShardId;
-pub use crate::persistence::remember::{
-    RememberEntitiesStore, RememberRecord, StoreError, StoreRepair,
-};
-
+use crate::model::extractor::ShardId;
 mod file;
+mod spi;
 pub(crate) mod writer;
 pub use file::{
     FILE_STORE_VERSION, FileStore, FileStoreFsyncPolicy, LOCK_FILE, MAX_ENTITY_ID, MAX_TYPE_NAME,
 };
+pub use spi::{RememberEntitiesStore, RememberRecord, StoreError, StoreRepair};
+pub(crate) use spi::{final_states, record_one};
 pub use writer::{RememberEntitiesEvent, RememberEntitiesOperation};
 
 /// The marker for a system built without a remember-entities store.
