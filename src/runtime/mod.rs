@@ -1,8 +1,8 @@
 //! The untyped runtime under the typed façade, on one node.
 //!
 //! ```text
-//!  EntityRef<P>::tell/ask ──► Region (one per entity type, region.rs)
-//!                               slots[shard] : Mutex<Slot>     (slot.rs: the
+//!  EntityRef<P>::tell/ask ──► Region (one per entity type, region/)
+//!                               slots[shard] : Mutex<Slot>     (slot/: the
 //!                                 Unallocated { buffer }          state machine,
 //!                                 Local { entities, handoff }     no IO; the region
 //!                                 Remote(home) / Stopped          is its host)
@@ -27,6 +27,9 @@
 //! the slot spawns the next incarnation with the buffer, if any. Nothing
 //! is dropped, and two incarnations of an entity never run at once on a
 //! node, also when its shard moved away and came back meanwhile.
+//!
+//! `dispatch` is how a type-erased envelope reaches a typed handler; it
+//! sits one layer below the rest of the runtime (SPEC §0.1).
 
 pub(crate) mod ask_waits;
 pub(crate) mod dispatch;

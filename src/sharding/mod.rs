@@ -17,9 +17,14 @@
 //! ```
 //!
 //! * [`coordinator`] — the sans-IO allocation core and the
-//!   [`ShardAllocationStrategy`] trait.
+//!   [`ShardAllocationStrategy`] trait, a folder split by concept.
+//! * `region_core` — the region side of the allocation protocol, sans-IO.
+//! * `control_core` — what the control task decides, sans-IO: it runs the
+//!   coordinator core and the region side and gives the commands to carry
+//!   out.
 //! * `remote` — envelopes to other nodes, replies routed to the asker's node.
-//! * `driver` — the tasks that carry the core's commands and the inbound data.
+//! * `driver` — the IO around `control_core`: the tasks that feed it and
+//!   carry out its commands, and the inbound data path.
 //! * [`stats`] — a region's state and the cluster-wide view of a type.
 //! * `wire` — the messages on the two sharding channels.
 //!
