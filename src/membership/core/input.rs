@@ -209,7 +209,8 @@ impl MembershipCore {
             // when its state lists both it and this node as live.
             None if gossip.status_of(&from).is_some_and(|s| s.is_live())
                 && gossip.status_of(&self.me).is_some_and(|s| s.is_live()) => {}
-            _ => return Ok(()), // a stranger, or quarantined (Down/Removed)
+            // A stranger, or quarantined (Down/Removed: not `is_live`).
+            Some(_) | None => return Ok(()),
         }
         let theirs = gossip.digest();
         self.note_seen(fk, theirs);

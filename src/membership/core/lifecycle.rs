@@ -91,7 +91,7 @@ impl MembershipCore {
         else {
             return match self.phase {
                 Phase::Idle => Err(MembershipError::NotAMember),
-                _ => Ok(()),
+                Phase::Joining { .. } | Phase::Member | Phase::Terminated => Ok(()),
             };
         };
         let mut others: Vec<SocketAddr> = Vec::new();
@@ -105,7 +105,7 @@ impl MembershipCore {
         match (may_form, *self_join_at) {
             (true, None) => *self_join_at = now.checked_add(timeout),
             (false, Some(_)) => *self_join_at = None,
-            _ => {}
+            (true, Some(_)) | (false, None) => {}
         }
         if new {
             self.send_joins(now);
@@ -154,7 +154,12 @@ impl MembershipCore {
                 from: MemberStatus::Removed,
                 to: MemberStatus::Down,
             }),
-            Some(_) => {
+            Some(
+                MemberStatus::Joining
+                | MemberStatus::Up
+                | MemberStatus::Leaving
+                | MemberStatus::Exiting,
+            ) => {
                 info!(member = %node, "manual down");
                 self.decide(key, MemberStatus::Down)?;
                 self.after_input(now).map(|_| ())

@@ -101,7 +101,9 @@ impl<E: Clone> Slot<E> {
             State::Local(local) if local.handoff.as_ref().is_some_and(|h| !h.reported) => {
                 local.resume(host, shard)
             }
-            _ => Vec::new(),
+            State::Unallocated { .. } | State::Local(_) | State::Remote(_) | State::Stopped => {
+                Vec::new()
+            }
         }
     }
 }

@@ -63,7 +63,7 @@ impl<E: Clone> Slot<E> {
     ) -> Undelivered {
         match &mut self.state {
             State::Local(local) => local.stopped(host, shard, entity_id, incarnation, state),
-            _ => {
+            State::Unallocated { .. } | State::Remote(_) | State::Stopped => {
                 if state.is_some() {
                     tracing::debug!(type_name = host.type_name(), %shard, %entity_id, "a state handed over after its shard moved on is dropped");
                 }
@@ -138,7 +138,7 @@ impl<E: Clone> LocalShard<E> {
                 return (result, Vec::new());
             }
             // A request from an earlier incarnation: stale.
-            Some(other) => {
+            Some(other @ Entry::Live(_)) => {
                 self.entities.insert(entity_id.clone(), other);
                 return (Ok(()), Vec::new());
             }
@@ -180,7 +180,7 @@ impl<E: Clone> LocalShard<E> {
     ) -> Undelivered {
         match self.entities.get(entity_id) {
             Some(entry) if entry.incarnation() == incarnation => {}
-            _ => return Vec::new(),
+            Some(Entry::Live(_) | Entry::Passivating { .. }) | None => return Vec::new(),
         }
         if let Some(passivator) = &mut self.passivator {
             passivator.remove(entity_id); // (a crashed one was live)
@@ -212,7 +212,7 @@ impl<E: Clone> LocalShard<E> {
         }
         let undelivered = match removed {
             Some(Entry::Passivating { buffer, .. }) => self.replay(host, shard, buffer),
-            _ => Vec::new(),
+            Some(Entry::Live(_)) | None => Vec::new(),
         };
         self.report_if_stopped(host, shard);
         undelivered

@@ -33,7 +33,7 @@ impl<E: Clone> Slot<E> {
                 owner,
                 generation: local.generation,
             }),
-            _ => None,
+            State::Unallocated { .. } | State::Stopped => None,
         }
     }
 
@@ -49,7 +49,7 @@ impl<E: Clone> Slot<E> {
                 .values()
                 .filter(|e| matches!(e, Entry::Live(_)))
                 .count(),
-            _ => 0,
+            State::Unallocated { .. } | State::Remote(_) | State::Stopped => 0,
         }
     }
 

@@ -96,7 +96,7 @@ impl<E: Clone> Slot<E> {
                 Err(Some(envelope)) => Err(envelope),
                 Err(None) => Ok(Err(refused())),
             },
-            _ => Err(envelope),
+            Some(Entry::Passivating { .. }) | None => Err(envelope),
         }
     }
 }

@@ -95,7 +95,7 @@ impl CoordinatorCore {
         };
         let since = match self.oldest_flagged {
             Some((member, since)) if member == oldest => since,
-            _ => {
+            Some(_) | None => {
                 self.oldest_flagged = Some((oldest, now));
                 now
             }

@@ -211,7 +211,7 @@ impl CoordinatorCore {
             let free = !quiet && !table.handoffs.contains_key(&shard);
             let placed = match claimants.first() {
                 Some(&owner) if free => table.place(shard, owner, 0),
-                _ => None,
+                Some(_) | None => None,
             };
             match placed {
                 // A new home, as an allocation's: every region hears it.

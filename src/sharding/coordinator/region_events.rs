@@ -393,7 +393,7 @@ impl CoordinatorCore {
                 table.generations[i] = table.generations[i].max(generation);
                 table.waiting.entry(shard).or_default().insert(from);
             }
-            _ => return Vec::new(),
+            Some(_) => return Vec::new(),
         }
         self.act(now)
     }
