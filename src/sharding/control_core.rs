@@ -112,7 +112,7 @@ impl ControlCore {
             let commands = self.coordinator.register(now, self.me, &own);
             self.coordinator_out(now, regions, commands, &mut out);
         }
-        let commands = self.side.members(&state, regions);
+        let commands = self.side.members(&state);
         self.side_out(now, regions, commands, &mut out);
         let commands = self.coordinator.apply_membership(now, &state, acting);
         self.coordinator_out(now, regions, commands, &mut out);
@@ -257,7 +257,10 @@ impl ControlCore {
         }
     }
 
-    /// The region side's commands, as [`coordinator_out`](Self::coordinator_out).
+    /// The region side's commands, in order: messages as
+    /// [`coordinator_out`](Self::coordinator_out) sends them, and the moves
+    /// of this node's regions, each done before the next command (what a
+    /// home did goes back to the region side at once).
     fn side_out(
         &mut self,
         now: Instant,
@@ -268,7 +271,43 @@ impl ControlCore {
         for command in commands {
             match command {
                 RegionCommand::Send { to, msg } => self.send(now, regions, to, msg, out),
-                RegionCommand::FailAsks(node) => out.push(ControlCommand::FailAsks(node)),
+                RegionCommand::LetGo {
+                    node,
+                    asks_may_wait,
+                } => {
+                    let routed = regions.node_lost(&node);
+                    if asks_may_wait && routed == 0 {
+                        tracing::debug!(node = %self.me, left = %node, "member left: its asks wait for their replies");
+                    } else {
+                        out.push(ControlCommand::FailAsks(node));
+                    }
+                }
+                RegionCommand::SetHome {
+                    type_name,
+                    shard,
+                    home,
+                    from,
+                } => {
+                    if let Some((name, change)) = regions.set_home(&type_name, shard, home, from) {
+                        self.side.home_applied(name, shard, change);
+                    }
+                }
+                RegionCommand::CallOffHandoffs => regions.call_off_handoffs(),
+                RegionCommand::HandOff {
+                    type_name,
+                    shard,
+                    generation,
+                } => regions.hand_off(&type_name, shard, generation),
+                RegionCommand::MarkLeft { type_name, nowhere } => {
+                    regions.mark_left(&type_name, nowhere)
+                }
+                RegionCommand::Accepted { type_name, by } => regions.accepted(&type_name, by),
+                RegionCommand::Refused {
+                    type_name,
+                    reason,
+                    cluster_fingerprint,
+                    cluster_num_shards,
+                } => regions.refused(&type_name, reason, cluster_fingerprint, cluster_num_shards),
             }
         }
     }
@@ -334,7 +373,8 @@ impl ControlCore {
                         tracing::debug!(node = %self.me, %from, epoch = ?msg.coordinator_epoch(), highest = self.coordinator.highest_epoch(), "a coordinator message from an older epoch: ignored");
                         self.side.older_epoch();
                     } else {
-                        self.side.coordinator_said(from, msg, regions);
+                        let commands = self.side.coordinator_said(from, msg);
+                        self.side_out(now, regions, commands, out);
                     }
                     Vec::new()
                 }

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use super::*;
 use crate::membership::{Member, MemberStatus};
+use crate::runtime::slot::HomeChange;
 use crate::sharding::coordinator::{CoordinatorConfig, LeastShardAllocation};
 use crate::sharding::region_core::tests::{Fake, node};
 
@@ -170,4 +171,70 @@ fn time_alone_asks_again_for_a_home_that_did_not_come() {
         lines(&out)
     );
     assert!(core.poll_timeout().is_some_and(|next| next > due));
+}
+
+#[test]
+fn a_member_that_left_gracefully_keeps_its_asks_unless_shards_were_routed_to_it() {
+    let t0 = Instant::now();
+    let mut regions = Fake::new();
+    let mut core = core();
+    let leaving = [
+        (0, MemberStatus::Up),
+        (ME, MemberStatus::Up),
+        (4, MemberStatus::Leaving),
+        (5, MemberStatus::Up),
+    ];
+    core.membership(t0, view(&leaving), &regions);
+    regions.calls();
+    // 4 left with nothing routed to it: its asks wait for their replies;
+    // 5 is gone without leaving: its asks fail.
+    let out = core.membership(t0, view(&up(&[0, ME])), &regions);
+    assert_eq!(lines(&out), ["FailAsks 5"]);
+    assert_eq!(regions.calls(), ["node_lost 4", "node_lost 5"]);
+    // 6 leaves with a shard still routed to it: its asks fail.
+    regions.routed = 1;
+    core.membership(
+        t0,
+        view(&[
+            (0, MemberStatus::Up),
+            (ME, MemberStatus::Up),
+            (6, MemberStatus::Exiting),
+        ]),
+        &regions,
+    );
+    let out = core.membership(t0, view(&up(&[0, ME])), &regions);
+    assert_eq!(lines(&out), ["FailAsks 6"]);
+}
+
+#[test]
+fn a_stale_home_leaves_the_request_open_and_a_newer_one_closes_it() {
+    let t0 = Instant::now();
+    let regions = Fake::new();
+    let mut core = core();
+    core.membership(t0, view(&up(&[0, ME])), &regions);
+    core.allocate(t0, &regions, "t", 3);
+    let home = |generation| ControlMsg::Home {
+        type_name: "t".into(),
+        shard: 3,
+        owner: node(0),
+        generation,
+        from: None,
+        epoch: 1,
+    };
+    *regions.change.borrow_mut() = HomeChange::Stale;
+    core.control(t0, node(0), home(3), &regions);
+    let due = core.poll_timeout().expect("due");
+    let state = view(&up(&[0, ME]));
+    let out = core.handle_timeout(due, &state, &regions);
+    assert!(lines(&out).contains(&"GetHome 3 to 0".to_owned()));
+    *regions.change.borrow_mut() = HomeChange::Remote;
+    core.control(t0, node(0), home(5), &regions);
+    assert_eq!(regions.calls(), ["set_home t 3 3", "set_home t 3 5"]);
+    let later = due + Duration::from_secs(1);
+    let out = core.handle_timeout(later, &state, &regions);
+    assert!(
+        !lines(&out).iter().any(|l| l.starts_with("GetHome")),
+        "{:?}",
+        lines(&out)
+    );
 }

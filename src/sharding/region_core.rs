@@ -29,8 +29,8 @@ pub(crate) const REREGISTER_AFTER: Duration = Duration::from_millis(500);
 /// (anti-entropy for broadcasts lost with a connection).
 pub(crate) const REFRESH_EVERY: Duration = Duration::from_secs(10);
 
-/// This node's regions, as the region side sees them.
-pub(crate) trait LocalRegions {
+/// This node's regions, as the region side reads them.
+pub(crate) trait RegionsView {
     /// Every region's registration (`leaving`: a graceful leave is under way).
     fn registrations(&self, leaving: bool) -> Vec<TypeRegistration>;
     /// The entity types with a region here.
@@ -40,6 +40,11 @@ pub(crate) trait LocalRegions {
     /// Whether a shard is hosted here under `generation`, handed off and
     /// empty: its report still needs an answer.
     fn is_handed_off(&self, type_name: &str, shard: u32, generation: u64) -> bool;
+}
+
+/// This node's regions, as the region side's commands move them (run by
+/// the control core, `control_core`, in the order they are given).
+pub(crate) trait LocalRegions: RegionsView {
     /// Applies a home from the coordinator (`from`: the old owner that
     /// handed the shard off, §13.16); `None` for no such region or shard,
     /// else the type's name as the region holds it and what changed.
@@ -72,13 +77,50 @@ pub(crate) trait LocalRegions {
     );
 }
 
-/// What the region side asks its driver to do.
+/// What the region side asks to be done: messages to the coordinator, and
+/// every move of this node's regions ([`LocalRegions`]). What a home did
+/// to a region comes back through [`home_applied`](RegionCore::home_applied).
 #[derive(Debug, PartialEq)]
 pub(crate) enum RegionCommand {
     /// Send a control message (to this node itself, when it coordinates).
     Send { to: UniqueAddress, msg: ControlMsg },
-    /// Fail the asks waiting on a member that is gone and may not answer.
-    FailAsks(UniqueAddress),
+    /// A member is gone: routing to it stops (`LocalRegions::node_lost`),
+    /// then the asks waiting on it fail — unless `asks_may_wait` (it left
+    /// gracefully and was not downed) and nothing was routed to it.
+    LetGo {
+        node: UniqueAddress,
+        asks_may_wait: bool,
+    },
+    /// Apply a home from the coordinator (`LocalRegions::set_home`), then
+    /// report what changed to [`RegionCore::home_applied`].
+    SetHome {
+        type_name: String,
+        shard: u32,
+        home: ShardHome,
+        from: Option<UniqueAddress>,
+    },
+    /// Call off the handoffs of a coordinator that is gone.
+    CallOffHandoffs,
+    /// Hand off a shard hosted here under `generation`.
+    HandOff {
+        type_name: String,
+        shard: u32,
+        generation: u64,
+    },
+    /// Nothing more of the type will move off here.
+    MarkLeft { type_name: String, nowhere: bool },
+    /// A coordinator accepted the type's region (sent its table).
+    Accepted {
+        type_name: String,
+        by: UniqueAddress,
+    },
+    /// The coordinator refused the type's region.
+    Refused {
+        type_name: String,
+        reason: String,
+        cluster_fingerprint: Option<u64>,
+        cluster_num_shards: Option<u32>,
+    },
 }
 
 /// The region side's state (see the module docs).
@@ -138,7 +180,7 @@ impl RegionCore {
     }
 
     /// Every region's registration, as sent.
-    pub(crate) fn registrations(&self, regions: &dyn LocalRegions) -> Vec<TypeRegistration> {
+    pub(crate) fn registrations(&self, regions: &dyn RegionsView) -> Vec<TypeRegistration> {
         regions.registrations(!self.leaving.is_empty())
     }
 
@@ -148,7 +190,7 @@ impl RegionCore {
     pub(crate) fn register(
         &mut self,
         now: Instant,
-        regions: &dyn LocalRegions,
+        regions: &dyn RegionsView,
         epoch: u64,
     ) -> Vec<RegionCommand> {
         if !self.retired.is_empty() {
@@ -199,7 +241,7 @@ impl RegionCore {
     pub(crate) fn allocate(
         &mut self,
         now: Instant,
-        regions: &dyn LocalRegions,
+        regions: &dyn RegionsView,
         type_name: &'static str,
         shard: u32,
     ) -> Vec<RegionCommand> {
@@ -209,7 +251,7 @@ impl RegionCore {
 
     fn get_home(
         &self,
-        regions: &dyn LocalRegions,
+        regions: &dyn RegionsView,
         type_name: &'static str,
         shard: u32,
     ) -> Vec<RegionCommand> {
@@ -228,7 +270,7 @@ impl RegionCore {
     pub(crate) fn begin_leave(
         &mut self,
         now: Instant,
-        regions: &dyn LocalRegions,
+        regions: &dyn RegionsView,
         nowhere_else: impl FnOnce(&[String]) -> bool,
     ) -> (bool, Vec<RegionCommand>) {
         self.leaving = regions.type_names();
@@ -288,11 +330,7 @@ impl RegionCore {
     /// before this, while the replica still names their homes; call
     /// [`follow`](Self::follow) once the coordinator core has seen the
     /// view too.)
-    pub(crate) fn members(
-        &mut self,
-        state: &MembershipState,
-        regions: &dyn LocalRegions,
-    ) -> Vec<RegionCommand> {
+    pub(crate) fn members(&mut self, state: &MembershipState) -> Vec<RegionCommand> {
         let mut out = Vec::new();
         // Members that are gone (downed or removed — a removed member drops
         // out of the view, and a watch may skip the states in between):
@@ -320,8 +358,8 @@ impl RegionCore {
             self.lost.insert(node);
             // Routing stops first: once every slot has let go of the node
             // (each under its lock), no new ask can start waiting on it, so
-            // failing the waiting asks next misses none.
-            let routed = regions.node_lost(&node);
+            // failing the waiting asks next misses none (`LetGo` does both,
+            // in that order).
             // A member that left gracefully handed its shards off before it
             // began to leave (its system's shutdown comes first, SPEC
             // §13.12): every ask it was the first hop of was answered, or
@@ -335,11 +373,10 @@ impl RegionCore {
             // then nothing may answer them.
             let departed = self.departing.remove(&node);
             let downed = state.status_of(&node) == Some(MemberStatus::Down);
-            if departed && routed == 0 && !downed {
-                tracing::debug!(node = %self.me, left = %node, "member left: its asks wait for their replies");
-            } else {
-                out.push(RegionCommand::FailAsks(node));
-            }
+            out.push(RegionCommand::LetGo {
+                node,
+                asks_may_wait: departed && !downed,
+            });
         }
         out
     }
@@ -354,21 +391,22 @@ impl RegionCore {
         &mut self,
         now: Instant,
         coordinator: Option<UniqueAddress>,
-        regions: &dyn LocalRegions,
+        regions: &dyn RegionsView,
         epoch: u64,
     ) -> Vec<RegionCommand> {
         if coordinator == self.coordinator {
             return Vec::new();
         }
+        let mut out = Vec::new();
         let previous = std::mem::replace(&mut self.coordinator, coordinator);
         if previous.is_some_and(|c| self.lost.contains(&c) || !self.seen.contains(&c)) {
-            regions.call_off_handoffs();
+            out.push(RegionCommand::CallOffHandoffs);
         }
         if self.coordinator.is_none() {
-            return Vec::new();
+            return out;
         }
         self.new_coordinator = true;
-        let mut out = self.register(now, regions, epoch);
+        out.extend(self.register(now, regions, epoch));
         out.extend(self.send_leave(now));
         out
     }
@@ -380,7 +418,7 @@ impl RegionCore {
     pub(crate) fn catch_up(
         &mut self,
         now: Instant,
-        regions: &dyn LocalRegions,
+        regions: &dyn RegionsView,
     ) -> Vec<RegionCommand> {
         let mut out = Vec::new();
         if !std::mem::take(&mut self.new_coordinator) || self.coordinator.is_none() {
@@ -410,13 +448,13 @@ impl RegionCore {
     }
 
     /// A coordinator's message this node [`hears`](Self::hears), of a
-    /// current epoch. Messages for the coordinator are not for this core.
+    /// current epoch: what it asks of the regions. Messages for the
+    /// coordinator are not for this core.
     pub(crate) fn coordinator_said(
         &mut self,
         from: UniqueAddress,
         msg: ControlMsg,
-        regions: &dyn LocalRegions,
-    ) {
+    ) -> Vec<RegionCommand> {
         match msg {
             ControlMsg::Home {
                 type_name,
@@ -427,27 +465,37 @@ impl RegionCore {
                 ..
             } => {
                 let home = ShardHome { owner, generation };
-                self.apply_home(regions, &type_name, shard, home, from);
+                self.set_home(type_name, shard, home, from)
+                    .into_iter()
+                    .collect()
             }
             ControlMsg::Table {
                 type_name, homes, ..
             } => {
                 self.heard_from = Some(from);
-                regions.accepted(&type_name, from);
+                let mut out = vec![RegionCommand::Accepted {
+                    type_name: type_name.clone(),
+                    by: from,
+                }];
                 for (shard, owner, generation) in homes {
                     let home = ShardHome { owner, generation };
-                    self.apply_home(regions, &type_name, shard, home, None);
+                    out.extend(self.set_home(type_name.clone(), shard, home, None));
                 }
+                out
             }
             ControlMsg::HandOff {
                 type_name,
                 shard,
                 generation,
                 ..
-            } => regions.hand_off(&type_name, shard, generation),
+            } => vec![RegionCommand::HandOff {
+                type_name,
+                shard,
+                generation,
+            }],
             ControlMsg::Left {
                 type_name, nowhere, ..
-            } => regions.mark_left(&type_name, nowhere),
+            } => vec![RegionCommand::MarkLeft { type_name, nowhere }],
             ControlMsg::Refused {
                 type_name,
                 reason,
@@ -457,58 +505,66 @@ impl RegionCore {
                 tracing::error!(node = %self.me, %type_name, %reason, "the coordinator refused this node's region");
                 // Heard: registering again would be refused again.
                 self.heard_from = Some(from);
-                regions.refused(&type_name, reason, cluster_fingerprint, cluster_num_shards);
+                vec![RegionCommand::Refused {
+                    type_name,
+                    reason,
+                    cluster_fingerprint,
+                    cluster_num_shards,
+                }]
             }
-            _ => {}
+            // For the coordinator, and stats: not this core's.
+            ControlMsg::Register { .. }
+            | ControlMsg::Unregister { .. }
+            | ControlMsg::GetHome { .. }
+            | ControlMsg::ShardStopped { .. }
+            | ControlMsg::Leave { .. }
+            | ControlMsg::GetStats { .. }
+            | ControlMsg::Stats { .. } => Vec::new(),
         }
     }
 
-    fn apply_home(
-        &mut self,
-        regions: &dyn LocalRegions,
-        type_name: &str,
+    /// A home to apply, unless it names a member that is gone.
+    fn set_home(
+        &self,
+        type_name: String,
         shard: u32,
         home: ShardHome,
         from: Option<UniqueAddress>,
-    ) {
-        if self.lost.contains(&home.owner) {
-            return;
-        }
-        match regions.set_home(type_name, shard, home, from) {
-            Some((name, HomeChange::HostHere | HomeChange::Remote | HomeChange::Unchanged)) => {
+    ) -> Option<RegionCommand> {
+        (!self.lost.contains(&home.owner)).then_some(RegionCommand::SetHome {
+            type_name,
+            shard,
+            home,
+            from,
+        })
+    }
+
+    /// What a [`RegionCommand::SetHome`] did: `name` is the type's name as
+    /// the region holds it. A shard with a home no longer waits for one;
+    /// one older than what the region holds still does (it is asked again,
+    /// with the region's generation, so the coordinator allocates above it).
+    pub(crate) fn home_applied(&mut self, name: &'static str, shard: u32, change: HomeChange) {
+        match change {
+            HomeChange::HostHere | HomeChange::Remote | HomeChange::Unchanged => {
                 self.waiting.remove(&(name, shard));
             }
-            // Older than what the region holds: keep asking (with the
-            // region's generation, so the coordinator allocates above it).
-            Some((_, HomeChange::Stale)) | None => {}
+            HomeChange::Stale => {}
         }
     }
 
-    /// Time passes: requests without a home are asked again, the
-    /// registration is sent again while no table came (and now and then
-    /// after), reports of stopped shards are repeated until their next home
-    /// comes, and so is a graceful leave's `Leave`. The three steps
-    /// (`retry_requests`, `reregister`, `repeat_reports`); a driver runs each one's commands before the next
-    /// step (a message to this node itself, when it coordinates, is
-    /// answered at once, and the next step sees the answer).
-    #[cfg(test)]
-    pub(crate) fn tick(
-        &mut self,
-        now: Instant,
-        regions: &dyn LocalRegions,
-        epoch: u64,
-    ) -> Vec<RegionCommand> {
-        let mut out = self.retry_requests(now, regions);
-        out.extend(self.reregister(now, regions, epoch));
-        out.extend(self.repeat_reports(now, regions));
-        out
-    }
+    // Time passes: requests without a home are asked again, the
+    // registration is sent again while no table came (and now and then
+    // after), reports of stopped shards are repeated until their next home
+    // comes, and so is a graceful leave's `Leave`. Three steps, which the
+    // control core's `handle_timeout` runs in this order, each one's
+    // commands before the next (a message to this node itself, when it
+    // coordinates, is answered at once, and the next step sees the answer).
 
     /// Asks again for the homes that have not come.
     pub(crate) fn retry_requests(
         &mut self,
         now: Instant,
-        regions: &dyn LocalRegions,
+        regions: &dyn RegionsView,
     ) -> Vec<RegionCommand> {
         let mut out = Vec::new();
         if self.coordinator.is_some() {
@@ -531,7 +587,7 @@ impl RegionCore {
     pub(crate) fn repeat_reports(
         &mut self,
         now: Instant,
-        regions: &dyn LocalRegions,
+        regions: &dyn RegionsView,
     ) -> Vec<RegionCommand> {
         let mut out = Vec::new();
         let mut due = Vec::new();
@@ -561,7 +617,7 @@ impl RegionCore {
     pub(crate) fn reregister(
         &mut self,
         now: Instant,
-        regions: &dyn LocalRegions,
+        regions: &dyn RegionsView,
         epoch: u64,
     ) -> Vec<RegionCommand> {
         if !self.retired.is_empty() {
@@ -604,7 +660,9 @@ impl RegionCore {
         }
     }
 
-    /// When [`tick`](Self::tick) has something to do, if nothing else
+    /// When one of the timed steps ([`retry_requests`](Self::retry_requests),
+    /// [`reregister`](Self::reregister), [`repeat_reports`](Self::repeat_reports))
+    /// has something to do, if nothing else
     /// happens first (`None`: only an event can give it work).
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
         let mut next: Option<Instant> = None;

@@ -13,9 +13,9 @@ pub(crate) struct Fake {
     calls: RefCell<Vec<String>>,
     types: Vec<String>,
     /// What applying a home does.
-    change: RefCell<HomeChange>,
+    pub(crate) change: RefCell<HomeChange>,
     /// Shards routed to a lost member.
-    routed: usize,
+    pub(crate) routed: usize,
     handed_off: RefCell<bool>,
 }
 
@@ -35,7 +35,7 @@ impl Fake {
     }
 }
 
-impl LocalRegions for Fake {
+impl RegionsView for Fake {
     fn registrations(&self, leaving: bool) -> Vec<TypeRegistration> {
         self.types
             .iter()
@@ -62,7 +62,9 @@ impl LocalRegions for Fake {
     fn is_handed_off(&self, _type_name: &str, _shard: u32, _generation: u64) -> bool {
         *self.handed_off.borrow()
     }
+}
 
+impl LocalRegions for Fake {
     fn set_home(
         &self,
         type_name: &str,
@@ -131,7 +133,8 @@ fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
-/// The short names of the messages sent, with their destinations.
+/// The commands as short lines: messages with their destinations, and
+/// the moves of the regions in the words of [`Fake`]'s calls.
 fn sent(commands: &[RegionCommand]) -> Vec<String> {
     commands
         .iter()
@@ -149,7 +152,31 @@ fn sent(commands: &[RegionCommand]) -> Vec<String> {
                 };
                 format!("{what} to {}", to.node_id.0)
             }
-            RegionCommand::FailAsks(node) => format!("FailAsks {}", node.node_id.0),
+            RegionCommand::LetGo {
+                node,
+                asks_may_wait: false,
+            } => format!("let_go {}", node.node_id.0),
+            RegionCommand::LetGo {
+                node,
+                asks_may_wait: true,
+            } => format!("let_go {} (asks may wait)", node.node_id.0),
+            RegionCommand::SetHome {
+                type_name,
+                shard,
+                home,
+                ..
+            } => format!("set_home {type_name} {shard} {}", home.generation),
+            RegionCommand::CallOffHandoffs => "call_off_handoffs".to_owned(),
+            RegionCommand::HandOff {
+                type_name,
+                shard,
+                generation,
+            } => format!("hand_off {type_name} {shard} {generation}"),
+            RegionCommand::MarkLeft { type_name, nowhere } => {
+                format!("mark_left {type_name} {nowhere}")
+            }
+            RegionCommand::Accepted { type_name, .. } => format!("accepted {type_name}"),
+            RegionCommand::Refused { type_name, .. } => format!("refused {type_name}"),
         })
         .collect()
 }
@@ -171,11 +198,24 @@ fn view(members: &[(u64, MemberStatus)]) -> MembershipState {
     }
 }
 
+/// The three timed steps, in the order the control core runs them.
+fn tick(
+    core: &mut RegionCore,
+    now: Instant,
+    regions: &dyn RegionsView,
+    epoch: u64,
+) -> Vec<RegionCommand> {
+    let mut out = core.retry_requests(now, regions);
+    out.extend(core.reregister(now, regions, epoch));
+    out.extend(core.repeat_reports(now, regions));
+    out
+}
+
 /// A core following coordinator 2, which has not sent its table yet.
 fn following(t0: Instant, regions: &Fake) -> RegionCore {
     let mut core = RegionCore::new(node(ME));
     let state = view(&[(ME, MemberStatus::Up), (C, MemberStatus::Up)]);
-    assert!(core.members(&state, regions).is_empty());
+    assert!(core.members(&state).is_empty());
     let out = core.follow(t0, Some(node(C)), regions, 7);
     assert_eq!(sent(&out), ["Register to 2"]);
     core
@@ -194,7 +234,10 @@ fn a_request_is_asked_again_until_its_home_comes() {
     let t0 = Instant::now();
     let regions = Fake::new();
     let mut core = following(t0, &regions);
-    core.coordinator_said(node(C), table(), &regions);
+    assert_eq!(
+        sent(&core.coordinator_said(node(C), table())),
+        ["accepted t"]
+    );
     let out = core.allocate(t0, &regions, "t", 3);
     assert_eq!(
         sent(&out),
@@ -202,11 +245,10 @@ fn a_request_is_asked_again_until_its_home_comes() {
         "with the region's generation"
     );
     assert_eq!(core.poll_timeout(), Some(t0 + RETRY_GET_HOME));
-    assert!(core.tick(t0 + ms(299), &regions, 7).is_empty());
-    let out = core.tick(t0 + ms(300), &regions, 7);
+    assert!(tick(&mut core, t0 + ms(299), &regions, 7).is_empty());
+    let out = tick(&mut core, t0 + ms(300), &regions, 7);
     assert_eq!(sent(&out), ["GetHome 3 4 to 2"]);
     // A stale home keeps it asking; a newer one ends the request.
-    *regions.change.borrow_mut() = HomeChange::Stale;
     let home = |generation| ControlMsg::Home {
         type_name: "t".into(),
         shard: 3,
@@ -215,18 +257,21 @@ fn a_request_is_asked_again_until_its_home_comes() {
         epoch: 1,
         from: None,
     };
-    core.coordinator_said(node(C), home(3), &regions);
     assert_eq!(
-        sent(&core.tick(t0 + ms(600), &regions, 7)),
+        sent(&core.coordinator_said(node(C), home(3))),
+        ["set_home t 3 3"]
+    );
+    core.home_applied("t", 3, HomeChange::Stale);
+    assert_eq!(
+        sent(&tick(&mut core, t0 + ms(600), &regions, 7)),
         ["GetHome 3 4 to 2"]
     );
-    *regions.change.borrow_mut() = HomeChange::Remote;
-    core.coordinator_said(node(C), home(5), &regions);
     assert_eq!(
-        regions.calls(),
-        ["accepted t", "set_home t 3 3", "set_home t 3 5"]
+        sent(&core.coordinator_said(node(C), home(5))),
+        ["set_home t 3 5"]
     );
-    assert!(core.tick(t0 + ms(900), &regions, 7).is_empty());
+    core.home_applied("t", 3, HomeChange::Remote);
+    assert!(tick(&mut core, t0 + ms(900), &regions, 7).is_empty());
 }
 
 #[test]
@@ -235,14 +280,14 @@ fn the_registration_is_repeated_until_the_table_comes_then_refreshed() {
     let regions = Fake::new();
     let mut core = following(t0, &regions);
     assert_eq!(core.poll_timeout(), Some(t0 + REREGISTER_AFTER));
-    let out = core.tick(t0 + REREGISTER_AFTER, &regions, 7);
+    let out = tick(&mut core, t0 + REREGISTER_AFTER, &regions, 7);
     assert_eq!(sent(&out), ["Register to 2"]);
-    core.coordinator_said(node(C), table(), &regions);
+    core.coordinator_said(node(C), table());
     let t1 = t0 + REREGISTER_AFTER;
     assert_eq!(core.poll_timeout(), Some(t1 + REFRESH_EVERY));
-    assert!(core.tick(t1 + ms(5_000), &regions, 7).is_empty());
+    assert!(tick(&mut core, t1 + ms(5_000), &regions, 7).is_empty());
     assert_eq!(
-        sent(&core.tick(t1 + REFRESH_EVERY, &regions, 7)),
+        sent(&tick(&mut core, t1 + REFRESH_EVERY, &regions, 7)),
         ["Register to 2"]
     );
     // An older epoch's message makes it register again soon.
@@ -265,10 +310,13 @@ fn a_new_coordinator_hears_the_registration_the_leave_the_requests_and_the_repor
     assert_eq!(sent(&out), ["Leave to 2"]);
     // Coordinator 2 is gone from the view; 3 takes over.
     let state = view(&[(ME, MemberStatus::Up), (3, MemberStatus::Up)]);
-    let out = core.members(&state, &regions);
-    assert_eq!(sent(&out), ["FailAsks 2"]);
+    assert_eq!(sent(&core.members(&state)), ["let_go 2"]);
     let out = core.follow(t0 + ms(10), Some(node(3)), &regions, 7);
-    assert_eq!(sent(&out), ["Register to 3", "Leave to 3"]);
+    assert_eq!(
+        sent(&out),
+        ["call_off_handoffs", "Register to 3", "Leave to 3"],
+        "the gone coordinator's handoffs are called off first"
+    );
     let out = core.catch_up(t0 + ms(10), &regions);
     assert_eq!(sent(&out), ["GetHome 3 4 to 3", "ShardStopped 5 to 3"]);
     // A later view with the same coordinator tells it nothing again.
@@ -277,39 +325,36 @@ fn a_new_coordinator_hears_the_registration_the_leave_the_requests_and_the_repor
             .is_empty()
     );
     assert!(core.catch_up(t0 + ms(20), &regions).is_empty());
-    assert_eq!(
-        regions.calls(),
-        ["node_lost 2", "call_off_handoffs"],
-        "the gone coordinator's handoffs are called off"
-    );
     assert!(!core.hears(node(2)));
     assert!(core.hears(node(3)) && core.hears(node(ME)));
 }
 
 #[test]
-fn a_member_that_left_gracefully_with_nothing_routed_keeps_its_asks() {
+fn a_member_that_left_gracefully_is_let_go_with_its_asks_waiting() {
     let t0 = Instant::now();
-    let mut regions = Fake::new();
+    let regions = Fake::new();
     let mut core = following(t0, &regions);
     let up = |n| (n, MemberStatus::Up);
-    core.members(
-        &view(&[up(ME), up(C), (4, MemberStatus::Leaving), up(5), up(6)]),
-        &regions,
+    core.members(&view(&[
+        up(ME),
+        up(C),
+        (4, MemberStatus::Leaving),
+        up(5),
+        (6, MemberStatus::Exiting),
+    ]));
+    // 4 and 6 left (removed, out of the view): their asks may wait for
+    // their replies (if nothing is routed to them). 5 is gone without
+    // leaving: its asks fail.
+    let out = core.members(&view(&[up(ME), up(C)]));
+    assert_eq!(
+        sent(&out),
+        [
+            "let_go 4 (asks may wait)",
+            "let_go 5",
+            "let_go 6 (asks may wait)"
+        ]
     );
-    // 4 left (removed, out of the view) with nothing routed to it: its asks
-    // wait for their replies. 5 is gone without leaving.
-    let out = core.members(&view(&[up(ME), up(C), up(6)]), &regions);
-    assert_eq!(sent(&out), ["FailAsks 5"]);
-    // 6 leaves but still has shards routed to it: its asks fail.
-    regions.routed = 1;
-    core.members(
-        &view(&[up(ME), up(C), (6, MemberStatus::Exiting)]),
-        &regions,
-    );
-    let out = core.members(&view(&[up(ME), up(C)]), &regions);
-    assert_eq!(sent(&out), ["FailAsks 6"]);
     // A home on a lost member is not applied.
-    regions.calls();
     let home = ControlMsg::Home {
         type_name: "t".into(),
         shard: 1,
@@ -318,8 +363,7 @@ fn a_member_that_left_gracefully_with_nothing_routed_keeps_its_asks() {
         epoch: 1,
         from: None,
     };
-    core.coordinator_said(node(C), home, &regions);
-    assert_eq!(regions.calls(), Vec::<String>::new());
+    assert!(core.coordinator_said(node(C), home).is_empty());
     assert!(RegionCore::is_out(&view(&[(ME, MemberStatus::Down)])));
     assert!(!RegionCore::is_out(&view(&[(ME, MemberStatus::Up)])));
 }
@@ -329,7 +373,7 @@ fn reports_and_the_leave_are_repeated_until_answered() {
     let t0 = Instant::now();
     let regions = Fake::new();
     let mut core = following(t0, &regions);
-    core.coordinator_said(node(C), table(), &regions);
+    core.coordinator_said(node(C), table());
     assert_eq!(
         sent(&core.shard_stopped(t0, "t", 5, 9)),
         ["ShardStopped 5 to 2"]
@@ -337,13 +381,13 @@ fn reports_and_the_leave_are_repeated_until_answered() {
     let (_, out) = core.begin_leave(t0, &regions, |_| false);
     assert_eq!(sent(&out), ["Leave to 2"]);
     assert_eq!(core.poll_timeout(), Some(t0 + RETRY_GET_HOME));
-    let out = core.tick(t0 + RETRY_GET_HOME, &regions, 7);
+    let out = tick(&mut core, t0 + RETRY_GET_HOME, &regions, 7);
     assert_eq!(sent(&out), ["ShardStopped 5 to 2"]);
-    let out = core.tick(t0 + REREGISTER_AFTER * 2, &regions, 7);
+    let out = tick(&mut core, t0 + REREGISTER_AFTER * 2, &regions, 7);
     assert_eq!(sent(&out), ["ShardStopped 5 to 2", "Leave to 2"]);
     // Its next home came (the shard is no longer handed off): no more reports.
     *regions.handed_off.borrow_mut() = false;
-    let out = core.tick(t0 + ms(2_000), &regions, 7);
+    let out = tick(&mut core, t0 + ms(2_000), &regions, 7);
     assert_eq!(sent(&out), ["Leave to 2"]);
     // Nowhere to move the shards: nothing to wait for, nothing sent.
     let mut alone = following(t0, &regions);
@@ -361,9 +405,9 @@ fn a_retired_node_unregisters_again_now_and_then() {
         ["Unregister to 2"]
     );
     assert_eq!(sent(&core.register(t0, &regions, 7)), ["Unregister to 2"]);
-    assert!(core.tick(t0 + ms(1_999), &regions, 7).is_empty());
+    assert!(tick(&mut core, t0 + ms(1_999), &regions, 7).is_empty());
     assert_eq!(
-        sent(&core.tick(t0 + REREGISTER_AFTER * 4, &regions, 7)),
+        sent(&tick(&mut core, t0 + REREGISTER_AFTER * 4, &regions, 7)),
         ["Unregister to 2"]
     );
     let (_, out) = core.begin_leave(t0, &regions, |_| false);
@@ -394,21 +438,28 @@ fn the_coordinators_other_words_reach_the_regions() {
             cluster_num_shards: Some(8),
         },
     ];
-    for msg in msgs {
-        core.coordinator_said(node(C), msg, &regions);
-    }
+    let out: Vec<RegionCommand> = msgs
+        .into_iter()
+        .flat_map(|msg| core.coordinator_said(node(C), msg))
+        .collect();
     assert_eq!(
-        regions.calls(),
+        sent(&out),
         ["hand_off t 2 6", "mark_left t true", "refused t"]
     );
     // Refused counts as heard: no re-registration storm.
     assert_eq!(core.poll_timeout(), Some(t0 + REFRESH_EVERY));
+    // What is for the coordinator is not this core's.
+    let register = ControlMsg::Register {
+        types: Vec::new(),
+        epoch: 1,
+    };
+    assert!(core.coordinator_said(node(C), register).is_empty());
 }
 
-/// After a tick at `now`, the next deadline is later than `now` (or there
-/// is none): a driver that sleeps until it never spins.
+/// After the timed steps at `now`, the next deadline is later than `now`
+/// (or there is none): a driver that sleeps until it never spins.
 fn assert_no_spin(core: &mut RegionCore, now: Instant, regions: &Fake) {
-    core.tick(now, regions, 7);
+    tick(core, now, regions, 7);
     if let Some(due) = core.poll_timeout() {
         assert!(
             due > now,
@@ -452,18 +503,12 @@ fn a_previous_coordinator_still_in_view_keeps_its_handoffs_and_a_downed_leaver_f
     let regions = Fake::new();
     let mut core = following(t0, &regions);
     let up = |n| (n, MemberStatus::Up);
-    core.members(
-        &view(&[up(ME), up(C), up(3), (4, MemberStatus::Leaving)]),
-        &regions,
-    );
+    core.members(&view(&[up(ME), up(C), up(3), (4, MemberStatus::Leaving)]));
     // The role moves to 3 while 2 is still in the view: nothing called off.
-    core.follow(t0, Some(node(3)), &regions, 7);
-    assert_eq!(regions.calls(), Vec::<String>::new());
+    let out = core.follow(t0, Some(node(3)), &regions, 7);
+    assert_eq!(sent(&out), ["Register to 3"]);
     // 4 was leaving, then is downed: its asks fail.
-    let out = core.members(
-        &view(&[up(ME), up(C), up(3), (4, MemberStatus::Down)]),
-        &regions,
-    );
-    assert_eq!(sent(&out), ["FailAsks 4"]);
+    let out = core.members(&view(&[up(ME), up(C), up(3), (4, MemberStatus::Down)]));
+    assert_eq!(sent(&out), ["let_go 4"]);
     assert!(RegionCore::is_out(&view(&[(ME, MemberStatus::Removed)])));
 }

@@ -57,7 +57,7 @@ use super::control_core::{ControlCommand, ControlCore};
 use super::coordinator::{
     CoordinatorConfig, CoordinatorCore, LeastShardAllocation, ShardAllocationStrategy, ShardHome,
 };
-use super::region_core::LocalRegions;
+use super::region_core::{LocalRegions, RegionsView};
 use super::remote::MAX_HOPS;
 use super::wire::{ControlMsg, TypeRegistration};
 use crate::entity::{Admission, Deliveries, DeliveryRow, MigratedState};
@@ -468,7 +468,7 @@ impl SlotHost for Host {
     fn passivated(&mut self, _shard: ShardId, _by_limit: bool) {}
 }
 
-/// A node's region of the one entity type: what `runtime/region.rs` does
+/// A node's region of the one entity type: what `runtime/region/` does
 /// around its slots (each call takes the slot's "lock", a `RefCell`), with
 /// the effects collected for the node to run.
 struct Region {
@@ -643,7 +643,7 @@ impl Region {
     }
 }
 
-impl LocalRegions for Region {
+impl RegionsView for Region {
     fn registrations(&self, leaving: bool) -> Vec<TypeRegistration> {
         let stopped = {
             let slots = self.slots.borrow();
@@ -683,7 +683,9 @@ impl LocalRegions for Region {
     fn is_handed_off(&self, _type_name: &str, shard: u32, generation: u64) -> bool {
         self.slots.borrow()[shard as usize].is_handed_off(generation)
     }
+}
 
+impl LocalRegions for Region {
     fn set_home(
         &self,
         type_name: &str,

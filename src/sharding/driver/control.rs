@@ -10,7 +10,7 @@ use tokio::time::sleep_until;
 
 use crate::membership::MembershipState;
 use crate::runtime::region::Region;
-use crate::sharding::region_core::LocalRegions;
+use crate::sharding::region_core::RegionsView;
 use crate::sharding::stats::CoordinatorStatus;
 use crate::sharding::wire::ControlMsg;
 

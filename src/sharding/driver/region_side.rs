@@ -11,7 +11,7 @@ use crate::model::identity::UniqueAddress;
 use crate::runtime::region::Region;
 use crate::runtime::slot::HomeChange;
 use crate::sharding::coordinator::ShardHome;
-use crate::sharding::region_core::LocalRegions;
+use crate::sharding::region_core::{LocalRegions, RegionsView};
 use crate::sharding::wire::TypeRegistration;
 
 use super::Control;
@@ -84,7 +84,7 @@ impl Hosted {
     }
 }
 
-impl LocalRegions for Hosted {
+impl RegionsView for Hosted {
     fn registrations(&self, leaving: bool) -> Vec<TypeRegistration> {
         self.0
             .iter()
@@ -117,7 +117,9 @@ impl LocalRegions for Hosted {
         self.get(type_name)
             .is_some_and(|r| r.is_handed_off(ShardId(shard), generation))
     }
+}
 
+impl LocalRegions for Hosted {
     fn set_home(
         &self,
         type_name: &str,
