@@ -2040,6 +2040,11 @@ fn random_histories_under_a_reliable_producer_store_each_effect_once_in_order() 
     let var = |name: &str| std::env::var(name).ok().and_then(|v| v.parse().ok());
     let tests = var("SIM_TESTS").map_or(1_000, |n: u64| n / 4);
     let seed = var("SIM_SEED").unwrap_or(0x2026_1204);
+    eprintln!(
+        "reliable simulator: {tests} histories; replay: SIM_SEED={seed} SIM_TESTS={} cargo test \
+         --lib sharding::sim_tests::random_histories_under_a_reliable_producer_store_each_effect_once_in_order",
+        tests * 4
+    );
     type Holds = fn(Vec<ReliableOp>) -> bool;
     let runs: [(Holds, u64); 2] = [
         (|ops| reliable_history_holds(ops, false), 0),
@@ -2067,7 +2072,11 @@ fn random_cluster_histories_lose_only_what_a_crash_or_a_cut_took() {
     let var = |name: &str| std::env::var(name).ok().and_then(|v| v.parse().ok());
     let tests = var("SIM_TESTS").unwrap_or(4_000);
     let seed = var("SIM_SEED").unwrap_or(0x2026_1202);
-    eprintln!("simulator: {tests} histories, SIM_SEED={seed}");
+    eprintln!(
+        "simulator: {tests} histories; replay: SIM_SEED={seed} SIM_TESTS={tests} cargo test --lib \
+         sharding::sim_tests::random_cluster_histories_lose_only_what_a_crash_or_a_cut_took \
+         (a failure prints its shrunk history: paste it into a regression_* test)"
+    );
     QuickCheck::new()
         .rng(Gen::from_size_and_seed(200, seed))
         .tests(tests / 2)
