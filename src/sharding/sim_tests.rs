@@ -110,6 +110,10 @@ struct Coverage {
     hosted_before_pull: u64,
     /// The longest a settle took to process (or lose) every message.
     slowest_settle: Duration,
+    /// Histories in which a coordinator's settle ran out before every
+    /// owner registered (from then on a shard may have two homes, SPEC
+    /// §13.2, and the one-host check stands down).
+    settles_timed_out: u64,
 }
 
 fn cover(f: impl FnOnce(&mut Coverage)) {
@@ -963,6 +967,9 @@ struct Sim {
     log: Vec<String>,
     /// The first broken rule seen, if any.
     broken: Option<String>,
+    /// A coordinator's settle ran out before every owner registered: a
+    /// shard may have two homes from then on (SPEC §13.2).
+    settle_timed_out: bool,
     /// The coordinators place and move shards at random ([`Restless`]).
     restless: bool,
     /// Sends go through a reliable producer, to durable entities.
@@ -982,6 +989,7 @@ impl Sim {
             ledger: Ledger::default(),
             log: Vec::new(),
             broken: None,
+            settle_timed_out: false,
             reliable,
         };
         sim.join(0);
@@ -1016,6 +1024,48 @@ impl Sim {
 
     fn node(&mut self, i: usize) -> Option<&mut Node> {
         self.nodes[i].as_mut()
+    }
+
+    /// No shard is hosted by two nodes under one generation: a generation
+    /// is one allocation, and two hosts of it would be two owners at once.
+    fn check_one_host_per_generation(&mut self) {
+        // Unless a coordinator's settle after a takeover ran out before
+        // every owner registered: SPEC §13.2 and §13.11 ("one host at a
+        // time") name that as a way to a second home.
+        let timed_out = self
+            .nodes
+            .iter()
+            .flatten()
+            .any(|n| n.control.coordinator().settles_timed_out() > 0);
+        if timed_out && !self.settle_timed_out {
+            self.settle_timed_out = true;
+            cover(|c| c.settles_timed_out += 1);
+        }
+        if self.settle_timed_out {
+            return;
+        }
+        let mut hosts: BTreeMap<(u32, u64), usize> = BTreeMap::new();
+        let mut twice = None;
+        for (i, node) in self.nodes.iter().enumerate() {
+            let Some(node) = node.as_ref().filter(|n| !n.retired) else {
+                continue;
+            };
+            let slots = node.region.slots.borrow();
+            for (shard, slot) in slots.iter().enumerate() {
+                let Some(home) = slot.home(Some(node.me)).filter(|_| slot.is_local()) else {
+                    continue;
+                };
+                if let Some(other) = hosts.insert((shard as u32, home.generation), i) {
+                    twice.get_or_insert(format!(
+                        "shard {shard} hosted by nodes {other} and {i} under generation {}",
+                        home.generation
+                    ));
+                }
+            }
+        }
+        if let Some(twice) = twice {
+            self.broken.get_or_insert(twice);
+        }
     }
 
     fn excuse(&mut self, ids: impl IntoIterator<Item = u64>, why: &'static str) {
@@ -1252,6 +1302,7 @@ impl Sim {
     /// Time passes: a node's control core acts when its `poll_timeout` is
     /// due (the real task also wakes for other timers, which this skips).
     fn tick(&mut self) {
+        self.check_one_host_per_generation();
         self.now += TICK;
         let now = self.now;
         for i in self.up.clone() {
@@ -1776,6 +1827,7 @@ fn run(ops: &[Op]) -> Result<Sim, String> {
 fn run_with(ops: &[Op], restless: bool, reliable: bool) -> Result<Sim, String> {
     let mut sim = Sim::new(restless, reliable.then(Reliable::default));
     for op in ops {
+        sim.check_one_host_per_generation();
         if sim
             .links
             .values()
@@ -2231,4 +2283,73 @@ fn regression_the_last_two_leave_while_a_link_is_cut() {
         Cut(1, 0),
     ];
     run(&ops).map(|_| ()).expect("holds");
+}
+
+/// Found by the one-host-per-generation check: node 3 was given shard 3
+/// and was still installing it (a shard allocated here waits in its slot
+/// while the region pulls migrated states) when the coordinator crashed
+/// and node 3 took over. Its replica did not name the shard, so it
+/// allocated it again, to node 4, under the same generation: two owners.
+/// A slot being installed now names this node in the replica.
+#[test]
+fn regression_a_takeover_while_a_shard_installs_does_not_allocate_it_again() {
+    use Op::*;
+    let ops = vec![
+        Join(3),
+        Block(0, 4, true),
+        Send(3, 5),
+        Deliver(109),
+        Send(0, 3),
+        Join(4),
+        Crash(1),
+        Deliver(162),
+        Deliver(57),
+        Send(4, 3),
+        Crash(0),
+        Wait,
+        Deliver(214),
+        Wait,
+        Deliver(108),
+        Deliver(196),
+        Deliver(0),
+        Process(3, 243),
+        Process(4, 39),
+        Send(4, 0),
+    ];
+    if let Err(e) = run_with(&ops, true, false) {
+        panic!("{e}");
+    }
+}
+
+/// With the slot being installed named in the replica: node 3 was given
+/// shard 2 by coordinator 1 and left with nowhere to hand it off (node 4
+/// could not reach the coordinator), and both 1 and 3 stopped. Node 4 still
+/// routed shard 2 to node 1 under the first coordinator's generation; the
+/// coordinator had no home for it and never told node 4, which forwarded
+/// to a stopped region forever. A registration that routes a shard to a
+/// departed region, for a shard with no home, is now answered as its
+/// `GetHome` would be.
+#[test]
+fn regression_a_route_to_a_departed_region_is_given_a_home_when_its_region_registers() {
+    use Op::*;
+    let ops = vec![
+        Block(4, 1, false),
+        Deliver(123),
+        Deliver(198),
+        Send(0, 2),
+        Deliver(48),
+        Join(4),
+        Deliver(119),
+        Join(3),
+        Deliver(13),
+        Crash(0),
+        Deliver(255),
+        Leave(1),
+        Wait,
+        Leave(3),
+        Wait,
+    ];
+    if let Err(e) = run_with(&ops, true, false) {
+        panic!("{e}");
+    }
 }

@@ -45,8 +45,13 @@ impl<E: Clone> Slot<E> {
                     }
                     HomeChange::Unchanged
                 }
-                State::Unallocated { generation, .. } => {
+                State::Unallocated {
+                    generation,
+                    installing,
+                    ..
+                } => {
                     *generation = home.generation;
+                    *installing = true;
                     HomeChange::HostHere
                 }
                 State::Remote(_) => {
@@ -54,6 +59,7 @@ impl<E: Clone> Slot<E> {
                         buffer: Vec::new(),
                         requested: true,
                         generation: home.generation,
+                        installing: true,
                     };
                     HomeChange::HostHere
                 }

@@ -72,6 +72,10 @@ enum State<E> {
         requested: bool,
         /// The highest allocation generation seen for the shard.
         generation: u64,
+        /// The coordinator allocated the shard here under `generation`,
+        /// and the region is installing it (pulling migrated states
+        /// first): it is this node's, and the replica says so.
+        installing: bool,
     },
     /// Hosted on this node (boxed: a slot that hosts nothing stays small,
     /// and a region holds one per shard).
@@ -88,6 +92,7 @@ impl<E> State<E> {
             buffer: Vec::new(),
             requested: false,
             generation,
+            installing: false,
         }
     }
 }

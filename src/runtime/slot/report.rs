@@ -25,7 +25,9 @@ pub(crate) struct SlotSummary {
 }
 
 impl<E: Clone> Slot<E> {
-    /// The home of this slot, `me` standing for a shard hosted here.
+    /// The home of this slot, `me` standing for a shard hosted here — or
+    /// allocated here and being installed: a coordinator that takes over
+    /// from this node's replica must not allocate it again.
     pub(crate) fn home(&self, me: Option<UniqueAddress>) -> Option<ShardHome> {
         match &self.state {
             State::Remote(home) => Some(*home),
@@ -33,7 +35,18 @@ impl<E: Clone> Slot<E> {
                 owner,
                 generation: local.generation,
             }),
-            State::Unallocated { .. } | State::Stopped => None,
+            State::Unallocated {
+                generation,
+                installing: true,
+                ..
+            } => me.map(|owner| ShardHome {
+                owner,
+                generation: *generation,
+            }),
+            State::Unallocated {
+                installing: false, ..
+            }
+            | State::Stopped => None,
         }
     }
 

@@ -49,6 +49,7 @@ impl<E: Clone> Slot<E> {
                     buffer: vec![Buffered::Message(entity_id.clone(), envelope)],
                     requested,
                     generation,
+                    installing: false,
                 };
                 Ok(())
             }

@@ -1168,3 +1168,26 @@ fn states_dropped_for_a_missed_move_include_those_of_entities_still_stopping() {
     deliver(&mut slot, &mut host, "b", 3);
     assert_eq!(host.calls(), [spawn("b", 3), Call::Send(3, 3)]);
 }
+
+#[test]
+fn a_shard_allocated_here_is_this_nodes_in_the_replica_before_it_is_installed() {
+    let mut host = Fake::new();
+    let mut slot = Slot::unallocated(0);
+    deliver(&mut slot, &mut host, "a", 1);
+    assert_eq!(slot.home(Some(me())), None, "waiting for a home");
+    let (change, undelivered) = slot.set_home(&mut host, SHARD, here(4), me(), false);
+    assert_eq!(change, HomeChange::HostHere);
+    assert!(undelivered.is_empty());
+    // Not installed yet (the region pulls migrated states first), and
+    // already this node's: a coordinator seeded from this replica must not
+    // allocate it again.
+    assert!(!slot.is_local());
+    assert_eq!(slot.home(Some(me())), Some(here(4)));
+    // A shard routed elsewhere, then allocated here, likewise.
+    let mut slot = Slot::unallocated(0);
+    slot.set_home(&mut host, SHARD, home(2), me(), false);
+    slot.set_home(&mut host, SHARD, here(3), me(), false);
+    assert_eq!(slot.home(Some(me())), Some(here(3)));
+    // A region that knows no cluster names no home of its own.
+    assert_eq!(slot.home(None), None);
+}

@@ -89,6 +89,9 @@ pub(crate) struct CoordinatorCore {
     active: bool,
     /// While active and settling: until when.
     settling_until: Option<Instant>,
+    /// Settles that ended at their timeout with an eligible member not
+    /// registered (SPEC §13.2: its shards may then get a second home).
+    settles_timed_out: u64,
     members: BTreeMap<UniqueAddress, Standing>,
     /// The ring the margin counts its cascade steps over (SPEC §13.15
     /// rule 3): the largest of the recent views' rings, see
@@ -147,6 +150,7 @@ impl CoordinatorCore {
             strategy,
             active: false,
             settling_until: None,
+            settles_timed_out: 0,
             members: BTreeMap::new(),
             ring: RecentRing::default(),
             registered: BTreeSet::new(),
@@ -182,6 +186,13 @@ impl CoordinatorCore {
     pub(crate) fn in_progress(&self) -> (usize, usize) {
         let handoffs = self.types.values().map(|t| t.handoffs.len()).sum();
         (handoffs, self.open_rounds.len())
+    }
+
+    /// How many settles ended at their timeout with an eligible member not
+    /// registered (the simulator excuses a shard's second home after one).
+    #[cfg(test)]
+    pub(crate) fn settles_timed_out(&self) -> u64 {
+        self.settles_timed_out
     }
 }
 

@@ -91,6 +91,9 @@ impl CoordinatorCore {
             .all(|(m, _)| self.registered.contains(m));
         if everyone || now >= until {
             self.settling_until = None;
+            if !everyone {
+                self.settles_timed_out += 1;
+            }
             true
         } else {
             false

@@ -47,6 +47,7 @@ impl CoordinatorCore {
     ) -> Vec<Command> {
         let mut out = Vec::new();
         let mut ended = Vec::new();
+        let mut stale = Vec::new();
         self.registered.insert(from);
         for reg in types {
             if reg.num_shards == 0 || reg.num_shards > crate::model::config::MAX_SHARDS {
@@ -154,6 +155,20 @@ impl CoordinatorCore {
                     table.claims.entry(shard).or_default().insert(from);
                 }
             }
+            // A route to a region that has stopped (its owner departed),
+            // for a shard with no home now: the region would forward there
+            // and be refused, and never ask. It is asked for as a `GetHome`
+            // of the region would be.
+            for &(shard, owner, generation) in &reg.homes {
+                if self.active
+                    && owner != from
+                    && shard < table.num_shards
+                    && table.homes[shard as usize].is_none()
+                    && is_departed(&self.departed, &reg.type_name, &owner)
+                {
+                    stale.push((reg.type_name.clone(), shard, generation));
+                }
+            }
             if self.active {
                 let homes = table
                     .homes
@@ -175,6 +190,9 @@ impl CoordinatorCore {
             self.end_handoff(handoff, None);
         }
         out.extend(self.act(now));
+        for (type_name, shard, generation) in stale {
+            out.extend(self.get_home(now, from, &type_name, shard, generation));
+        }
         out
     }
 

@@ -2066,3 +2066,40 @@ fn regression_a_stop_report_repeated_to_a_coordinator_that_took_over() {
     };
     assert_eq!(check_history_with(ops, config), Ok(()));
 }
+
+#[test]
+fn a_region_routing_a_shard_to_a_stopped_region_is_given_its_home_when_it_registers() {
+    let (mut c, t0, n) = settled(3, 4);
+    c.get_home(t0, n[2], TYPE, 1, 0);
+    assert_eq!(
+        c.home(TYPE, 1),
+        Some(ShardHome {
+            owner: n[0],
+            generation: 1
+        })
+    );
+    // Region 3 stops; region 1 stops and the shard moves to region 2 ...
+    c.unregister(t0, n[2], &[TYPE.to_owned()]);
+    c.unregister(t0, n[0], &[TYPE.to_owned()]);
+    assert_eq!(
+        c.home(TYPE, 1),
+        Some(ShardHome {
+            owner: n[1],
+            generation: 2
+        })
+    );
+    // ... which stops too: the shard has nowhere to go, and no home.
+    c.unregister(t0, n[1], &[TYPE.to_owned()]);
+    assert_eq!(c.home(TYPE, 1), None);
+    // Region 3 comes back still routing shard 1 to region 1, under the
+    // first generation: it would forward there and be refused, and never
+    // ask. It is given the shard's home at once, as its `GetHome` would be.
+    let out = c.register(t0, n[2], &reg(4, vec![(1, n[0], 1)]));
+    assert!(out.contains(&home(n[2], 1, n[2], 3)), "{out:?}");
+    assert_eq!(c.home(TYPE, 1).map(|h| h.owner), Some(n[2]));
+    // A route to a region that did not stop is left alone: the coordinator
+    // does not place a shard it does not know is free.
+    let (mut c, t0, n) = settled(3, 4);
+    let out = c.register(t0, n[1], &reg(4, vec![(2, n[2], 1)]));
+    assert!(!tells_home(&out, 2), "{out:?}");
+}
