@@ -557,6 +557,62 @@
 /// }
 /// ```
 ///
+/// ## Remembering an entity type that keeps its state in a store
+///
+/// `Registration::remembered` exists only for a type that keeps its state in memory: an event-sourced, snapshotted or durable-state entity whose recovery or write failed is passivated, which would forget a remembered one. Error: ``the method `remembered` exists for struct `Registration<'_, InMemoryStore, InMemoryPersistence, TallyEntity, Events>`, but its trait bounds were not satisfied``.
+///
+/// Rejected (`E0599`):
+///
+/// ```compile_fail,E0599
+/// # use datum_cluster_sharding::prelude::*;
+/// # #[derive(Serialize, Deserialize)] pub struct Add(pub u64);
+/// # protocol! { pub protocol Tally = "tally" { ask Add -> u64; } }
+/// # #[derive(Serialize, Deserialize)] pub struct Added(pub u64);
+/// # #[derive(Default)] pub struct TallyEntity { total: u64 }
+/// # impl Entity for TallyEntity { type Protocol = Tally; }
+/// # impl EventSourced for TallyEntity {
+/// #     type Event = Added;
+/// #     fn apply(&mut self, e: &Added) { self.total += e.0 }
+/// # }
+/// # impl Handler<Add> for TallyEntity {
+/// #     async fn handle(&mut self, m: Add, ctx: &EntityContext) -> ShardingResult<u64> {
+/// #         self.persist(ctx, Added(m.0)).await?; Ok(self.total)
+/// #     }
+/// # }
+/// # fn main() {}
+/// async fn demo() -> ShardingResult<()> {
+///     let journal = datum_cluster_sharding::persistence::InMemoryPersistence::new();
+///     let system = ShardedSystem::builder().store(InMemoryStore::new()).journal(journal).start().await?;
+///     system.entity_type::<TallyEntity>().event_sourced().remembered().register(|_| TallyEntity::default()).await
+/// }
+/// ```
+///
+/// Its twin, which compiles:
+///
+/// ```
+/// # use datum_cluster_sharding::prelude::*;
+/// # #[derive(Serialize, Deserialize)] pub struct Add(pub u64);
+/// # protocol! { pub protocol Tally = "tally" { ask Add -> u64; } }
+/// # #[derive(Serialize, Deserialize)] pub struct Added(pub u64);
+/// # #[derive(Default)] pub struct TallyEntity { total: u64 }
+/// # impl Entity for TallyEntity { type Protocol = Tally; }
+/// # impl EventSourced for TallyEntity {
+/// #     type Event = Added;
+/// #     fn apply(&mut self, e: &Added) { self.total += e.0 }
+/// # }
+/// # impl Handler<Add> for TallyEntity {
+/// #     async fn handle(&mut self, m: Add, ctx: &EntityContext) -> ShardingResult<u64> {
+/// #         self.persist(ctx, Added(m.0)).await?; Ok(self.total)
+/// #     }
+/// # }
+/// # fn main() {}
+/// async fn demo() -> ShardingResult<()> {
+///     let journal = datum_cluster_sharding::persistence::InMemoryPersistence::new();
+///     let system = ShardedSystem::builder().store(InMemoryStore::new()).journal(journal).start().await?;
+///     system.entity_type::<TallyEntity>().event_sourced().register(|_| TallyEntity::default()).await
+/// }
+/// ```
+///
 /// ## Persisting an event of another entity type
 ///
 /// `EventSourced::persist` takes only the entity's own `Event`. Error: `mismatched types: expected Added, found Reset`.

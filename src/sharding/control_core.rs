@@ -80,7 +80,10 @@ impl ControlCore {
     }
 
     /// A new membership view. The acting coordinator is decided first
-    /// (SPEC §13.15); a node that takes the role over seeds the coordinator
+    /// (SPEC §13.15), and a view that puts this node out of the cluster
+    /// gives `Fence` first (a driver fences before handing such a view
+    /// over: the moves below reach the regions during this call); a node
+    /// that takes the role over seeds the coordinator
     /// core from its own replica and registration before the gone
     /// members' homes leave it below (their shards are then known as
     /// theirs, and move as dead-owner moves); then the region side lets go

@@ -400,6 +400,10 @@ impl RegionCore {
         let mut out = Vec::new();
         let previous = std::mem::replace(&mut self.coordinator, coordinator);
         if previous.is_some_and(|c| self.lost.contains(&c) || !self.seen.contains(&c)) {
+            // Run before the registration below is sent, though that is
+            // built now: a call-off changes no home in the replica (the
+            // slot stays Local under its generation) and no stopped shard
+            // (a stopped handoff has reported, and is not called off).
             out.push(RegionCommand::CallOffHandoffs);
         }
         if self.coordinator.is_none() {

@@ -1052,7 +1052,8 @@ impl Sim {
             };
             let slots = node.region.slots.borrow();
             for (shard, slot) in slots.iter().enumerate() {
-                let Some(home) = slot.home(Some(node.me)).filter(|_| slot.is_local()) else {
+                // Hosted here, or being installed here.
+                let Some(home) = slot.home(Some(node.me)).filter(|h| h.owner == node.me) else {
                     continue;
                 };
                 if let Some(other) = hosts.insert((shard as u32, home.generation), i) {
@@ -1197,8 +1198,6 @@ impl Sim {
             }
         }
         self.effects(i);
-        // The real leave looks every 10 ms: it stops as soon as it may.
-        self.maybe_retire(i);
     }
 
     fn send_control(&mut self, from: usize, to: usize, msg: ControlMsg) {
@@ -1294,9 +1293,14 @@ impl Sim {
             eprintln!("{at} <- {from}: {msg:?}");
         }
         let now = self.now;
+        let left = matches!(msg, ControlMsg::Left { .. });
         let Some(node) = self.node(at) else { return };
         let out = node.control.control(now, addr(from), msg, &node.region);
         self.run_control(at, out);
+        if left {
+            // The real leave looks every 10 ms: it stops at once.
+            self.maybe_retire(at);
+        }
     }
 
     /// Time passes: a node's control core acts when its `poll_timeout` is
@@ -1330,6 +1334,7 @@ impl Sim {
         let (wait, out) = node.control.begin_leave(now, &node.region);
         node.leave = Some((now, wait));
         self.run_control(i, out);
+        self.maybe_retire(i);
     }
 
     /// A leaving system stops once every region is done, or after the

@@ -11,7 +11,7 @@
 //!     .durable_state()             State      (J: DurableStateStore, E: DurableState)
 //!     .snapshotted()               Snapshots  (J: Journal + SnapshotStore, E: Snapshotted)
 //!     .migratable()                Moves      (Plain: E: Migratable; State; Snapshots)
-//!     .remembered()                           (S: RememberEntitiesStore)
+//!     .remembered()                Remembers  (Plain; S: RememberEntitiesStore)
 //!     .on_role("r")
 //!     .register(factory).await
 //! ```
@@ -59,29 +59,39 @@ pub enum Stays {}
 /// Its entities' state moves with their shard on a graceful move.
 #[derive(Debug)]
 pub enum Moves {}
+/// Its entities are not remembered (the default).
+#[derive(Debug)]
+pub enum Forgets {}
+/// Its entities are remembered: respawned when their shard starts.
+#[derive(Debug)]
+pub enum Remembers {}
 
 /// The registration of entity type `E` on a [`ShardedSystem<S, J>`]:
 /// made by [`ShardedSystem::entity_type`], done by
 /// [`register`](Self::register). `K` is how the type keeps its state
-/// ([`Plain`], [`Events`], [`State`], [`Snapshots`]) and `M` whether that
-/// state moves with its shard ([`Stays`], [`Moves`]); each option exists
-/// only where the compiler can prove it is sound.
+/// ([`Plain`], [`Events`], [`State`], [`Snapshots`]), `M` whether that
+/// state moves with its shard ([`Stays`], [`Moves`]) and `R` whether its
+/// entities are remembered ([`Forgets`], [`Remembers`]); each option
+/// exists only where the compiler can prove it is sound.
 #[must_use = "nothing is registered until `register` is awaited"]
-pub struct Registration<'a, S, J, E, K = Plain, M = Stays> {
+pub struct Registration<'a, S, J, E, K = Plain, M = Stays, R = Forgets> {
     system: &'a ShardedSystem<S, J>,
     role: Option<String>,
     remember: Option<StartRemember<S, J>>,
     durable: Option<MakeDurable<S, J, E>>,
     migration: Option<Migration<E>>,
-    _marks: PhantomData<fn() -> (K, M)>,
+    _marks: Marks<K, M, R>,
 }
+
+/// The registration's type-state (no value: only the type).
+type Marks<K, M, R> = PhantomData<fn() -> (K, M, R)>;
 
 /// Starts (or finds) the system's remember-entities queue.
 type StartRemember<S, J> = fn(&ShardedSystem<S, J>) -> ShardingResult<Arc<Remember>>;
 /// What each incarnation of a type with a store is given.
 type MakeDurable<S, J, E> = fn(&ShardedSystem<S, J>) -> Durable<E>;
 
-impl<S, J, E, K, M> std::fmt::Debug for Registration<'_, S, J, E, K, M> {
+impl<S, J, E, K, M, R> std::fmt::Debug for Registration<'_, S, J, E, K, M, R> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Registration")
             .field("entity", &std::any::type_name::<E>())
@@ -114,8 +124,8 @@ impl<S, J> ShardedSystem<S, J> {
     }
 }
 
-impl<'a, S, J, E: Entity, K, M> Registration<'a, S, J, E, K, M> {
-    fn mark<K2, M2>(self) -> Registration<'a, S, J, E, K2, M2> {
+impl<'a, S, J, E: Entity, K, M, R> Registration<'a, S, J, E, K, M, R> {
+    fn mark<K2, M2, R2>(self) -> Registration<'a, S, J, E, K2, M2, R2> {
         Registration {
             system: self.system,
             role: self.role,
@@ -130,7 +140,7 @@ impl<'a, S, J, E: Entity, K, M> Registration<'a, S, J, E, K, M> {
     /// (`ClusterConfig::roles`); on other nodes its region is proxy-only:
     /// it routes to the hosting nodes and hosts nothing. On a system
     /// without a cluster node the role is ignored and the type is hosted
-    /// here.
+    /// here. Called twice, the last role counts.
     pub fn on_role(mut self, role: impl Into<String>) -> Self {
         self.role = Some(role.into());
         self
@@ -139,8 +149,8 @@ impl<'a, S, J, E: Entity, K, M> Registration<'a, S, J, E, K, M> {
     /// Registers the type: from now on messages to its protocol are routed
     /// to entities built by `factory`. Fails with `AlreadyRegistered` when
     /// the protocol already has a region here, `ShuttingDown` once the
-    /// system stops, and with the store's error when a remembered type's
-    /// queue cannot start.
+    /// system stops, and `Spawn` when the region's actor (or a remembered
+    /// type's write-behind queue) cannot start.
     pub async fn register(
         self,
         factory: impl Fn(&EntityContext) -> E + Send + Sync + 'static,
@@ -162,79 +172,85 @@ impl<'a, S, J, E: Entity, K, M> Registration<'a, S, J, E, K, M> {
     }
 }
 
-impl<'a, S: RememberEntitiesStore, J, E: Entity, K, M> Registration<'a, S, J, E, K, M> {
+impl<'a, S: RememberEntitiesStore, J, E: Entity, M> Registration<'a, S, J, E, Plain, M, Forgets> {
     /// Remembers the type's entities: their ids are recorded in the
     /// system's store when they start, and they are started again when
     /// their shard starts (here after a restart, or on the shard's next
     /// owner). A remembered entity is not passivated when idle nor by the
-    /// entity limit (it would be forgotten).
-    pub fn remembered(mut self) -> Self {
+    /// entity limit (it would be forgotten). For a type that keeps its
+    /// state in memory: an entity with a store whose recovery or write
+    /// failed is passivated, which would forget it.
+    pub fn remembered(mut self) -> Registration<'a, S, J, E, Plain, M, Remembers> {
         self.remember = Some(ShardedSystem::<S, J>::remember);
-        self
+        self.mark()
     }
 }
 
-impl<'a, S, J: Journal, E: EventSourced> Registration<'a, S, J, E, Plain, Stays> {
+impl<'a, S, J: Journal, E: EventSourced> Registration<'a, S, J, E, Plain, Stays, Forgets> {
     /// The type is event-sourced: its incarnations recover from the
     /// system's journal before their first message, and its handlers
     /// persist events with [`EventSourced::persist`].
-    pub fn event_sourced(mut self) -> Registration<'a, S, J, E, Events, Stays> {
+    pub fn event_sourced(mut self) -> Registration<'a, S, J, E, Events, Stays, Forgets> {
         self.durable = Some(event_sourced::<S, J, E>);
         self.mark()
     }
 }
 
-impl<'a, S, J: DurableStateStore, E: DurableState> Registration<'a, S, J, E, Plain, Stays> {
+impl<'a, S, J: DurableStateStore, E: DurableState>
+    Registration<'a, S, J, E, Plain, Stays, Forgets>
+{
     /// The type keeps a durable state: its incarnations load their state
     /// from the system's store before their first message, and its
     /// handlers save it with [`DurableState::save_state`].
-    pub fn durable_state(mut self) -> Registration<'a, S, J, E, State, Stays> {
+    pub fn durable_state(mut self) -> Registration<'a, S, J, E, State, Stays, Forgets> {
         self.durable = Some(durable_state::<S, J, E>);
         self.mark()
     }
 }
 
-impl<'a, S, J: Journal + SnapshotStore, E: Snapshotted> Registration<'a, S, J, E, Plain, Stays> {
+impl<'a, S, J: Journal + SnapshotStore, E: Snapshotted>
+    Registration<'a, S, J, E, Plain, Stays, Forgets>
+{
     /// The type is event-sourced with snapshots: its incarnations save a
     /// snapshot every `E::SNAPSHOT_EVERY` events (keeping
     /// `E::SNAPSHOTS_KEPT`) and recover from the latest one and the events
     /// after it.
-    pub fn snapshotted(mut self) -> Registration<'a, S, J, E, Snapshots, Stays> {
+    pub fn snapshotted(mut self) -> Registration<'a, S, J, E, Snapshots, Stays, Forgets> {
         self.durable = Some(snapshotted::<S, J, E>);
         self.mark()
     }
 }
 
-impl<'a, S, J, E: Migratable> Registration<'a, S, J, E, Plain, Stays> {
+impl<'a, S, J, E: Migratable, R> Registration<'a, S, J, E, Plain, Stays, R> {
     /// When a shard moves gracefully (a rebalance, a graceful leave, a
     /// rolling restart) each live entity's state moves with it
     /// ([`Migratable`], SPEC §13.16): the next incarnation, on the new
     /// owner, starts from it before any message. A remembered type's
     /// entities whose state came start from it at once; the others are
     /// started as usual. On a single node there is nowhere to move.
-    pub fn migratable(mut self) -> Registration<'a, S, J, E, Plain, Moves> {
+    pub fn migratable(mut self) -> Registration<'a, S, J, E, Plain, Moves, R> {
         self.migration = Some(Migration::of());
         self.mark()
     }
 }
 
-impl<'a, S, J, E: DurableState> Registration<'a, S, J, E, State, Stays> {
+impl<'a, S, J, E: DurableState> Registration<'a, S, J, E, State, Stays, Forgets> {
     /// A durable state moves with its shard on a graceful move (SPEC
     /// §13.16): the next incarnation takes it with its revision instead of
     /// loading it, when the store's revision is still that one.
-    pub fn migratable(mut self) -> Registration<'a, S, J, E, State, Moves> {
+    pub fn migratable(mut self) -> Registration<'a, S, J, E, State, Moves, Forgets> {
         self.migration = Some(Migration::durable_state());
         self.mark()
     }
 }
 
-impl<'a, S, J, E: Snapshotted> Registration<'a, S, J, E, Snapshots, Stays> {
+impl<'a, S, J, E: Snapshotted> Registration<'a, S, J, E, Snapshots, Stays, Forgets> {
     /// The state moves with its shard on a graceful move (SPEC §13.16):
     /// the next incarnation starts from it as from a snapshot at its
     /// sequence number, reading only the journal's events after it (none,
     /// when no other writer appended), instead of the latest stored
     /// snapshot and the events after that.
-    pub fn migratable(mut self) -> Registration<'a, S, J, E, Snapshots, Moves> {
+    pub fn migratable(mut self) -> Registration<'a, S, J, E, Snapshots, Moves, Forgets> {
         self.migration = Some(Migration::snapshotted());
         self.mark()
     }

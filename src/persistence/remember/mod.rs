@@ -19,9 +19,11 @@ pub(crate) mod writer;
 pub use file::{
     FILE_STORE_VERSION, FileStore, FileStoreFsyncPolicy, LOCK_FILE, MAX_ENTITY_ID, MAX_TYPE_NAME,
 };
-pub use spi::{RememberEntitiesStore, RememberRecord, StoreError, StoreRepair};
+pub use spi::{
+    RememberEntitiesOperation, RememberEntitiesStore, RememberRecord, StoreError, StoreRepair,
+};
 pub(crate) use spi::{final_states, record_one};
-pub use writer::{RememberEntitiesEvent, RememberEntitiesOperation};
+pub use writer::RememberEntitiesEvent;
 
 /// The marker for a system built without a remember-entities store.
 #[derive(Debug, Clone, Copy, Default)]

@@ -156,3 +156,21 @@ pub(crate) fn record_one(
     };
     store.record_batch(&[record]).pop().unwrap_or(Ok(()))
 }
+
+/// What a remember-entities event is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RememberEntitiesOperation {
+    /// Recording that an entity started.
+    RecordStarted,
+    /// Recording that an entity stopped (passivated).
+    RecordStopped,
+    /// Listing a shard's ids when it starts.
+    ListEntities,
+    /// Listing a type's shards at registration.
+    ListShards,
+    /// Not a failure: the store repaired a log it read (a torn last
+    /// record, from a crash mid-append, cut off; that record had not been
+    /// made durable). The event's `error` says what was done.
+    RepairLog,
+}

@@ -28,30 +28,12 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::{broadcast, oneshot};
 
-use super::{RememberEntitiesStore, RememberRecord};
+use super::{RememberEntitiesOperation, RememberEntitiesStore, RememberRecord};
 use crate::model::config::{
     RememberEntitiesConfig, RememberEntitiesFailurePolicy, RememberEntitiesQueueFull,
 };
 use crate::model::error::{ShardingError, ShardingResult};
 use crate::model::extractor::ShardId;
-
-/// What a remember-entities event is about.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum RememberEntitiesOperation {
-    /// Recording that an entity started.
-    RecordStarted,
-    /// Recording that an entity stopped (passivated).
-    RecordStopped,
-    /// Listing a shard's ids when it starts.
-    ListEntities,
-    /// Listing a type's shards at registration.
-    ListShards,
-    /// Not a failure: the store repaired a log it read (a torn last
-    /// record, from a crash mid-append, cut off; that record had not been
-    /// made durable). The event's `error` says what was done.
-    RepairLog,
-}
 
 /// A remember-entities store failure, as published to subscribers.
 #[derive(Clone, Debug, PartialEq, Eq)]

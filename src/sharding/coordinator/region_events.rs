@@ -140,6 +140,19 @@ impl CoordinatorCore {
             } else {
                 table.hosting.insert(from, hosting);
             }
+            // A route to a region that has stopped (its owner departed):
+            // the region would forward there, be refused, and never ask.
+            // Answered after the merge as that region's `GetHome` would be
+            // (the shard's live home, or one allocated, or a wait for one).
+            for &(shard, owner, generation) in &reg.homes {
+                if self.active
+                    && owner != from
+                    && shard < table.num_shards
+                    && is_departed(&self.departed, &reg.type_name, &owner)
+                {
+                    stale.push((reg.type_name.clone(), shard, generation));
+                }
+            }
             for &(shard, owner, generation) in &reg.homes {
                 if shard < table.num_shards
                     && !table.learn(shard, ShardHome { owner, generation })
@@ -153,20 +166,6 @@ impl CoordinatorCore {
                     // core takes claims: regions register anew with each
                     // new coordinator, so a standby core's would go stale.
                     table.claims.entry(shard).or_default().insert(from);
-                }
-            }
-            // A route to a region that has stopped (its owner departed),
-            // for a shard with no home now: the region would forward there
-            // and be refused, and never ask. It is asked for as a `GetHome`
-            // of the region would be.
-            for &(shard, owner, generation) in &reg.homes {
-                if self.active
-                    && owner != from
-                    && shard < table.num_shards
-                    && table.homes[shard as usize].is_none()
-                    && is_departed(&self.departed, &reg.type_name, &owner)
-                {
-                    stale.push((reg.type_name.clone(), shard, generation));
                 }
             }
             if self.active {

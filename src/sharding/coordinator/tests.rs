@@ -2097,6 +2097,21 @@ fn a_region_routing_a_shard_to_a_stopped_region_is_given_its_home_when_it_regist
     let out = c.register(t0, n[2], &reg(4, vec![(1, n[0], 1)]));
     assert!(out.contains(&home(n[2], 1, n[2], 3)), "{out:?}");
     assert_eq!(c.home(TYPE, 1).map(|h| h.owner), Some(n[2]));
+    // Left with no home under the generation the route names (the shard
+    // never moved on): the route is taken back into the table by the merge,
+    // and still answered — here by a wait, until a region can host.
+    let (mut c, t0, n) = settled(3, 4);
+    c.get_home(t0, n[2], TYPE, 1, 0);
+    c.unregister(t0, n[1], &[TYPE.to_owned()]);
+    c.unregister(t0, n[2], &[TYPE.to_owned()]);
+    c.unregister(t0, n[0], &[TYPE.to_owned()]);
+    assert_eq!(c.home(TYPE, 1), None);
+    let mut proxy = reg(4, vec![(1, n[0], 1)]);
+    proxy[0].proxy = true;
+    let out = c.register(t0, n[2], &proxy);
+    assert!(!tells_home(&out, 1), "nowhere to place it yet: {out:?}");
+    let out = c.register(t0, n[1], &reg(4, vec![]));
+    assert!(out.contains(&home(n[2], 1, n[1], 2)), "{out:?}");
     // A route to a region that did not stop is left alone: the coordinator
     // does not place a shard it does not know is free.
     let (mut c, t0, n) = settled(3, 4);

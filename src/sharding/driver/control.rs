@@ -10,7 +10,7 @@ use tokio::time::sleep_until;
 
 use crate::membership::MembershipState;
 use crate::runtime::region::Region;
-use crate::sharding::region_core::RegionsView;
+use crate::sharding::region_core::{RegionCore, RegionsView};
 use crate::sharding::stats::CoordinatorStatus;
 use crate::sharding::wire::ControlMsg;
 
@@ -170,6 +170,13 @@ impl Control {
     }
 
     fn membership(&mut self, state: MembershipState) {
+        // Out of the cluster: fenced before the control core applies the
+        // view's moves to the regions (it does so as it decides), so that
+        // nothing they replay is accepted first. Its own `Fence` then
+        // finds the work done.
+        if RegionCore::is_out(&state) {
+            self.fence("this node was downed or removed");
+        }
         let commands = self.core.membership(Instant::now(), state, &self.hosted());
         self.execute(commands);
     }
