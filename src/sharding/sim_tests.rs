@@ -9,7 +9,8 @@
 //! a pipe, so control may overtake data) and that can be cut (everything
 //! in flight on the link is lost) or made unreachable one way or both
 //! (what is sent that way is lost too, until they heal), under a scripted
-//! membership. The control task's decisions are the real [`ControlCore`]'s,
+//! membership (a graceful leave ends with the member Leaving, Exiting and
+//! removed). The control task's decisions are the real [`ControlCore`]'s,
 //! fed as `driver` feeds it; a node's core is woken only when its
 //! `poll_timeout` says so. Half the histories place and move shards with
 //! the default strategy, half with [`Restless`], which moves them at
@@ -114,6 +115,9 @@ struct Coverage {
     /// owner registered (from then on a shard may have two homes, SPEC
     /// §13.2, and the one-host check stands down).
     settles_timed_out: u64,
+    /// Nodes removed from the membership after a graceful leave (their
+    /// view went Leaving, Exiting, then out).
+    removed: u64,
 }
 
 fn cover(f: impl FnOnce(&mut Coverage)) {
@@ -784,6 +788,10 @@ struct Node {
     leave: Option<(Instant, bool)>,
     /// The system stopped (after a leave); its core goes on coordinating.
     retired: bool,
+    /// When the node began to leave the membership (its system stopped
+    /// and its finishing entities done, as `ClusterNode::shutdown` waits
+    /// for): Leaving, then Exiting, then removed.
+    exiting_since: Option<Instant>,
     /// Its entities are slow: they handle nothing until the cluster is
     /// left alone (its region actor goes on).
     slow: bool,
@@ -809,6 +817,7 @@ impl Node {
             preparing: BTreeSet::new(),
             leave: None,
             retired: false,
+            exiting_since: None,
             slow: false,
         }
     }
@@ -958,6 +967,9 @@ struct Sim {
     /// Up members, in join order (the oldest first).
     up: Vec<usize>,
     down: Vec<usize>,
+    /// Nodes that left the membership gracefully (removed): an identity
+    /// that does not come back.
+    removed: BTreeSet<usize>,
     links: BTreeMap<(usize, usize), Link>,
     /// Directions that are unreachable (a link cut one way, or both):
     /// what is sent that way is lost, until the link heals. Membership does
@@ -984,6 +996,7 @@ impl Sim {
             nodes: (0..NODES).map(|_| None).collect(),
             up: Vec::new(),
             down: Vec::new(),
+            removed: BTreeSet::new(),
             links: BTreeMap::new(),
             blocked: BTreeSet::new(),
             ledger: Ledger::default(),
@@ -1003,7 +1016,7 @@ impl Sim {
             .iter()
             .map(|i| Member {
                 address: addr(*i),
-                status: MemberStatus::Up,
+                status: self.status_of(*i),
             })
             .chain(self.down.iter().map(|i| Member {
                 address: addr(*i),
@@ -1011,7 +1024,12 @@ impl Sim {
             }))
             .collect();
         members.sort_by_key(|m| m.address.age_key());
-        let coordinator = self.up.iter().map(|i| addr(*i)).min_by_key(|a| a.age_key());
+        let coordinator = self
+            .up
+            .iter()
+            .filter(|i| self.status_of(**i) == MemberStatus::Up)
+            .map(|i| addr(*i))
+            .min_by_key(|a| a.age_key());
         MembershipState {
             self_member: addr(me),
             members,
@@ -1024,6 +1042,65 @@ impl Sim {
 
     fn node(&mut self, i: usize) -> Option<&mut Node> {
         self.nodes[i].as_mut()
+    }
+
+    /// An up node's status: Up, or Leaving then Exiting once its system
+    /// stopped and it began to leave the membership.
+    fn status_of(&self, i: usize) -> MemberStatus {
+        match self.nodes[i].as_ref().and_then(|n| n.exiting_since) {
+            Some(since) if self.now.duration_since(since) < TICK * 2 => MemberStatus::Leaving,
+            Some(_) => MemberStatus::Exiting,
+            None => MemberStatus::Up,
+        }
+    }
+
+    /// The membership side of a graceful leave, as `ClusterNode::shutdown`
+    /// runs it after the system's stop: once a retired node's entities
+    /// have finished, it is Leaving, two ticks later Exiting, and two more
+    /// later removed (its process ends; what is still sent to it is lost).
+    fn leave_membership(&mut self) {
+        let now = self.now;
+        let mut changed = false;
+        for i in self.up.clone() {
+            let Some(node) = self.nodes[i].as_mut() else {
+                continue;
+            };
+            if !node.retired || self.up.len() <= 1 {
+                continue;
+            }
+            match node.exiting_since {
+                None if node.busy_mailboxes().is_empty() => {
+                    node.exiting_since = Some(now);
+                    self.log.push(format!("leaving {i}"));
+                    changed = true;
+                }
+                None => {}
+                Some(since) if now.duration_since(since) >= TICK * 4 => {
+                    self.log.push(format!("removed {i}"));
+                    cover(|c| c.removed += 1);
+                    self.nodes[i] = None;
+                    self.up.retain(|n| *n != i);
+                    self.removed.insert(i);
+                    let cut: Vec<(usize, usize)> = self
+                        .links
+                        .keys()
+                        .filter(|(a, b)| *a == i || *b == i)
+                        .copied()
+                        .collect();
+                    for key in cut {
+                        if let Some((_, data)) = self.links.remove(&key) {
+                            self.excuse_data(data, "in flight to or from a removed node");
+                        }
+                    }
+                    changed = true;
+                }
+                Some(since) if now.duration_since(since) == TICK * 2 => changed = true,
+                Some(_) => {}
+            }
+        }
+        if changed {
+            self.membership_changed();
+        }
     }
 
     /// No shard is hosted by two nodes under one generation: a generation
@@ -1076,7 +1153,7 @@ impl Sim {
     }
 
     fn join(&mut self, i: usize) {
-        if self.nodes[i].is_some() || self.down.contains(&i) {
+        if self.nodes[i].is_some() || self.down.contains(&i) || self.removed.contains(&i) {
             return;
         }
         let node = Node::new(i, self.restless);
@@ -1318,6 +1395,7 @@ impl Sim {
             }
             self.maybe_retire(i);
         }
+        self.leave_membership();
     }
 
     // ---- the system's graceful stop (`Shared::stop_gracefully`) ----
@@ -2152,6 +2230,7 @@ fn random_cluster_histories_lose_only_what_a_crash_or_a_cut_took() {
             c.stops,
             c.rehydrated,
             c.fell_back,
+            c.removed,
         ];
         assert!(
             tests < 4_000 || reached.iter().all(|n| *n > 0),
