@@ -180,6 +180,16 @@ fn paths_after<'a>(code: &'a str, prefix: &str) -> Vec<Vec<&'a str>> {
     found
 }
 
+/// A source file's text with `//` comments cut off.
+fn code_of(file: &Path) -> String {
+    std::fs::read_to_string(file)
+        .expect("readable source")
+        .lines()
+        .map(|l| l.split("//").next().unwrap_or(""))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// The modules under `src`, by path (`sharding/driver`, `lib`).
 fn modules(src: &Path) -> BTreeSet<String> {
     let mut files = Vec::new();
@@ -235,12 +245,7 @@ fn reexports(src: &Path, modules: &BTreeSet<String>) -> BTreeMap<(String, String
     let mut out = BTreeMap::new();
     for file in files {
         let me = module_of(src, &file);
-        let text = std::fs::read_to_string(&file).expect("readable");
-        let code: String = text
-            .lines()
-            .map(|l| l.split("//").next().unwrap_or(""))
-            .collect::<Vec<_>>()
-            .join("\n");
+        let code = code_of(&file);
         // The module `self::` names: a file's own module (the root's is
         // empty), under which its children are found.
         let here: Vec<&str> = if me == "lib" {
@@ -314,12 +319,7 @@ fn imports() -> BTreeMap<String, BTreeSet<String>> {
     let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for file in files {
         let me = module_of(&src, &file);
-        let text = std::fs::read_to_string(&file).expect("readable");
-        let code: String = text
-            .lines()
-            .map(|l| l.split("//").next().unwrap_or(""))
-            .collect::<Vec<_>>()
-            .join("\n");
+        let code = code_of(&file);
         let edges = graph.entry(me.clone()).or_default();
         for path in paths_after(&code, "crate::") {
             if let Some(target) = resolve(&modules, &reexports, &path).filter(|t| *t != me) {
@@ -463,12 +463,7 @@ fn the_cores_import_only_the_model_and_their_data() {
         let me = module_of(&src, &file);
         // A path the checker cannot follow could hide anything: in a core,
         // every `crate::` path must resolve.
-        let text = std::fs::read_to_string(&file).expect("readable core");
-        let code: String = text
-            .lines()
-            .map(|l| l.split("//").next().unwrap_or(""))
-            .collect::<Vec<_>>()
-            .join("\n");
+        let code = code_of(&file);
         for path in paths_after(&code, "crate::") {
             if resolve(&modules, &reexports, &path).is_none() {
                 found.insert((me.clone(), format!("unresolved crate::{}", path.join("::"))));

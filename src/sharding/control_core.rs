@@ -150,10 +150,8 @@ impl ControlCore {
         type_name: &'static str,
         shard: u32,
     ) -> Vec<ControlCommand> {
-        let mut out = Vec::new();
         let commands = self.side.allocate(now, regions, type_name, shard);
-        self.side_out(now, regions, commands, &mut out);
-        out
+        self.run_side(now, regions, commands)
     }
 
     /// An entity type was registered here.
@@ -162,11 +160,9 @@ impl ControlCore {
         now: Instant,
         regions: &dyn LocalRegions,
     ) -> Vec<ControlCommand> {
-        let mut out = Vec::new();
         let epoch = self.coordinator.highest_epoch();
         let commands = self.side.register(now, regions, epoch);
-        self.side_out(now, regions, commands, &mut out);
-        out
+        self.run_side(now, regions, commands)
     }
 
     /// A handed-off shard stopped and what its entities recorded is in the
@@ -179,10 +175,8 @@ impl ControlCore {
         shard: u32,
         generation: u64,
     ) -> Vec<ControlCommand> {
-        let mut out = Vec::new();
         let commands = self.side.shard_stopped(now, type_name, shard, generation);
-        self.side_out(now, regions, commands, &mut out);
-        out
+        self.run_side(now, regions, commands)
     }
 
     /// The system shut down: its regions (of `types`) are gone.
@@ -192,10 +186,8 @@ impl ControlCore {
         regions: &dyn LocalRegions,
         types: Vec<String>,
     ) -> Vec<ControlCommand> {
-        let mut out = Vec::new();
         let commands = self.side.retire(now, types);
-        self.side_out(now, regions, commands, &mut out);
-        out
+        self.run_side(now, regions, commands)
     }
 
     /// Starts a graceful leave. The flag says whether handoffs are worth
@@ -206,13 +198,11 @@ impl ControlCore {
         now: Instant,
         regions: &dyn LocalRegions,
     ) -> (bool, Vec<ControlCommand>) {
-        let mut out = Vec::new();
         let (me, core) = (self.me, &self.coordinator);
         let (wait, commands) = self.side.begin_leave(now, regions, |types| {
             core.is_active() && !types.iter().any(|t| core.has_host_besides(t, &me))
         });
-        self.side_out(now, regions, commands, &mut out);
-        (wait, out)
+        (wait, self.run_side(now, regions, commands))
     }
 
     /// Time alone has work: the view (`state`, as the membership publishes
@@ -258,6 +248,18 @@ impl ControlCore {
                 Command::Send { to, msg } => self.send(now, regions, to, msg, out),
             }
         }
+    }
+
+    /// [`side_out`](Self::side_out) into a list of its own.
+    fn run_side(
+        &mut self,
+        now: Instant,
+        regions: &dyn LocalRegions,
+        commands: Vec<RegionCommand>,
+    ) -> Vec<ControlCommand> {
+        let mut out = Vec::new();
+        self.side_out(now, regions, commands, &mut out);
+        out
     }
 
     /// The region side's commands, in order: messages as

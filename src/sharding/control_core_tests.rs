@@ -5,10 +5,10 @@
 use std::time::{Duration, Instant};
 
 use super::*;
-use crate::membership::{Member, MemberStatus};
+use crate::membership::MemberStatus;
 use crate::runtime::slot::HomeChange;
 use crate::sharding::coordinator::{CoordinatorConfig, LeastShardAllocation};
-use crate::sharding::region_core::tests::{Fake, node};
+use crate::sharding::region_core::tests::{Fake, node, view_with};
 
 const ME: u64 = 1;
 
@@ -28,20 +28,7 @@ fn view(members: &[(u64, MemberStatus)]) -> MembershipState {
         .filter(|(_, s)| *s == MemberStatus::Up)
         .map(|(n, _)| node(*n))
         .min_by_key(|a| a.age_key());
-    MembershipState {
-        self_member: node(ME),
-        members: members
-            .iter()
-            .map(|(n, status)| Member {
-                address: node(*n),
-                status: *status,
-            })
-            .collect(),
-        unreachable: Vec::new(),
-        leader: coordinator,
-        coordinator,
-        beyond: Vec::new(),
-    }
+    view_with(members, coordinator)
 }
 
 /// The commands as short lines: message kinds and destinations.

@@ -181,7 +181,16 @@ fn sent(commands: &[RegionCommand]) -> Vec<String> {
         .collect()
 }
 
+/// Node 1's view of `members`, following coordinator 2.
 fn view(members: &[(u64, MemberStatus)]) -> MembershipState {
+    view_with(members, Some(node(C)))
+}
+
+/// Node 1's view of `members`, `coordinator` coordinating (and leading).
+pub(crate) fn view_with(
+    members: &[(u64, MemberStatus)],
+    coordinator: Option<UniqueAddress>,
+) -> MembershipState {
     MembershipState {
         self_member: node(ME),
         members: members
@@ -192,8 +201,8 @@ fn view(members: &[(u64, MemberStatus)]) -> MembershipState {
             })
             .collect(),
         unreachable: Vec::new(),
-        leader: None,
-        coordinator: Some(node(C)),
+        leader: coordinator,
+        coordinator,
         beyond: Vec::new(),
     }
 }

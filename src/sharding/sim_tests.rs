@@ -1044,6 +1044,21 @@ impl Sim {
         self.nodes[i].as_mut()
     }
 
+    /// Node `i` is gone: what is in flight on its links is lost.
+    fn drop_links(&mut self, i: usize, why: &'static str) {
+        let cut: Vec<(usize, usize)> = self
+            .links
+            .keys()
+            .filter(|(a, b)| *a == i || *b == i)
+            .copied()
+            .collect();
+        for key in cut {
+            if let Some((_, data)) = self.links.remove(&key) {
+                self.excuse_data(data, why);
+            }
+        }
+    }
+
     /// An up node's status: Up, or Leaving then Exiting once its system
     /// stopped and it began to leave the membership.
     fn status_of(&self, i: usize) -> MemberStatus {
@@ -1081,17 +1096,7 @@ impl Sim {
                     self.nodes[i] = None;
                     self.up.retain(|n| *n != i);
                     self.removed.insert(i);
-                    let cut: Vec<(usize, usize)> = self
-                        .links
-                        .keys()
-                        .filter(|(a, b)| *a == i || *b == i)
-                        .copied()
-                        .collect();
-                    for key in cut {
-                        if let Some((_, data)) = self.links.remove(&key) {
-                            self.excuse_data(data, "in flight to or from a removed node");
-                        }
-                    }
+                    self.drop_links(i, "in flight to or from a removed node");
                     changed = true;
                 }
                 Some(since) if now.duration_since(since) == TICK * 2 => changed = true,
@@ -1187,17 +1192,7 @@ impl Sim {
             }));
         }
         self.excuse(held, "held by a crashed node");
-        let cut: Vec<(usize, usize)> = self
-            .links
-            .keys()
-            .filter(|(a, b)| *a == i || *b == i)
-            .copied()
-            .collect();
-        for key in cut {
-            if let Some((_, data)) = self.links.remove(&key) {
-                self.excuse_data(data, "in flight to or from a crashed node");
-            }
-        }
+        self.drop_links(i, "in flight to or from a crashed node");
         self.up.retain(|n| *n != i);
         self.down.push(i);
         self.membership_changed();
