@@ -17,7 +17,7 @@ use crate::model::extractor::ShardId;
 use crate::model::identity::UniqueAddress;
 use crate::runtime::dispatch::panic_message;
 use crate::runtime::mailbox::{RegionMsg, States};
-use crate::runtime::region::Region;
+use crate::runtime::region::{HostStep, HostWord, Preparing, Region};
 
 pub(crate) struct RegionActor;
 
@@ -29,9 +29,8 @@ pub(crate) struct RegionActorState {
     region: Arc<Region>,
     reads: Arc<tokio::sync::Semaphore>,
     /// Shard hostings being prepared off this actor (a store read, states
-    /// fetched from the old owner): a second word of the same hosting
-    /// waits for the first rather than start the shard without them.
-    preparing: std::collections::HashSet<(ShardId, u64)>,
+    /// fetched from the old owner).
+    preparing: Preparing,
 }
 
 impl Actor for RegionActor {
@@ -47,7 +46,7 @@ impl Actor for RegionActor {
         Ok(RegionActorState {
             region,
             reads: Arc::new(tokio::sync::Semaphore::new(CONCURRENT_READS)),
-            preparing: std::collections::HashSet::new(),
+            preparing: Preparing::default(),
         })
     }
 
@@ -86,7 +85,7 @@ fn handle(myself: ActorRef<RegionMsg>, msg: RegionMsg, state: &mut RegionActorSt
             migrated,
             fetched,
         } => {
-            state.preparing.remove(&(shard, generation));
+            state.preparing.done(shard, generation);
             let entities = migrated.len();
             let installed = !region.is_stopped()
                 && region.install_local(shard, generation, remembered, migrated);
@@ -149,19 +148,15 @@ fn read_then_install(
     from: Option<UniqueAddress>,
 ) {
     let region = &state.region;
-    if region.is_stopped() {
-        return;
-    }
-    if state.preparing.contains(&(shard, generation)) {
-        return; // being prepared already; it installs once ready
-    }
-    let fetch = from.zip(region.migration_timeout());
-    if region.hosts(shard, generation) {
-        return; // installed already (this word came while it was)
-    }
-    if from.is_none() && generation > 1 && region.migration_timeout().is_some() {
-        // Allocated before, and moved here without a completed handoff
-        // (its owner lost, or its handoff timed out): no state comes.
+    let word = HostWord {
+        shard,
+        generation,
+        from,
+        migrates: region.migration_timeout().is_some(),
+        remembers: region.remember().is_some(),
+    };
+    let (prepare, without_handoff) = state.preparing.begin(region.table(), word);
+    if without_handoff {
         region.migration_event(MigrationEvent::FellBack {
             type_name: region.type_name,
             shard,
@@ -171,11 +166,14 @@ fn read_then_install(
                     .into(),
         });
     }
-    if region.remember().is_none() && fetch.is_none() {
-        region.install_local(shard, generation, None, Vec::new());
-        return;
-    }
-    state.preparing.insert((shard, generation));
+    let fetch = match prepare {
+        HostStep::Nothing => return,
+        HostStep::InstallNow => {
+            region.install_local(shard, generation, None, Vec::new());
+            return;
+        }
+        HostStep::Prepare { fetch } => fetch.zip(region.migration_timeout()),
+    };
     let region = region.clone();
     let reads = state.reads.clone();
     tokio::spawn(async move {

@@ -27,7 +27,7 @@ use crate::entity::MigratedState;
 use crate::model::extractor::ShardId;
 use crate::model::identity::UniqueAddress;
 use crate::runtime::mailbox::States;
-use crate::runtime::region::{ChunkAnswer, Region};
+use crate::runtime::region::{ChunkAnswer, Region, StatesPull};
 use crate::sharding::wire::{MigratedEntry, MigrationReply, MigrationRequest, encode_cbor};
 use crate::transport::{Incoming, RequestError, SendFailure, Transport};
 use crate::wire::RemoteFailure;
@@ -49,34 +49,34 @@ pub(crate) async fn fetch(
     timeout: Duration,
 ) -> Result<States, String> {
     let deadline = tokio::time::Instant::now() + timeout;
-    let mut states = Vec::new();
-    let mut chunk = 0;
+    let mut pull = StatesPull::default();
     loop {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         if left.is_zero() {
             return Err(format!(
-                "timed out after {timeout:?} ({chunk} chunks, {} states fetched)",
-                states.len()
+                "timed out after {timeout:?} ({} chunks, {} states fetched)",
+                pull.chunk(),
+                pull.received()
             ));
         }
-        let pull = MigrationRequest::Pull {
+        let request = MigrationRequest::Pull {
             type_name: type_name.to_owned(),
             shard: shard.0,
             generation,
-            chunk,
+            chunk: pull.chunk(),
         };
         let answer = transport
             .request(
                 &from,
                 SHARDING_MIGRATION,
-                encode_cbor(&pull),
+                encode_cbor(&request),
                 left.min(PULL_TIMEOUT),
             )
             .await;
         match answer {
             Ok(bytes) => match ciborium::from_reader::<MigrationReply, _>(&bytes[..]) {
                 Ok(MigrationReply::Chunk { states: got, last }) => {
-                    states.extend(got.into_iter().map(
+                    let got = got.into_iter().map(
                         |MigratedEntry(id, version, bytes, position, deliveries)| {
                             let state = MigratedState {
                                 version,
@@ -86,9 +86,8 @@ pub(crate) async fn fetch(
                             };
                             (id.into(), state)
                         },
-                    ));
-                    chunk += 1;
-                    if last {
+                    );
+                    if let Some(states) = pull.got(got.collect(), last) {
                         let done = MigrationRequest::Done {
                             type_name: type_name.to_owned(),
                             shard: shard.0,

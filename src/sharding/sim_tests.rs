@@ -1,22 +1,30 @@
 //! A seeded simulator of the distributed layer that runs the real code:
 //! every node has the real control core ([`ControlCore`]: the coordinator
-//! core and the region side of the allocation protocol) and one region of
-//! real [`Slot`]s. Only the effects are simulated: an entity is a mailbox of
+//! core and the region side of the allocation protocol) and one region
+//! whose shards are the runtime's own [`ShardTable`] (the real slots and
+//! every rule the runtime's region keeps around them), which the control
+//! core reads and moves through the driver's own [`Hosted`]; the region
+//! actor's hosting decisions are the real [`Preparing`], its pulls the real
+//! [`StatesPull`]. Only the effects are simulated: an entity is a mailbox of
 //! message ids and stop markers that the history processes one item at a
-//! time, the region actor is a queue of hosting starts, passivation
-//! requests and stop notices, and the nodes are joined by links that
-//! deliver in order per lane (control and data are separate lanes, as on
-//! a pipe, so control may overtake data) and that can be cut (everything
-//! in flight on the link is lost) or made unreachable one way or both
-//! (what is sent that way is lost too, until they heal), under a scripted
-//! membership (a graceful leave ends with the member Leaving, Exiting and
-//! removed). The control task's decisions are the real [`ControlCore`]'s,
-//! fed as `driver` feeds it; a node's core is woken only when its
-//! `poll_timeout` says so. Half the histories place and move shards with
-//! the default strategy, half with [`Restless`], which moves them at
-//! random; handoffs time out after a second, and a node's entities can be
-//! slowed, so that shards also move away from entities still finishing
-//! their mailboxes, and come back before they have.
+//! time, the region actor is a queue of hosting starts, pulls (one chunk a
+//! step), installs, passivation requests and stop notices, and the nodes
+//! are joined by links that deliver in order per lane (control and data
+//! are separate lanes, as on a pipe, so control may overtake data) and
+//! that can be cut (everything in flight on the link is lost) or made
+//! unreachable one way or both (what is sent that way is lost too, until
+//! they heal). Each node has its own membership view: it flags the nodes
+//! it cannot reach, so views differ across a blocked link, and the
+//! coordinator role is held for an oldest member beyond one (a resolver
+//! that has not decided). The membership is scripted (a graceful leave
+//! ends with the member Leaving, Exiting and removed). The control task's
+//! decisions are the real [`ControlCore`]'s, fed as `driver` feeds it; a
+//! node's core is woken only when its `poll_timeout` says so. Half the
+//! histories place and move shards with the default strategy, half with
+//! [`Restless`], which moves them at random; handoffs time out after a
+//! second, and a node's entities can be slowed, so that shards also move
+//! away from entities still finishing their mailboxes, and come back
+//! before they have.
 //!
 //! The entity type migrates (SPEC §13.16): an entity's state is the list
 //! of ids its lineage processed; a handoff's stop hands it over, the old
@@ -45,7 +53,7 @@
 //! with their node, and the producer's timers resend: each entity ends
 //! with the effect of every message sent to it exactly once, in order.
 
-use std::cell::{Cell, RefCell};
+use std::cell::{Cell, RefCell, RefMut};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -58,9 +66,9 @@ use super::control_core::{ControlCommand, ControlCore};
 use super::coordinator::{
     CoordinatorConfig, CoordinatorCore, LeastShardAllocation, ShardAllocationStrategy, ShardHome,
 };
-use super::region_core::{LocalRegions, RegionsView};
+use super::driver::{Hosted, TypeRegion};
 use super::remote::MAX_HOPS;
-use super::wire::{ControlMsg, TypeRegistration};
+use super::wire::ControlMsg;
 use crate::entity::{Admission, Deliveries, DeliveryRow, MigratedState};
 use crate::membership::{Member, MemberStatus, MembershipState};
 use crate::model::envelope::Delivery;
@@ -70,12 +78,18 @@ use crate::model::extractor::ShardId;
 use crate::model::identity::{NodeId, UniqueAddress};
 use crate::persistence::remember::RememberEntitiesOperation;
 use crate::runtime::mailbox::States;
-use crate::runtime::slot::{HomeChange, Refused, Slot, SlotHost, Undelivered};
+use crate::runtime::region::{
+    ChunkAnswer, HostStep, HostWord, Keeping, Preparing, RegionHost, ShardTable, StatesPull,
+};
+use crate::runtime::slot::{HomeChange, Refused, SlotHost, Undelivered};
 
 const TYPE: &str = "sim";
 const SHARDS: u32 = 6;
 /// Entities per shard.
 const ENTITIES: u64 = 2;
+/// The largest chunk of migrated states a pull is answered with: small,
+/// so that a shard's states often travel in several chunks.
+const CHUNK: usize = 64;
 const NODES: usize = 5;
 const TICK: Duration = Duration::from_millis(100);
 /// Short, so that histories often see a handoff time out (and a shard move
@@ -109,6 +123,15 @@ struct Coverage {
     /// Homes naming an old owner for a shard hosted here already (its
     /// kept states dropped, none pulled).
     hosted_before_pull: u64,
+    /// Pulls of migrated states that took more than one chunk.
+    chunked_pulls: u64,
+    /// Links made unreachable: the nodes on either end see each other
+    /// flagged, the others do not.
+    split_views: u64,
+    /// Views in which a node's membership named a coordinator other than
+    /// the oldest Up member (beyond a blocked link), which the coordinator
+    /// role is held for.
+    held_roles: u64,
     /// The longest a settle took to process (or lose) every message.
     slowest_settle: Duration,
     /// Histories in which a coordinator's settle ran out before every
@@ -174,6 +197,9 @@ impl ShardAllocationStrategy for Restless {
 const LOST_BY_A_GRACEFUL_LEAVE: &str = "DROPPED BY A GRACEFUL LEAVE";
 const LOST_BEHIND_A_STOP: &str = "LOST BEHIND A STOP MARKER";
 const UNEXPECTED_ERROR: &str = "REFUSED WITH AN UNEXPECTED ERROR";
+/// Views change at every node at once here: a region that sends to a node
+/// after its view dropped it has not let go of it.
+const SENT_TO_A_GONE_NODE: &str = "SENT TO A NODE ITS SENDER KNEW WAS GONE";
 
 fn addr(i: usize) -> UniqueAddress {
     UniqueAddress {
@@ -269,9 +295,13 @@ struct Mailbox {
 
 /// What the region actor is told.
 enum ActorMsg {
-    /// Host a shard under a generation; its old owner, and how many pulls
-    /// of its states found them not ready yet.
-    Host(u32, u64, Option<UniqueAddress>, u32),
+    /// Host a shard under a generation; its old owner.
+    Host(u32, u64, Option<UniqueAddress>),
+    /// Pull the next chunk of a shard's states from its old owner; how
+    /// many pulls found them not ready yet.
+    Pull(u32, u64, UniqueAddress, StatesPull, u32),
+    /// The hosting is prepared: install it, with the states that came.
+    Install(u32, u64, States),
     Passivate(u32, Arc<str>, u64),
     Stopped(u32, Arc<str>, u64, Option<MigratedState>),
 }
@@ -303,19 +333,27 @@ struct Host {
     store: Option<Rc<RefCell<Store>>>,
 }
 
-impl Host {
-    fn failed(&mut self, undelivered: Undelivered) {
+impl RegionHost for Host {
+    fn fail(&mut self, undelivered: Undelivered) {
         for (error, envelope) in undelivered {
             let id = id_of(envelope);
             self.effects.push(Effect::Failed(id, error));
         }
     }
 
-    fn refused(&mut self, refused: Refused) {
-        if let (error, Some(envelope)) = refused {
-            self.failed(vec![(error, envelope)]);
-        }
+    fn host_shard(&mut self, shard: ShardId, generation: u64, from: Option<UniqueAddress>) {
+        self.effects.push(Effect::Host(shard.0, generation, from));
     }
+
+    fn states_not_fetched(&mut self, _shard: ShardId, _from: UniqueAddress, _reason: String) {
+        cover(|c| c.hosted_before_pull += 1);
+    }
+
+    fn expire_later(&mut self, _shard: ShardId, _generation: u64, _after: Duration) {
+        // (Kept states never expire here: a history ends long before.)
+    }
+
+    fn hosted_changed(&mut self, _here: bool) {}
 }
 
 impl SlotHost for Host {
@@ -476,69 +514,44 @@ impl SlotHost for Host {
     fn passivated(&mut self, _shard: ShardId, _by_limit: bool) {}
 }
 
-/// A node's region of the one entity type: what `runtime/region/` does
-/// around its slots (each call takes the slot's "lock", a `RefCell`), with
-/// the effects collected for the node to run.
+/// A node's region of the one entity type: the runtime's [`ShardTable`]
+/// (every rule the region keeps around its slots) with the simulator's
+/// [`Host`], whose effects are collected for the node to run.
 struct Region {
-    me: UniqueAddress,
-    slots: RefCell<Vec<Slot<u32>>>,
+    table: ShardTable<u32>,
     host: RefCell<Host>,
-    stopped: Cell<bool>,
-    left: Cell<bool>,
-    nowhere: Cell<bool>,
-    installs: Cell<u64>,
-    /// States kept for the nodes shards moved to (`Region::keep_outgoing`).
-    outgoing: RefCell<BTreeMap<u32, (ShardHome, States)>>,
-}
-
-/// What a pull of a shard's states finds on its old owner
-/// (`Region::migration_chunk`, in one chunk).
-enum Pulled {
-    States(States),
-    NotYet,
-    Nothing,
 }
 
 impl Region {
     fn new(me: UniqueAddress) -> Self {
+        let keeping = Keeping {
+            max_state: 1 << 20,
+            chunk: CHUNK,
+            keep_for: Duration::from_secs(3600),
+        };
         Region {
-            me,
-            outgoing: RefCell::new(BTreeMap::new()),
-            slots: RefCell::new((0..SHARDS).map(|_| Slot::unallocated(0)).collect()),
+            table: ShardTable::new(SHARDS, Some(me), false).with_keeping(Some(keeping)),
             host: RefCell::new(Host {
                 me: index(&me),
                 ..Host::default()
             }),
-            stopped: Cell::new(false),
-            left: Cell::new(false),
-            nowhere: Cell::new(false),
-            installs: Cell::new(0),
         }
     }
 
-    /// Runs `f` on a slot and its host.
-    fn with<T>(&self, shard: u32, f: impl FnOnce(&mut Slot<u32>, &mut Host) -> T) -> T {
-        let mut slots = self.slots.borrow_mut();
-        let mut host = self.host.borrow_mut();
-        f(&mut slots[shard as usize], &mut host)
+    fn host(&self) -> RefMut<'_, Host> {
+        self.host.borrow_mut()
     }
 
     fn take_effects(&self) -> Vec<Effect> {
-        std::mem::take(&mut self.host.borrow_mut().effects)
+        std::mem::take(&mut self.host().effects)
     }
 
-    /// A message sent on this node (`Region::deliver`).
+    /// A message sent on this node (`Region::deliver`; a refusal reaches
+    /// its sender as an effect).
     fn deliver(&self, shard: u32, entity: &Arc<str>, envelope: LocalEnvelope) {
-        if self.stopped.get() {
-            let id = id_of(envelope);
-            let effect = Effect::Failed(id, ShardingError::ShuttingDown);
-            return self.host.borrow_mut().effects.push(effect);
-        }
-        self.with(shard, |slot, host| {
-            if let Err(refused) = slot.deliver(host, ShardId(shard), entity, envelope) {
-                host.refused(refused);
-            }
-        });
+        let _ = self
+            .table
+            .deliver(&mut *self.host(), ShardId(shard), entity, envelope);
     }
 
     /// An envelope from another node (`Region::deliver_str`).
@@ -546,71 +559,35 @@ impl Region {
         let mut envelope = tell(wire.id, wire.hops.saturating_add(1));
         envelope.set_routed_under(wire.generation);
         let shard = ShardId(wire.shard);
-        let envelope = self.with(wire.shard, |slot, host| {
-            if !self.stopped.get() {
-                match slot.deliver_live(host, shard, &wire.entity, envelope) {
-                    Ok(Ok(())) => None,
-                    Ok(Err(error)) => panic!("a simulated mailbox refused: {error}"),
-                    Err(envelope) => Some(envelope),
-                }
-            } else if let Some(home) = slot.home(None) {
-                // A stopped region forwards for shards it knows elsewhere.
-                let _ = host.forward(home, shard, &wire.entity, envelope);
-                None
-            } else {
-                Some(envelope)
-            }
-        });
-        if let Some(envelope) = envelope {
-            self.deliver(wire.shard, &wire.entity, envelope);
-        }
+        let _ = self
+            .table
+            .deliver_str(&mut *self.host(), shard, &wire.entity, envelope);
     }
 
     fn passivate(&self, shard: u32, entity: &Arc<str>, incarnation: Option<u64>, remote: bool) {
-        self.with(shard, |slot, host| {
-            let (_, undelivered) =
-                slot.passivate(host, ShardId(shard), entity, incarnation, remote);
-            host.failed(undelivered);
-        });
-    }
-
-    /// A pull from `requester`, which hosts `shard` under `generation`,
-    /// of the states kept for it; taken at once (its `Done`).
-    fn pull(&self, requester: UniqueAddress, shard: u32, generation: u64) -> Pulled {
-        let slots = self.slots.borrow();
-        let slot = &slots[shard as usize];
-        if slot.is_local() && slot.generation() < generation {
-            return Pulled::NotYet;
-        }
-        let mut outgoing = self.outgoing.borrow_mut();
-        match outgoing.get(&shard) {
-            Some((home, _)) if home.owner == requester && home.generation == generation => {
-                let (_, states) = outgoing.remove(&shard).expect("kept");
-                Pulled::States(states)
-            }
-            _ => Pulled::Nothing,
-        }
+        let _ = self.table.passivate(
+            &mut *self.host(),
+            ShardId(shard),
+            entity,
+            incarnation,
+            remote,
+        );
     }
 
     /// The region actor's `Install`: starts hosting the shard, with the
     /// states that migrated with it.
     fn install(&self, shard: u32, generation: u64, migrated: States) {
-        if self.stopped.get() {
-            return;
+        let finishing = self.host().mailboxes.values().any(|m| m.shard == shard);
+        let installed = self.table.install(
+            &mut *self.host(),
+            ShardId(shard),
+            generation,
+            None,
+            migrated,
+        );
+        if installed && finishing {
+            cover(|c| c.back_while_finishing += 1);
         }
-        let install = self.installs.get();
-        self.installs.set(install + 1);
-        self.with(shard, |slot, host| {
-            let finishing = host.mailboxes.values().any(|m| m.shard == shard);
-            if let Some(undelivered) =
-                slot.install(host, ShardId(shard), generation, install, None, migrated)
-            {
-                if finishing {
-                    cover(|c| c.back_while_finishing += 1);
-                }
-                host.failed(undelivered);
-            }
-        });
     }
 
     fn entity_stopped(
@@ -620,170 +597,87 @@ impl Region {
         incarnation: u64,
         state: Option<MigratedState>,
     ) {
-        self.with(shard, |slot, host| {
-            let undelivered = slot.entity_stopped(host, ShardId(shard), entity, incarnation, state);
-            host.failed(undelivered);
-        });
-    }
-
-    fn replica(&self) -> Vec<(u32, ShardHome)> {
-        let slots = self.slots.borrow();
-        (0..SHARDS)
-            .filter_map(|s| slots[s as usize].home(Some(self.me)).map(|h| (s, h)))
-            .collect()
-    }
-
-    fn hosted_count(&self) -> usize {
-        self.slots.borrow().iter().filter(|s| s.is_local()).count()
-    }
-
-    /// `Region::leave_done`.
-    fn leave_done(&self) -> bool {
-        self.nowhere.get() || (self.left.get() && self.hosted_count() == 0)
+        self.table.entity_stopped(
+            &mut *self.host(),
+            ShardId(shard),
+            entity,
+            incarnation,
+            state,
+        );
     }
 
     fn buffered(&self) -> usize {
-        self.slots
-            .borrow()
-            .iter()
-            .map(|s| s.summary().buffered)
+        (0..SHARDS)
+            .map(|s| self.table.slot(ShardId(s)).summary().buffered)
             .sum()
     }
 }
 
-impl RegionsView for Region {
-    fn registrations(&self, leaving: bool) -> Vec<TypeRegistration> {
-        let stopped = {
-            let slots = self.slots.borrow();
-            (0..SHARDS)
-                .filter(|s| slots[*s as usize].is_stopped_here())
-                .collect()
-        };
-        vec![TypeRegistration {
-            type_name: TYPE.into(),
-            fingerprint: 1,
-            num_shards: SHARDS,
-            proxy: false,
-            leaving,
-            homes: self
-                .replica()
-                .into_iter()
-                .map(|(s, h)| (s, h.owner, h.generation))
-                .collect(),
-            stopped,
-        }]
+impl TypeRegion for Rc<Region> {
+    fn type_name(&self) -> &'static str {
+        TYPE
     }
-
-    fn type_names(&self) -> Vec<String> {
-        vec![TYPE.into()]
+    fn fingerprint(&self) -> u64 {
+        1
     }
-
-    fn generation_of(&self, _type_name: &str, shard: u32) -> u64 {
-        let slots = self.slots.borrow();
-        let slot = &slots[shard as usize];
-        if slot.is_stopped() {
-            0
-        } else {
-            slot.generation()
+    fn num_shards(&self) -> u32 {
+        self.table.num_shards()
+    }
+    fn is_proxy(&self) -> bool {
+        false
+    }
+    fn replica(&self) -> Vec<(u32, ShardHome)> {
+        self.table.replica()
+    }
+    fn stopped_shards(&self) -> Vec<u32> {
+        self.table.stopped_shards()
+    }
+    fn generation_of(&self, shard: ShardId) -> u64 {
+        self.table.generation_of(shard)
+    }
+    fn is_handed_off(&self, shard: ShardId, generation: u64) -> bool {
+        self.table.is_handed_off(shard, generation)
+    }
+    fn set_home(&self, shard: ShardId, home: ShardHome, from: Option<UniqueAddress>) -> HomeChange {
+        let was_local = self.table.slot(shard).is_local();
+        let change = self.table.set_home(&mut *self.host(), shard, home, from);
+        if was_local && change == HomeChange::Remote {
+            if self.host().mailboxes.values().any(|m| m.shard == shard.0) {
+                cover(|c| c.moved_unstopped += 1);
+            } else {
+                cover(|c| c.handed_off += 1);
+            }
         }
+        change
     }
-
-    fn is_handed_off(&self, _type_name: &str, shard: u32, generation: u64) -> bool {
-        self.slots.borrow()[shard as usize].is_handed_off(generation)
-    }
-}
-
-impl LocalRegions for Region {
-    fn set_home(
-        &self,
-        type_name: &str,
-        shard: u32,
-        home: ShardHome,
-        from: Option<UniqueAddress>,
-    ) -> Option<(&'static str, HomeChange)> {
-        if type_name != TYPE || shard >= SHARDS {
-            return None;
-        }
-        let me = self.me;
-        let from = from.filter(|f| *f != me);
-        let change = self.with(shard, |slot, host| {
-            let was_local = slot.is_local();
-            // As `Region::set_home`: hosted here already, the states from
-            // `from` are not pulled, and older ones kept here are dropped.
-            if from.is_some()
-                && was_local
-                && home.owner == me
-                && home.generation >= slot.generation()
-            {
-                slot.drop_states();
-                cover(|c| c.hosted_before_pull += 1);
-            }
-            let (change, undelivered) = slot.set_home(host, ShardId(shard), home, me, false);
-            host.failed(undelivered);
-            if let Some(kept) = slot.take_outgoing() {
-                self.outgoing.borrow_mut().insert(shard, kept);
-            }
-            if change == HomeChange::HostHere {
-                host.effects
-                    .push(Effect::Host(shard, home.generation, from));
-            }
-            if was_local && change == HomeChange::Remote {
-                if host.mailboxes.values().any(|m| m.shard == shard) {
-                    cover(|c| c.moved_unstopped += 1);
-                } else {
-                    cover(|c| c.handed_off += 1);
-                }
-            }
-            change
-        });
-        Some((TYPE, change))
-    }
-
     fn node_lost(&self, node: &UniqueAddress) -> usize {
-        let mut slots = self.slots.borrow_mut();
-        slots
-            .iter_mut()
-            .map(|s| usize::from(s.node_lost(node)))
-            .sum()
+        self.table.node_lost(node)
     }
-
     fn call_off_handoffs(&self) {
-        for shard in 0..SHARDS {
-            self.with(shard, |slot, host| {
-                let undelivered = slot.call_off_handoff(host, ShardId(shard));
-                host.failed(undelivered);
-            });
-        }
+        self.table.call_off_handoffs(&mut *self.host());
     }
-
-    fn hand_off(&self, _type_name: &str, shard: u32, generation: u64) {
-        if shard < SHARDS {
-            self.with(shard, |slot, host| {
-                slot.hand_off(host, ShardId(shard), generation)
-            });
-        }
+    fn hand_off(&self, shard: ShardId, generation: u64) {
+        self.table.hand_off(&mut *self.host(), shard, generation);
     }
-
-    fn mark_left(&self, _type_name: &str, nowhere: bool) {
-        self.nowhere.set(nowhere);
-        self.left.set(true);
+    fn mark_left(&self, nowhere: bool) {
+        self.table.mark_left(nowhere);
     }
-
-    fn accepted(&self, _type_name: &str, _by: UniqueAddress) {}
-
-    fn refused(&self, _: &str, reason: String, _: Option<u64>, _: Option<u32>) {
-        panic!("a simulated region was refused: {reason}");
+    fn accepted(&self, _by: UniqueAddress) {}
+    fn refuse(&self, error: ShardingError) {
+        panic!("a simulated region was refused: {error}");
     }
 }
 
 struct Node {
     me: UniqueAddress,
     control: ControlCore,
-    region: Region,
+    region: Rc<Region>,
+    /// The same region, as the control core reads and moves it.
+    hosted: Hosted<Rc<Region>>,
     /// The region actor's mailbox.
     actor: VecDeque<ActorMsg>,
     /// Hostings whose states are being pulled (`RegionActorState::preparing`).
-    preparing: BTreeSet<(u32, u64)>,
+    preparing: Preparing,
     /// When its graceful leave began, and whether it waits for handoffs.
     leave: Option<(Instant, bool)>,
     /// The system stopped (after a leave); its core goes on coordinating.
@@ -807,14 +701,18 @@ impl Node {
         let config = CoordinatorConfig {
             rebalance_interval: Duration::from_millis(500),
             handoff_timeout: HANDOFF_TIMEOUT,
+            hold_through_unreachability: true,
+            hold_for: Duration::from_secs(1),
             ..CoordinatorConfig::default()
         };
+        let region = Rc::new(Region::new(addr(i)));
         Node {
             me: addr(i),
             control: ControlCore::new(addr(i), CoordinatorCore::new(addr(i), config, strategy)),
-            region: Region::new(addr(i)),
+            region: region.clone(),
+            hosted: Hosted(vec![region]),
             actor: VecDeque::new(),
-            preparing: BTreeSet::new(),
+            preparing: Preparing::default(),
             leave: None,
             retired: false,
             exiting_since: None,
@@ -1010,6 +908,11 @@ impl Sim {
         sim
     }
 
+    /// Node `me`'s view: every member, with those it cannot reach (either
+    /// way) flagged unreachable — each node's own failure detector, so
+    /// two nodes on either side of a blocked link see different views —
+    /// and its coordinator the oldest Up member it can reach (a second
+    /// coordinator, on a side of a partition).
     fn view(&self, me: usize) -> MembershipState {
         let mut members: Vec<Member> = self
             .up
@@ -1024,19 +927,30 @@ impl Sim {
             }))
             .collect();
         members.sort_by_key(|m| m.address.age_key());
+        let unreachable: Vec<UniqueAddress> = self
+            .up
+            .iter()
+            .filter(|i| self.blocked.contains(&(me, **i)) || self.blocked.contains(&(**i, me)))
+            .map(|i| addr(*i))
+            .collect();
         let coordinator = self
             .up
             .iter()
             .filter(|i| self.status_of(**i) == MemberStatus::Up)
             .map(|i| addr(*i))
+            .filter(|a| !unreachable.contains(a))
             .min_by_key(|a| a.age_key());
         MembershipState {
             self_member: addr(me),
             members,
-            unreachable: Vec::new(),
             leader: coordinator,
             coordinator,
-            beyond: Vec::new(),
+            // A resolver that has not decided: what a node cannot reach is
+            // beyond its side, and the coordinator role stays with the
+            // oldest Up member (`acting`) until the link heals or the
+            // member goes.
+            beyond: unreachable.clone(),
+            unreachable,
         }
     }
 
@@ -1132,13 +1046,13 @@ impl Sim {
             let Some(node) = node.as_ref().filter(|n| !n.retired) else {
                 continue;
             };
-            let slots = node.region.slots.borrow();
-            for (shard, slot) in slots.iter().enumerate() {
+            for shard in 0..SHARDS {
+                let slot = node.region.table.slot(ShardId(shard));
                 // Hosted here, or being installed here.
                 let Some(home) = slot.home(Some(node.me)).filter(|h| h.owner == node.me) else {
                     continue;
                 };
-                if let Some(other) = hosts.insert((shard as u32, home.generation), i) {
+                if let Some(other) = hosts.insert((shard, home.generation), i) {
                     twice.get_or_insert(format!(
                         "shard {shard} hosted by nodes {other} and {i} under generation {}",
                         home.generation
@@ -1181,11 +1095,13 @@ impl Sim {
             reliable.confirming.remove(&i);
         }
         let mut held = Vec::new();
+        // (A crash: everything the node held is gone at once.)
         for shard in 0..SHARDS {
-            let taken = node.region.slots.borrow_mut()[shard as usize].take();
+            let taken = node.region.table.slot(ShardId(shard)).take();
             held.extend(taken.buffered.into_iter().map(id_of));
         }
-        for mailbox in node.region.host.into_inner().mailboxes.into_values() {
+        let mailboxes = std::mem::take(&mut node.region.host().mailboxes);
+        for mailbox in mailboxes.into_values() {
             held.extend(mailbox.items.into_iter().filter_map(|item| match item {
                 Item::Msg(id) => Some(id),
                 Item::Stop | Item::StopToMove => None,
@@ -1227,11 +1143,13 @@ impl Sim {
         for &(from, to) in directions {
             if self.blocked.insert((from, to)) {
                 self.log.push(format!("block {from}->{to}"));
+                cover(|c| c.split_views += 1);
             }
             if let Some((_, data)) = self.links.remove(&(from, to)) {
                 self.excuse_data(data, "in flight on an unreachable link");
             }
         }
+        self.membership_changed();
     }
 
     /// Every link reaches again.
@@ -1239,6 +1157,7 @@ impl Sim {
         if !self.blocked.is_empty() {
             self.log.push("heal".into());
             self.blocked.clear();
+            self.membership_changed();
         }
     }
 
@@ -1246,11 +1165,20 @@ impl Sim {
 
     /// `Control::membership`, at every up node.
     fn membership_changed(&mut self) {
+        let oldest = self
+            .up
+            .iter()
+            .filter(|i| self.status_of(**i) == MemberStatus::Up)
+            .map(|i| addr(*i))
+            .min_by_key(|a| a.age_key());
         for i in self.up.clone() {
             let state = self.view(i);
+            if state.coordinator.is_some() && state.coordinator != oldest {
+                cover(|c| c.held_roles += 1);
+            }
             let now = self.now;
             let Some(node) = self.node(i) else { continue };
-            let out = node.control.membership(now, state, &node.region);
+            let out = node.control.membership(now, state, &node.hosted);
             self.run_control(i, out);
         }
     }
@@ -1285,7 +1213,9 @@ impl Sim {
     }
 
     fn send_data(&mut self, from: usize, to: usize, data: Data) {
-        let lost = if self.nodes[to].is_none() {
+        let lost = if self.down.contains(&to) || self.removed.contains(&to) {
+            Some(SENT_TO_A_GONE_NODE)
+        } else if self.nodes[to].is_none() {
             Some("in flight to or from a crashed node")
         } else if self.blocked.contains(&(from, to)) {
             Some("sent over an unreachable link")
@@ -1323,7 +1253,7 @@ impl Sim {
             }
             Effect::Allocate(shard) => {
                 let Some(node) = self.node(i) else { return };
-                let out = node.control.allocate(now, &node.region, TYPE, shard);
+                let out = node.control.allocate(now, &node.hosted, TYPE, shard);
                 self.run_control(i, out);
             }
             Effect::ShardStopped(shard, generation) => {
@@ -1331,13 +1261,13 @@ impl Sim {
                 let Some(node) = self.node(i) else { return };
                 let out = node
                     .control
-                    .shard_stopped(now, &node.region, TYPE, shard, generation);
+                    .shard_stopped(now, &node.hosted, TYPE, shard, generation);
                 self.run_control(i, out);
             }
             Effect::Host(shard, generation, from) => {
                 if let Some(node) = self.node(i) {
                     node.actor
-                        .push_back(ActorMsg::Host(shard, generation, from, 0));
+                        .push_back(ActorMsg::Host(shard, generation, from));
                 }
             }
             Effect::Rehydrated(entity, handed) => {
@@ -1367,7 +1297,7 @@ impl Sim {
         let now = self.now;
         let left = matches!(msg, ControlMsg::Left { .. });
         let Some(node) = self.node(at) else { return };
-        let out = node.control.control(now, addr(from), msg, &node.region);
+        let out = node.control.control(now, addr(from), msg, &node.hosted);
         self.run_control(at, out);
         if left {
             // The real leave looks every 10 ms: it stops at once.
@@ -1385,7 +1315,7 @@ impl Sim {
             let state = self.view(i);
             let Some(node) = self.node(i) else { continue };
             if node.control.poll_timeout().is_some_and(|due| due <= now) {
-                let out = node.control.handle_timeout(now, &state, &node.region);
+                let out = node.control.handle_timeout(now, &state, &node.hosted);
                 self.run_control(i, out);
             }
             self.maybe_retire(i);
@@ -1404,7 +1334,7 @@ impl Sim {
             return;
         }
         self.log.push(format!("leave {i}"));
-        let (wait, out) = node.control.begin_leave(now, &node.region);
+        let (wait, out) = node.control.begin_leave(now, &node.hosted);
         node.leave = Some((now, wait));
         self.run_control(i, out);
         self.maybe_retire(i);
@@ -1423,38 +1353,34 @@ impl Sim {
         if node.retired {
             return;
         }
-        let done = !wait || node.region.leave_done();
+        let done = !wait || node.region.table.leave_done();
         if !done && now.duration_since(started) < patience {
             return;
         }
         node.retired = true;
-        node.region.stopped.set(true);
-        // What the region holds stops: buffered messages are refused,
-        // hosted entities stop (their mailboxes lost), entities of shards
-        // that moved away finish theirs (`Region::shutdown` waits for them).
-        let mut refused = Vec::new();
+        // `Region::shutdown`: buffered messages are refused (their
+        // senders hear it as effects), hosted entities stop (their
+        // mailboxes lost), entities of shards that moved away finish
+        // theirs (`shutdown` waits for them).
+        let region = node.region.clone();
+        let taken = region.table.take_all(&mut *region.host());
         let mut hosted = Vec::new();
-        for shard in 0..SHARDS {
-            let taken = node.region.slots.borrow_mut()[shard as usize].take();
-            refused.extend(taken.buffered.into_iter().map(id_of));
-            let mut host = node.region.host.borrow_mut();
-            for entity in taken.entities {
-                if let Some(mailbox) = host.mailboxes.remove(&entity) {
-                    hosted.extend(mailbox.items.into_iter().filter_map(|item| match item {
-                        Item::Msg(id) => Some(id),
-                        Item::Stop | Item::StopToMove => None,
-                    }));
-                }
+        for entity in taken.entities {
+            if let Some(mailbox) = region.host().mailboxes.remove(&entity) {
+                hosted.extend(mailbox.items.into_iter().filter_map(|item| match item {
+                    Item::Msg(id) => Some(id),
+                    Item::Stop | Item::StopToMove => None,
+                }));
             }
         }
         // What a hosted entity held is lost by a graceful leave only when
         // there was nowhere to hand off, or the leave timed out.
-        let others = wait && !node.region.nowhere.get();
+        let others = wait && !region.table.nowhere();
         self.log.push(format!(
             "retire {i} (done: {done}, others: {others}, hosted messages: {})",
             hosted.len()
         ));
-        self.excuse(refused, "refused by a stopped region");
+        self.effects(i);
         if others && done {
             // A leave is done only when it hosts no shard, and `take`
             // yields entities of hosted shards only: this stays empty
@@ -1468,7 +1394,7 @@ impl Sim {
         }
         // Then the control task hears the system stopped.
         let Some(node) = self.node(i) else { return };
-        let out = node.control.retire(now, &node.region, vec![TYPE.into()]);
+        let out = node.control.retire(now, &node.hosted, vec![TYPE.into()]);
         self.run_control(i, out);
     }
 
@@ -1635,8 +1561,13 @@ impl Sim {
         let k = pick % choices;
         if k == mailboxes.len() {
             match node.actor.pop_front().expect("the actor has a message") {
-                ActorMsg::Host(shard, generation, from, tries) => {
-                    self.host(i, shard, generation, from, tries)
+                ActorMsg::Host(shard, generation, from) => self.host(i, shard, generation, from),
+                ActorMsg::Pull(shard, generation, from, pull, tries) => {
+                    self.pull(i, shard, generation, from, pull, tries)
+                }
+                ActorMsg::Install(shard, generation, migrated) => {
+                    node.preparing.done(ShardId(shard), generation);
+                    node.region.install(shard, generation, migrated);
                 }
                 ActorMsg::Passivate(shard, entity, incarnation) => {
                     node.region
@@ -1697,55 +1628,90 @@ impl Sim {
     }
 
     /// The region actor's `Host` (`read_then_install`): a shard handed off
-    /// by another node installs with the states pulled from it (its
-    /// `Done` taken with them); one not ready yet is asked again later (the
-    /// message goes to the back of the actor's queue, as the real pull
-    /// lets the actor go on), at most 20 times; an old owner that is gone,
-    /// unreachable, or has nothing gives none (a fallback).
-    fn host(
+    /// by another node pulls its states first; any other installs now.
+    fn host(&mut self, i: usize, shard: u32, generation: u64, from: Option<UniqueAddress>) {
+        let Some(node) = self.node(i) else { return };
+        let word = HostWord {
+            shard: ShardId(shard),
+            generation,
+            from,
+            migrates: true,
+            remembers: false,
+        };
+        match node.preparing.begin(&node.region.table, word).0 {
+            HostStep::Nothing => {}
+            HostStep::InstallNow => node.region.install(shard, generation, Vec::new()),
+            HostStep::Prepare { fetch: Some(from) } => {
+                let pull = StatesPull::default();
+                node.actor
+                    .push_back(ActorMsg::Pull(shard, generation, from, pull, 0));
+            }
+            HostStep::Prepare { fetch: None } => {
+                node.actor
+                    .push_back(ActorMsg::Install(shard, generation, Vec::new()));
+            }
+        }
+    }
+
+    /// One chunk of a pull of `shard`'s states from its old owner `from`
+    /// (`migration::fetch`, one request per step, the actor going on
+    /// meanwhile): a chunk is taken and the next asked for, until the
+    /// last, when the old owner hears it is done and the shard installs
+    /// with them; one not ready yet is asked again, at most 20 times; an
+    /// old owner that is gone, unreachable, or has nothing gives none (a
+    /// fallback).
+    fn pull(
         &mut self,
         i: usize,
         shard: u32,
         generation: u64,
-        from: Option<UniqueAddress>,
+        from: UniqueAddress,
+        mut pull: StatesPull,
         tries: u32,
     ) {
-        let Some(node) = self.nodes[i].as_mut() else {
+        let Some(node) = self.nodes[i].as_ref() else {
             return;
         };
         let me = node.me;
-        let Some(from) = from else {
-            if !node.preparing.contains(&(shard, generation)) {
-                node.region.install(shard, generation, Vec::new());
-            }
-            return;
-        };
-        if tries == 0 && !node.preparing.insert((shard, generation)) {
-            return; // prepared already
-        }
         let old = index(&from);
         let reachable = !self.blocked.contains(&(i, old)) && !self.blocked.contains(&(old, i));
-        let pulled = match self.nodes[old].as_ref() {
-            Some(owner) if reachable => owner.region.pull(me, shard, generation),
-            _ => Pulled::Nothing,
-        };
-        let Some(node) = self.nodes[i].as_mut() else {
-            return;
-        };
-        let migrated = match pulled {
-            Pulled::NotYet if tries < 20 => {
-                node.actor
-                    .push_back(ActorMsg::Host(shard, generation, Some(from), tries + 1));
-                return;
+        let owner = self.nodes[old].as_ref().filter(|_| reachable);
+        let answer = match owner {
+            Some(owner) => {
+                owner
+                    .region
+                    .table
+                    .migration_chunk(&me, ShardId(shard), generation, pull.chunk())
             }
-            Pulled::States(states) => states,
-            Pulled::NotYet | Pulled::Nothing => {
+            None => ChunkAnswer::Nothing("the old owner is gone or unreachable"),
+        };
+        let next = match answer {
+            ChunkAnswer::Chunk { states, last } => match pull.got(states, last) {
+                Some(states) => {
+                    if let Some(owner) = owner {
+                        owner
+                            .region
+                            .table
+                            .migration_done(&me, ShardId(shard), generation);
+                    }
+                    if pull.chunk() > 1 {
+                        cover(|c| c.chunked_pulls += 1);
+                    }
+                    ActorMsg::Install(shard, generation, states)
+                }
+                None => ActorMsg::Pull(shard, generation, from, pull, tries),
+            },
+            ChunkAnswer::NotYet if tries < 20 => {
+                ActorMsg::Pull(shard, generation, from, pull, tries + 1)
+            }
+            ChunkAnswer::NotYet | ChunkAnswer::Nothing(_) => {
                 cover(|c| c.fell_back += 1);
-                Vec::new()
+                ActorMsg::Install(shard, generation, Vec::new())
             }
         };
-        node.preparing.remove(&(shard, generation));
-        node.region.install(shard, generation, migrated);
+        if let Some(node) = self.nodes[i].as_mut() {
+            node.actor.push_back(next);
+        }
     }
 
     /// Two incarnations of one entity never run side by side on a node.
@@ -2106,6 +2072,7 @@ fn check(sim: &Sim) -> Result<(), String> {
         LOST_BY_A_GRACEFUL_LEAVE,
         LOST_BEHIND_A_STOP,
         UNEXPECTED_ERROR,
+        SENT_TO_A_GONE_NODE,
     ];
     if let Some((id, why)) = sim
         .ledger
@@ -2225,6 +2192,9 @@ fn random_cluster_histories_lose_only_what_a_crash_or_a_cut_took() {
             c.stops,
             c.rehydrated,
             c.fell_back,
+            c.chunked_pulls,
+            c.split_views,
+            c.held_roles,
             c.removed,
         ];
         assert!(
@@ -2429,6 +2399,29 @@ fn regression_a_route_to_a_departed_region_is_given_a_home_when_its_region_regis
         Wait,
     ];
     if let Err(e) = run_with(&ops, true, false) {
+        panic!("{e}");
+    }
+}
+
+/// The coordinator crashes while node 1 cannot reach node 3 (node 3's
+/// messages still reach node 1): node 1 takes over, and must not place
+/// shard 2 — hosted on node 3 under generation 1 — on itself under that
+/// generation before node 3 has registered.
+#[test]
+fn regression_a_takeover_while_an_owner_is_unreachable_one_way() {
+    use Op::*;
+    let ops = [
+        Join(3),
+        Deliver(1),
+        Send(3, 2),
+        Deliver(87),
+        Resend(0),
+        Deliver(200),
+        Resend(1),
+        Block(1, 3, false),
+        Crash(0),
+    ];
+    if let Err(e) = run_with(&ops, true, true) {
         panic!("{e}");
     }
 }

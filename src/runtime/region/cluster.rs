@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::{Region, fail_undelivered, lock};
+use super::Region;
 use crate::model::envelope::LocalEnvelope;
 use crate::model::error::{ShardingError, ShardingResult};
 use crate::model::extractor::ShardId;
@@ -98,12 +98,7 @@ impl Region {
     pub(crate) fn refuse(&self, error: ShardingError) {
         *self.refusal.lock().unwrap_or_else(|p| p.into_inner()) = Some(error.clone());
         self.refused.store(true, Ordering::Release);
-        let mut undelivered = Vec::new();
-        for slot in self.slots.iter() {
-            let drained = lock(slot).drain_refused();
-            undelivered.extend(drained.into_iter().map(|e| (error.clone(), e)));
-        }
-        fail_undelivered(undelivered);
+        self.table.refuse(&mut self.host(), &error);
     }
 
     /// The coordinator `by` accepted this region (sent it the type's table).

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use ractor::{ActorRef, MessagingErr};
 
-use super::{PassivationCause, Region};
+use super::{PassivationCause, Region, RegionHost};
+use crate::entity::MigrationEvent;
 use crate::entity::{EntityContext, MigratedState};
 use crate::model::config::PassivationPolicy;
 use crate::model::envelope::LocalEnvelope;
@@ -16,7 +17,7 @@ use crate::model::extractor::ShardId;
 use crate::model::identity::UniqueAddress;
 use crate::persistence::remember::RememberEntitiesOperation;
 use crate::runtime::mailbox::{EntityMsg, RegionMsg};
-use crate::runtime::slot::{Refused, ShardHome, SlotHost};
+use crate::runtime::slot::{Refused, ShardHome, SlotHost, Undelivered};
 
 impl Region {
     /// The slot's host: this region's effects.
@@ -51,8 +52,7 @@ impl SlotHost for Host<'_> {
     type Entity = ActorRef<EntityMsg>;
 
     fn entity_share(&self) -> Option<(usize, PassivationPolicy)> {
-        self.region
-            .share_with(self.region.hosted.load(Ordering::Acquire))
+        self.region.table.share()
     }
 
     fn passivated(&mut self, _shard: ShardId, by_limit: bool) {
@@ -217,6 +217,49 @@ impl SlotHost for Host<'_> {
                 .port
                 .shard_stopped(self.region.type_name, shard, generation);
         }
+    }
+}
+
+impl RegionHost for Host<'_> {
+    fn fail(&mut self, undelivered: Undelivered) {
+        for (error, envelope) in undelivered {
+            envelope.fail(error);
+        }
+    }
+
+    fn host_shard(&mut self, shard: ShardId, generation: u64, from: Option<UniqueAddress>) {
+        // The region actor prepares and installs the shard.
+        if let Some(actor) = self.region.region_actor.get() {
+            let _ = actor.cast(RegionMsg::Host {
+                shard,
+                generation,
+                from,
+            });
+        }
+    }
+
+    fn states_not_fetched(&mut self, shard: ShardId, from: UniqueAddress, reason: String) {
+        let type_name = self.region.type_name;
+        tracing::warn!(type_name, %shard, %from, %reason, "migrated states not fetched");
+        self.region.migration_event(MigrationEvent::FellBack {
+            type_name,
+            shard,
+            from: Some(from),
+            reason,
+        });
+    }
+
+    fn expire_later(&mut self, shard: ShardId, generation: u64, after: Duration) {
+        if let Some(actor) = self.region.region_actor.get() {
+            actor.send_after(after, move || RegionMsg::ExpireMigration {
+                shard,
+                generation,
+            });
+        }
+    }
+
+    fn hosted_changed(&mut self, here: bool) {
+        self.region.metrics.shards(if here { 1 } else { -1 });
     }
 }
 

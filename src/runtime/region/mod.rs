@@ -10,30 +10,31 @@ mod homes;
 mod host;
 mod hosting;
 mod migration;
+mod preparing;
 mod report;
 mod routing;
 mod setup;
 mod stop;
+mod table;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use ractor::ActorRef;
 
 pub(crate) use cluster::{ClusterPort, PortFuture, RegionCluster};
-pub(crate) use migration::{ChunkAnswer, MigrationSettings};
+pub(crate) use migration::MigrationSettings;
+pub(crate) use preparing::{HostStep, HostWord, Preparing, StatesPull};
 pub(crate) use report::PassivationCause;
 pub use report::{Passivations, ShardPlacement, ShardRegionState};
 pub(crate) use setup::{DecodeFn, ExtractFn, RegionProtocol, Spawner};
+pub(crate) use table::{ChunkAnswer, Keeping, RegionHost, ShardTable};
 
-use crate::model::config::EntityLimit;
 use crate::model::error::ShardingError;
 use crate::ops::telemetry::RegionMetrics;
 use crate::persistence::remember::writer::Remember;
 use crate::runtime::mailbox::{EntityMsg, RegionMsg};
-use crate::runtime::slot::{Slot, Undelivered};
-use migration::Outgoing;
 
 pub(crate) struct Region {
     pub(crate) type_name: &'static str,
@@ -46,17 +47,10 @@ pub(crate) struct Region {
     pub(crate) extract: ExtractFn,
     cluster: Option<RegionCluster>,
     buffer_cap: usize,
-    slots: Box<[Mutex<EntitySlot>]>,
+    /// Its shards: every rule around their slots.
+    table: ShardTable<ActorRef<EntityMsg>>,
     spawner: Spawner,
     pub(crate) region_actor: OnceLock<ActorRef<RegionMsg>>,
-    stopped: AtomicBool,
-    /// Leaving, the coordinator said nothing more of this type will move off
-    /// this node; and whether that is because there is nowhere to move it.
-    left: AtomicBool,
-    nowhere: AtomicBool,
-    /// Counts the hostings of shards here (a respawn batch names the
-    /// hosting it belongs to).
-    installs: std::sync::atomic::AtomicU64,
     remember: Option<Arc<Remember>>,
     shutdown_timeout: Duration,
     /// The coordinator refused this region (`ShardingError::RegionRefused`):
@@ -67,40 +61,13 @@ pub(crate) struct Region {
     accepted_by: Mutex<Option<crate::model::identity::UniqueAddress>>,
     /// Tracing across nodes (SPEC §14.2), if on.
     tracing: Option<crate::ops::telemetry::Tracing>,
-    /// The active-entity limit (none for a remembered type).
-    entity_limit: Option<EntityLimit>,
-    /// The shards hosted here (installed and not moved away), over which
-    /// the limit is shared: a new share visits them alone. Kept by
-    /// [`Region::count_hosted`] only.
-    hosted_shards: Mutex<std::collections::BTreeSet<u32>>,
-    /// Their number, read by every start without the lock.
-    hosted: AtomicUsize,
     /// Passivations of live entities so far, by cause.
     passivated: [AtomicU64; 3],
     /// Of a migratable type on a cluster: its settings.
     migration: Option<MigrationSettings>,
-    /// States kept for the nodes shards moved to, by shard.
-    outgoing: Mutex<std::collections::HashMap<u32, Outgoing>>,
     /// Its handles for the `metrics` facade.
     pub(crate) metrics: RegionMetrics,
     /// Its entities keep their state in a store (event-sourced or durable
     /// state): asks carry their deadline to the store calls (SPEC §8b).
     durable: bool,
-}
-
-/// A slot of this runtime: entities and shards are ractor actors.
-type EntitySlot = Slot<ActorRef<EntityMsg>>;
-
-/// Locks a slot. No code panics while holding it, so a poisoned lock (a
-/// panic elsewhere in the thread) still guards consistent data.
-fn lock(slot: &Mutex<EntitySlot>) -> MutexGuard<'_, EntitySlot> {
-    slot.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// Answers the senders of undelivered messages (outside any shard lock, so a
-/// message's `Drop` never runs under it).
-fn fail_undelivered(undelivered: Undelivered) {
-    for (error, envelope) in undelivered {
-        envelope.fail(error);
-    }
 }

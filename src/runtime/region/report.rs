@@ -4,7 +4,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::{Region, lock};
+use super::Region;
 use crate::model::extractor::ShardId;
 
 /// The most bytes of ids one [`Region::state_with_ids`] answer holds in
@@ -101,15 +101,15 @@ pub struct ShardRegionState {
 impl Region {
     /// Number of live (not passivating) entities in `shard`.
     pub(crate) fn live_entities(&self, shard: ShardId) -> usize {
-        lock(&self.slots[shard.0 as usize]).live_entities()
+        self.table.slot(shard).live_entities()
     }
 
     /// Sets the buffered-message gauges from the slots' buffers now
     /// (each slot locked in turn; its entities counted).
     pub(crate) fn sample_buffers(&self) {
         let (mut buffered, mut handoff) = (0, 0);
-        for slot in self.slots.iter() {
-            let summary = lock(slot).summary();
+        for shard in 0..self.num_shards() {
+            let summary = self.table.slot(ShardId(shard)).summary();
             buffered += summary.buffered;
             handoff += summary.handoff_buffered;
         }
@@ -144,9 +144,9 @@ impl Region {
         let mut failed = std::collections::BTreeSet::new();
         let mut buffered = 0;
         let mut placements = std::collections::BTreeMap::new();
-        for (i, slot) in self.slots.iter().enumerate() {
-            let shard = ShardId(i as u32);
-            let guard = lock(slot);
+        for i in 0..self.num_shards() {
+            let shard = ShardId(i);
+            let guard = self.table.slot(shard);
             let summary = guard.summary();
             let listed =
                 ids.and_then(|(per_shard, _)| guard.least_live_ids(per_shard.min(ids_left)));
@@ -201,7 +201,7 @@ impl Region {
             buffered,
             proxy: self.is_proxy(),
             refused: self.refusal(),
-            entity_limit: self.entity_limit.map(|l| l.max_live),
+            entity_limit: self.table.entity_limit().map(|l| l.max_live),
             passivations: Passivations {
                 idle: self.passivated[PassivationCause::Idle as usize].load(Ordering::Relaxed),
                 limit: self.passivated[PassivationCause::Limit as usize].load(Ordering::Relaxed),

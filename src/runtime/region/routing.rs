@@ -6,12 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::host::{AskDelivery, Host};
-use super::{PassivationCause, Region, fail_undelivered, lock};
+use super::{PassivationCause, Region};
 use crate::entity::MigratedState;
 use crate::model::envelope::LocalEnvelope;
-use crate::model::error::{ShardingError, ShardingResult};
+use crate::model::error::ShardingResult;
 use crate::model::extractor::ShardId;
-use crate::runtime::slot::{Refused, SlotHost};
 
 impl Region {
     /// Routes one envelope to `entity_id` in `shard`. On error the envelope
@@ -22,14 +21,8 @@ impl Region {
         entity_id: &Arc<str>,
         envelope: LocalEnvelope,
     ) -> ShardingResult<()> {
-        if self.is_stopped() {
-            envelope.fail(ShardingError::ShuttingDown);
-            return Err(ShardingError::ShuttingDown);
-        }
-        let mut guard = lock(&self.slots[shard.0 as usize]);
-        let result = guard.deliver(&mut self.host(), shard, entity_id, envelope);
-        drop(guard);
-        result.map_err(answer)
+        self.table
+            .deliver(&mut self.host(), shard, entity_id, envelope)
     }
 
     /// [`deliver`](Self::deliver) of an ask made on this node whose
@@ -43,20 +36,13 @@ impl Region {
         envelope: LocalEnvelope,
         (deadline, timeout): (tokio::time::Instant, Duration),
     ) -> ShardingResult<bool> {
-        if self.is_stopped() {
-            envelope.fail(ShardingError::ShuttingDown);
-            return Err(ShardingError::ShuttingDown);
-        }
         let mut host = self.host();
         host.ask = Some(AskDelivery {
             deadline,
             timeout,
             forwarded: false,
         });
-        let mut guard = lock(&self.slots[shard.0 as usize]);
-        let result = guard.deliver(&mut host, shard, entity_id, envelope);
-        drop(guard);
-        result.map_err(answer)?;
+        self.table.deliver(&mut host, shard, entity_id, envelope)?;
         Ok(host.ask.is_some_and(|ask| ask.forwarded))
     }
 
@@ -69,27 +55,8 @@ impl Region {
         entity_id: &str,
         envelope: LocalEnvelope,
     ) -> ShardingResult<()> {
-        let envelope = {
-            let mut guard = lock(&self.slots[shard.0 as usize]);
-            if !self.is_stopped() {
-                match guard.deliver_live(&mut self.host(), shard, entity_id, envelope) {
-                    Ok(result) => return result,
-                    Err(envelope) => envelope,
-                }
-            } else if let Some(home) = guard.home(None) {
-                // A stopped region (a node that left) still forwards what
-                // peers send it for shards it knows elsewhere: a sender that
-                // had not heard the new home yet loses nothing, tells
-                // included.
-                return self
-                    .host()
-                    .forward(home, shard, &Arc::from(entity_id), envelope)
-                    .map_err(answer);
-            } else {
-                envelope
-            }
-        };
-        self.deliver(shard, &Arc::from(entity_id), envelope)
+        self.table
+            .deliver_str(&mut self.host(), shard, entity_id, envelope)
     }
 
     /// Passivates `entity_id` — only `incarnation` if one is named (a request
@@ -143,12 +110,8 @@ impl Region {
         incarnation: Option<u64>,
         from_remote: bool,
     ) -> ShardingResult<()> {
-        let mut guard = lock(&self.slots[shard.0 as usize]);
-        let (result, undelivered) =
-            guard.passivate(&mut host, shard, entity_id, incarnation, from_remote);
-        drop(guard);
-        fail_undelivered(undelivered);
-        result
+        self.table
+            .passivate(&mut host, shard, entity_id, incarnation, from_remote)
     }
 
     /// Incarnation `incarnation` of `entity_id` stopped (its stop notice, sent
@@ -161,20 +124,9 @@ impl Region {
         incarnation: u64,
         state: Option<MigratedState>,
     ) {
-        let mut guard = lock(&self.slots[shard.0 as usize]);
-        let undelivered =
-            guard.entity_stopped(&mut self.host(), shard, entity_id, incarnation, state);
-        drop(guard);
+        self.table
+            .entity_stopped(&mut self.host(), shard, entity_id, incarnation, state);
         // Every actor spawned sends one stop notice: one fewer live.
         self.metrics.entities(-1);
-        fail_undelivered(undelivered);
     }
-}
-
-/// Answers a refused delivery's sender, if the envelope came back.
-fn answer((error, envelope): Refused) -> ShardingError {
-    if let Some(envelope) = envelope {
-        envelope.fail(error.clone());
-    }
-    error
 }

@@ -1,13 +1,13 @@
 //! Building a region: what it needs of its protocol and how it spawns
 //! entities, its optional settings, and its fixed parts.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use ractor::ActorRef;
 
-use super::{MigrationSettings, Region, RegionCluster};
+use super::{MigrationSettings, Region, RegionCluster, ShardTable};
 use crate::entity::{EntityContext, MigratedState};
 use crate::model::config::EntityLimit;
 use crate::model::envelope::{LocalEnvelope, RemoteReply, Undecodable};
@@ -16,7 +16,6 @@ use crate::model::extractor::ShardId;
 use crate::ops::telemetry::RegionMetrics;
 use crate::persistence::remember::writer::Remember;
 use crate::runtime::mailbox::{EntityMsg, RegionMsg};
-use crate::runtime::slot::Slot;
 
 /// Spawns one entity actor (type-erased over the entity type): its context,
 /// its incarnation number, the region actor to notify, and the state it
@@ -58,9 +57,11 @@ impl Region {
         shutdown_timeout: Duration,
         cluster: Option<RegionCluster>,
     ) -> Self {
-        let slots = (0..num_shards)
-            .map(|_| Mutex::new(Slot::unallocated(0)))
-            .collect();
+        let table = ShardTable::new(
+            num_shards,
+            cluster.as_ref().map(|c| c.me),
+            cluster.as_ref().is_some_and(|c| c.proxy),
+        );
         let node = cluster
             .as_ref()
             .map_or_else(|| "local".to_owned(), |c| c.me.addr.to_string());
@@ -72,25 +73,17 @@ impl Region {
             extract: protocol.extract,
             cluster,
             buffer_cap,
-            slots,
+            table,
             spawner,
             region_actor: OnceLock::new(),
-            stopped: AtomicBool::new(false),
-            left: AtomicBool::new(false),
-            nowhere: AtomicBool::new(false),
-            installs: std::sync::atomic::AtomicU64::new(1),
             remember,
             shutdown_timeout,
             refused: AtomicBool::new(false),
             refusal: Mutex::new(None),
             accepted_by: Mutex::new(None),
             tracing: None,
-            entity_limit: None,
-            hosted: AtomicUsize::new(0),
-            hosted_shards: Mutex::new(std::collections::BTreeSet::new()),
             passivated: Default::default(),
             migration: None,
-            outgoing: Mutex::new(std::collections::HashMap::new()),
             metrics: RegionMetrics::new(protocol.type_name, node),
             durable: false,
         }
@@ -98,7 +91,12 @@ impl Region {
 
     /// The region of a migratable type (`None`: not migratable).
     pub(crate) fn with_migration(self, migration: Option<MigrationSettings>) -> Self {
-        Region { migration, ..self }
+        let keeping = migration.as_ref().map(MigrationSettings::keeping);
+        Region {
+            migration,
+            table: self.table.with_keeping(keeping),
+            ..self
+        }
     }
 
     /// Marks a durable type's region (see `durable`).
@@ -125,13 +123,18 @@ impl Region {
     /// The region with an active-entity limit (`None`: none).
     pub(crate) fn with_entity_limit(self, entity_limit: Option<EntityLimit>) -> Self {
         Region {
-            entity_limit,
+            table: self.table.with_entity_limit(entity_limit),
             ..self
         }
     }
 
     pub(crate) fn num_shards(&self) -> u32 {
-        self.slots.len() as u32
+        self.table.num_shards()
+    }
+
+    /// Its shards.
+    pub(crate) fn table(&self) -> &ShardTable<ActorRef<EntityMsg>> {
+        &self.table
     }
 
     /// The remember-entities queue, for a remembered type.

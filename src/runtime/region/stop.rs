@@ -1,23 +1,21 @@
 //! Stopping a region: refusing new messages, failing buffered ones, and
 //! stopping (or killing) its entity actors and its region actor.
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use ractor::{ActorCell, RactorErr};
 
-use super::{Region, fail_undelivered, lock};
-use crate::model::error::ShardingError;
+use super::Region;
 
 impl Region {
     pub(crate) fn is_stopped(&self) -> bool {
-        self.stopped.load(Ordering::Acquire)
+        self.table.is_stopped()
     }
 
     /// Refuses new messages from now on (`ShuttingDown`), before the
     /// actors are stopped by [`shutdown`](Self::shutdown).
     pub(crate) fn stop_accepting(&self) {
-        self.stopped.store(true, Ordering::Release);
+        self.table.stop_accepting();
     }
 
     /// Stops routing, fails every buffered message with `ShuttingDown`, and
@@ -60,22 +58,9 @@ impl Region {
     /// envelopes that still arrive are forwarded), and apart from them the
     /// entities finishing after their shard moved away.
     fn take_actors(&self) -> (Vec<ActorCell>, Vec<ActorCell>) {
-        self.stopped.store(true, Ordering::Release);
-        let mut cells = Vec::new();
-        let mut finishing = Vec::new();
-        let mut undelivered = Vec::new();
-        for slot in self.slots.iter() {
-            let taken = lock(slot).take();
-            cells.extend(taken.entities.iter().map(|actor| actor.get_cell()));
-            finishing.extend(taken.finishing.iter().map(|actor| actor.get_cell()));
-            undelivered.extend(
-                taken
-                    .buffered
-                    .into_iter()
-                    .map(|envelope| (ShardingError::ShuttingDown, envelope)),
-            );
-        }
-        fail_undelivered(undelivered);
+        let taken = self.table.take_all(&mut self.host());
+        let cells = taken.entities.iter().map(|a| a.get_cell()).collect();
+        let finishing = taken.finishing.iter().map(|a| a.get_cell()).collect();
         (cells, finishing)
     }
 }

@@ -17,8 +17,11 @@ use super::{Command, CoordinatorCore};
 pub(super) enum Standing {
     /// Up and reachable: may receive shards.
     Eligible,
-    /// Alive but not to receive shards now (joining, leaving, unreachable).
+    /// Alive and may host shards, but not to receive any now: Up and
+    /// flagged unreachable, or leaving.
     Keep,
+    /// Joining: alive, hosts no shard yet, and receives none.
+    Joining,
 }
 
 /// The rings of the recent views, for the margin (SPEC §13.15 rule 3).
@@ -240,9 +243,8 @@ impl CoordinatorCore {
             .filter_map(|m| {
                 let standing = match m.status {
                     MemberStatus::Up if !unreachable.contains(&m.address) => Standing::Eligible,
-                    MemberStatus::Joining | MemberStatus::Up | MemberStatus::Leaving => {
-                        Standing::Keep
-                    }
+                    MemberStatus::Up | MemberStatus::Leaving => Standing::Keep,
+                    MemberStatus::Joining => Standing::Joining,
                     MemberStatus::Exiting | MemberStatus::Down | MemberStatus::Removed => {
                         return None;
                     }

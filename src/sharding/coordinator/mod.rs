@@ -34,8 +34,8 @@
 //!   the local region's replica of the table and every registration it has
 //!   received (each carries the registering region's replica, its own
 //!   shards included) — keeping the highest generation per shard. For a settle
-//!   period (until every eligible member has registered with it, or
-//!   `settle` has passed) it answers only with known homes of live owners
+//!   period (until every member that may host — Up or Leaving, reachable
+//!   or not — has registered with it, or `settle` has passed) it answers only with known homes of live owners
 //!   and reallocates nothing, so a shard whose owner has not re-registered
 //!   yet is not given a second home.
 //! * **Moving a live shard** (a GracefulSpread rebalance, or the graceful

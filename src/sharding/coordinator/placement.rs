@@ -84,10 +84,16 @@ impl CoordinatorCore {
         let Some(until) = self.settling_until else {
             return true;
         };
+        // Every member that may host a shard is waited for, reachable or
+        // not: an unreachable or leaving owner still hosts its shards, and
+        // a shard not heard of would be given a second home under the
+        // generation it has (whoever's link to this node works registers
+        // within the period; one beyond a partition does not, and the
+        // period runs out).
         let everyone = self
             .members
             .iter()
-            .filter(|(_, s)| **s == Standing::Eligible)
+            .filter(|(_, s)| **s != Standing::Joining)
             .all(|(m, _)| self.registered.contains(m));
         if everyone || now >= until {
             self.settling_until = None;

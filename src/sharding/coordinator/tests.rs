@@ -1977,7 +1977,8 @@ fn a_takeover_from_a_downed_coordinator_allocates_nothing_within_the_margin() {
     leaving.coordinator = Some(n[1]);
     c.set_membership(t0, &leaving);
     assert!(c.is_active());
-    for a in &n[1..] {
+    // (The leaver may still host shards: the settle waits for it too.)
+    for a in &n {
         c.register(t0, *a, &reg(4, vec![]));
     }
     assert!(
@@ -2117,4 +2118,47 @@ fn a_region_routing_a_shard_to_a_stopped_region_is_given_its_home_when_it_regist
     let (mut c, t0, n) = settled(3, 4);
     let out = c.register(t0, n[1], &reg(4, vec![(2, n[2], 1)]));
     assert!(!tells_home(&out, 2), "{out:?}");
+}
+
+/// Found by the cluster simulator: the coordinator crashed, and its
+/// successor could not reach node 3, which hosted shard 0 (placed by the
+/// crashed coordinator) and whose own messages still came through. The
+/// successor settled without waiting for node 3's registration, placed
+/// shard 0 on itself under generation 1, and two nodes hosted it under
+/// one generation. The settle waits for every member that may host,
+/// reachable or not.
+#[test]
+fn regression_a_takeover_waits_for_an_unreachable_owner_before_it_allocates() {
+    let t0 = Instant::now();
+    let n: Vec<UniqueAddress> = (1..=3).map(node).collect();
+    let mut c = core(n[1]);
+    c.set_membership(t0, &view(n[1], &n[1..], &n[..1], &n[2..]));
+    assert!(c.is_active(), "node 2 takes over from the downed node 1");
+    c.register(t0, n[1], &reg(4, vec![]));
+    assert!(c.is_settling(), "node 3 may host: it is waited for");
+    assert!(
+        c.get_home(t0, n[1], TYPE, 0, 0).is_empty(),
+        "nothing is allocated before node 3 registers"
+    );
+    // Node 3's registration comes through: shard 0 stays with it, and the
+    // asker hears that home.
+    let out = c.register(t0, n[2], &reg(4, vec![(0, n[2], 1)]));
+    assert!(!c.is_settling());
+    assert_eq!(
+        c.home(TYPE, 0).map(|h| (h.owner, h.generation)),
+        Some((n[2], 1))
+    );
+    assert!(out.contains(&home(n[1], 0, n[2], 1)), "{out:?}");
+    // A joining member hosts nothing: it is not waited for.
+    let mut c = core(n[1]);
+    let mut state = view(n[1], &n[1..], &n[..1], &[]);
+    state
+        .members
+        .iter_mut()
+        .find(|m| m.address == n[2])
+        .expect("a member")
+        .status = MemberStatus::Joining;
+    c.set_membership(t0, &state);
+    c.register(t0, n[1], &reg(4, vec![]));
+    assert!(!c.is_settling(), "a joining member is not waited for");
 }

@@ -60,6 +60,8 @@ mod tests;
 
 pub(crate) use self::inbox::{DriverMsg, RegionLink};
 pub(crate) use self::link::{BoxFuture, ClusterLink, SystemPort};
+#[cfg(test)]
+pub(crate) use self::region_side::{Hosted, TypeRegion};
 use self::stats_requests::PendingStats;
 
 /// The control task's state.

@@ -70,27 +70,100 @@ impl Control {
     }
 }
 
-/// This node's regions, as the region side reads and moves them.
-pub(super) struct Hosted(pub(super) Vec<Arc<Region>>);
+/// One type's region as the region side reads and moves it: the
+/// runtime's [`Region`], or the cluster simulator's (around the same
+/// [`ShardTable`](crate::runtime::region::ShardTable)).
+pub(crate) trait TypeRegion {
+    fn type_name(&self) -> &'static str;
+    /// Its protocol's fingerprint.
+    fn fingerprint(&self) -> u64;
+    fn num_shards(&self) -> u32;
+    /// It routes only (registered proxy-only).
+    fn is_proxy(&self) -> bool;
+    /// Every home it knows (its replica of the table).
+    fn replica(&self) -> Vec<(u32, ShardHome)>;
+    /// Its hosted shards whose handoff has stopped every entity.
+    fn stopped_shards(&self) -> Vec<u32>;
+    fn generation_of(&self, shard: ShardId) -> u64;
+    fn is_handed_off(&self, shard: ShardId, generation: u64) -> bool;
+    fn set_home(&self, shard: ShardId, home: ShardHome, from: Option<UniqueAddress>) -> HomeChange;
+    fn node_lost(&self, node: &UniqueAddress) -> usize;
+    fn call_off_handoffs(&self);
+    fn hand_off(&self, shard: ShardId, generation: u64);
+    fn mark_left(&self, nowhere: bool);
+    fn accepted(&self, by: UniqueAddress);
+    fn refuse(&self, error: ShardingError);
+}
 
-impl Hosted {
-    fn get(&self, type_name: &str) -> Option<&Arc<Region>> {
-        self.0.iter().find(|r| r.type_name == type_name)
+impl TypeRegion for Arc<Region> {
+    fn type_name(&self) -> &'static str {
+        self.type_name
+    }
+    fn fingerprint(&self) -> u64 {
+        self.fingerprint
+    }
+    fn num_shards(&self) -> u32 {
+        Region::num_shards(self)
+    }
+    fn is_proxy(&self) -> bool {
+        Region::is_proxy(self)
+    }
+    fn replica(&self) -> Vec<(u32, ShardHome)> {
+        Region::replica(self)
+    }
+    fn stopped_shards(&self) -> Vec<u32> {
+        Region::stopped_shards(self)
+    }
+    fn generation_of(&self, shard: ShardId) -> u64 {
+        Region::generation_of(self, shard)
+    }
+    fn is_handed_off(&self, shard: ShardId, generation: u64) -> bool {
+        Region::is_handed_off(self, shard, generation)
+    }
+    fn set_home(&self, shard: ShardId, home: ShardHome, from: Option<UniqueAddress>) -> HomeChange {
+        Region::set_home(self, shard, home, from)
+    }
+    fn node_lost(&self, node: &UniqueAddress) -> usize {
+        Region::node_lost(self, node)
+    }
+    fn call_off_handoffs(&self) {
+        Region::call_off_handoffs(self)
+    }
+    fn hand_off(&self, shard: ShardId, generation: u64) {
+        Region::hand_off(self, shard, generation)
+    }
+    fn mark_left(&self, nowhere: bool) {
+        Region::mark_left(self, nowhere)
+    }
+    fn accepted(&self, by: UniqueAddress) {
+        Region::accepted(self, by)
+    }
+    fn refuse(&self, error: ShardingError) {
+        Region::refuse(self, error)
+    }
+}
+
+/// This node's regions, as the region side reads and moves them.
+pub(crate) struct Hosted<R = Arc<Region>>(pub(crate) Vec<R>);
+
+impl<R: TypeRegion> Hosted<R> {
+    fn get(&self, type_name: &str) -> Option<&R> {
+        self.0.iter().find(|r| r.type_name() == type_name)
     }
 
     /// The region of `type_name`, if `shard` is one of its shards.
-    fn with_shard(&self, type_name: &str, shard: u32) -> Option<&Arc<Region>> {
+    fn with_shard(&self, type_name: &str, shard: u32) -> Option<&R> {
         self.get(type_name).filter(|r| shard < r.num_shards())
     }
 }
 
-impl RegionsView for Hosted {
+impl<R: TypeRegion> RegionsView for Hosted<R> {
     fn registrations(&self, leaving: bool) -> Vec<TypeRegistration> {
         self.0
             .iter()
             .map(|r| TypeRegistration {
-                type_name: r.type_name.to_owned(),
-                fingerprint: r.fingerprint,
+                type_name: r.type_name().to_owned(),
+                fingerprint: r.fingerprint(),
                 num_shards: r.num_shards(),
                 proxy: r.is_proxy(),
                 leaving,
@@ -105,7 +178,7 @@ impl RegionsView for Hosted {
     }
 
     fn type_names(&self) -> Vec<String> {
-        self.0.iter().map(|r| r.type_name.to_owned()).collect()
+        self.0.iter().map(|r| r.type_name().to_owned()).collect()
     }
 
     fn generation_of(&self, type_name: &str, shard: u32) -> u64 {
@@ -119,7 +192,7 @@ impl RegionsView for Hosted {
     }
 }
 
-impl LocalRegions for Hosted {
+impl<R: TypeRegion> LocalRegions for Hosted<R> {
     fn set_home(
         &self,
         type_name: &str,
@@ -129,7 +202,7 @@ impl LocalRegions for Hosted {
     ) -> Option<(&'static str, HomeChange)> {
         let region = self.with_shard(type_name, shard)?;
         Some((
-            region.type_name,
+            region.type_name(),
             region.set_home(ShardId(shard), home, from),
         ))
     }
@@ -171,8 +244,8 @@ impl LocalRegions for Hosted {
     ) {
         if let Some(region) = self.get(type_name) {
             region.refuse(ShardingError::RegionRefused(Box::new(RegionRefusal {
-                type_name: region.type_name,
-                fingerprint: region.fingerprint,
+                type_name: region.type_name(),
+                fingerprint: region.fingerprint(),
                 num_shards: region.num_shards(),
                 cluster_fingerprint,
                 cluster_num_shards,
