@@ -22,7 +22,8 @@
 //! * `control_core` — what the control task decides, sans-IO: it runs the
 //!   coordinator core and the region side and gives the commands to carry
 //!   out.
-//! * `remote` — envelopes to other nodes, replies routed to the asker's node.
+//! * `remote` — envelopes to other nodes, replies routed to the asker's node;
+//!   `pending` — its table of the asks waiting on other nodes, sans-IO.
 //! * `driver` — the IO around `control_core`: the tasks that feed it and
 //!   carry out its commands, and the inbound data path.
 //! * [`stats`] — a region's state and the cluster-wide view of a type.
@@ -35,6 +36,7 @@ pub mod coordinator;
 pub(crate) mod driver;
 pub(crate) mod fast;
 pub(crate) mod migration;
+pub(crate) mod pending;
 pub(crate) mod region_core;
 pub(crate) mod remote;
 #[cfg(test)]

@@ -30,13 +30,13 @@ use crate::model::envelope::{
 use crate::model::error::{ShardingError, ShardingResult};
 use crate::model::extractor::ShardId;
 use crate::model::identity::UniqueAddress;
-use crate::runtime::ask_waits::{Deadlines, lower};
+use crate::runtime::ask_waits::Deadlines;
 use crate::runtime::region::Region;
 use crate::sharding::coordinator::ShardHome;
 use crate::sharding::fast::{self, DeliveryRef, EnvelopeRef};
+use crate::sharding::pending;
 use crate::sharding::wire::{DataMsgOut, RemoteError, ReplyBodyOut};
 use crate::transport::{SendFailure, Transport};
-use crate::util::fast_hash::FastMap;
 use crate::wire::COMPACT_DATA_VERSION;
 use crate::wire::channels::SHARDING_DATA;
 
@@ -44,72 +44,33 @@ use crate::wire::channels::SHARDING_DATA;
 /// refused with [`ShardingError::TooManyHops`].
 pub(crate) const MAX_HOPS: u8 = 4;
 
+/// Refuses an envelope forwarded [`MAX_HOPS`] times already: two tables
+/// that disagree cannot bounce it between them for ever.
+pub(crate) fn check_hops(type_name: &'static str, entity_id: &str, hops: u8) -> ShardingResult<()> {
+    if hops >= MAX_HOPS {
+        return Err(ShardingError::TooManyHops {
+            type_name,
+            entity_id: entity_id.to_owned(),
+            hops,
+        });
+    }
+    Ok(())
+}
+
 /// The pending-ask table is split into this many locks.
 const PENDING_STRIPES: usize = 16;
 
-/// An ask sent to another node, waiting for its reply.
-struct Pending {
-    node: UniqueAddress,
-    type_name: &'static str,
-    entity_id: Arc<str>,
-    reply: PendingReply,
-    /// For an asker waiting with no timer of its own: when, and after
-    /// what timeout, this table answers `AskTimeout`.
-    deadline: Option<(Instant, Duration)>,
-}
+/// An ask of this node's, waiting for its reply.
+type Pending = pending::Pending<PendingReply>;
+/// One lock's share of the pending asks.
+type PendingStripe = pending::PendingStripe<PendingReply>;
 
-impl Pending {
+impl pending::Pending<PendingReply> {
     /// Answers `ShutDownInFlight`: this node stopped waiting for a reply
     /// to a message it had sent.
     fn fail_in_flight(self) {
-        self.reply.complete(Err(ShardingError::ShutDownInFlight {
-            type_name: self.type_name,
-            entity_id: self.entity_id.to_string(),
-        }));
-    }
-}
-
-/// One lock's share of the pending asks.
-#[derive(Default)]
-struct PendingStripe {
-    asks: FastMap<u64, Pending>,
-    /// How many of them have their deadline kept here.
-    kept: usize,
-    /// No ask whose deadline is kept here is due before this (`None`: none
-    /// is kept): lowered as asks come, made exact when the stripe is
-    /// checked, left as it is when an ask leaves while others are kept.
-    /// `expire` passes over a stripe until it is due.
-    due_from: Option<Instant>,
-}
-
-impl PendingStripe {
-    fn insert(&mut self, ask_id: u64, pending: Pending) {
-        if let Some((at, _)) = pending.deadline {
-            self.kept += 1;
-            lower(&mut self.due_from, at);
-        }
-        let earlier = self.asks.insert(ask_id, pending);
-        debug_assert!(earlier.is_none(), "ask id {ask_id} pending twice");
-    }
-
-    fn remove(&mut self, ask_id: u64) -> Option<Pending> {
-        let pending = self.asks.remove(&ask_id)?;
-        if pending.deadline.is_some() {
-            self.kept -= 1;
-            if self.kept == 0 {
-                self.due_from = None;
-            }
-        }
-        Some(pending)
-    }
-
-    /// Removes the asks that `leaves` picks, and returns them.
-    fn take(&mut self, leaves: impl Fn(&Pending) -> bool) -> Vec<Pending> {
-        let ids: Vec<u64> = (self.asks.iter())
-            .filter(|(_, p)| leaves(p))
-            .map(|(id, _)| *id)
-            .collect();
-        ids.into_iter().filter_map(|id| self.remove(id)).collect()
+        let error = self.in_flight();
+        self.reply.complete(Err(error));
     }
 }
 
@@ -180,12 +141,7 @@ impl Remote {
         envelope: LocalEnvelope,
         deadline: Option<Deadline>,
     ) -> ShardingResult<bool> {
-        if envelope.hops() >= MAX_HOPS {
-            let error = ShardingError::TooManyHops {
-                type_name: region.type_name,
-                entity_id: entity_id.to_string(),
-                hops: envelope.hops(),
-            };
+        if let Err(error) = check_hops(region.type_name, entity_id, envelope.hops()) {
             envelope.fail(error.clone());
             return Err(error);
         }
@@ -380,11 +336,7 @@ impl Remote {
         }
         let count = failed.len();
         for pending in failed {
-            let error = ShardingError::PeerLost {
-                type_name: pending.type_name,
-                entity_id: pending.entity_id.to_string(),
-                node: node.to_string(),
-            };
+            let error = pending.peer_lost();
             pending.reply.complete(Err(error));
         }
         count
@@ -463,20 +415,11 @@ impl Deadlines for Remote {
         let mut kept = 0;
         for stripe in &self.pending {
             let mut table = lock(stripe);
-            if table.due_from.is_some_and(|at| at <= now) {
-                expired.extend(table.take(|p| p.deadline.is_some_and(|(at, _)| at <= now)));
-                let deadlines = table.asks.values().filter_map(|p| p.deadline);
-                table.due_from = deadlines.map(|(at, _)| at).min();
-            }
+            expired.extend(table.expire(now));
             kept += table.kept;
         }
         for pending in expired {
-            let timeout = pending.deadline.map_or(Duration::ZERO, |(_, t)| t);
-            let error = ShardingError::AskTimeout {
-                type_name: pending.type_name,
-                entity_id: pending.entity_id.to_string(),
-                timeout,
-            };
+            let error = pending.timed_out();
             pending.reply.complete(Err(error));
         }
         kept

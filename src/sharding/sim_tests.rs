@@ -32,6 +32,13 @@
 //! it (from the old owner's region, if that node is alive and reachable;
 //! one not ready yet is asked again later) before the shard installs.
 //!
+//! Some sends are asks, delivered as `Region::deliver_ask` delivers them:
+//! one that leaves its node enters that node's real pending table
+//! ([`PendingStripe`]), its deadline kept there when it leaves at once;
+//! replies and remote failures travel back over the links; a lost member's
+//! asks fail (`FailAsks`), a stopping node's fail in flight. The histories
+//! under the default strategy run with an active-entity limit.
+//!
 //! What is checked, over random histories of sends, deliveries, entity and
 //! region-actor steps, passivations, joins, crashes, graceful leaves, link
 //! cuts, unreachable links and heals, slow entities, and time: no message
@@ -43,8 +50,11 @@
 //! when it crashed, in flight on a link that was cut or sent over one that
 //! was unreachable, or refused by a region that had stopped (a sender sees
 //! `ShuttingDown` and retries) — while its shard moves any number of
-//! times. [`Coverage`] counts the transitions that matter most, and the
-//! seeded run asserts it reached each.
+//! times; every ask is answered once, a reply only for a message
+//! processed and an error that says "not processed" only for one that
+//! was not; and no region sends to a node its view has dropped.
+//! [`Coverage`] counts the transitions that matter most, and the seeded
+//! run asserts it reached each.
 //!
 //! A second family of histories sends through a reliable producer
 //! ([`Reliable`], SPEC §13.17) to durable entities that keep the real
@@ -67,13 +77,15 @@ use super::coordinator::{
     CoordinatorConfig, CoordinatorCore, LeastShardAllocation, ShardAllocationStrategy, ShardHome,
 };
 use super::driver::{Hosted, TypeRegion};
-use super::remote::MAX_HOPS;
+use super::pending::{Pending, PendingStripe};
+use super::remote::check_hops;
 use super::wire::ControlMsg;
 use crate::entity::{Admission, Deliveries, DeliveryRow, MigratedState};
 use crate::membership::{Member, MemberStatus, MembershipState};
+use crate::model::config::{EntityLimit, PassivationPolicy};
 use crate::model::envelope::Delivery;
 use crate::model::envelope::{LocalEnvelope, ReplyTo};
-use crate::model::error::{ShardingError, ShardingResult};
+use crate::model::error::{Processed, ShardingError, ShardingResult};
 use crate::model::extractor::ShardId;
 use crate::model::identity::{NodeId, UniqueAddress};
 use crate::persistence::remember::RememberEntitiesOperation;
@@ -95,6 +107,9 @@ const TICK: Duration = Duration::from_millis(100);
 /// Short, so that histories often see a handoff time out (and a shard move
 /// away from entities still finishing their mailboxes).
 const HANDOFF_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long an asker waits for its answer.
+const ASK_TIMEOUT: Duration = Duration::from_secs(3);
+
 /// Once the cluster is left alone, every message is processed or lost
 /// within this long (the histories need under 1 s; a region re-registers
 /// every 10 s, which would hide a retry that never comes).
@@ -125,6 +140,14 @@ struct Coverage {
     hosted_before_pull: u64,
     /// Pulls of migrated states that took more than one chunk.
     chunked_pulls: u64,
+    /// Live entities passivated to keep their shard within its share of
+    /// the active-entity limit.
+    passivated_by_limit: u64,
+    /// Asks whose deadline the pending table kept (sent to another node
+    /// as they were delivered).
+    asks_kept_by_the_table: u64,
+    /// Asks answered while their asker waited.
+    asks_answered: u64,
     /// Links made unreachable: the nodes on either end see each other
     /// flagged, the others do not.
     split_views: u64,
@@ -241,6 +264,8 @@ struct Wire {
 enum Data {
     Envelope(Wire),
     Passivate(u32, Arc<str>),
+    /// An ask's answer, on its way to the node that asked.
+    Reply(u64, Result<(), ShardingError>),
 }
 
 /// One item of an entity's mailbox.
@@ -316,8 +341,9 @@ enum Effect {
     Host(u32, u64, Option<UniqueAddress>),
     /// An incarnation started from a state (who handed it over).
     Rehydrated(Arc<str>, (usize, u32)),
-    /// A message answered with an error (its sender sees it).
-    Failed(u64, ShardingError),
+    /// A message answered with an error (its sender sees it); whether
+    /// with its asker's own route (the asker is on this node).
+    Failed(u64, ShardingError, bool),
 }
 
 /// The slots' host: entity mailboxes, and the effects of their transitions.
@@ -331,13 +357,27 @@ struct Host {
     /// Under a reliable producer: the durable entities' store, read when
     /// an incarnation starts without a handed-over state.
     store: Option<Rc<RefCell<Store>>>,
+    /// The region's table, whose limit share a start reads (as the real
+    /// host reads its region's).
+    table: Option<Rc<ShardTable<u32>>>,
+    /// The asks made here that wait on other nodes: the real pending
+    /// table, by message id (each entry's reply handle is its id too).
+    pending: PendingStripe<u64>,
+    /// While an ask made here is delivered (`Region::deliver_ask`): its
+    /// deadline, kept by the pending table if the ask goes to another
+    /// node in that very delivery.
+    ask: Option<(tokio::time::Instant, Duration)>,
+    /// Asks that reached a mailbox here with their asker's own route (the
+    /// asker is on this node and waits on it directly).
+    local_routes: BTreeSet<u64>,
 }
 
 impl RegionHost for Host {
     fn fail(&mut self, undelivered: Undelivered) {
         for (error, envelope) in undelivered {
+            let local_route = envelope.is_guarded();
             let id = id_of(envelope);
-            self.effects.push(Effect::Failed(id, error));
+            self.effects.push(Effect::Failed(id, error, local_route));
         }
     }
 
@@ -422,7 +462,12 @@ impl SlotHost for Host {
     fn send(&mut self, entity: &u32, envelope: LocalEnvelope) -> Result<(), Option<LocalEnvelope>> {
         match self.mailboxes.get_mut(entity) {
             Some(mailbox) => {
-                mailbox.items.push_back(Item::Msg(id_of(envelope)));
+                let local_route = envelope.is_guarded();
+                let id = id_of(envelope);
+                if local_route {
+                    self.local_routes.insert(id);
+                }
+                mailbox.items.push_back(Item::Msg(id));
                 Ok(())
             }
             None => Err(Some(envelope)),
@@ -464,17 +509,26 @@ impl SlotHost for Host {
         entity_id: &Arc<str>,
         envelope: LocalEnvelope,
     ) -> Result<(), Refused> {
-        // As `Remote::forward`: the hop limit, then onto the pipe.
+        // As `Remote::forward`: the hop limit, the asker's own ask into the
+        // pending table (its deadline with it when delivered as an ask),
+        // then onto the pipe.
         let hops = envelope.hops();
+        let local_route = envelope.is_guarded();
         let id = id_of(envelope);
-        if hops >= MAX_HOPS {
-            let error = ShardingError::TooManyHops {
-                type_name: TYPE,
-                entity_id: entity_id.to_string(),
-                hops,
-            };
-            self.effects.push(Effect::Failed(id, error.clone()));
+        if let Err(error) = check_hops(TYPE, entity_id, hops) {
+            self.effects
+                .push(Effect::Failed(id, error.clone(), local_route));
             return Err((error, None));
+        }
+        if local_route {
+            let pending = Pending {
+                node: home.owner,
+                type_name: TYPE,
+                entity_id: entity_id.clone(),
+                reply: id,
+                deadline: self.ask,
+            };
+            self.pending.insert(id, pending);
         }
         let wire = Wire {
             id,
@@ -507,32 +561,42 @@ impl SlotHost for Host {
         self.effects.push(Effect::ShardStopped(shard.0, generation));
     }
 
-    fn entity_share(&self) -> Option<(usize, crate::model::config::PassivationPolicy)> {
-        None // (the simulator's histories run without a limit)
+    fn entity_share(&self) -> Option<(usize, PassivationPolicy)> {
+        self.table.as_ref().and_then(|table| table.share())
     }
 
-    fn passivated(&mut self, _shard: ShardId, _by_limit: bool) {}
+    fn passivated(&mut self, _shard: ShardId, by_limit: bool) {
+        if by_limit {
+            cover(|c| c.passivated_by_limit += 1);
+        }
+    }
 }
 
 /// A node's region of the one entity type: the runtime's [`ShardTable`]
 /// (every rule the region keeps around its slots) with the simulator's
 /// [`Host`], whose effects are collected for the node to run.
 struct Region {
-    table: ShardTable<u32>,
+    table: Rc<ShardTable<u32>>,
     host: RefCell<Host>,
 }
 
 impl Region {
-    fn new(me: UniqueAddress) -> Self {
+    /// The region at `me`; `limit`: its active-entity limit, if any.
+    fn new(me: UniqueAddress, limit: Option<EntityLimit>) -> Self {
         let keeping = Keeping {
             max_state: 1 << 20,
             chunk: CHUNK,
             keep_for: Duration::from_secs(3600),
         };
+        let table = ShardTable::new(SHARDS, Some(me), false)
+            .with_keeping(Some(keeping))
+            .with_entity_limit(limit);
+        let table = Rc::new(table);
         Region {
-            table: ShardTable::new(SHARDS, Some(me), false).with_keeping(Some(keeping)),
+            table: table.clone(),
             host: RefCell::new(Host {
                 me: index(&me),
+                table: Some(table),
                 ..Host::default()
             }),
         }
@@ -692,6 +756,9 @@ struct Node {
 }
 
 impl Node {
+    /// Node `i`; the histories under the default strategy run with an
+    /// active-entity limit of three per region, so that starts passivate
+    /// others to stay within their shard's share.
     fn new(i: usize, restless: bool) -> Self {
         let strategy: Box<dyn ShardAllocationStrategy> = if restless {
             Box::new(Restless(i as u64 + 1))
@@ -705,7 +772,8 @@ impl Node {
             hold_for: Duration::from_secs(1),
             ..CoordinatorConfig::default()
         };
-        let region = Rc::new(Region::new(addr(i)));
+        let limit = (!restless).then(|| EntityLimit::new(3));
+        let region = Rc::new(Region::new(addr(i), limit));
         Node {
             me: addr(i),
             control: ControlCore::new(addr(i), CoordinatorCore::new(addr(i), config, strategy)),
@@ -746,6 +814,22 @@ struct Ledger {
     /// The handed-over states applied, by who handed them over (node,
     /// mailbox): each at most once.
     rehydrated: BTreeSet<(usize, u32)>,
+    /// The asks, by message id.
+    asks: BTreeMap<u64, Ask>,
+}
+
+/// An ask as its asker sees it.
+struct Ask {
+    /// The node that asked.
+    origin: usize,
+    /// When the asker's own timer ends; `None` when the pending table
+    /// keeps its deadline (it went to another node as it was delivered).
+    own_deadline: Option<Instant>,
+    /// Its answer, once one came.
+    answer: Option<Result<(), ShardingError>>,
+    /// The asker stopped waiting (its own timer ended), or its node
+    /// crashed: a later answer finds nobody.
+    gone: bool,
 }
 
 type Link = (VecDeque<ControlMsg>, VecDeque<Data>);
@@ -1108,6 +1192,9 @@ impl Sim {
             }));
         }
         self.excuse(held, "held by a crashed node");
+        for ask in self.ledger.asks.values_mut().filter(|a| a.origin == i) {
+            ask.gone = true;
+        }
         self.drop_links(i, "in flight to or from a crashed node");
         self.up.retain(|n| *n != i);
         self.down.push(i);
@@ -1119,7 +1206,7 @@ impl Sim {
             .into_iter()
             .filter_map(|d| match d {
                 Data::Envelope(wire) => Some(wire.id),
-                Data::Passivate(..) => None,
+                Data::Passivate(..) | Data::Reply(..) => None,
             })
             .collect();
         self.excuse(ids, why);
@@ -1189,8 +1276,17 @@ impl Sim {
         for command in commands {
             match command {
                 ControlCommand::Send { to, msg } => self.send_control(i, index(&to), msg),
-                // No asks in the simulator: nothing waits on a member.
-                ControlCommand::FailAsks(_) => {}
+                // As `Remote::node_lost`: every ask waiting on the member
+                // fails now.
+                ControlCommand::FailAsks(node) => {
+                    let Some(region) = self.node(i).map(|n| n.region.clone()) else {
+                        continue;
+                    };
+                    let failed = region.host().pending.take(|p| p.node == node);
+                    for pending in failed {
+                        self.answer(pending.reply, Err(pending.peer_lost()));
+                    }
+                }
                 ControlCommand::Fence => {
                     self.broken
                         .get_or_insert(format!("node {i} fenced while up in its own view"));
@@ -1213,7 +1309,8 @@ impl Sim {
     }
 
     fn send_data(&mut self, from: usize, to: usize, data: Data) {
-        let lost = if self.down.contains(&to) || self.removed.contains(&to) {
+        let envelope = matches!(data, Data::Envelope(_));
+        let lost = if envelope && (self.down.contains(&to) || self.removed.contains(&to)) {
             Some(SENT_TO_A_GONE_NODE)
         } else if self.nodes[to].is_none() {
             Some("in flight to or from a crashed node")
@@ -1278,13 +1375,14 @@ impl Sim {
                     ));
                 }
             }
-            Effect::Failed(id, error) => {
+            Effect::Failed(id, error, local_route) => {
                 let why = match error {
                     ShardingError::ShuttingDown => "refused by a stopped region",
                     ShardingError::TooManyHops { .. } => "too many hops",
                     _ => UNEXPECTED_ERROR,
                 };
                 self.excuse([id], why);
+                self.reply(i, id, Err(error), local_route);
             }
         }
     }
@@ -1310,6 +1408,7 @@ impl Sim {
     fn tick(&mut self) {
         self.check_one_host_per_generation();
         self.now += TICK;
+        self.expire_asks();
         let now = self.now;
         for i in self.up.clone() {
             let state = self.view(i);
@@ -1375,6 +1474,11 @@ impl Sim {
         }
         // What a hosted entity held is lost by a graceful leave only when
         // there was nowhere to hand off, or the leave timed out.
+        // `Remote::stop_waiting`: the asks it waits for fail, each maybe
+        // processed.
+        for pending in region.host().pending.take(|_| true) {
+            self.answer(pending.reply, Err(pending.in_flight()));
+        }
         let others = wait && !region.table.nowhere();
         self.log.push(format!(
             "retire {i} (done: {done}, others: {others}, hosted messages: {})",
@@ -1413,6 +1517,117 @@ impl Sim {
         let entity = entity_id(shard, id % ENTITIES);
         node.region.deliver(shard, &entity, tell(id, 0));
         self.effects(i);
+    }
+
+    /// An ask to an entity of `shard` made at node `i`, delivered as
+    /// `Region::deliver_ask` delivers it (the asker's own route, its
+    /// deadline with it into the pending table if it leaves at once).
+    fn ask(&mut self, i: usize, shard: u32) {
+        let Some(node) = self.nodes[i].as_ref() else {
+            return;
+        };
+        if node.retired {
+            return;
+        }
+        let id = self.ledger.next;
+        self.ledger.next += 1;
+        self.ledger.sent += 1;
+        let entity = entity_id(shard, id % ENTITIES);
+        let mut envelope = tell(id, 0);
+        envelope.set_guarded();
+        let deadline = tokio::time::Instant::from_std(self.now + ASK_TIMEOUT);
+        node.region.host().ask = Some((deadline, ASK_TIMEOUT));
+        node.region.deliver(shard, &entity, envelope);
+        let mut host = node.region.host();
+        host.ask = None;
+        let kept = host
+            .pending
+            .asks
+            .get(&id)
+            .is_some_and(|p| p.deadline.is_some());
+        drop(host);
+        let ask = Ask {
+            origin: i,
+            own_deadline: (!kept).then_some(self.now + ASK_TIMEOUT),
+            answer: None,
+            gone: false,
+        };
+        self.ledger.asks.insert(id, ask);
+        cover(|c| c.asks_kept_by_the_table += u64::from(kept));
+        self.effects(i);
+    }
+
+    /// Node `i` answers message `id` (processed, or failed there): the
+    /// asker hears it directly when the message had its own route here,
+    /// else through its node's pending table (a reply sent back, or
+    /// completed here when the ask came back to its own node).
+    fn reply(&mut self, i: usize, id: u64, result: Result<(), ShardingError>, local_route: bool) {
+        let Some(origin) = self.ledger.asks.get(&id).map(|a| a.origin) else {
+            return; // a tell
+        };
+        if local_route {
+            self.answer(id, result);
+        } else if origin == i {
+            self.complete(i, id, result);
+        } else {
+            self.send_data(i, origin, Data::Reply(id, result));
+        }
+    }
+
+    /// A reply at node `at`, the asker's (`Remote::complete`): it answers
+    /// the ask if the pending table still has it.
+    fn complete(&mut self, at: usize, id: u64, result: Result<(), ShardingError>) {
+        let Some(node) = self.nodes[at].as_ref() else {
+            return;
+        };
+        let pending = node.region.host().pending.remove(id);
+        if pending.is_some() {
+            self.answer(id, result);
+        }
+    }
+
+    /// The asker hears `result`, if it still waits.
+    fn answer(&mut self, id: u64, result: Result<(), ShardingError>) {
+        let Some(ask) = self.ledger.asks.get_mut(&id) else {
+            return;
+        };
+        if ask.gone {
+            return;
+        }
+        match &ask.answer {
+            None => {
+                cover(|c| c.asks_answered += 1);
+                ask.answer = Some(result);
+            }
+            Some(first) => {
+                let first = format!("{first:?}");
+                self.broken
+                    .get_or_insert(format!("ask {id} answered twice: {first} then {result:?}"));
+            }
+        }
+    }
+
+    /// Time passes for the asks: the pending tables answer `AskTimeout`
+    /// to the asks whose deadline they keep (`Remote::expire`), and an
+    /// asker with a timer of its own stops waiting at its end.
+    fn expire_asks(&mut self) {
+        let now = tokio::time::Instant::from_std(self.now);
+        for i in self.up.clone() {
+            let Some(node) = self.nodes[i].as_ref() else {
+                continue;
+            };
+            let expired = node.region.host().pending.expire(now);
+            for pending in expired {
+                self.answer(pending.reply, Err(pending.timed_out()));
+            }
+        }
+        let sim_now = self.now;
+        for ask in self.ledger.asks.values_mut() {
+            if ask.answer.is_none() && !ask.gone && ask.own_deadline.is_some_and(|at| at <= sim_now)
+            {
+                ask.gone = true;
+            }
+        }
     }
 
     /// A reliable send to an entity of `shard` through node `i`: the
@@ -1591,8 +1806,10 @@ impl Sim {
                 {
                     self.broken.get_or_insert(broken);
                 }
+                let local_route = host.local_routes.remove(&id);
                 drop(host);
                 *self.ledger.processed.entry(id).or_insert(0) += 1;
+                self.reply(i, id, Ok(()), local_route);
             }
             Some(stop @ (Item::Stop | Item::StopToMove)) => {
                 cover(|c| c.stops += 1);
@@ -1761,6 +1978,7 @@ impl Sim {
             match data {
                 Data::Envelope(wire) => node.region.deliver_remote(wire),
                 Data::Passivate(shard, entity) => node.region.passivate(shard, &entity, None, true),
+                Data::Reply(id, result) => self.complete(to, id, result),
             }
             self.effects(to);
         }
@@ -1796,6 +2014,8 @@ impl Sim {
 #[derive(Clone, Debug)]
 enum Op {
     Send(u8, u8),
+    /// An ask to an entity of a shard, made at a node.
+    Ask(u8, u8),
     Deliver(u8),
     Process(u8, u8),
     Tick,
@@ -1844,7 +2064,8 @@ impl Arbitrary for Op {
     fn arbitrary(g: &mut Gen) -> Self {
         let n = |g: &mut Gen| u8::arbitrary(g) % NODES as u8;
         match u8::arbitrary(g) % 48 {
-            0..=9 => Op::Send(n(g), u8::arbitrary(g) % SHARDS as u8),
+            0..=5 => Op::Send(n(g), u8::arbitrary(g) % SHARDS as u8),
+            6..=9 => Op::Ask(n(g), u8::arbitrary(g) % SHARDS as u8),
             10..=21 => Op::Deliver(u8::arbitrary(g)),
             22..=29 => Op::Process(n(g), u8::arbitrary(g)),
             30..=34 => Op::Tick,
@@ -1882,8 +2103,11 @@ fn run_with(ops: &[Op], restless: bool, reliable: bool) -> Result<Sim, String> {
             return Err(format!("a message storm; {}", sim.log.join(", ")));
         }
         match *op {
-            Op::Send(i, shard) if reliable => sim.send_reliable(i as usize, u32::from(shard)),
+            Op::Send(i, shard) | Op::Ask(i, shard) if reliable => {
+                sim.send_reliable(i as usize, u32::from(shard))
+            }
             Op::Send(i, shard) => sim.send(i as usize, u32::from(shard)),
+            Op::Ask(i, shard) => sim.ask(i as usize, u32::from(shard)),
             Op::Resend(i) => sim.resend(i as usize),
             Op::Confirm(i, arrives) => sim.confirm(i as usize, !arrives),
             Op::Deliver(pick) => {
@@ -2065,6 +2289,25 @@ fn check(sim: &Sim) -> Result<(), String> {
     if let Some(broken) = &sim.broken {
         return Err(format!("{broken}; {}", sim.log.join(", ")));
     }
+    // Every ask is answered once (or its asker stopped waiting, at its
+    // own timer's end or with its node), and truly: a reply only for a
+    // message processed, an error that says "not processed" only for
+    // one that was not.
+    for (id, ask) in &sim.ledger.asks {
+        let processed = sim.ledger.processed.get(id).copied().unwrap_or(0);
+        let wrong = match &ask.answer {
+            None if ask.gone => None,
+            None => Some("never answered, and its asker has no timer of its own".to_owned()),
+            Some(Ok(())) if processed == 0 => Some("answered as processed, never processed".into()),
+            Some(Err(error)) if error.processed() == Processed::No && processed > 0 => Some(
+                format!("answered {error:?}, which says not processed, but it was"),
+            ),
+            Some(_) => None,
+        };
+        if let Some(wrong) = wrong {
+            return Err(format!("ask {id}: {wrong}; {}", sim.log.join(", ")));
+        }
+    }
     if let Some((id, n)) = sim.ledger.processed.iter().find(|(_, n)| **n > 1) {
         return Err(format!("message {id} processed {n} times"));
     }
@@ -2193,6 +2436,9 @@ fn random_cluster_histories_lose_only_what_a_crash_or_a_cut_took() {
             c.rehydrated,
             c.fell_back,
             c.chunked_pulls,
+            c.passivated_by_limit,
+            c.asks_kept_by_the_table,
+            c.asks_answered,
             c.split_views,
             c.held_roles,
             c.removed,
