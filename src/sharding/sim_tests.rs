@@ -37,7 +37,10 @@
 //! ([`PendingStripe`]), its deadline kept there when it leaves at once;
 //! replies and remote failures travel back over the links; a lost member's
 //! asks fail (`FailAsks`), a stopping node's fail in flight. The histories
-//! under the default strategy run with an active-entity limit.
+//! under the default strategy run with an active-entity limit. A
+//! proxy-only node ([`PROXY`]) may join, and may be refused by the
+//! coordinator (its fingerprint differs): its senders then hear
+//! `RegionRefused`.
 //!
 //! What is checked, over random histories of sends, deliveries, entity and
 //! region-actor steps, passivations, joins, crashes, graceful leaves, link
@@ -103,6 +106,11 @@ const ENTITIES: u64 = 2;
 /// so that a shard's states often travel in several chunks.
 const CHUNK: usize = 64;
 const NODES: usize = 5;
+/// A sixth node, joined by [`Op::JoinProxy`]: its region of the type is
+/// proxy-only (it routes and never hosts), and may be refused by the
+/// coordinator (its protocol's fingerprint differs). The youngest member:
+/// it coordinates only when every other node is gone.
+const PROXY: usize = NODES;
 const TICK: Duration = Duration::from_millis(100);
 /// Short, so that histories often see a handoff time out (and a shard move
 /// away from entities still finishing their mailboxes).
@@ -148,6 +156,9 @@ struct Coverage {
     asks_kept_by_the_table: u64,
     /// Asks answered while their asker waited.
     asks_answered: u64,
+    /// Regions refused by a coordinator (the proxy, whose fingerprint
+    /// differed).
+    refused: u64,
     /// Links made unreachable: the nodes on either end see each other
     /// flagged, the others do not.
     split_views: u64,
@@ -370,6 +381,8 @@ struct Host {
     /// Asks that reached a mailbox here with their asker's own route (the
     /// asker is on this node and waits on it directly).
     local_routes: BTreeSet<u64>,
+    /// The coordinator refused the region: why.
+    refusal: Option<ShardingError>,
 }
 
 impl RegionHost for Host {
@@ -408,11 +421,11 @@ impl SlotHost for Host {
     }
 
     fn refused(&self) -> bool {
-        false
+        self.refusal.is_some()
     }
 
     fn refusal(&self) -> Option<ShardingError> {
-        None
+        self.refusal.clone()
     }
 
     fn remembers(&self) -> bool {
@@ -578,17 +591,23 @@ impl SlotHost for Host {
 struct Region {
     table: Rc<ShardTable<u32>>,
     host: RefCell<Host>,
+    /// Proxy-only: it routes and never hosts.
+    proxy: bool,
+    /// Its protocol's fingerprint (a region whose fingerprint differs from
+    /// the cluster's is refused).
+    fingerprint: u64,
 }
 
 impl Region {
-    /// The region at `me`; `limit`: its active-entity limit, if any.
-    fn new(me: UniqueAddress, limit: Option<EntityLimit>) -> Self {
+    /// The region at `me`; `limit`: its active-entity limit, if any;
+    /// `proxy`: proxy-only, and then whether its fingerprint differs.
+    fn new(me: UniqueAddress, limit: Option<EntityLimit>, proxy: Option<bool>) -> Self {
         let keeping = Keeping {
             max_state: 1 << 20,
             chunk: CHUNK,
             keep_for: Duration::from_secs(3600),
         };
-        let table = ShardTable::new(SHARDS, Some(me), false)
+        let table = ShardTable::new(SHARDS, Some(me), proxy.is_some())
             .with_keeping(Some(keeping))
             .with_entity_limit(limit);
         let table = Rc::new(table);
@@ -599,6 +618,8 @@ impl Region {
                 table: Some(table),
                 ..Host::default()
             }),
+            proxy: proxy.is_some(),
+            fingerprint: if proxy == Some(true) { 2 } else { 1 },
         }
     }
 
@@ -682,13 +703,13 @@ impl TypeRegion for Rc<Region> {
         TYPE
     }
     fn fingerprint(&self) -> u64 {
-        1
+        self.fingerprint
     }
     fn num_shards(&self) -> u32 {
         self.table.num_shards()
     }
     fn is_proxy(&self) -> bool {
-        false
+        self.proxy
     }
     fn replica(&self) -> Vec<(u32, ShardHome)> {
         self.table.replica()
@@ -726,9 +747,13 @@ impl TypeRegion for Rc<Region> {
     fn mark_left(&self, nowhere: bool) {
         self.table.mark_left(nowhere);
     }
-    fn accepted(&self, _by: UniqueAddress) {}
+    fn accepted(&self, _by: UniqueAddress) {
+        self.host().refusal = None;
+    }
     fn refuse(&self, error: ShardingError) {
-        panic!("a simulated region was refused: {error}");
+        cover(|c| c.refused += 1);
+        self.host().refusal = Some(error.clone());
+        self.table.refuse(&mut *self.host(), &error);
     }
 }
 
@@ -759,7 +784,7 @@ impl Node {
     /// Node `i`; the histories under the default strategy run with an
     /// active-entity limit of three per region, so that starts passivate
     /// others to stay within their shard's share.
-    fn new(i: usize, restless: bool) -> Self {
+    fn new(i: usize, restless: bool, proxy: Option<bool>) -> Self {
         let strategy: Box<dyn ShardAllocationStrategy> = if restless {
             Box::new(Restless(i as u64 + 1))
         } else {
@@ -773,7 +798,7 @@ impl Node {
             ..CoordinatorConfig::default()
         };
         let limit = (!restless).then(|| EntityLimit::new(3));
-        let region = Rc::new(Region::new(addr(i), limit));
+        let region = Rc::new(Region::new(addr(i), limit, proxy));
         Node {
             me: addr(i),
             control: ControlCore::new(addr(i), CoordinatorCore::new(addr(i), config, strategy)),
@@ -975,7 +1000,7 @@ impl Sim {
         let mut sim = Sim {
             restless,
             now: Instant::now(),
-            nodes: (0..NODES).map(|_| None).collect(),
+            nodes: (0..=PROXY).map(|_| None).collect(),
             up: Vec::new(),
             down: Vec::new(),
             removed: BTreeSet::new(),
@@ -1159,7 +1184,7 @@ impl Sim {
         if self.nodes[i].is_some() || self.down.contains(&i) || self.removed.contains(&i) {
             return;
         }
-        let node = Node::new(i, self.restless);
+        let node = Node::new(i, self.restless, None);
         node.region.host.borrow_mut().store = self.reliable.as_ref().map(|r| r.store.clone());
         self.nodes[i] = Some(node);
         self.up.push(i);
@@ -1167,8 +1192,29 @@ impl Sim {
         self.membership_changed();
     }
 
+    /// The proxy node joins; `refused`: its fingerprint differs.
+    fn join_proxy(&mut self, refused: bool) {
+        if self.nodes[PROXY].is_some() || self.down.contains(&PROXY) {
+            return;
+        }
+        let node = Node::new(PROXY, self.restless, Some(refused));
+        self.nodes[PROXY] = Some(node);
+        self.up.push(PROXY);
+        self.log
+            .push(format!("join proxy {PROXY} (refused: {refused})"));
+        self.membership_changed();
+    }
+
+    /// Up nodes whose region can host (not the proxy, not stopped).
+    fn hosts(&self) -> usize {
+        (self.up.iter())
+            .filter(|i| **i != PROXY && self.nodes[**i].as_ref().is_some_and(|n| !n.retired))
+            .count()
+    }
+
     fn crash(&mut self, i: usize) {
-        if self.up.len() <= 1 || !self.up.contains(&i) {
+        let others = self.up.iter().filter(|n| **n != i && **n != PROXY).count();
+        if others == 0 || i == PROXY || !self.up.contains(&i) {
             return;
         }
         let Some(node) = self.nodes[i].take() else {
@@ -1379,6 +1425,7 @@ impl Sim {
                 let why = match error {
                     ShardingError::ShuttingDown => "refused by a stopped region",
                     ShardingError::TooManyHops { .. } => "too many hops",
+                    ShardingError::RegionRefused(_) => "refused with the region",
                     _ => UNEXPECTED_ERROR,
                 };
                 self.excuse([id], why);
@@ -1716,12 +1763,12 @@ impl Sim {
         }
     }
 
-    /// The oldest node whose system still runs, if any.
+    /// The oldest node whose system still runs and hosts, if any.
     fn oldest_system(&self) -> Option<usize> {
         self.up
             .iter()
             .copied()
-            .find(|i| self.nodes[*i].as_ref().is_some_and(|n| !n.retired))
+            .find(|i| *i != PROXY && self.nodes[*i].as_ref().is_some_and(|n| !n.retired))
     }
 
     /// A user asks to passivate an entity.
@@ -2016,6 +2063,8 @@ enum Op {
     Send(u8, u8),
     /// An ask to an entity of a shard, made at a node.
     Ask(u8, u8),
+    /// The proxy node joins (refused: its fingerprint differs).
+    JoinProxy(bool),
     Deliver(u8),
     Process(u8, u8),
     Tick,
@@ -2063,9 +2112,11 @@ impl Arbitrary for ReliableOp {
 impl Arbitrary for Op {
     fn arbitrary(g: &mut Gen) -> Self {
         let n = |g: &mut Gen| u8::arbitrary(g) % NODES as u8;
+        // (Sends also go through the proxy, when it has joined.)
+        let sender = |g: &mut Gen| u8::arbitrary(g) % (PROXY as u8 + 1);
         match u8::arbitrary(g) % 48 {
-            0..=5 => Op::Send(n(g), u8::arbitrary(g) % SHARDS as u8),
-            6..=9 => Op::Ask(n(g), u8::arbitrary(g) % SHARDS as u8),
+            0..=5 => Op::Send(sender(g), u8::arbitrary(g) % SHARDS as u8),
+            6..=9 => Op::Ask(sender(g), u8::arbitrary(g) % SHARDS as u8),
             10..=21 => Op::Deliver(u8::arbitrary(g)),
             22..=29 => Op::Process(n(g), u8::arbitrary(g)),
             30..=34 => Op::Tick,
@@ -2078,6 +2129,7 @@ impl Arbitrary for Op {
             43 => Op::Passivate(n(g), u8::arbitrary(g) % SHARDS as u8, u8::arbitrary(g)),
             44 => Op::Idle(n(g), u8::arbitrary(g)),
             45 => Op::Slow(n(g), bool::arbitrary(g)),
+            46 => Op::JoinProxy(bool::arbitrary(g)),
             _ => Op::Wait,
         }
     }
@@ -2121,6 +2173,7 @@ fn run_with(ops: &[Op], restless: bool, reliable: bool) -> Result<Sim, String> {
                 }
             }
             Op::Join(i) => sim.join(i as usize),
+            Op::JoinProxy(refused) => sim.join_proxy(refused),
             Op::Crash(i) => sim.crash(i as usize),
             Op::Leave(i) => sim.leave(i as usize),
             Op::Cut(a, b) if a != b => sim.cut(a as usize, b as usize),
@@ -2149,6 +2202,10 @@ fn run_with(ops: &[Op], restless: bool, reliable: bool) -> Result<Sim, String> {
     // excuse left, each is processed (no shard is a black hole).
     let probes_from = sim.ledger.next;
     for i in sim.up.clone() {
+        let refused = (sim.nodes[i].as_ref()).is_some_and(|n| n.region.host().refusal.is_some());
+        if refused {
+            continue; // (its sends fail with the refusal)
+        }
         for shard in 0..SHARDS {
             sim.send(i, shard);
         }
@@ -2185,11 +2242,11 @@ fn finish_reliable(sim: &mut Sim) -> Result<(), String> {
             .is_some_and(|r| r.queues.values().any(|(q, _)| !q.is_empty()))
     };
     for _ in 0..20 {
-        for i in 0..NODES {
+        for i in 0..=PROXY {
             sim.confirm(i, false);
         }
         settle(sim)?;
-        for i in 0..NODES {
+        for i in 0..=PROXY {
             sim.confirm(i, false);
         }
         if !pending(sim) {
@@ -2232,6 +2289,12 @@ fn settle(sim: &mut Sim) -> Result<(), String> {
     }
     let alone = sim.now;
     for round in 0..4_000 {
+        if sim.nodes[PROXY].as_ref().is_some_and(|p| p.leave.is_none()) && sim.hosts() == 0 {
+            // No node is left to host what the proxy routes: it is stopped
+            // (what waits in it is refused, as on any stop).
+            sim.log.push("no host: the proxy leaves".into());
+            sim.leave(PROXY);
+        }
         let mut moved = false;
         let mut delivered = 0;
         while sim.deliver_packet(0) {
@@ -2250,7 +2313,7 @@ fn settle(sim: &mut Sim) -> Result<(), String> {
                 ));
             }
         }
-        for i in 0..NODES {
+        for i in 0..=PROXY {
             while sim.nodes[i].as_ref().is_some_and(Node::has_work) {
                 sim.process(i, 0);
                 moved = true;
@@ -2439,6 +2502,7 @@ fn random_cluster_histories_lose_only_what_a_crash_or_a_cut_took() {
             c.passivated_by_limit,
             c.asks_kept_by_the_table,
             c.asks_answered,
+            c.refused,
             c.split_views,
             c.held_roles,
             c.removed,
@@ -2668,6 +2732,32 @@ fn regression_a_takeover_while_an_owner_is_unreachable_one_way() {
         Crash(0),
     ];
     if let Err(e) = run_with(&ops, true, true) {
+        panic!("{e}");
+    }
+}
+
+/// Node 0 leaves and is removed while node 1 settles its takeover; node 4
+/// joins and registers, and must not be sent a table that still places
+/// shard 0 on node 0, which it would send its ask to.
+#[test]
+fn regression_a_node_that_joins_after_an_owner_left_is_not_told_its_old_homes() {
+    use Op::*;
+    let ops = [
+        Deliver(100),
+        Send(0, 0),
+        Leave(0),
+        Tick,
+        Deliver(182),
+        Join(2),
+        Deliver(250),
+        Wait,
+        Tick,
+        Tick,
+        Tick,
+        Join(4),
+        Ask(4, 0),
+    ];
+    if let Err(e) = run(&ops) {
         panic!("{e}");
     }
 }

@@ -169,11 +169,16 @@ impl CoordinatorCore {
                 }
             }
             if self.active {
+                // Only homes on live members: a shard whose owner has left
+                // the view is reallocated, and a region that joined after
+                // the owner left would route to a node it never knew.
+                let members = &self.members;
                 let homes = table
                     .homes
                     .iter()
                     .enumerate()
                     .filter_map(|(shard, home)| home.map(|h| (shard as u32, h.owner, h.generation)))
+                    .filter(|(_, owner, _)| members.contains_key(owner))
                     .collect();
                 out.push(Command::Send {
                     to: from,

@@ -2162,3 +2162,37 @@ fn regression_a_takeover_waits_for_an_unreachable_owner_before_it_allocates() {
     c.register(t0, n[1], &reg(4, vec![]));
     assert!(!c.is_settling(), "a joining member is not waited for");
 }
+
+/// Found by the cluster simulator: node 1 left and was removed while its
+/// successor was still settling; a node that joined then registered and
+/// was sent a table that still placed shard 0 on node 1, a node it never
+/// knew, and sent an ask there. A table names homes on live members only.
+#[test]
+fn regression_a_table_names_no_home_on_a_member_gone_from_the_view() {
+    let t0 = Instant::now();
+    let n: Vec<UniqueAddress> = (1..=3).map(node).collect();
+    let mut c = core(n[1]);
+    c.set_membership(t0, &view(n[1], &n[..2], &[], &[]));
+    c.register(t0, n[0], &reg(4, vec![(0, n[0], 1)]));
+    c.register(t0, n[1], &reg(4, vec![(0, n[0], 1)]));
+    // Node 1 is gone from the view (it left and was removed); node 3
+    // joined.
+    c.set_membership(t0, &view(n[1], &n[1..], &[], &[]));
+    assert!(c.is_active());
+    let out = c.register(t0, n[2], &reg(4, vec![]));
+    let tables: Vec<_> = out
+        .iter()
+        .filter_map(|cmd| match cmd {
+            Command::Send {
+                to,
+                msg: ControlMsg::Table { homes, .. },
+            } if *to == n[2] => Some(homes.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(tables.len(), 1, "{out:?}");
+    assert!(
+        tables[0].iter().all(|(_, owner, _)| *owner != n[0]),
+        "a home on the departed node 1: {tables:?}"
+    );
+}
