@@ -46,6 +46,8 @@ const CORES: &[&str] = &[
     "src/membership/core",
     "src/sharding/coordinator",
     "src/runtime/slot",
+    "src/runtime/region/table.rs",
+    "src/runtime/region/preparing.rs",
     "src/sharding/region_core.rs",
     "src/sharding/control_core.rs",
 ];

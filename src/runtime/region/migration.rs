@@ -77,9 +77,10 @@ impl Region {
 }
 
 impl MigrationSettings {
-    /// How the table keeps states under these settings: a state travels in
-    /// chunks of at most [`MIGRATION_CHUNK`], and waits twice the timeout
-    /// for its new home.
+    /// How the table keeps states under these settings: states travel in
+    /// chunks of at most [`MIGRATION_CHUNK`] (or the largest state, if
+    /// smaller; a state larger than a chunk travels alone), and wait twice
+    /// the timeout for their new home.
     pub(crate) fn keeping(&self) -> Keeping {
         Keeping {
             max_state: self.max_state,

@@ -15,7 +15,8 @@ use crate::runtime::mailbox::States;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum HostStep {
     /// Nothing: the region stopped, this hosting is being prepared
-    /// already (it installs once ready), or it is installed.
+    /// already (it installs once ready), or the shard is installed under
+    /// this generation or a later one.
     Nothing,
     /// Install it now: there is nothing to read or fetch.
     InstallNow,
@@ -82,8 +83,8 @@ impl Preparing {
 }
 
 /// A pull of a shard's migrated states from its old owner, chunk by chunk:
-/// chunk 0 first, the next once one came, until the last; then the old
-/// owner is told it is done.
+/// chunk 0 first, the next once one came, until the last (the puller then
+/// tells the old owner it is done).
 #[derive(Default)]
 pub(crate) struct StatesPull {
     states: States,

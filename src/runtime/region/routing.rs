@@ -124,9 +124,10 @@ impl Region {
         incarnation: u64,
         state: Option<MigratedState>,
     ) {
+        // Every actor spawned sends one stop notice: one fewer live
+        // (counted first: answering what waited runs user `Drop` code).
+        self.metrics.entities(-1);
         self.table
             .entity_stopped(&mut self.host(), shard, entity_id, incarnation, state);
-        // Every actor spawned sends one stop notice: one fewer live.
-        self.metrics.entities(-1);
     }
 }

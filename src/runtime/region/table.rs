@@ -23,7 +23,10 @@ use crate::runtime::mailbox::States;
 use crate::runtime::slot::{HomeChange, Refused, ShardHome, Slot, SlotHost, Undelivered};
 
 /// What the table's rules do outside the slots, beyond a slot's own
-/// effects ([`SlotHost`]).
+/// effects ([`SlotHost`]). As a slot's calls, `states_not_fetched`,
+/// `expire_later` and `hosted_changed` may come with a shard's slot
+/// locked: a host must take no slot lock in them. `fail` and `host_shard`
+/// come with none locked.
 pub(crate) trait RegionHost: SlotHost {
     /// Answers the senders of what could not be delivered (called with no
     /// shard locked, so a message's `Drop` never runs under a lock).

@@ -89,11 +89,17 @@ impl CoordinatorCore {
         // a shard not heard of would be given a second home under the
         // generation it has (whoever's link to this node works registers
         // within the period; one beyond a partition does not, and the
-        // period runs out).
+        // period runs out). A member whose regions all stopped (it said
+        // so: a leaving system unregisters before its member leaves) hosts
+        // nothing and registers no more.
+        let stopped = |m: &UniqueAddress| {
+            self.departed.values().any(|d| d.contains(m))
+                && !self.types.values().any(|t| t.regions.contains(m))
+        };
         let everyone = self
             .members
             .iter()
-            .filter(|(_, s)| **s != Standing::Joining)
+            .filter(|(m, s)| **s != Standing::Joining && !stopped(m))
             .all(|(m, _)| self.registered.contains(m));
         if everyone || now >= until {
             self.settling_until = None;

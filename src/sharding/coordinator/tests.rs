@@ -1969,18 +1969,24 @@ fn a_takeover_from_a_downed_coordinator_allocates_nothing_within_the_margin() {
         "allocated at once"
     );
     // Nor does a takeover after the old coordinator's graceful leave (the
-    // role moves when it is Leaving; it hands its shards off).
+    // role moves when it is Leaving; it handed its shards off, and its
+    // stopped system unregistered: the settle does not wait for it).
     let mut c = CoordinatorCore::new(n[1], config, Box::new(LeastShardAllocation));
     c.set_membership(t0, &view(n[1], &n, &[], &[]));
+    c.register(t0, n[0], &reg(4, vec![]));
+    c.unregister(t0, n[0], &[TYPE.to_owned()]);
     let mut leaving = view(n[1], &n, &[], &[]);
     leaving.members[0].status = MemberStatus::Leaving;
     leaving.coordinator = Some(n[1]);
     c.set_membership(t0, &leaving);
     assert!(c.is_active());
-    // (The leaver may still host shards: the settle waits for it too.)
-    for a in &n {
+    for a in &n[1..] {
         c.register(t0, *a, &reg(4, vec![]));
     }
+    assert!(
+        !c.is_settling(),
+        "a leaver that unregistered is not waited for"
+    );
     assert!(
         !c.get_home(t0, n[2], TYPE, 1, 0).is_empty(),
         "allocated at once"
