@@ -8,8 +8,9 @@ use std::time::Duration;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CoordinatorConfig {
     /// After becoming coordinator, how long at most to wait for the
-    /// eligible members to register before reallocating or allocating new
-    /// shards.
+    /// members that may host (Up or Leaving, reachable or not, whose
+    /// regions have not all unregistered) to register before reallocating
+    /// or allocating new shards.
     pub settle: Duration,
     /// How many rebalance rounds to keep in the history.
     pub history: usize,

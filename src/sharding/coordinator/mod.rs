@@ -35,7 +35,8 @@
 //!   received (each carries the registering region's replica, its own
 //!   shards included) — keeping the highest generation per shard. For a settle
 //!   period (until every member that may host — Up or Leaving, reachable
-//!   or not — has registered with it, or `settle` has passed) it answers only with known homes of live owners
+//!   or not, its regions not all unregistered — has registered with it,
+//!   or `settle` has passed) it answers only with known homes of live owners
 //!   and reallocates nothing, so a shard whose owner has not re-registered
 //!   yet is not given a second home.
 //! * **Moving a live shard** (a GracefulSpread rebalance, or the graceful
