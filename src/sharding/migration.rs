@@ -155,9 +155,12 @@ pub(crate) fn serve(region: impl FnOnce(&str) -> Option<Arc<Region>>, incoming: 
                 return; // a pull sent oneway has nowhere to be answered
             };
             let answer = match region(&type_name) {
-                Some(region) if shard < region.num_shards() => {
-                    region.migration_chunk(&incoming.from, ShardId(shard), generation, chunk)
-                }
+                Some(region) if shard < region.num_shards() => region.table().migration_chunk(
+                    &incoming.from,
+                    ShardId(shard),
+                    generation,
+                    chunk,
+                ),
                 Some(_) => ChunkAnswer::Nothing("no such shard"),
                 None => ChunkAnswer::Nothing("no region of the type"),
             };
@@ -195,7 +198,9 @@ pub(crate) fn serve(region: impl FnOnce(&str) -> Option<Arc<Region>>, incoming: 
             if let Some(region) = region(&type_name)
                 && shard < region.num_shards()
             {
-                region.migration_done(&incoming.from, ShardId(shard), generation);
+                region
+                    .table()
+                    .migration_done(&incoming.from, ShardId(shard), generation);
             }
         }
     }

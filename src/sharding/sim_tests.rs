@@ -1658,17 +1658,23 @@ impl Sim {
 
     // ---- the region's users, entities and actor ----
 
-    fn send(&mut self, i: usize, shard: u32) {
-        let Some(node) = self.nodes[i].as_ref() else {
-            return;
-        };
-        if node.retired {
-            return;
+    /// A new message from node `i` to an entity of `shard`: its id and
+    /// entity; none if the node's system is not running.
+    fn new_message(&mut self, i: usize, shard: u32) -> Option<(u64, Arc<str>)> {
+        if self.nodes[i].as_ref().is_none_or(|n| n.retired) {
+            return None;
         }
         let id = self.ledger.next;
         self.ledger.next += 1;
         self.ledger.sent += 1;
-        let entity = entity_id(shard, id % ENTITIES);
+        Some((id, entity_id(shard, id % ENTITIES)))
+    }
+
+    fn send(&mut self, i: usize, shard: u32) {
+        let Some((id, entity)) = self.new_message(i, shard) else {
+            return;
+        };
+        let node = self.nodes[i].as_ref().expect("running");
         node.region.deliver(shard, &entity, tell(id, 0));
         self.effects(i);
     }
@@ -1677,16 +1683,10 @@ impl Sim {
     /// `Region::deliver_ask` delivers it (the asker's own route, its
     /// deadline with it into the pending table if it leaves at once).
     fn ask(&mut self, i: usize, shard: u32) {
-        let Some(node) = self.nodes[i].as_ref() else {
+        let Some((id, entity)) = self.new_message(i, shard) else {
             return;
         };
-        if node.retired {
-            return;
-        }
-        let id = self.ledger.next;
-        self.ledger.next += 1;
-        self.ledger.sent += 1;
-        let entity = entity_id(shard, id % ENTITIES);
+        let node = self.nodes[i].as_ref().expect("running");
         let mut envelope = tell(id, 0);
         envelope.set_guarded();
         let deadline = tokio::time::Instant::from_std(self.now + ASK_TIMEOUT);

@@ -5,10 +5,9 @@
 
 use std::time::Duration;
 
-use super::{ChunkAnswer, Keeping, Region};
+use super::{Keeping, Region};
 use crate::entity::MigrationEvent;
 use crate::model::extractor::ShardId;
-use crate::model::identity::UniqueAddress;
 use crate::runtime::entity_actor::MigrationEvents;
 
 /// The largest migrated states chunk a pull is answered with (a state
@@ -30,29 +29,6 @@ impl Region {
     /// How long a new owner waits for migrated states, if the type migrates.
     pub(crate) fn migration_timeout(&self) -> Option<Duration> {
         self.migration.as_ref().map(|m| m.timeout)
-    }
-
-    /// Chunk `index` of the states kept for `requester`, which hosts
-    /// `shard` under `generation`.
-    pub(crate) fn migration_chunk(
-        &self,
-        requester: &UniqueAddress,
-        shard: ShardId,
-        generation: u64,
-        index: u32,
-    ) -> ChunkAnswer {
-        self.table
-            .migration_chunk(requester, shard, generation, index)
-    }
-
-    /// `requester` has fetched every chunk of `shard`'s states: they go.
-    pub(crate) fn migration_done(
-        &self,
-        requester: &UniqueAddress,
-        shard: ShardId,
-        generation: u64,
-    ) {
-        self.table.migration_done(requester, shard, generation);
     }
 
     /// The states kept for `shard`'s allocation `generation` were not
