@@ -180,6 +180,9 @@ struct Coverage {
     /// owner registered (from then on a shard may have two homes, SPEC
     /// §13.2, and the one-host check stands down).
     settles_timed_out: u64,
+    /// Checks that found a shard hosted twice under an allocation of a
+    /// coordinator whose settle ran out (excused).
+    second_homes_after_a_short_settle: u64,
     /// Nodes removed from the membership after a graceful leave (their
     /// view went Leaving, Exiting, then out).
     removed: u64,
@@ -1072,6 +1075,9 @@ struct Sim {
     /// A coordinator's settle ran out before every owner registered: a
     /// shard may have two homes from then on (SPEC §13.2).
     settle_timed_out: bool,
+    /// The allocations (shard, generation) in the table of a coordinator
+    /// whose settle ran out: a second host of one of them is excused.
+    after_a_short_settle: BTreeSet<(u32, u64)>,
     /// The coordinators place and move shards at random ([`Restless`]).
     restless: bool,
     /// Sends go through a reliable producer, to durable entities.
@@ -1097,6 +1103,7 @@ impl Sim {
             log: Vec::new(),
             broken: None,
             settle_timed_out: false,
+            after_a_short_settle: BTreeSet::new(),
             remember: (restless && reliable.is_none()).then(RememberStore::default),
             reliable,
         };
@@ -1224,18 +1231,23 @@ impl Sim {
     fn check_one_host_per_generation(&mut self) {
         // Unless a coordinator's settle after a takeover ran out before
         // every owner registered: SPEC §13.2 and §13.11 ("one host at a
-        // time") name that as a way to a second home.
-        let timed_out = self
-            .nodes
-            .iter()
-            .flatten()
-            .any(|n| n.control.coordinator().settles_timed_out() > 0);
-        if timed_out && !self.settle_timed_out {
-            self.settle_timed_out = true;
-            cover(|c| c.settles_timed_out += 1);
-        }
-        if self.settle_timed_out {
-            return;
+        // time") name that as a way to a second home. What such a core
+        // places (or holds in its table) from then on is excused; every
+        // other allocation is still checked.
+        for node in self.nodes.iter().flatten() {
+            let core = node.control.coordinator();
+            if core.settles_timed_out() == 0 {
+                continue;
+            }
+            if !self.settle_timed_out {
+                self.settle_timed_out = true;
+                cover(|c| c.settles_timed_out += 1);
+            }
+            for shard in 0..SHARDS {
+                if let Some(home) = core.home(TYPE, shard) {
+                    self.after_a_short_settle.insert((shard, home.generation));
+                }
+            }
         }
         let mut hosts: BTreeMap<(u32, u64), usize> = BTreeMap::new();
         let mut twice = None;
@@ -1249,7 +1261,12 @@ impl Sim {
                 let Some(home) = slot.home(Some(node.me)).filter(|h| h.owner == node.me) else {
                     continue;
                 };
-                if let Some(other) = hosts.insert((shard, home.generation), i) {
+                let pair = (shard, home.generation);
+                if let Some(other) = hosts.insert(pair, i) {
+                    if self.after_a_short_settle.contains(&pair) {
+                        cover(|c| c.second_homes_after_a_short_settle += 1);
+                        continue;
+                    }
                     twice.get_or_insert(format!(
                         "shard {shard} hosted by nodes {other} and {i} under generation {}",
                         home.generation
@@ -2946,9 +2963,9 @@ fn regression_a_takeover_while_an_owner_is_unreachable_one_way() {
         Crash(0),
     ];
     match run_with(&ops, true, true) {
-        // (A settle that timed out would have stood the one-host check
-        // down: this history must have checked it all along.)
-        Ok(sim) => assert!(!sim.settle_timed_out, "the check stood down"),
+        // (After a settle that ran out, a second home of what that core
+        // places is excused: this history must have excused none.)
+        Ok(sim) => assert!(!sim.settle_timed_out, "a settle ran out"),
         Err(e) => panic!("{e}"),
     }
 }
