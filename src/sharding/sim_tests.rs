@@ -84,7 +84,7 @@ use super::coordinator::{
 use super::driver::{Hosted, TypeRegion};
 use super::pending::{Pending, PendingStripe};
 use super::remote::check_hops;
-use super::wire::ControlMsg;
+use super::wire::{ControlMsg, RemoteError};
 use crate::entity::{Admission, Deliveries, DeliveryRow, MigratedState};
 use crate::membership::{Member, MemberStatus, MembershipState};
 use crate::model::config::{EntityLimit, PassivationPolicy};
@@ -286,8 +286,9 @@ struct Wire {
 enum Data {
     Envelope(Wire),
     Passivate(u32, Arc<str>),
-    /// An ask's answer, on its way to the node that asked.
-    Reply(u64, Result<(), ShardingError>),
+    /// An ask's answer, on its way to the node that asked, in its wire
+    /// form (`RemoteReply` sends a failure as a `RemoteError`).
+    Reply(u64, Result<(), RemoteError>),
 }
 
 /// One item of an entity's mailbox.
@@ -1738,8 +1739,11 @@ impl Sim {
         };
         if local_route {
             self.answer(id, result);
-        } else if origin == i {
-            self.complete(i, id, result);
+            return;
+        }
+        let result = result.map_err(|error| RemoteError::from(&error));
+        if origin == i {
+            self.complete(i, i, id, result);
         } else {
             self.send_data(i, origin, Data::Reply(id, result));
         }
@@ -1747,12 +1751,17 @@ impl Sim {
 
     /// A reply at node `at`, the asker's (`Remote::complete`): it answers
     /// the ask if the pending table still has it.
-    fn complete(&mut self, at: usize, id: u64, result: Result<(), ShardingError>) {
+    /// (A failure becomes the asker's error as `RemoteError::into_error`
+    /// makes it.)
+    fn complete(&mut self, at: usize, from: usize, id: u64, result: Result<(), RemoteError>) {
         let Some(node) = self.nodes[at].as_ref() else {
             return;
         };
         let pending = node.region.host().pending.remove(id);
-        if pending.is_some() {
+        if let Some(pending) = pending {
+            let result = result.map_err(|error| {
+                error.into_error(pending.type_name, &pending.entity_id, &addr(from))
+            });
             self.answer(id, result);
         }
     }
@@ -2222,7 +2231,7 @@ impl Sim {
             match data {
                 Data::Envelope(wire) => node.region.deliver_remote(wire),
                 Data::Passivate(shard, entity) => node.region.passivate(shard, &entity, None, true),
-                Data::Reply(id, result) => self.complete(to, id, result),
+                Data::Reply(id, result) => self.complete(to, from, id, result),
             }
             self.effects(to);
         }
