@@ -117,6 +117,10 @@ const TICK: Duration = Duration::from_millis(100);
 /// Short, so that histories often see a handoff time out (and a shard move
 /// away from entities still finishing their mailboxes).
 const HANDOFF_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long a new owner pulls a shard's migrated states before its
+/// entities start from the factory (the type's migration timeout).
+const MIGRATION_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// How long an asker waits for its answer.
 const ASK_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -150,6 +154,9 @@ struct Coverage {
     hosted_before_pull: u64,
     /// Pulls of migrated states that took more than one chunk.
     chunked_pulls: u64,
+    /// Pull requests asked again after a tick (the old owner not ready,
+    /// or out of reach).
+    pulls_asked_again: u64,
     /// Live entities passivated to keep their shard within its share of
     /// the active-entity limit.
     passivated_by_limit: u64,
@@ -345,9 +352,9 @@ struct Mailbox {
 enum ActorMsg {
     /// Host a shard under a generation; its old owner.
     Host(u32, u64, Option<UniqueAddress>),
-    /// Pull the next chunk of a shard's states from its old owner; how
-    /// many pulls found them not ready yet.
-    Pull(u32, u64, UniqueAddress, StatesPull, u32),
+    /// Pull the next chunk of a shard's states from its old owner, until
+    /// the pull's deadline (the type's migration timeout).
+    Pull(u32, u64, UniqueAddress, StatesPull, Instant),
     /// The hosting is prepared: install it, with the states that came.
     Install(u32, u64, States),
     /// Respawn more remembered entities of a shard's hosting.
@@ -864,6 +871,9 @@ struct Node {
     /// Of a remembered type: per shard installed here, how many writes the
     /// store had seen when its ids were read for that hosting.
     read_before: BTreeMap<u32, u64>,
+    /// Pulls to ask again after the next tick (their old owner was not
+    /// ready, or out of reach).
+    pulls_waiting: Vec<ActorMsg>,
 }
 
 impl Node {
@@ -897,6 +907,7 @@ impl Node {
             exiting_since: None,
             slow: false,
             read_before: BTreeMap::new(),
+            pulls_waiting: Vec::new(),
         }
     }
 
@@ -1579,6 +1590,10 @@ impl Sim {
         self.check_one_host_per_generation();
         self.now += TICK;
         self.expire_asks();
+        for node in self.nodes.iter_mut().flatten() {
+            let waiting = std::mem::take(&mut node.pulls_waiting);
+            node.actor.extend(waiting);
+        }
         let now = self.now;
         for i in self.up.clone() {
             let state = self.view(i);
@@ -2018,8 +2033,8 @@ impl Sim {
         if k == mailboxes.len() {
             match node.actor.pop_front().expect("the actor has a message") {
                 ActorMsg::Host(shard, generation, from) => self.host(i, shard, generation, from),
-                ActorMsg::Pull(shard, generation, from, pull, tries) => {
-                    self.pull(i, shard, generation, from, pull, tries)
+                ActorMsg::Pull(shard, generation, from, pull, deadline) => {
+                    self.pull(i, shard, generation, from, pull, deadline)
                 }
                 ActorMsg::Install(shard, generation, migrated) => {
                     node.preparing.done(ShardId(shard), generation);
@@ -2098,6 +2113,7 @@ impl Sim {
     /// The region actor's `Host` (`read_then_install`): a shard handed off
     /// by another node pulls its states first; any other installs now.
     fn host(&mut self, i: usize, shard: u32, generation: u64, from: Option<UniqueAddress>) {
+        let now = self.now;
         let Some(node) = self.node(i) else { return };
         let word = HostWord {
             shard: ShardId(shard),
@@ -2113,8 +2129,9 @@ impl Sim {
             }
             HostStep::Prepare { fetch: Some(from) } => {
                 let pull = StatesPull::default();
+                let deadline = now + MIGRATION_TIMEOUT;
                 node.actor
-                    .push_back(ActorMsg::Pull(shard, generation, from, pull, 0));
+                    .push_back(ActorMsg::Pull(shard, generation, from, pull, deadline));
             }
             HostStep::Prepare { fetch: None } => {
                 node.actor
@@ -2127,9 +2144,10 @@ impl Sim {
     /// (`migration::fetch`, one request per step, the actor going on
     /// meanwhile): a chunk is taken and the next asked for, until the
     /// last, when the old owner hears it is done and the shard installs
-    /// with them; one not ready yet is asked again, at most 20 times; an
-    /// old owner that is gone, unreachable, or has nothing gives none (a
-    /// fallback).
+    /// with them. An old owner not ready yet, or out of reach, is asked
+    /// again after the next tick, until the pull's deadline; one that is
+    /// gone (down or removed: marked down) or has nothing gives none at
+    /// once (a fallback), as one past the deadline does.
     fn pull(
         &mut self,
         i: usize,
@@ -2137,7 +2155,7 @@ impl Sim {
         generation: u64,
         from: UniqueAddress,
         mut pull: StatesPull,
-        tries: u32,
+        deadline: Instant,
     ) {
         let Some(node) = self.nodes[i].as_ref() else {
             return;
@@ -2145,16 +2163,19 @@ impl Sim {
         let me = node.me;
         let old = index(&from);
         let reachable = !self.blocked.contains(&(i, old)) && !self.blocked.contains(&(old, i));
-        let owner = self.nodes[old].as_ref().filter(|_| reachable);
+        let owner = self.nodes[old].as_ref();
         let answer = match owner {
-            Some(owner) => {
+            Some(owner) if reachable => {
                 owner
                     .region
                     .table
                     .migration_chunk(&me, ShardId(shard), generation, pull.chunk())
             }
-            None => ChunkAnswer::Nothing("the old owner is gone or unreachable"),
+            // (A request lost on the way is asked again.)
+            Some(_) => ChunkAnswer::NotYet,
+            None => ChunkAnswer::Nothing("the old owner is down"),
         };
+        let again = |pull| ActorMsg::Pull(shard, generation, from, pull, deadline);
         let next = match answer {
             ChunkAnswer::Chunk { states, last } => match pull.got(states, last) {
                 Some(states) => {
@@ -2169,10 +2190,14 @@ impl Sim {
                     }
                     ActorMsg::Install(shard, generation, states)
                 }
-                None => ActorMsg::Pull(shard, generation, from, pull, tries),
+                None => again(pull),
             },
-            ChunkAnswer::NotYet if tries < 20 => {
-                ActorMsg::Pull(shard, generation, from, pull, tries + 1)
+            ChunkAnswer::NotYet if self.now < deadline => {
+                cover(|c| c.pulls_asked_again += 1);
+                if let Some(node) = self.nodes[i].as_mut() {
+                    node.pulls_waiting.push(again(pull));
+                }
+                return;
             }
             ChunkAnswer::NotYet | ChunkAnswer::Nothing(_) => {
                 cover(|c| c.fell_back += 1);
@@ -2259,7 +2284,7 @@ impl Sim {
             .nodes
             .iter()
             .flatten()
-            .any(|n| n.has_work() || n.region.buffered() > 0);
+            .any(|n| n.has_work() || n.region.buffered() > 0 || !n.pulls_waiting.is_empty());
         links || held
     }
 }
