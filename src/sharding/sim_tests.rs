@@ -1663,6 +1663,16 @@ impl Sim {
                 }));
             }
         }
+        // A message dropped with its mailbox answers its asker
+        // `EntityStopped` (its reply route's drop), wherever the asker is.
+        for &id in &hosted {
+            let local_route = region.host().local_routes.remove(&id);
+            let error = ShardingError::EntityStopped {
+                type_name: TYPE,
+                entity_id: String::new(),
+            };
+            self.reply(i, id, Err(error), local_route);
+        }
         // What a hosted entity held is lost by a graceful leave only when
         // there was nowhere to hand off, or the leave timed out.
         // `Remote::stop_waiting`: the asks it waits for fail, each maybe
