@@ -87,8 +87,7 @@ fn handle(myself: ActorRef<RegionMsg>, msg: RegionMsg, state: &mut RegionActorSt
         } => {
             state.preparing.done(shard, generation);
             let entities = migrated.len();
-            let installed = !region.is_stopped()
-                && region.install_local(shard, generation, remembered, migrated);
+            let installed = region.install_local(shard, generation, remembered, migrated);
             if let Some((from, bytes)) = fetched {
                 let type_name = region.type_name;
                 if installed {

@@ -129,7 +129,7 @@ async fn moved_away(name: &str) -> MovedAway {
         node_id: NodeId(7),
         incarnation: 1,
     };
-    let generation = region.generation_of(shard) + 1;
+    let generation = region.table().generation_of(shard) + 1;
     let home = ShardHome {
         owner: elsewhere,
         generation,

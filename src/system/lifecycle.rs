@@ -80,7 +80,7 @@ impl Shared {
         {
             let patience = self.config.handoff_timeout + Duration::from_secs(1);
             let deadline = tokio::time::Instant::now() + patience;
-            while !regions.iter().all(|r| r.leave_done()) {
+            while !regions.iter().all(|r| r.table().leave_done()) {
                 if tokio::time::Instant::now() >= deadline {
                     tracing::warn!(
                         ?patience,
@@ -94,7 +94,7 @@ impl Shared {
             // them (or the migration timeout passes: they start without).
             let patience = self.config.migration_timeout;
             let deadline = tokio::time::Instant::now() + patience;
-            while regions.iter().any(|r| r.migrations_pending()) {
+            while regions.iter().any(|r| r.table().migrations_pending()) {
                 if tokio::time::Instant::now() >= deadline {
                     tracing::warn!(
                         ?patience,

@@ -139,7 +139,7 @@ impl<S, J> ShardedSystem<S, J> {
     pub fn hosted_shards<P: Protocol>(&self) -> usize {
         self.regions()
             .get(P::TYPE_NAME)
-            .map_or(0, |region| region.hosted_count())
+            .map_or(0, |region| region.table().hosted_count())
     }
 
     /// Asks sent to entities on other nodes and still waiting for a reply

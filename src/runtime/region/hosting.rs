@@ -85,9 +85,4 @@ impl Region {
     pub(crate) fn start_shards(&self, shards: Vec<ShardId>) {
         self.table.start_shards(&mut self.host(), shards);
     }
-
-    /// How many shards of this region are hosted here.
-    pub(crate) fn hosted_count(&self) -> usize {
-        self.table.hosted_count()
-    }
 }

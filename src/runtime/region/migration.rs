@@ -39,11 +39,6 @@ impl Region {
         }
     }
 
-    /// Whether states wait here for a node to fetch them.
-    pub(crate) fn migrations_pending(&self) -> bool {
-        self.table.migrations_pending()
-    }
-
     /// Reports what became of a shard's migration here.
     pub(crate) fn migration_event(&self, event: MigrationEvent) {
         if let Some(settings) = &self.migration {

@@ -109,22 +109,22 @@ impl TypeRegion for Arc<Region> {
         Region::is_proxy(self)
     }
     fn replica(&self) -> Vec<(u32, ShardHome)> {
-        Region::replica(self)
+        self.table().replica()
     }
     fn stopped_shards(&self) -> Vec<u32> {
-        Region::stopped_shards(self)
+        self.table().stopped_shards()
     }
     fn generation_of(&self, shard: ShardId) -> u64 {
-        Region::generation_of(self, shard)
+        self.table().generation_of(shard)
     }
     fn is_handed_off(&self, shard: ShardId, generation: u64) -> bool {
-        Region::is_handed_off(self, shard, generation)
+        self.table().is_handed_off(shard, generation)
     }
     fn set_home(&self, shard: ShardId, home: ShardHome, from: Option<UniqueAddress>) -> HomeChange {
         Region::set_home(self, shard, home, from)
     }
     fn node_lost(&self, node: &UniqueAddress) -> usize {
-        Region::node_lost(self, node)
+        self.table().node_lost(node)
     }
     fn call_off_handoffs(&self) {
         Region::call_off_handoffs(self)
@@ -133,7 +133,7 @@ impl TypeRegion for Arc<Region> {
         Region::hand_off(self, shard, generation)
     }
     fn mark_left(&self, nowhere: bool) {
-        Region::mark_left(self, nowhere)
+        self.table().mark_left(nowhere)
     }
     fn accepted(&self, by: UniqueAddress) {
         Region::accepted(self, by)
