@@ -17,7 +17,11 @@
 //! it cannot reach, so views differ across a blocked link, and the
 //! coordinator role is held for an oldest member beyond one (a resolver
 //! that has not decided). The membership is scripted (a graceful leave
-//! ends with the member Leaving, Exiting and removed). The control task's
+//! ends with the member Leaving, Exiting and removed). A node may be
+//! downed by the others while it runs on, cut off, with the view it had
+//! (as the oldest Up member there it acts as a second coordinator) until
+//! it hears it is down some ticks later and stops: the others' new
+//! coordinator must wait out the margin (SPEC §13.15). The control task's
 //! decisions are the real [`ControlCore`]'s, fed as `driver` feeds it; a
 //! node's core is woken only when its `poll_timeout` says so. Half the
 //! histories place and move shards with the default strategy, half with
@@ -45,8 +49,8 @@
 //! alone, every remembered entity is live on its shard's host.
 //!
 //! What is checked, over random histories of sends, deliveries, entity and
-//! region-actor steps, passivations, joins, crashes, graceful leaves, link
-//! cuts, unreachable links and heals, slow entities, and time: no message
+//! region-actor steps, passivations, joins, crashes, downs, graceful
+//! leaves, link cuts, unreachable links and heals, slow entities, and time: no message
 //! is processed twice; two incarnations of an entity never run side by
 //! side on one node; a handed-over state is applied at most once, to one
 //! incarnation; nothing is left behind a stop marker; and once the
@@ -128,6 +132,9 @@ const ASK_TIMEOUT: Duration = Duration::from_secs(3);
 /// within this long (the histories need under 1 s; a region re-registers
 /// every 10 s, which would hide a retry that never comes).
 const SETTLE_WITHIN: Duration = Duration::from_secs(5);
+/// A gone owner's shards move only this long after (SPEC §13.15 rule 3):
+/// longer than a downed node takes to hear it.
+const DEAD_OWNER_MARGIN: Duration = Duration::from_secs(1);
 
 /// How often the histories reached the transitions that matter most, so
 /// that a change to the generator or the code that stops reaching them is
@@ -193,6 +200,11 @@ struct Coverage {
     /// Nodes removed from the membership after a graceful leave (their
     /// view went Leaving, Exiting, then out).
     removed: u64,
+    /// Nodes the others downed while they ran on, cut off.
+    downed_while_running: u64,
+    /// Ticks at which two coordinators acted at once (a downed one on its
+    /// own side, before it heard it).
+    two_acting_coordinators: u64,
 }
 
 fn cover(f: impl FnOnce(&mut Coverage)) {
@@ -891,6 +903,9 @@ impl Node {
             handoff_timeout: HANDOFF_TIMEOUT,
             hold_through_unreachability: true,
             hold_for: Duration::from_secs(1),
+            // Longer than a downed node takes to hear it (at most 8
+            // ticks): the new coordinator lets its shards be meanwhile.
+            dead_owner_margin: DEAD_OWNER_MARGIN,
             ..CoordinatorConfig::default()
         };
         let limit = (!restless).then(|| EntityLimit::new(3));
@@ -1075,6 +1090,10 @@ struct Sim {
     /// Nodes that left the membership gracefully (removed): an identity
     /// that does not come back.
     removed: BTreeSet<usize>,
+    /// Nodes the others have downed (a resolver's decision) that are still
+    /// running, cut off, until they hear it: when they do, and the view
+    /// they keep until then (it hears no news).
+    downed_unaware: BTreeMap<usize, (Instant, MembershipState)>,
     links: BTreeMap<(usize, usize), Link>,
     /// Directions that are unreachable (a link cut one way, or both):
     /// what is sent that way is lost, until the link heals. Membership does
@@ -1109,6 +1128,7 @@ impl Sim {
             up: Vec::new(),
             down: Vec::new(),
             removed: BTreeSet::new(),
+            downed_unaware: BTreeMap::new(),
             links: BTreeMap::new(),
             blocked: BTreeSet::new(),
             ledger: Ledger::default(),
@@ -1130,6 +1150,9 @@ impl Sim {
     /// and its coordinator the oldest Up member it can reach (a second
     /// coordinator, on a side of a partition).
     fn view(&self, me: usize) -> MembershipState {
+        if let Some((_, frozen)) = self.downed_unaware.get(&me) {
+            return frozen.clone();
+        }
         let mut members: Vec<Member> = self
             .up
             .iter()
@@ -1346,15 +1369,73 @@ impl Sim {
         if others == 0 || i == PROXY || !self.up.contains(&i) {
             return;
         }
+        self.log.push(format!("crash {i}"));
+        self.end_process(i, "held by a crashed node");
+        self.up.retain(|n| *n != i);
+        self.down.push(i);
+        self.membership_changed();
+    }
+
+    /// The others down node `i` (their resolver decided) while `i`, cut
+    /// off from them both ways, runs on: it keeps the view it had (every
+    /// other member unreachable; as the oldest it still acts as a
+    /// coordinator there) until it hears it is down, `lag` ticks later,
+    /// and stops. The others' new coordinator must let it be for the
+    /// margin (SPEC §13.15 rule 3).
+    fn down_unaware(&mut self, i: usize, lag: u8) {
+        let others = self.up.iter().filter(|n| **n != i && **n != PROXY).count();
+        if others == 0 || i == PROXY || !self.up.contains(&i) {
+            return;
+        }
+        self.log
+            .push(format!("down {i}, who hears it in {lag} ticks"));
+        cover(|c| c.downed_while_running += 1);
+        for other in self.up.clone().into_iter().filter(|n| *n != i) {
+            for (from, to) in [(i, other), (other, i)] {
+                self.blocked.insert((from, to));
+                if let Some((_, data)) = self.links.remove(&(from, to)) {
+                    self.excuse_data(data, "in flight on an unreachable link");
+                }
+            }
+        }
+        let frozen = self.view(i);
+        let now = self.now;
+        if let Some(node) = self.node(i) {
+            let out = node.control.membership(now, frozen.clone(), &node.hosted);
+            self.run_control(i, out);
+        }
+        let hears_at = self.now + TICK * u32::from(lag);
+        self.downed_unaware.insert(i, (hears_at, frozen));
+        self.up.retain(|n| *n != i);
+        self.down.push(i);
+        self.membership_changed();
+    }
+
+    /// Downed nodes that hear it by now stop (their resolver downs
+    /// their side: the process ends).
+    fn hear_downed(&mut self) {
+        let now = self.now;
+        let heard: Vec<usize> = (self.downed_unaware.iter())
+            .filter(|(_, (at, _))| *at <= now)
+            .map(|(i, _)| *i)
+            .collect();
+        for i in heard {
+            self.downed_unaware.remove(&i);
+            self.log.push(format!("{i} hears it is down"));
+            self.end_process(i, "held by a downed node");
+            self.blocked.retain(|(a, b)| *a != i && *b != i);
+        }
+    }
+
+    /// Node `i`'s process ends at once: everything it held is lost.
+    fn end_process(&mut self, i: usize, why: &'static str) {
         let Some(node) = self.nodes[i].take() else {
             return;
         };
-        self.log.push(format!("crash {i}"));
         if let Some(reliable) = &mut self.reliable {
             reliable.confirming.remove(&i);
         }
         let mut held = Vec::new();
-        // (A crash: everything the node held is gone at once.)
         for shard in 0..SHARDS {
             let taken = node.region.table.slot(ShardId(shard)).take();
             held.extend(taken.buffered.into_iter().map(id_of));
@@ -1366,14 +1447,11 @@ impl Sim {
                 Item::Stop | Item::StopToMove => None,
             }));
         }
-        self.excuse(held, "held by a crashed node");
+        self.excuse(held, why);
         for ask in self.ledger.asks.values_mut().filter(|a| a.origin == i) {
             ask.gone = true;
         }
         self.drop_links(i, "in flight to or from a crashed node");
-        self.up.retain(|n| *n != i);
-        self.down.push(i);
-        self.membership_changed();
     }
 
     fn excuse_data(&mut self, data: impl IntoIterator<Item = Data>, why: &'static str) {
@@ -1418,7 +1496,10 @@ impl Sim {
     fn heal(&mut self) {
         if !self.blocked.is_empty() {
             self.log.push("heal".into());
-            self.blocked.clear();
+            // (A downed node stays cut off: the others quarantine it.)
+            let downed = &self.downed_unaware;
+            self.blocked
+                .retain(|(a, b)| downed.contains_key(a) || downed.contains_key(b));
             self.membership_changed();
         }
     }
@@ -1483,9 +1564,18 @@ impl Sim {
         }
     }
 
+    /// Whether `to` is gone (down or removed) in `from`'s view.
+    fn gone_for(&self, from: usize, to: usize) -> bool {
+        match self.downed_unaware.get(&from) {
+            Some((_, view)) => !(view.members.iter())
+                .any(|m| m.address == addr(to) && m.status != MemberStatus::Down),
+            None => self.down.contains(&to) || self.removed.contains(&to),
+        }
+    }
+
     fn send_data(&mut self, from: usize, to: usize, data: Data) {
         let envelope = matches!(data, Data::Envelope(_));
-        let lost = if envelope && (self.down.contains(&to) || self.removed.contains(&to)) {
+        let lost = if envelope && self.gone_for(from, to) {
             Some(SENT_TO_A_GONE_NODE)
         } else if self.nodes[to].is_none() {
             Some("in flight to or from a crashed node")
@@ -1594,8 +1684,16 @@ impl Sim {
             let waiting = std::mem::take(&mut node.pulls_waiting);
             node.actor.extend(waiting);
         }
+        self.hear_downed();
+        let acting = (self.nodes.iter().flatten())
+            .filter(|n| n.control.coordinator().is_active())
+            .count();
+        if acting > 1 {
+            cover(|c| c.two_acting_coordinators += 1);
+        }
         let now = self.now;
-        for i in self.up.clone() {
+        let running = self.up.iter().chain(self.downed_unaware.keys());
+        for i in running.copied().collect::<Vec<_>>() {
             let state = self.view(i);
             let Some(node) = self.node(i) else { continue };
             if node.control.poll_timeout().is_some_and(|due| due <= now) {
@@ -2311,6 +2409,8 @@ enum Op {
     Tick,
     Join(u8),
     Crash(u8),
+    /// The others down a node, which hears it some ticks later.
+    Down(u8, u8),
     Leave(u8),
     Cut(u8, u8),
     /// From the first node the second is unreachable (both ways if true).
@@ -2355,7 +2455,7 @@ impl Arbitrary for Op {
         let n = |g: &mut Gen| u8::arbitrary(g) % NODES as u8;
         // (Sends also go through the proxy, when it has joined.)
         let sender = |g: &mut Gen| u8::arbitrary(g) % (PROXY as u8 + 1);
-        match u8::arbitrary(g) % 48 {
+        match u8::arbitrary(g) % 49 {
             0..=5 => Op::Send(sender(g), u8::arbitrary(g) % SHARDS as u8),
             6..=9 => Op::Ask(sender(g), u8::arbitrary(g) % SHARDS as u8),
             10..=21 => Op::Deliver(u8::arbitrary(g)),
@@ -2371,6 +2471,7 @@ impl Arbitrary for Op {
             44 => Op::Idle(n(g), u8::arbitrary(g)),
             45 => Op::Slow(n(g), bool::arbitrary(g)),
             46 => Op::JoinProxy(bool::arbitrary(g)),
+            47 => Op::Down(n(g), 1 + u8::arbitrary(g) % 8),
             _ => Op::Wait,
         }
     }
@@ -2416,6 +2517,7 @@ fn run_with(ops: &[Op], restless: bool, reliable: bool) -> Result<Sim, String> {
             Op::Join(i) => sim.join(i as usize),
             Op::JoinProxy(refused) => sim.join_proxy(refused),
             Op::Crash(i) => sim.crash(i as usize),
+            Op::Down(i, lag) => sim.down_unaware(i as usize, lag),
             Op::Leave(i) => sim.leave(i as usize),
             Op::Cut(a, b) if a != b => sim.cut(a as usize, b as usize),
             Op::Cut(..) => {}
@@ -2781,6 +2883,8 @@ fn random_cluster_histories_lose_only_what_a_crash_or_a_cut_took() {
             c.split_views,
             c.held_roles,
             c.removed,
+            c.downed_while_running,
+            c.two_acting_coordinators,
         ];
         assert!(
             tests < 4_000 || reached.iter().all(|n| *n > 0),
@@ -3068,4 +3172,53 @@ fn regression_a_remembered_entity_started_by_a_stale_host_is_kept_for_the_next_h
     }
     let excused = COVER.with(|c| c.borrow().remembered_by_a_stale_host);
     assert_eq!(excused, 1, "the one excused case");
+}
+
+/// Node 1 is downed and hears it five ticks later; node 0 leaves, and node
+/// 3 takes the role from a leaver while node 1 might still act. Then node 3
+/// is downed in its turn (it placed shard 3 on itself, cut off, as the
+/// coordinator of its own side), and node 4, whose first view already has
+/// it down, takes over: neither successor may place a shard within the
+/// margin of the member downed before it.
+#[test]
+fn regression_a_takeover_waits_out_the_margin_of_a_member_downed_before_it() {
+    use Op::*;
+    let ops = [
+        Down(1, 5),
+        Join(3),
+        Ask(0, 1),
+        Deliver(0),
+        Ask(0, 3),
+        Leave(0),
+        Deliver(90),
+        Deliver(44),
+        Down(3, 5),
+        Join(4),
+        Send(4, 3),
+    ];
+    if let Err(e) = run(&ops) {
+        panic!("{e}");
+    }
+}
+
+/// Under a reliable producer: node 0, the coordinator, is downed while it
+/// runs on, cut off; node 1 takes over and leaves at once, and node 3
+/// takes the role from that leaver while node 0 still hosts what it placed
+/// on its own side.
+#[test]
+fn regression_a_takeover_from_a_leaver_waits_out_the_margin_of_a_downed_coordinator() {
+    use Op::*;
+    let ops = [
+        Send(0, 0),
+        Deliver(0),
+        Down(0, 4),
+        Leave(1),
+        Join(3),
+        Send(3, 0),
+        Tick,
+        Tick,
+    ];
+    if let Err(e) = run_with(&ops, false, true) {
+        panic!("{e}");
+    }
 }

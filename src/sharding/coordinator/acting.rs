@@ -289,6 +289,21 @@ impl CoordinatorCore {
             {
                 self.quiet_until = Some(now + margin);
             }
+            // So may a member downed within the margin, whatever this
+            // core's predecessor was: cut off, it can be the oldest Up
+            // member of its own view and act there until it hears it is
+            // down (a successor that left in between handed over only
+            // its own term; a core whose first view already had it down
+            // has no predecessor at all).
+            let downed_lately = (state.members.iter())
+                .filter(|m| m.status == MemberStatus::Down)
+                .filter_map(|m| self.gone_at.get(&m.address))
+                .map(|at| *at + margin)
+                .max()
+                .filter(|until| *until > now);
+            if let Some(until) = downed_lately {
+                self.quiet_until = Some(self.quiet_until.map_or(until, |q| q.max(until)));
+            }
             self.settling_until = Some(now + self.config.settle);
             self.next_rebalance = Some(now + self.config.settle + self.config.rebalance_interval);
             // Registrations from an earlier term, or sent before this node

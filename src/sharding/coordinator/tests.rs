@@ -1993,6 +1993,62 @@ fn a_takeover_from_a_downed_coordinator_allocates_nothing_within_the_margin() {
     );
 }
 
+/// A member downed within the margin may still act as the coordinator of
+/// its own side until it hears it is down (as the oldest Up member of its
+/// view it holds the role there): whichever core takes over next — from a
+/// successor that left gracefully in between, or with no predecessor in
+/// its first view — allocates nothing until a margin after it saw that
+/// member down.
+#[test]
+fn regression_a_takeover_allocates_nothing_within_the_margin_of_a_member_downed_before_it() {
+    let t0 = Instant::now();
+    let margin = Duration::from_millis(1_400);
+    let n: Vec<UniqueAddress> = (1..=4).map(node).collect();
+    let config = CoordinatorConfig {
+        dead_owner_margin: margin,
+        hold_through_unreachability: true,
+        ..CoordinatorConfig::default()
+    };
+    // `c` became active at `now`; a member it saw downed at `downed`.
+    let allocates_after_the_margin =
+        |mut c: CoordinatorCore, now: Instant, downed: Instant, hosts: &[UniqueAddress]| {
+            assert!(c.is_active());
+            for a in hosts {
+                c.register(now, *a, &reg(4, vec![]));
+            }
+            assert!(
+                c.get_home(now, hosts[0], TYPE, 0, 0).is_empty(),
+                "within the margin of the downed member: waits"
+            );
+            assert!(
+                c.tick(downed + margin - Duration::from_millis(1))
+                    .is_empty()
+            );
+            let out = c.tick(downed + margin);
+            assert!(
+                tells_home(&out, 0),
+                "allocated once the margin is over: {out:?}"
+            );
+        };
+    // Node 1 was downed (it may still act on its side); node 2 took over,
+    // then left gracefully: node 3 takes over from a leaver.
+    let mut c = CoordinatorCore::new(n[2], config, Box::new(LeastShardAllocation));
+    c.set_membership(t0, &view(n[2], &n[1..], &n[..1], &[]));
+    assert!(!c.is_active(), "node 2 acts");
+    let t1 = t0 + Duration::from_millis(300);
+    let mut leaving = view(n[2], &n[1..], &n[..1], &[]);
+    leaving.members[1].status = MemberStatus::Leaving;
+    leaving.coordinator = Some(n[2]);
+    c.set_membership(t1, &leaving);
+    c.unregister(t1, n[1], &[TYPE.to_owned()]);
+    allocates_after_the_margin(c, t1, t0, &n[2..]);
+    // Node 4 joins after node 1 was downed and node 2 left: its first
+    // view has node 1 down and itself the coordinator.
+    let mut c = CoordinatorCore::new(n[3], config, Box::new(LeastShardAllocation));
+    c.set_membership(t1, &view(n[3], &n[3..], &n[..1], &[]));
+    allocates_after_the_margin(c, t1, t1, &n[3..]);
+}
+
 #[test]
 fn a_takeover_moves_the_old_coordinators_shards_one_margin_after_its_down() {
     let t0 = Instant::now();
