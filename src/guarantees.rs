@@ -770,6 +770,41 @@
 /// # fn main() {}
 /// ```
 ///
+/// ## A protocol version that does not extend the one it replaces
+///
+/// Two versions of a protocol run side by side in a rolling upgrade only
+/// when the newer one appends lines and changes none (SPEC §13.6).
+/// `extends::<New, Old>()` checks that at compile time. Error: E0080,
+/// ``evaluation panicked: assertion failed: extends::<CounterV2, CounterV1>()``.
+///
+/// Rejected (`E0080`), a version that reorders two lines:
+///
+/// ```compile_fail,E0080
+/// # use datum_cluster_sharding::prelude::*;
+/// # use datum_cluster_sharding::extends;
+/// # #[derive(Serialize, Deserialize)] pub struct Add(pub u64);
+/// # #[derive(Serialize, Deserialize)] pub struct Get;
+/// # #[derive(Serialize, Deserialize)] pub struct Reset;
+/// protocol! { pub protocol CounterV1 = "counter" { tell Add; ask Get -> u64; } }
+/// protocol! { pub protocol CounterV2 = "counter" { ask Get -> u64; tell Add; ask Reset -> u64; } }
+/// const _: () = assert!(extends::<CounterV2, CounterV1>());
+/// # fn main() {}
+/// ```
+///
+/// Its twin, which compiles: the new line appended at the end.
+///
+/// ```
+/// # use datum_cluster_sharding::prelude::*;
+/// # use datum_cluster_sharding::extends;
+/// # #[derive(Serialize, Deserialize)] pub struct Add(pub u64);
+/// # #[derive(Serialize, Deserialize)] pub struct Get;
+/// # #[derive(Serialize, Deserialize)] pub struct Reset;
+/// protocol! { pub protocol CounterV1 = "counter" { tell Add; ask Get -> u64; } }
+/// protocol! { pub protocol CounterV2 = "counter" { tell Add; ask Get -> u64; ask Reset -> u64; } }
+/// const _: () = assert!(extends::<CounterV2, CounterV1>());
+/// # fn main() {}
+/// ```
+///
 /// ## A migratable entity whose state is not serde
 ///
 /// A [`Migratable`](crate::Migratable) entity's `Dehydrated` state crosses

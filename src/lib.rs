@@ -89,7 +89,7 @@ pub use model::config::{
 };
 pub use model::error::{Processed, RegionRefusal, ShardingError, ShardingResult};
 pub use model::extractor::{DefaultShardExtractor, ShardExtractor, ShardId, fnv1a_64};
-pub use model::protocol::{Ask, Message, MessageInfo, MessageKind, Protocol, Tell};
+pub use model::protocol::{Ask, Message, MessageInfo, MessageKind, Protocol, Tell, extends};
 pub use persistence::remember::{
     FILE_STORE_VERSION, FileStore, FileStoreFsyncPolicy, InMemoryStore, LOCK_FILE, MAX_ENTITY_ID,
     MAX_TYPE_NAME, NoStore, RememberEntitiesEvent, RememberEntitiesOperation,

@@ -15,25 +15,45 @@ pub use crate::runtime::dispatch::{
 };
 pub use futures_util::future::{Either, ready};
 
-/// FNV-1a 64 over `parts`, each followed by the byte 0xff (which no UTF-8
-/// text contains, so the parts cannot run into each other): a protocol's
+const OFFSET_BASIS: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// `hash` (FNV-1a 64) carried over `part` and then the byte 0xff, which no
+/// UTF-8 text contains, so parts cannot run into each other.
+const fn fnv_part(mut hash: u64, part: &str) -> u64 {
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let bytes = part.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        hash = (hash ^ bytes[i] as u64).wrapping_mul(PRIME);
+        i += 1;
+    }
+    (hash ^ 0xff).wrapping_mul(PRIME)
+}
+
+/// FNV-1a 64 over `parts`, each followed by the byte 0xff: a protocol's
 /// fingerprint.
 pub const fn fingerprint(parts: &[&str]) -> u64 {
-    const OFFSET_BASIS: u64 = 0xcbf2_9ce4_8422_2325;
-    const PRIME: u64 = 0x0000_0100_0000_01b3;
     let mut hash = OFFSET_BASIS;
     let mut p = 0;
     while p < parts.len() {
-        let bytes = parts[p].as_bytes();
-        let mut i = 0;
-        while i < bytes.len() {
-            hash = (hash ^ bytes[i] as u64).wrapping_mul(PRIME);
-            i += 1;
-        }
-        hash = (hash ^ 0xff).wrapping_mul(PRIME);
+        hash = fnv_part(hash, parts[p]);
         p += 1;
     }
     hash
+}
+
+/// The fingerprints of a protocol up to each of its lines: entry `i` is
+/// [`fingerprint`] over the wire name and lines `0..=i`.
+pub const fn line_fingerprints<const N: usize>(wire: &str, lines: [&str; N]) -> [u64; N] {
+    let mut out = [0; N];
+    let mut hash = fnv_part(OFFSET_BASIS, wire);
+    let mut i = 0;
+    while i < N {
+        hash = fnv_part(hash, lines[i]);
+        out[i] = hash;
+        i += 1;
+    }
+    out
 }
 
 /// Whether `name` is a usable protocol wire name: 1 to 64 bytes of ASCII
@@ -169,7 +189,7 @@ pub mod bench {
 
 #[cfg(test)]
 mod tests {
-    use super::{fingerprint, valid_wire_name};
+    use super::{fingerprint, line_fingerprints, valid_wire_name};
     use crate::model::protocol::Protocol;
     use serde::{Deserialize, Serialize};
 
@@ -207,6 +227,12 @@ mod tests {
             0x10f4_3ecc_488b_4809
         );
         assert_eq!(<Tally as Protocol>::FINGERPRINT, 0x10f4_3ecc_488b_4809);
+        // The fingerprint stopped after each line.
+        assert_eq!(
+            <Tally as Protocol>::LINES,
+            [0xbcac_9f54_39be_15f0, 0x10f4_3ecc_488b_4809]
+        );
+        assert_eq!(line_fingerprints("tally", []), [0u64; 0]);
     }
 
     #[test]

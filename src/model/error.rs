@@ -30,6 +30,10 @@ pub struct RegionRefusal {
     pub cluster_fingerprint: Option<u64>,
     /// The shard count the type has in the cluster (as above).
     pub cluster_num_shards: Option<u32>,
+    /// The first line (1-based) of the protocol at which this region's
+    /// version and the cluster's differ, neither extending the other
+    /// (SPEC §13.6); `None` when the refusal is not about the lines.
+    pub differing_line: Option<u32>,
     /// The coordinator's words.
     pub reason: String,
 }
@@ -210,6 +214,23 @@ pub enum ShardingError {
         /// The other node.
         node: String,
     },
+    /// The message is of a later version of the protocol than the one its
+    /// owner runs: its line is past the owner's last (SPEC §13.6). Not
+    /// processed; it is answered once a node of a version that has the
+    /// line hosts the shard.
+    #[error(
+        "message line {line} of protocol `{type_name}` is past the version on {node}, which has {lines} lines; message not processed"
+    )]
+    UnknownMessage {
+        /// The protocol's wire name.
+        type_name: &'static str,
+        /// The message's line in the sender's version (1-based).
+        line: u32,
+        /// How many lines the owner's version has.
+        lines: u32,
+        /// The owner's node.
+        node: String,
+    },
     /// A message or reply from another node did not decode into its type. The
     /// message was not processed (for a reply: it was, but its value is lost).
     #[error("{what} from another node does not decode: {error}")]
@@ -292,6 +313,7 @@ impl ShardingError {
             | E::RememberEntities { .. }
             | E::RegionRefused(_)
             | E::ProtocolMismatch { .. }
+            | E::UnknownMessage { .. }
             | E::TooManyHops { .. }
             | E::Remote(_)
             | E::Spawn(_)
@@ -343,6 +365,7 @@ impl ShardingError {
             ShardingError::PeerLost { .. } => "peer_lost",
             ShardingError::RegionRefused(_) => "region_refused",
             ShardingError::ProtocolMismatch { .. } => "protocol_mismatch",
+            ShardingError::UnknownMessage { .. } => "unknown_message",
             ShardingError::Undecodable { .. } => "undecodable",
             ShardingError::TooManyHops { .. } => "too_many_hops",
             ShardingError::Remote(_) => "remote",
@@ -434,6 +457,14 @@ pub enum RemoteError {
         /// The fingerprint the envelope carried.
         sender: u64,
     },
+    /// The message's line is past the receiver's version of the protocol;
+    /// not processed.
+    UnknownMessage {
+        /// The message's line (1-based).
+        line: u32,
+        /// How many lines the receiver's version has.
+        lines: u32,
+    },
     /// The message did not decode on the receiver; not processed.
     Undecodable {
         /// What did not decode.
@@ -497,6 +528,10 @@ impl From<&ShardingError> for RemoteError {
                 receiver: *local,
                 sender: *remote,
             },
+            E::UnknownMessage { line, lines, .. } => RemoteError::UnknownMessage {
+                line: *line,
+                lines: *lines,
+            },
             E::Undecodable { what, error } => RemoteError::Undecodable {
                 what: what.clone(),
                 error: error.clone(),
@@ -557,6 +592,12 @@ impl RemoteError {
                 shard_id: ShardId(shard),
                 message,
             },
+            RemoteError::UnknownMessage { line, lines } => ShardingError::UnknownMessage {
+                type_name,
+                line,
+                lines,
+                node: node.to_string(),
+            },
             RemoteError::ProtocolMismatch { receiver, sender } => ShardingError::ProtocolMismatch {
                 type_name,
                 local: sender,
@@ -615,6 +656,7 @@ mod tests {
             num_shards: 2,
             cluster_fingerprint: None,
             cluster_num_shards: None,
+            differing_line: None,
             reason: "r".into(),
         };
         use Processed::{Maybe, No, Yes};

@@ -78,10 +78,140 @@ pub trait Protocol: SealedProtocol + Send + Sync + 'static {
     /// with [`ShardingError::ProtocolMismatch`](crate::ShardingError::ProtocolMismatch)
     /// instead of decoding it into the wrong type.
     const FINGERPRINT: u64;
+    /// The protocol's fingerprint up to each of its lines: entry `i` covers
+    /// the wire name and lines `0..=i`, and the last is
+    /// [`FINGERPRINT`](Self::FINGERPRINT). A later version of the protocol
+    /// that only appends lines keeps these as a prefix of its own, which is
+    /// how nodes of the two versions tell that they can talk (SPEC §13.6):
+    /// an envelope carries the entry of its own message's line.
+    const LINES: &'static [u64];
     /// The messages of the protocol, in declaration order.
     const MESSAGES: &'static [MessageInfo];
     /// How entity ids map to shards for this protocol.
     type Extractor: ShardExtractor;
+}
+
+/// Whether protocol `New` is a compatible later version of `Old`: the same
+/// wire name, and `Old`'s lines as the first lines of `New` (a version that
+/// only appends tells and asks). Nodes of two such versions host and reach
+/// one entity type in one cluster (SPEC §13.6). Meant for a compile-time
+/// check where both versions live in one crate:
+///
+/// ```
+/// use datum_cluster_sharding::prelude::*;
+/// use datum_cluster_sharding::extends;
+///
+/// #[derive(Serialize, Deserialize)] pub struct Add(pub u64);
+/// #[derive(Serialize, Deserialize)] pub struct Get;
+/// #[derive(Serialize, Deserialize)] pub struct Reset;
+///
+/// protocol! { pub protocol CounterV1 = "counter" { tell Add; ask Get -> u64; } }
+/// protocol! { pub protocol CounterV2 = "counter" { tell Add; ask Get -> u64; ask Reset -> u64; } }
+///
+/// const _: () = assert!(extends::<CounterV2, CounterV1>());
+/// # fn main() {}
+/// ```
+pub const fn extends<New: Protocol, Old: Protocol>() -> bool {
+    let (new, old) = (New::LINES, Old::LINES);
+    if !same_str(New::TYPE_NAME, Old::TYPE_NAME) || new.len() < old.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < old.len() {
+        if new[i] != old[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+const fn same_str(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+/// How a message from another node stands against this node's version of
+/// its protocol.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LineCheck {
+    /// This version has the message's line, and every line before it, as
+    /// the sender has them: it decodes.
+    Known,
+    /// The message's line is past this version's last (the sender runs a
+    /// later version).
+    Beyond,
+    /// The sender's lines up to the message differ from this version's.
+    Differs,
+}
+
+/// Checks the fingerprint an envelope of message `index` carried against a
+/// version whose fingerprint up to each line is `lines` and whole
+/// fingerprint `whole`. An envelope carries the entry of its own line; one
+/// that carries a whole fingerprint (this version's or an older one's, as
+/// a sender that names no line writes it) is known when this version's
+/// lines from `index` on hold it. Without `lines` (a region that names no
+/// lines), only `whole` is compared.
+pub(crate) fn check_line(lines: &[u64], whole: u64, index: u16, carried: u64) -> LineCheck {
+    if lines.is_empty() {
+        return if carried == whole {
+            LineCheck::Known
+        } else {
+            LineCheck::Differs
+        };
+    }
+    match lines.get(usize::from(index)..) {
+        Some([own, ..]) if *own == carried => LineCheck::Known,
+        Some(rest @ [_, ..]) if rest.contains(&carried) => LineCheck::Known,
+        Some([_, ..]) => LineCheck::Differs,
+        _ => LineCheck::Beyond,
+    }
+}
+
+/// How one version of a protocol stands against another, each given by
+/// its whole fingerprint and its fingerprint up to each line (empty when
+/// the registrant named no lines: then only whole fingerprints compare).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Versions {
+    /// The same lines.
+    Same,
+    /// The other's lines are the first lines of this one (it is older).
+    Older,
+    /// This one's lines are the first lines of the other (it is newer).
+    Newer,
+    /// Neither extends the other; the first line (1-based) they differ
+    /// at, when both named their lines.
+    Differ { line: Option<u32> },
+}
+
+/// Compares version `other` (whole fingerprint, lines) with `this`.
+pub(crate) fn compare_versions(this: (u64, &[u64]), other: (u64, &[u64])) -> Versions {
+    let ((this, these), (other, others)) = (this, other);
+    if this == other {
+        return Versions::Same;
+    }
+    match (these.is_empty(), others.is_empty()) {
+        (false, false) => match these.iter().zip(others).position(|(a, b)| a != b) {
+            Some(at) => Versions::Differ {
+                line: u32::try_from(at + 1).ok(),
+            },
+            None if others.len() < these.len() => Versions::Older,
+            None => Versions::Newer,
+        },
+        (false, true) if these.contains(&other) => Versions::Older,
+        (true, false) if others.contains(&this) => Versions::Newer,
+        _ => Versions::Differ { line: None },
+    }
 }
 
 /// Whether a message is told (no reply) or asked (one reply).
@@ -142,8 +272,14 @@ pub trait Ask<P: Protocol>: Message<P> + SealedAsk<P> {}
 ///
 /// Message types are written as paths of identifiers (`Add`, `msgs::Add`) and
 /// must derive `Serialize` and `Deserialize`; ask replies may be any
-/// serializable type. The order of the lines fixes each message's wire tag, so
-/// append new messages at the end to stay compatible with running nodes.
+/// serializable type. The order of the lines fixes each message's wire tag.
+/// A later version that only appends lines is compatible with the one it
+/// extends: nodes of both host and reach one entity type in one cluster, as
+/// in a rolling upgrade (a message of an appended line that reaches an owner
+/// of the older version is answered
+/// [`ShardingError::UnknownMessage`](crate::ShardingError::UnknownMessage));
+/// removing, reordering or changing a line is not (SPEC §13.6). Check it at
+/// compile time with [`extends`](crate::extends).
 #[macro_export]
 macro_rules! protocol {
     (
@@ -186,6 +322,11 @@ macro_rules! protocol {
                 $wire,
                 $( $crate::__protocol_impl!(@signature $kind $($msg)::+ $( -> $reply )?), )*
             ]);
+            const LINES: &'static [u64] = &$crate::__private::line_fingerprints::<
+                { 0usize $( + $crate::__protocol_impl!(@one $kind) )* },
+            >($wire, [
+                $( $crate::__protocol_impl!(@signature $kind $($msg)::+ $( -> $reply )?), )*
+            ]);
             const MESSAGES: &'static [$crate::MessageInfo] = &[
                 $( $crate::__protocol_impl!(@info $kind $($msg)::+), )*
             ];
@@ -221,6 +362,7 @@ macro_rules! protocol {
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __protocol_impl {
+    (@one $kind:ident) => { 1usize };
     (@extractor) => { $crate::DefaultShardExtractor };
     (@extractor $ext:ty) => { $ext };
 
@@ -307,4 +449,60 @@ macro_rules! __protocol_impl {
     (@messages $p:ident, $idx:expr, $kind:ident $($rest:tt)*) => {
         compile_error!(concat!("a protocol line starts with `tell`, `ask` or `defer`, not `", stringify!($kind), "`"));
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{LineCheck, Versions, check_line, compare_versions};
+
+    // Three versions of one protocol's lines: `v2` appends a line to `v1`,
+    // `other` changes `v1`'s second line.
+    const V1: [u64; 2] = [11, 12];
+    const V2: [u64; 3] = [11, 12, 13];
+    const OTHER: [u64; 2] = [11, 22];
+
+    #[test]
+    fn an_envelope_is_known_by_its_own_line_or_by_a_whole_fingerprint_of_a_version_that_has_it() {
+        use LineCheck::*;
+        // A v1 sender's line 1 at a v2 owner, and a v2 sender's line 1 at
+        // a v1 owner: the same entry.
+        assert_eq!(check_line(&V2, 13, 1, 12), Known);
+        assert_eq!(check_line(&V1, 12, 1, 12), Known);
+        // v2's third line at a v1 owner: past its last.
+        assert_eq!(check_line(&V1, 12, 2, 13), Beyond);
+        // A whole fingerprint: v1's at a v2 owner names lines 0 and 1 of
+        // it; v2's own, any of its lines.
+        assert_eq!(check_line(&V2, 13, 0, 12), Known);
+        assert_eq!(check_line(&V2, 13, 0, 13), Known);
+        // A line that differs, and a whole fingerprint of a version that
+        // lacks the line.
+        assert_eq!(check_line(&V1, 12, 1, 22), Differs);
+        assert_eq!(check_line(&V2, 13, 2, 12), Differs);
+        // A region that names no lines compares whole fingerprints.
+        assert_eq!(check_line(&[], 7, 5, 7), Known);
+        assert_eq!(check_line(&[], 7, 0, 8), Differs);
+    }
+
+    #[test]
+    fn versions_are_compatible_when_one_extends_the_other() {
+        let v = |lines: &'static [u64]| (*lines.last().unwrap_or(&0), lines);
+        assert_eq!(compare_versions(v(&V1), v(&V1)), Versions::Same);
+        assert_eq!(compare_versions(v(&V2), v(&V1)), Versions::Older);
+        assert_eq!(compare_versions(v(&V1), v(&V2)), Versions::Newer);
+        assert_eq!(
+            compare_versions(v(&V2), v(&OTHER)),
+            Versions::Differ { line: Some(2) }
+        );
+        // A registrant that names no lines: by its whole fingerprint.
+        assert_eq!(compare_versions(v(&V2), (12, &[])), Versions::Older);
+        assert_eq!(compare_versions((12, &[]), v(&V2)), Versions::Newer);
+        assert_eq!(
+            compare_versions(v(&V2), (22, &[])),
+            Versions::Differ { line: None }
+        );
+        assert_eq!(
+            compare_versions((1, &[]), (2, &[])),
+            Versions::Differ { line: None }
+        );
+    }
 }

@@ -109,8 +109,7 @@ impl ControlCore {
                     .iter()
                     .map(|&(shard, owner, generation)| (shard, ShardHome { owner, generation }))
                     .collect();
-                self.coordinator
-                    .seed(&reg.type_name, reg.fingerprint, reg.num_shards, &homes);
+                self.coordinator.seed(reg, &homes);
             }
             let commands = self.coordinator.register(now, self.me, &own);
             self.coordinator_out(now, regions, commands, &mut out);
@@ -312,7 +311,14 @@ impl ControlCore {
                     reason,
                     cluster_fingerprint,
                     cluster_num_shards,
-                } => regions.refused(&type_name, reason, cluster_fingerprint, cluster_num_shards),
+                    differing_line,
+                } => regions.refused(
+                    &type_name,
+                    reason,
+                    cluster_fingerprint,
+                    cluster_num_shards,
+                    differing_line,
+                ),
             }
         }
     }

@@ -74,6 +74,7 @@ pub(crate) trait LocalRegions: RegionsView {
         reason: String,
         cluster_fingerprint: Option<u64>,
         cluster_num_shards: Option<u32>,
+        differing_line: Option<u32>,
     );
 }
 
@@ -120,6 +121,7 @@ pub(crate) enum RegionCommand {
         reason: String,
         cluster_fingerprint: Option<u64>,
         cluster_num_shards: Option<u32>,
+        differing_line: Option<u32>,
     },
 }
 
@@ -505,6 +507,7 @@ impl RegionCore {
                 reason,
                 cluster_fingerprint,
                 cluster_num_shards,
+                differing_line,
             } => {
                 tracing::error!(node = %self.me, %type_name, %reason, "the coordinator refused this node's region");
                 // Heard: registering again would be refused again.
@@ -514,6 +517,7 @@ impl RegionCore {
                     reason,
                     cluster_fingerprint,
                     cluster_num_shards,
+                    differing_line,
                 }]
             }
             // For the coordinator, and stats: not this core's.

@@ -42,6 +42,7 @@ impl RegionsView for Fake {
             .map(|t| TypeRegistration {
                 type_name: t.clone(),
                 fingerprint: 1,
+                lines: Vec::new(),
                 num_shards: 8,
                 homes: Vec::new(),
                 proxy: false,
@@ -113,6 +114,7 @@ impl LocalRegions for Fake {
         _reason: String,
         _cluster_fingerprint: Option<u64>,
         _cluster_num_shards: Option<u32>,
+        _differing_line: Option<u32>,
     ) {
         self.calls.borrow_mut().push(format!("refused {type_name}"));
     }
@@ -445,6 +447,7 @@ fn the_coordinators_other_words_reach_the_regions() {
             reason: "another fingerprint".into(),
             cluster_fingerprint: Some(2),
             cluster_num_shards: Some(8),
+            differing_line: None,
         },
     ];
     let out: Vec<RegionCommand> = msgs

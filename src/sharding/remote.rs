@@ -222,7 +222,9 @@ impl Remote {
         };
         let envelope = EnvelopeRef {
             type_name: region.type_name,
-            fingerprint: region.fingerprint,
+            // (Its own line's: a node of an older version that has the
+            // line decodes it, SPEC §13.6.)
+            fingerprint: region.line_fingerprint(parts.index),
             shard: shard.0,
             generation: home.generation,
             entity_id,

@@ -807,6 +807,9 @@ impl TypeRegion for Rc<Region> {
     fn fingerprint(&self) -> u64 {
         self.fingerprint
     }
+    fn lines(&self) -> &'static [u64] {
+        &[]
+    }
     fn num_shards(&self) -> u32 {
         self.table.num_shards()
     }

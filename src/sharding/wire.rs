@@ -192,6 +192,12 @@ pub(crate) fn encode_cbor<T: Serialize>(msg: &T) -> Bytes {
 pub(crate) struct TypeRegistration {
     pub(crate) type_name: String,
     pub(crate) fingerprint: u64,
+    /// The protocol's fingerprint up to each of its lines (SPEC §13.6):
+    /// a coordinator registers a version whose lines extend the type's, or
+    /// are extended by them. Empty from a sender that names no lines (then
+    /// only whole fingerprints compare).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) lines: Vec<u64>,
     pub(crate) num_shards: u32,
     /// Every home this region knows (its replica of the table, its own
     /// shards included): shard, owner, generation.
@@ -268,6 +274,10 @@ pub(crate) enum ControlMsg {
         cluster_fingerprint: Option<u64>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         cluster_num_shards: Option<u32>,
+        /// The first line (1-based) at which the region's protocol and the
+        /// cluster's differ, when both named their lines.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        differing_line: Option<u32>,
     },
     /// Coordinator → the shard's owner: stop the shard's entities (each
     /// finishes its mailbox), buffer what arrives meanwhile, and report
@@ -823,6 +833,7 @@ mod tests {
             stopped: Vec::new(),
             type_name: "tally".into(),
             fingerprint: 1,
+            lines: vec![],
             num_shards: 8,
             homes: vec![],
             proxy: true,
@@ -959,6 +970,7 @@ mod tests {
                 receiver: 1,
                 sender: 2,
             },
+            RemoteError::UnknownMessage { line: 3, lines: 2 },
             RemoteError::Undecodable {
                 what: "w".into(),
                 error: "e".into(),

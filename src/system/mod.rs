@@ -58,6 +58,7 @@ fn region_protocol<P: Protocol>() -> RegionProtocol {
         type_name: P::TYPE_NAME,
         id: TypeId::of::<P>(),
         fingerprint: P::FINGERPRINT,
+        lines: P::LINES,
         decode: <P as SealedProtocol>::decode,
         extract: |entity_id, num_shards| {
             <P::Extractor as Default>::default().shard_id(entity_id, num_shards)

@@ -39,8 +39,11 @@ use crate::runtime::mailbox::{EntityMsg, RegionMsg};
 pub(crate) struct Region {
     pub(crate) type_name: &'static str,
     pub(crate) protocol: std::any::TypeId,
-    /// The protocol's fingerprint, checked against every remote envelope.
+    /// The protocol's fingerprint (what it registers with).
     pub(crate) fingerprint: u64,
+    /// The protocol's fingerprint up to each of its lines: an envelope
+    /// carries its own line's, and is checked against it.
+    pub(crate) lines: &'static [u64],
     /// The protocol's decoder for remote envelopes.
     pub(crate) decode: DecodeFn,
     /// The protocol's extractor, to check the shard a remote envelope names.

@@ -13,6 +13,12 @@ use crate::model::error::ShardingResult;
 use crate::model::extractor::ShardId;
 
 impl Region {
+    /// The fingerprint an envelope of message `index` carries: the
+    /// protocol's up to that message's line.
+    pub(crate) fn line_fingerprint(&self, index: u16) -> u64 {
+        (self.lines.get(usize::from(index)).copied()).unwrap_or(self.fingerprint)
+    }
+
     /// Routes one envelope to `entity_id` in `shard`. On error the envelope
     /// was not accepted; it is answered after the lock is released.
     pub(crate) fn deliver(

@@ -40,6 +40,8 @@ pub(crate) struct RegionProtocol {
     pub(crate) type_name: &'static str,
     pub(crate) id: std::any::TypeId,
     pub(crate) fingerprint: u64,
+    /// Its fingerprint up to each line (`Protocol::LINES`).
+    pub(crate) lines: &'static [u64],
     pub(crate) decode: DecodeFn,
     pub(crate) extract: ExtractFn,
 }
@@ -69,6 +71,7 @@ impl Region {
             type_name: protocol.type_name,
             protocol: protocol.id,
             fingerprint: protocol.fingerprint,
+            lines: protocol.lines,
             decode: protocol.decode,
             extract: protocol.extract,
             cluster,

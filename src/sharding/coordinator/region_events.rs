@@ -16,18 +16,16 @@ use super::{
 impl CoordinatorCore {
     /// Seeds the table from this node's own replica (before acting as the
     /// coordinator for the first time): known homes, highest generation wins.
-    pub(crate) fn seed(
-        &mut self,
-        type_name: &str,
-        fingerprint: u64,
-        num_shards: u32,
-        homes: &[(u32, ShardHome)],
-    ) {
+    pub(crate) fn seed(&mut self, reg: &TypeRegistration, homes: &[(u32, ShardHome)]) {
+        let num_shards = reg.num_shards;
         let table = self
             .types
-            .entry(type_name.to_owned())
-            .or_insert_with(|| TypeTable::new(fingerprint, num_shards));
-        if table.fingerprint != fingerprint || table.num_shards != num_shards {
+            .entry(reg.type_name.clone())
+            .or_insert_with(|| TypeTable::new(reg.fingerprint, &reg.lines, num_shards));
+        if table
+            .admit(reg.fingerprint, &reg.lines, num_shards)
+            .is_err()
+        {
             return;
         }
         for &(shard, home) in homes {
@@ -63,6 +61,7 @@ impl CoordinatorCore {
                             ),
                             cluster_fingerprint: None,
                             cluster_num_shards: None,
+                            differing_line: None,
                         },
                     });
                 }
@@ -71,30 +70,38 @@ impl CoordinatorCore {
             let table = self
                 .types
                 .entry(reg.type_name.clone())
-                .or_insert_with(|| TypeTable::new(reg.fingerprint, reg.num_shards));
-            if table.regions.is_empty()
+                .or_insert_with(|| TypeTable::new(reg.fingerprint, &reg.lines, reg.num_shards));
+            let mut admitted = table.admit(reg.fingerprint, &reg.lines, reg.num_shards);
+            if admitted.is_err()
+                && table.regions.is_empty()
                 && table.homes.iter().all(Option::is_none)
-                && (table.fingerprint, table.num_shards) != (reg.fingerprint, reg.num_shards)
             {
                 // Nobody holds this type's table yet: the first region decides
                 // it (generations seen so far are kept where shards remain).
-                let mut fresh = TypeTable::new(reg.fingerprint, reg.num_shards);
+                let mut fresh = TypeTable::new(reg.fingerprint, &reg.lines, reg.num_shards);
                 for (g, old) in fresh.generations.iter_mut().zip(&table.generations) {
                     *g = *old;
                 }
                 ended.extend(std::mem::take(&mut table.handoffs).into_values());
                 *table = fresh;
+                admitted = Ok(());
             }
-            if table.fingerprint != reg.fingerprint || table.num_shards != reg.num_shards {
+            if let Err(differing_line) = admitted {
                 if self.active {
-                    let reason = format!(
-                        "type `{}` is registered with fingerprint {:016x} and {} shards in this cluster; this region has {:016x} and {}",
-                        reg.type_name,
-                        table.fingerprint,
-                        table.num_shards,
-                        reg.fingerprint,
-                        reg.num_shards
-                    );
+                    let reason = match differing_line {
+                        Some(line) => format!(
+                            "type `{}`'s protocol differs from the cluster's at line {line}, and neither version extends the other (only lines appended at the end are compatible); the cluster has fingerprint {:016x}, this region {:016x}",
+                            reg.type_name, table.fingerprint, reg.fingerprint
+                        ),
+                        None => format!(
+                            "type `{}` is registered with fingerprint {:016x} and {} shards in this cluster; this region has {:016x} and {}",
+                            reg.type_name,
+                            table.fingerprint,
+                            table.num_shards,
+                            reg.fingerprint,
+                            reg.num_shards
+                        ),
+                    };
                     out.push(Command::Send {
                         to: from,
                         msg: ControlMsg::Refused {
@@ -102,6 +109,7 @@ impl CoordinatorCore {
                             reason,
                             cluster_fingerprint: Some(table.fingerprint),
                             cluster_num_shards: Some(table.num_shards),
+                            differing_line,
                         },
                     });
                 }

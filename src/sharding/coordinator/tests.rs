@@ -82,6 +82,7 @@ fn reg_as(
     vec![TypeRegistration {
         type_name: TYPE.into(),
         fingerprint: FP,
+        lines: Vec::new(),
         num_shards,
         homes,
         proxy: false,
@@ -291,6 +292,51 @@ fn mismatched_fingerprint_or_shard_count_is_refused() {
     );
 }
 
+/// A rolling upgrade: a version that appends a line registers beside the
+/// one it extends (whichever comes first), is given shards, and older
+/// nodes go on registering; a version that changes a line is refused,
+/// named at its first differing line.
+#[test]
+fn compatible_protocol_versions_share_one_table_and_an_incompatible_one_is_refused_at_its_first_differing_line()
+ {
+    let t0 = Instant::now();
+    let n: Vec<UniqueAddress> = (1..=3).map(node).collect();
+    let version = |lines: &[u64]| {
+        let mut r = reg(8, vec![]);
+        r[0].fingerprint = *lines.last().expect("a line");
+        r[0].lines = lines.to_vec();
+        r
+    };
+    let (v1, v2, other) = (
+        version(&[11, 12]),
+        version(&[11, 12, 13]),
+        version(&[11, 22]),
+    );
+    let refused_at = |out: &[Command]| {
+        out.iter().find_map(|c| match c {
+            Command::Send {
+                msg: ControlMsg::Refused { differing_line, .. },
+                ..
+            } => Some(*differing_line),
+            _ => None,
+        })
+    };
+    for order in [[&v1, &v2], [&v2, &v1]] {
+        let mut c = core(n[0]);
+        c.set_membership(t0, &view(n[0], &n, &[], &[]));
+        for (a, reg) in n.iter().zip(order.iter().chain(order.iter())) {
+            let out = c.register(t0, *a, reg);
+            assert_eq!(refused_at(&out), None, "{out:?}");
+        }
+        assert!(!c.is_settling(), "every version registered");
+        // Shards are placed with both versions registered.
+        let out = c.get_home(t0, n[1], TYPE, 0, 0);
+        assert!(tells_home(&out, 0), "{out:?}");
+        let out = c.register(t0, n[2], &other);
+        assert_eq!(refused_at(&out), Some(Some(2)), "{out:?}");
+    }
+}
+
 #[test]
 fn takeover_keeps_the_highest_generation_and_waits_to_settle() {
     let t0 = Instant::now();
@@ -300,9 +346,7 @@ fn takeover_keeps_the_highest_generation_and_waits_to_settle() {
     // at the dead node 1.
     let mut c = core(n[1]);
     c.seed(
-        TYPE,
-        FP,
-        4,
+        &reg(4, vec![])[0],
         &[
             (
                 0,
@@ -2074,7 +2118,7 @@ fn a_takeover_moves_the_old_coordinators_shards_one_margin_after_its_down() {
             owner,
             generation: 1,
         };
-        c.seed(TYPE, FP, 4, &[(0, home(n[0])), (1, home(n[2]))]);
+        c.seed(&reg(4, vec![])[0], &[(0, home(n[0])), (1, home(n[2]))]);
         c.set_membership(t1, &view(n[1], &n[1..], &n[..1], &[]));
         assert!(c.is_active());
         for a in &n[1..] {

@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use crate::model::identity::UniqueAddress;
+use crate::model::protocol::{Versions, compare_versions};
 use crate::sharding::wire::ControlMsg;
 
 use super::{Command, RebalanceReason, ShardHome, handoff_msg};
@@ -33,7 +34,11 @@ pub(super) struct HandOff {
 pub(super) const HANDOFF_RESEND: Duration = Duration::from_secs(1);
 
 pub(super) struct TypeTable {
+    /// The newest version of the protocol registered: its whole
+    /// fingerprint and its fingerprint up to each line. Older versions
+    /// (a prefix of its lines) register too (SPEC §13.6).
     pub(super) fingerprint: u64,
+    pub(super) lines: Vec<u64>,
     pub(super) num_shards: u32,
     pub(super) homes: Vec<Option<ShardHome>>,
     /// The highest generation seen per shard, even when it has no home now.
@@ -57,9 +62,10 @@ pub(super) struct TypeTable {
 }
 
 impl TypeTable {
-    pub(super) fn new(fingerprint: u64, num_shards: u32) -> Self {
+    pub(super) fn new(fingerprint: u64, lines: &[u64], num_shards: u32) -> Self {
         TypeTable {
             fingerprint,
+            lines: lines.to_vec(),
             num_shards,
             homes: vec![None; num_shards as usize],
             generations: vec![0; num_shards as usize],
@@ -70,6 +76,31 @@ impl TypeTable {
             handoffs: BTreeMap::new(),
             claims: BTreeMap::new(),
             hosting: BTreeMap::new(),
+        }
+    }
+
+    /// How a registrant's version of the protocol (whole fingerprint and
+    /// lines) and shard count stand against this table: `Ok` when it may
+    /// register (the same version, an older one, or a newer one, which the
+    /// table then takes as its newest), else the first line they differ
+    /// at, if known.
+    pub(super) fn admit(
+        &mut self,
+        fingerprint: u64,
+        lines: &[u64],
+        num_shards: u32,
+    ) -> Result<(), Option<u32>> {
+        if num_shards != self.num_shards {
+            return Err(None);
+        }
+        match compare_versions((self.fingerprint, &self.lines), (fingerprint, lines)) {
+            Versions::Same | Versions::Older => Ok(()),
+            Versions::Newer => {
+                self.fingerprint = fingerprint;
+                self.lines = lines.to_vec();
+                Ok(())
+            }
+            Versions::Differ { line } => Err(line),
         }
     }
 

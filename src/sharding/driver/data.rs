@@ -9,6 +9,7 @@ use crate::model::envelope::Delivery;
 use crate::model::envelope::{RemoteReply, ReplySink};
 use crate::model::extractor::ShardId;
 use crate::model::identity::UniqueAddress;
+use crate::model::protocol::{LineCheck, check_line};
 use crate::ops::telemetry::TraceContext;
 use crate::sharding::fast::{self, DataRef, DeliveryRef, EnvelopeRef};
 use crate::sharding::remote::Remote;
@@ -113,14 +114,31 @@ fn deliver_envelope(
     let Some(region) = shared.region(envelope.type_name) else {
         return refuse(reply, RemoteError::NotRegistered);
     };
-    if region.fingerprint != envelope.fingerprint {
-        return refuse(
-            reply,
-            RemoteError::ProtocolMismatch {
-                receiver: region.fingerprint,
-                sender: envelope.fingerprint,
-            },
-        );
+    match check_line(
+        region.lines,
+        region.fingerprint,
+        envelope.index,
+        envelope.fingerprint,
+    ) {
+        LineCheck::Known => {}
+        LineCheck::Beyond => {
+            return refuse(
+                reply,
+                RemoteError::UnknownMessage {
+                    line: u32::from(envelope.index) + 1,
+                    lines: u32::try_from(region.lines.len()).unwrap_or(u32::MAX),
+                },
+            );
+        }
+        LineCheck::Differs => {
+            return refuse(
+                reply,
+                RemoteError::ProtocolMismatch {
+                    receiver: region.fingerprint,
+                    sender: envelope.fingerprint,
+                },
+            );
+        }
     }
     if envelope.shard >= region.num_shards()
         || (region.extract)(envelope.entity_id, region.num_shards()) != ShardId(envelope.shard)

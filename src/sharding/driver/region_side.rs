@@ -77,6 +77,8 @@ pub(crate) trait TypeRegion {
     fn type_name(&self) -> &'static str;
     /// Its protocol's fingerprint.
     fn fingerprint(&self) -> u64;
+    /// Its protocol's fingerprint up to each line (`Protocol::LINES`).
+    fn lines(&self) -> &'static [u64];
     fn num_shards(&self) -> u32;
     /// It routes only (registered proxy-only).
     fn is_proxy(&self) -> bool;
@@ -101,6 +103,9 @@ impl TypeRegion for Arc<Region> {
     }
     fn fingerprint(&self) -> u64 {
         self.fingerprint
+    }
+    fn lines(&self) -> &'static [u64] {
+        self.lines
     }
     fn num_shards(&self) -> u32 {
         Region::num_shards(self)
@@ -164,6 +169,7 @@ impl<R: TypeRegion> RegionsView for Hosted<R> {
             .map(|r| TypeRegistration {
                 type_name: r.type_name().to_owned(),
                 fingerprint: r.fingerprint(),
+                lines: r.lines().to_vec(),
                 num_shards: r.num_shards(),
                 proxy: r.is_proxy(),
                 leaving,
@@ -241,6 +247,7 @@ impl<R: TypeRegion> LocalRegions for Hosted<R> {
         reason: String,
         cluster_fingerprint: Option<u64>,
         cluster_num_shards: Option<u32>,
+        differing_line: Option<u32>,
     ) {
         if let Some(region) = self.get(type_name) {
             region.refuse(ShardingError::RegionRefused(Box::new(RegionRefusal {
@@ -249,6 +256,7 @@ impl<R: TypeRegion> LocalRegions for Hosted<R> {
                 num_shards: region.num_shards(),
                 cluster_fingerprint,
                 cluster_num_shards,
+                differing_line,
                 reason,
             })));
         }
