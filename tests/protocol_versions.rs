@@ -9,8 +9,8 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use datum_cluster_sharding::cluster::{ClusterConfig, ClusterNode};
-use datum_cluster_sharding::{Processed, extends};
 use datum_cluster_sharding::prelude::*;
+use datum_cluster_sharding::{Processed, extends};
 
 const LONG: Duration = Duration::from_secs(20);
 const ASK: Duration = Duration::from_secs(5);

@@ -18,7 +18,7 @@
 //! out; the simulator (`sim_tests`) feeds it a scripted cluster.
 
 use std::collections::VecDeque;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::membership::MembershipState;
 use crate::model::identity::UniqueAddress;
@@ -384,6 +384,10 @@ impl ControlCore {
                         tracing::debug!(node = %self.me, %from, epoch = ?msg.coordinator_epoch(), highest = self.coordinator.highest_epoch(), "a coordinator message from an older epoch: ignored");
                         self.side.older_epoch();
                     } else {
+                        if let ControlMsg::Table { quiet_ms, .. } = msg {
+                            let quiet = quiet_ms.map(|ms| now + Duration::from_millis(ms));
+                            self.coordinator.heard_table(from, quiet);
+                        }
                         let commands = self.side.coordinator_said(from, msg);
                         self.side_out(now, regions, commands, out);
                     }

@@ -237,6 +237,7 @@ fn table() -> ControlMsg {
         type_name: "t".into(),
         homes: Vec::new(),
         epoch: 1,
+        quiet_ms: None,
     }
 }
 

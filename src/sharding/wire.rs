@@ -263,6 +263,12 @@ pub(crate) enum ControlMsg {
         /// ignores a message from an epoch below the highest it accepted.
         #[serde(default)]
         epoch: u64,
+        /// How much longer, in milliseconds, the sending coordinator
+        /// allocates nothing (a takeover's quiet period, §13.15): a node
+        /// that takes the role over from it by its graceful leave keeps
+        /// to it. Absent when it is not quiet.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        quiet_ms: Option<u64>,
     },
     /// Coordinator → region: the registration of this type was refused.
     Refused {
@@ -739,6 +745,7 @@ mod tests {
             type_name: "tally".into(),
             homes: vec![(5, origin(), 3)],
             epoch: 2,
+            quiet_ms: None,
         };
         let spec = format!(
             "a1 65 54 61 62 6c 65

@@ -196,6 +196,12 @@ impl CoordinatorCore {
         self.margin_for_ring(self.ring.high)
     }
 
+    /// This node accepted a table from coordinator `from`, which allocates
+    /// nothing until `quiet` (its quiet period after a takeover), if set.
+    pub(crate) fn heard_table(&mut self, from: UniqueAddress, quiet: Option<Instant>) {
+        self.heard_table = Some((from, quiet));
+    }
+
     /// Whether this core is the acting coordinator.
     pub(crate) fn is_active(&self) -> bool {
         self.active
@@ -274,7 +280,9 @@ impl CoordinatorCore {
             // over by leaving: it may have placed shards this core never
             // heard of, on members beyond a partition, and may still act
             // for a moment. Allocate nothing until those have fenced
-            // (SPEC §13.15).
+            // (SPEC §13.15). One that left hands over its own quiet
+            // period, as its last table to this node said (not heard:
+            // a margin, to be safe).
             let margin = self.margin();
             let handed_over = |p: &UniqueAddress| {
                 matches!(
@@ -282,27 +290,34 @@ impl CoordinatorCore {
                     Some(MemberStatus::Leaving | MemberStatus::Exiting)
                 )
             };
-            if let Some(previous) = previous
-                && previous != self.me
-                && !handed_over(&previous)
-                && !margin.is_zero()
-            {
-                self.quiet_until = Some(now + margin);
-            }
+            let told = self.heard_table.take();
+            let predecessor = match previous.filter(|p| *p != self.me) {
+                Some(p) if handed_over(&p) => match told {
+                    Some((from, quiet)) if from == p => quiet,
+                    _ => Some(now + margin),
+                },
+                Some(_) => Some(now + margin),
+                // No predecessor in this core's views: alone, it founds the
+                // cluster; among other members (it joined older than all
+                // of them) it knows nothing of their past.
+                None => {
+                    let others = (state.members.iter()).any(|m| {
+                        m.address != self.me
+                            && matches!(m.status, MemberStatus::Up | MemberStatus::Leaving)
+                    });
+                    others.then_some(now + margin)
+                }
+            };
             // So may a member downed within the margin, whatever this
             // core's predecessor was: cut off, it can be the oldest Up
             // member of its own view and act there until it hears it is
             // down (a successor that left in between handed over only
             // its own term; a core whose first view already had it down
             // has no predecessor at all).
-            let downed_lately = (state.members.iter())
-                .filter(|m| m.status == MemberStatus::Down)
-                .filter_map(|m| self.gone_at.get(&m.address))
-                .map(|at| *at + margin)
-                .max()
-                .filter(|until| *until > now);
-            if let Some(until) = downed_lately {
-                self.quiet_until = Some(self.quiet_until.map_or(until, |q| q.max(until)));
+            let downed_lately = (self.downed_at.values()).map(|at| *at + margin).max();
+            let quiet = [predecessor, downed_lately].into_iter().flatten().max();
+            if let Some(until) = quiet.filter(|until| *until > now && !margin.is_zero()) {
+                self.quiet_until = Some(until);
             }
             self.settling_until = Some(now + self.config.settle);
             self.next_rebalance = Some(now + self.config.settle + self.config.rebalance_interval);
@@ -365,6 +380,23 @@ impl CoordinatorCore {
         for gone in gone_now.chain(out_of_view).collect::<Vec<_>>() {
             self.gone_at.entry(gone).or_insert(now);
         }
+        // Downed: seen Down, or gone from the view without being seen
+        // leaving (Exiting members left `self.members` before they go).
+        let downed = (state.members.iter())
+            .filter(|m| m.status == MemberStatus::Down)
+            .map(|m| m.address)
+            .chain(
+                before
+                    .keys()
+                    .copied()
+                    .filter(|a| !self.members.contains_key(a) && state.status_of(a).is_none()),
+            )
+            .collect::<Vec<_>>();
+        for member in downed {
+            self.downed_at.entry(member).or_insert(now);
+        }
+        let margin = self.margin();
+        self.downed_at.retain(|_, at| now < *at + margin);
         let types = &self.types;
         self.gone_at.retain(|a, _| {
             state.members.iter().any(|m| m.address == *a)

@@ -116,6 +116,13 @@ pub(crate) struct CoordinatorCore {
     told_left: BTreeSet<(String, UniqueAddress)>,
     /// Owners gone from the view, and when this core first saw them gone.
     gone_at: BTreeMap<UniqueAddress, Instant>,
+    /// Members seen downed (Down in a view, or gone from it without
+    /// leaving), and when this core first saw it: cut off, such a member
+    /// may act as the coordinator of its own side until it hears, so a
+    /// takeover within a margin of it allocates nothing. Kept until that
+    /// margin has passed, whatever the view says meanwhile (the leader
+    /// removes a Down member soon after).
+    downed_at: BTreeMap<UniqueAddress, Instant>,
     next_round: u64,
     /// This core's epoch while active (its term as coordinator), stamped on
     /// every message it sends to regions; 0 while inactive.
@@ -128,6 +135,10 @@ pub(crate) struct CoordinatorCore {
     /// coordinator may have placed shards this core never heard of, has
     /// stopped them by then).
     quiet_until: Option<Instant>,
+    /// The coordinator this node last heard a table from, and until when
+    /// that table said it allocates nothing: kept to if this core takes
+    /// the role over from it by its graceful leave.
+    heard_table: Option<(UniqueAddress, Option<Instant>)>,
     /// Whether `act` is within `quiet_until` (read by `allocate`).
     quiet: bool,
     /// The acting coordinator in the latest view.
@@ -163,10 +174,12 @@ impl CoordinatorCore {
             open_rounds: BTreeMap::new(),
             told_left: BTreeSet::new(),
             gone_at: BTreeMap::new(),
+            downed_at: BTreeMap::new(),
             next_round: 0,
             epoch: 0,
             highest_epoch: 0,
             quiet_until: None,
+            heard_table: None,
             quiet: false,
             acting: None,
             oldest_flagged: None,

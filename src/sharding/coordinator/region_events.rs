@@ -194,6 +194,10 @@ impl CoordinatorCore {
                         type_name: reg.type_name.clone(),
                         homes,
                         epoch: self.epoch,
+                        quiet_ms: (self.quiet_until)
+                            .and_then(|until| until.checked_duration_since(now))
+                            .filter(|left| !left.is_zero())
+                            .map(|left| u64::try_from(left.as_millis()).unwrap_or(u64::MAX)),
                     },
                 });
             }

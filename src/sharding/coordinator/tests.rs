@@ -1655,7 +1655,7 @@ fn a_gone_owners_shards_wait_out_the_margin() {
         dead_owner_margin: Duration::from_secs(1),
         ..CoordinatorConfig::default()
     };
-    let mut c = CoordinatorCore::new(n[0], config, Box::new(LeastShardAllocation));
+    let mut c = founder(n[0], config, t0);
     c.set_membership(t0, &view(n[0], &n, &[], &[]));
     for a in &n {
         c.register(t0, *a, &reg(3, vec![]));
@@ -1700,6 +1700,15 @@ fn view_with_exiting(
 
 /// A core with a 1 s margin and 0.1 s per ring cascade step, one watcher
 /// per member, the `n` registered and `shards` shards placed at `t0`.
+/// A core that founded the cluster: its first view had it alone (a core
+/// whose first view has other members knows nothing of their past and
+/// keeps a margin before it allocates).
+fn founder(me: UniqueAddress, config: CoordinatorConfig, t0: Instant) -> CoordinatorCore {
+    let mut c = CoordinatorCore::new(me, config, Box::new(LeastShardAllocation));
+    c.set_membership(t0, &view(me, &[me], &[], &[]));
+    c
+}
+
 fn margin_core(
     t0: Instant,
     n: &[UniqueAddress],
@@ -1712,7 +1721,7 @@ fn margin_core(
         ring_watchers: 1,
         ..CoordinatorConfig::default()
     };
-    let mut c = CoordinatorCore::new(n[0], config, Box::new(LeastShardAllocation));
+    let mut c = founder(n[0], config, t0);
     let up: Vec<UniqueAddress> = n.iter().filter(|a| !exiting.contains(a)).copied().collect();
     c.set_membership(t0, &view_with_exiting(n[0], &up, &[], exiting));
     for a in n {
@@ -2002,7 +2011,7 @@ fn a_takeover_from_a_downed_coordinator_allocates_nothing_within_the_margin() {
     );
     // A coordinator that stays in charge has placed everything there is:
     // a member downed starts no quiet period.
-    let mut c = CoordinatorCore::new(n[0], config, Box::new(LeastShardAllocation));
+    let mut c = founder(n[0], config, t0);
     c.set_membership(t0, &view(n[0], &n, &[], &[]));
     for a in &n {
         c.register(t0, *a, &reg(4, vec![]));
@@ -2019,6 +2028,8 @@ fn a_takeover_from_a_downed_coordinator_allocates_nothing_within_the_margin() {
     c.set_membership(t0, &view(n[1], &n, &[], &[]));
     c.register(t0, n[0], &reg(4, vec![]));
     c.unregister(t0, n[0], &[TYPE.to_owned()]);
+    // (Its last table said it was not quiet.)
+    c.heard_table(n[0], None);
     let mut leaving = view(n[1], &n, &[], &[]);
     leaving.members[0].status = MemberStatus::Leaving;
     leaving.coordinator = Some(n[1]);
@@ -2080,6 +2091,9 @@ fn regression_a_takeover_allocates_nothing_within_the_margin_of_a_member_downed_
     c.set_membership(t0, &view(n[2], &n[1..], &n[..1], &[]));
     assert!(!c.is_active(), "node 2 acts");
     let t1 = t0 + Duration::from_millis(300);
+    // (Node 2's last table said it was not quiet: what holds node 3 back
+    // is node 1's down alone.)
+    c.heard_table(n[1], None);
     let mut leaving = view(n[2], &n[1..], &n[..1], &[]);
     leaving.members[1].status = MemberStatus::Leaving;
     leaving.coordinator = Some(n[2]);
@@ -2091,6 +2105,91 @@ fn regression_a_takeover_allocates_nothing_within_the_margin_of_a_member_downed_
     let mut c = CoordinatorCore::new(n[3], config, Box::new(LeastShardAllocation));
     c.set_membership(t1, &view(n[3], &n[3..], &n[..1], &[]));
     allocates_after_the_margin(c, t1, t1, &n[3..]);
+}
+
+/// What a core knows of its predecessor's quiet period: a leaver hands
+/// over what its last table said (quiet or not); a takeover from a leaver
+/// whose table never came, or a first view among other members, keeps a
+/// margin; a member downed and then removed from the view (as the leader
+/// does soon after) still counts for a margin after it was seen down.
+#[test]
+fn a_takeover_keeps_what_it_knows_of_its_predecessors_quiet_and_a_margin_for_what_it_does_not() {
+    let t0 = Instant::now();
+    let margin = Duration::from_millis(1_400);
+    let n: Vec<UniqueAddress> = (1..=3).map(node).collect();
+    let config = CoordinatorConfig {
+        dead_owner_margin: margin,
+        ..CoordinatorConfig::default()
+    };
+    let leaving = |me| {
+        let mut v = view(me, &n, &[], &[]);
+        v.members[0].status = MemberStatus::Leaving;
+        v.coordinator = Some(n[1]);
+        v
+    };
+    // Node 2 takes over from node 1's graceful leave at t0.
+    let takeover = |heard: Option<Option<Instant>>| {
+        let mut c = CoordinatorCore::new(n[1], config, Box::new(LeastShardAllocation));
+        c.set_membership(t0, &view(n[1], &n, &[], &[]));
+        if let Some(quiet) = heard {
+            c.heard_table(n[0], quiet);
+        }
+        c.register(t0, n[0], &reg(4, vec![]));
+        c.unregister(t0, n[0], &[TYPE.to_owned()]);
+        c.set_membership(t0, &leaving(n[1]));
+        for a in &n[1..] {
+            c.register(t0, *a, &reg(4, vec![]));
+        }
+        c
+    };
+    let allocates_at = |mut c: CoordinatorCore, at: Instant| {
+        assert!(c.is_active());
+        if at > t0 {
+            assert!(c.get_home(t0, n[2], TYPE, 0, 0).is_empty(), "quiet");
+            assert!(c.tick(at - Duration::from_millis(1)).is_empty());
+        }
+        let out = c.tick(at);
+        let out = if tells_home(&out, 0) {
+            out
+        } else {
+            c.get_home(at, n[2], TYPE, 0, 0)
+        };
+        assert!(tells_home(&out, 0), "allocates at {:?}: {out:?}", at - t0);
+    };
+    // Its last table said it was not quiet: at once.
+    allocates_at(takeover(Some(None)), t0);
+    // It said it was quiet for 500 ms more: that long.
+    let until = t0 + Duration::from_millis(500);
+    allocates_at(takeover(Some(Some(until))), until);
+    // No table from it: a margin.
+    allocates_at(takeover(None), t0 + margin);
+    // A first view with other members: a margin.
+    let mut c = CoordinatorCore::new(n[0], config, Box::new(LeastShardAllocation));
+    c.set_membership(t0, &view(n[0], &n, &[], &[]));
+    for a in &n {
+        c.register(t0, *a, &reg(4, vec![]));
+    }
+    allocates_at(c, t0 + margin);
+    // Node 3 is downed at t0 and removed 200 ms later; node 1 leaves at
+    // t1, its last table saying it was not quiet: node 2 still waits a
+    // margin from t0.
+    let mut c = CoordinatorCore::new(n[1], config, Box::new(LeastShardAllocation));
+    c.set_membership(t0, &view(n[1], &n, &[], &[]));
+    c.set_membership(t0, &view(n[1], &n[..2], &n[2..], &[]));
+    let t1 = t0 + Duration::from_millis(200);
+    c.set_membership(t1, &view(n[1], &n[..2], &[], &[]));
+    c.heard_table(n[0], None);
+    c.register(t1, n[0], &reg(4, vec![]));
+    c.unregister(t1, n[0], &[TYPE.to_owned()]);
+    let mut leaving = view(n[1], &n[..2], &[], &[]);
+    leaving.members[0].status = MemberStatus::Leaving;
+    leaving.coordinator = Some(n[1]);
+    c.set_membership(t1, &leaving);
+    c.register(t1, n[1], &reg(4, vec![]));
+    assert!(c.is_active());
+    assert!(c.get_home(t1, n[1], TYPE, 0, 0).is_empty(), "quiet");
+    assert!(c.tick(t0 + margin - Duration::from_millis(1)).is_empty());
+    assert!(tells_home(&c.tick(t0 + margin), 0));
 }
 
 #[test]
