@@ -11,6 +11,7 @@ use datum_cluster_sharding::membership::MemberStatus;
 use datum_cluster_sharding::prelude::*;
 use datum_cluster_sharding::sharding::RebalanceReason;
 use datum_cluster_sharding::transport::{Transport, TransportConfig};
+use datum_cluster_sharding::wire::PROTOCOL_VERSION;
 use datum_cluster_sharding::wire::channels::SHARDING_DATA;
 
 const LONG: Duration = Duration::from_secs(20);
@@ -1250,13 +1251,13 @@ async fn each_pipe_carries_the_data_forms_its_version_reads() {
     let target = nodes[1].cluster.self_address();
     let fp = <Tally as Protocol>::FINGERPRINT;
     let home = cbor(&Home);
-    // Node 1's own pipes, to its peers, are at version 3.
+    // Node 1's own pipes, to its peers, are at this build's version.
     let transport = nodes[1].cluster.transport();
     assert!(!transport.connected_peers().is_empty());
     for peer in transport.connected_peers() {
         // (A pipe replaced meanwhile is skipped.)
         if let Some(info) = transport.connection(&peer) {
-            assert_eq!(info.version, 3, "{info:?}");
+            assert_eq!(info.version, PROTOCOL_VERSION, "{info:?}");
         }
     }
     for version in [2u16, 3] {

@@ -214,10 +214,11 @@ pub enum ShardingError {
         /// The other node.
         node: String,
     },
-    /// The message is of a later version of the protocol than the one its
-    /// owner runs: its line is past the owner's last (SPEC §13.6). Not
-    /// processed; it is answered once a node of a version that has the
-    /// line hosts the shard.
+    /// The message is of a later version of the protocol than the one a
+    /// node on its way runs (its owner, or a node with an older home that
+    /// would have forwarded it): its line is past that version's last
+    /// (SPEC §13.6). Not processed; sent again once a node of a version
+    /// that has the line hosts the shard, it can succeed.
     #[error(
         "message line {line} of protocol `{type_name}` is past the version on {node}, which has {lines} lines; message not processed"
     )]
@@ -736,6 +737,15 @@ mod tests {
                     type_name: "t",
                     entity_id: id(),
                     hops: 4,
+                },
+                No,
+            ),
+            (
+                ShardingError::UnknownMessage {
+                    type_name: "t",
+                    line: 3,
+                    lines: 2,
+                    node: "n".into(),
                 },
                 No,
             ),

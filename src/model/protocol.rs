@@ -160,8 +160,11 @@ pub(crate) enum LineCheck {
 /// fingerprint `whole`. An envelope carries the entry of its own line; one
 /// that carries a whole fingerprint (this version's or an older one's, as
 /// a sender that names no line writes it) is known when this version's
-/// lines from `index` on hold it. Without `lines` (a region that names no
-/// lines), only `whole` is compared.
+/// lines from `index` on hold it. An `index` past the last line is
+/// `Beyond` unless the fingerprint is one of this version's (then the
+/// sender claims a version that has no such line: the decoder refuses
+/// it). Without `lines` (a region that names no lines), only `whole` is
+/// compared.
 pub(crate) fn check_line(lines: &[u64], whole: u64, index: u16, carried: u64) -> LineCheck {
     if lines.is_empty() {
         return if carried == whole {
@@ -174,6 +177,7 @@ pub(crate) fn check_line(lines: &[u64], whole: u64, index: u16, carried: u64) ->
         Some([own, ..]) if *own == carried => LineCheck::Known,
         Some(rest @ [_, ..]) if rest.contains(&carried) => LineCheck::Known,
         Some([_, ..]) => LineCheck::Differs,
+        _ if lines.contains(&carried) => LineCheck::Known,
         _ => LineCheck::Beyond,
     }
 }
@@ -197,6 +201,11 @@ pub(crate) enum Versions {
 /// Compares version `other` (whole fingerprint, lines) with `this`.
 pub(crate) fn compare_versions(this: (u64, &[u64]), other: (u64, &[u64])) -> Versions {
     let ((this, these), (other, others)) = (this, other);
+    // (Lines whose last is not the whole fingerprint say nothing.)
+    let consistent = |whole: u64, lines: &[u64]| lines.last().is_none_or(|last| *last == whole);
+    if !consistent(this, these) || !consistent(other, others) {
+        return Versions::Differ { line: None };
+    }
     if this == other {
         return Versions::Same;
     }
@@ -470,6 +479,9 @@ mod tests {
         assert_eq!(check_line(&V1, 12, 1, 12), Known);
         // v2's third line at a v1 owner: past its last.
         assert_eq!(check_line(&V1, 12, 2, 13), Beyond);
+        // A line past the last under this version's own fingerprint: the
+        // decoder's to refuse.
+        assert_eq!(check_line(&V1, 12, 9, 12), Known);
         // A whole fingerprint: v1's at a v2 owner names lines 0 and 1 of
         // it; v2's own, any of its lines.
         assert_eq!(check_line(&V2, 13, 0, 12), Known);
@@ -502,6 +514,11 @@ mod tests {
         );
         assert_eq!(
             compare_versions((1, &[]), (2, &[])),
+            Versions::Differ { line: None }
+        );
+        // Lines that do not end in the whole fingerprint.
+        assert_eq!(
+            compare_versions(v(&V2), (99, &V2)),
             Versions::Differ { line: None }
         );
     }

@@ -490,6 +490,7 @@ fn resend_after(error: &ShardingError) -> bool {
         | E::ShuttingDown
         | E::NotRegistered { .. }
         | E::RegionRefused(_)
+        | E::UnknownMessage { .. }
         | E::TooManyHops { .. }
         | E::RememberEntities { .. }
         | E::Spawn(_) => true,

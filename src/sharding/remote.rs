@@ -37,8 +37,8 @@ use crate::sharding::fast::{self, DeliveryRef, EnvelopeRef};
 use crate::sharding::pending;
 use crate::sharding::wire::{DataMsgOut, RemoteError, ReplyBodyOut};
 use crate::transport::{SendFailure, Transport};
-use crate::wire::COMPACT_DATA_VERSION;
 use crate::wire::channels::SHARDING_DATA;
+use crate::wire::{COMPACT_DATA_VERSION, LINE_FINGERPRINT_VERSION};
 
 /// How many times an envelope may be forwarded between nodes before it is
 /// refused with [`ShardingError::TooManyHops`].
@@ -220,10 +220,11 @@ impl Remote {
                 (Some(target), Some(ask_id))
             }
         };
-        let envelope = EnvelopeRef {
+        let mut envelope = EnvelopeRef {
             type_name: region.type_name,
-            // (Its own line's: a node of an older version that has the
-            // line decodes it, SPEC §13.6.)
+            // (Its own line's, where the pipe reads it: a node of an older
+            // version of the protocol that has the line decodes it, SPEC
+            // §13.6.)
             fingerprint: region.line_fingerprint(parts.index),
             shard: shard.0,
             generation: home.generation,
@@ -239,14 +240,7 @@ impl Remote {
                 .and_then(|e| e.delivery.as_ref())
                 .map(|d| DeliveryRef(&d.producer, d.epoch, d.seq)),
         };
-        let compact = envelope
-            .is_compact_from(&self.me)
-            .then_some(|frame: &mut Vec<u8>| {
-                fast::encode_envelope_compact(frame, &envelope);
-            });
-        let sent = self.send_data(&owner, compact, |frame| {
-            fast::encode_envelope(frame, &envelope);
-        });
+        let sent = self.send_envelope(&owner, &mut envelope, region.fingerprint);
         match sent {
             Ok(()) => Ok(kept),
             Err(reason) => {
@@ -263,6 +257,43 @@ impl Remote {
                 Err(error)
             }
         }
+    }
+
+    /// Sends `to` an envelope: with its own line's fingerprint where the
+    /// pipe to it is at protocol version 4, else with the protocol's
+    /// `whole` fingerprint, which every version compares (SPEC §13.6); in
+    /// the compact form where the pipe reads it (version 3) and the
+    /// envelope has one, else in the long form.
+    fn send_envelope(
+        &self,
+        to: &UniqueAddress,
+        envelope: &mut EnvelopeRef<'_>,
+        whole: u64,
+    ) -> Result<(), SendFailure> {
+        let compact = envelope.is_compact_from(&self.me);
+        let encode = |frame: &mut Vec<u8>, envelope: &EnvelopeRef<'_>| {
+            if compact {
+                fast::encode_envelope_compact(frame, envelope);
+            } else {
+                fast::encode_envelope(frame, envelope);
+            }
+        };
+        if envelope.fingerprint != whole {
+            let sent = with_frame(|frame| {
+                encode(frame, envelope);
+                (self.transport).send_slice_if(to, SHARDING_DATA, frame, LINE_FINGERPRINT_VERSION)
+            });
+            if let Some(sent) = sent {
+                return sent;
+            }
+            envelope.fingerprint = whole;
+        }
+        let envelope = &*envelope;
+        self.send_data(
+            to,
+            compact.then_some(|frame: &mut Vec<u8>| encode(frame, envelope)),
+            |frame| fast::encode_envelope(frame, envelope),
+        )
     }
 
     /// Sends `to` a data message in the form `compact` writes (protocol

@@ -864,6 +864,21 @@ mod tests {
         let mut bytes = Vec::new();
         ciborium::into_writer(&hosting, &mut bytes).expect("encodes");
         assert_eq!(bytes[0], 0xa4, "four fields: no `proxy`");
+        // With the protocol's lines (SPEC §13.6), as every node sends it.
+        let versioned = TypeRegistration {
+            fingerprint: TALLY_FINGERPRINT,
+            lines: vec![0xbcac_9f54_39be_15f0, TALLY_FINGERPRINT],
+            ..hosting.clone()
+        };
+        let mut versioned_bytes = Vec::new();
+        ciborium::into_writer(&versioned, &mut versioned_bytes).expect("encodes");
+        let spec = "
+            a5 69 74 79 70 65 5f 6e 61 6d 65 65 74 61 6c 6c 79 6b 66 69 6e 67 65 72 70
+            72 69 6e 74 1b 10 f4 3e cc 48 8b 48 09 65 6c 69 6e 65 73 82 1b bc ac 9f 54
+            39 be 15 f0 1b 10 f4 3e cc 48 8b 48 09 6a 6e 75 6d 5f 73 68 61 72 64 73 08
+            65 68 6f 6d 65 73 80
+        ";
+        assert_eq!(versioned_bytes, hex(spec));
         let back: TypeRegistration = ciborium::from_reader(&bytes[..]).expect("decodes");
         assert_eq!(back, hosting);
         for msg in [

@@ -10,12 +10,18 @@ use crate::model::identity::UniqueAddress;
 /// [`Frame`], of the handshake or of what a channel may carry.
 /// Version 2 put both announced versions into the handshake transcript;
 /// version 3 added the compact data forms (SPEC §13.4), sent only over a
-/// pipe both of whose ends announced at least 3.
-pub const PROTOCOL_VERSION: u16 = 3;
+/// pipe both of whose ends announced at least 3; version 4 lets an
+/// envelope carry its own line's fingerprint (SPEC §13.6).
+pub const PROTOCOL_VERSION: u16 = 4;
 
 /// The first protocol version whose pipes carry the compact data forms
 /// `E` and `R` on the sharding data channel (SPEC §13.4).
 pub const COMPACT_DATA_VERSION: u16 = 3;
+
+/// The first protocol version whose envelopes may carry the fingerprint
+/// of their own message's line rather than the protocol's whole one
+/// (SPEC §13.6): a node of an older build compares the whole one only.
+pub const LINE_FINGERPRINT_VERSION: u16 = 4;
 
 /// The oldest protocol version this build still accepts from a peer.
 pub const MIN_PROTOCOL_VERSION: u16 = 2;

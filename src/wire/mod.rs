@@ -52,8 +52,8 @@ pub use codec::{
     WireError,
 };
 pub use frame::{
-    COMPACT_DATA_VERSION, Channel, Frame, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, RejectReason,
-    RemoteFailure, ReplyResult,
+    COMPACT_DATA_VERSION, Channel, Frame, LINE_FINGERPRINT_VERSION, MIN_PROTOCOL_VERSION,
+    PROTOCOL_VERSION, RejectReason, RemoteFailure, ReplyResult,
 };
 
 #[cfg(test)]

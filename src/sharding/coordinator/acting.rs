@@ -263,6 +263,8 @@ impl CoordinatorCore {
         self.registered.retain(|m| members.contains_key(m));
         for table in self.types.values_mut() {
             table.regions.retain(|m| members.contains_key(m));
+            table.versions.retain(|m, _| members.contains_key(m));
+            table.settle_version();
             table.proxies.retain(|m| members.contains_key(m));
             table.leaving.retain(|m| members.contains_key(m));
             table.hosting.retain(|m, _| members.contains_key(m));

@@ -23,7 +23,7 @@ impl CoordinatorCore {
             .entry(reg.type_name.clone())
             .or_insert_with(|| TypeTable::new(reg.fingerprint, &reg.lines, num_shards));
         if table
-            .admit(reg.fingerprint, &reg.lines, num_shards)
+            .admit(None, reg.fingerprint, &reg.lines, num_shards)
             .is_err()
         {
             return;
@@ -71,7 +71,7 @@ impl CoordinatorCore {
                 .types
                 .entry(reg.type_name.clone())
                 .or_insert_with(|| TypeTable::new(reg.fingerprint, &reg.lines, reg.num_shards));
-            let mut admitted = table.admit(reg.fingerprint, &reg.lines, reg.num_shards);
+            let mut admitted = table.admit(Some(from), reg.fingerprint, &reg.lines, reg.num_shards);
             if admitted.is_err()
                 && table.regions.is_empty()
                 && table.homes.iter().all(Option::is_none)
@@ -84,7 +84,7 @@ impl CoordinatorCore {
                 }
                 ended.extend(std::mem::take(&mut table.handoffs).into_values());
                 *table = fresh;
-                admitted = Ok(());
+                admitted = table.admit(Some(from), reg.fingerprint, &reg.lines, reg.num_shards);
             }
             if let Err(differing_line) = admitted {
                 if self.active {
@@ -225,6 +225,8 @@ impl CoordinatorCore {
         for type_name in types {
             if let Some(table) = self.types.get_mut(type_name) {
                 table.regions.remove(&from);
+                table.versions.remove(&from);
+                table.settle_version();
                 table.proxies.remove(&from);
                 table.leaving.remove(&from);
                 table.hosting.remove(&from);

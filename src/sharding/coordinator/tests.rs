@@ -335,6 +335,18 @@ fn compatible_protocol_versions_share_one_table_and_an_incompatible_one_is_refus
         let out = c.register(t0, n[2], &other);
         assert_eq!(refused_at(&out), Some(Some(2)), "{out:?}");
     }
+    // A roll back: the regions of the newer version are gone, and the
+    // table's version is the newest left, so a fixed new version that
+    // extends the old one otherwise registers.
+    let mut c = core(n[0]);
+    c.set_membership(t0, &view(n[0], &n, &[], &[]));
+    c.register(t0, n[0], &v1);
+    c.register(t0, n[1], &v2);
+    let fixed = version(&[11, 12, 14]);
+    assert_eq!(refused_at(&c.register(t0, n[2], &fixed)), Some(Some(3)));
+    c.unregister(t0, n[1], &[TYPE.to_owned()]);
+    let out = c.register(t0, n[2], &fixed);
+    assert_eq!(refused_at(&out), None, "{out:?}");
 }
 
 #[test]

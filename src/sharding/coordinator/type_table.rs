@@ -34,11 +34,14 @@ pub(super) struct HandOff {
 pub(super) const HANDOFF_RESEND: Duration = Duration::from_secs(1);
 
 pub(super) struct TypeTable {
-    /// The newest version of the protocol registered: its whole
-    /// fingerprint and its fingerprint up to each line. Older versions
-    /// (a prefix of its lines) register too (SPEC §13.6).
+    /// The type's protocol version: the newest of its registered
+    /// regions' (its whole fingerprint and its fingerprint up to each
+    /// line), kept as it was while none is registered. A version whose
+    /// lines extend it, or are extended by it, registers too (SPEC §13.6).
     pub(super) fingerprint: u64,
     pub(super) lines: Vec<u64>,
+    /// Each registered region's version.
+    pub(super) versions: BTreeMap<UniqueAddress, (u64, Vec<u64>)>,
     pub(super) num_shards: u32,
     pub(super) homes: Vec<Option<ShardHome>>,
     /// The highest generation seen per shard, even when it has no home now.
@@ -66,6 +69,7 @@ impl TypeTable {
         TypeTable {
             fingerprint,
             lines: lines.to_vec(),
+            versions: BTreeMap::new(),
             num_shards,
             homes: vec![None; num_shards as usize],
             generations: vec![0; num_shards as usize],
@@ -79,13 +83,15 @@ impl TypeTable {
         }
     }
 
-    /// How a registrant's version of the protocol (whole fingerprint and
-    /// lines) and shard count stand against this table: `Ok` when it may
-    /// register (the same version, an older one, or a newer one, which the
-    /// table then takes as its newest), else the first line they differ
-    /// at, if known.
+    /// Whether a registrant (`from`; `None`: this node's own replica,
+    /// seeding a takeover) may register with its version of the protocol
+    /// (whole fingerprint and lines) and shard count: `Ok` when its version
+    /// is the same as the newest of the other registered regions', older
+    /// (a prefix of its lines) or newer (extending it), which is recorded;
+    /// else the first line they differ at, if known.
     pub(super) fn admit(
         &mut self,
+        from: Option<UniqueAddress>,
         fingerprint: u64,
         lines: &[u64],
         num_shards: u32,
@@ -93,15 +99,47 @@ impl TypeTable {
         if num_shards != self.num_shards {
             return Err(None);
         }
-        match compare_versions((self.fingerprint, &self.lines), (fingerprint, lines)) {
-            Versions::Same | Versions::Older => Ok(()),
-            Versions::Newer => {
+        let versions = compare_versions(self.newest(from.as_ref()), (fingerprint, lines));
+        if let Versions::Differ { line } = versions {
+            return Err(line);
+        }
+        match from {
+            Some(from) => {
+                self.versions.insert(from, (fingerprint, lines.to_vec()));
+                self.settle_version();
+            }
+            None if self.versions.is_empty() && versions == Versions::Newer => {
                 self.fingerprint = fingerprint;
                 self.lines = lines.to_vec();
-                Ok(())
             }
-            Versions::Differ { line } => Err(line),
+            None => {}
         }
+        Ok(())
+    }
+
+    /// The newest version among the registered regions but `except` (the
+    /// table's own while there is none).
+    fn newest(&self, except: Option<&UniqueAddress>) -> (u64, &[u64]) {
+        let mut newest: Option<(u64, &[u64])> = None;
+        for (member, (fingerprint, lines)) in &self.versions {
+            if Some(member) == except {
+                continue;
+            }
+            let version = (*fingerprint, lines.as_slice());
+            newest = match newest {
+                Some(n) if compare_versions(n, version) != Versions::Newer => Some(n),
+                _ => Some(version),
+            };
+        }
+        newest.unwrap_or((self.fingerprint, &self.lines))
+    }
+
+    /// The table's version once its registered regions changed: the newest
+    /// of theirs (as it was, while none is registered).
+    pub(super) fn settle_version(&mut self) {
+        let (fingerprint, lines) = self.newest(None);
+        let lines = lines.to_vec();
+        (self.fingerprint, self.lines) = (fingerprint, lines);
     }
 
     /// Starts moving `shard` away from its owner as part of `round`; false

@@ -21,6 +21,10 @@ use super::SystemPort;
 /// Warnings about undecodable data messages from authenticated peers, at
 /// most ten per ten seconds in this process (the rest at debug).
 static BAD_DATA: WarnLimit = WarnLimit::new(10, Duration::from_secs(10));
+/// Tells of a later protocol version than this node's (no asker hears of
+/// them): rate-limited warnings, so that a rolling upgrade that sends new
+/// messages to old nodes is seen.
+static LATER_TELLS: WarnLimit = WarnLimit::new(10, Duration::from_secs(10));
 
 /// The inbound data path: decode, check, deliver. Runs on a reader task.
 pub(super) fn handle_data(
@@ -122,6 +126,9 @@ fn deliver_envelope(
     ) {
         LineCheck::Known => {}
         LineCheck::Beyond => {
+            if reply.is_none() {
+                warn_limited!(LATER_TELLS, "a tell of a later protocol version than this node's dropped"; %from, type_name = %envelope.type_name, line = u32::from(envelope.index) + 1, lines = region.lines.len());
+            }
             return refuse(
                 reply,
                 RemoteError::UnknownMessage {
@@ -134,7 +141,7 @@ fn deliver_envelope(
             return refuse(
                 reply,
                 RemoteError::ProtocolMismatch {
-                    receiver: region.fingerprint,
+                    receiver: region.line_fingerprint(envelope.index),
                     sender: envelope.fingerprint,
                 },
             );
