@@ -596,4 +596,94 @@ mod tests {
         let taken = stripe.take(|_| true);
         assert_eq!((taken.len(), stripe.kept, stripe.due_from), (1, 0, None));
     }
+
+    /// A build at protocol version 3 compares an envelope's fingerprint
+    /// with the protocol's whole one: over its pipe an envelope carries
+    /// that, and over a version-4 pipe its own line's (SPEC §13.6).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_envelope_carries_its_lines_fingerprint_only_over_a_pipe_that_reads_it() {
+        use futures_util::{SinkExt, StreamExt};
+        use tokio_util::codec::Framed;
+
+        use crate::transport::handshake::{self, Local};
+        use crate::transport::{Secret, TransportConfig};
+        use crate::wire::{Frame, FrameCodec, PROTOCOL_VERSION, RejectReason};
+
+        const LINE: u64 = 0xbcac_9f54_39be_15f0;
+        const WHOLE: u64 = 0x10f4_3ecc_488b_4809;
+        let patience = Duration::from_secs(10);
+        for (speaks, expected) in [(3u16, WHOLE), (PROTOCOL_VERSION, LINE)] {
+            let transport = Transport::bind(TransportConfig::new("unit", "sesame"))
+                .await
+                .expect("bind");
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
+            let addr = listener.local_addr().expect("addr");
+            // A build that speaks up to `speaks`: a later Hello is refused
+            // (the dialer dials again at `speaks`), then a pipe is made.
+            let peer = tokio::spawn(async move {
+                let secret = Secret::from("sesame");
+                let local = Local {
+                    me: UniqueAddress::new_at(addr),
+                    cluster: "unit",
+                    secret: &secret,
+                };
+                let (stream, _) = listener.accept().await.expect("accept");
+                let mut framed = Framed::new(stream, FrameCodec::default());
+                if speaks < PROTOCOL_VERSION {
+                    let hello = framed.next().await;
+                    assert!(matches!(hello, Some(Ok(Frame::Hello { .. }))), "{hello:?}");
+                    let reason = RejectReason::UnsupportedVersion {
+                        ours: speaks,
+                        min: 2,
+                    };
+                    framed.send(Frame::Reject { reason }).await.expect("reject");
+                    let (stream, _) = listener.accept().await.expect("accept again");
+                    framed = Framed::new(stream, FrameCodec::default());
+                }
+                let (_, version) = handshake::accept(&mut framed, &local, |_| Ok(()))
+                    .await
+                    .expect("handshake");
+                assert_eq!(version, speaks);
+                framed.send(Frame::Accepted).await.expect("accepted");
+                loop {
+                    match framed.next().await {
+                        Some(Ok(Frame::Oneway { payload, .. })) => break payload,
+                        Some(Ok(_)) => {}
+                        other => panic!("pipe ended: {other:?}"),
+                    }
+                }
+            });
+            let to = tokio::time::timeout(patience, transport.connect(addr))
+                .await
+                .expect("in time")
+                .expect("connects");
+            let remote = Remote::new(transport.clone());
+            let mut envelope = EnvelopeRef {
+                type_name: "tally",
+                fingerprint: LINE,
+                shard: 5,
+                generation: 3,
+                entity_id: "tally-1",
+                index: 0,
+                hops: 0,
+                reply_to: None,
+                payload: &[0xf6],
+                trace: None,
+                delivery: None,
+            };
+            remote
+                .send_envelope(&to, &mut envelope, WHOLE)
+                .expect("sent");
+            let payload = tokio::time::timeout(patience, peer)
+                .await
+                .expect("in time")
+                .expect("the peer's task");
+            let Some(fast::DataRef::Envelope(got)) = fast::decode(&payload, &to) else {
+                panic!("not an envelope: {payload:?}");
+            };
+            assert_eq!(got.fingerprint, expected, "a pipe at version {speaks}");
+        }
+    }
 }
