@@ -331,6 +331,17 @@ impl ControlCore {
         msg: ControlMsg,
         out: &mut Vec<ControlCommand>,
     ) {
+        // A registration tells the coordinator what this node knows of
+        // a quiet period (SPEC §13.15 rule 3).
+        let msg = match msg {
+            ControlMsg::Register { types, epoch, .. } => ControlMsg::Register {
+                types,
+                epoch,
+                quiet_ms: (self.coordinator.known_quiet(now))
+                    .map(|left| u64::try_from(left.as_millis()).unwrap_or(u64::MAX)),
+            },
+            msg => msg,
+        };
         if to == self.me {
             self.handle_queue(now, regions, VecDeque::from([(to, msg)]), out);
         } else {
@@ -349,8 +360,16 @@ impl ControlCore {
     ) {
         while let Some((from, msg)) = queue.pop_front() {
             let commands = match msg {
-                ControlMsg::Register { types, epoch } => {
+                ControlMsg::Register {
+                    types,
+                    epoch,
+                    quiet_ms,
+                } => {
                     self.coordinator.observe_epoch(epoch);
+                    if let Some(ms) = quiet_ms {
+                        self.coordinator
+                            .registrant_quiet(now + Duration::from_millis(ms));
+                    }
                     self.coordinator.register(now, from, &types)
                 }
                 ControlMsg::Unregister { types } => self.coordinator.unregister(now, from, &types),

@@ -206,6 +206,8 @@ impl RegionCore {
         self.to_coordinator(ControlMsg::Register {
             types: self.registrations(regions),
             epoch,
+            // (Filled in by the control core, which knows.)
+            quiet_ms: None,
         })
     }
 

@@ -465,6 +465,7 @@ fn the_coordinators_other_words_reach_the_regions() {
     let register = ControlMsg::Register {
         types: Vec::new(),
         epoch: 1,
+        quiet_ms: None,
     };
     assert!(core.coordinator_said(node(C), register).is_empty());
 }

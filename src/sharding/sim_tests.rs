@@ -3253,10 +3253,10 @@ fn regression_a_takeover_from_a_leaver_waits_out_the_margin_of_a_downed_coordina
 /// Nodes 0 and 1 are downed while they run on (node 0 placed shard 5 on
 /// itself, cut off), and removed from the views two ticks later; node 2
 /// then joins older than node 3 and is the coordinator in its first view:
-/// with no predecessor among other members it knows nothing of their
-/// past, and must wait a margin before it places a shard.
+/// with no predecessor, it knows of the downs only from node 3's
+/// registration, and must keep to the quiet period it names.
 #[test]
-fn regression_a_coordinator_in_its_first_view_among_others_waits_a_margin() {
+fn regression_a_coordinator_in_its_first_view_keeps_the_quiet_its_members_registrations_name() {
     use Op::*;
     let ops = [
         Down(0, 7),

@@ -227,6 +227,12 @@ pub(crate) enum ControlMsg {
         /// so a new coordinator takes an epoch above every earlier one.
         #[serde(default)]
         epoch: u64,
+        /// How much longer, in milliseconds, a coordinator taking over
+        /// should allocate nothing for what this node knows (§13.15 rule
+        /// 3): a member it saw downed within a margin, or the quiet period
+        /// its coordinator's last table named. Absent when none.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        quiet_ms: Option<u64>,
     },
     /// Region → coordinator: this node's regions of these types stop (its
     /// sharded system shuts down); their shards need new homes.
@@ -800,6 +806,7 @@ mod tests {
         let register = ControlMsg::Register {
             types: Vec::new(),
             epoch: 2,
+            quiet_ms: None,
         };
         let spec = "a1 68 52 65 67 69 73 74 65 72 a2 65 74 79 70 65 73 80 65 65 70 6f 63 68 02";
         assert_eq!(register.encode(), hex(spec));

@@ -196,6 +196,31 @@ impl CoordinatorCore {
         self.margin_for_ring(self.ring.high)
     }
 
+    /// What this node knows of a quiet period, as time left at `now`: a
+    /// member it saw downed within a margin, the quiet period its
+    /// coordinator's last table named, and its own while it coordinates.
+    /// A registration carries it to a coordinator that is taking over.
+    pub(crate) fn known_quiet(&self, now: Instant) -> Option<Duration> {
+        let margin = self.margin();
+        let downed = self.downed_at.values().map(|at| *at + margin);
+        let heard = self.heard_table.and_then(|(_, quiet)| quiet);
+        (downed.chain(heard).chain(self.quiet_until))
+            .max()
+            .and_then(|until| until.checked_duration_since(now))
+            .filter(|left| !left.is_zero())
+    }
+
+    /// A region registering with this core knows of a quiet period until
+    /// `until`: kept to while this core settles a takeover (it is what the
+    /// members know of the past that this core may not: a member downed
+    /// before it joined, a predecessor's quiet). A core long in charge has
+    /// seen the same itself, and allocated all along.
+    pub(crate) fn registrant_quiet(&mut self, until: Instant) {
+        if self.active && self.settling_until.is_some() && !self.margin().is_zero() {
+            self.quiet_until = Some(self.quiet_until.map_or(until, |q| q.max(until)));
+        }
+    }
+
     /// This node accepted a table from coordinator `from`, which allocates
     /// nothing until `quiet` (its quiet period after a takeover), if set.
     pub(crate) fn heard_table(&mut self, from: UniqueAddress, quiet: Option<Instant>) {
@@ -299,16 +324,11 @@ impl CoordinatorCore {
                     _ => Some(now + margin),
                 },
                 Some(_) => Some(now + margin),
-                // No predecessor in this core's views: alone, it founds the
-                // cluster; among other members (it joined older than all
-                // of them) it knows nothing of their past.
-                None => {
-                    let others = (state.members.iter()).any(|m| {
-                        m.address != self.me
-                            && matches!(m.status, MemberStatus::Up | MemberStatus::Leaving)
-                    });
-                    others.then_some(now + margin)
-                }
+                // No predecessor in this core's views (it founds the
+                // cluster, or its system started after the node joined):
+                // what the members know of a quiet period comes with
+                // their registrations, which the settle waits for.
+                None => None,
             };
             // So may a member downed within the margin, whatever this
             // core's predecessor was: cut off, it can be the oldest Up

@@ -2121,9 +2121,10 @@ fn regression_a_takeover_allocates_nothing_within_the_margin_of_a_member_downed_
 
 /// What a core knows of its predecessor's quiet period: a leaver hands
 /// over what its last table said (quiet or not); a takeover from a leaver
-/// whose table never came, or a first view among other members, keeps a
-/// margin; a member downed and then removed from the view (as the leader
-/// does soon after) still counts for a margin after it was seen down.
+/// whose table never came keeps a margin; a first view among other
+/// members keeps what their registrations say; a member downed and then
+/// removed from the view (as the leader does soon after) still counts for
+/// a margin after it was seen down.
 #[test]
 fn a_takeover_keeps_what_it_knows_of_its_predecessors_quiet_and_a_margin_for_what_it_does_not() {
     let t0 = Instant::now();
@@ -2175,13 +2176,28 @@ fn a_takeover_keeps_what_it_knows_of_its_predecessors_quiet_and_a_margin_for_wha
     allocates_at(takeover(Some(Some(until))), until);
     // No table from it: a margin.
     allocates_at(takeover(None), t0 + margin);
-    // A first view with other members: a margin.
-    let mut c = CoordinatorCore::new(n[0], config, Box::new(LeastShardAllocation));
+    // A first view with other members (a system started after its node
+    // joined): what the members' registrations say — nothing, then a
+    // quiet period one of them knows of.
+    for quiet in [None, Some(t0 + Duration::from_millis(700))] {
+        let mut c = CoordinatorCore::new(n[0], config, Box::new(LeastShardAllocation));
+        c.set_membership(t0, &view(n[0], &n, &[], &[]));
+        for a in &n {
+            if let (Some(until), true) = (quiet, *a == n[1]) {
+                c.registrant_quiet(until);
+            }
+            c.register(t0, *a, &reg(4, vec![]));
+        }
+        allocates_at(c, quiet.unwrap_or(t0));
+    }
+    // A core long in charge is not held back by what a registration says.
+    let mut c = founder(n[0], config, t0);
     c.set_membership(t0, &view(n[0], &n, &[], &[]));
     for a in &n {
         c.register(t0, *a, &reg(4, vec![]));
     }
-    allocates_at(c, t0 + margin);
+    c.registrant_quiet(t0 + margin);
+    allocates_at(c, t0);
     // Node 3 is downed at t0 and removed 200 ms later; node 1 leaves at
     // t1, its last table saying it was not quiet: node 2 still waits a
     // margin from t0.
