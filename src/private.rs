@@ -105,6 +105,7 @@ pub mod bench {
             payload,
             trace: None,
             delivery: None,
+            line: None,
         }
     }
 

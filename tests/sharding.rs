@@ -1107,7 +1107,7 @@ async fn bad_envelopes_are_answered_with_errors_and_the_node_keeps_serving() {
         .await
         .expect("a reply in time")
         .expect("channel open");
-    // Compact over a pipe at version 3, long from a node with no pipe to
+    // Compact over a pipe at version 3 or later, long from a node with no pipe to
     // this client yet (the test below tells them apart).
     let bytes = match ciborium::from_reader(&incoming.payload[..]).expect("a reply") {
         DataIn::R(42, bytes) => bytes,

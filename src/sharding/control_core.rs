@@ -367,8 +367,7 @@ impl ControlCore {
                 } => {
                     self.coordinator.observe_epoch(epoch);
                     if let Some(ms) = quiet_ms {
-                        self.coordinator
-                            .registrant_quiet(now + Duration::from_millis(ms));
+                        (self.coordinator).registrant_quiet(now, Duration::from_millis(ms));
                     }
                     self.coordinator.register(now, from, &types)
                 }
@@ -404,8 +403,8 @@ impl ControlCore {
                         self.side.older_epoch();
                     } else {
                         if let ControlMsg::Table { quiet_ms, .. } = msg {
-                            let quiet = quiet_ms.map(|ms| now + Duration::from_millis(ms));
-                            self.coordinator.heard_table(from, quiet);
+                            let left = quiet_ms.map(Duration::from_millis);
+                            self.coordinator.heard_table(now, from, left);
                         }
                         let commands = self.side.coordinator_said(from, msg);
                         self.side_out(now, regions, commands, out);

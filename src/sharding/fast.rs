@@ -81,6 +81,13 @@ pub(crate) struct EnvelopeRef<'a> {
     /// and `trace`; absent without one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) delivery: Option<DeliveryRef<'a>>,
+    /// The fingerprint of the message's own protocol line, when
+    /// `fingerprint` is the protocol's whole one (a long form sent where
+    /// the pipe's version is not known to read a line's, SPEC §13.6):
+    /// `line`, last; absent otherwise. A receiver checks it rather than
+    /// `fingerprint`; a build that predates it ignores it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) line: Option<u64>,
 }
 
 impl<'a> EnvelopeRef<'a> {
@@ -112,6 +119,7 @@ impl<'a> EnvelopeRef<'a> {
             payload,
             trace: None,
             delivery: None,
+            line: None,
         }
     }
 
@@ -158,7 +166,9 @@ pub(crate) fn encode_envelope(out: &mut Vec<u8>, e: &EnvelopeRef<'_>) {
     out.reserve(160 + e.type_name.len() + e.entity_id.len() + e.payload.len());
     put_head(out, MAJOR_MAP, 1);
     put_text(out, "Envelope");
-    let optional = u64::from(e.trace.is_some()) + u64::from(e.delivery.is_some());
+    let optional = u64::from(e.trace.is_some())
+        + u64::from(e.delivery.is_some())
+        + u64::from(e.line.is_some());
     put_head(out, MAJOR_MAP, 9 + optional);
     put_text(out, "type_name");
     put_text(out, e.type_name);
@@ -197,6 +207,10 @@ pub(crate) fn encode_envelope(out: &mut Vec<u8>, e: &EnvelopeRef<'_>) {
         put_text(out, producer);
         put_uint(out, epoch);
         put_uint(out, seq);
+    }
+    if let Some(line) = e.line {
+        put_text(out, "line");
+        put_uint(out, line);
     }
 }
 
@@ -332,9 +346,10 @@ pub(crate) fn decode<'a>(body: &'a [u8], from: &UniqueAddress) -> Option<DataRef
             }
         }
         b"Envelope" => {
-            // Nine fields, then a trace context and a delivery tag if any.
+            // Nine fields, then a trace context, a delivery tag and a
+            // line's fingerprint if any.
             let fields = match r.head()? {
-                (MAJOR_MAP, n @ 9..=11) => n,
+                (MAJOR_MAP, n @ 9..=12) => n,
                 _ => return None,
             };
             r.key("type_name")?;
@@ -365,16 +380,17 @@ pub(crate) fn decode<'a>(body: &'a [u8], from: &UniqueAddress) -> Option<DataRef
             };
             r.key("payload")?;
             let payload = r.bytes()?;
-            let (mut trace, mut delivery) = (None, None);
+            let (mut trace, mut delivery, mut line) = (None, None, None);
             for _ in 9..fields {
                 match r.text_bytes()? {
-                    b"trace" if trace.is_none() && delivery.is_none() => {
+                    b"trace" if trace.is_none() && delivery.is_none() && line.is_none() => {
                         trace = Some(r.bytes()?.try_into().ok()?);
                     }
-                    b"delivery" if delivery.is_none() => {
+                    b"delivery" if delivery.is_none() && line.is_none() => {
                         r.expect(MAJOR_ARRAY, 3)?;
                         delivery = Some(DeliveryRef(r.text()?, r.uint()?, r.uint()?));
                     }
+                    b"line" if line.is_none() => line = Some(r.uint()?),
                     _ => return None,
                 }
             }
@@ -390,6 +406,7 @@ pub(crate) fn decode<'a>(body: &'a [u8], from: &UniqueAddress) -> Option<DataRef
                 payload,
                 trace,
                 delivery,
+                line,
             })
         }
         b"Reply" => {

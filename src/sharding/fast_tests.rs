@@ -30,6 +30,7 @@ struct Case {
     payload: Vec<u8>,
     trace: Option<[u8; 26]>,
     delivery: Option<(String, u64, u64)>,
+    line: Option<u64>,
 }
 
 impl Arbitrary for Case {
@@ -51,6 +52,7 @@ impl Arbitrary for Case {
             payload: Vec::arbitrary(g),
             trace: bool::arbitrary(g).then(|| std::array::from_fn(|_| u8::arbitrary(g))),
             delivery: Option::arbitrary(g),
+            line: Option::arbitrary(g),
         }
     }
 }
@@ -90,6 +92,7 @@ impl Case {
                 .delivery
                 .as_ref()
                 .map(|(producer, epoch, seq)| DeliveryRef(producer, *epoch, *seq)),
+            line: self.line,
         }
     }
 }
@@ -105,6 +108,7 @@ impl Case {
         self.hops = 0;
         self.trace = None;
         self.delivery = None;
+        self.line = None;
         if let Some(r) = &mut self.reply_to {
             let p = peer();
             *r = (
@@ -190,6 +194,7 @@ fn envelope_agrees(c: Case) -> bool {
                 && e.reply_to == c.target()
                 && e.generation == c.generation
                 && e.delivery == c.delivery
+                && e.line == c.line
         }
         _ => false,
     };
@@ -342,6 +347,7 @@ fn a_trace_context_rides_after_the_payload_as_a_tenth_field() {
     let mut c = Case::arbitrary(&mut Gen::new(8));
     c.trace = None;
     c.delivery = None;
+    c.line = None;
     let mut plain = Vec::new();
     encode_envelope(&mut plain, &c.as_ref());
     let context = TraceContext {
@@ -418,11 +424,12 @@ fn text_that_is_not_utf8_matches_no_tag_key_or_family() {
         payload: vec![0xee],
         trace: Some([1; 26]),
         delivery: None,
+        line: Some(11),
     };
     let mut good = Vec::new();
     encode_envelope(&mut good, &c.as_ref());
     assert!(decode(&good, &peer()).is_some());
-    for word in [&b"\x68Envelope"[..], b"\x62V4", b"\x65trace"] {
+    for word in [&b"\x68Envelope"[..], b"\x62V4", b"\x65trace", b"\x64line"] {
         let at = good
             .windows(word.len())
             .position(|w| w == word)

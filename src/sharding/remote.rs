@@ -239,6 +239,7 @@ impl Remote {
                 .as_ref()
                 .and_then(|e| e.delivery.as_ref())
                 .map(|d| DeliveryRef(&d.producer, d.epoch, d.seq)),
+            line: None,
         };
         let sent = self.send_envelope(&owner, &mut envelope, region.fingerprint);
         match sent {
@@ -286,6 +287,11 @@ impl Remote {
             if let Some(sent) = sent {
                 return sent;
             }
+            // A pipe of an older build, or none yet (the peer's version
+            // unknown): the whole fingerprint, which every build compares,
+            // and in the long form the line's beside it, which a build
+            // that reads it checks instead.
+            envelope.line = Some(envelope.fingerprint);
             envelope.fingerprint = whole;
         }
         let envelope = &*envelope;
@@ -599,7 +605,8 @@ mod tests {
 
     /// A build at protocol version 3 compares an envelope's fingerprint
     /// with the protocol's whole one: over its pipe an envelope carries
-    /// that, and over a version-4 pipe its own line's (SPEC §13.6).
+    /// that, over a version-4 pipe its own line's, and before any pipe is
+    /// up the whole one with its line's beside it (SPEC §13.6).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_envelope_carries_its_lines_fingerprint_only_over_a_pipe_that_reads_it() {
         use futures_util::{SinkExt, StreamExt};
@@ -612,7 +619,12 @@ mod tests {
         const LINE: u64 = 0xbcac_9f54_39be_15f0;
         const WHOLE: u64 = 0x10f4_3ecc_488b_4809;
         let patience = Duration::from_secs(10);
-        for (speaks, expected) in [(3u16, WHOLE), (PROTOCOL_VERSION, LINE)] {
+        let cases = [
+            (3u16, true, (WHOLE, None)),
+            (PROTOCOL_VERSION, true, (LINE, None)),
+            (PROTOCOL_VERSION, false, (WHOLE, Some(LINE))),
+        ];
+        for (speaks, piped, expected) in cases {
             let transport = Transport::bind(TransportConfig::new("unit", "sesame"))
                 .await
                 .expect("bind");
@@ -620,12 +632,13 @@ mod tests {
                 .await
                 .expect("bind");
             let addr = listener.local_addr().expect("addr");
+            let identity = UniqueAddress::new_at(addr);
             // A build that speaks up to `speaks`: a later Hello is refused
             // (the dialer dials again at `speaks`), then a pipe is made.
             let peer = tokio::spawn(async move {
                 let secret = Secret::from("sesame");
                 let local = Local {
-                    me: UniqueAddress::new_at(addr),
+                    me: identity,
                     cluster: "unit",
                     secret: &secret,
                 };
@@ -655,10 +668,14 @@ mod tests {
                     }
                 }
             });
-            let to = tokio::time::timeout(patience, transport.connect(addr))
-                .await
-                .expect("in time")
-                .expect("connects");
+            let to = if piped {
+                tokio::time::timeout(patience, transport.connect(addr))
+                    .await
+                    .expect("in time")
+                    .expect("connects")
+            } else {
+                identity
+            };
             let remote = Remote::new(transport.clone());
             let mut envelope = EnvelopeRef {
                 type_name: "tally",
@@ -672,6 +689,7 @@ mod tests {
                 payload: &[0xf6],
                 trace: None,
                 delivery: None,
+                line: None,
             };
             remote
                 .send_envelope(&to, &mut envelope, WHOLE)
@@ -683,7 +701,11 @@ mod tests {
             let Some(fast::DataRef::Envelope(got)) = fast::decode(&payload, &to) else {
                 panic!("not an envelope: {payload:?}");
             };
-            assert_eq!(got.fingerprint, expected, "a pipe at version {speaks}");
+            assert_eq!(
+                (got.fingerprint, got.line),
+                expected,
+                "a pipe at version {speaks} (up before: {piped})"
+            );
         }
     }
 }

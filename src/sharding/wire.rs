@@ -75,6 +75,10 @@ pub(crate) struct Envelope {
     /// A reliable producer's tag, `[producer, epoch, seq]` (SPEC §13.17).
     #[serde(default)]
     pub(crate) delivery: Option<(String, u64, u64)>,
+    /// The fingerprint of the message's own line, when `fingerprint` is
+    /// the protocol's whole one (SPEC §13.6).
+    #[serde(default)]
+    pub(crate) line: Option<u64>,
 }
 
 /// The encoding side of [`DataMsg`]: the same shape, borrowing its fields.
@@ -414,6 +418,7 @@ mod tests {
             payload: &HOME_PAYLOAD,
             trace: None,
             delivery: None,
+            line: None,
         })
     }
 
@@ -932,6 +937,7 @@ mod tests {
             payload: &[],
             trace: None,
             delivery: None,
+            line: None,
         });
         let DataMsg::Envelope(envelope) = decode(tell.encode()) else {
             panic!("not an envelope")

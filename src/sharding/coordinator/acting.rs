@@ -215,16 +215,36 @@ impl CoordinatorCore {
     /// members know of the past that this core may not: a member downed
     /// before it joined, a predecessor's quiet). A core long in charge has
     /// seen the same itself, and allocated all along.
-    pub(crate) fn registrant_quiet(&mut self, until: Instant) {
-        if self.active && self.settling_until.is_some() && !self.margin().is_zero() {
+    pub(crate) fn registrant_quiet(&mut self, now: Instant, left: Duration) {
+        if self.active && self.settling_until.is_some() {
+            let Some(until) = self.quiet_from(now, left) else {
+                return;
+            };
             self.quiet_until = Some(self.quiet_until.map_or(until, |q| q.max(until)));
         }
     }
 
-    /// This node accepted a table from coordinator `from`, which allocates
-    /// nothing until `quiet` (its quiet period after a takeover), if set.
-    pub(crate) fn heard_table(&mut self, from: UniqueAddress, quiet: Option<Instant>) {
-        self.heard_table = Some((from, quiet));
+    /// When a quiet period another node named, `left` from `now`, ends:
+    /// at most a margin from now (what a node says cannot hold this core
+    /// back longer), none without a margin.
+    fn quiet_from(&self, now: Instant, left: Duration) -> Option<Instant> {
+        let margin = self.margin();
+        (!margin.is_zero() && !left.is_zero())
+            .then(|| now.checked_add(left.min(margin)))
+            .flatten()
+    }
+
+    /// This node accepted a table from coordinator `from`, which said it
+    /// allocates nothing for `left` more (zero: it is not quiet), or said
+    /// nothing of it (`None`: an older build; a takeover from it keeps a
+    /// margin).
+    pub(crate) fn heard_table(
+        &mut self,
+        now: Instant,
+        from: UniqueAddress,
+        left: Option<Duration>,
+    ) {
+        self.heard_table = left.map(|left| (from, self.quiet_from(now, left)));
     }
 
     /// Whether this core is the acting coordinator.
@@ -288,8 +308,11 @@ impl CoordinatorCore {
         self.registered.retain(|m| members.contains_key(m));
         for table in self.types.values_mut() {
             table.regions.retain(|m| members.contains_key(m));
+            let registered = table.versions.len();
             table.versions.retain(|m, _| members.contains_key(m));
-            table.settle_version();
+            if table.versions.len() != registered {
+                table.settle_version();
+            }
             table.proxies.retain(|m| members.contains_key(m));
             table.leaving.retain(|m| members.contains_key(m));
             table.hosting.retain(|m, _| members.contains_key(m));
@@ -299,6 +322,11 @@ impl CoordinatorCore {
         }
         let previous = std::mem::replace(&mut self.acting, acting);
         let should_be_active = acting == Some(self.me);
+        if acting != previous && !should_be_active {
+            // A table heard from an earlier acting coordinator says
+            // nothing of the next one's term, nor of a later term of its own.
+            self.heard_table = None;
+        }
         if should_be_active && !self.active {
             self.active = true;
             self.highest_epoch = self.highest_epoch.saturating_add(1);
@@ -338,9 +366,7 @@ impl CoordinatorCore {
             // has no predecessor at all).
             let downed_lately = (self.downed_at.values()).map(|at| *at + margin).max();
             let quiet = [predecessor, downed_lately].into_iter().flatten().max();
-            if let Some(until) = quiet.filter(|until| *until > now && !margin.is_zero()) {
-                self.quiet_until = Some(until);
-            }
+            self.quiet_until = quiet.filter(|until| *until > now && !margin.is_zero());
             self.settling_until = Some(now + self.config.settle);
             self.next_rebalance = Some(now + self.config.settle + self.config.rebalance_interval);
             // Registrations from an earlier term, or sent before this node
@@ -402,23 +428,36 @@ impl CoordinatorCore {
         for gone in gone_now.chain(out_of_view).collect::<Vec<_>>() {
             self.gone_at.entry(gone).or_insert(now);
         }
-        // Downed: seen Down, or gone from the view without being seen
-        // leaving (Exiting members left `self.members` before they go).
+        // Downed: seen Down, or gone from the view unseen Leaving or
+        // Exiting — and never while only Joining (such a member never
+        // coordinated). The views a core is given may skip some, so what
+        // was seen leaving is remembered until the member is gone.
+        for m in &state.members {
+            if matches!(m.status, MemberStatus::Leaving | MemberStatus::Exiting) {
+                self.seen_leaving.insert(m.address);
+            }
+        }
         let downed = (state.members.iter())
-            .filter(|m| m.status == MemberStatus::Down)
+            .filter(|m| {
+                m.status == MemberStatus::Down && before.get(&m.address) != Some(&Standing::Joining)
+            })
             .map(|m| m.address)
-            .chain(
-                before
-                    .keys()
-                    .copied()
-                    .filter(|a| !self.members.contains_key(a) && state.status_of(a).is_none()),
-            )
+            .chain(before.iter().filter_map(|(a, standing)| {
+                let vanished = !self.members.contains_key(a) && state.status_of(a).is_none();
+                (vanished && *standing != Standing::Joining && !self.seen_leaving.contains(a))
+                    .then_some(*a)
+            }))
             .collect::<Vec<_>>();
         for member in downed {
             self.downed_at.entry(member).or_insert(now);
         }
+        // (An entry stays while the view lists its member Down, so a later
+        // view does not restart its margin.)
         let margin = self.margin();
-        self.downed_at.retain(|_, at| now < *at + margin);
+        self.downed_at
+            .retain(|a, at| now < *at + margin || state.status_of(a) == Some(MemberStatus::Down));
+        self.seen_leaving
+            .retain(|a| state.status_of(a).is_some() || self.members.contains_key(a));
         let types = &self.types;
         self.gone_at.retain(|a, _| {
             state.members.iter().any(|m| m.address == *a)

@@ -123,6 +123,9 @@ pub(crate) struct CoordinatorCore {
     /// margin has passed, whatever the view says meanwhile (the leader
     /// removes a Down member soon after).
     downed_at: BTreeMap<UniqueAddress, Instant>,
+    /// Members seen Leaving or Exiting, while they are in the view: one
+    /// that then goes left, and was not downed.
+    seen_leaving: BTreeSet<UniqueAddress>,
     next_round: u64,
     /// This core's epoch while active (its term as coordinator), stamped on
     /// every message it sends to regions; 0 while inactive.
@@ -175,6 +178,7 @@ impl CoordinatorCore {
             told_left: BTreeSet::new(),
             gone_at: BTreeMap::new(),
             downed_at: BTreeMap::new(),
+            seen_leaving: BTreeSet::new(),
             next_round: 0,
             epoch: 0,
             highest_epoch: 0,

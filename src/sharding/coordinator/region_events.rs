@@ -88,15 +88,17 @@ impl CoordinatorCore {
             }
             if let Err(differing_line) = admitted {
                 if self.active {
+                    // (The version it was compared with.)
+                    let cluster = table.newest(Some(&from)).0;
                     let reason = match differing_line {
                         Some(line) => format!(
                             "type `{}`'s protocol differs from the cluster's at line {line}, and neither version extends the other (only lines appended at the end are compatible); the cluster has fingerprint {:016x}, this region {:016x}",
-                            reg.type_name, table.fingerprint, reg.fingerprint
+                            reg.type_name, cluster, reg.fingerprint
                         ),
                         None => format!(
                             "type `{}` is registered with fingerprint {:016x} and {} shards in this cluster; this region has {:016x} and {}",
                             reg.type_name,
-                            table.fingerprint,
+                            cluster,
                             table.num_shards,
                             reg.fingerprint,
                             reg.num_shards
@@ -107,7 +109,7 @@ impl CoordinatorCore {
                         msg: ControlMsg::Refused {
                             type_name: reg.type_name.clone(),
                             reason,
-                            cluster_fingerprint: Some(table.fingerprint),
+                            cluster_fingerprint: Some(cluster),
                             cluster_num_shards: Some(table.num_shards),
                             differing_line,
                         },
@@ -194,10 +196,15 @@ impl CoordinatorCore {
                         type_name: reg.type_name.clone(),
                         homes,
                         epoch: self.epoch,
-                        quiet_ms: (self.quiet_until)
-                            .and_then(|until| until.checked_duration_since(now))
-                            .filter(|left| !left.is_zero())
-                            .map(|left| u64::try_from(left.as_millis()).unwrap_or(u64::MAX)),
+                        // (Always said, 0 when not quiet: a table without
+                        // it is an older build's, which says nothing.)
+                        quiet_ms: Some(
+                            (self.quiet_until)
+                                .and_then(|until| until.checked_duration_since(now))
+                                .map_or(0, |left| {
+                                    u64::try_from(left.as_millis()).unwrap_or(u64::MAX)
+                                }),
+                        ),
                     },
                 });
             }

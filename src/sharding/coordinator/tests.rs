@@ -2041,7 +2041,7 @@ fn a_takeover_from_a_downed_coordinator_allocates_nothing_within_the_margin() {
     c.register(t0, n[0], &reg(4, vec![]));
     c.unregister(t0, n[0], &[TYPE.to_owned()]);
     // (Its last table said it was not quiet.)
-    c.heard_table(n[0], None);
+    c.heard_table(t0, n[0], Some(Duration::ZERO));
     let mut leaving = view(n[1], &n, &[], &[]);
     leaving.members[0].status = MemberStatus::Leaving;
     leaving.coordinator = Some(n[1]);
@@ -2105,7 +2105,7 @@ fn regression_a_takeover_allocates_nothing_within_the_margin_of_a_member_downed_
     let t1 = t0 + Duration::from_millis(300);
     // (Node 2's last table said it was not quiet: what holds node 3 back
     // is node 1's down alone.)
-    c.heard_table(n[1], None);
+    c.heard_table(t0, n[1], Some(Duration::ZERO));
     let mut leaving = view(n[2], &n[1..], &n[..1], &[]);
     leaving.members[1].status = MemberStatus::Leaving;
     leaving.coordinator = Some(n[2]);
@@ -2141,11 +2141,11 @@ fn a_takeover_keeps_what_it_knows_of_its_predecessors_quiet_and_a_margin_for_wha
         v
     };
     // Node 2 takes over from node 1's graceful leave at t0.
-    let takeover = |heard: Option<Option<Instant>>| {
+    let takeover = |heard: Option<Option<Duration>>| {
         let mut c = CoordinatorCore::new(n[1], config, Box::new(LeastShardAllocation));
         c.set_membership(t0, &view(n[1], &n, &[], &[]));
-        if let Some(quiet) = heard {
-            c.heard_table(n[0], quiet);
+        if let Some(left) = heard {
+            c.heard_table(t0, n[0], left);
         }
         c.register(t0, n[0], &reg(4, vec![]));
         c.unregister(t0, n[0], &[TYPE.to_owned()]);
@@ -2170,25 +2170,28 @@ fn a_takeover_keeps_what_it_knows_of_its_predecessors_quiet_and_a_margin_for_wha
         assert!(tells_home(&out, 0), "allocates at {:?}: {out:?}", at - t0);
     };
     // Its last table said it was not quiet: at once.
-    allocates_at(takeover(Some(None)), t0);
+    allocates_at(takeover(Some(Some(Duration::ZERO))), t0);
     // It said it was quiet for 500 ms more: that long.
-    let until = t0 + Duration::from_millis(500);
-    allocates_at(takeover(Some(Some(until))), until);
-    // No table from it: a margin.
+    let left = Duration::from_millis(500);
+    allocates_at(takeover(Some(Some(left))), t0 + left);
+    // More than a margin: a margin (a node's word is bounded).
+    allocates_at(takeover(Some(Some(Duration::MAX))), t0 + margin);
+    // No table from it, or one of an older build (no word on it): a margin.
     allocates_at(takeover(None), t0 + margin);
+    allocates_at(takeover(Some(None)), t0 + margin);
     // A first view with other members (a system started after its node
     // joined): what the members' registrations say — nothing, then a
     // quiet period one of them knows of.
-    for quiet in [None, Some(t0 + Duration::from_millis(700))] {
+    for quiet in [None, Some(Duration::from_millis(700))] {
         let mut c = CoordinatorCore::new(n[0], config, Box::new(LeastShardAllocation));
         c.set_membership(t0, &view(n[0], &n, &[], &[]));
         for a in &n {
-            if let (Some(until), true) = (quiet, *a == n[1]) {
-                c.registrant_quiet(until);
+            if let (Some(left), true) = (quiet, *a == n[1]) {
+                c.registrant_quiet(t0, left);
             }
             c.register(t0, *a, &reg(4, vec![]));
         }
-        allocates_at(c, quiet.unwrap_or(t0));
+        allocates_at(c, t0 + quiet.unwrap_or_default());
     }
     // A core long in charge is not held back by what a registration says.
     let mut c = founder(n[0], config, t0);
@@ -2196,7 +2199,7 @@ fn a_takeover_keeps_what_it_knows_of_its_predecessors_quiet_and_a_margin_for_wha
     for a in &n {
         c.register(t0, *a, &reg(4, vec![]));
     }
-    c.registrant_quiet(t0 + margin);
+    c.registrant_quiet(t0, margin);
     allocates_at(c, t0);
     // Node 3 is downed at t0 and removed 200 ms later; node 1 leaves at
     // t1, its last table saying it was not quiet: node 2 still waits a
@@ -2206,7 +2209,7 @@ fn a_takeover_keeps_what_it_knows_of_its_predecessors_quiet_and_a_margin_for_wha
     c.set_membership(t0, &view(n[1], &n[..2], &n[2..], &[]));
     let t1 = t0 + Duration::from_millis(200);
     c.set_membership(t1, &view(n[1], &n[..2], &[], &[]));
-    c.heard_table(n[0], None);
+    c.heard_table(t0, n[0], Some(Duration::ZERO));
     c.register(t1, n[0], &reg(4, vec![]));
     c.unregister(t1, n[0], &[TYPE.to_owned()]);
     let mut leaving = view(n[1], &n[..2], &[], &[]);

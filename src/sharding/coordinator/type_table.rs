@@ -119,7 +119,7 @@ impl TypeTable {
 
     /// The newest version among the registered regions but `except` (the
     /// table's own while there is none).
-    fn newest(&self, except: Option<&UniqueAddress>) -> (u64, &[u64]) {
+    pub(super) fn newest(&self, except: Option<&UniqueAddress>) -> (u64, &[u64]) {
         let mut newest: Option<(u64, &[u64])> = None;
         for (member, (fingerprint, lines)) in &self.versions {
             if Some(member) == except {

@@ -72,6 +72,7 @@ pub(super) fn handle_data(
                     .delivery
                     .as_ref()
                     .map(|(producer, epoch, seq)| DeliveryRef(producer, *epoch, *seq)),
+                line: e.line,
             };
             deliver_envelope(shared, remote, from, envelope);
         }
@@ -118,12 +119,8 @@ fn deliver_envelope(
     let Some(region) = shared.region(envelope.type_name) else {
         return refuse(reply, RemoteError::NotRegistered);
     };
-    match check_line(
-        region.lines,
-        region.fingerprint,
-        envelope.index,
-        envelope.fingerprint,
-    ) {
+    let carried = envelope.line.unwrap_or(envelope.fingerprint);
+    match check_line(region.lines, region.fingerprint, envelope.index, carried) {
         LineCheck::Known => {}
         LineCheck::Beyond => {
             if reply.is_none() {
@@ -142,7 +139,7 @@ fn deliver_envelope(
                 reply,
                 RemoteError::ProtocolMismatch {
                     receiver: region.line_fingerprint(envelope.index),
-                    sender: envelope.fingerprint,
+                    sender: carried,
                 },
             );
         }
