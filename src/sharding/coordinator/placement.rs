@@ -114,12 +114,24 @@ impl CoordinatorCore {
 
     /// The members that may be given shards of `type_name`: Up and
     /// reachable, with a region of the type that is not proxy-only,
-    /// leaving or stopped.
+    /// leaving or stopped — and of those, the ones that run the type's
+    /// newest protocol version, when any does (SPEC §13.6: in a rolling
+    /// upgrade new shards, rebalance moves and the shards of leaving
+    /// nodes go to nodes that know every message, and a shard moves at
+    /// most once; the shards older nodes host stay there until they leave).
     pub(super) fn candidates(&self, type_name: &str) -> BTreeSet<UniqueAddress> {
-        self.hosts(type_name)
+        let eligible: BTreeSet<UniqueAddress> = (self.hosts(type_name))
             .filter(|(_, standing)| *standing == Standing::Eligible)
             .map(|(m, _)| *m)
-            .collect()
+            .collect();
+        let Some(table) = self.types.get(type_name) else {
+            return eligible;
+        };
+        let newest: BTreeSet<UniqueAddress> = (eligible.iter())
+            .filter(|m| (table.versions.get(m)).is_none_or(|(f, _)| *f == table.fingerprint))
+            .copied()
+            .collect();
+        if newest.is_empty() { eligible } else { newest }
     }
 
     /// The members with a region of `type_name` that may host (not

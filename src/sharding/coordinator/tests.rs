@@ -349,6 +349,60 @@ fn compatible_protocol_versions_share_one_table_and_an_incompatible_one_is_refus
     assert_eq!(refused_at(&out), None, "{out:?}");
 }
 
+/// In a rolling upgrade new shards go to the nodes of the type's newest
+/// protocol version, and so do the shards of an older node that leaves:
+/// each moves once, onto a node that knows every message; with no node of
+/// the newest version eligible, any node is.
+#[test]
+fn shards_go_to_nodes_of_the_newest_protocol_version() {
+    let t0 = Instant::now();
+    let n: Vec<UniqueAddress> = (1..=3).map(node).collect();
+    let version = |lines: &[u64]| {
+        let mut r = reg(4, vec![]);
+        r[0].fingerprint = *lines.last().expect("a line");
+        r[0].lines = lines.to_vec();
+        r
+    };
+    let (v1, v2) = (version(&[11, 12]), version(&[11, 12, 13]));
+    let mut c = core(n[0]);
+    c.set_membership(t0, &view(n[0], &n, &[], &[]));
+    c.register(t0, n[0], &v1);
+    c.register(t0, n[1], &v1);
+    c.register(t0, n[2], &v1);
+    // Shards 0 and 1 placed while every node runs the first version.
+    for shard in 0..2 {
+        assert!(tells_home(&c.get_home(t0, n[0], TYPE, shard, 0), shard));
+    }
+    let first: Vec<UniqueAddress> = (0..2)
+        .map(|s| c.home(TYPE, s).expect("placed").owner)
+        .collect();
+    // Node 2 now runs the new version (it registers the new lines).
+    c.register(t0, n[1], &v2);
+    for shard in 2..4 {
+        c.get_home(t0, n[0], TYPE, shard, 0);
+        assert_eq!(
+            c.home(TYPE, shard).map(|h| h.owner),
+            Some(n[1]),
+            "shard {shard}"
+        );
+    }
+    // The shards placed before stay where they are.
+    for shard in 0..2 {
+        assert_eq!(
+            c.home(TYPE, shard).map(|h| h.owner),
+            Some(first[shard as usize])
+        );
+    }
+    // With the new version's node out of reach, any node is given shards.
+    let mut c2 = core(n[0]);
+    c2.set_membership(t0, &view(n[0], &n, &[], &n[1..2]));
+    c2.register(t0, n[0], &v1);
+    c2.register(t0, n[1], &v2);
+    c2.register(t0, n[2], &v1);
+    assert!(tells_home(&c2.get_home(t0, n[0], TYPE, 0, 0), 0));
+    assert_ne!(c2.home(TYPE, 0).map(|h| h.owner), Some(n[1]));
+}
+
 #[test]
 fn takeover_keeps_the_highest_generation_and_waits_to_settle() {
     let t0 = Instant::now();
