@@ -46,7 +46,10 @@
 //! coordinator (its fingerprint differs): its senders then hear
 //! `RegionRefused`. The restless histories without a reliable producer run
 //! a remembered type on a store all nodes share: once the cluster is left
-//! alone, every remembered entity is live on its shard's host.
+//! alone, every remembered entity is live on its shard's host. Nodes 3 and
+//! 4 run a later version of the type's protocol (one line appended, SPEC
+//! §13.6): the coordinator gives them the new shards while older nodes
+//! keep theirs.
 //!
 //! What is checked, over random histories of sends, deliveries, entity and
 //! region-actor steps, passivations, joins, crashes, downs, graceful
@@ -117,6 +120,13 @@ const NODES: usize = 5;
 /// coordinator (its protocol's fingerprint differs). The youngest member:
 /// it coordinates only when every other node is gone.
 const PROXY: usize = NODES;
+/// The type's protocol as nodes 0 to 2 run it (its fingerprint up to each
+/// line, SPEC §13.6), as nodes 3 and 4 run it (one line appended: a
+/// rolling upgrade, whose new nodes are given the new shards), and as a
+/// refused proxy runs it (its second line differs).
+const LINES_V1: &[u64] = &[0x51, 1];
+const LINES_V2: &[u64] = &[0x51, 1, 3];
+const LINES_OTHER: &[u64] = &[0x51, 2];
 const TICK: Duration = Duration::from_millis(100);
 /// Short, so that histories often see a handoff time out (and a shard move
 /// away from entities still finishing their mailboxes).
@@ -205,6 +215,12 @@ struct Coverage {
     /// Ticks at which two coordinators acted at once (a downed one on its
     /// own side, before it heard it).
     two_acting_coordinators: u64,
+    /// Ticks at which nodes of both protocol versions were up (a rolling
+    /// upgrade under way).
+    mixed_versions: u64,
+    /// Shards hosted by a node of the newer version, counted at the same
+    /// ticks: where the new shards went.
+    hosted_by_the_newer: u64,
 }
 
 fn cover(f: impl FnOnce(&mut Coverage)) {
@@ -673,14 +689,14 @@ struct Region {
     host: RefCell<Host>,
     /// Proxy-only: it routes and never hosts.
     proxy: bool,
-    /// Its protocol's fingerprint (a region whose fingerprint differs from
-    /// the cluster's is refused).
-    fingerprint: u64,
+    /// Its protocol's fingerprint up to each line: [`LINES_V1`],
+    /// [`LINES_V2`], or [`LINES_OTHER`] (refused).
+    lines: &'static [u64],
 }
 
 impl Region {
     /// The region at `me`; `limit`: its active-entity limit, if any;
-    /// `proxy`: proxy-only, and then whether its fingerprint differs.
+    /// `proxy`: proxy-only, and then whether its protocol differs.
     fn new(me: UniqueAddress, limit: Option<EntityLimit>, proxy: Option<bool>) -> Self {
         let keeping = Keeping {
             max_state: 1 << 20,
@@ -699,7 +715,12 @@ impl Region {
                 ..Host::default()
             }),
             proxy: proxy.is_some(),
-            fingerprint: if proxy == Some(true) { 2 } else { 1 },
+            lines: match proxy {
+                Some(true) => LINES_OTHER,
+                Some(false) => LINES_V1,
+                None if index(&me) >= 3 => LINES_V2,
+                None => LINES_V1,
+            },
         }
     }
 
@@ -805,10 +826,10 @@ impl TypeRegion for Rc<Region> {
         TYPE
     }
     fn fingerprint(&self) -> u64 {
-        self.fingerprint
+        self.lines.last().copied().unwrap_or_default()
     }
     fn lines(&self) -> &'static [u64] {
-        &[]
+        self.lines
     }
     fn num_shards(&self) -> u32 {
         self.table.num_shards()
@@ -1718,6 +1739,19 @@ impl Sim {
             .count();
         if acting > 1 {
             cover(|c| c.two_acting_coordinators += 1);
+        }
+        let (older, newer): (Vec<usize>, Vec<usize>) = (self.up.iter())
+            .filter(|i| **i != PROXY)
+            .partition(|i| **i < 3);
+        if !older.is_empty() && !newer.is_empty() {
+            let hosted = (newer.iter())
+                .filter_map(|i| self.nodes[*i].as_ref())
+                .map(|n| n.region.table.hosted_count())
+                .sum::<usize>() as u64;
+            cover(|c| {
+                c.mixed_versions += 1;
+                c.hosted_by_the_newer += hosted;
+            });
         }
         let running = self.up.iter().chain(self.downed_unaware.keys());
         for i in running.copied().collect::<Vec<_>>() {
@@ -2912,6 +2946,8 @@ fn random_cluster_histories_lose_only_what_a_crash_or_a_cut_took() {
             c.removed,
             c.downed_while_running,
             c.two_acting_coordinators,
+            c.mixed_versions,
+            c.hosted_by_the_newer,
         ];
         assert!(
             tests < 4_000 || reached.iter().all(|n| *n > 0),
