@@ -5,11 +5,11 @@
 //!
 //! And what reading one shard's `FileStore` log costs a restarted node, over
 //! 1,000 to 100,000 ids: it must grow linearly with the log (it grew with
-//! its square, a copy of the ids per record, until issue 28).
+//! its square when each record copied the ids).
 //!
 //! And what a restart costs: a node with 20,000 remembered ids over 8
 //! shards, each shard's log read and its ids respawned at the configured
-//! rate (1,000 every 100 ms per shard) — concurrently, since issue 28: until
+//! rate (1,000 every 100 ms per shard) — concurrently: until
 //! every id is respawned, and until one ask to each shard is answered.
 //!
 //! And a burst of new remembered entities on a `FileStore` (`Always`) with

@@ -99,7 +99,7 @@ impl Checks {
 /// picks one of [`TALLY_LINES`] at its first add), summed when read. One
 /// shared counter would be a line written by both cores of the machine on
 /// every message: about a sixth of the handler's samples in a W1-sat
-/// profile (BENCHMARKS.md, session 24), the runner's cost, not the
+/// profile (BENCHMARKS.md, "Handling futures"), the runner's cost, not the
 /// library's.
 #[derive(Debug, Default)]
 struct Tally([TallyLine; TALLY_LINES]);

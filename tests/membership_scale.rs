@@ -3,7 +3,7 @@
 //! and lose one to SIGKILL. Prints the formation time, the idle CPU of all
 //! nodes together, the time until every survivor has downed the killed
 //! node, and how many healthy members were ever flagged Unreachable or
-//! Down; asserts the targets of issue 12 (BENCHMARKS.md, "Membership at
+//! Down; asserts its targets (BENCHMARKS.md, "Membership at
 //! scale").
 //!
 //! Slow and machine-bound, so ignored by default. Run it alone, through the
@@ -316,7 +316,7 @@ fn fifty_processes_form_stay_quiet_and_down_a_killed_one() {
                 "idle CPU {:.1}%",
                 f.idle_cpu_percent
             );
-            // Issue 12's target, 1 s, holds under timeout downing. Under the
+            // The 1 s target holds under timeout downing. Under the
             // default split-brain resolver a Down waits for the view to hold
             // still for `stable_after` after the detection (F + S = 1.4 s;
             // SPEC §10.5 says why S cannot be much shorter): its bound is

@@ -763,7 +763,7 @@ fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
     }
 }
 
-/// Issue 28: a shard whose remembered ids are slow to read holds up no
+/// A shard whose remembered ids are slow to read holds up no
 /// other shard — an ask to another shard is answered while the read waits
 /// (the read used to run in the region actor, which then heard nothing
 /// else until it was done).
@@ -794,7 +794,7 @@ async fn a_slow_read_of_one_shard_holds_up_no_other() {
     system.shutdown().await;
 }
 
-/// Issue 28: a program can tell when a restart's respawn has finished —
+/// A program can tell when a restart's respawn has finished —
 /// the region's state lists the shards with remembered ids still to
 /// respawn, and a shard leaves the list once its last id runs again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -825,7 +825,7 @@ async fn the_region_state_tells_when_a_respawn_has_finished() {
     system.shutdown().await;
 }
 
-/// Issue 28: a torn tail the file store cuts off on reading a log is
+/// A torn tail the file store cuts off on reading a log is
 /// published as a `RepairLog` event, not only logged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_torn_tail_cut_off_on_restart_is_published_as_an_event() {

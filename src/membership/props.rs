@@ -450,7 +450,7 @@ fn regression_ring_calm_false_down_after_restarts() {
 }
 
 /// Found by `calm_histories_converge_without_false_downs` after the ring and
-/// digest-first gossip came in (issue 12). Crashed 7001 was still Joining,
+/// digest-first gossip came in. Crashed 7001 was still Joining,
 /// so 7005's ring had it among 7005's watchers and 7006 outside them; 7006
 /// learnt first that 7001 was unreachable, started watching 7005 and sent it
 /// a digest, but the news took three hops of up to 250 ms to reach 7005,
@@ -479,8 +479,8 @@ fn regression_calm_false_down_after_a_leave_among_restarts() {
     }
 }
 
-/// Found by `calm_histories_on_a_small_ring_converge_without_false_downs`
-/// (issue 12): 7001 learnt of two joiners before 7005 did and moved its
+/// Found by `calm_histories_on_a_small_ring_converge_without_false_downs`:
+/// 7001 learnt of two joiners before 7005 did and moved its
 /// heartbeats to them; 7005, still on the old ring, watched 7001 and
 /// downed it. A member that drops a watcher now sends it its state and
 /// keeps heartbeating it for `first_heartbeat_grace`.

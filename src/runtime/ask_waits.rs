@@ -19,7 +19,7 @@
 //!
 //! A thread enters its asks in a stripe of its own (of [`STRIPES`]), so
 //! the entries of one worker thread's askers share neither lock nor cache
-//! line with another's. Measured (BENCHMARKS.md, session 24): a runtime
+//! line with another's. Measured (BENCHMARKS.md, "Handling futures"): a runtime
 //! timer per ask was about 3 % of W1-sat's time, the third of its asks
 //! that go to an entity on the asking node paying all of it.
 

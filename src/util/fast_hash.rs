@@ -4,7 +4,7 @@
 //! A message looks up its pipe (and the marked-down set), its region and,
 //! for a remote ask, its pending entry. With std's SipHash-1-3 those
 //! lookups were about 6 % of the instructions of a W1-sat message
-//! (BENCHMARKS.md, session 23). These maps use foldhash instead, the
+//! (BENCHMARKS.md, "Instructions per message, counted"). These maps use foldhash instead, the
 //! default hasher of hashbrown (the table behind std's `HashMap`), seeded
 //! at random per map: a few times fewer instructions for short keys.
 //!

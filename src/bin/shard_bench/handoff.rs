@@ -1,4 +1,4 @@
-//! The handoff measure (SPEC §13.16, issue 22): three nodes in one
+//! The handoff measure (SPEC §13.16): three nodes in one
 //! process, 30,000 entities (`--entities`) holding 1 KiB of state each
 //! (128 words, 1,155 bytes as CBOR); node 2 leaves gracefully and its third
 //! of them (about 10,000) move. Measured from the
