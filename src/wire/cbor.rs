@@ -17,8 +17,8 @@ pub(crate) const NULL: u8 = 0xf6;
 ///
 /// Always inlined, as every writer here and every step of the reader that
 /// reads a head: each remote message calls them many times, and a call's
-/// own entry and exit cost more than most steps (BENCHMARKS.md, "Instructions
-per message, counted").
+/// own entry and exit cost more than most steps (BENCHMARKS.md,
+/// "Instructions per message, counted").
 #[inline(always)]
 pub(crate) fn put_head(dst: &mut impl BufMut, major: u8, arg: u64) {
     let m = major << 5;
