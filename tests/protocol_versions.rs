@@ -1,8 +1,10 @@
 //! Two versions of one protocol in one cluster of real nodes on 127.0.0.1:
 //! a version that appends a line registers beside the one it extends, both
 //! route to each other, a message of the new line reaching an owner of the
-//! old version is answered `UnknownMessage`, unprocessed, and a version
-//! that changes a line is refused, named at its first differing line.
+//! old version is answered `UnknownMessage`, unprocessed, and moves its
+//! shard to the new version's node, where it is answered when sent again;
+//! a version that changes a line is refused, named at its first differing
+//! line.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -10,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use datum_cluster_sharding::cluster::{ClusterConfig, ClusterNode};
 use datum_cluster_sharding::prelude::*;
+use datum_cluster_sharding::sharding::RebalanceReason;
 use datum_cluster_sharding::{Processed, extends};
 
 const LONG: Duration = Duration::from_secs(20);
@@ -60,6 +63,15 @@ impl Handler<Get> for V1 {
         Ok(self.0)
     }
 }
+impl Migratable for V1 {
+    type Dehydrated = u64;
+    fn dehydrate(&mut self) -> u64 {
+        self.0
+    }
+    fn rehydrate(&mut self, total: u64) {
+        self.0 = total;
+    }
+}
 
 #[derive(Default)]
 struct V2(u64);
@@ -80,6 +92,15 @@ impl Handler<Get> for V2 {
 impl Handler<Reset> for V2 {
     async fn handle(&mut self, _: Reset, _: &EntityContext) -> ShardingResult<u64> {
         Ok(std::mem::take(&mut self.0))
+    }
+}
+impl Migratable for V2 {
+    type Dehydrated = u64;
+    fn dehydrate(&mut self) -> u64 {
+        self.0
+    }
+    fn rehydrate(&mut self, total: u64) {
+        self.0 = total;
     }
 }
 
@@ -136,9 +157,26 @@ async fn ask_settled<P: Protocol, M: Ask<P>>(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_versions_of_a_protocol_serve_one_type_and_a_third_that_changes_a_line_is_refused() {
+    // The old version's node runs alone first: the first half of the
+    // entities live there. Then the new version's node joins, and the new
+    // shards go to it (the type's newest version).
     let old = ClusterNode::start(config(vec![]))
         .await
         .expect("node starts");
+    let old_system = system_on(&old).await;
+    old_system
+        .entity_type::<V1>()
+        .migratable()
+        .register(|_| V1::default())
+        .await
+        .expect("registered");
+    let ids: Vec<String> = (0..IDS).map(|i| format!("c-{i}")).collect();
+    for id in &ids[..IDS as usize / 2] {
+        assert_eq!(
+            ask_settled::<CounterV1, _>(&old_system, id, || Get).await,
+            Ok(0)
+        );
+    }
     let new = ClusterNode::start(config(vec![old.bound_addr()]))
         .await
         .expect("node starts");
@@ -147,18 +185,13 @@ async fn two_versions_of_a_protocol_serve_one_type_and_a_third_that_changes_a_li
             .await
             .expect("two Up");
     }
-    let (old_system, new_system) = (system_on(&old).await, system_on(&new).await);
-    old_system
-        .entity_type::<V1>()
-        .register(|_| V1::default())
-        .await
-        .expect("registered");
+    let new_system = system_on(&new).await;
     new_system
         .entity_type::<V2>()
+        .migratable()
         .register(|_| V2::default())
         .await
         .expect("registered");
-    let ids: Vec<String> = (0..IDS).map(|i| format!("c-{i}")).collect();
     // Both versions route both ways: each entity is told from both nodes
     // and reads the sum from both.
     for (i, id) in ids.iter().enumerate() {
@@ -203,20 +236,38 @@ async fn two_versions_of_a_protocol_serve_one_type_and_a_third_that_changes_a_li
                 refused.push(id.clone());
             }
         }
-        let after = old_system
-            .entity_ref::<CounterV1>(id.as_str())
-            .ask(Get, ASK)
-            .await;
-        let expected = if answered.contains_key(id) {
-            0
-        } else {
-            i + 100
-        };
-        assert_eq!(after, Ok(expected), "{id}");
     }
     assert!(
         !answered.is_empty() && !refused.is_empty(),
         "both nodes host entities: answered {answered:?}, refused {refused:?}"
+    );
+    // Each refusal moved its shard to the new version's node (by a
+    // handoff, its migratable state with it): sent again, the message is
+    // answered there, on the total the refused one left unprocessed.
+    for id in &refused {
+        let i: u64 = id["c-".len()..].parse().expect("an index");
+        let to_new = new_system.entity_ref::<CounterV2>(id.as_str());
+        let deadline = Instant::now() + LONG;
+        let total = loop {
+            match to_new.ask(Reset, ASK).await {
+                Ok(total) => break total,
+                Err(error) => assert!(Instant::now() < deadline, "{id} never moved: {error}"),
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert_eq!(total, i + 100, "{id}");
+    }
+    for id in &ids {
+        let to_old = old_system.entity_ref::<CounterV1>(id.as_str());
+        assert_eq!(to_old.ask(Get, ASK).await, Ok(0), "{id}: reset once");
+    }
+    // (The old node coordinates: it is the oldest.)
+    let rounds = old_system.rebalance_rounds();
+    assert!(
+        rounds
+            .iter()
+            .any(|r| r.reason == RebalanceReason::NewerVersion),
+        "{rounds:?}"
     );
     // A third node whose version changes the second line is refused,
     // named at that line, and the two others serve on.

@@ -65,7 +65,7 @@ pub const BUFFERED: &str = "datum_sharding_buffered";
 /// The part of [`BUFFERED`] waiting behind handoffs.
 pub const HANDOFF_BUFFERED: &str = "datum_sharding_handoff_buffered";
 /// Rebalance rounds the coordinator on this node completed, by `reason`
-/// (`dead_owner`, `graceful_spread`, `graceful_leave`).
+/// (`dead_owner`, `graceful_spread`, `graceful_leave`, `newer_version`).
 pub const REBALANCE_ROUNDS: &str = "datum_rebalance_rounds_total";
 /// Shards those rounds moved, by `reason`.
 pub const SHARD_MOVES: &str = "datum_shard_moves_total";
@@ -124,7 +124,12 @@ pub(crate) const USUAL_ASK_FAILURES: [&str; 10] = [
 
 /// The `reason`s of the rebalance metrics (as the coordinator names its
 /// rounds' reasons).
-pub(crate) const REBALANCE_REASONS: [&str; 3] = ["dead_owner", "graceful_spread", "graceful_leave"];
+pub(crate) const REBALANCE_REASONS: [&str; 4] = [
+    "dead_owner",
+    "graceful_spread",
+    "graceful_leave",
+    "newer_version",
+];
 
 /// One entity type's region's handles (labels `entity_type`, `node`).
 /// Its gauges move by what this region adds and takes away, so two regions

@@ -153,6 +153,19 @@ impl ControlCore {
         self.run_side(now, regions, commands)
     }
 
+    /// A message of a protocol line this node's version lacks reached
+    /// `shard`, hosted here (SPEC §13.6).
+    pub(crate) fn needs_newer(
+        &mut self,
+        now: Instant,
+        regions: &dyn LocalRegions,
+        type_name: &'static str,
+        shard: u32,
+    ) -> Vec<ControlCommand> {
+        let commands = self.side.needs_newer(type_name, shard);
+        self.run_side(now, regions, commands)
+    }
+
     /// An entity type was registered here.
     pub(crate) fn type_registered(
         &mut self,
@@ -372,6 +385,9 @@ impl ControlCore {
                     self.coordinator.register(now, from, &types)
                 }
                 ControlMsg::Unregister { types } => self.coordinator.unregister(now, from, &types),
+                ControlMsg::NeedsNewer { type_name, shard } => {
+                    (self.coordinator).needs_newer(now, from, &type_name, shard)
+                }
                 ControlMsg::GetHome {
                     type_name,
                     shard,

@@ -212,6 +212,16 @@ impl RegionCore {
     }
 
     /// `msg` to the coordinator this node follows (nothing without one).
+    /// A message of a protocol line this node's version lacks reached
+    /// `shard` of `type_name`, hosted here: ask the coordinator to move it
+    /// to a node of the newest version.
+    pub(crate) fn needs_newer(&self, type_name: &str, shard: u32) -> Vec<RegionCommand> {
+        self.to_coordinator(ControlMsg::NeedsNewer {
+            type_name: type_name.to_owned(),
+            shard,
+        })
+    }
+
     fn to_coordinator(&self, msg: ControlMsg) -> Vec<RegionCommand> {
         self.coordinator
             .map(|to| RegionCommand::Send { to, msg })
@@ -524,6 +534,7 @@ impl RegionCore {
             }
             // For the coordinator, and stats: not this core's.
             ControlMsg::Register { .. }
+            | ControlMsg::NeedsNewer { .. }
             | ControlMsg::Unregister { .. }
             | ControlMsg::GetHome { .. }
             | ControlMsg::ShardStopped { .. }

@@ -280,6 +280,10 @@ pub(crate) enum ControlMsg {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         quiet_ms: Option<u64>,
     },
+    /// Region → coordinator: a message of a protocol line this node's
+    /// version lacks reached `shard`, which it hosts: move the shard to a
+    /// node of the type's newest version, if one is eligible (SPEC §13.6).
+    NeedsNewer { type_name: String, shard: u32 },
     /// Coordinator → region: the registration of this type was refused.
     Refused {
         type_name: String,

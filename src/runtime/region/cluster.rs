@@ -46,6 +46,10 @@ pub(crate) trait ClusterPort: Send + Sync + 'static {
     /// Reports that a handed-off shard has no entity left (hosted here
     /// under `generation`).
     fn shard_stopped(&self, type_name: &'static str, shard: ShardId, generation: u64);
+    /// Asks for `shard`, hosted here, to move to a node of a newer version
+    /// of the protocol: a message of a line this node's version lacks
+    /// reached it (SPEC §13.6).
+    fn needs_newer(&self, type_name: &'static str, shard: ShardId);
     /// Fetches, from `from`, the states its entities handed over when it
     /// stopped `shard`, now hosted here under `generation`; within
     /// `timeout`. `Err` says why they did not come.
@@ -112,6 +116,17 @@ impl Region {
     /// before any, and on a single node).
     pub(crate) fn accepted_by(&self) -> Option<crate::model::identity::UniqueAddress> {
         *self.accepted_by.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A message of a protocol line this node's version lacks reached
+    /// `shard`: if it is hosted here, ask for it to move to a node of a
+    /// newer version (SPEC §13.6).
+    pub(crate) fn needs_newer(&self, shard: ShardId) {
+        if let Some(cluster) = &self.cluster
+            && self.table.slot(shard).is_local()
+        {
+            cluster.port.needs_newer(self.type_name, shard);
+        }
     }
 
     /// Asks for `shard`'s allocation: the sharding driver on a cluster, the

@@ -22,6 +22,10 @@ pub enum RebalanceReason {
     /// Moved by a handoff because its owner's system is shutting down
     /// gracefully (a graceful leave). Never throttled.
     GracefulLeave,
+    /// Moved by a handoff to a node of the type's newest protocol version,
+    /// because a message of a line its owner's version lacks reached it
+    /// (SPEC §13.6). Never throttled.
+    NewerVersion,
 }
 
 /// One shard moved by the coordinator.

@@ -69,6 +69,37 @@ impl CoordinatorCore {
         self.open_round(round.1, round.0, now, started);
     }
 
+    /// Region `from` says a message of a protocol line its version lacks
+    /// reached `shard`, which it hosts: the shard moves, by a handoff, to a
+    /// node of the type's newest version, when one is eligible and `from`
+    /// is not of it (SPEC §13.6). Not while this core does not allocate.
+    pub(crate) fn needs_newer(
+        &mut self,
+        now: Instant,
+        from: UniqueAddress,
+        type_name: &str,
+        shard: u32,
+    ) -> Vec<Command> {
+        let mut out = Vec::new();
+        let Some((epoch, true)) = self.activity(now) else {
+            return out;
+        };
+        let candidates = self.candidates(type_name);
+        let Some(table) = self.types.get_mut(type_name) else {
+            return out;
+        };
+        let owner = table.homes.get(shard as usize).copied().flatten();
+        let nowhere = candidates.is_empty() || candidates.contains(&from);
+        if owner.is_none_or(|home| home.owner != from) || nowhere {
+            return out;
+        }
+        let round = (RebalanceReason::NewerVersion, self.next_round);
+        if table.start_handoff(type_name, shard, round, (now, epoch), &mut out) {
+            self.open_round(round.1, round.0, now, 1);
+        }
+        out
+    }
+
     /// Opens round `number` (the next one) with `started` handoffs.
     pub(super) fn open_round(
         &mut self,
@@ -135,6 +166,7 @@ impl CoordinatorCore {
             RebalanceReason::DeadOwner,
             RebalanceReason::GracefulLeave,
             RebalanceReason::GracefulSpread,
+            RebalanceReason::NewerVersion,
         ] {
             let these: Vec<ShardMovement> = moves
                 .iter()

@@ -403,6 +403,52 @@ fn shards_go_to_nodes_of_the_newest_protocol_version() {
     assert_ne!(c2.home(TYPE, 0).map(|h| h.owner), Some(n[1]));
 }
 
+/// A message of a line its owner's version lacks moves the shard, by a
+/// handoff, to a node of the newest version; an owner of the newest
+/// version, or one with no newer node eligible, keeps it.
+#[test]
+fn a_shard_whose_owner_lacks_a_line_moves_to_a_node_of_the_newest_version() {
+    let t0 = Instant::now();
+    let n: Vec<UniqueAddress> = (1..=3).map(node).collect();
+    let version = |lines: &[u64]| {
+        let mut r = reg(4, vec![]);
+        r[0].fingerprint = *lines.last().expect("a line");
+        r[0].lines = lines.to_vec();
+        r
+    };
+    let (v1, v2) = (version(&[11, 12]), version(&[11, 12, 13]));
+    let mut c = core(n[0]);
+    c.set_membership(t0, &view(n[0], &n, &[], &[]));
+    for a in &n {
+        c.register(t0, *a, &v1);
+    }
+    assert!(tells_home(&c.get_home(t0, n[0], TYPE, 0, 0), 0));
+    let owner = c.home(TYPE, 0).expect("placed");
+    // No newer node: nothing moves.
+    assert!(c.needs_newer(t0, owner.owner, TYPE, 0).is_empty());
+    let newer = *n.iter().find(|a| **a != owner.owner).expect("another node");
+    c.register(t0, newer, &v2);
+    // Only the owner's word counts.
+    assert!(c.needs_newer(t0, newer, TYPE, 0).is_empty());
+    let out = c.needs_newer(t0, owner.owner, TYPE, 0);
+    assert!(
+        matches!(&out[..], [Command::Send { to, msg: ControlMsg::HandOff { shard: 0, .. } }] if *to == owner.owner),
+        "{out:?}"
+    );
+    // Asked again while it moves: once.
+    assert!(c.needs_newer(t0, owner.owner, TYPE, 0).is_empty());
+    let out = c.shard_stopped(t0, owner.owner, TYPE, 0, owner.generation);
+    assert!(tells_home(&out, 0), "{out:?}");
+    assert_eq!(c.home(TYPE, 0).map(|h| h.owner), Some(newer));
+    let rounds = c.rounds();
+    assert!(
+        rounds
+            .iter()
+            .any(|r| r.reason == RebalanceReason::NewerVersion),
+        "{rounds:?}"
+    );
+}
+
 #[test]
 fn takeover_keeps_the_highest_generation_and_waits_to_settle() {
     let t0 = Instant::now();

@@ -39,6 +39,7 @@ impl Control {
                 coordinator,
             } => self.stats_answer(from, id, region, shards, coordinator),
             msg @ (ControlMsg::Register { .. }
+            | ControlMsg::NeedsNewer { .. }
             | ControlMsg::Unregister { .. }
             | ControlMsg::GetHome { .. }
             | ControlMsg::ShardStopped { .. }

@@ -60,6 +60,10 @@ impl Control {
                         let commands = self.core.allocate(Instant::now(), &self.hosted(), type_name, shard.0);
                         self.execute(commands);
                     }
+                    Some(DriverMsg::NeedsNewer { type_name, shard }) => {
+                        let commands = self.core.needs_newer(Instant::now(), &self.hosted(), type_name, shard.0);
+                        self.execute(commands);
+                    }
                     Some(DriverMsg::TypeRegistered) => {
                         let commands = self.core.type_registered(Instant::now(), &self.hosted());
                         self.execute(commands);

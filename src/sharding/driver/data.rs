@@ -123,6 +123,9 @@ fn deliver_envelope(
     match check_line(region.lines, region.fingerprint, envelope.index, carried) {
         LineCheck::Known => {}
         LineCheck::Beyond => {
+            if envelope.shard < region.num_shards() {
+                region.needs_newer(ShardId(envelope.shard));
+            }
             if reply.is_none() {
                 warn_limited!(LATER_TELLS, "a tell of a later protocol version than this node's dropped"; %from, type_name = %envelope.type_name, line = u32::from(envelope.index) + 1, lines = region.lines.len());
             }

@@ -26,6 +26,12 @@ pub(crate) enum DriverMsg {
         type_name: &'static str,
         shard: ShardId,
     },
+    /// A message of a protocol line this node's version lacks reached a
+    /// shard hosted here: ask for it to move to a newer node.
+    NeedsNewer {
+        type_name: &'static str,
+        shard: ShardId,
+    },
     /// An entity type was registered here: tell the coordinator.
     TypeRegistered,
     /// Answered once everything sent before it is handled.
@@ -95,6 +101,10 @@ impl ClusterPort for RegionLink {
         self.driver
             .send(DriverMsg::Allocate { type_name, shard })
             .is_ok()
+    }
+
+    fn needs_newer(&self, type_name: &'static str, shard: ShardId) {
+        let _ = (self.driver).send(DriverMsg::NeedsNewer { type_name, shard });
     }
 
     fn shard_stopped(&self, type_name: &'static str, shard: ShardId, generation: u64) {

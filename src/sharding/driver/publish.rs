@@ -54,5 +54,6 @@ pub(super) fn reason_label(reason: RebalanceReason) -> &'static str {
         RebalanceReason::DeadOwner => "dead_owner",
         RebalanceReason::GracefulSpread => "graceful_spread",
         RebalanceReason::GracefulLeave => "graceful_leave",
+        RebalanceReason::NewerVersion => "newer_version",
     }
 }

@@ -12,6 +12,7 @@ fn the_reasons_registered_at_start_are_those_rounds_count_under() {
         RebalanceReason::DeadOwner,
         RebalanceReason::GracefulSpread,
         RebalanceReason::GracefulLeave,
+        RebalanceReason::NewerVersion,
     ];
     assert_eq!(
         all.map(reason_label),
