@@ -211,7 +211,6 @@ impl RegionCore {
         })
     }
 
-    /// `msg` to the coordinator this node follows (nothing without one).
     /// A message of a protocol line this node's version lacks reached
     /// `shard` of `type_name`, hosted here: ask the coordinator to move it
     /// to a node of the newest version.
@@ -222,6 +221,7 @@ impl RegionCore {
         })
     }
 
+    /// `msg` to the coordinator this node follows (nothing without one).
     fn to_coordinator(&self, msg: ControlMsg) -> Vec<RegionCommand> {
         self.coordinator
             .map(|to| RegionCommand::Send { to, msg })

@@ -7,6 +7,10 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::Region;
+
+/// How often a shard hosted here asks again to move to a node of a newer
+/// protocol version, while messages of a line this version lacks reach it.
+const ASK_NEWER_EVERY: Duration = Duration::from_secs(1);
 use crate::model::envelope::LocalEnvelope;
 use crate::model::error::{ShardingError, ShardingResult};
 use crate::model::extractor::ShardId;
@@ -121,10 +125,24 @@ impl Region {
     /// A message of a protocol line this node's version lacks reached
     /// `shard`: if it is hosted here, ask for it to move to a node of a
     /// newer version (SPEC §13.6).
+    /// Asked again at most once a second per shard (a request the
+    /// coordinator dropped while it could not move the shard is made again
+    /// by a later message).
     pub(crate) fn needs_newer(&self, shard: ShardId) {
-        if let Some(cluster) = &self.cluster
-            && self.table.slot(shard).is_local()
-        {
+        let Some(cluster) = &self.cluster else {
+            return;
+        };
+        if !self.table.slot(shard).is_local() {
+            return;
+        }
+        let now = std::time::Instant::now();
+        let mut asked = self.asked_newer.lock().unwrap_or_else(|p| p.into_inner());
+        let recent = asked
+            .get(&shard.0)
+            .is_some_and(|at| now.duration_since(*at) < ASK_NEWER_EVERY);
+        if !recent {
+            asked.insert(shard.0, now);
+            drop(asked);
             cluster.port.needs_newer(self.type_name, shard);
         }
     }

@@ -60,6 +60,10 @@ pub(crate) struct Region {
     /// every message fails with it until a coordinator accepts the region.
     refused: AtomicBool,
     refusal: Mutex<Option<ShardingError>>,
+    /// When each shard last asked to move to a node of a newer protocol
+    /// version: at most once a second (a producer of a line this version
+    /// lacks must not flood the control channel).
+    asked_newer: Mutex<std::collections::BTreeMap<u32, std::time::Instant>>,
     /// The coordinator whose table last came for this region.
     accepted_by: Mutex<Option<crate::model::identity::UniqueAddress>>,
     /// Tracing across nodes (SPEC §14.2), if on.

@@ -83,6 +83,7 @@ impl Region {
             shutdown_timeout,
             refused: AtomicBool::new(false),
             refusal: Mutex::new(None),
+            asked_newer: Mutex::default(),
             accepted_by: Mutex::new(None),
             tracing: None,
             passivated: Default::default(),

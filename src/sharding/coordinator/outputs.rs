@@ -12,6 +12,7 @@ use super::ShardHome;
 
 /// Why a shard moved.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RebalanceReason {
     /// Its owner is no longer an eligible member (downed, exited, removed),
     /// or its owner's sharded system stopped. Never throttled.

@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use crate::model::extractor::ShardId;
 use crate::model::identity::UniqueAddress;
+use crate::model::protocol::{Versions, compare_versions};
 
 use super::{
     Command, CoordinatorCore, HANDOFF_RESEND, RebalanceReason, ShardHome, ShardMovement, Standing,
@@ -114,24 +115,43 @@ impl CoordinatorCore {
 
     /// The members that may be given shards of `type_name`: Up and
     /// reachable, with a region of the type that is not proxy-only,
-    /// leaving or stopped — and of those, the ones that run the type's
-    /// newest protocol version, when any does (SPEC §13.6: in a rolling
+    /// leaving or stopped — and of those, the ones that run the newest
+    /// version of the type's protocol among them (SPEC §13.6: in a rolling
     /// upgrade new shards, rebalance moves and the shards of leaving
     /// nodes go to nodes that know every message, and a shard moves at
     /// most once; the shards older nodes host stay there until they leave).
     pub(super) fn candidates(&self, type_name: &str) -> BTreeSet<UniqueAddress> {
-        let eligible: BTreeSet<UniqueAddress> = (self.hosts(type_name))
-            .filter(|(_, standing)| *standing == Standing::Eligible)
-            .map(|(m, _)| *m)
-            .collect();
+        let eligible = self.eligible(type_name);
         let Some(table) = self.types.get(type_name) else {
             return eligible;
         };
-        let newest: BTreeSet<UniqueAddress> = (eligible.iter())
-            .filter(|m| (table.versions.get(m)).is_none_or(|(f, _)| *f == table.fingerprint))
+        // The newest version among the eligible hosts' own (a proxy or an
+        // unreachable member may run a newer one, and hosts nothing).
+        let version = |m: &UniqueAddress| table.versions.get(m).map(|(f, l)| (*f, l.as_slice()));
+        let newest = (eligible.iter().filter_map(version)).reduce(|n, v| {
+            if compare_versions(n, v) == Versions::Newer {
+                v
+            } else {
+                n
+            }
+        });
+        let Some((newest, _)) = newest else {
+            return eligible;
+        };
+        (eligible.iter())
+            .filter(|m| version(m).is_none_or(|(f, _)| f == newest))
             .copied()
-            .collect();
-        if newest.is_empty() { eligible } else { newest }
+            .collect()
+    }
+
+    /// The members that may be given shards of `type_name`, whatever
+    /// version of its protocol they run: Up and reachable, with a region
+    /// of the type that is not proxy-only, leaving or stopped.
+    pub(super) fn eligible(&self, type_name: &str) -> BTreeSet<UniqueAddress> {
+        (self.hosts(type_name))
+            .filter(|(_, standing)| *standing == Standing::Eligible)
+            .map(|(m, _)| *m)
+            .collect()
     }
 
     /// The members with a region of `type_name` that may host (not
@@ -301,7 +321,9 @@ impl CoordinatorCore {
                 .map(|h| (shard as u32, h))
             })
             .collect();
-        let candidates = self.candidates(type_name);
+        // (A region that hosts an orphan keeps it whatever its version:
+        // no two hosts at once; a newer node may take it later.)
+        let eligible = self.eligible(type_name);
         for (shard, old) in orphaned {
             let Some(table) = self.types.get_mut(type_name) else {
                 return;
@@ -312,7 +334,7 @@ impl CoordinatorCore {
             }
             let previous = old.owner;
             let home = self
-                .rehome_with_host(type_name, shard, old, &candidates, out)
+                .rehome_with_host(type_name, shard, old, &eligible, out)
                 .or_else(|| self.allocate(type_name, shard, out));
             if let Some(home) = home {
                 moves.push((

@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use crate::model::extractor::ShardId;
 use crate::model::identity::UniqueAddress;
+use crate::model::protocol::{Versions, compare_versions};
 
 use super::{Command, CoordinatorCore, HandOff, RebalanceReason, RebalanceRound, ShardMovement};
 
@@ -89,8 +90,11 @@ impl CoordinatorCore {
             return out;
         };
         let owner = table.homes.get(shard as usize).copied().flatten();
-        let nowhere = candidates.is_empty() || candidates.contains(&from);
-        if owner.is_none_or(|home| home.owner != from) || nowhere {
+        // Somewhere newer: a candidate whose version extends the owner's.
+        let version = |m: &UniqueAddress| table.versions.get(m).map(|(f, l)| (*f, l.as_slice()));
+        let newer = (version(&from), candidates.iter().find_map(version));
+        let newer = matches!(newer, (Some(old), Some(new)) if compare_versions(old, new) == Versions::Newer);
+        if owner.is_none_or(|home| home.owner != from) || !newer {
             return out;
         }
         let round = (RebalanceReason::NewerVersion, self.next_round);

@@ -376,8 +376,13 @@ fn shards_go_to_nodes_of_the_newest_protocol_version() {
     let first: Vec<UniqueAddress> = (0..2)
         .map(|s| c.home(TYPE, s).expect("placed").owner)
         .collect();
-    // Node 2 now runs the new version (it registers the new lines).
+    // Node 2 now runs the new version (it registers the new lines); node 3
+    // routes only, with a still newer one: it hosts nothing, so counts for
+    // nothing.
     c.register(t0, n[1], &v2);
+    let mut v3_proxy = version(&[11, 12, 13, 14]);
+    v3_proxy[0].proxy = true;
+    c.register(t0, n[2], &v3_proxy);
     for shard in 2..4 {
         c.get_home(t0, n[0], TYPE, shard, 0);
         assert_eq!(
@@ -425,6 +430,12 @@ fn a_shard_whose_owner_lacks_a_line_moves_to_a_node_of_the_newest_version() {
     assert!(tells_home(&c.get_home(t0, n[0], TYPE, 0, 0), 0));
     let owner = c.home(TYPE, 0).expect("placed");
     // No newer node: nothing moves.
+    assert!(c.needs_newer(t0, owner.owner, TYPE, 0).is_empty());
+    // Nor where the only newer one is proxy-only.
+    let other = *n.iter().find(|a| **a != owner.owner).expect("another node");
+    let mut proxy = v2.clone();
+    proxy[0].proxy = true;
+    c.register(t0, other, &proxy);
     assert!(c.needs_newer(t0, owner.owner, TYPE, 0).is_empty());
     let newer = *n.iter().find(|a| **a != owner.owner).expect("another node");
     c.register(t0, newer, &v2);

@@ -123,7 +123,11 @@ fn deliver_envelope(
     match check_line(region.lines, region.fingerprint, envelope.index, carried) {
         LineCheck::Known => {}
         LineCheck::Beyond => {
-            if envelope.shard < region.num_shards() {
+            // (Only for the shard the entity is in, by this node's count.)
+            if envelope.shard < region.num_shards()
+                && (region.extract)(envelope.entity_id, region.num_shards())
+                    == ShardId(envelope.shard)
+            {
                 region.needs_newer(ShardId(envelope.shard));
             }
             if reply.is_none() {
