@@ -47,77 +47,45 @@ protocol! {
 const _: () = assert!(extends::<CounterV2, CounterV1>());
 const _: () = assert!(!extends::<CounterOther, CounterV1>());
 
-#[derive(Default)]
-struct V1(u64);
-impl Entity for V1 {
-    type Protocol = CounterV1;
-}
-impl Handler<Add> for V1 {
-    async fn handle(&mut self, m: Add, _: &EntityContext) -> ShardingResult<()> {
-        self.0 += m.0;
-        Ok(())
-    }
-}
-impl Handler<Get> for V1 {
-    async fn handle(&mut self, _: Get, _: &EntityContext) -> ShardingResult<u64> {
-        Ok(self.0)
-    }
-}
-impl Migratable for V1 {
-    type Dehydrated = u64;
-    fn dehydrate(&mut self) -> u64 {
-        self.0
-    }
-    fn rehydrate(&mut self, total: u64) {
-        self.0 = total;
-    }
+/// A counter entity of `protocol`: it adds, and reads its total with
+/// `$read` (`Get` or `Peek`); its total migrates with its shard.
+macro_rules! counter {
+    ($entity:ident, $protocol:ident, $read:ident) => {
+        #[derive(Default)]
+        struct $entity(u64);
+        impl Entity for $entity {
+            type Protocol = $protocol;
+        }
+        impl Handler<Add> for $entity {
+            async fn handle(&mut self, m: Add, _: &EntityContext) -> ShardingResult<()> {
+                self.0 += m.0;
+                Ok(())
+            }
+        }
+        impl Handler<$read> for $entity {
+            async fn handle(&mut self, _: $read, _: &EntityContext) -> ShardingResult<u64> {
+                Ok(self.0)
+            }
+        }
+        impl Migratable for $entity {
+            type Dehydrated = u64;
+            fn dehydrate(&mut self) -> u64 {
+                self.0
+            }
+            fn rehydrate(&mut self, total: u64) {
+                self.0 = total;
+            }
+        }
+    };
 }
 
-#[derive(Default)]
-struct V2(u64);
-impl Entity for V2 {
-    type Protocol = CounterV2;
-}
-impl Handler<Add> for V2 {
-    async fn handle(&mut self, m: Add, _: &EntityContext) -> ShardingResult<()> {
-        self.0 += m.0;
-        Ok(())
-    }
-}
-impl Handler<Get> for V2 {
-    async fn handle(&mut self, _: Get, _: &EntityContext) -> ShardingResult<u64> {
-        Ok(self.0)
-    }
-}
+counter!(V1, CounterV1, Get);
+counter!(V2, CounterV2, Get);
+counter!(Other, CounterOther, Peek);
+
 impl Handler<Reset> for V2 {
     async fn handle(&mut self, _: Reset, _: &EntityContext) -> ShardingResult<u64> {
         Ok(std::mem::take(&mut self.0))
-    }
-}
-impl Migratable for V2 {
-    type Dehydrated = u64;
-    fn dehydrate(&mut self) -> u64 {
-        self.0
-    }
-    fn rehydrate(&mut self, total: u64) {
-        self.0 = total;
-    }
-}
-
-#[derive(Default)]
-struct Other(u64);
-impl Entity for Other {
-    type Protocol = CounterOther;
-}
-impl Handler<Add> for Other {
-    async fn handle(&mut self, m: Add, _: &EntityContext) -> ShardingResult<()> {
-        self.0 += m.0;
-        Ok(())
-    }
-}
-impl Handler<Peek> for Other {
-    async fn handle(&mut self, _: Peek, _: &EntityContext) -> ShardingResult<u64> {
-        Ok(self.0)
     }
 }
 

@@ -91,6 +91,15 @@ fn reg_as(
     }]
 }
 
+/// A registration of a region whose protocol has `lines` (its fingerprint
+/// up to each line, SPEC §13.6).
+fn versioned(num_shards: u32, lines: &[u64]) -> Vec<TypeRegistration> {
+    let mut r = reg(num_shards, vec![]);
+    r[0].fingerprint = *lines.last().expect("a line");
+    r[0].lines = lines.to_vec();
+    r
+}
+
 fn home(to: UniqueAddress, shard: u32, owner: UniqueAddress, generation: u64) -> Command {
     Command::Send {
         to,
@@ -301,12 +310,7 @@ fn compatible_protocol_versions_share_one_table_and_an_incompatible_one_is_refus
  {
     let t0 = Instant::now();
     let n: Vec<UniqueAddress> = (1..=3).map(node).collect();
-    let version = |lines: &[u64]| {
-        let mut r = reg(8, vec![]);
-        r[0].fingerprint = *lines.last().expect("a line");
-        r[0].lines = lines.to_vec();
-        r
-    };
+    let version = |lines: &[u64]| versioned(8, lines);
     let (v1, v2, other) = (
         version(&[11, 12]),
         version(&[11, 12, 13]),
@@ -357,12 +361,7 @@ fn compatible_protocol_versions_share_one_table_and_an_incompatible_one_is_refus
 fn shards_go_to_nodes_of_the_newest_protocol_version() {
     let t0 = Instant::now();
     let n: Vec<UniqueAddress> = (1..=3).map(node).collect();
-    let version = |lines: &[u64]| {
-        let mut r = reg(4, vec![]);
-        r[0].fingerprint = *lines.last().expect("a line");
-        r[0].lines = lines.to_vec();
-        r
-    };
+    let version = |lines: &[u64]| versioned(4, lines);
     let (v1, v2) = (version(&[11, 12]), version(&[11, 12, 13]));
     let mut c = core(n[0]);
     c.set_membership(t0, &view(n[0], &n, &[], &[]));
@@ -415,12 +414,7 @@ fn shards_go_to_nodes_of_the_newest_protocol_version() {
 fn a_shard_whose_owner_lacks_a_line_moves_to_a_node_of_the_newest_version() {
     let t0 = Instant::now();
     let n: Vec<UniqueAddress> = (1..=3).map(node).collect();
-    let version = |lines: &[u64]| {
-        let mut r = reg(4, vec![]);
-        r[0].fingerprint = *lines.last().expect("a line");
-        r[0].lines = lines.to_vec();
-        r
-    };
+    let version = |lines: &[u64]| versioned(4, lines);
     let (v1, v2) = (version(&[11, 12]), version(&[11, 12, 13]));
     let mut c = core(n[0]);
     c.set_membership(t0, &view(n[0], &n, &[], &[]));
