@@ -346,12 +346,19 @@ impl ControlCore {
     ) {
         // A registration tells the coordinator what this node knows of
         // a quiet period (SPEC §13.15 rule 3).
+        let quiet_ms = || {
+            (self.coordinator.known_quiet(now))
+                .map(|left| u64::try_from(left.as_millis()).unwrap_or(u64::MAX))
+        };
         let msg = match msg {
             ControlMsg::Register { types, epoch, .. } => ControlMsg::Register {
                 types,
                 epoch,
-                quiet_ms: (self.coordinator.known_quiet(now))
-                    .map(|left| u64::try_from(left.as_millis()).unwrap_or(u64::MAX)),
+                quiet_ms: quiet_ms(),
+            },
+            ControlMsg::Unregister { types, .. } => ControlMsg::Unregister {
+                types,
+                quiet_ms: quiet_ms(),
             },
             msg => msg,
         };
@@ -384,7 +391,12 @@ impl ControlCore {
                     }
                     self.coordinator.register(now, from, &types)
                 }
-                ControlMsg::Unregister { types } => self.coordinator.unregister(now, from, &types),
+                ControlMsg::Unregister { types, quiet_ms } => {
+                    if let Some(ms) = quiet_ms {
+                        (self.coordinator).registrant_quiet(now, Duration::from_millis(ms));
+                    }
+                    self.coordinator.unregister(now, from, &types)
+                }
                 ControlMsg::NeedsNewer { type_name, shard } => {
                     (self.coordinator).needs_newer(now, from, &type_name, shard)
                 }

@@ -239,7 +239,11 @@ impl RegionCore {
         }
         self.registered_at = Some(now);
         let types = self.retired.clone();
-        self.to_coordinator(ControlMsg::Unregister { types })
+        self.to_coordinator(ControlMsg::Unregister {
+            types,
+            // (Filled in by the control core, which knows.)
+            quiet_ms: None,
+        })
     }
 
     /// The system shut down: its regions are gone.

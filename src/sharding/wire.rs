@@ -240,7 +240,14 @@ pub(crate) enum ControlMsg {
     },
     /// Region → coordinator: this node's regions of these types stop (its
     /// sharded system shuts down); their shards need new homes.
-    Unregister { types: Vec<String> },
+    Unregister {
+        types: Vec<String>,
+        /// As `Register`'s: what this node knows of a quiet period (a
+        /// stopped system's node may have seen a member downed that a new
+        /// coordinator never saw).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        quiet_ms: Option<u64>,
+    },
     /// Region → coordinator: where does this shard live? (Its messages wait
     /// in the region's buffer meanwhile.)
     GetHome {

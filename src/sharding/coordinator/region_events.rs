@@ -196,15 +196,14 @@ impl CoordinatorCore {
                         type_name: reg.type_name.clone(),
                         homes,
                         epoch: self.epoch,
-                        // (Always said, 0 when not quiet: a table without
-                        // it is an older build's, which says nothing.)
-                        quiet_ms: Some(
-                            (self.quiet_until)
-                                .and_then(|until| until.checked_duration_since(now))
-                                .map_or(0, |left| {
-                                    u64::try_from(left.as_millis()).unwrap_or(u64::MAX)
-                                }),
-                        ),
+                        // What this core knows of a quiet period: its own,
+                        // and a margin after a member it saw downed (a
+                        // successor that never saw it keeps to it). Always
+                        // said, 0 when none: a table without it is an
+                        // older build's, which says nothing.
+                        quiet_ms: Some(self.known_quiet(now).map_or(0, |left| {
+                            u64::try_from(left.as_millis()).unwrap_or(u64::MAX)
+                        })),
                     },
                 });
             }
