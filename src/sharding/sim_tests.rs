@@ -3331,3 +3331,27 @@ fn regression_a_takeover_from_a_leaver_whose_table_never_came_waits_a_margin() {
         panic!("{e}");
     }
 }
+
+/// Node 1 leaves and is Exiting when node 0, the coordinator, is downed
+/// (node 0 placed shard 2 on itself, cut off) and removed from the views;
+/// node 3 joins and is the coordinator in its first view. The only node
+/// that saw the down is Exiting and registers no more: node 3 must keep a
+/// margin before it places a shard.
+#[test]
+fn regression_a_first_view_with_an_exiting_member_keeps_a_margin() {
+    use Op::*;
+    let ops = [
+        Leave(1),
+        Wait,
+        Wait,
+        Down(0, 6),
+        Send(0, 2),
+        Tick,
+        Tick,
+        Join(3),
+        Resend(3),
+    ];
+    if let Err(e) = run_with(&ops, false, true) {
+        panic!("{e}");
+    }
+}

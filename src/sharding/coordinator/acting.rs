@@ -355,8 +355,11 @@ impl CoordinatorCore {
                 // No predecessor in this core's views (it founds the
                 // cluster, or its system started after the node joined):
                 // what the members know of a quiet period comes with
-                // their registrations, which the settle waits for.
-                None => None,
+                // their registrations, which the settle waits for — but
+                // not an Exiting member's, which registers no more.
+                None => (state.members.iter())
+                    .any(|m| m.address != self.me && m.status == MemberStatus::Exiting)
+                    .then_some(now + margin),
             };
             // So may a member downed within the margin, whatever this
             // core's predecessor was: cut off, it can be the oldest Up
