@@ -102,6 +102,19 @@ async fn a_tls_cluster_shards_survives_a_kill_and_hands_off() {
     let third = node(&certs[2], Some(&first)).await;
     let nodes = vec![first, second, third];
     all_up(&nodes, 3).await;
+    // Every region registered before the first allocation (a slow third
+    // node would otherwise be given no shard before the check below).
+    for n in &nodes {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !n
+            .system
+            .sharding_coordinator()
+            .is_some_and(|s| s.registered)
+        {
+            assert!(Instant::now() < deadline, "regions never registered");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
 
     // Every node adds to every counter: each Add crosses a TLS pipe unless
     // the counter lives on the sender's node.
