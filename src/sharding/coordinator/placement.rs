@@ -127,7 +127,7 @@ impl CoordinatorCore {
         };
         // The newest version among the eligible hosts' own (a proxy or an
         // unreachable member may run a newer one, and hosts nothing).
-        let version = |m: &UniqueAddress| table.versions.get(m).map(|(f, l)| (*f, l.as_slice()));
+        let version = |m: &UniqueAddress| table.version_of(m);
         let newest = (eligible.iter().filter_map(version)).reduce(|n, v| {
             if compare_versions(n, v) == Versions::Newer {
                 v

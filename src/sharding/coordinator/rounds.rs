@@ -91,7 +91,7 @@ impl CoordinatorCore {
         };
         let owner = table.homes.get(shard as usize).copied().flatten();
         // Somewhere newer: a candidate whose version extends the owner's.
-        let version = |m: &UniqueAddress| table.versions.get(m).map(|(f, l)| (*f, l.as_slice()));
+        let version = |m: &UniqueAddress| table.version_of(m);
         let newer = (version(&from), candidates.iter().find_map(version));
         let newer = matches!(newer, (Some(old), Some(new)) if compare_versions(old, new) == Versions::Newer);
         if owner.is_none_or(|home| home.owner != from) || !newer {

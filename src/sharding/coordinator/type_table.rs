@@ -134,6 +134,12 @@ impl TypeTable {
         newest.unwrap_or((self.fingerprint, &self.lines))
     }
 
+    /// The version region `member` registered with (whole fingerprint,
+    /// lines), if it registered.
+    pub(super) fn version_of(&self, member: &UniqueAddress) -> Option<(u64, &[u64])> {
+        (self.versions.get(member)).map(|(fingerprint, lines)| (*fingerprint, lines.as_slice()))
+    }
+
     /// The table's version once its registered regions changed: the newest
     /// of theirs (as it was, while none is registered).
     pub(super) fn settle_version(&mut self) {
