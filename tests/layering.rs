@@ -33,6 +33,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("reliable", 8),
     ("private", 8),
     ("guarantees", 8),
+    ("guide", 8),
     ("ops", 9),
     ("ops/management", 9),
     ("lib", 9),
