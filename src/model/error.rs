@@ -199,8 +199,9 @@ pub enum ShardingError {
     /// the region sends again, every 10 s, after the cluster changed).
     #[error("{0}; message not processed")]
     RegionRefused(Box<RegionRefusal>),
-    /// The two nodes run different versions of the protocol (their
-    /// fingerprints differ): the message was refused unprocessed.
+    /// The owner's version of the protocol writes the message's line
+    /// differently from this node's (their fingerprints up to that line
+    /// differ, SPEC §13.6): the message was refused unprocessed.
     #[error(
         "protocol `{type_name}` differs between nodes: fingerprint {local:016x} here, {remote:016x} on {node}; message not processed"
     )]

@@ -73,10 +73,14 @@ pub trait Protocol: SealedProtocol + Send + Sync + 'static {
     /// 1 to 64 characters of `A-Z a-z 0-9 . _ -`, checked at compile time.
     const TYPE_NAME: &'static str;
     /// FNV-1a 64 over the wire name and every message line as written
-    /// (kind, message type, reply type), in order. Envelopes between nodes
-    /// carry it; a receiver whose fingerprint differs refuses the message
-    /// with [`ShardingError::ProtocolMismatch`](crate::ShardingError::ProtocolMismatch)
-    /// instead of decoding it into the wrong type.
+    /// (kind, message type, reply type), in order: the last of
+    /// [`LINES`](Self::LINES). Two versions of a protocol that differ only
+    /// by lines appended at the end have different fingerprints and are
+    /// still compatible: a receiver checks a message against its own
+    /// fingerprint up to that message's line, and refuses one whose line
+    /// it writes differently with
+    /// [`ShardingError::ProtocolMismatch`](crate::ShardingError::ProtocolMismatch)
+    /// instead of decoding it into the wrong type (SPEC §13.6).
     const FINGERPRINT: u64;
     /// The protocol's fingerprint up to each of its lines: entry `i` covers
     /// the wire name and lines `0..=i`, and the last is

@@ -141,7 +141,7 @@ impl Shared {
     }
 
     /// The system can no longer serve (its node is out of the cluster): no
-    /// new type may register, new refs are refused.
+    /// new type may register, and sends through any ref are refused.
     pub(crate) fn mark_stopped(&self) {
         self.stopped.store(true, Ordering::Release);
         // No sender waits for room in the remember-entities queue any more.
