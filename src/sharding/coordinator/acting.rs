@@ -269,7 +269,6 @@ impl CoordinatorCore {
     }
 
     /// [`acting`](Self::acting), then [`apply_membership`](Self::apply_membership).
-    #[cfg(test)]
     pub(crate) fn set_membership(&mut self, now: Instant, state: &MembershipState) -> Vec<Command> {
         let acting = self.acting(now, state);
         self.apply_membership(now, state, acting)
@@ -464,9 +463,7 @@ impl CoordinatorCore {
         let types = &self.types;
         self.gone_at.retain(|a, _| {
             state.members.iter().any(|m| m.address == *a)
-                || types
-                    .values()
-                    .any(|t| t.homes.iter().flatten().any(|h| h.owner == *a))
+                || types.values().any(|t| t.owned_by(a) > 0)
         });
     }
 }

@@ -63,6 +63,8 @@ mod outputs;
 mod placement;
 mod region_events;
 mod rounds;
+#[doc(hidden)]
+pub mod scale;
 mod strategy;
 mod type_table;
 
@@ -194,9 +196,7 @@ impl CoordinatorCore {
     /// The home of `shard` of `type_name` as this core knows it.
     #[cfg(test)]
     pub(crate) fn home(&self, type_name: &str, shard: u32) -> Option<ShardHome> {
-        self.types
-            .get(type_name)
-            .and_then(|t| t.homes.get(shard as usize).copied().flatten())
+        self.types.get(type_name).and_then(|t| t.home(shard))
     }
 
     /// Handoffs in progress and rounds still open.

@@ -62,9 +62,9 @@ impl CoordinatorCore {
                 }
             }
             if self.quiet_until.is_none() {
-                for home in table.homes.iter().flatten() {
-                    if !self.members.contains_key(&home.owner)
-                        && let Some(gone) = self.gone_at.get(&home.owner)
+                for owner in table.owners() {
+                    if !self.members.contains_key(owner)
+                        && let Some(gone) = self.gone_at.get(owner)
                         && let Some(t) = gone.checked_add(margin)
                     {
                         at(t);
@@ -207,11 +207,8 @@ impl CoordinatorCore {
         self.record(now, moves);
         self.tell_left(&type_names, &mut out);
         let types = &self.types;
-        self.gone_at.retain(|m, _| {
-            types
-                .values()
-                .any(|t| t.homes.iter().flatten().any(|h| h.owner == *m))
-        });
+        self.gone_at
+            .retain(|m, _| types.values().any(|t| t.owned_by(m) > 0));
         out
     }
 
@@ -238,14 +235,13 @@ impl CoordinatorCore {
         };
         let claims = std::mem::take(&mut table.claims);
         for (shard, mut claimants) in claims {
-            let i = shard as usize;
             claimants.retain(|c| {
                 table.regions.contains(c)
                     && !table.proxies.contains(c)
                     && self.members.contains_key(c)
                     && !is_departed(&self.departed, type_name, c)
             });
-            if let Some(home) = table.homes[i] {
+            if let Some(home) = table.home(shard) {
                 // Placed meanwhile: the claimants hear where.
                 for claimant in claimants {
                     out.push(Command::Send {
@@ -308,19 +304,30 @@ impl CoordinatorCore {
             let at = *gone_at.entry(*owner).or_insert(now);
             now.duration_since(at) >= margin
         };
-        let orphaned: Vec<(u32, ShardHome)> = table
-            .homes
-            .iter()
-            .enumerate()
-            .filter_map(|(shard, home)| {
-                home.filter(|h| {
-                    (!members.contains_key(&h.owner) && gone_long_enough(&h.owner))
-                        || is_departed(&self.departed, type_name, &h.owner)
-                        || table.proxies.contains(&h.owner)
-                })
-                .map(|h| (shard as u32, h))
+        // Whose shards are orphans, owner by owner; then (only if any) which
+        // shards are theirs.
+        let orphaning: BTreeSet<UniqueAddress> = table
+            .owners()
+            .filter(|owner| {
+                (!members.contains_key(*owner) && gone_long_enough(owner))
+                    || is_departed(&self.departed, type_name, owner)
+                    || table.proxies.contains(*owner)
             })
+            .copied()
             .collect();
+        let orphaned: Vec<(u32, ShardHome)> = if orphaning.is_empty() {
+            Vec::new()
+        } else {
+            table
+                .homes()
+                .iter()
+                .enumerate()
+                .filter_map(|(shard, home)| {
+                    home.filter(|h| orphaning.contains(&h.owner))
+                        .map(|h| (shard as u32, h))
+                })
+                .collect()
+        };
         // (A region that hosts an orphan keeps it whatever its version:
         // no two hosts at once; a newer node may take it later.)
         let eligible = self.eligible(type_name);
@@ -328,7 +335,7 @@ impl CoordinatorCore {
             let Some(table) = self.types.get_mut(type_name) else {
                 return;
             };
-            table.homes[shard as usize] = None;
+            table.set_home(shard, None);
             if let Some(handoff) = table.handoffs.remove(&shard) {
                 self.end_handoff(handoff, None);
             }
@@ -390,8 +397,13 @@ impl CoordinatorCore {
         let timeout = self.config.handoff_timeout;
         let epoch = self.epoch;
         let quiet = self.quiet;
-        // A leaving owner's shards move only when they have somewhere to go.
-        let can_move = !self.candidates(type_name).is_empty();
+        // A leaving owner's shards move only when they have somewhere to go
+        // (asked only while a leaver owns some).
+        let leavers_own = self
+            .types
+            .get(type_name)
+            .is_some_and(|t| t.leaving.iter().any(|l| t.owned_by(l) > 0))
+            && !self.candidates(type_name).is_empty();
         let Some(table) = self.types.get_mut(type_name) else {
             return;
         };
@@ -416,8 +428,10 @@ impl CoordinatorCore {
         }
         let leaving: Vec<u32> = (0..table.num_shards)
             .filter(|s| {
-                can_move
-                    && table.homes[*s as usize].is_some_and(|h| table.leaving.contains(&h.owner))
+                leavers_own
+                    && table
+                        .home(*s)
+                        .is_some_and(|h| table.leaving.contains(&h.owner))
             })
             .collect();
         if !leaving.is_empty() {
@@ -434,7 +448,7 @@ impl CoordinatorCore {
         for (shard, from) in timed_out {
             tracing::warn!(type_name, shard, %from, ?timeout, "handoff timed out; the shard is reallocated as a dead-owner move");
             let ended = self.types.get_mut(type_name).and_then(|table| {
-                table.homes[shard as usize] = None;
+                table.set_home(shard, None);
                 table.handoffs.remove(&shard)
             });
             if let Some(handoff) = ended {
@@ -472,7 +486,7 @@ impl CoordinatorCore {
             .map(|t| std::mem::take(&mut t.waiting).into_iter().collect())
             .unwrap_or_default();
         for (shard, askers) in waiting {
-            let known = self.types[type_name].homes[shard as usize];
+            let known = self.types[type_name].home(shard);
             if let Some(home) = known
                 && !self.members.contains_key(&home.owner)
             {
@@ -555,15 +569,12 @@ impl CoordinatorCore {
         }
         let candidates = self.candidates(type_name);
         let table = self.types.get(type_name)?;
-        let mut counts: BTreeMap<UniqueAddress, usize> =
-            candidates.into_iter().map(|m| (m, 0)).collect();
+        let counts: BTreeMap<UniqueAddress, usize> = candidates
+            .into_iter()
+            .map(|m| (m, table.owned_by(&m)))
+            .collect();
         if counts.is_empty() {
             return None;
-        }
-        for home in table.homes.iter().flatten() {
-            if let Some(count) = counts.get_mut(&home.owner) {
-                *count += 1;
-            }
         }
         let owner = self.strategy.allocate(type_name, ShardId(shard), &counts);
         let Some(owner) = owner.filter(|o| counts.contains_key(o)) else {

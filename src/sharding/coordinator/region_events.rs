@@ -72,10 +72,7 @@ impl CoordinatorCore {
                 .entry(reg.type_name.clone())
                 .or_insert_with(|| TypeTable::new(reg.fingerprint, &reg.lines, reg.num_shards));
             let mut admitted = table.admit(Some(from), reg.fingerprint, &reg.lines, reg.num_shards);
-            if admitted.is_err()
-                && table.regions.is_empty()
-                && table.homes.iter().all(Option::is_none)
-            {
+            if admitted.is_err() && table.regions.is_empty() && table.owners().next().is_none() {
                 // Nobody holds this type's table yet: the first region decides
                 // it (generations seen so far are kept where shards remain).
                 let mut fresh = TypeTable::new(reg.fingerprint, &reg.lines, reg.num_shards);
@@ -170,7 +167,7 @@ impl CoordinatorCore {
                     && !reg.proxy
                     && !reg.stopped.contains(&shard)
                     && self.active
-                    && table.homes[shard as usize].is_none()
+                    && table.home(shard).is_none()
                 {
                     // Settled in `act` (`settle_claims`). Only the active
                     // core takes claims: regions register anew with each
@@ -184,7 +181,7 @@ impl CoordinatorCore {
                 // the owner left would route to a node it never knew.
                 let members = &self.members;
                 let homes = table
-                    .homes
+                    .homes()
                     .iter()
                     .enumerate()
                     .filter_map(|(shard, home)| home.map(|h| (shard as u32, h.owner, h.generation)))
@@ -283,7 +280,7 @@ impl CoordinatorCore {
             // knowledge was lost with an earlier coordinator): what this
             // core holds is older, so the shard is allocated anew above it.
             table.generations[i] = generation;
-            table.homes[i] = None;
+            table.set_home(shard, None);
             if let Some(handoff) = table.handoffs.remove(&shard) {
                 self.end_handoff(handoff, None);
             }
@@ -291,7 +288,7 @@ impl CoordinatorCore {
         let Some(table) = self.types.get_mut(type_name) else {
             return Vec::new();
         };
-        if let Some(home) = table.homes[shard as usize]
+        if let Some(home) = table.home(shard)
             && self.members.contains_key(&home.owner)
             && !is_departed(&self.departed, type_name, &home.owner)
         {
@@ -343,7 +340,7 @@ impl CoordinatorCore {
         if !self.has_host_besides(type_name, leaver) {
             return Some(true);
         }
-        let owns = table.homes.iter().flatten().any(|h| h.owner == *leaver);
+        let owns = table.owned_by(leaver) > 0;
         // A stopped shard waiting for its next home (or one whose handoff
         // timed out before a home was found) is still with it.
         let moving = table.handoffs.values().any(|h| h.from == *leaver);
@@ -379,7 +376,7 @@ impl CoordinatorCore {
             return Vec::new();
         };
         let i = shard as usize;
-        match table.homes[i] {
+        match table.home(shard) {
             Some(home) if home.owner == from && home.generation == generation => {
                 let reason = match table.handoffs.get(&shard) {
                     Some(handoff) => handoff.reason,
@@ -387,7 +384,7 @@ impl CoordinatorCore {
                     None if table.leaving.contains(&from) => RebalanceReason::GracefulLeave,
                     None => RebalanceReason::GracefulSpread,
                 };
-                table.homes[i] = None;
+                table.set_home(shard, None);
                 match table.handoffs.get_mut(&shard) {
                     Some(handoff) => handoff.stopped = true,
                     None => {

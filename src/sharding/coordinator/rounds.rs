@@ -42,7 +42,7 @@ impl CoordinatorCore {
         }
         let mut owned: BTreeMap<UniqueAddress, Vec<ShardId>> =
             candidates.iter().map(|m| (*m, Vec::new())).collect();
-        for (shard, home) in table.homes.iter().enumerate() {
+        for (shard, home) in table.homes().iter().enumerate() {
             if let Some(shards) = home.and_then(|h| owned.get_mut(&h.owner)) {
                 shards.push(ShardId(shard as u32));
             }
@@ -57,10 +57,7 @@ impl CoordinatorCore {
                 break;
             }
             let owned_by_candidate = table
-                .homes
-                .get(shard as usize)
-                .copied()
-                .flatten()
+                .home(shard)
                 .is_some_and(|h| candidates.contains(&h.owner));
             if owned_by_candidate && table.start_handoff(type_name, shard, round, (now, epoch), out)
             {
@@ -89,7 +86,7 @@ impl CoordinatorCore {
         let Some(table) = self.types.get_mut(type_name) else {
             return out;
         };
-        let owner = table.homes.get(shard as usize).copied().flatten();
+        let owner = table.home(shard);
         // Somewhere newer: a candidate whose version extends the owner's.
         let version = |m: &UniqueAddress| table.version_of(m);
         let newer = (version(&from), candidates.iter().find_map(version));

@@ -1155,6 +1155,16 @@ fn check_history_with(ops: Vec<Op>, config: CoordinatorConfig) -> Result<(), Str
             }
         }
         let c = &cores[&ci];
+        if let Some(name) = c
+            .types
+            .iter()
+            .find(|(_, t)| !t.owned_agrees())
+            .map(|(n, _)| n)
+        {
+            return Err(format!(
+                "{name}: the per-owner counts disagree with the homes"
+            ));
+        }
         // Every input ends with the core acting at `now`: what it waits
         // for is later, or time alone would never give it its turn.
         if let Some(due) = c.poll_timeout().filter(|due| *due <= now) {

@@ -43,7 +43,13 @@ pub(super) struct TypeTable {
     /// Each registered region's version.
     pub(super) versions: BTreeMap<UniqueAddress, (u64, Vec<u64>)>,
     pub(super) num_shards: u32,
-    pub(super) homes: Vec<Option<ShardHome>>,
+    /// Each shard's home; changed only through [`set_home`](Self::set_home),
+    /// [`learn`](Self::learn) and [`place`](Self::place), which keep `owned`.
+    homes: Vec<Option<ShardHome>>,
+    /// How many shards each owner in `homes` has (no zero entries): what
+    /// allocation counts, and who owns anything, without a walk over every
+    /// shard.
+    owned: BTreeMap<UniqueAddress, usize>,
     /// The highest generation seen per shard, even when it has no home now.
     pub(super) generations: Vec<u64>,
     pub(super) regions: BTreeSet<UniqueAddress>,
@@ -72,6 +78,7 @@ impl TypeTable {
             versions: BTreeMap::new(),
             num_shards,
             homes: vec![None; num_shards as usize],
+            owned: BTreeMap::new(),
             generations: vec![0; num_shards as usize],
             regions: BTreeSet::new(),
             proxies: BTreeSet::new(),
@@ -200,7 +207,7 @@ impl TypeTable {
             return false;
         }
         self.generations[i] = home.generation;
-        self.homes[i] = Some(home);
+        self.set_home(shard, Some(home));
         true
     }
 
@@ -217,8 +224,56 @@ impl TypeTable {
         let generation = self.generations[i].max(above).checked_add(1)?;
         let home = ShardHome { owner, generation };
         self.generations[i] = generation;
-        self.homes[i] = Some(home);
+        self.set_home(shard, Some(home));
         Some(home)
+    }
+
+    /// The home of `shard` (`None`: none, or no such shard).
+    pub(super) fn home(&self, shard: u32) -> Option<ShardHome> {
+        self.homes.get(shard as usize).copied().flatten()
+    }
+
+    /// Every shard's home, by shard.
+    pub(super) fn homes(&self) -> &[Option<ShardHome>] {
+        &self.homes
+    }
+
+    /// Sets or clears the home of `shard` (generations are the caller's),
+    /// keeping the per-owner counts.
+    pub(super) fn set_home(&mut self, shard: u32, home: Option<ShardHome>) {
+        let slot = &mut self.homes[shard as usize];
+        if let Some(old) = slot.take()
+            && let Some(count) = self.owned.get_mut(&old.owner)
+        {
+            *count -= 1;
+            if *count == 0 {
+                self.owned.remove(&old.owner);
+            }
+        }
+        if let Some(new) = home {
+            *self.owned.entry(new.owner).or_insert(0) += 1;
+        }
+        *slot = home;
+    }
+
+    /// How many shards `owner` is the home of.
+    pub(super) fn owned_by(&self, owner: &UniqueAddress) -> usize {
+        self.owned.get(owner).copied().unwrap_or(0)
+    }
+
+    /// The members that are the home of some shard.
+    pub(super) fn owners(&self) -> impl Iterator<Item = &UniqueAddress> {
+        self.owned.keys()
+    }
+
+    /// Whether `owned` agrees with `homes` (for the tests' invariants).
+    #[cfg(test)]
+    pub(super) fn owned_agrees(&self) -> bool {
+        let mut counted: BTreeMap<UniqueAddress, usize> = BTreeMap::new();
+        for home in self.homes.iter().flatten() {
+            *counted.entry(home.owner).or_insert(0) += 1;
+        }
+        counted == self.owned
     }
 
     /// Tells every region of the type the new `home` of `shard`; `from`:
