@@ -300,3 +300,37 @@ fn reliable_w1_and_w2_take_effect_once_per_message() {
     assert_eq!(record["duplicate_processings"], 0, "{record}");
     assert_eq!(record["effects"], 20_000, "{record}");
 }
+
+#[test]
+fn the_coordinator_grid_places_every_shard_and_draws_its_curves() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let chart = dir.path().join("coordinator.svg");
+    let chart = chart.to_str().expect("a UTF-8 path");
+    let record = run_with(
+        "coordinator",
+        &[
+            "--shards",
+            "256,1024",
+            "--regions",
+            "3,10",
+            "--curve-chart",
+            chart,
+        ],
+    );
+    let points = record["points"].as_array().expect("points");
+    assert_eq!(points.len(), 4, "{record}");
+    for point in points {
+        // Each placement tells every region (the asker included).
+        assert_eq!(
+            point["messages_per_place"].as_f64(),
+            point["regions"].as_f64(),
+            "{record}"
+        );
+        assert!(point["place_us"].as_f64() > Some(0.0), "{record}");
+    }
+    let svg = std::fs::read_to_string(chart).expect("the chart was written");
+    assert!(
+        svg.contains("<svg") && svg.contains("10 regions"),
+        "{svg:.200}"
+    );
+}

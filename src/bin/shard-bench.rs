@@ -22,6 +22,10 @@ mod args;
 mod baseline;
 #[path = "shard_bench/chart.rs"]
 mod chart;
+#[path = "shard_bench/coordinator.rs"]
+mod coordinator;
+#[path = "shard_bench/curve_chart.rs"]
+mod curve_chart;
 #[path = "shard_bench/durable.rs"]
 mod durable;
 #[path = "shard_bench/handoff.rs"]
@@ -118,6 +122,22 @@ fn main() -> ExitCode {
             args.limits.as_deref(),
         ));
     }
+    if args.workload == Workload::Coordinator {
+        let max = datum_cluster_sharding::MAX_SHARDS;
+        if args.shards.iter().any(|&s| s == 0 || s > max) {
+            eprintln!("shard-bench: --shards takes counts from 1 to {max}");
+            return ExitCode::from(2);
+        }
+        if args.regions.iter().any(|&r| r == 0 || r > 100_000) {
+            eprintln!("shard-bench: --regions takes counts from 1 to 100,000");
+            return ExitCode::from(2);
+        }
+        return exit_with(coordinator::run(
+            &args.shards,
+            &args.regions,
+            args.curve_chart.as_deref(),
+        ));
+    }
     if args.workload == Workload::W5 && args.passivation.is_none() {
         return exit_with(limit::run_all(args.messages, in_flight));
     }
@@ -127,7 +147,11 @@ fn main() -> ExitCode {
     if args.mode == Mode::MultiProcess {
         if matches!(
             args.workload,
-            Workload::Transport | Workload::W4 | Workload::W5 | Workload::Handoff
+            Workload::Transport
+                | Workload::W4
+                | Workload::W5
+                | Workload::Handoff
+                | Workload::Coordinator
         ) || args.spawning
             || args.journal.is_some()
             || args.offered_rate.is_some()
@@ -181,6 +205,7 @@ async fn in_process(args: Args, in_flight: usize) -> ExitCode {
         }
         Workload::W3 => run_w3(args.messages, args.spawning).await,
         Workload::Handoff => handoff::run(args.entities).await,
+        Workload::Coordinator => unreachable!("the coordinator grid runs before the runtime"),
         Workload::W5 => match (args.passivation, args.mix) {
             (Some(passivation), Some(mix)) => {
                 limit::run_one(args.messages, in_flight, passivation, mix).await

@@ -25,6 +25,10 @@ pub(super) enum Workload {
     /// Live migration: 30,000 entities of 1 KiB, node 2 leaves gracefully
     /// and its third move; with migration and without (SPEC §13.16).
     Handoff,
+    /// How the coordinator's costs grow: the real coordinator core driven
+    /// directly over a grid of shard counts (`--shards`) × regions
+    /// (`--regions`); no nodes, no pipes.
+    Coordinator,
     /// Baseline (a): the same three nodes and pipes, request/reply answered
     /// inline by the receiver, no sharding (16 in flight per node unless
     /// `--in-flight`).
@@ -150,6 +154,15 @@ pub(super) struct Args {
     /// each sent to by W1's in-flight count of concurrent callers.
     #[arg(long, requires = "reliable", requires = "journal")]
     pub(super) durable_producer: bool,
+    /// Coordinator only: the shard counts of the grid.
+    #[arg(long, value_delimiter = ',', default_values_t = [1_024, 4_096, 16_384, 65_536])]
+    pub(super) shards: Vec<u32>,
+    /// Coordinator only: the region counts of the grid.
+    #[arg(long, value_delimiter = ',', default_values_t = [3, 30, 300, 1_000])]
+    pub(super) regions: Vec<u32>,
+    /// Coordinator only: where to draw the curves (SVG); none by default.
+    #[arg(long)]
+    pub(super) curve_chart: Option<std::path::PathBuf>,
     /// (multi-process, internal) run as node N of the three.
     #[arg(long, hide = true)]
     pub(super) child: Option<usize>,
