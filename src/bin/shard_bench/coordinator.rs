@@ -6,8 +6,8 @@
 //! for a shard with no home; the core places it and tells every region),
 //! of an answer for a shard already placed, of `poll_timeout` (the driver
 //! asks it after every event), of one more region joining, and of the
-//! rebalance round that follows; the resident memory the core's tables
-//! took. SPEC §13b.
+//! rebalance round that follows; the bytes of the core's table of the
+//! type (its per-shard vectors and per-owner counts). SPEC §13b.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -16,17 +16,6 @@ use datum_cluster_sharding::sharding::coordinator::scale::ScaleProbe;
 use serde_json::{Value, json};
 
 use super::curve_chart::{Panel, Series, draw};
-
-/// Resident memory of this process now, in KiB.
-fn rss_kib() -> u64 {
-    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-    let pages: u64 = statm
-        .split_whitespace()
-        .nth(1)
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    pages * 4
-}
 
 /// One point of the grid.
 struct Point {
@@ -39,11 +28,10 @@ struct Point {
     join_us: f64,
     round_us: f64,
     round_moves: usize,
-    table_kib: u64,
+    table_kib: f64,
 }
 
 fn measure(shards: u32, regions: u32) -> Result<Point, String> {
-    let before = rss_kib();
     let t0 = Instant::now();
     let mut probe = ScaleProbe::new(t0, regions, shards);
     if !probe.ready(t0) {
@@ -55,7 +43,7 @@ fn measure(shards: u32, regions: u32) -> Result<Point, String> {
         sent += probe.get_home(t0, shard);
     }
     let place = started.elapsed();
-    let table_kib = rss_kib().saturating_sub(before);
+    let table_kib = probe.table_bytes() as f64 / 1024.0;
 
     let samples = shards.min(10_000);
     let step = (shards / samples).max(1);
@@ -119,7 +107,7 @@ pub fn run(shards: &[u32], regions: &[u32], chart: Option<&Path>) -> Result<(Val
         for &r in regions {
             let p = measure(s, r)?;
             println!(
-                "{:>7} {:>7} {:>11.2} {:>9.0} {:>10.3} {:>10.1} {:>10.1} {:>12.1} {:>6} {:>10}",
+                "{:>7} {:>7} {:>11.2} {:>9.0} {:>10.3} {:>10.1} {:>10.1} {:>12.1} {:>6} {:>10.0}",
                 p.shards,
                 p.regions,
                 p.place_us,

@@ -100,6 +100,13 @@ impl ScaleProbe {
         self.num_shards
     }
 
+    /// The bytes of the core's per-shard vectors and per-owner counts
+    /// (homes, generations), which grow with shards and hosts; the sets of
+    /// regions and their versions are small beside them.
+    pub fn table_bytes(&self) -> usize {
+        self.core.types.values().map(|t| t.size_bytes()).sum()
+    }
+
     /// A region (the members take turns) asks where `shard` lives; returns
     /// how many messages the core sends for it.
     pub fn get_home(&mut self, now: Instant, shard: u32) -> usize {

@@ -266,6 +266,15 @@ impl TypeTable {
         self.owned.keys()
     }
 
+    /// The bytes of the per-shard vectors (homes and generations) and the
+    /// per-owner counts: what grows with shards and hosts.
+    pub(super) fn size_bytes(&self) -> usize {
+        use std::mem::size_of;
+        self.homes.capacity() * size_of::<Option<ShardHome>>()
+            + self.generations.capacity() * size_of::<u64>()
+            + self.owned.len() * (size_of::<UniqueAddress>() + size_of::<usize>())
+    }
+
     /// Whether `owned` agrees with `homes` (for the tests' invariants).
     #[cfg(test)]
     pub(super) fn owned_agrees(&self) -> bool {
