@@ -268,7 +268,9 @@ impl CoordinatorCore {
         self.settling_until.is_some()
     }
 
-    /// [`acting`](Self::acting), then [`apply_membership`](Self::apply_membership).
+    /// [`acting`](Self::acting), then [`apply_membership`](Self::apply_membership),
+    /// for the tests and the scale probe: the driver seeds a takeover
+    /// between the two, so it calls them itself.
     pub(crate) fn set_membership(&mut self, now: Instant, state: &MembershipState) -> Vec<Command> {
         let acting = self.acting(now, state);
         self.apply_membership(now, state, acting)

@@ -426,14 +426,17 @@ impl CoordinatorCore {
                 out.push(handoff_msg(type_name, *shard, home, self.epoch));
             }
         }
-        let leaving: Vec<u32> = (0..table.num_shards)
-            .filter(|s| {
-                leavers_own
-                    && table
+        let leaving: Vec<u32> = if leavers_own {
+            (0..table.num_shards)
+                .filter(|s| {
+                    table
                         .home(*s)
                         .is_some_and(|h| table.leaving.contains(&h.owner))
-            })
-            .collect();
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         if !leaving.is_empty() {
             let round = self.next_round;
             let reason = RebalanceReason::GracefulLeave;

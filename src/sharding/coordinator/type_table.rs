@@ -242,12 +242,14 @@ impl TypeTable {
     /// keeping the per-owner counts.
     pub(super) fn set_home(&mut self, shard: u32, home: Option<ShardHome>) {
         let slot = &mut self.homes[shard as usize];
-        if let Some(old) = slot.take()
-            && let Some(count) = self.owned.get_mut(&old.owner)
-        {
-            *count -= 1;
-            if *count == 0 {
-                self.owned.remove(&old.owner);
+        if let Some(old) = slot.take() {
+            let count = self.owned.get_mut(&old.owner);
+            debug_assert!(count.is_some(), "an owner in homes is counted");
+            if let Some(count) = count {
+                *count -= 1;
+                if *count == 0 {
+                    self.owned.remove(&old.owner);
+                }
             }
         }
         if let Some(new) = home {
