@@ -334,3 +334,21 @@ fn the_coordinator_grid_places_every_shard_and_draws_its_curves() {
         "{svg:.200}"
     );
 }
+
+#[test]
+fn the_entities_curve_makes_every_entity_live_and_measures_it_and_a_bare_actor() {
+    let record = run_with("entities", &["--counts", "200,1000"]);
+    let points = record["points"].as_array().expect("points");
+    assert_eq!(points.len(), 2, "{record}");
+    for point in points {
+        let sharded = &point["sharded"];
+        assert_eq!(sharded["live"], point["entities"], "{record}");
+        assert_eq!(sharded["missing"], 0, "{record}");
+        assert!(sharded["asks_per_sec"].as_f64() > Some(0.0), "{record}");
+        assert!(sharded["bytes_per_entity"].as_f64() > Some(0.0), "{record}");
+        assert!(
+            point["bare"]["bytes_per_actor"].as_f64() > Some(0.0),
+            "{record}"
+        );
+    }
+}

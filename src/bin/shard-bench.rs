@@ -28,6 +28,8 @@ mod coordinator;
 mod curve_chart;
 #[path = "shard_bench/durable.rs"]
 mod durable;
+#[path = "shard_bench/entities.rs"]
+mod entities;
 #[path = "shard_bench/handoff.rs"]
 mod handoff;
 #[path = "../../protocols/harness.rs"]
@@ -138,6 +140,17 @@ fn main() -> ExitCode {
             args.curve_chart.as_deref(),
         ));
     }
+    if args.workload == Workload::Entities && args.entity_count.is_none() {
+        if args.counts.contains(&0) {
+            eprintln!("shard-bench: --counts takes counts of at least 1");
+            return ExitCode::from(2);
+        }
+        return exit_with(entities::run(
+            &args.counts,
+            args.messages,
+            args.curve_chart.as_deref(),
+        ));
+    }
     if args.workload == Workload::W5 && args.passivation.is_none() {
         return exit_with(limit::run_all(args.messages, in_flight));
     }
@@ -152,6 +165,7 @@ fn main() -> ExitCode {
                 | Workload::W5
                 | Workload::Handoff
                 | Workload::Coordinator
+                | Workload::Entities
         ) || args.spawning
             || args.journal.is_some()
             || args.offered_rate.is_some()
@@ -206,6 +220,11 @@ async fn in_process(args: Args, in_flight: usize) -> ExitCode {
         Workload::W3 => run_w3(args.messages, args.spawning).await,
         Workload::Handoff => handoff::run(args.entities).await,
         Workload::Coordinator => unreachable!("the coordinator grid runs before the runtime"),
+        Workload::Entities => match args.entity_count {
+            Some(count) if args.bare => entities::child_bare(count).await,
+            Some(count) => entities::child_entities(count, args.messages).await,
+            None => unreachable!("the entities parent runs before the runtime"),
+        },
         Workload::W5 => match (args.passivation, args.mix) {
             (Some(passivation), Some(mix)) => {
                 limit::run_one(args.messages, in_flight, passivation, mix).await

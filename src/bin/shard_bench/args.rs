@@ -29,6 +29,10 @@ pub(super) enum Workload {
     /// directly over a grid of shard counts (`--shards`) × regions
     /// (`--regions`); no nodes, no pipes.
     Coordinator,
+    /// How memory and the ask rate grow with the live entities on one node
+    /// (`--counts`), each count in a child process, against as many bare
+    /// ractor actors; `--messages` asks spread over them.
+    Entities,
     /// Baseline (a): the same three nodes and pipes, request/reply answered
     /// inline by the receiver, no sharding (16 in flight per node unless
     /// `--in-flight`).
@@ -160,7 +164,17 @@ pub(super) struct Args {
     /// Coordinator only: the region counts of the grid.
     #[arg(long, value_delimiter = ',', default_values_t = [3, 30, 300, 1_000])]
     pub(super) regions: Vec<u32>,
-    /// Coordinator only: where to draw the curves (SVG); none by default.
+    /// Entities only: the live-entity counts.
+    #[arg(long, value_delimiter = ',', default_values_t = [1_000, 10_000, 100_000, 300_000])]
+    pub(super) counts: Vec<u64>,
+    /// (entities, internal) measure this one count in this process.
+    #[arg(long, hide = true)]
+    pub(super) entity_count: Option<u64>,
+    /// (entities, internal) with --entity-count: bare ractor actors.
+    #[arg(long, hide = true)]
+    pub(super) bare: bool,
+    /// Coordinator and entities: where to draw the curves (SVG); none by
+    /// default.
     #[arg(long)]
     pub(super) curve_chart: Option<std::path::PathBuf>,
     /// (multi-process, internal) run as node N of the three.
