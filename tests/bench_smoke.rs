@@ -352,3 +352,14 @@ fn the_entities_curve_makes_every_entity_live_and_measures_it_and_a_bare_actor()
         );
     }
 }
+
+#[test]
+fn the_recovery_curve_recovers_every_event_replayed_and_from_a_snapshot() {
+    let record = run_with("recovery", &["--lengths", "100,2000"]);
+    let points = record["points"].as_array().expect("points");
+    assert_eq!(points.len(), 2, "{record}");
+    for point in points {
+        assert_eq!(point["counted_all"], true, "{record}");
+        assert!(point["replay_ms"].as_f64() > Some(0.0), "{record}");
+    }
+}

@@ -47,6 +47,8 @@ mod pairs;
 mod pg_server;
 #[path = "../../protocols/ping.rs"]
 mod ping;
+#[path = "shard_bench/recovery.rs"]
+mod recovery;
 #[path = "shard_bench/reliable.rs"]
 mod reliable;
 #[path = "shard_bench/report.rs"]
@@ -166,6 +168,7 @@ fn main() -> ExitCode {
                 | Workload::Handoff
                 | Workload::Coordinator
                 | Workload::Entities
+                | Workload::Recovery
         ) || args.spawning
             || args.journal.is_some()
             || args.offered_rate.is_some()
@@ -220,6 +223,9 @@ async fn in_process(args: Args, in_flight: usize) -> ExitCode {
         Workload::W3 => run_w3(args.messages, args.spawning).await,
         Workload::Handoff => handoff::run(args.entities).await,
         Workload::Coordinator => unreachable!("the coordinator grid runs before the runtime"),
+        Workload::Recovery => recovery::run(&args.lengths, args.curve_chart.as_deref())
+            .await
+            .map_err(Into::into),
         Workload::Entities => match args.entity_count {
             Some(count) if args.bare => entities::child_bare(count).await,
             Some(count) => entities::child_entities(count, args.messages).await,

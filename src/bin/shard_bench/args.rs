@@ -33,6 +33,10 @@ pub(super) enum Workload {
     /// (`--counts`), each count in a child process, against as many bare
     /// ractor actors; `--messages` asks spread over them.
     Entities,
+    /// How an event-sourced entity's recovery grows with its journal
+    /// (`--lengths`), replayed whole and from a snapshot, on the embedded
+    /// store.
+    Recovery,
     /// Baseline (a): the same three nodes and pipes, request/reply answered
     /// inline by the receiver, no sharding (16 in flight per node unless
     /// `--in-flight`).
@@ -167,14 +171,17 @@ pub(super) struct Args {
     /// Entities only: the live-entity counts.
     #[arg(long, value_delimiter = ',', default_values_t = [1_000, 10_000, 100_000, 300_000])]
     pub(super) counts: Vec<u64>,
+    /// Recovery only: the journal lengths, in events.
+    #[arg(long, value_delimiter = ',', default_values_t = [100, 1_000, 10_000, 100_000, 1_000_000])]
+    pub(super) lengths: Vec<u64>,
     /// (entities, internal) measure this one count in this process.
     #[arg(long, hide = true)]
     pub(super) entity_count: Option<u64>,
     /// (entities, internal) with --entity-count: bare ractor actors.
     #[arg(long, hide = true)]
     pub(super) bare: bool,
-    /// Coordinator and entities: where to draw the curves (SVG); none by
-    /// default.
+    /// Coordinator, entities and recovery: where to draw the curves (SVG);
+    /// none by default.
     #[arg(long)]
     pub(super) curve_chart: Option<std::path::PathBuf>,
     /// (multi-process, internal) run as node N of the three.

@@ -1,0 +1,250 @@
+//! How an event-sourced entity's recovery grows with its journal: for each
+//! length, a fresh embedded store (redb, in a temporary directory) gets that
+//! many events for one entity through the store's SPI, written as the
+//! library writes them (SPEC §8b: the type's wire name as manifest, its
+//! event version, CBOR), in batches; then a one-node system on that store
+//! is asked for the entity's count, and the ask's time is its recovery.
+//! Twice per length: a plain event-sourced type, which replays every event,
+//! and a snapshotted one, whose journal also holds a snapshot 50 events
+//! before its end, as `SNAPSHOT_EVERY` leaves it. SPEC §13b.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use datum_cluster_sharding::persistence::{
+    AtomicWrite, Journal, Payload, PersistenceId, RedbPersistence, SnapshotRecord, SnapshotStore,
+    Writer,
+};
+use datum_cluster_sharding::prelude::*;
+use serde_json::{Value, json};
+
+use super::curve_chart::{Panel, Series, draw};
+
+const ASK: Duration = Duration::from_secs(600);
+/// Events per append while filling the journal.
+const BATCH: u64 = 10_000;
+const ENTITY: &str = "recovering";
+
+#[derive(Serialize, Deserialize)]
+pub struct Count;
+#[derive(Serialize, Deserialize)]
+pub enum Added {
+    By(u64),
+}
+
+protocol! {
+    /// An event-sourced counter that replays its whole journal.
+    pub protocol Replayed = "recovery-replay" {
+        ask Count -> u64;
+    }
+}
+protocol! {
+    /// The same counter, snapshotted.
+    pub protocol Snapshotted = "recovery-snapshot" {
+        ask Count -> u64;
+    }
+}
+
+#[derive(Default)]
+pub struct ReplayedEntity {
+    total: u64,
+}
+impl Entity for ReplayedEntity {
+    type Protocol = Replayed;
+}
+impl EventSourced for ReplayedEntity {
+    type Event = Added;
+    fn apply(&mut self, Added::By(n): &Added) {
+        self.total += n;
+    }
+}
+impl Handler<Count> for ReplayedEntity {
+    async fn handle(&mut self, _: Count, _: &EntityContext) -> ShardingResult<u64> {
+        Ok(self.total)
+    }
+}
+
+#[derive(Default)]
+pub struct SnapshottedEntity {
+    total: u64,
+}
+impl Entity for SnapshottedEntity {
+    type Protocol = Snapshotted;
+}
+impl EventSourced for SnapshottedEntity {
+    type Event = Added;
+    fn apply(&mut self, Added::By(n): &Added) {
+        self.total += n;
+    }
+}
+impl datum_cluster_sharding::Snapshotted for SnapshottedEntity {
+    type Snapshot = u64;
+    fn snapshot(&self) -> u64 {
+        self.total
+    }
+    fn restore(&mut self, total: u64) {
+        self.total = total;
+    }
+}
+impl Handler<Count> for SnapshottedEntity {
+    async fn handle(&mut self, _: Count, _: &EntityContext) -> ShardingResult<u64> {
+        Ok(self.total)
+    }
+}
+
+fn cbor<T: Serialize>(value: &T) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    ciborium::into_writer(value, &mut bytes).expect("CBOR of a plain value");
+    bytes
+}
+
+/// Writes `length` events `Added::By(1)` to `type_name`'s entity, and with
+/// `snapshot` a snapshot of the count 50 events before the end.
+fn fill(
+    store: &RedbPersistence,
+    type_name: &str,
+    length: u64,
+    snapshot: bool,
+) -> Result<(), String> {
+    let id = PersistenceId::new(type_name, ENTITY);
+    let event = Payload {
+        manifest: type_name.into(),
+        version: 1,
+        bytes: cbor(&Added::By(1)),
+    };
+    let mut written = 0;
+    while written < length {
+        let n = BATCH.min(length - written);
+        let write = AtomicWrite {
+            persistence_id: id.clone(),
+            expected: written,
+            events: vec![event.clone(); n as usize],
+            writer: Writer::default(),
+        };
+        store
+            .append(&[write])
+            .remove(0)
+            .map_err(|e| e.to_string())?;
+        written += n;
+    }
+    if snapshot && length > 50 {
+        let at = length - 50;
+        let record = SnapshotRecord {
+            sequence_nr: at,
+            payload: Payload {
+                manifest: format!("{type_name}#snapshot"),
+                version: 1,
+                bytes: cbor(&at),
+            },
+            writer: Writer::default(),
+        };
+        store.save(&id, record).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// One point: a store of `length` events (and a snapshot), then the ask
+/// that recovers the entity; its time, and whether it counted them all.
+async fn point(length: u64, snapshot: bool) -> Result<(f64, f64, bool), String> {
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let store =
+        RedbPersistence::open(dir.path().join("journal.redb")).map_err(|e| e.to_string())?;
+    let type_name = if snapshot {
+        "recovery-snapshot"
+    } else {
+        "recovery-replay"
+    };
+    let started = Instant::now();
+    fill(&store, type_name, length, snapshot)?;
+    let fill_ms = started.elapsed().as_secs_f64() * 1e3;
+    let system = ShardedSystem::builder()
+        .num_shards(8)
+        .journal(store)
+        .start()
+        .await
+        .map_err(|e| e.to_string())?;
+    let (count, asked) = if snapshot {
+        system
+            .entity_type::<SnapshottedEntity>()
+            .snapshotted()
+            .register(|_| SnapshottedEntity::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        let started_ask = Instant::now();
+        let count = system
+            .entity_ref::<Snapshotted>(ENTITY)
+            .ask(Count, ASK)
+            .await;
+        (count, started_ask)
+    } else {
+        system
+            .entity_type::<ReplayedEntity>()
+            .event_sourced()
+            .register(|_| ReplayedEntity::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        let started_ask = Instant::now();
+        let count = system.entity_ref::<Replayed>(ENTITY).ask(Count, ASK).await;
+        (count, started_ask)
+    };
+    let recovery_ms = asked.elapsed().as_secs_f64() * 1e3;
+    system.shutdown().await;
+    let count = count.map_err(|e| e.to_string())?;
+    Ok((recovery_ms, fill_ms, count == length))
+}
+
+/// Every length, replayed and snapshotted: a table, the chart at `chart`
+/// if given, and the JSON record.
+pub async fn run(lengths: &[u64], chart: Option<&Path>) -> Result<(Value, bool), String> {
+    println!(
+        "{:>9} {:>14} {:>14} {:>16} {:>10}",
+        "events", "replay ms", "µs per event", "snapshotted ms", "fill ms"
+    );
+    let mut points = Vec::new();
+    let mut correct = true;
+    for &length in lengths {
+        let (replay_ms, fill_ms, replay_ok) = point(length, false).await?;
+        let (snapshot_ms, _, snapshot_ok) = point(length, true).await?;
+        correct &= replay_ok && snapshot_ok;
+        println!(
+            "{:>9} {:>14.1} {:>14.2} {:>16.1} {:>10.0}",
+            length,
+            replay_ms,
+            replay_ms * 1e3 / length as f64,
+            snapshot_ms,
+            fill_ms
+        );
+        points.push((length, replay_ms, snapshot_ms, replay_ok && snapshot_ok));
+    }
+    if let Some(path) = chart {
+        let line = |label: &str, value: fn(&(u64, f64, f64, bool)) -> f64| Series {
+            label: label.into(),
+            points: points.iter().map(|p| (p.0 as f64, value(p))).collect(),
+        };
+        draw(
+            path,
+            &[Panel {
+                title: "Recovering an event-sourced entity (embedded store)".into(),
+                x_label: "events in its journal".into(),
+                y_label: "ms until its first answer".into(),
+                series: vec![
+                    line("every event replayed", |p| p.1),
+                    line("from a snapshot 50 events back", |p| p.2),
+                ],
+            }],
+        )
+        .map_err(|e| format!("drawing {}: {e}", path.display()))?;
+        eprintln!("shard-bench: chart written to {}", path.display());
+    }
+    let json = json!({
+        "workload": "recovery",
+        "store": "embedded",
+        "points": points.iter().map(|(length, replay, snapshot, ok)| json!({
+            "events": length,
+            "replay_ms": replay,
+            "snapshotted_ms": snapshot,
+            "counted_all": ok,
+        })).collect::<Vec<_>>(),
+    });
+    Ok((json, correct))
+}
