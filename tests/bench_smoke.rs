@@ -327,6 +327,10 @@ fn the_coordinator_grid_places_every_shard_and_draws_its_curves() {
             "{record}"
         );
         assert!(point["place_us"].as_f64() > Some(0.0), "{record}");
+        // A placed shard's answer goes to the asker alone.
+        assert_eq!(point["messages_per_known"].as_f64(), Some(1.0), "{record}");
+        // A newcomer with no shard is given some in the round after it.
+        assert!(point["round_moves"].as_u64() > Some(0), "{record}");
     }
     let svg = std::fs::read_to_string(chart).expect("the chart was written");
     assert!(
@@ -359,6 +363,8 @@ fn the_recovery_curve_recovers_every_event_replayed_and_from_a_snapshot() {
     let points = record["points"].as_array().expect("points");
     assert_eq!(points.len(), 2, "{record}");
     for point in points {
+        // The snapshotted count includes the offset its snapshot holds: the
+        // recovery started from the snapshot, not from the first event.
         assert_eq!(point["counted_all"], true, "{record}");
         assert!(point["replay_ms"].as_f64() > Some(0.0), "{record}");
     }

@@ -126,6 +126,18 @@ fn main() -> ExitCode {
             args.limits.as_deref(),
         ));
     }
+    let curves = matches!(
+        args.workload,
+        Workload::Coordinator | Workload::Entities | Workload::Recovery
+    );
+    if curves && args.mode == Mode::MultiProcess {
+        eprintln!("shard-bench: coordinator, entities and recovery run in one process");
+        return ExitCode::from(2);
+    }
+    if args.workload == Workload::Recovery && args.lengths.contains(&0) {
+        eprintln!("shard-bench: --lengths takes journals of at least 1 event");
+        return ExitCode::from(2);
+    }
     if args.workload == Workload::Coordinator {
         let max = datum_cluster_sharding::MAX_SHARDS;
         if args.shards.iter().any(|&s| s == 0 || s > max) {
