@@ -48,38 +48,33 @@ protocol! {
     }
 }
 
-#[derive(Default)]
-pub struct ReplayedEntity {
-    total: u64,
-}
-impl Entity for ReplayedEntity {
-    type Protocol = Replayed;
-}
-impl EventSourced for ReplayedEntity {
-    type Event = Added;
-    fn apply(&mut self, Added::By(n): &Added) {
-        self.total += n;
-    }
-}
-impl Handler<Count> for ReplayedEntity {
-    async fn handle(&mut self, _: Count, _: &EntityContext) -> ShardingResult<u64> {
-        Ok(self.total)
-    }
+/// A counter of `Added` events, answering `Count`, for protocol `$protocol`.
+macro_rules! counter_entity {
+    ($name:ident, $protocol:ty) => {
+        #[derive(Default)]
+        pub struct $name {
+            total: u64,
+        }
+        impl Entity for $name {
+            type Protocol = $protocol;
+        }
+        impl EventSourced for $name {
+            type Event = Added;
+            fn apply(&mut self, Added::By(n): &Added) {
+                self.total += n;
+            }
+        }
+        impl Handler<Count> for $name {
+            async fn handle(&mut self, _: Count, _: &EntityContext) -> ShardingResult<u64> {
+                Ok(self.total)
+            }
+        }
+    };
 }
 
-#[derive(Default)]
-pub struct SnapshottedEntity {
-    total: u64,
-}
-impl Entity for SnapshottedEntity {
-    type Protocol = Snapshotted;
-}
-impl EventSourced for SnapshottedEntity {
-    type Event = Added;
-    fn apply(&mut self, Added::By(n): &Added) {
-        self.total += n;
-    }
-}
+counter_entity!(ReplayedEntity, Replayed);
+counter_entity!(SnapshottedEntity, Snapshotted);
+
 impl datum_cluster_sharding::Snapshotted for SnapshottedEntity {
     type Snapshot = u64;
     fn snapshot(&self) -> u64 {
@@ -89,12 +84,6 @@ impl datum_cluster_sharding::Snapshotted for SnapshottedEntity {
         self.total = total;
     }
 }
-impl Handler<Count> for SnapshottedEntity {
-    async fn handle(&mut self, _: Count, _: &EntityContext) -> ShardingResult<u64> {
-        Ok(self.total)
-    }
-}
-
 fn cbor<T: Serialize>(value: &T) -> Vec<u8> {
     let mut bytes = Vec::new();
     ciborium::into_writer(value, &mut bytes).expect("CBOR of a plain value");
