@@ -625,7 +625,18 @@ fn a_split_with_the_coordinator_on_the_minority_places_no_shard_twice() {
                 }
             }
         }
-        if enough.is_none() && a_stopped.iter().all(Option::is_some) && first_on_b.len() > 100 {
+        // Enough once side A has stopped and side B has listed a new shard
+        // since (at the latest, side A's own shards once the dead-owner
+        // margin after its Down is over: a fixed wait after the stop could
+        // end before that margin while every driver on side B waits on one
+        // of them).
+        let b_placed_since_a_stopped = a_stopped.iter().all(Option::is_some)
+            && a_stopped
+                .iter()
+                .flatten()
+                .max()
+                .is_some_and(|stopped| first_on_b.values().any(|at| at > stopped));
+        if enough.is_none() && b_placed_since_a_stopped && first_on_b.len() > 100 {
             enough = Some(Instant::now() + Duration::from_secs(1));
         }
     }
