@@ -369,3 +369,18 @@ fn the_recovery_curve_recovers_every_event_replayed_and_from_a_snapshot() {
         assert!(point["replay_ms"].as_f64() > Some(0.0), "{record}");
     }
 }
+
+#[test]
+fn the_handoff_curve_moves_every_entity_of_the_shard_with_its_state() {
+    let record = run_with("handoff", &["--per-shard", "50,300"]);
+    let points = record["points"].as_array().expect("points");
+    assert_eq!(points.len(), 2, "{record}");
+    for point in points {
+        assert!(point["entities_moved"].as_u64() > Some(0), "{record}");
+        assert_eq!(
+            point["answered_with_state"], point["entities_moved"],
+            "{record}"
+        );
+        assert!(point["bytes_moved"].as_u64() > Some(0), "{record}");
+    }
+}

@@ -233,6 +233,9 @@ async fn in_process(args: Args, in_flight: usize) -> ExitCode {
             run_w2(args.messages, shape, args.journal).await
         }
         Workload::W3 => run_w3(args.messages, args.spawning).await,
+        Workload::Handoff if !args.per_shard.is_empty() => {
+            handoff::run_curve(&args.per_shard, args.curve_chart.as_deref()).await
+        }
         Workload::Handoff => handoff::run(args.entities).await,
         Workload::Coordinator => unreachable!("the coordinator grid runs before the runtime"),
         Workload::Recovery => recovery::run(&args.lengths, args.curve_chart.as_deref())

@@ -171,6 +171,10 @@ pub(super) struct Args {
     /// Entities only: the live-entity counts.
     #[arg(long, value_delimiter = ',', default_values_t = [1_000, 10_000, 100_000, 300_000])]
     pub(super) counts: Vec<u64>,
+    /// Handoff: instead of the 128-shard measure, one point per count of
+    /// entities in the moved shard (three shards, three nodes).
+    #[arg(long, value_delimiter = ',')]
+    pub(super) per_shard: Vec<u64>,
     /// Recovery only: the journal lengths, in events.
     #[arg(long, value_delimiter = ',', default_values_t = [100, 1_000, 10_000, 100_000, 1_000_000])]
     pub(super) lengths: Vec<u64>,
@@ -180,8 +184,8 @@ pub(super) struct Args {
     /// (entities, internal) with --entity-count: bare ractor actors.
     #[arg(long, hide = true)]
     pub(super) bare: bool,
-    /// Coordinator, entities and recovery: where to draw the curves (SVG);
-    /// none by default.
+    /// Coordinator, entities, recovery and `handoff --per-shard`: where to
+    /// draw the curves (SVG); none by default.
     #[arg(long)]
     pub(super) curve_chart: Option<std::path::PathBuf>,
     /// (multi-process, internal) run as node N of the three.

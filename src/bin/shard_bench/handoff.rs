@@ -110,7 +110,11 @@ struct Moved {
 }
 
 /// Runs one variant: `migrate` registers the type migratable.
-async fn run_variant(migrate: bool, entities: u64) -> Result<Moved, Box<dyn std::error::Error>> {
+async fn run_variant(
+    migrate: bool,
+    entities: u64,
+    num_shards: u32,
+) -> Result<Moved, Box<dyn std::error::Error>> {
     let name = if migrate {
         "handoff-migrate"
     } else {
@@ -121,7 +125,7 @@ async fn run_variant(migrate: bool, entities: u64) -> Result<Moved, Box<dyn std:
     let mut events = Vec::new();
     for cluster in clusters {
         let config = ShardingConfig::builder()
-            .num_shards(128)
+            .num_shards(num_shards)
             .passivation_idle_timeout(None)
             .allocation_buffer(100_000)
             .build();
@@ -303,12 +307,85 @@ fn report(label: &str, m: &Moved) -> Value {
 /// when every moved entity answered with its state under migration.
 pub async fn run(entities: u64) -> Result<(Value, bool), Box<dyn std::error::Error>> {
     let entities = entities.max(3);
-    let migrated = run_variant(true, entities).await?;
-    let factory = run_variant(false, entities).await?;
+    let migrated = run_variant(true, entities, 128).await?;
+    let factory = run_variant(false, entities, 128).await?;
     let json = json!({
         "workload": "handoff",
         "migration": report("migration", &migrated),
         "factory": report("factory", &factory),
     });
     Ok((json, migrated.with_state == migrated.entities))
+}
+
+/// How a graceful move grows with the entities in a shard: for each count,
+/// three nodes with three shards (one each) and three times that many
+/// migratable entities of 1 KiB; node 2 leaves, and its one shard's
+/// entities move with their state. A table, the chart at `chart` if
+/// given, and the JSON record; correct when every moved entity answered
+/// with its state.
+pub async fn run_curve(
+    per_shard: &[u64],
+    chart: Option<&std::path::Path>,
+) -> Result<(Value, bool), Box<dyn std::error::Error>> {
+    println!(
+        "{:>10} {:>10} {:>16} {:>12} {:>10}",
+        "per shard", "moved", "all answered ms", "MiB moved", "leave ms"
+    );
+    let mut points = Vec::new();
+    for &count in per_shard {
+        let m = run_variant(true, count.max(1) * 3, 3).await?;
+        println!(
+            "{:>10} {:>10} {:>16.0} {:>12.1} {:>10.0}",
+            count,
+            m.entities,
+            m.all_answered.as_secs_f64() * 1e3,
+            m.bytes as f64 / 1048576.0,
+            m.leave.as_secs_f64() * 1e3
+        );
+        points.push((count, m));
+    }
+    if let Some(path) = chart {
+        use super::curve_chart::{Panel, Series, draw};
+        draw(
+            path,
+            &[Panel {
+                title: "A graceful leave, one shard of 1 KiB entities moving".into(),
+                x_label: "entities in the moved shard".into(),
+                y_label: "ms after the leave began".into(),
+                series: vec![
+                    Series {
+                        label: "every moved entity has answered with its state".into(),
+                        points: points
+                            .iter()
+                            .map(|(_, m)| {
+                                let ms = m.all_answered.as_secs_f64() * 1e3;
+                                (m.entities.max(1) as f64, ms.max(0.1))
+                            })
+                            .collect(),
+                    },
+                    Series {
+                        label: "the leave is over".into(),
+                        points: points
+                            .iter()
+                            .map(|(_, m)| (m.entities.max(1) as f64, m.leave.as_secs_f64() * 1e3))
+                            .collect(),
+                    },
+                ],
+            }],
+        )?;
+        eprintln!("shard-bench: chart written to {}", path.display());
+    }
+    let correct = points.iter().all(|(_, m)| m.with_state == m.entities);
+    let json = json!({
+        "workload": "handoff-per-shard",
+        "points": points.iter().map(|(count, m)| json!({
+            "per_shard": count,
+            "entities_moved": m.entities,
+            "answered_with_state": m.with_state,
+            "all_answered_ms": m.all_answered.as_secs_f64() * 1e3,
+            "bytes_moved": m.bytes,
+            "leave_ms": m.leave.as_secs_f64() * 1e3,
+        })).collect::<Vec<_>>(),
+    });
+    Ok((json, correct))
 }
