@@ -77,6 +77,14 @@ use w1::run_drivers;
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    // The library's logs, when asked for (`RUST_LOG=warn`, say): off by
+    // default, so that the measured runs write nothing.
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let in_flight = args
         .in_flight
         .unwrap_or(if args.workload == Workload::W1Sat {
