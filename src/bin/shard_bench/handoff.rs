@@ -18,6 +18,7 @@ use futures_util::StreamExt;
 use hdrhistogram::Histogram;
 use serde_json::{Value, json};
 
+use super::curve_chart::{Panel, Series, draw};
 use super::harness::{Node, form_cluster};
 
 /// Each entity's state: 128 words, 1 KiB.
@@ -345,7 +346,6 @@ pub async fn run_curve(
         points.push((count, m));
     }
     if let Some(path) = chart {
-        use super::curve_chart::{Panel, Series, draw};
         draw(
             path,
             &[Panel {

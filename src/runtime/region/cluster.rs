@@ -7,16 +7,16 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::Region;
-
-/// How often a shard hosted here asks again to move to a node of a newer
-/// protocol version, while messages of a line this version lacks reach it.
-const ASK_NEWER_EVERY: Duration = Duration::from_secs(1);
 use crate::model::envelope::LocalEnvelope;
 use crate::model::error::{ShardingError, ShardingResult};
 use crate::model::extractor::ShardId;
 use crate::model::identity::UniqueAddress;
 use crate::runtime::mailbox::{RegionMsg, States};
 use crate::runtime::slot::ShardHome;
+
+/// How often a shard hosted here asks again to move to a node of a newer
+/// protocol version, while messages of a line this version lacks reach it.
+const ASK_NEWER_EVERY: Duration = Duration::from_secs(1);
 
 /// A boxed future, as a [`ClusterPort`] returns one.
 pub(crate) type PortFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
