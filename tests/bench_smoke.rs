@@ -382,5 +382,6 @@ fn the_handoff_curve_moves_every_entity_of_the_shard_with_its_state() {
             "{record}"
         );
         assert!(point["bytes_moved"].as_u64() > Some(0), "{record}");
+        assert!(point["timer_late_max_ms"].as_f64() >= Some(0.0), "{record}");
     }
 }

@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use datum_cluster_sharding::MigrationEvent;
+use datum_cluster_sharding::membership::MembershipEvent;
 use datum_cluster_sharding::prelude::*;
 use futures_util::StreamExt;
 use hdrhistogram::Histogram;
@@ -86,17 +87,56 @@ fn id(k: u64) -> String {
 }
 
 /// Asks `Check` of `id` through `system` until it answers (retrying
-/// errors, which a move may cause); its answer.
-async fn check(system: &ShardedSystem, id: &str) -> Result<u64, ShardingError> {
+/// errors, which a move may cause); its answer. Gives up, with the last
+/// error, once a member was downed: a graceful move should down nobody,
+/// and the downed node's asks would be retried for ever.
+async fn check(
+    system: &ShardedSystem,
+    id: &str,
+    downed: &AtomicBool,
+) -> Result<u64, ShardingError> {
     let deadline = Instant::now() + Duration::from_secs(60);
     let entity = system.entity_ref::<Blob>(id);
     loop {
         match entity.ask(Check, ASK).await {
             Ok(digest) => return Ok(digest),
-            Err(error) if Instant::now() >= deadline => return Err(error),
+            Err(error) if Instant::now() >= deadline || downed.load(Ordering::Acquire) => {
+                return Err(error);
+            }
             Err(_) => tokio::time::sleep(Duration::from_millis(5)).await,
         }
     }
+}
+
+/// Sets `downed` when node 0 sees any member downed.
+fn watch_downs(node: &Node, downed: Arc<AtomicBool>) -> tokio::task::JoinHandle<()> {
+    let mut events = node.cluster.subscribe();
+    tokio::spawn(async move {
+        loop {
+            match events.recv().await {
+                Ok(MembershipEvent::MemberDowned(member)) => {
+                    eprintln!("shard-bench: {member} was downed during the move");
+                    downed.store(true, Ordering::Release);
+                }
+                Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            }
+        }
+    })
+}
+
+/// How late a 5 ms timer fires, at most, until `stop`: what any task of
+/// the process (a heartbeat among them) waited for a core.
+fn watch_lateness(stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<Duration> {
+    tokio::spawn(async move {
+        let mut worst = Duration::ZERO;
+        while !stop.load(Ordering::Acquire) {
+            let at = Instant::now();
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            worst = worst.max(at.elapsed().saturating_sub(Duration::from_millis(5)));
+        }
+        worst
+    })
 }
 
 /// One variant's figures.
@@ -108,6 +148,9 @@ struct Moved {
     leave: Duration,
     stall: Histogram<u64>,
     driver_before: Histogram<u64>,
+    /// The most a 5 ms timer fired late from the leave until every moved
+    /// entity had answered.
+    late: Duration,
 }
 
 /// Runs one variant: `migrate` registers the type migratable.
@@ -181,19 +224,22 @@ async fn run_variant(
             leaver.live_entities::<Blob>(shard) > 0
         })
         .collect();
+    let downed = Arc::new(AtomicBool::new(false));
+    let downs = watch_downs(&nodes[0], downed.clone());
     // The driver: 16 asks in flight from node 0 over all the entities.
     let stop = Arc::new(AtomicBool::new(false));
     let began = Instant::now();
     let mut drivers = Vec::new();
     for d in 0..16u64 {
         let (system, stop) = (nodes[0].system.clone(), stop.clone());
+        let downed = downed.clone();
         drivers.push(tokio::spawn(async move {
             let mut sent = Vec::new();
             let mut k = d * 1_877;
-            while !stop.load(Ordering::Acquire) {
+            while !stop.load(Ordering::Acquire) && !downed.load(Ordering::Acquire) {
                 k = (k + 7_919) % entities;
                 let at = Instant::now();
-                let answered = check(&system, &id(k)).await;
+                let answered = check(&system, &id(k), &downed).await;
                 if answered.is_ok() {
                     sent.push((at, at.elapsed()));
                 }
@@ -204,6 +250,8 @@ async fn run_variant(
     tokio::time::sleep(Duration::from_millis(500)).await;
     // The leave, and every moved entity asked from node 0 until it answers.
     let left = Instant::now();
+    let moved_all = Arc::new(AtomicBool::new(false));
+    let lateness = watch_lateness(moved_all.clone());
     let system = nodes[2].system.clone();
     let leave = tokio::spawn(async move {
         system.shutdown().await;
@@ -213,15 +261,25 @@ async fn run_variant(
     let answers: Vec<(u64, Result<u64, ShardingError>, Duration)> =
         futures_util::stream::iter(moved.iter().copied())
             .map(|k| {
-                let system = checker.clone();
+                let (system, downed) = (checker.clone(), downed.clone());
                 async move {
-                    let answer = check(&system, &id(k)).await;
+                    let answer = check(&system, &id(k), &downed).await;
                     (k, answer, left.elapsed())
                 }
             })
             .buffer_unordered(CONCURRENCY)
             .collect()
             .await;
+    moved_all.store(true, Ordering::Release);
+    let late = lateness.await?;
+    downs.abort();
+    if downed.load(Ordering::Acquire) {
+        return Err(format!(
+            "a member was downed during the graceful move (timers fired up to {} ms late)",
+            late.as_millis()
+        )
+        .into());
+    }
     let mut all_answered = Duration::ZERO;
     let mut with_state = 0;
     for (k, answer, at) in answers {
@@ -267,6 +325,7 @@ async fn run_variant(
         leave,
         stall,
         driver_before,
+        late,
     })
 }
 
@@ -291,6 +350,7 @@ fn report(label: &str, m: &Moved) -> Value {
         "answered_with_state": m.with_state,
         "bytes_moved": m.bytes,
         "leave_ms": m.leave.as_secs_f64() * 1e3,
+        "timer_late_max_ms": m.late.as_secs_f64() * 1e3,
         "driver_during": {
             "asks": m.stall.len(),
             "p50_us": m.stall.value_at_quantile(0.5),
@@ -329,19 +389,20 @@ pub async fn run_curve(
     chart: Option<&std::path::Path>,
 ) -> Result<(Value, bool), Box<dyn std::error::Error>> {
     println!(
-        "{:>10} {:>10} {:>16} {:>12} {:>10}",
-        "per shard", "moved", "all answered ms", "MiB moved", "leave ms"
+        "{:>10} {:>10} {:>16} {:>12} {:>10} {:>14}",
+        "per shard", "moved", "all answered ms", "MiB moved", "leave ms", "timer late ms"
     );
     let mut points = Vec::new();
     for &count in per_shard {
         let m = run_variant(true, count.max(1) * 3, 3).await?;
         println!(
-            "{:>10} {:>10} {:>16.0} {:>12.1} {:>10.0}",
+            "{:>10} {:>10} {:>16.0} {:>12.1} {:>10.0} {:>14.0}",
             count,
             m.entities,
             m.all_answered.as_secs_f64() * 1e3,
             m.bytes as f64 / 1048576.0,
-            m.leave.as_secs_f64() * 1e3
+            m.leave.as_secs_f64() * 1e3,
+            m.late.as_secs_f64() * 1e3
         );
         points.push((count, m));
     }
@@ -385,6 +446,7 @@ pub async fn run_curve(
             "all_answered_ms": m.all_answered.as_secs_f64() * 1e3,
             "bytes_moved": m.bytes,
             "leave_ms": m.leave.as_secs_f64() * 1e3,
+            "timer_late_max_ms": m.late.as_secs_f64() * 1e3,
         })).collect::<Vec<_>>(),
     });
     Ok((json, correct))

@@ -14,6 +14,16 @@ use crate::runtime::entity_actor::MigrationEvents;
 /// larger than it travels alone).
 pub(crate) const MIGRATION_CHUNK: usize = 256 * 1024;
 
+/// Frees `value` on tokio's blocking pool, where a long free (a shard's
+/// kept states) shares the cores with the async threads rather than
+/// holding one of them; inline when there is no runtime.
+pub(crate) fn drop_off_async<T: Send + 'static>(value: T) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => drop(runtime.spawn_blocking(move || drop(value))),
+        Err(_) => drop(value),
+    }
+}
+
 /// The migration settings of a region of a migratable type.
 pub(crate) struct MigrationSettings {
     /// How long a new owner waits for the states, and an old one keeps
@@ -34,7 +44,8 @@ impl Region {
     /// The states kept for `shard`'s allocation `generation` were not
     /// fetched in time: they go.
     pub(crate) fn expire_migration(&self, shard: ShardId, generation: u64) {
-        if self.table.expire_migration(shard, generation) {
+        if let Some(states) = self.table.expire_migration(shard, generation) {
+            drop_off_async(states);
             tracing::warn!(type_name = self.type_name, %shard, generation, "migrated states not fetched in time are dropped");
         }
     }

@@ -24,7 +24,7 @@ use std::time::Duration;
 use ractor::ActorRef;
 
 pub(crate) use cluster::{ClusterPort, PortFuture, RegionCluster};
-pub(crate) use migration::MigrationSettings;
+pub(crate) use migration::{MigrationSettings, drop_off_async};
 pub(crate) use preparing::{HostStep, HostWord, Preparing, StatesPull};
 pub(crate) use report::PassivationCause;
 pub use report::{Passivations, ShardPlacement, ShardRegionState};
