@@ -18,6 +18,7 @@
 //!
 //! | route | answer |
 //! |---|---|
+//! | `GET /` | the live cluster page for a person: members, shards by node, changes seen (its script and style at `/page.js` and `/page.css`, compiled into the binary) |
 //! | `GET /alive` | 200 while the node runs; 503 once it stopped (downed, removed, shut down) |
 //! | `GET /ready` | 200 once the node is Up and its regions are registered; 503 before, and while leaving or fenced |
 //! | `GET /cluster/members` | this node's view of the membership, JSON |
@@ -317,6 +318,9 @@ impl Management {
             .max_connections
             .unwrap_or_else(default_max_connections);
         let router = axum::Router::new()
+            .route("/", get(page))
+            .route("/page.js", get(page_script))
+            .route("/page.css", get(page_style))
             .route("/alive", get(alive))
             .route("/ready", get(ready))
             .route("/cluster/members", get(members))
@@ -601,6 +605,41 @@ type Endpoint = State<Arc<Management>>;
 /// A JSON answer with `status`.
 fn answer(status: StatusCode, body: Value) -> Response {
     (status, Json(body)).into_response()
+}
+
+/// The page's policy: its own script, style and JSON routes only.
+const PAGE_POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; \
+     connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+
+/// One of the page's files, never cached (a new build serves its own).
+fn page_file(content_type: &'static str, body: &'static str) -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, content_type),
+            (header::CACHE_CONTROL, "no-store"),
+            (header::CONTENT_SECURITY_POLICY, PAGE_POLICY),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+/// `GET /`: the live cluster page. It reads the JSON routes below every
+/// second, so every figure on it is one they serve.
+async fn page() -> Response {
+    page_file("text/html; charset=utf-8", include_str!("page/index.html"))
+}
+
+async fn page_script() -> Response {
+    page_file(
+        "text/javascript; charset=utf-8",
+        include_str!("page/page.js"),
+    )
+}
+
+async fn page_style() -> Response {
+    page_file("text/css; charset=utf-8", include_str!("page/page.css"))
 }
 
 async fn alive(State(m): Endpoint) -> Response {

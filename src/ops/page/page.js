@@ -1,0 +1,204 @@
+// The live cluster page: reads this node's JSON routes every second and
+// shows them. Every figure comes from those routes; nothing is fetched
+// from anywhere else.
+"use strict";
+
+const EVERY_MS = 1000;
+const MAX_CHANGES = 200;
+const PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22"];
+
+let previous = null;   // the last view read: members and shard owners
+let lastRead = null;   // when the last full read succeeded
+const colours = new Map();
+
+function colour(node) {
+  if (!colours.has(node)) colours.set(node, PALETTE[colours.size % PALETTE.length]);
+  return colours.get(node);
+}
+
+async function json(path) {
+  const response = await fetch(path, { cache: "no-store", credentials: "same-origin" });
+  if (!response.ok) throw new Error(path + " answered " + response.status);
+  return response.json();
+}
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v !== undefined && v !== null) node.setAttribute(k, v);
+  }
+  for (const child of children) {
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+// A member's address, without its node id and incarnation.
+function short(node) {
+  return node.split("#")[0];
+}
+
+function clock(date) {
+  return date.toLocaleTimeString([], { hour12: false });
+}
+
+function upFor(incarnationMicros) {
+  const seconds = Math.max(0, Math.floor((Date.now() - incarnationMicros / 1000) / 1000));
+  const h = Math.floor(seconds / 3600), m = Math.floor((seconds % 3600) / 60), s = seconds % 60;
+  return h > 0 ? `${h} h ${m} min` : m > 0 ? `${m} min ${s} s` : `${s} s`;
+}
+
+async function read() {
+  const members = await json("/cluster/members");
+  let types = [];
+  try {
+    types = (await json("/cluster/shards")).types;
+  } catch (_) {
+    types = []; // a node without a sharded system
+  }
+  const shards = {};
+  for (const type of types) {
+    shards[type] = await json("/cluster/shards/" + encodeURIComponent(type));
+  }
+  return { members, shards };
+}
+
+function renderMembers(view) {
+  const { members } = view;
+  document.getElementById("cluster-node").textContent = "as seen by " + members.self_node;
+  const body = document.querySelector("#members tbody");
+  body.replaceChildren();
+  for (const m of members.members) {
+    const roles = [];
+    if (m.node === members.self_node) roles.push("this node");
+    if (m.node === members.leader) roles.push("leader");
+    if (m.node === members.oldest) roles.push("oldest");
+    const statusClass = m.status === "Up" ? "ok" : (m.status === "Down" || m.status === "Removed") ? "bad" : "warn";
+    const row = el("tr", { "data-node": m.node, "data-status": m.status, "data-reachable": String(m.reachable) },
+      el("td", {}, el("span", { class: "cell", style: "display:inline-block;vertical-align:middle;background:" + colour(m.node), "aria-hidden": "true" }), " ", m.addr),
+      el("td", { class: statusClass }, m.status),
+      el("td", { class: m.reachable ? "ok" : "bad" }, m.reachable ? "reachable" : "unreachable from this node's view"),
+      el("td", {}, upFor(m.incarnation)),
+      el("td", {}, roles.join(", ")));
+    body.append(row);
+  }
+}
+
+function renderShards(view) {
+  const container = document.getElementById("types");
+  container.replaceChildren();
+  const names = Object.keys(view.shards).sort();
+  if (names.length === 0) {
+    container.append(el("p", { class: "note" }, "No entity type is registered on this node."));
+    return;
+  }
+  let coordinatorShown = false;
+  for (const name of names) {
+    const t = view.shards[name];
+    if (!coordinatorShown && t.coordinator) {
+      const c = t.coordinator;
+      document.getElementById("coordinator").textContent =
+        "Acting coordinator: " + (c.acting || "none yet") + " · epoch " + c.epoch;
+      coordinatorShown = true;
+    }
+    const owners = new Map();
+    const byShard = new Map();
+    for (const s of t.shards) {
+      byShard.set(s.shard, s);
+      const o = owners.get(s.owner) || { shards: 0, handingOff: 0 };
+      o.shards += 1;
+      if (s.handing_off) o.handingOff += 1;
+      owners.set(s.owner, o);
+    }
+    const placed = t.shards.length;
+    const section = el("section", { "data-type": t.type, "aria-label": "entity type " + t.type });
+    section.append(el("h3", {}, t.type));
+    section.append(el("p", { class: "note" },
+      `${t.num_shards} shards, ${placed} placed; here: ${t.hosted_shards} hosted, ${t.entities} live entities, ${t.buffered} messages buffered` +
+      (t.handing_off.length ? `, handing off ${t.handing_off.length}` : "")));
+    const table = el("table", { class: "owners" },
+      el("caption", { class: "hidden" }, "Shards of " + t.type + " by node"),
+      el("thead", {}, el("tr", {}, el("th", { scope: "col" }, "Node"), el("th", { scope: "col" }, "Shards"), el("th", { scope: "col" }, "Handing off"))));
+    const body = el("tbody");
+    for (const [owner, o] of [...owners.entries()].sort()) {
+      body.append(el("tr", { "data-owner": owner, "data-shards": String(o.shards) },
+        el("td", { title: owner }, el("span", { class: "cell", style: "display:inline-block;vertical-align:middle;background:" + colour(owner), "aria-hidden": "true" }), " ", short(owner)),
+        el("td", {}, o.shards),
+        el("td", {}, o.handingOff)));
+    }
+    if (placed < t.num_shards) {
+      body.append(el("tr", { "data-owner": "", "data-shards": String(t.num_shards - placed) },
+        el("td", {}, "not placed yet"), el("td", {}, t.num_shards - placed), el("td", {}, 0)));
+    }
+    table.append(body);
+    section.append(el("div", { class: "scroll" }, table));
+    const grid = el("div", { class: "grid", role: "img", "aria-label": `a map of the ${t.num_shards} shards of ${t.type}, coloured by node; the table above lists the same` });
+    for (let i = 0; i < t.num_shards; i++) {
+      const s = byShard.get(i);
+      const title = s ? `shard ${i}: ${short(s.owner)}${s.handing_off ? " (handing off)" : ""}` : `shard ${i}: not placed`;
+      grid.append(el("span", { class: "cell", title, style: s ? "background:" + colour(s.owner) : "" }));
+    }
+    section.append(grid);
+    container.append(section);
+  }
+}
+
+function change(text, at) {
+  const list = document.getElementById("changes");
+  list.prepend(el("li", {}, el("time", { datetime: at.toISOString() }, clock(at)), " ", text));
+  while (list.children.length > MAX_CHANGES) list.lastChild.remove();
+}
+
+function compare(before, now, at) {
+  const old = new Map(before.members.members.map((m) => [m.node, m]));
+  for (const m of now.members.members) {
+    const o = old.get(m.node);
+    if (!o) change(`${m.addr} joined (${m.status})`, at);
+    else {
+      if (o.status !== m.status) change(`${m.addr}: ${o.status} → ${m.status}`, at);
+      if (o.reachable !== m.reachable) change(`${m.addr} became ${m.reachable ? "reachable" : "unreachable"}`, at);
+    }
+    old.delete(m.node);
+  }
+  for (const gone of old.values()) change(`${gone.addr} is gone from the view (removed)`, at);
+  for (const [type, t] of Object.entries(now.shards)) {
+    const b = before.shards[type];
+    if (!b) continue;
+    const owner = new Map(b.shards.map((s) => [s.shard, s.owner]));
+    const counts = new Map();
+    const count = (key) => counts.set(key, (counts.get(key) || 0) + 1);
+    for (const s of t.shards) {
+      const from = owner.get(s.shard);
+      if (from === undefined) count(`placed on ${short(s.owner)}`);
+      else if (from !== s.owner) count(`moved ${short(from)} → ${short(s.owner)}`);
+      owner.delete(s.shard);
+    }
+    for (const from of owner.values()) count(`lost their home on ${short(from)}, waiting for a new one`);
+    for (const [key, n] of counts) change(`${type}: ${n} shard${n === 1 ? "" : "s"} ${key}`, at);
+  }
+}
+
+async function tick() {
+  const freshness = document.getElementById("freshness");
+  try {
+    const view = await read();
+    const at = new Date();
+    if (previous) compare(previous, view, at);
+    renderMembers(view);
+    renderShards(view);
+    previous = view;
+    lastRead = at;
+    freshness.className = "";
+    freshness.textContent = "Live: read at " + clock(at) + ", every second.";
+    document.body.dataset.read = String(at.getTime());
+  } catch (error) {
+    freshness.className = "stale";
+    freshness.textContent = lastRead
+      ? `This node has not answered since ${clock(lastRead)}: what is shown is from then (${error.message}).`
+      : `This node has not answered yet (${error.message}).`;
+  } finally {
+    setTimeout(tick, EVERY_MS);
+  }
+}
+
+tick();

@@ -1,0 +1,286 @@
+//! The live cluster page at `/` of the management endpoint (SPEC §14.1),
+//! read by a real headless Chromium through WebDriver (Debian's `chromium`
+//! and `chromium-driver`, which `.ci/run` installs when missing) against
+//! three real `datum-node` processes on 127.0.0.1. The page must show
+//! three members and every shard; after one node is SIGKILLed it must
+//! show it unreachable, then out of the cluster, and its shards on the
+//! survivors. Screenshots go to `target/cluster-page-*.png` for a person
+//! to look at. Where the browser or its driver is missing the test says
+//! so and passes.
+
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, TcpListener};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fantoccini::{Client, ClientBuilder};
+use hyper_util::client::legacy::connect::HttpConnector;
+use serde_json::{Value, json};
+
+mod common;
+use common::KillOnDrop;
+
+const BIN: &str = env!("CARGO_BIN_EXE_datum-node");
+/// Generous: CI shares its two cores with other builds.
+const LONG: Duration = Duration::from_secs(60);
+const SHARDS: u64 = 16;
+
+/// `name`'s path on this machine, if it is installed.
+fn installed(names: &[&str]) -> Option<String> {
+    names.iter().find_map(|name| {
+        let out = Command::new("sh")
+            .args(["-c", &format!("command -v {name}")])
+            .output()
+            .ok()?;
+        let path = String::from_utf8(out.stdout).ok()?.trim().to_owned();
+        (!path.is_empty()).then_some(path)
+    })
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// A `datum-node` hosting the counter with the endpoint on, its cluster
+/// address and its endpoint's.
+fn node(seeds: Option<&str>, drive: bool) -> (KillOnDrop, String, SocketAddr) {
+    let mut command = Command::new(BIN);
+    let shards = SHARDS.to_string();
+    command
+        .args(["--cluster-name", "cluster-page", "--bind", "127.0.0.1:0"])
+        .args(["--counter", "--shards", &shards])
+        .args(["--management-addr", "127.0.0.1:0"])
+        .env("DATUM_SECRET", "cluster-page-secret")
+        .env("RUST_LOG", "error")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    if let Some(seeds) = seeds {
+        command.args(["--seeds", seeds]);
+    }
+    if drive {
+        // New counters all the time: every shard is placed within seconds,
+        // and a dead node's shards are placed again.
+        command.args(["--drive", "4", "--drive-fresh", "--drive-rate", "50"]);
+    }
+    let mut child = KillOnDrop(command.spawn().expect("spawn datum-node"));
+    let mut lines = BufReader::new(child.0.stdout.take().expect("stdout")).lines();
+    let (mut cluster, mut endpoint) = (None, None);
+    while cluster.is_none() || endpoint.is_none() {
+        let line = lines
+            .next()
+            .expect("the node's start lines")
+            .expect("stdout");
+        let event: Value = serde_json::from_str(&line).expect("a JSON line");
+        match event["event"].as_str() {
+            Some("started") => cluster = event["addr"].as_str().map(str::to_owned),
+            Some("management_listening") => {
+                endpoint = event["addr"].as_str().and_then(|a| a.parse().ok())
+            }
+            _ => {}
+        }
+    }
+    // Its later lines are read and dropped, so that it never blocks on a
+    // full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    (child, cluster.unwrap(), endpoint.unwrap())
+}
+
+/// What the page shows now, read from its DOM.
+async fn shown(client: &Client) -> Value {
+    let script = r#"
+        const members = [...document.querySelectorAll('#members tbody tr')].map(r => ({
+            node: r.dataset.node, status: r.dataset.status, reachable: r.dataset.reachable === 'true' }));
+        const owners = {};
+        let unplaced = 0;
+        for (const r of document.querySelectorAll('section[data-type="counter"] table.owners tbody tr')) {
+            if (r.dataset.owner) owners[r.dataset.owner] = Number(r.dataset.shards);
+            else unplaced = Number(r.dataset.shards);
+        }
+        return { members, owners, unplaced, read: document.body.dataset.read || null,
+                 stale: document.getElementById('freshness').className === 'stale' };
+    "#;
+    client
+        .execute(script, vec![])
+        .await
+        .expect("the page's script")
+}
+
+/// Reads the page until `check` holds of it, within `LONG`.
+async fn until(client: &Client, what: &str, check: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + LONG;
+    loop {
+        let view = shown(client).await;
+        if check(&view) {
+            return view;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the page never showed {what} within {LONG:?}; it shows {view}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn member<'a>(view: &'a Value, node: &str) -> Option<&'a Value> {
+    view["members"]
+        .as_array()?
+        .iter()
+        .find(|m| m["node"].as_str().is_some_and(|n| n.starts_with(node)))
+}
+
+fn placed(view: &Value) -> u64 {
+    view["owners"]
+        .as_object()
+        .map_or(0, |o| o.values().filter_map(Value::as_u64).sum())
+}
+
+async fn get_json(at: SocketAddr, path: &str) -> Value {
+    let body = reqwest::get(format!("http://{at}{path}"))
+        .await
+        .unwrap_or_else(|e| panic!("GET {path}: {e}"))
+        .text()
+        .await
+        .expect("a body");
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: not JSON ({e}): {body}"))
+}
+
+async fn screenshot(client: &Client, name: &str) {
+    let png = client.screenshot().await.expect("a screenshot");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target");
+    let _ = std::fs::create_dir_all(&dir);
+    let path = dir.join(format!("cluster-page-{name}.png"));
+    std::fs::write(&path, png).expect("write the screenshot");
+    eprintln!("screenshot: {}", path.display());
+}
+
+#[test]
+fn the_cluster_page_shows_members_and_shards_and_follows_a_kill() {
+    let (Some(chromium), Some(driver)) = (
+        installed(&["chromium", "chromium-browser", "google-chrome"]),
+        installed(&["chromedriver"]),
+    ) else {
+        eprintln!(
+            "skipped: the cluster page's browser test needs chromium and chromedriver \
+             (Debian: apt-get install chromium chromium-driver)"
+        );
+        return;
+    };
+    let (_a, seed, page_at) = node(None, true);
+    let (_b, _, _) = node(Some(&seed), false);
+    let (mut c, c_cluster, _) = node(Some(&seed), false);
+    // Members and owners are named `addr#node-id@incarnation`.
+    let c_addr = format!("{c_cluster}#");
+
+    let port = free_port();
+    let _driver = KillOnDrop(
+        Command::new(&driver)
+            .arg(format!("--port={port}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start chromedriver"),
+    );
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let mut capabilities = serde_json::Map::new();
+        capabilities.insert(
+            "goog:chromeOptions".into(),
+            json!({
+                "binary": chromium,
+                "args": ["--headless=new", "--no-sandbox", "--disable-gpu",
+                         "--disable-dev-shm-usage", "--window-size=1100,1100"],
+            }),
+        );
+        let deadline = Instant::now() + LONG;
+        let client = loop {
+            match ClientBuilder::new(HttpConnector::new())
+                .capabilities(capabilities.clone())
+                .connect(&format!("http://127.0.0.1:{port}"))
+                .await
+            {
+                Ok(client) => break client,
+                Err(error) if Instant::now() < deadline => {
+                    let _ = error;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(error) => panic!("chromedriver never took a session: {error}"),
+            }
+        };
+        client
+            .goto(&format!("http://{page_at}/"))
+            .await
+            .expect("open the page");
+
+        // Three members, all Up and reachable; every shard placed, on all
+        // three nodes.
+        let view = until(&client, "three reachable Up members and every shard", |v| {
+            let members = v["members"].as_array().map_or(0, |m| {
+                m.iter()
+                    .filter(|m| m["status"] == "Up" && m["reachable"] == true)
+                    .count()
+            });
+            let owners = v["owners"].as_object().map_or(0, |o| o.len());
+            members == 3 && placed(v) == SHARDS && owners == 3
+        })
+        .await;
+        assert_eq!(view["unplaced"], 0, "{view}");
+        // Facts, not guesses: the same figures as the JSON routes.
+        let members = get_json(page_at, "/cluster/members").await;
+        assert_eq!(members["members"].as_array().map(Vec::len), Some(3));
+        let shards = get_json(page_at, "/cluster/shards/counter").await;
+        let listed = shards["shards"].as_array().expect("shards");
+        for (owner, count) in view["owners"].as_object().expect("owners") {
+            let routed = listed.iter().filter(|s| s["owner"] == *owner).count() as u64;
+            assert_eq!(
+                Some(routed),
+                count.as_u64(),
+                "{owner}: page {view}, JSON {shards}"
+            );
+        }
+        screenshot(&client, "three-nodes").await;
+
+        // SIGKILL the third node: the page shows it unreachable, then out
+        // of the cluster, and every shard on the two survivors.
+        let killed = Instant::now();
+        c.0.kill().expect("SIGKILL");
+        let _ = c.0.wait();
+        let view = until(&client, "the killed node unreachable", |v| {
+            member(v, &c_addr).is_some_and(|m| m["reachable"] == false)
+        })
+        .await;
+        eprintln!("unreachable on the page after {:?}", killed.elapsed());
+        screenshot(&client, "unreachable").await;
+        assert!(view["stale"] == false, "{view}");
+        let view = until(
+            &client,
+            "the killed node out and its shards on the survivors",
+            |v| {
+                let gone = member(v, &c_addr).is_none_or(|m| m["status"] == "Down");
+                let on_killed = v["owners"]
+                    .as_object()
+                    .is_some_and(|o| o.keys().any(|k| k.starts_with(&c_addr)));
+                gone && !on_killed && placed(v) == SHARDS
+            },
+        )
+        .await;
+        eprintln!(
+            "down, with every shard on the survivors, after {:?}",
+            killed.elapsed()
+        );
+        assert_eq!(
+            view["owners"].as_object().map(|o| o.len()),
+            Some(2),
+            "{view}"
+        );
+        screenshot(&client, "after-kill").await;
+        client.close().await.expect("end the session");
+    });
+}
