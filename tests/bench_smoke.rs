@@ -370,6 +370,23 @@ fn the_recovery_curve_recovers_every_event_replayed_and_from_a_snapshot() {
     }
 }
 
+/// W1 with node 0's cluster page open in a headless Chromium: every ask
+/// answered, and the record says how many requests the page made.
+#[test]
+fn w1_runs_with_the_cluster_page_open_in_a_browser() {
+    let found = Command::new("sh")
+        .args(["-c", "command -v chromium"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found {
+        eprintln!("skipped: --page needs chromium (Debian: apt-get install chromium)");
+        return;
+    }
+    let record = run_with("w1", &["--page"]);
+    assert_eq!(record["missing_acks"], 0, "{record}");
+    assert!(record["page_requests"].as_u64().is_some(), "{record}");
+}
+
 #[test]
 fn the_handoff_curve_moves_every_entity_of_the_shard_with_its_state() {
     let record = run_with("handoff", &["--per-shard", "50,300"]);

@@ -40,6 +40,9 @@ mod limit;
 mod multi;
 #[path = "shard_bench/nodes.rs"]
 mod nodes;
+#[cfg(feature = "management")]
+#[path = "shard_bench/page.rs"]
+mod page;
 #[path = "shard_bench/pairs.rs"]
 mod pairs;
 #[cfg(feature = "postgres")]
@@ -65,7 +68,7 @@ mod w3;
 use args::{Args, Mode, Workload};
 use baseline::run_transport;
 use report::exit_with;
-use w1::{run_w1, run_w1_reliable};
+use w1::{Beside, run_w1, run_w1_reliable};
 use w2::{W2Shape, run_w2};
 use w3::run_w3;
 
@@ -117,6 +120,10 @@ fn main() -> ExitCode {
         eprintln!("shard-bench: --durable-producer runs w1 --reliable --journal embedded");
         return ExitCode::from(2);
     }
+    if args.page && (!w1 || args.mode == Mode::MultiProcess || args.tls || args.prometheus) {
+        eprintln!("shard-bench: --page runs w1 and w1-sat in one process, alone");
+        return ExitCode::from(2);
+    }
     if let Some(rounds) = args.pairs {
         let name = match args.workload {
             Workload::W1 => "w1",
@@ -126,6 +133,15 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
         };
+        if args.page {
+            return exit_with(pairs::against_plain(
+                name,
+                "--page",
+                args.messages,
+                in_flight,
+                rounds,
+            ));
+        }
         return exit_with(pairs::interleave(
             name,
             args.messages,
@@ -209,6 +225,11 @@ fn main() -> ExitCode {
 }
 
 async fn in_process(args: Args, in_flight: usize) -> ExitCode {
+    let beside = Beside {
+        tls: args.tls,
+        prometheus: args.prometheus,
+        page: args.page,
+    };
     let result = match args.workload {
         Workload::W1 if args.reliable => {
             run_w1_reliable(
@@ -218,17 +239,8 @@ async fn in_process(args: Args, in_flight: usize) -> ExitCode {
             )
             .await
         }
-        Workload::W1 => run_w1(args.messages, in_flight, "w1", args.tls, args.prometheus).await,
-        Workload::W1Sat => {
-            run_w1(
-                args.messages,
-                in_flight,
-                "w1-sat",
-                args.tls,
-                args.prometheus,
-            )
-            .await
-        }
+        Workload::W1 => run_w1(args.messages, in_flight, "w1", beside).await,
+        Workload::W1Sat => run_w1(args.messages, in_flight, "w1-sat", beside).await,
         Workload::Transport => run_transport(args.messages, in_flight).await,
         Workload::W2 if args.reliable => reliable::run_w2(args.messages).await,
         Workload::W2 => {

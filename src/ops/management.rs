@@ -328,6 +328,14 @@ impl Management {
             .route("/cluster/shards/{type_name}", get(shards))
             .route("/metrics", get(metrics))
             .with_state(Arc::new(self));
+        let requests = Arc::new(AtomicU64::new(0));
+        let counted = requests.clone();
+        let router = router.layer(axum::middleware::from_fn(
+            move |request: axum::extract::Request, next: axum::middleware::Next| {
+                counted.fetch_add(1, Ordering::Relaxed);
+                next.run(request)
+            },
+        ));
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             let upkeep = async move {
@@ -349,6 +357,7 @@ impl Management {
         Ok(ManagementServer {
             local_addr,
             max_connections,
+            requests,
             stop: Some(stop),
             task: Some(task),
         })
@@ -564,6 +573,7 @@ impl AsyncWrite for Watched {
 pub struct ManagementServer {
     local_addr: SocketAddr,
     max_connections: usize,
+    requests: Arc<AtomicU64>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<()>>,
 }
@@ -578,6 +588,12 @@ impl ManagementServer {
     /// default the process's open-file limit allowed).
     pub fn max_connections(&self) -> usize {
         self.max_connections
+    }
+
+    /// How many requests it has answered (or is answering) since it
+    /// started, every route counted.
+    pub fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
     }
 
     /// Stops listening and waits for the requests under way.

@@ -133,6 +133,13 @@ pub(super) struct Args {
     /// renders it once at the end.
     #[arg(long)]
     pub(super) prometheus: bool,
+    /// W1 and W1-sat in one process: node 0 serves the management endpoint
+    /// (a build with `--features management`) and a headless Chromium keeps
+    /// its live cluster page open, reading the routes every second, for
+    /// the whole run. With --pairs: each round runs the workload with the
+    /// page open and without, each a fresh process, and reports the ratios.
+    #[arg(long)]
+    pub(super) page: bool,
     /// Handoff only: entities in all (node 2 hosts about a third, which
     /// move).
     #[arg(long, default_value_t = 30_000)]

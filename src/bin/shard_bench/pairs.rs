@@ -218,6 +218,95 @@ pub fn interleave(
     Ok((json, correct))
 }
 
+/// `rounds` pairs of `workload` run with `flag` and plain (A B, A B, …),
+/// each a fresh child process, at the same in-flight count; the A run's
+/// throughput and CPU per message over the B run's, pair by pair, with
+/// their medians. Correct when every run answered every ask.
+pub fn against_plain(
+    workload: &str,
+    flag: &str,
+    messages: u64,
+    in_flight: usize,
+    rounds: usize,
+) -> Result<(Value, bool), String> {
+    let me = std::env::current_exe().map_err(|e| e.to_string())?;
+    let plain = vec![
+        workload.to_owned(),
+        "--messages".into(),
+        messages.to_string(),
+        "--in-flight".into(),
+        in_flight.to_string(),
+    ];
+    let mut with = plain.clone();
+    with.push(flag.to_owned());
+    let mut correct = true;
+    let mut pairs = Vec::new();
+    let mut records = Vec::new();
+    for round in 1..=rounds {
+        eprintln!("pair {round}/{rounds}: {workload} {flag}, then plain");
+        let mut pair = [None, None];
+        let mut both = Vec::new();
+        for (i, args) in [&with, &plain].into_iter().enumerate() {
+            match run(&me, args) {
+                Ok(record) => {
+                    if record["missing_acks"].as_u64() != Some(0) {
+                        correct = false;
+                    }
+                    pair[i] = figures(&record);
+                    both.push(record);
+                }
+                Err(error) => {
+                    eprintln!("{error}");
+                    correct = false;
+                }
+            }
+        }
+        records.push(Value::Array(both));
+        pairs.push(pair);
+    }
+    let ratios = |f: fn(&Figures) -> f64| -> Vec<f64> {
+        pairs
+            .iter()
+            .map(|[a, b]| match (a, b) {
+                (Some(a), Some(b)) => f(a) / f(b),
+                _ => f64::NAN,
+            })
+            .collect()
+    };
+    let throughput = ratios(|f| f.msgs_per_sec);
+    let cpu = ratios(|f| f.cpu_us_per_msg);
+    println!(
+        "{workload} at {in_flight} in flight, {messages} messages: {flag} over plain, pair by pair"
+    );
+    println!("pair | msg/s {flag} | msg/s plain | throughput ratio | CPU/msg ratio");
+    for (i, [a, b]) in pairs.iter().enumerate() {
+        let rate = |f: &Option<Figures>| f.as_ref().map_or(f64::NAN, |f| f.msgs_per_sec);
+        println!(
+            "{:>4} | {:>11.0} | {:>11.0} | {:>16.3} | {:>13.3}",
+            i + 1,
+            rate(a),
+            rate(b),
+            throughput[i],
+            cpu[i]
+        );
+    }
+    let (median_throughput, median_cpu) = (median(throughput.clone()), median(cpu.clone()));
+    println!(
+        "median throughput ratio {median_throughput:.3}, CPU per message ratio {median_cpu:.3}"
+    );
+    let json = json!({
+        "workload": format!("{workload}-{}-pairs", flag.trim_start_matches('-')),
+        "in_flight": in_flight,
+        "messages": messages,
+        "rounds": records,
+        "throughput_ratios": throughput,
+        "cpu_ratios": cpu,
+        "median_throughput_ratio": median_throughput,
+        "median_cpu_ratio": median_cpu,
+    });
+    Ok((json, correct))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -58,13 +58,28 @@ pub(super) async fn run_drivers<S: Send + Sync + 'static, J: Send + Sync + 'stat
     Ok(Run::from_joined(joined, messages, times, checks, moved))
 }
 
+/// What runs beside W1 in its process.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Beside {
+    /// Every pipe under TLS 1.3.
+    pub(super) tls: bool,
+    /// A Prometheus recorder installed.
+    pub(super) prometheus: bool,
+    /// Node 0's live cluster page open in a headless Chromium.
+    pub(super) page: bool,
+}
+
 pub(super) async fn run_w1(
     messages: u64,
     in_flight: usize,
     label: &str,
-    tls: bool,
-    prometheus: bool,
+    beside: Beside,
 ) -> Result<(serde_json::Value, bool), Box<dyn std::error::Error>> {
+    let Beside {
+        tls,
+        prometheus,
+        page,
+    } = beside;
     let recorder = if prometheus {
         // Histograms as buckets (1 µs to 10 s), as the management
         // endpoint exports them.
@@ -76,10 +91,19 @@ pub(super) async fn run_w1(
     let checks = Arc::new(Checks::default());
     let (_certificates, tls) = bench_tls(tls)?;
     let nodes = cluster("shard-bench", &checks, false, &tls).await?;
+    let open = open_page(page, &nodes).await?;
+    let read_before = open.as_ref().map(|p| p.requests());
     let before = pipe_writes(&nodes);
     let run = w1(&nodes, messages, in_flight, checks).await?;
     let (frames, writes) = pipe_writes(&nodes);
+    let page_reads = open
+        .as_ref()
+        .zip(read_before)
+        .map(|(p, before)| p.requests() - before);
     run.print(label);
+    if let Some(open) = open {
+        open.close().await;
+    }
     stop(nodes).await;
     let mut json = run.json();
     // Frames per `write_all` on the pipes during the run (the anchors
@@ -90,6 +114,10 @@ pub(super) async fn run_w1(
     json["in_flight_per_driver"] = in_flight.into();
     json["peak_rss_kib"] = peak_rss_kib().into();
     json["tls"] = (!tls.is_empty()).into();
+    if let Some(reads) = page_reads {
+        // Requests the endpoint answered during the measured phase.
+        json["page_requests"] = reads.into();
+    }
     if let Some(recorder) = recorder {
         // One scrape, so the run shows the recorder saw the metrics.
         let text = recorder.render();
@@ -101,6 +129,43 @@ pub(super) async fn run_w1(
         json["prometheus_ask_series"] = asks.into();
     }
     Ok((json, run.correct()))
+}
+
+/// Node 0's page opened in a browser, when `page` asks for it.
+#[cfg(feature = "management")]
+async fn open_page(
+    page: bool,
+    nodes: &[Node],
+) -> Result<Option<super::page::OpenPage>, Box<dyn std::error::Error>> {
+    if !page {
+        return Ok(None);
+    }
+    Ok(Some(super::page::open(&nodes[0]).await?))
+}
+
+/// Without the endpoint built in there is no page to open.
+#[cfg(not(feature = "management"))]
+async fn open_page(
+    page: bool,
+    _nodes: &[Node],
+) -> Result<Option<NoPage>, Box<dyn std::error::Error>> {
+    if page {
+        return Err("--page needs a build with --features management".into());
+    }
+    Ok(None)
+}
+
+/// The page that a build without the endpoint never opens.
+#[cfg(not(feature = "management"))]
+pub(super) enum NoPage {}
+
+#[cfg(not(feature = "management"))]
+impl NoPage {
+    fn requests(&self) -> u64 {
+        match *self {}
+    }
+
+    async fn close(self) {}
 }
 
 /// Plain W1 (300,000 asks), then the reliable run (SPEC §13.17).

@@ -9,6 +9,7 @@ const PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf
 
 let previous = null;   // the last view read: members and shard owners
 let lastRead = null;   // when the last full read succeeded
+let shownKey = null;   // what the tables show now: drawn again only when it changes
 const colours = new Map();
 
 function colour(node) {
@@ -42,10 +43,11 @@ function clock(date) {
   return date.toLocaleTimeString([], { hour12: false });
 }
 
+// How long a member has been up, to the minute past its first minute.
 function upFor(incarnationMicros) {
   const seconds = Math.max(0, Math.floor((Date.now() - incarnationMicros / 1000) / 1000));
-  const h = Math.floor(seconds / 3600), m = Math.floor((seconds % 3600) / 60), s = seconds % 60;
-  return h > 0 ? `${h} h ${m} min` : m > 0 ? `${m} min ${s} s` : `${s} s`;
+  const d = Math.floor(seconds / 86400), h = Math.floor((seconds % 86400) / 3600), m = Math.floor((seconds % 3600) / 60);
+  return d > 0 ? `${d} d ${h} h` : h > 0 ? `${h} h ${m} min` : m > 0 ? `${m} min` : `${seconds} s`;
 }
 
 async function read() {
@@ -184,8 +186,14 @@ async function tick() {
     const view = await read();
     const at = new Date();
     if (previous) compare(previous, view, at);
-    renderMembers(view);
-    renderShards(view);
+    // Drawn again only when something shown changed (the browser then
+    // lays out nothing most seconds).
+    const key = JSON.stringify(view) + view.members.members.map((m) => upFor(m.incarnation)).join();
+    if (key !== shownKey) {
+      renderMembers(view);
+      renderShards(view);
+      shownKey = key;
+    }
     previous = view;
     lastRead = at;
     freshness.className = "";
