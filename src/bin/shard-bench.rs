@@ -120,8 +120,14 @@ fn main() -> ExitCode {
         eprintln!("shard-bench: --durable-producer runs w1 --reliable --journal embedded");
         return ExitCode::from(2);
     }
-    if args.page && (!w1 || args.mode == Mode::MultiProcess || args.tls || args.prometheus) {
+    if args.page
+        && (!w1 || args.mode == Mode::MultiProcess || args.tls || args.prometheus || args.reliable)
+    {
         eprintln!("shard-bench: --page runs w1 and w1-sat in one process, alone");
+        return ExitCode::from(2);
+    }
+    if args.page && !cfg!(feature = "management") {
+        eprintln!("shard-bench: --page needs a build with --features management");
         return ExitCode::from(2);
     }
     if let Some(rounds) = args.pairs {
@@ -136,7 +142,7 @@ fn main() -> ExitCode {
         if args.page {
             return exit_with(pairs::against_plain(
                 name,
-                "--page",
+                ("--page", "page_requests"),
                 args.messages,
                 in_flight,
                 rounds,

@@ -624,7 +624,7 @@ fn answer(status: StatusCode, body: Value) -> Response {
 }
 
 /// The page's policy: its own script, style and JSON routes only.
-const PAGE_POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; \
+const PAGE_POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
      connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
 /// One of the page's files, never cached (a new build serves its own).

@@ -202,8 +202,10 @@ pub(crate) fn serve(region: impl FnOnce(&str) -> Option<Arc<Region>>, incoming: 
                     region
                         .table()
                         .migration_done(&incoming.from, ShardId(shard), generation);
-                // Off the pipe's reader, which carries heartbeats too.
-                drop_off_async(fetched);
+                if let Some(fetched) = fetched {
+                    // Off the pipe's reader, which carries heartbeats too.
+                    drop_off_async(fetched);
+                }
             }
         }
     }

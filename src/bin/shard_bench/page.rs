@@ -2,6 +2,7 @@
 //! endpoint, and a headless Chromium keeps its page open, reading the JSON
 //! routes every second, for the whole run.
 
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -11,8 +12,8 @@ use super::harness::Node;
 
 /// The endpoint and the browser reading its page.
 pub(super) struct OpenPage {
-    server: ManagementServer,
-    browser: Child,
+    server: Option<ManagementServer>,
+    browser: Option<Child>,
     _profile: tempfile::TempDir,
 }
 
@@ -49,7 +50,6 @@ pub(super) async fn open<S: Send + Sync + 'static>(
             "--no-sandbox",
             "--disable-gpu",
             "--disable-dev-shm-usage",
-            "--remote-debugging-port=0",
             // No work of the browser's own beside the page: what is
             // measured is the page's.
             "--no-first-run",
@@ -62,19 +62,21 @@ pub(super) async fn open<S: Send + Sync + 'static>(
         ])
         .arg(format!("--user-data-dir={}", profile.path().display()))
         .arg(format!("http://{}/", server.local_addr()))
+        // The browser and the processes it starts, killed together.
+        .process_group(0)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()?;
     let page = OpenPage {
-        server,
-        browser,
+        server: Some(server),
+        browser: Some(browser),
         _profile: profile,
     };
     // The page, its script and style, then five reads of the routes (the
     // browser's own start is over by then).
     let deadline = Instant::now() + Duration::from_secs(30);
-    while page.server.requests() < 18 {
+    while page.requests() < 18 {
         if Instant::now() > deadline {
             page.close().await;
             return Err("the browser never read the cluster page".into());
@@ -87,13 +89,29 @@ pub(super) async fn open<S: Send + Sync + 'static>(
 impl OpenPage {
     /// How many requests the endpoint has answered.
     pub(super) fn requests(&self) -> u64 {
-        self.server.requests()
+        self.server.as_ref().map_or(0, ManagementServer::requests)
     }
 
     /// Closes the browser and stops the endpoint.
     pub(super) async fn close(mut self) {
-        let _ = self.browser.kill();
-        let _ = self.browser.wait();
-        self.server.shutdown().await;
+        self.kill_browser();
+        if let Some(server) = self.server.take() {
+            server.shutdown().await;
+        }
+    }
+
+    fn kill_browser(&mut self) {
+        if let Some(mut browser) = self.browser.take() {
+            // SAFETY: a plain kill(2) of our own child's process group.
+            unsafe { libc::kill(-(browser.id() as i32), libc::SIGKILL) };
+            let _ = browser.wait();
+        }
+    }
+}
+
+/// A run that ends early (an error) closes the browser too.
+impl Drop for OpenPage {
+    fn drop(&mut self) {
+        self.kill_browser();
     }
 }

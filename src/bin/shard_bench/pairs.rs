@@ -218,13 +218,16 @@ pub fn interleave(
     Ok((json, correct))
 }
 
-/// `rounds` pairs of `workload` run with `flag` and plain (A B, A B, …),
-/// each a fresh child process, at the same in-flight count; the A run's
-/// throughput and CPU per message over the B run's, pair by pair, with
-/// their medians. Correct when every run answered every ask.
+/// `rounds` pairs of `workload` run with `flag` and plain, each a fresh
+/// child process, at the same in-flight count, in alternating order (A B,
+/// B A, …); the A run's throughput and CPU per message over the B run's,
+/// pair by pair, with their medians over the pairs whose runs both gave
+/// figures. `proof` names a figure of the A run's record that must be
+/// above zero (what the flag adds did happen during it). Correct when every
+/// run answered every ask and every A run shows its proof.
 pub fn against_plain(
     workload: &str,
-    flag: &str,
+    (flag, proof): (&str, &str),
     messages: u64,
     in_flight: usize,
     rounds: usize,
@@ -243,16 +246,30 @@ pub fn against_plain(
     let mut pairs = Vec::new();
     let mut records = Vec::new();
     for round in 1..=rounds {
-        eprintln!("pair {round}/{rounds}: {workload} {flag}, then plain");
+        let order = if round % 2 == 1 { [0, 1] } else { [1, 0] };
+        eprintln!(
+            "pair {round}/{rounds}: {workload} {}",
+            if order[0] == 0 {
+                format!("{flag}, then plain")
+            } else {
+                format!("plain, then {flag}")
+            }
+        );
         let mut pair = [None, None];
         let mut both = Vec::new();
-        for (i, args) in [&with, &plain].into_iter().enumerate() {
+        for i in order {
+            let args = if i == 0 { &with } else { &plain };
             match run(&me, args) {
                 Ok(record) => {
                     if record["missing_acks"].as_u64() != Some(0) {
                         correct = false;
                     }
-                    pair[i] = figures(&record);
+                    if i == 0 && record[proof].as_u64().is_none_or(|n| n == 0) {
+                        eprintln!("{workload} {flag}: no {proof} during the run: {record}");
+                        correct = false;
+                    } else {
+                        pair[i] = figures(&record);
+                    }
                     both.push(record);
                 }
                 Err(error) => {
@@ -291,8 +308,9 @@ pub fn against_plain(
         );
     }
     let (median_throughput, median_cpu) = (median(throughput.clone()), median(cpu.clone()));
+    let valid = throughput.iter().filter(|r| r.is_finite()).count();
     println!(
-        "median throughput ratio {median_throughput:.3}, CPU per message ratio {median_cpu:.3}"
+        "median throughput ratio {median_throughput:.3}, CPU per message ratio {median_cpu:.3} ({valid} of {rounds} pairs)"
     );
     let json = json!({
         "workload": format!("{workload}-{}-pairs", flag.trim_start_matches('-')),
@@ -303,6 +321,7 @@ pub fn against_plain(
         "cpu_ratios": cpu,
         "median_throughput_ratio": median_throughput,
         "median_cpu_ratio": median_cpu,
+        "valid_pairs": valid,
     });
     Ok((json, correct))
 }

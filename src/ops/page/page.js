@@ -4,6 +4,8 @@
 "use strict";
 
 const EVERY_MS = 1000;
+// A read that takes longer is given up, and the page says its data is old.
+const READ_TIMEOUT_MS = 3000;
 const MAX_CHANGES = 200;
 const PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22"];
 
@@ -17,16 +19,29 @@ function colour(node) {
   return colours.get(node);
 }
 
+// Paths are relative, so the page also works behind a proxy's path prefix.
 async function json(path) {
-  const response = await fetch(path, { cache: "no-store", credentials: "same-origin" });
-  if (!response.ok) throw new Error(path + " answered " + response.status);
+  const response = await fetch(path, {
+    cache: "no-store",
+    credentials: "same-origin",
+    signal: AbortSignal.timeout(READ_TIMEOUT_MS),
+  });
+  if (!response.ok) {
+    const error = new Error(path + " answered " + response.status);
+    error.status = response.status;
+    throw error;
+  }
   return response.json();
 }
 
+// An element; `background` is set through the CSSOM (the page's policy
+// allows no inline style attribute).
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) {
-    if (v !== undefined && v !== null) node.setAttribute(k, v);
+    if (v === undefined || v === null) continue;
+    if (k === "background") node.style.background = v;
+    else node.setAttribute(k, v);
   }
   for (const child of children) {
     node.append(child instanceof Node ? child : document.createTextNode(String(child)));
@@ -51,16 +66,17 @@ function upFor(incarnationMicros) {
 }
 
 async function read() {
-  const members = await json("/cluster/members");
+  const members = await json("cluster/members");
   let types = [];
   try {
-    types = (await json("/cluster/shards")).types;
-  } catch (_) {
+    types = (await json("cluster/shards")).types;
+  } catch (error) {
+    if (error.status !== 404) throw error;
     types = []; // a node without a sharded system
   }
   const shards = {};
   for (const type of types) {
-    shards[type] = await json("/cluster/shards/" + encodeURIComponent(type));
+    shards[type] = await json("cluster/shards/" + encodeURIComponent(type));
   }
   return { members, shards };
 }
@@ -77,7 +93,7 @@ function renderMembers(view) {
     if (m.node === members.oldest) roles.push("oldest");
     const statusClass = m.status === "Up" ? "ok" : (m.status === "Down" || m.status === "Removed") ? "bad" : "warn";
     const row = el("tr", { "data-node": m.node, "data-status": m.status, "data-reachable": String(m.reachable) },
-      el("td", {}, el("span", { class: "cell", style: "display:inline-block;vertical-align:middle;background:" + colour(m.node), "aria-hidden": "true" }), " ", m.addr),
+      el("th", { scope: "row" }, el("span", { class: "cell swatch", background: colour(m.node), "aria-hidden": "true" }), " ", m.addr),
       el("td", { class: statusClass }, m.status),
       el("td", { class: m.reachable ? "ok" : "bad" }, m.reachable ? "reachable" : "unreachable from this node's view"),
       el("td", {}, upFor(m.incarnation)),
@@ -95,6 +111,7 @@ function renderShards(view) {
     return;
   }
   let coordinatorShown = false;
+  document.getElementById("coordinator").textContent = "";
   for (const name of names) {
     const t = view.shards[name];
     if (!coordinatorShown && t.coordinator) {
@@ -124,13 +141,13 @@ function renderShards(view) {
     const body = el("tbody");
     for (const [owner, o] of [...owners.entries()].sort()) {
       body.append(el("tr", { "data-owner": owner, "data-shards": String(o.shards) },
-        el("td", { title: owner }, el("span", { class: "cell", style: "display:inline-block;vertical-align:middle;background:" + colour(owner), "aria-hidden": "true" }), " ", short(owner)),
+        el("th", { scope: "row", title: owner }, el("span", { class: "cell swatch", background: colour(owner), "aria-hidden": "true" }), " ", short(owner)),
         el("td", {}, o.shards),
         el("td", {}, o.handingOff)));
     }
     if (placed < t.num_shards) {
       body.append(el("tr", { "data-owner": "", "data-shards": String(t.num_shards - placed) },
-        el("td", {}, "not placed yet"), el("td", {}, t.num_shards - placed), el("td", {}, 0)));
+        el("th", { scope: "row" }, "not placed yet"), el("td", {}, t.num_shards - placed), el("td", {}, 0)));
     }
     table.append(body);
     section.append(el("div", { class: "scroll" }, table));
@@ -138,7 +155,7 @@ function renderShards(view) {
     for (let i = 0; i < t.num_shards; i++) {
       const s = byShard.get(i);
       const title = s ? `shard ${i}: ${short(s.owner)}${s.handing_off ? " (handing off)" : ""}` : `shard ${i}: not placed`;
-      grid.append(el("span", { class: "cell", title, style: s ? "background:" + colour(s.owner) : "" }));
+      grid.append(el("span", { class: "cell", title, background: s ? colour(s.owner) : null }));
     }
     section.append(grid);
     container.append(section);
@@ -180,15 +197,38 @@ function compare(before, now, at) {
   }
 }
 
+// What the tables show of a view: they are drawn again only when it changes.
+function shownOf(view) {
+  const m = view.members;
+  return {
+    self: m.self_node, leader: m.leader, oldest: m.oldest,
+    members: m.members.map((x) => [x.node, x.status, x.reachable, upFor(x.incarnation)]),
+    types: Object.values(view.shards).map((t) => [
+      t.type, t.num_shards, t.hosted_shards, t.entities, t.buffered, t.handing_off,
+      t.coordinator && [t.coordinator.acting, t.coordinator.epoch],
+      t.shards.map((s) => [s.shard, s.owner, s.handing_off]),
+    ]),
+  };
+}
+
+// The live line changes only between live and stale (a screen reader
+// announces it); the time of the last read is beside it, not announced.
+function showFreshness(isStale, text) {
+  const status = document.getElementById("freshness");
+  const line = isStale ? "Stale:" : "Live.";
+  if (status.textContent !== line) status.textContent = line;
+  status.className = isStale ? "stale" : "";
+  document.getElementById("read-at").textContent = text;
+}
+
 async function tick() {
-  const freshness = document.getElementById("freshness");
   try {
     const view = await read();
     const at = new Date();
     if (previous) compare(previous, view, at);
     // Drawn again only when something shown changed (the browser then
     // lays out nothing most seconds).
-    const key = JSON.stringify(view) + view.members.members.map((m) => upFor(m.incarnation)).join();
+    const key = JSON.stringify(shownOf(view));
     if (key !== shownKey) {
       renderMembers(view);
       renderShards(view);
@@ -196,17 +236,29 @@ async function tick() {
     }
     previous = view;
     lastRead = at;
-    freshness.className = "";
-    freshness.textContent = "Live: read at " + clock(at) + ", every second.";
+    showFreshness(false, " Read at " + clock(at) + ", every second.");
     document.body.dataset.read = String(at.getTime());
   } catch (error) {
-    freshness.className = "stale";
-    freshness.textContent = lastRead
-      ? `This node has not answered since ${clock(lastRead)}: what is shown is from then (${error.message}).`
-      : `This node has not answered yet (${error.message}).`;
+    stale(error.message);
   } finally {
     setTimeout(tick, EVERY_MS);
   }
 }
+
+function stale(why) {
+  showFreshness(true, lastRead
+    ? ` this node has not answered since ${clock(lastRead)}: what is shown is from then (${why}).`
+    : ` this node has not answered yet (${why}).`);
+}
+
+// A read that hangs (a paused or cut-off node) is caught here too, before
+// its own timeout ends it: no read for longer than a slow read and two
+// pauses between reads.
+const STALE_AFTER_MS = READ_TIMEOUT_MS + 2 * EVERY_MS;
+setInterval(() => {
+  if (lastRead && Date.now() - lastRead.getTime() > STALE_AFTER_MS) {
+    stale(`no answer for over ${STALE_AFTER_MS / 1000} s`);
+  }
+}, EVERY_MS);
 
 tick();

@@ -588,7 +588,11 @@ impl<E: Clone> ShardTable<E> {
             size += len;
             chunks.last_mut().expect("one at least").push((id, state));
         }
-        lock(&self.outgoing).insert(shard.0, Outgoing { home, chunks });
+        let replaced = lock(&self.outgoing).insert(shard.0, Outgoing { home, chunks });
+        if let Some(replaced) = replaced {
+            // An earlier allocation's states, never fetched.
+            super::drop_off_async(replaced.chunks);
+        }
         host.expire_later(shard, home.generation, keeping.keep_for);
     }
 
