@@ -14,7 +14,7 @@ use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use fantoccini::{Client, ClientBuilder};
+use fantoccini::{Client, ClientBuilder, Locator};
 use hyper_util::client::legacy::connect::HttpConnector;
 use serde_json::{Value, json};
 
@@ -57,6 +57,9 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// The page node's management token: the page takes it from its address.
+const TOKEN: &str = "page-token-7";
+
 /// A `datum-node` hosting the counter with the endpoint on, its cluster
 /// address and its endpoint's.
 fn node(seeds: Option<&str>, drive: bool) -> (KillOnDrop, String, SocketAddr) {
@@ -78,6 +81,8 @@ fn node(seeds: Option<&str>, drive: bool) -> (KillOnDrop, String, SocketAddr) {
         command.args(["--seeds", seeds]);
     }
     if drive {
+        // The page node: its data routes ask for a token.
+        command.env("DATUM_MANAGEMENT_TOKEN", TOKEN);
         // New counters all the time: every shard is placed within seconds,
         // and a dead node's shards are placed again.
         command.args(["--drive", "4", "--drive-fresh", "--drive-rate", "50"]);
@@ -155,7 +160,10 @@ fn placed(view: &Value) -> u64 {
 }
 
 async fn get_json(at: SocketAddr, path: &str) -> Value {
-    let body = reqwest::get(format!("http://{at}{path}"))
+    let body = reqwest::Client::new()
+        .get(format!("http://{at}{path}"))
+        .header("Authorization", format!("Bearer {TOKEN}"))
+        .send()
         .await
         .unwrap_or_else(|e| panic!("GET {path}: {e}"))
         .text()
@@ -231,8 +239,15 @@ fn the_cluster_page_shows_members_and_shards_and_follows_a_kill() {
                 Err(error) => panic!("chromedriver never took a session: {error}"),
             }
         };
+        // The data routes refuse a read without the token...
+        let refused = reqwest::get(format!("http://{page_at}/cluster/members"))
+            .await
+            .expect("GET /cluster/members");
+        assert_eq!(refused.status().as_u16(), 401);
+        // ...and the page takes it from its address's fragment, which it
+        // then takes out of the address bar.
         client
-            .goto(&format!("http://{page_at}/"))
+            .goto(&format!("http://{page_at}/#token={TOKEN}"))
             .await
             .expect("open the page");
 
@@ -249,6 +264,8 @@ fn the_cluster_page_shows_members_and_shards_and_follows_a_kill() {
         })
         .await;
         assert_eq!(view["unplaced"], 0, "{view}");
+        let address = client.current_url().await.expect("the page's address");
+        assert_eq!(address.fragment(), None, "the token left in the address: {address}");
         // Facts, not guesses: the same figures as the JSON routes. (Shards
         // may still be rebalancing: read both until a page read and the
         // route's answer after it agree.)
@@ -309,6 +326,40 @@ fn the_cluster_page_shows_members_and_shards_and_follows_a_kill() {
             "{view}"
         );
         screenshot(&client, "after-kill").await;
+
+        // Without the token the page says its data is stale and asks for
+        // it; typed in, the page reads again.
+        client
+            .execute("sessionStorage.clear(); return null;", vec![])
+            .await
+            .expect("clear the tab's token");
+        client
+            .goto(&format!("http://{page_at}/"))
+            .await
+            .expect("open the page without its token");
+        let asked = client
+            .wait()
+            .at_most(LONG)
+            .for_element(Locator::Css("#token-form:not([hidden])"))
+            .await
+            .expect("the page asks for the token");
+        assert!(shown(&client).await["stale"] == true);
+        let field = asked
+            .find(Locator::Css("#token"))
+            .await
+            .expect("the token field");
+        field.send_keys(TOKEN).await.expect("type the token");
+        asked
+            .find(Locator::Css("button[type=submit]"))
+            .await
+            .expect("the button")
+            .click()
+            .await
+            .expect("submit");
+        until(&client, "two members read with the typed token", |v| {
+            v["stale"] == false && v["members"].as_array().is_some_and(|m| m.len() == 2)
+        })
+        .await;
         client.close().await.expect("end the session");
     });
 }

@@ -143,6 +143,74 @@ async fn serve(node: &ClusterNode, system: &ShardedSystem) -> ManagementServer {
         .expect("endpoint binds")
 }
 
+/// A GET with `Authorization: Bearer <token>` when given: its status, its
+/// `WWW-Authenticate` header and its body.
+async fn get_with(
+    server: SocketAddr,
+    path: &str,
+    token: Option<&str>,
+) -> (u16, Option<String>, String) {
+    let client = reqwest::Client::new();
+    let mut request = client.get(format!("http://{server}{path}"));
+    if let Some(token) = token {
+        request = request.header("Authorization", format!("Bearer {token}"));
+    }
+    let response = request
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("GET {path}: {e}"));
+    let challenge = response
+        .headers()
+        .get("www-authenticate")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    (
+        response.status().as_u16(),
+        challenge,
+        response.text().await.unwrap_or_default(),
+    )
+}
+
+/// With a token, every data route asks for it; the probes and the page's
+/// static files do not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_guards_every_data_route_but_not_the_probes_or_the_pages_files() {
+    let node = cluster_node("management-token", vec![]).await;
+    let system = counters_on(&node, 8).await;
+    let server = Management::new(node.clone())
+        .system(&system)
+        .prometheus(recorder())
+        .token("s3cret-token")
+        .serve("127.0.0.1:0".parse().unwrap())
+        .await
+        .expect("endpoint binds");
+    let at = server.local_addr();
+    until(at, "/ready", |a| a.status == 200).await;
+    for open in ["/alive", "/ready", "/", "/page.js", "/page.css"] {
+        let (status, _, body) = get_with(at, open, None).await;
+        assert_eq!(status, 200, "{open}: {body}");
+    }
+    for guarded in [
+        "/cluster/members",
+        "/cluster/shards",
+        "/cluster/shards/counter",
+        "/metrics",
+        "/cluster/shards/counter?ids=3",
+    ] {
+        for token in [None, Some("s3cret-toke"), Some("s3cret-token2"), Some("")] {
+            let (status, challenge, body) = get_with(at, guarded, token).await;
+            assert_eq!(status, 401, "{guarded} with {token:?}: {body}");
+            assert_eq!(challenge.as_deref(), Some("Bearer"), "{guarded}");
+            assert!(body.contains("bearer token"), "{body}");
+        }
+        let (status, _, body) = get_with(at, guarded, Some("s3cret-token")).await;
+        assert_eq!(status, 200, "{guarded}: {body}");
+    }
+    server.shutdown().await;
+    system.shutdown().await;
+    let _ = node.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_nodes_answer_probes_members_placement_and_metrics() {
     let _ = recorder();

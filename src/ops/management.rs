@@ -28,7 +28,9 @@
 //! | `GET /metrics` | the Prometheus recorder's text, when one was given |
 //!
 //! `HEAD` answers as `GET` does, without the body (as HTTP expects of a
-//! server that answers `GET`); any other method gets 405.
+//! server that answers `GET`); any other method gets 405. With a
+//! [`token`](Management::token), every route but `/alive`, `/ready` and
+//! the page's three files answers 401 without `Authorization: Bearer`.
 //!
 //! The endpoint reads what the node and system already publish; serving it
 //! takes no lock a message path holds for longer than a shard's summary.
@@ -152,6 +154,8 @@ pub struct Management {
     system: Option<Weak<Shared>>,
     prometheus: Option<PrometheusHandle>,
     limits: Limits,
+    /// The bearer token every data route asks for, if any.
+    token: Option<Arc<str>>,
 }
 
 impl std::fmt::Debug for Management {
@@ -161,6 +165,7 @@ impl std::fmt::Debug for Management {
             .field("system", &self.system.is_some())
             .field("prometheus", &self.prometheus.is_some())
             .field("limits", &self.limits)
+            .field("token", &self.token.as_ref().map(|_| "…"))
             .finish()
     }
 }
@@ -190,6 +195,7 @@ impl Management {
             system: None,
             prometheus: None,
             limits: Limits::default(),
+            token: None,
         }
     }
 
@@ -207,6 +213,18 @@ impl Management {
     /// which exports the latencies as histograms with buckets.
     pub fn prometheus(mut self, handle: PrometheusHandle) -> Self {
         self.prometheus = Some(handle);
+        self
+    }
+
+    /// Asks every route but the probes (`/alive`, `/ready`) and the page's
+    /// three static files (`/`, `/page.js`, `/page.css`, which hold no
+    /// data) for `Authorization: Bearer <token>`; a request without it, or
+    /// with another, is answered 401 with `WWW-Authenticate: Bearer`. The
+    /// token is compared in constant time. An empty token is taken as
+    /// none.
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        let token: String = token.into();
+        self.token = (!token.is_empty()).then(|| Arc::from(token));
         self
     }
 
@@ -312,6 +330,10 @@ impl Management {
     /// endpoint serves, so histogram samples do not pile up unscraped.
     pub fn serve_on(self, listener: TcpListener) -> std::io::Result<ManagementServer> {
         let local_addr = listener.local_addr()?;
+        if self.token.is_none() && !local_addr.ip().is_loopback() {
+            tracing::warn!(addr = %local_addr, "the management endpoint listens beyond this host with no token: anyone who reaches it can read the cluster's members, placement and metrics (give it a token)");
+        }
+        let token = self.token.clone();
         let upkeep = self.prometheus.clone();
         let limits = self.limits;
         let max_connections = limits
@@ -328,6 +350,18 @@ impl Management {
             .route("/cluster/shards/{type_name}", get(shards))
             .route("/metrics", get(metrics))
             .with_state(Arc::new(self));
+        let router = router.layer(axum::middleware::from_fn(
+            move |request: axum::extract::Request, next: axum::middleware::Next| {
+                let allowed = authorized(token.as_deref(), &request);
+                async move {
+                    if allowed {
+                        next.run(request).await
+                    } else {
+                        unauthorized()
+                    }
+                }
+            },
+        ));
         let requests = Arc::new(AtomicU64::new(0));
         let counted = requests.clone();
         let router = router.layer(axum::middleware::from_fn(
@@ -613,6 +647,38 @@ impl Drop for ManagementServer {
             let _ = stop.send(());
         }
     }
+}
+
+/// The routes open without a token: the probes, and the page's static
+/// files (they hold no data; the page asks for the token it needs).
+const OPEN_ROUTES: [&str; 5] = ["/alive", "/ready", "/", "/page.js", "/page.css"];
+
+/// Whether `request` may go on: no token is set, it asks for an open
+/// route, or it carries `Authorization: Bearer <token>`.
+fn authorized(token: Option<&str>, request: &axum::extract::Request) -> bool {
+    use subtle::ConstantTimeEq;
+    let Some(token) = token else {
+        return true;
+    };
+    if OPEN_ROUTES.contains(&request.uri().path()) {
+        return true;
+    }
+    request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "))
+        .is_some_and(|given| bool::from(given.as_bytes().ct_eq(token.as_bytes())))
+}
+
+/// The answer to a request without the token.
+fn unauthorized() -> Response {
+    (
+        StatusCode::UNAUTHORIZED,
+        [(header::WWW_AUTHENTICATE, "Bearer")],
+        Json(json!({ "error": "this endpoint needs a bearer token (Authorization: Bearer <token>)" })),
+    )
+        .into_response()
 }
 
 /// What every route handler is given.

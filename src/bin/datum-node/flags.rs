@@ -247,6 +247,21 @@ pub(super) struct Args {
     #[cfg_attr(not(feature = "management"), allow(dead_code))]
     pub(super) management_idle_timeout_ms: u64,
 
+    /// With --management-addr: a bearer token every route but `/alive`,
+    /// `/ready` and the page's static files asks for (`Authorization:
+    /// Bearer TOKEN`; the page takes it from `#token=TOKEN` in its address,
+    /// or asks for it). Without one, an endpoint on a non-loopback address
+    /// logs a warning. Prefer the environment variable: a flag shows in the
+    /// process list.
+    #[arg(
+        long,
+        env = "DATUM_MANAGEMENT_TOKEN",
+        requires = "management_addr",
+        hide_env_values = true
+    )]
+    #[cfg_attr(not(feature = "management"), allow(dead_code))]
+    pub(super) management_token: Option<String>,
+
     /// Find the seeds while joining instead of --seeds: `file:PATH` (one
     /// `IP:port` per line, read again every second), `dns:NAME:PORT` (the
     /// name's A/AAAA records, each with PORT) or `dns-srv:NAME` (its SRV

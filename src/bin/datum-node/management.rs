@@ -51,6 +51,7 @@ struct ManagementLimits {
     max_connections: Option<u32>,
     header_timeout_ms: u64,
     idle_timeout_ms: u64,
+    token: Option<String>,
 }
 
 /// Serves the management endpoint on `listener` for `node` (and its system).
@@ -69,6 +70,9 @@ fn serve_management(
         .idle_timeout(Duration::from_millis(limits.idle_timeout_ms));
     if let Some(n) = limits.max_connections {
         management = management.max_connections(n as usize);
+    }
+    if let Some(token) = limits.token {
+        management = management.token(token);
     }
     match system {
         Some(Hosted::Counter(system)) => management = management.system(system),
@@ -116,6 +120,7 @@ pub(super) async fn start_management(
                 max_connections: args.management_max_connections,
                 header_timeout_ms: args.management_header_timeout_ms,
                 idle_timeout_ms: args.management_idle_timeout_ms,
+                token: args.management_token.clone(),
             };
             match serve_management(listener, limits, node, system, recorder) {
                 Ok(server) => {

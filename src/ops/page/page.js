@@ -19,13 +19,41 @@ function colour(node) {
   return colours.get(node);
 }
 
+// The endpoint's bearer token, if it has one: from `#token=…` in the
+// page's address (a fragment is never sent to the server; it is taken out
+// of the address bar at once), or typed into the form the page shows when
+// a read is refused. Kept for this tab only.
+const TOKEN_KEY = "datum-management-token";
+(function takeTokenFromAddress() {
+  const match = /(?:^#|&)token=([^&]*)/.exec(location.hash);
+  if (match) {
+    sessionStorage.setItem(TOKEN_KEY, decodeURIComponent(match[1]));
+    history.replaceState(null, "", location.pathname + location.search);
+  }
+})();
+
+function askForToken() {
+  const form = document.getElementById("token-form");
+  if (!form.hidden) return;
+  form.hidden = false;
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    sessionStorage.setItem(TOKEN_KEY, document.getElementById("token").value);
+    form.hidden = true;
+  }, { once: true });
+  document.getElementById("token").focus();
+}
+
 // Paths are relative, so the page also works behind a proxy's path prefix.
 async function json(path) {
+  const token = sessionStorage.getItem(TOKEN_KEY);
   const response = await fetch(path, {
     cache: "no-store",
     credentials: "same-origin",
+    headers: token ? { Authorization: "Bearer " + token } : {},
     signal: AbortSignal.timeout(READ_TIMEOUT_MS),
   });
+  if (response.status === 401) askForToken();
   if (!response.ok) {
     const error = new Error(path + " answered " + response.status);
     error.status = response.status;
@@ -239,7 +267,7 @@ async function tick() {
     showFreshness(false, " Read at " + clock(at) + ", every second.");
     document.body.dataset.read = String(at.getTime());
   } catch (error) {
-    stale(error.message);
+    stale(error.status === 401 ? "the endpoint asks for its bearer token" : error.message);
   } finally {
     setTimeout(tick, EVERY_MS);
   }
