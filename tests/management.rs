@@ -206,6 +206,39 @@ async fn a_token_guards_every_data_route_but_not_the_probes_or_the_pages_files()
         let (status, _, body) = get_with(at, guarded, Some("s3cret-token")).await;
         assert_eq!(status, 200, "{guarded}: {body}");
     }
+    // Paths that are no route, or another spelling of one, are refused
+    // too until the token is given; then they are not found.
+    for other in [
+        "/nothing-here",
+        "/cluster/members/",
+        "//cluster/members",
+        "/Cluster/members",
+    ] {
+        let (status, _, body) = get_with(at, other, None).await;
+        assert_eq!(status, 401, "{other}: {body}");
+        let (status, _, body) = get_with(at, other, Some("s3cret-token")).await;
+        assert_eq!(status, 404, "{other}: {body}");
+    }
+    // The scheme is matched without regard to case, past extra spaces;
+    // HEAD is guarded as GET is.
+    let client = reqwest::Client::new();
+    for header in ["bearer s3cret-token", "BEARER  s3cret-token"] {
+        let status = client
+            .get(format!("http://{at}/cluster/members"))
+            .header("Authorization", header)
+            .send()
+            .await
+            .expect("GET")
+            .status();
+        assert_eq!(status.as_u16(), 200, "{header}");
+    }
+    let head = client
+        .head(format!("http://{at}/cluster/members"))
+        .send()
+        .await
+        .expect("HEAD")
+        .status();
+    assert_eq!(head.as_u16(), 401);
     server.shutdown().await;
     system.shutdown().await;
     let _ = node.shutdown().await;
@@ -1131,4 +1164,30 @@ fn connections_to_the_endpoint_cannot_take_the_cluster_ports_files() {
         let alive = until_answered(at, "/alive", |a| a.status == 200).await;
         assert_eq!(alive.json()["alive"], true);
     });
+}
+
+/// `datum-node` refuses a management token that is empty (a variable set
+/// but empty: the endpoint would be open) or that a header cannot carry
+/// as written (a secret read from a file with its line break), before it
+/// starts.
+#[test]
+fn datum_node_refuses_an_empty_or_malformed_management_token() {
+    for token in ["", "s3cret\n", "two words"] {
+        let out = Command::new(BIN)
+            .args([
+                "--cluster-name",
+                "management-token",
+                "--bind",
+                "127.0.0.1:0",
+            ])
+            .args(["--management-addr", "127.0.0.1:0"])
+            .env("DATUM_SECRET", "management-secret")
+            .env("DATUM_MANAGEMENT_TOKEN", token)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run datum-node");
+        assert_eq!(out.status.code(), Some(2), "{token:?}: {out:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("management-token"), "{token:?}: {stderr}");
+    }
 }

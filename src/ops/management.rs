@@ -220,10 +220,17 @@ impl Management {
     /// three static files (`/`, `/page.js`, `/page.css`, which hold no
     /// data) for `Authorization: Bearer <token>`; a request without it, or
     /// with another, is answered 401 with `WWW-Authenticate: Bearer`. The
-    /// token is compared in constant time. An empty token is taken as
-    /// none.
+    /// scheme is matched without regard to case (RFC 7235); the token is
+    /// compared in constant time, apart from its length. An empty token
+    /// would let anyone in who sends `Bearer ` with nothing after it, so it
+    /// is taken as none, with a warning.
     pub fn token(mut self, token: impl Into<String>) -> Self {
         let token: String = token.into();
+        if token.is_empty() {
+            tracing::warn!(
+                "the management endpoint was given an empty token: it takes none, and its routes stay open"
+            );
+        }
         self.token = (!token.is_empty()).then(|| Arc::from(token));
         self
     }
@@ -667,8 +674,16 @@ fn authorized(token: Option<&str>, request: &axum::extract::Request) -> bool {
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.strip_prefix("Bearer "))
-        .is_some_and(|given| bool::from(given.as_bytes().ct_eq(token.as_bytes())))
+        .and_then(|value| value.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("Bearer"))
+        .is_some_and(|(_, given)| {
+            bool::from(
+                given
+                    .trim_start_matches(' ')
+                    .as_bytes()
+                    .ct_eq(token.as_bytes()),
+            )
+        })
 }
 
 /// The answer to a request without the token.

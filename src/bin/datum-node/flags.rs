@@ -257,7 +257,8 @@ pub(super) struct Args {
         long,
         env = "DATUM_MANAGEMENT_TOKEN",
         requires = "management_addr",
-        hide_env_values = true
+        hide_env_values = true,
+        value_parser = bearer_token
     )]
     #[cfg_attr(not(feature = "management"), allow(dead_code))]
     pub(super) management_token: Option<String>,
@@ -419,4 +420,17 @@ fn max_frame(s: &str) -> Result<usize, String> {
         return Err(format!("must be between {MIN_FRAME} and {max} bytes"));
     }
     Ok(n)
+}
+
+/// A bearer token as RFC 6750 writes one (letters, digits, `-._~+/`, then
+/// any `=`): an empty one (a variable set but empty, say a missing secret)
+/// would leave the endpoint open, and one with a space or a line break (a
+/// secret read from a file) could never be sent.
+fn bearer_token(text: &str) -> Result<String, String> {
+    let body = text.trim_end_matches('=');
+    let allowed = |c: char| c.is_ascii_alphanumeric() || "-._~+/".contains(c);
+    if body.is_empty() || !body.chars().all(allowed) {
+        return Err("a token of letters, digits and -._~+/ (then any =), not empty".into());
+    }
+    Ok(text.to_owned())
 }

@@ -27,26 +27,45 @@ const TOKEN_KEY = "datum-management-token";
 (function takeTokenFromAddress() {
   const match = /(?:^#|&)token=([^&]*)/.exec(location.hash);
   if (match) {
-    sessionStorage.setItem(TOKEN_KEY, decodeURIComponent(match[1]));
+    let token = match[1];
+    try {
+      token = decodeURIComponent(token);
+    } catch (_) {
+      // Not percent-encoded after all: taken as written.
+    }
+    sessionStorage.setItem(TOKEN_KEY, token);
     history.replaceState(null, "", location.pathname + location.search);
   }
 })();
 
+let refused = false; // the last read was refused for want of the token
+
 function askForToken() {
+  refused = true;
   const form = document.getElementById("token-form");
   if (!form.hidden) return;
   form.hidden = false;
   form.addEventListener("submit", (event) => {
     event.preventDefault();
-    sessionStorage.setItem(TOKEN_KEY, document.getElementById("token").value);
+    sessionStorage.setItem(TOKEN_KEY, document.getElementById("token").value.trim());
     form.hidden = true;
+    document.getElementById("freshness").focus();
+    tick(false); // read at once, not at the next second
   }, { once: true });
   document.getElementById("token").focus();
 }
 
+// RFC 6750's characters of a bearer token.
+const TOKEN_CHARS = /^[A-Za-z0-9\-._~+/]+=*$/;
+
 // Paths are relative, so the page also works behind a proxy's path prefix.
 async function json(path) {
   const token = sessionStorage.getItem(TOKEN_KEY);
+  if (token && !TOKEN_CHARS.test(token)) {
+    sessionStorage.removeItem(TOKEN_KEY);
+    askForToken();
+    throw new Error("that token holds characters a token cannot");
+  }
   const response = await fetch(path, {
     cache: "no-store",
     credentials: "same-origin",
@@ -54,6 +73,7 @@ async function json(path) {
     signal: AbortSignal.timeout(READ_TIMEOUT_MS),
   });
   if (response.status === 401) askForToken();
+  else refused = false;
   if (!response.ok) {
     const error = new Error(path + " answered " + response.status);
     error.status = response.status;
@@ -249,7 +269,8 @@ function showFreshness(isStale, text) {
   document.getElementById("read-at").textContent = text;
 }
 
-async function tick() {
+// One read and drawing; `again` schedules the next one a second later.
+async function tick(again = true) {
   try {
     const view = await read();
     const at = new Date();
@@ -267,16 +288,21 @@ async function tick() {
     showFreshness(false, " Read at " + clock(at) + ", every second.");
     document.body.dataset.read = String(at.getTime());
   } catch (error) {
-    stale(error.status === 401 ? "the endpoint asks for its bearer token" : error.message);
+    const why = error.status !== 401
+      ? error.message
+      : sessionStorage.getItem(TOKEN_KEY)
+        ? "the endpoint refused the token"
+        : "the endpoint asks for its bearer token";
+    stale(why);
   } finally {
-    setTimeout(tick, EVERY_MS);
+    if (again) setTimeout(tick, EVERY_MS);
   }
 }
 
 function stale(why) {
   showFreshness(true, lastRead
-    ? ` this node has not answered since ${clock(lastRead)}: what is shown is from then (${why}).`
-    : ` this node has not answered yet (${why}).`);
+    ? ` nothing read since ${clock(lastRead)}: what is shown is from then (${why}).`
+    : ` nothing read yet (${why}).`);
 }
 
 // A read that hangs (a paused or cut-off node) is caught here too, before
@@ -284,7 +310,7 @@ function stale(why) {
 // pauses between reads.
 const STALE_AFTER_MS = READ_TIMEOUT_MS + 2 * EVERY_MS;
 setInterval(() => {
-  if (lastRead && Date.now() - lastRead.getTime() > STALE_AFTER_MS) {
+  if (!refused && lastRead && Date.now() - lastRead.getTime() > STALE_AFTER_MS) {
     stale(`no answer for over ${STALE_AFTER_MS / 1000} s`);
   }
 }, EVERY_MS);
