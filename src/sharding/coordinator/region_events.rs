@@ -380,8 +380,13 @@ impl CoordinatorCore {
             Some(home) if home.owner == from && home.generation == generation => {
                 let reason = match table.handoffs.get(&shard) {
                     Some(handoff) => handoff.reason,
-                    // A handoff a previous coordinator started.
-                    None if table.leaving.contains(&from) => RebalanceReason::GracefulLeave,
+                    // A handoff a previous coordinator started: for a leave
+                    // when the region leaves, or is no longer registered (it
+                    // left, and the stop report outlived the coordinator
+                    // that asked for it).
+                    None if table.leaving.contains(&from) || !table.regions.contains(&from) => {
+                        RebalanceReason::GracefulLeave
+                    }
                     None => RebalanceReason::GracefulSpread,
                 };
                 table.set_home(shard, None);
