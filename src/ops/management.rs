@@ -357,8 +357,13 @@ impl Management {
             .route("/cluster/shards/{type_name}", get(shards))
             .route("/metrics", get(metrics))
             .with_state(Arc::new(self));
+        // Every request is counted, then let through or refused for want
+        // of the token (unknown paths too: the layer wraps the fallback).
+        let requests = Arc::new(AtomicU64::new(0));
+        let counted = requests.clone();
         let router = router.layer(axum::middleware::from_fn(
             move |request: axum::extract::Request, next: axum::middleware::Next| {
+                counted.fetch_add(1, Ordering::Relaxed);
                 let allowed = authorized(token.as_deref(), &request);
                 async move {
                     if allowed {
@@ -367,14 +372,6 @@ impl Management {
                         unauthorized()
                     }
                 }
-            },
-        ));
-        let requests = Arc::new(AtomicU64::new(0));
-        let counted = requests.clone();
-        let router = router.layer(axum::middleware::from_fn(
-            move |request: axum::extract::Request, next: axum::middleware::Next| {
-                counted.fetch_add(1, Ordering::Relaxed);
-                next.run(request)
             },
         ));
         let (stop, stopped) = oneshot::channel::<()>();

@@ -83,6 +83,18 @@ fn median(mut values: Vec<f64>) -> f64 {
     }
 }
 
+/// A child run's arguments: `workload` with its message and in-flight
+/// counts.
+fn workload_args(workload: &str, messages: u64, in_flight: usize) -> Vec<String> {
+    vec![
+        workload.to_owned(),
+        "--messages".into(),
+        messages.to_string(),
+        "--in-flight".into(),
+        in_flight.to_string(),
+    ]
+}
+
 /// `rounds` interleaved rounds of `workload` and its baselines; prints a
 /// table and returns the JSON record and whether every run was correct.
 pub fn interleave(
@@ -93,13 +105,7 @@ pub fn interleave(
     limits: Option<&Path>,
 ) -> Result<(Value, bool), String> {
     let me = std::env::current_exe().map_err(|e| e.to_string())?;
-    let ours_args = vec![
-        workload.to_owned(),
-        "--messages".into(),
-        messages.to_string(),
-        "--in-flight".into(),
-        in_flight.to_string(),
-    ];
+    let ours_args = workload_args(workload, messages, in_flight);
     let mut transport_args = ours_args.clone();
     transport_args[0] = "transport".into();
     let limit_args = |which: &str| {
@@ -233,13 +239,7 @@ pub fn against_plain(
     rounds: usize,
 ) -> Result<(Value, bool), String> {
     let me = std::env::current_exe().map_err(|e| e.to_string())?;
-    let plain = vec![
-        workload.to_owned(),
-        "--messages".into(),
-        messages.to_string(),
-        "--in-flight".into(),
-        in_flight.to_string(),
-    ];
+    let plain = workload_args(workload, messages, in_flight);
     let mut with = plain.clone();
     with.push(flag.to_owned());
     let mut correct = true;
