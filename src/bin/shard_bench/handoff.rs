@@ -153,12 +153,12 @@ struct Moved {
     late: Duration,
 }
 
-/// Runs one variant: `migrate` registers the type migratable.
-/// [`run_variant`] on one of the runtime's workers, as a service's own
-/// work runs, rather than on the thread blocked in `block_on`: driven from
-/// that thread, about half the runs at 100,000 entities in one shard saw a
-/// pipe's writer, woken by a send made there, go unpolled for over 400 ms,
-/// and its node downed (BENCHMARKS.md, the handoff curve).
+/// Runs [`run_variant`] on one of the runtime's workers, as a service's
+/// own work runs, rather than on the thread blocked in `block_on`: driven
+/// from that thread, about half the runs at 100,000 entities in one shard
+/// saw a pipe's writer, woken by a send made there, go unpolled for over
+/// 400 ms, and its node downed (BENCHMARKS.md, the handoff curve). A panic
+/// in the run goes on as a panic.
 async fn on_a_worker(
     migrate: bool,
     entities: u64,
@@ -169,9 +169,14 @@ async fn on_a_worker(
             .await
             .map_err(|e| e.to_string())
     });
-    Ok(run.await??)
+    match run.await {
+        Ok(moved) => Ok(moved?),
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(e) => Err(e.into()),
+    }
 }
 
+/// Runs one variant: `migrate` registers the type migratable.
 async fn run_variant(
     migrate: bool,
     entities: u64,
