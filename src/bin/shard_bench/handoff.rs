@@ -108,14 +108,17 @@ async fn check(
     }
 }
 
-/// Sets `downed` when node 0 sees any member downed.
+/// Sets `downed` when node 0 sees any member downed, from the cluster's
+/// start: a member downed while the entities are filled leaves the move
+/// nothing (or part of a shard) to move, and would otherwise read as
+/// entities that moved without their state.
 fn watch_downs(node: &Node, downed: Arc<AtomicBool>) -> tokio::task::JoinHandle<()> {
     let mut events = node.cluster.subscribe();
     tokio::spawn(async move {
         loop {
             match events.recv().await {
                 Ok(MembershipEvent::MemberDowned(member)) => {
-                    eprintln!("shard-bench: {member} was downed during the move");
+                    eprintln!("shard-bench: {member} was downed");
                     downed.store(true, Ordering::Release);
                 }
                 Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
@@ -216,6 +219,8 @@ async fn run_variant(
         }
         nodes.push(Node { cluster, system });
     }
+    let downed = Arc::new(AtomicBool::new(false));
+    let downs = watch_downs(&nodes[0], downed.clone());
     // Every region registered with the coordinator before the fill (a
     // region it has not heard of yet is given no shard): probe until node 2
     // has been given one.
@@ -247,8 +252,10 @@ async fn run_variant(
             leaver.live_entities::<Blob>(shard) > 0
         })
         .collect();
-    let downed = Arc::new(AtomicBool::new(false));
-    let downs = watch_downs(&nodes[0], downed.clone());
+    if downed.load(Ordering::Acquire) {
+        downs.abort();
+        return Err("a member was downed while the entities were filled, before the move".into());
+    }
     // The driver: 16 asks in flight from node 0 over all the entities.
     let stop = Arc::new(AtomicBool::new(false));
     let began = Instant::now();
