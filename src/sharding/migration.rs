@@ -27,7 +27,7 @@ use crate::entity::MigratedState;
 use crate::model::extractor::ShardId;
 use crate::model::identity::UniqueAddress;
 use crate::runtime::mailbox::States;
-use crate::runtime::region::{ChunkAnswer, Region, StatesPull, drop_off_async};
+use crate::runtime::region::{ChunkAnswer, Region, StatesPull};
 use crate::sharding::wire::{MigratedEntry, MigrationReply, MigrationRequest, encode_cbor};
 use crate::transport::{Incoming, RequestError, SendFailure, Transport};
 use crate::wire::RemoteFailure;
@@ -198,14 +198,9 @@ pub(crate) fn serve(region: impl FnOnce(&str) -> Option<Arc<Region>>, incoming: 
             if let Some(region) = region(&type_name)
                 && shard < region.num_shards()
             {
-                let fetched =
-                    region
-                        .table()
-                        .migration_done(&incoming.from, ShardId(shard), generation);
-                if let Some(fetched) = fetched {
-                    // Off the pipe's reader, which carries heartbeats too.
-                    drop_off_async(fetched);
-                }
+                region
+                    .table()
+                    .migration_done(&incoming.from, ShardId(shard), generation);
             }
         }
     }

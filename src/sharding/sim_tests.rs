@@ -2349,7 +2349,7 @@ impl Sim {
             ChunkAnswer::Chunk { states, last } => match pull.got(states, last) {
                 Some(states) => {
                     if let Some(owner) = owner {
-                        let _ = owner
+                        owner
                             .region
                             .table
                             .migration_done(&me, ShardId(shard), generation);

@@ -44,8 +44,7 @@ impl Region {
     /// The states kept for `shard`'s allocation `generation` were not
     /// fetched in time: they go.
     pub(crate) fn expire_migration(&self, shard: ShardId, generation: u64) {
-        if let Some(states) = self.table.expire_migration(shard, generation) {
-            drop_off_async(states);
+        if self.table.expire_migration(shard, generation) {
             tracing::warn!(type_name = self.type_name, %shard, generation, "migrated states not fetched in time are dropped");
         }
     }

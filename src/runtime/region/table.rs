@@ -635,37 +635,36 @@ impl<E: Clone> ShardTable<E> {
     }
 
     /// `requester` has fetched every chunk of `shard`'s states: they go.
-    /// They are given back, for the caller to free where a long free holds
-    /// no async thread (see [`drop_off_async`](super::drop_off_async)): a
-    /// shard's 100,000 states take over 100 ms to free.
     pub(crate) fn migration_done(
         &self,
         requester: &UniqueAddress,
         shard: ShardId,
         generation: u64,
-    ) -> Option<Vec<States>> {
-        let mut outgoing = lock(&self.outgoing);
-        if outgoing
-            .get(&shard.0)
-            .is_some_and(|o| o.home.owner == *requester && o.home.generation == generation)
-        {
-            return outgoing.remove(&shard.0).map(|o| o.chunks);
-        }
-        None
+    ) {
+        self.drop_outgoing(shard, |o| {
+            o.home.owner == *requester && o.home.generation == generation
+        });
     }
 
     /// The states kept for `shard`'s allocation `generation` were not
-    /// fetched in time: they go, given back as by
-    /// [`migration_done`](Self::migration_done), if there were any.
-    pub(crate) fn expire_migration(&self, shard: ShardId, generation: u64) -> Option<Vec<States>> {
-        let mut outgoing = lock(&self.outgoing);
-        if outgoing
-            .get(&shard.0)
-            .is_some_and(|o| o.home.generation == generation)
-        {
-            return outgoing.remove(&shard.0).map(|o| o.chunks);
-        }
-        None
+    /// fetched in time: they go. True if there were any.
+    pub(crate) fn expire_migration(&self, shard: ShardId, generation: u64) -> bool {
+        self.drop_outgoing(shard, |o| o.home.generation == generation)
+    }
+
+    /// Drops the states kept for `shard` if `which` matches them, freed on
+    /// tokio's blocking pool (see [`drop_off_async`](super::drop_off_async)):
+    /// a shard's 100,000 states take over 100 ms to free, and the callers
+    /// run on a pipe's reader or the region's actor. True if it dropped any.
+    fn drop_outgoing(&self, shard: ShardId, which: impl FnOnce(&Outgoing) -> bool) -> bool {
+        let taken = {
+            let mut outgoing = lock(&self.outgoing);
+            match outgoing.get(&shard.0) {
+                Some(o) if which(o) => outgoing.remove(&shard.0),
+                _ => None,
+            }
+        };
+        taken.map(|o| super::drop_off_async(o.chunks)).is_some()
     }
 
     /// Whether states wait here for a node to fetch them: kept for it, or
