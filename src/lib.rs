@@ -88,7 +88,7 @@ pub use ops::telemetry;
 
 pub use entity::{
     DeferredHandler, DurableState, Entity, EntityContext, EventSourced, Handler, Migratable,
-    MigrationEvent, ReplyPort, Snapshotted,
+    MigrationEvent, ReplyPort, Snapshotted, Stored, Unreadable,
 };
 pub use model::config::{
     EntityLimit, MAX_SHARDS, PassivationPolicy, RememberEntitiesConfig,
@@ -112,8 +112,8 @@ pub mod prelude {
         Ask, DefaultShardExtractor, DeferredHandler, DurableState, Entity, EntityContext,
         EntityLimit, EntityRef, EventSourced, Handler, InMemoryStore, Message, Migratable, NoStore,
         PassivationPolicy, Processed, Protocol, RememberEntitiesStore, ReplyPort, ShardExtractor,
-        ShardId, ShardedSystem, ShardingConfig, ShardingError, ShardingResult, Snapshotted, Tell,
-        protocol,
+        ShardId, ShardedSystem, ShardingConfig, ShardingError, ShardingResult, Snapshotted, Stored,
+        Tell, Unreadable, protocol,
     };
     pub use serde::{Deserialize, Serialize};
 }

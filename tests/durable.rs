@@ -758,3 +758,16 @@ async fn a_durable_state_survives_a_restart_and_a_second_writer_is_refused() {
     a.shutdown().await;
     b.shutdown().await;
 }
+
+#[path = "../protocols/evolving.rs"]
+mod evolving;
+
+#[tokio::test]
+async fn version_1_records_read_under_version_2_on_the_embedded_store() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join("node.redb");
+    evolving::version_1_records_read_under_version_2(|| {
+        RedbPersistence::open(&path).expect("open")
+    })
+    .await;
+}

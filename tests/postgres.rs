@@ -131,6 +131,21 @@ fn the_postgres_store_keeps_the_contract() {
     conformance::remember_entities(|| store(&server));
 }
 
+#[path = "../protocols/evolving.rs"]
+mod evolving;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn version_1_records_read_under_version_2_on_postgres() {
+    let Some(server) = server() else {
+        return;
+    };
+    let url = server.database();
+    evolving::version_1_records_read_under_version_2(|| {
+        PgPersistence::connect(&url, 4).expect("connect")
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_nodes_share_one_journal_on_postgres_and_never_fork_it() {
     let Some(server) = tokio::task::spawn_blocking(server).await.expect("start") else {

@@ -6,7 +6,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use super::{DeliveryRow, Entity, EntityContext, Recovered, StateWriter, blocking_by, corrupt};
+use super::{
+    Entity, EntityContext, Recovered, StateWriter, Stored, Unreadable, blocking_by, corrupt,
+};
 use crate::model::error::ShardingResult;
 use crate::persistence::{DurableStateStore, Payload, PersistenceError, PersistenceId, StateWrite};
 
@@ -29,6 +31,18 @@ pub trait DurableState: Entity {
     /// Takes the stored state (into an incarnation fresh from the factory;
     /// not called when nothing is stored).
     fn set_state(&mut self, state: Self::State);
+
+    /// Reads a saved state, of a version at most
+    /// [`STATE_VERSION`](Self::STATE_VERSION), into the current `State`:
+    /// the default decodes the current shape. Override it to read the
+    /// shapes earlier versions saved ([`Stored`] shows how); an error is
+    /// reported as a corrupt state, and nothing is applied.
+    fn read_state(stored: Stored<'_>) -> Result<Self::State, Unreadable>
+    where
+        Self: Sized,
+    {
+        stored.decode()
+    }
 
     /// Saves [`state`](Self::state) as the next revision; on error nothing
     /// was saved unless the error is a store's (outcome unknown: the next
@@ -271,18 +285,23 @@ pub(crate) fn recover_state<E: DurableState>(
             ),
         ));
     }
-    let undecodable = |e: ciborium::de::Error<std::io::Error>| {
-        corrupt(ctx, format!("the state does not decode: {e}"))
+    let unreadable = |e: Unreadable| {
+        corrupt(
+            ctx,
+            format!(
+                "the state (version {}) cannot be read: {e}",
+                payload.version
+            ),
+        )
     };
     if with_deliveries {
-        let (state, rows): (E::State, Vec<DeliveryRow>) =
-            ciborium::from_reader(payload.bytes.as_slice()).map_err(undecodable)?;
-        ctx.restore_deliveries(rows);
+        let stored = Stored::paired(payload.version, &payload.bytes);
+        let state = E::read_state(stored).map_err(unreadable)?;
+        ctx.restore_deliveries(stored.deliveries().map_err(unreadable)?);
         entity.set_state(state);
     } else {
-        let state: E::State =
-            ciborium::from_reader(payload.bytes.as_slice()).map_err(undecodable)?;
-        entity.set_state(state);
+        let stored = Stored::alone(payload.version, &payload.bytes);
+        entity.set_state(E::read_state(stored).map_err(unreadable)?);
     }
     Ok(())
 }

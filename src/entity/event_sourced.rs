@@ -4,7 +4,9 @@
 
 use std::future::Future;
 
-use super::{DeliveryRow, Entity, EntityContext, Recovered, corrupt, delivery_manifest};
+use super::{
+    DeliveryRow, Entity, EntityContext, Recovered, Stored, Unreadable, corrupt, delivery_manifest,
+};
 use crate::model::error::ShardingResult;
 use crate::persistence::{EventRecord, Payload, PersistenceError};
 
@@ -19,11 +21,13 @@ use crate::persistence::{EventRecord, Payload, PersistenceError};
 ///
 /// Events are stored as CBOR with the entity type's wire name and
 /// [`EVENT_VERSION`](Self::EVENT_VERSION): to evolve them, add fields as
-/// `#[serde(default)]` (old events still decode) or new enum variants, and
-/// raise the version when old code must not read the new events (an
-/// incarnation refuses events of a version above its own, with
+/// `#[serde(default)]` (old events still decode) or new enum variants; to
+/// change their shape otherwise, raise the version and read the older
+/// shapes with an upcaster, [`read_event`](Self::read_event). Raise the
+/// version too when old code must not read the new events: an incarnation
+/// refuses events of a version above its own, with
 /// [`PersistenceError::Corrupt`](crate::persistence::PersistenceError::Corrupt),
-/// and applies nothing).
+/// and applies nothing.
 ///
 /// The journal refuses a write whose writer is stale — another
 /// incarnation of the entity (a split brain, a handoff that timed out)
@@ -43,6 +47,18 @@ pub trait EventSourced: Entity {
     /// How an event changes the state: recovery and [`persist`](Self::persist)
     /// both call it, so it must only apply (no IO, no other effects).
     fn apply(&mut self, event: &Self::Event);
+
+    /// Reads a journaled event, of a version at most
+    /// [`EVENT_VERSION`](Self::EVENT_VERSION), into the current `Event`:
+    /// the default decodes the current shape. Override it to read the
+    /// shapes earlier versions wrote ([`Stored`] shows how); an error is
+    /// reported as a corrupt journal, and nothing is applied.
+    fn read_event(stored: Stored<'_>) -> Result<Self::Event, Unreadable>
+    where
+        Self: Sized,
+    {
+        stored.decode()
+    }
 
     /// Appends `event` to the journal and, once it is durable, applies it.
     /// On error nothing was applied, and nothing appended — except after a
@@ -162,10 +178,13 @@ pub(super) fn decode_events<E: EventSourced>(
                 ),
             ));
         }
-        let event: E::Event = ciborium::from_reader(payload.bytes.as_slice()).map_err(|e| {
+        let event = E::read_event(Stored::alone(payload.version, &payload.bytes)).map_err(|e| {
             corrupt(
                 ctx,
-                format!("event {} does not decode: {e}", record.sequence_nr),
+                format!(
+                    "event {} (version {}) cannot be read: {e}",
+                    record.sequence_nr, payload.version
+                ),
             )
         })?;
         decoded.push(event);

@@ -5,7 +5,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::{DeliveryRow, DurableState, Entity, EntityContext, Snapshotted};
+use super::{DeliveryRow, DurableState, Entity, EntityContext, Snapshotted, Stored, Unreadable};
 use crate::model::extractor::ShardId;
 
 /// An entity whose in-memory state moves with it when its shard moves
@@ -18,8 +18,8 @@ use crate::model::extractor::ShardId;
 /// [`Registration::migratable`](crate::Registration::migratable).
 ///
 /// When the state cannot come — the old owner died, the move timed out,
-/// the state does not decode, or its version is above this build's
-/// [`STATE_VERSION`](Self::STATE_VERSION) — the incarnation starts as the
+/// [`read_dehydrated`](Self::read_dehydrated) cannot read the state, or its
+/// version is above this build's [`STATE_VERSION`](Self::STATE_VERSION) — the incarnation starts as the
 /// factory made it, and a [`MigrationEvent`](crate::MigrationEvent) says
 /// so. A state is applied at most once, to one incarnation.
 ///
@@ -52,6 +52,19 @@ pub trait Migratable: Entity {
     /// Puts a migrated state into an incarnation fresh from the factory,
     /// before its first message.
     fn rehydrate(&mut self, state: Self::Dehydrated);
+
+    /// Reads a migrated state, of a version at most
+    /// [`STATE_VERSION`](Self::STATE_VERSION), into the current
+    /// `Dehydrated`: the default decodes the current shape. Override it to
+    /// read the shapes an earlier build sends during a rolling upgrade
+    /// ([`Stored`] shows how); on an error the incarnation starts as the
+    /// factory made it, and a [`MigrationEvent`] says why.
+    fn read_dehydrated(stored: Stored<'_>) -> Result<Self::Dehydrated, Unreadable>
+    where
+        Self: Sized,
+    {
+        stored.decode()
+    }
 }
 
 /// One entity's dehydrated state, encoded: what a move carries.
@@ -113,8 +126,10 @@ impl<E: Migratable> Migration<E> {
                         E::STATE_VERSION
                     ));
                 }
-                let decoded: E::Dehydrated = ciborium::from_reader(&state.bytes[..])
-                    .map_err(|e| format!("the state does not decode: {e}"))?;
+                let decoded = E::read_dehydrated(Stored::alone(state.version, &state.bytes))
+                    .map_err(|e| {
+                        format!("the state (version {}) cannot be read: {e}", state.version)
+                    })?;
                 entity.rehydrate(decoded);
                 Ok(())
             }),
@@ -206,7 +221,7 @@ pub enum MigrationEvent {
         /// migration timed out, or the move was not a handoff.
         reason: String,
     },
-    /// One entity's state came but was refused (it does not decode, or its
+    /// One entity's state came but was refused (it cannot be read, or its
     /// version is above this build's): that entity starts from the factory.
     StateRefused {
         /// The entity type.

@@ -43,6 +43,7 @@ mod migration;
 mod persistence;
 mod recovery;
 mod snapshots;
+mod stored;
 mod traits;
 mod writer;
 
@@ -51,6 +52,7 @@ pub use durable_state::DurableState;
 pub use event_sourced::EventSourced;
 pub use migration::{Migratable, MigrationEvent};
 pub use snapshots::Snapshotted;
+pub use stored::{Stored, Unreadable};
 pub use traits::{DeferredHandler, Entity, Handler, ReplyPort};
 
 pub(crate) use dedup::{Admission, Deliveries, DeliveryRow};

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::{
-    DeliveryRow, EntityContext, EventSourced, Recovered, blocking_by, corrupt, decode_events,
+    EntityContext, EventSourced, Recovered, Stored, Unreadable, blocking_by, corrupt, decode_events,
 };
 use crate::model::error::ShardingResult;
 use crate::persistence::{Payload, PersistenceError, SnapshotRecord, SnapshotStore};
@@ -30,6 +30,18 @@ pub trait Snapshotted: EventSourced {
     fn snapshot(&self) -> Self::Snapshot;
     /// Takes a saved state (into an incarnation fresh from the factory).
     fn restore(&mut self, snapshot: Self::Snapshot);
+
+    /// Reads a saved snapshot, of a version at most
+    /// [`SNAPSHOT_VERSION`](Self::SNAPSHOT_VERSION), into the current
+    /// `Snapshot`: the default decodes the current shape. Override it to
+    /// read the shapes earlier versions saved ([`Stored`] shows how); an
+    /// error is reported as a corrupt snapshot, and nothing is applied.
+    fn read_snapshot(stored: Stored<'_>) -> Result<Self::Snapshot, Unreadable>
+    where
+        Self: Sized,
+    {
+        stored.decode()
+    }
 }
 
 /// The manifest of a type's snapshots.
@@ -73,17 +85,22 @@ pub(crate) fn recover_snapshotted<E: Snapshotted>(
                     ),
                 ));
             }
-            let undecodable = |e: ciborium::de::Error<std::io::Error>| {
-                corrupt(ctx, format!("snapshot {seq} does not decode: {e}"))
+            let unreadable = |e: Unreadable| {
+                corrupt(
+                    ctx,
+                    format!(
+                        "snapshot {seq} (version {}) cannot be read: {e}",
+                        payload.version
+                    ),
+                )
             };
             let (snapshot, rows) = if with_deliveries {
-                let (snapshot, rows): (E::Snapshot, Vec<DeliveryRow>) =
-                    ciborium::from_reader(payload.bytes.as_slice()).map_err(undecodable)?;
-                (snapshot, Some(rows))
+                let stored = Stored::paired(payload.version, &payload.bytes);
+                let snapshot = E::read_snapshot(stored).map_err(unreadable)?;
+                (snapshot, Some(stored.deliveries().map_err(unreadable)?))
             } else {
-                let snapshot: E::Snapshot =
-                    ciborium::from_reader(payload.bytes.as_slice()).map_err(undecodable)?;
-                (snapshot, None)
+                let stored = Stored::alone(payload.version, &payload.bytes);
+                (E::read_snapshot(stored).map_err(unreadable)?, None)
             };
             (seq + 1, Some((snapshot, rows)))
         }
