@@ -37,6 +37,18 @@ impl Handler<Add> for CounterEntity {
     }
 }
 
+/// The total moves with its shard (`datum-node --counter` registers it
+/// `.migratable()`): a handoff or a rolling restart keeps it.
+impl Migratable for CounterEntity {
+    type Dehydrated = u64;
+    fn dehydrate(&mut self) -> u64 {
+        self.total
+    }
+    fn rehydrate(&mut self, total: u64) {
+        self.total = total;
+    }
+}
+
 impl Handler<Get> for CounterEntity {
     async fn handle(&mut self, _msg: Get, _ctx: &EntityContext) -> ShardingResult<u64> {
         Ok(self.total)

@@ -109,9 +109,19 @@ pub(super) struct Args {
 
     /// Host the counter entity type (protocol `counter`: `tell Add`,
     /// `ask Get -> u64`) in a sharded system on this node. SIGTERM then
-    /// hands its shards off to the other nodes before the node leaves.
+    /// hands its shards off to the other nodes, each counter's total with
+    /// it, before the node leaves.
     #[arg(long, env = "DATUM_COUNTER")]
     pub(super) counter: bool,
+
+    /// With --counter: which version of the counter to host. 1: protocol
+    /// `counter` as above, its total moving with its shard; 2: the same
+    /// lines and then `ask Reset -> u64` (sets the total to 0, answers the
+    /// number of resets), its moving state a new shape that it reads from
+    /// version 1's. Both run in one cluster: a rolling upgrade.
+    #[arg(long, env = "DATUM_COUNTER_VERSION", default_value_t = 1, requires = "counter",
+          conflicts_with = "journal_url", value_parser = clap::value_parser!(u8).range(1..=2))]
+    pub(super) counter_version: u8,
 
     /// The counter type's shard count (every node of the cluster must agree).
     #[arg(long, env = "DATUM_SHARDS", default_value_t = 128,

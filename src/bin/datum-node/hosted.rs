@@ -1,5 +1,6 @@
 //! The sharded system `--counter` hosts on the node: the counter entity
-//! type, or with `--journal-url` the journaled (event-sourced) counter,
+//! type (of `--counter-version`), or with `--journal-url` the journaled
+//! (event-sourced) counter,
 //! whose journal is connected before the node joins. Here the system starts
 //! and registers its entity type.
 
@@ -8,17 +9,18 @@ use std::process::ExitCode;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use datum_cluster_sharding::ShardedSystem;
 use datum_cluster_sharding::cluster::ClusterNode;
+use datum_cluster_sharding::{MigrationEvent, ShardedSystem};
 #[cfg(feature = "postgres")]
 use datum_cluster_sharding::{NoStore, persistence::PgPersistence};
+use tokio::sync::broadcast;
 
 use super::EXIT_START_FAILED;
-use super::counter;
 use super::flags::Args;
 #[cfg(feature = "postgres")]
 use super::journaled;
 use super::output::RegionLine;
+use super::{counter, counter_v2};
 
 /// Opens the `--journal-url` journal when `--counter` hosts the journaled
 /// counter (none otherwise), after setting the `--handle-ms` delay of its
@@ -46,7 +48,7 @@ pub(super) async fn host_counter(
     journal: Option<Journal>,
 ) -> Result<Option<Hosted>, ExitCode> {
     if args.counter {
-        match Hosted::start(node, args.shards, journal).await {
+        match Hosted::start(node, args.shards, args.counter_version, journal).await {
             Ok(system) => Ok(Some(system)),
             Err(error) => {
                 eprintln!("datum-node: cannot start the counter's sharded system: {error}");
@@ -95,10 +97,12 @@ async fn open_journal(url: Option<&str>) -> Result<Option<Journal>, Box<dyn std:
 }
 
 impl Hosted {
-    /// Starts the system on `node` and registers its entity type.
+    /// Starts the system on `node` and registers its entity type: the
+    /// journaled counter with a journal, else the counter of `version`.
     async fn start(
         node: &ClusterNode,
         shards: u32,
+        version: u8,
         journal: Option<Journal>,
     ) -> Result<Hosted, Box<dyn std::error::Error>> {
         let builder = ShardedSystem::builder()
@@ -106,10 +110,19 @@ impl Hosted {
             .node(node.clone());
         let Some(journal) = journal else {
             let system = builder.start().await?;
-            system
-                .entity_type::<counter::CounterEntity>()
-                .register(|_| counter::CounterEntity::default())
-                .await?;
+            if version == 2 {
+                system
+                    .entity_type::<counter_v2::CounterV2Entity>()
+                    .migratable()
+                    .register(|_| Default::default())
+                    .await?;
+            } else {
+                system
+                    .entity_type::<counter::CounterEntity>()
+                    .migratable()
+                    .register(|_| Default::default())
+                    .await?;
+            }
             return Ok(Hosted::Counter(system));
         };
         #[cfg(feature = "postgres")]
@@ -136,6 +149,15 @@ impl Hosted {
             Hosted::Journaled(system) => {
                 RegionLine::of::<journaled::JournaledCounter, _>(system, event, started)
             }
+        }
+    }
+
+    /// What becomes of the states that move with the hosted type's shards.
+    pub(super) fn migration_events(&self) -> broadcast::Receiver<MigrationEvent> {
+        match self {
+            Hosted::Counter(system) => system.subscribe_migration_events(),
+            #[cfg(feature = "postgres")]
+            Hosted::Journaled(system) => system.subscribe_migration_events(),
         }
     }
 

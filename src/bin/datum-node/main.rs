@@ -54,6 +54,9 @@ const EXIT_JOIN_REFUSED: u8 = 5;
 
 #[path = "../../../protocols/counter.rs"]
 mod counter;
+/// `--counter-version 2`: the counter's next version.
+#[path = "../../../protocols/counter_v2.rs"]
+mod counter_v2;
 
 /// The `--journal-url` counter: event-sourced, its total recovered from
 /// the journal wherever it starts.
@@ -122,6 +125,8 @@ struct Running {
     _management: Option<datum_cluster_sharding::management::ManagementServer>,
     /// `--counter`'s sharded system.
     system: Option<Hosted>,
+    /// What became of the states that moved with its shards.
+    migrations: Option<tokio::sync::broadcast::Receiver<datum_cluster_sharding::MigrationEvent>>,
     state: tokio::sync::watch::Receiver<MembershipState>,
     events: tokio::sync::broadcast::Receiver<MembershipEvent>,
     node: ClusterNode,
@@ -170,6 +175,7 @@ async fn start(args: &mut Args) -> Result<Running, ExitCode> {
     let me = node.self_address();
     emit(&Line::member("started", &me, 0));
     let system = host_counter(args, &node, journal).await?;
+    let migrations = system.as_ref().map(Hosted::migration_events);
     #[cfg(feature = "management")]
     let management = start_management(
         args,
@@ -195,6 +201,7 @@ async fn start(args: &mut Args) -> Result<Running, ExitCode> {
         #[cfg(feature = "management")]
         _management: management,
         system,
+        migrations,
         state,
         events,
         node,

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use datum_cluster_sharding::identity::UniqueAddress;
 use datum_cluster_sharding::membership::MembershipEvent;
-use datum_cluster_sharding::{NoStore, Protocol, ShardedSystem};
+use datum_cluster_sharding::{MigrationEvent, NoStore, Protocol, ShardedSystem};
 use serde::Serialize;
 
 pub(super) fn init_logging() {
@@ -76,6 +76,9 @@ pub(super) struct RegionLine<'a> {
     pub(super) handing_off: usize,
     /// Messages waiting in buffers.
     pub(super) buffered: usize,
+    /// The acting coordinator has registered this node's region (it has
+    /// sent the region its table).
+    pub(super) registered: bool,
     pub(super) t_ms: u64,
 }
 
@@ -97,8 +100,81 @@ impl<'a> RegionLine<'a> {
             entities: state.as_ref().map_or(0, |s| s.shards.values().sum()),
             handing_off: state.as_ref().map_or(0, |s| s.handing_off.len()),
             buffered: state.as_ref().map_or(0, |s| s.buffered),
+            registered: system.sharding_coordinator().is_some_and(|c| c.registered),
             t_ms: ms_since(started),
         }
+    }
+}
+
+/// A line about a shard that moved here, or an entity's state that did
+/// not come with it (SPEC §10c.2).
+#[derive(Debug, Serialize)]
+pub(super) struct MigrationLine<'a> {
+    pub(super) event: &'static str,
+    pub(super) type_name: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) shard: Option<u32>,
+    /// The old owner's node id, when known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) from: Option<String>,
+    /// `shard_received`: the entities whose states came.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) entities: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) entity_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) reason: Option<&'a str>,
+    pub(super) t_ms: u64,
+}
+
+impl<'a> MigrationLine<'a> {
+    /// The line for `event` (none for a kind this build does not know).
+    pub(super) fn of(event: &'a MigrationEvent, started: Instant) -> Option<Self> {
+        let line = |event, type_name| MigrationLine {
+            event,
+            type_name,
+            shard: None,
+            from: None,
+            entities: None,
+            entity_id: None,
+            reason: None,
+            t_ms: ms_since(started),
+        };
+        Some(match event {
+            MigrationEvent::Received {
+                type_name,
+                shard,
+                from,
+                entities,
+                ..
+            } => MigrationLine {
+                shard: Some(shard.0),
+                from: Some(from.node_id.to_string()),
+                entities: Some(*entities),
+                ..line("shard_received", type_name)
+            },
+            MigrationEvent::FellBack {
+                type_name,
+                shard,
+                from,
+                reason,
+            } => MigrationLine {
+                shard: Some(shard.0),
+                from: from.map(|f| f.node_id.to_string()),
+                reason: Some(reason),
+                ..line("shard_fell_back", type_name)
+            },
+            MigrationEvent::StateRefused {
+                type_name,
+                entity_id,
+                reason,
+            } => MigrationLine {
+                entity_id: Some(entity_id),
+                reason: Some(reason),
+                ..line("state_refused", type_name)
+            },
+            _ => return None,
+        })
     }
 }
 

@@ -6,10 +6,11 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
+use datum_cluster_sharding::MigrationEvent;
 use datum_cluster_sharding::membership::MemberStatus;
-use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::broadcast::{self, error::RecvError};
 
-use super::output::{Stopped, drain, emit, emit_event, printing_events};
+use super::output::{MigrationLine, Stopped, drain, emit, emit_event, printing_events};
 use super::{EXIT_JOIN_REFUSED, EXIT_LEAVE_TIMED_OUT, EXIT_STOPPED_BY_CLUSTER, Running};
 
 /// SIGTERM and Ctrl-C (SIGINT), listened for from start-up on.
@@ -48,6 +49,30 @@ impl StopSignals {
     }
 }
 
+/// The next migration event (`None` when some were missed or the system
+/// is gone); never, without a hosted system.
+async fn next_migration(
+    events: &mut Option<broadcast::Receiver<MigrationEvent>>,
+) -> Option<MigrationEvent> {
+    match events {
+        Some(events) => match events.recv().await {
+            Ok(event) => Some(event),
+            Err(RecvError::Lagged(missed)) => {
+                tracing::warn!(
+                    missed,
+                    "migration event subscriber lagged; events were lost"
+                );
+                None
+            }
+            Err(RecvError::Closed) => {
+                std::future::pending::<()>().await;
+                None
+            }
+        },
+        None => std::future::pending().await,
+    }
+}
+
 impl Running {
     /// Prints membership events, and with `--stats-ms` the region and
     /// `drive` lines, until a stop signal arrives or the cluster stops this
@@ -64,6 +89,11 @@ impl Running {
                     }
                     if let Some(drive) = &self.drive {
                         emit(&drive.line(started));
+                    }
+                }
+                Some(moved) = next_migration(&mut self.migrations) => {
+                    if let Some(line) = MigrationLine::of(&moved, started) {
+                        emit(&line);
                     }
                 }
                 event = self.events.recv() => match event {

@@ -13,7 +13,7 @@ use super::drive::Pace;
 #[cfg(feature = "tls")]
 use super::flags::CertsArgs;
 use super::flags::{Args, split_brain};
-use super::output::{DriveLine, Line, RegionLine, Stopped, event_line, json_line};
+use super::output::{DriveLine, Line, MigrationLine, RegionLine, Stopped, event_line, json_line};
 use super::{EXIT_JOIN_REFUSED, EXIT_LEAVE_TIMED_OUT, EXIT_START_FAILED, EXIT_STOPPED_BY_CLUSTER};
 
 fn member() -> UniqueAddress {
@@ -192,9 +192,10 @@ fn lines_are_as_spec_shows_them() {
                 entities: 0,
                 handing_off: 0,
                 buffered: 0,
+                registered: false,
                 t_ms: 214,
             }),
-            r#"{"event":"handed_off","type_name":"counter","shards":0,"shard_ids":[],"entities":0,"handing_off":0,"buffered":0,"t_ms":214}"#,
+            r#"{"event":"handed_off","type_name":"counter","shards":0,"shard_ids":[],"entities":0,"handing_off":0,"buffered":0,"registered":false,"t_ms":214}"#,
         ),
         (
             json_line(&RegionLine {
@@ -205,9 +206,10 @@ fn lines_are_as_spec_shows_them() {
                 entities: 5,
                 handing_off: 0,
                 buffered: 0,
+                registered: true,
                 t_ms: 1_050,
             }),
-            r#"{"event":"region_state","type_name":"counter","shards":2,"shard_ids":[3,17],"entities":5,"handing_off":0,"buffered":0,"t_ms":1050}"#,
+            r#"{"event":"region_state","type_name":"counter","shards":2,"shard_ids":[3,17],"entities":5,"handing_off":0,"buffered":0,"registered":true,"t_ms":1050}"#,
         ),
         (
             json_line(&DriveLine {
@@ -252,6 +254,49 @@ fn lines_are_as_spec_shows_them() {
     for (line, expected) in cases {
         assert_eq!(line.expect("serialises"), expected);
     }
+}
+
+/// The migration lines are as SPEC §10c.2 shows them.
+#[test]
+fn migration_lines_are_as_spec_shows_them() {
+    use datum_cluster_sharding::{MigrationEvent, ShardId};
+    let started = Instant::now() - Duration::from_millis(2_210);
+    let line = |event: &MigrationEvent| {
+        let mut line = MigrationLine::of(event, started).expect("a known event");
+        line.t_ms = 2_210;
+        json_line(&line).expect("serialises")
+    };
+    let received = MigrationEvent::Received {
+        type_name: "counter",
+        shard: ShardId(17),
+        from: member(),
+        entities: 5,
+        bytes: 40,
+    };
+    assert_eq!(
+        line(&received),
+        r#"{"event":"shard_received","type_name":"counter","shard":17,"from":"93b305682c1a07ee","entities":5,"t_ms":2210}"#
+    );
+    let fell_back = MigrationEvent::FellBack {
+        type_name: "counter",
+        shard: ShardId(3),
+        from: None,
+        reason: "the shard moved without a handoff (its owner was lost, or its handoff timed out)"
+            .into(),
+    };
+    assert_eq!(
+        line(&fell_back),
+        r#"{"event":"shard_fell_back","type_name":"counter","shard":3,"reason":"the shard moved without a handoff (its owner was lost, or its handoff timed out)","t_ms":2210}"#
+    );
+    let refused = MigrationEvent::StateRefused {
+        type_name: "counter",
+        entity_id: "c-9".into(),
+        reason: "the state has version 2, above this build's 1".into(),
+    };
+    assert_eq!(
+        line(&refused),
+        r#"{"event":"state_refused","type_name":"counter","entity_id":"c-9","reason":"the state has version 2, above this build's 1","t_ms":2210}"#
+    );
 }
 
 /// A string value with a quote, a backslash, a newline and a NUL stays

@@ -31,13 +31,17 @@ impl CoordinatorCore {
     }
 
     /// Asks the strategy which shards of `type_name` to move to spread
-    /// load, and starts at most `rebalance_per_round` handoffs.
+    /// load, and starts at most `rebalance_per_round` handoffs. Not while
+    /// the eligible hosts run more than one version of the type's protocol
+    /// (a rolling upgrade, SPEC §13.6): then a shard moves only when its
+    /// older host leaves, onto a node of the newest version, and once.
     pub(super) fn rebalance(&mut self, type_name: &str, now: Instant, out: &mut Vec<Command>) {
         let candidates = self.candidates(type_name);
+        let rolling = self.eligible(type_name).len() != candidates.len();
         let Some(table) = self.types.get_mut(type_name) else {
             return;
         };
-        if candidates.len() < 2 || !table.handoffs.is_empty() {
+        if candidates.len() < 2 || rolling || !table.handoffs.is_empty() {
             return;
         }
         let mut owned: BTreeMap<UniqueAddress, Vec<ShardId>> =

@@ -407,6 +407,43 @@ fn shards_go_to_nodes_of_the_newest_protocol_version() {
     assert_ne!(c2.home(TYPE, 0).map(|h| h.owner), Some(n[1]));
 }
 
+/// While the eligible hosts run two versions of the type's protocol no
+/// rebalance round starts — not even between the nodes of the newest
+/// version, which would move a shard a second time during the roll — and
+/// once they all run one, rounds spread the shards again.
+#[test]
+fn no_rebalance_round_starts_while_hosts_run_two_versions() {
+    let t0 = Instant::now();
+    let n: Vec<UniqueAddress> = (1..=3).map(node).collect();
+    let version = |lines: &[u64]| versioned(12, lines);
+    let (v1, v2) = (version(&[11, 12]), version(&[11, 12, 13]));
+    let mut c = core(n[0]);
+    c.set_membership(t0, &view(n[0], &n[..2], &[], &[]));
+    c.register(t0, n[0], &v1);
+    c.register(t0, n[1], &v2);
+    // Every shard goes to the only node of the newest version.
+    for shard in 0..12 {
+        c.get_home(t0, n[0], TYPE, shard, 0);
+        assert_eq!(c.home(TYPE, shard).map(|h| h.owner), Some(n[1]));
+    }
+    // A second node of the newest version joins: nothing is spread to it
+    // while the first version still has an eligible host.
+    c.set_membership(t0, &view(n[0], &n, &[], &[]));
+    c.register(t0, n[2], &v2);
+    let mut now = t0 + first_rebalance();
+    for _ in 0..3 {
+        assert!(handoffs_in(&c.tick(now)).is_empty(), "a round mid-roll");
+        now += CoordinatorConfig::default().rebalance_interval;
+    }
+    // The first version's node leaves the type: rounds spread again.
+    let asked = handoffs_in(&c.unregister(now, n[0], &[TYPE.to_owned()]));
+    assert!(!asked.is_empty(), "no round after the roll");
+    assert!(
+        asked.iter().all(|(owner, _, _)| *owner == n[1]),
+        "{asked:?}"
+    );
+}
+
 /// A message of a line its owner's version lacks moves the shard, by a
 /// handoff, to a node of the newest version; an owner of the newest
 /// version, or one with no newer node eligible, keeps it.

@@ -1,0 +1,300 @@
+//! A rolling upgrade of real `datum-node` processes on 127.0.0.1: a
+//! cluster hosting version 1 of the counter (`--counter-version 1`) is
+//! rolled to version 2 (which adds `ask Reset -> u64` and moves its state
+//! in a new shape) one node at a time — a version-2 node is started, then
+//! a version-1 node is sent SIGTERM and hands its shards off — while a
+//! client in this process adds to counters through a reliable producer and
+//! asks them, as a user's service would.
+//!
+//! What must hold: no ask is lost (the only error an ask may meet is
+//! `ShuttingDown`, sent again); every reliable addition takes effect once
+//! and every counter's total survives every move (a total that fell back to
+//! the factory's 0 on a move shows as a short total); `Reset`, a message
+//! version 1 does not know, is refused with `UnknownMessage` while no
+//! version-2 node is up and answered once one is (its shard moved there);
+//! and at the end every shard is hosted by a version-2 node. Each node
+//! prints a line for every shard that moves to it, with its entities'
+//! states or without them: none may come without, and the moves per shard
+//! are counted and printed.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use datum_cluster_sharding::{ProducerConfig, ShardingError};
+
+mod common;
+mod node_process;
+use common::{field, number};
+use node_process::{LONG, NodeProcess, proxy_client, runtime};
+
+#[path = "../protocols/counter.rs"]
+mod counter;
+#[path = "../protocols/counter_v2.rs"]
+mod counter_v2;
+
+use counter::{Add, Get};
+use counter_v2::{CounterV2, Reset};
+
+/// The client's ask timeout: generous, since a busy machine may answer
+/// seconds late during a handoff, and below [`LONG`].
+const ASK_TIMEOUT: Duration = Duration::from_secs(20);
+/// Counters the producer adds to and the asks read.
+const COUNTERS: usize = 64;
+/// Counters that are reset (kept apart, so that the totals stay checkable).
+const RESET: usize = 8;
+
+/// The flags of a node hosting `version` of the counter.
+fn flags(version: &'static str) -> [&'static str; 7] {
+    [
+        "--counter",
+        "--counter-version",
+        version,
+        "--shards",
+        "32",
+        "--stats-ms",
+        "100",
+    ]
+}
+
+/// Every shard move the nodes printed: when, the shard, and the node id
+/// it came from (a node prints `shard_received` for each shard that comes
+/// to it from another). Panics on a `shard_fell_back` or a
+/// `state_refused` line: a state that did not come.
+fn shard_moves(nodes: &[&NodeProcess]) -> Vec<(Instant, u64, String)> {
+    let mut moves = Vec::new();
+    for node in nodes {
+        let history = node.history.lock().unwrap_or_else(|p| p.into_inner());
+        for (at, line) in history.iter() {
+            match field(line, "event") {
+                Some("shard_received") => moves.push((
+                    *at,
+                    number(line, "shard").expect("shard"),
+                    field(line, "from").expect("from").to_owned(),
+                )),
+                Some("shard_fell_back" | "state_refused") => {
+                    panic!("{}: a state did not come: {line}", node.name)
+                }
+                _ => {}
+            }
+        }
+    }
+    moves
+}
+
+#[test]
+fn a_cluster_rolls_from_version_1_to_version_2_under_traffic_and_loses_nothing() {
+    let nodes: usize = std::env::var("UPGRADE_NODES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(3);
+    const OLD: [&str; 5] = ["v1-a", "v1-b", "v1-c", "v1-d", "v1-e"];
+    const NEW: [&str; 5] = ["v2-a", "v2-b", "v2-c", "v2-d", "v2-e"];
+    assert!((2..=5).contains(&nodes), "UPGRADE_NODES: 2 to 5");
+    let first = NodeProcess::start_with(OLD[0], None, &flags("1"));
+    let seed = first.addr.clone();
+    let mut old = vec![first];
+    for name in &OLD[1..nodes] {
+        old.push(NodeProcess::start_with(name, Some(&seed), &flags("1")));
+    }
+    let mut new: Vec<NodeProcess> = Vec::new();
+    let rolled = runtime().block_on(async {
+        let (client, system) = proxy_client::<CounterV2>(&seed, nodes + 1).await;
+        let ids: Vec<String> = (0..COUNTERS).map(|k| format!("c-{k}")).collect();
+        let resets: Vec<String> = (0..RESET).map(|k| format!("r-{k}")).collect();
+
+        // Version 1 does not know `Reset`: refused, typed, unprocessed.
+        match system
+            .entity_ref::<CounterV2>(resets[0].as_str())
+            .ask(Reset, ASK_TIMEOUT)
+            .await
+        {
+            Err(ShardingError::UnknownMessage {
+                type_name: "counter",
+                line: 3,
+                lines: 2,
+                ..
+            }) => {}
+            other => panic!("a Reset before any version-2 node: {other:?}"),
+        }
+
+        // Traffic: one reliable addition after another to every counter,
+        // and asks of every counter, until the roll is done.
+        let stop = Arc::new(AtomicBool::new(false));
+        let producer = system
+            .reliable_producer::<CounterV2>("roll", ProducerConfig::default())
+            .expect("producer");
+        let adding = {
+            let (producer, ids, stop) = (producer.clone(), ids.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut sent = vec![0u64; ids.len()];
+                while !stop.load(Ordering::Relaxed) {
+                    for (k, id) in ids.iter().enumerate() {
+                        producer.send(id.as_str(), Add(1)).await.expect("send");
+                        sent[k] += 1;
+                    }
+                }
+                sent
+            })
+        };
+        let asking = {
+            let (system, ids, stop) = (system.clone(), ids.clone(), stop.clone());
+            tokio::spawn(async move {
+                let (mut answered, mut retried) = (0u64, Vec::new());
+                while !stop.load(Ordering::Relaxed) {
+                    for id in &ids {
+                        let counter = system.entity_ref::<CounterV2>(id.as_str());
+                        loop {
+                            match counter.ask(Get, ASK_TIMEOUT).await {
+                                Ok(_) => break,
+                                Err(e @ ShardingError::ShuttingDown) => {
+                                    retried.push(e);
+                                    tokio::time::sleep(Duration::from_millis(10)).await;
+                                }
+                                Err(e) => panic!("{id}: an ask failed with {e:?}"),
+                            }
+                        }
+                        answered += 1;
+                    }
+                }
+                (answered, retried)
+            })
+        };
+
+        // The roll: a version-2 node joins, then a version-1 node leaves.
+        for step in 0..nodes {
+            let through = new.last().map_or(old[1].addr.clone(), |n| n.addr.clone());
+            let mut joined = NodeProcess::start_with(NEW[step], Some(&through), &flags("2"));
+            joined.expect_members_up(nodes + 2);
+            // Its region registered with the coordinator, so that the
+            // leaver's shards can go to it.
+            joined.expect_line(|l| {
+                field(l, "event") == Some("region_state") && l.contains(r#""registered":true"#)
+            });
+            client
+                .wait_until(|s| s.up_members().count() == nodes + 2, LONG)
+                .await
+                .expect("the client sees the new node Up");
+            if step == 0 {
+                // `Reset` now moves its shard to the version-2 node, and
+                // is answered there once sent again.
+                for id in &resets {
+                    let counter = system.entity_ref::<CounterV2>(id.as_str());
+                    let deadline = Instant::now() + LONG;
+                    loop {
+                        match counter.ask(Reset, ASK_TIMEOUT).await {
+                            Ok(n) => {
+                                assert_eq!(n, 1, "{id}: reset once");
+                                break;
+                            }
+                            Err(ShardingError::UnknownMessage { .. })
+                                if Instant::now() < deadline =>
+                            {
+                                tokio::time::sleep(Duration::from_millis(50)).await;
+                            }
+                            Err(e) => panic!("{id}: Reset with a version-2 node up: {e:?}"),
+                        }
+                    }
+                }
+            }
+            new.push(joined);
+            let leaving = &mut old[step];
+            leaving.signal(libc::SIGTERM);
+            let (_, done) = leaving.expect_line(|l| field(l, "event") == Some("handed_off"));
+            assert_eq!(number(&done, "shards"), Some(0), "{done}");
+            let (status, _) = leaving.expect_exit();
+            assert!(status.success(), "{} exited with {status}", leaving.name);
+            let gone: std::net::SocketAddr = leaving.addr.parse().expect("addr");
+            client
+                .wait_until(
+                    |s| s.members.iter().all(|m| m.address.addr != gone),
+                    LONG,
+                )
+                .await
+                .expect("the client sees the old node removed");
+        }
+
+        let rolled = Instant::now();
+        stop.store(true, Ordering::Relaxed);
+        let sent = adding.await.expect("adding");
+        let (answered, retried) = asking.await.expect("asking");
+        producer.flush(LONG).await.expect("every addition confirmed");
+        let stats = producer.stats();
+        assert_eq!(stats.failed, 0, "{stats:?}");
+        assert_eq!(stats.confirmed, sent.iter().sum::<u64>(), "{stats:?}");
+        // Every addition counted once, on totals that moved with their
+        // shards at every step.
+        for (k, id) in ids.iter().enumerate() {
+            let total = system
+                .entity_ref::<CounterV2>(id.as_str())
+                .ask(Get, ASK_TIMEOUT)
+                .await
+                .expect("get");
+            assert_eq!(total, sent[k], "{id}: its total");
+        }
+        // Every reset counter kept its state too, and only version 2 hosts.
+        for id in &resets {
+            let counter = system.entity_ref::<CounterV2>(id.as_str());
+            assert_eq!(counter.ask(Reset, ASK_TIMEOUT).await.expect("reset"), 2);
+        }
+        let stats = system
+            .cluster_sharding_stats::<CounterV2>(LONG)
+            .await
+            .expect("stats");
+        assert!(stats.failed.is_empty(), "{stats:?}");
+        let new_addrs: Vec<std::net::SocketAddr> = new
+            .iter()
+            .map(|n| n.addr.parse().expect("addr"))
+            .collect();
+        for (member, shards) in &stats.regions {
+            assert!(
+                shards.is_empty() || new_addrs.contains(&member.addr),
+                "{member} hosts {} shards after the roll: {stats:?}",
+                shards.len()
+            );
+        }
+        eprintln!(
+            "{nodes} nodes rolled: {} additions confirmed, {answered} asks answered ({} sent again after ShuttingDown), 0 lost",
+            stats_total(&sent),
+            retried.len()
+        );
+        system.shutdown().await;
+        let _ = client.shutdown().await;
+        rolled
+    });
+    // Each shard left the first version once, and no shard moved between
+    // nodes of the second version before the roll was done (after it,
+    // rebalance rounds may spread them).
+    let everyone: Vec<&NodeProcess> = old.iter().chain(new.iter()).collect();
+    let old_ids: Vec<&str> = old.iter().map(|n| n.node_id.as_str()).collect();
+    let mut from_old: BTreeMap<u64, usize> = BTreeMap::new();
+    for (at, shard, from) in shard_moves(&everyone) {
+        if old_ids.contains(&from.as_str()) {
+            *from_old.entry(shard).or_default() += 1;
+        } else {
+            assert!(
+                at > rolled,
+                "shard {shard} moved again mid-roll, from {from}"
+            );
+        }
+    }
+    let mut histogram: BTreeMap<usize, usize> = BTreeMap::new();
+    for n in from_old.values() {
+        *histogram.entry(*n).or_default() += 1;
+    }
+    eprintln!("shards by moves off the first version (moves: shards): {histogram:?}");
+    assert!(
+        from_old.values().all(|n| *n == 1),
+        "moves per shard: {from_old:?}"
+    );
+    for n in &mut new {
+        n.signal(libc::SIGTERM);
+        let (status, _) = n.expect_exit();
+        assert!(status.success(), "{} exited with {status}", n.name);
+    }
+}
+
+fn stats_total(sent: &[u64]) -> u64 {
+    sent.iter().sum()
+}
