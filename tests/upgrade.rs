@@ -22,7 +22,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use datum_cluster_sharding::{ProducerConfig, ShardingError};
+use datum_cluster_sharding::cluster::ClusterNode;
+use datum_cluster_sharding::{ProducerConfig, ShardedSystem, ShardingError};
 
 mod common;
 mod node_process;
@@ -83,6 +84,57 @@ fn shard_moves(nodes: &[&NodeProcess]) -> Vec<(Instant, u64, String)> {
     moves
 }
 
+/// Starts a version-2 node joining through `through` and waits until
+/// `up` members are Up (the client included) and its region is
+/// registered with the coordinator, so that shards can go to it.
+async fn join(name: &'static str, through: &str, up: usize, client: &ClusterNode) -> NodeProcess {
+    let mut joined = NodeProcess::start_with(name, Some(through), &flags("2"));
+    joined.expect_members_up(up);
+    joined.expect_line(|l| {
+        field(l, "event") == Some("region_state") && l.contains(r#""registered":true"#)
+    });
+    client
+        .wait_until(|s| s.up_members().count() == up, LONG)
+        .await
+        .expect("the client sees the new node Up");
+    joined
+}
+
+/// SIGTERM to `leaving`: it hands its shards off, exits 0, and the client
+/// sees it removed.
+async fn leave(leaving: &mut NodeProcess, client: &ClusterNode) {
+    leaving.signal(libc::SIGTERM);
+    let (_, done) = leaving.expect_line(|l| field(l, "event") == Some("handed_off"));
+    assert_eq!(number(&done, "shards"), Some(0), "{done}");
+    let (status, _) = leaving.expect_exit();
+    assert!(status.success(), "{} exited with {status}", leaving.name);
+    let gone: std::net::SocketAddr = leaving.addr.parse().expect("addr");
+    client
+        .wait_until(|s| s.members.iter().all(|m| m.address.addr != gone), LONG)
+        .await
+        .expect("the client sees the old node removed");
+}
+
+/// Asks `Reset` of counter `id` until it is answered, as a caller does
+/// while its shard moves to a node that knows the message: every refusal
+/// meanwhile must be `UnknownMessage`.
+async fn reset_until_answered(system: &ShardedSystem, id: &str) {
+    let counter = system.entity_ref::<CounterV2>(id);
+    let deadline = Instant::now() + LONG;
+    loop {
+        match counter.ask(Reset, ASK_TIMEOUT).await {
+            Ok(n) => {
+                assert_eq!(n, 1, "{id}: reset once");
+                return;
+            }
+            Err(ShardingError::UnknownMessage { .. }) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("{id}: Reset with a version-2 node up: {e:?}"),
+        }
+    }
+}
+
 #[test]
 fn a_cluster_rolls_from_version_1_to_version_2_under_traffic_and_loses_nothing() {
     let nodes: usize = std::env::var("UPGRADE_NODES")
@@ -92,6 +144,11 @@ fn a_cluster_rolls_from_version_1_to_version_2_under_traffic_and_loses_nothing()
     const OLD: [&str; 5] = ["v1-a", "v1-b", "v1-c", "v1-d", "v1-e"];
     const NEW: [&str; 5] = ["v2-a", "v2-b", "v2-c", "v2-d", "v2-e"];
     assert!((2..=5).contains(&nodes), "UPGRADE_NODES: 2 to 5");
+    // `UPGRADE_ORDER=in-place` stops each old node before its successor
+    // starts (as a fixed set of hosts must): the first leavers' shards then
+    // go to old nodes, which move them again. By default a successor starts
+    // first (a surge of one node).
+    let in_place = std::env::var("UPGRADE_ORDER").as_deref() == Ok("in-place");
     let first = NodeProcess::start_with(OLD[0], None, &flags("1"));
     let seed = first.addr.clone();
     let mut old = vec![first];
@@ -165,54 +222,21 @@ fn a_cluster_rolls_from_version_1_to_version_2_under_traffic_and_loses_nothing()
         // The roll: a version-2 node joins, then a version-1 node leaves.
         for step in 0..nodes {
             let through = new.last().map_or(old[1].addr.clone(), |n| n.addr.clone());
-            let mut joined = NodeProcess::start_with(NEW[step], Some(&through), &flags("2"));
-            joined.expect_members_up(nodes + 2);
-            // Its region registered with the coordinator, so that the
-            // leaver's shards can go to it.
-            joined.expect_line(|l| {
-                field(l, "event") == Some("region_state") && l.contains(r#""registered":true"#)
-            });
-            client
-                .wait_until(|s| s.up_members().count() == nodes + 2, LONG)
-                .await
-                .expect("the client sees the new node Up");
+            if in_place {
+                leave(&mut old[step], &client).await;
+            }
+            let up = if in_place { nodes + 1 } else { nodes + 2 };
+            new.push(join(NEW[step], &through, up, &client).await);
             if step == 0 {
                 // `Reset` now moves its shard to the version-2 node, and
                 // is answered there once sent again.
                 for id in &resets {
-                    let counter = system.entity_ref::<CounterV2>(id.as_str());
-                    let deadline = Instant::now() + LONG;
-                    loop {
-                        match counter.ask(Reset, ASK_TIMEOUT).await {
-                            Ok(n) => {
-                                assert_eq!(n, 1, "{id}: reset once");
-                                break;
-                            }
-                            Err(ShardingError::UnknownMessage { .. })
-                                if Instant::now() < deadline =>
-                            {
-                                tokio::time::sleep(Duration::from_millis(50)).await;
-                            }
-                            Err(e) => panic!("{id}: Reset with a version-2 node up: {e:?}"),
-                        }
-                    }
+                    reset_until_answered(&system, id).await;
                 }
             }
-            new.push(joined);
-            let leaving = &mut old[step];
-            leaving.signal(libc::SIGTERM);
-            let (_, done) = leaving.expect_line(|l| field(l, "event") == Some("handed_off"));
-            assert_eq!(number(&done, "shards"), Some(0), "{done}");
-            let (status, _) = leaving.expect_exit();
-            assert!(status.success(), "{} exited with {status}", leaving.name);
-            let gone: std::net::SocketAddr = leaving.addr.parse().expect("addr");
-            client
-                .wait_until(
-                    |s| s.members.iter().all(|m| m.address.addr != gone),
-                    LONG,
-                )
-                .await
-                .expect("the client sees the old node removed");
+            if !in_place {
+                leave(&mut old[step], &client).await;
+            }
         }
 
         let rolled = Instant::now();
@@ -284,8 +308,9 @@ fn a_cluster_rolls_from_version_1_to_version_2_under_traffic_and_loses_nothing()
         *histogram.entry(*n).or_default() += 1;
     }
     eprintln!("shards by moves off the first version (moves: shards): {histogram:?}");
+    let most = if in_place { nodes } else { 1 };
     assert!(
-        from_old.values().all(|n| *n == 1),
+        from_old.values().all(|n| *n <= most),
         "moves per shard: {from_old:?}"
     );
     for n in &mut new {
