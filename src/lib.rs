@@ -90,6 +90,7 @@ pub use entity::{
     DeferredHandler, DurableState, Entity, EntityContext, EventSourced, Handler, Migratable,
     MigrationEvent, ReplyPort, Snapshotted, Stored, Unreadable,
 };
+pub use model::app_version::{AppVersion, AppVersionError};
 pub use model::config::{
     EntityLimit, MAX_SHARDS, PassivationPolicy, RememberEntitiesConfig,
     RememberEntitiesFailurePolicy, RememberEntitiesQueueFull, ShardingConfig,

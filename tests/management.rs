@@ -272,6 +272,7 @@ async fn three_nodes_answer_probes_members_placement_and_metrics() {
         .await
         .json();
         assert_eq!(members["self_node"], nodes[i].self_address().to_string());
+        assert_eq!(members["app_version"], "0");
         let listed: BTreeSet<String> = members["members"]
             .as_array()
             .unwrap()

@@ -1,10 +1,12 @@
-//! A rolling upgrade of real `datum-node` processes on 127.0.0.1: a
-//! cluster hosting version 1 of the counter (`--counter-version 1`) is
-//! rolled to version 2 (which adds `ask Reset -> u64` and moves its state
-//! in a new shape) one node at a time — a version-2 node is started, then
-//! a version-1 node is sent SIGTERM and hands its shards off — while a
-//! client in this process adds to counters through a reliable producer and
-//! asks them, as a user's service would.
+//! Rolling upgrades of real `datum-node` processes on 127.0.0.1: a
+//! cluster of one build of the service is rolled to the next one node at
+//! a time — a node of the new build is started and registered, then an old
+//! node is sent SIGTERM and hands its shards off — while a client in this
+//! process adds to counters through a reliable producer and asks them, as
+//! a user's service would. Two rolls: to a build whose counter protocol
+//! gained `ask Reset -> u64` and moves its state in a new shape
+//! (`--counter-version 2`, application version 2.0), and to a build with
+//! the same protocol and a new application version (1.4 to 1.5).
 //!
 //! What must hold: no ask is lost (the only error an ask may meet is
 //! `ShuttingDown`, sent again); every reliable addition takes effect once
@@ -12,10 +14,11 @@
 //! the factory's 0 on a move shows as a short total); `Reset`, a message
 //! version 1 does not know, is refused with `UnknownMessage` while no
 //! version-2 node is up and answered once one is (its shard moved there);
-//! and at the end every shard is hosted by a version-2 node. Each node
-//! prints a line for every shard that moves to it, with its entities'
-//! states or without them: none may come without, and the moves per shard
-//! are counted and printed.
+//! at the end every shard is hosted by a node of the new build, whose
+//! application version the members report. Each node prints a line for
+//! every shard that moves to it, with its entities' states or without
+//! them: none may come without, no shard may go to a node of the old
+//! build, and none may leave the old build twice; the moves are printed.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -46,12 +49,22 @@ const COUNTERS: usize = 64;
 /// Counters that are reset (kept apart, so that the totals stay checkable).
 const RESET: usize = 8;
 
-/// The flags of a node hosting `version` of the counter.
-fn flags(version: &'static str) -> [&'static str; 7] {
+/// One build of the service: the counter's version and the application
+/// version.
+#[derive(Clone, Copy, Debug)]
+struct Build {
+    counter: &'static str,
+    app: &'static str,
+}
+
+/// The flags of a node of `build`.
+fn flags(build: Build) -> [&'static str; 9] {
     [
         "--counter",
         "--counter-version",
-        version,
+        build.counter,
+        "--app-version",
+        build.app,
         "--shards",
         "32",
         "--stats-ms",
@@ -59,11 +72,11 @@ fn flags(version: &'static str) -> [&'static str; 7] {
     ]
 }
 
-/// Every shard move the nodes printed: when, the shard, and the node id
-/// it came from (a node prints `shard_received` for each shard that comes
+/// Every shard move the nodes printed: when, the shard, the node id it
+/// came from, and the name of the node it went to (a node prints `shard_received` for each shard that comes
 /// to it from another). Panics on a `shard_fell_back` or a
 /// `state_refused` line: a state that did not come.
-fn shard_moves(nodes: &[&NodeProcess]) -> Vec<(Instant, u64, String)> {
+fn shard_moves(nodes: &[&NodeProcess]) -> Vec<(Instant, u64, String, &'static str)> {
     let mut moves = Vec::new();
     for node in nodes {
         let history = node.history.lock().unwrap_or_else(|p| p.into_inner());
@@ -73,6 +86,7 @@ fn shard_moves(nodes: &[&NodeProcess]) -> Vec<(Instant, u64, String)> {
                     *at,
                     number(line, "shard").expect("shard"),
                     field(line, "from").expect("from").to_owned(),
+                    node.name,
                 )),
                 Some("shard_fell_back" | "state_refused") => {
                     panic!("{}: a state did not come: {line}", node.name)
@@ -84,11 +98,17 @@ fn shard_moves(nodes: &[&NodeProcess]) -> Vec<(Instant, u64, String)> {
     moves
 }
 
-/// Starts a version-2 node joining through `through` and waits until
+/// Starts a node of `build` joining through `through` and waits until
 /// `up` members are Up (the client included) and its region is
 /// registered with the coordinator, so that shards can go to it.
-async fn join(name: &'static str, through: &str, up: usize, client: &ClusterNode) -> NodeProcess {
-    let mut joined = NodeProcess::start_with(name, Some(through), &flags("2"));
+async fn join(
+    name: &'static str,
+    build: Build,
+    through: &str,
+    up: usize,
+    client: &ClusterNode,
+) -> NodeProcess {
+    let mut joined = NodeProcess::start_with(name, Some(through), &flags(build));
     joined.expect_members_up(up);
     joined.expect_line(|l| {
         field(l, "event") == Some("region_state") && l.contains(r#""registered":true"#)
@@ -135,25 +155,29 @@ async fn reset_until_answered(system: &ShardedSystem, id: &str) {
     }
 }
 
-#[test]
-fn a_cluster_rolls_from_version_1_to_version_2_under_traffic_and_loses_nothing() {
+/// Rolls a cluster of `from` to `to` under traffic, checks that nothing
+/// was lost and that each shard left the old build once (with a successor
+/// started before each leave), and prints what moved.
+fn roll(from: Build, to: Build) {
     let nodes: usize = std::env::var("UPGRADE_NODES")
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or(3);
-    const OLD: [&str; 5] = ["v1-a", "v1-b", "v1-c", "v1-d", "v1-e"];
-    const NEW: [&str; 5] = ["v2-a", "v2-b", "v2-c", "v2-d", "v2-e"];
+    const OLD: [&str; 5] = ["old-a", "old-b", "old-c", "old-d", "old-e"];
+    const NEW: [&str; 5] = ["new-a", "new-b", "new-c", "new-d", "new-e"];
     assert!((2..=5).contains(&nodes), "UPGRADE_NODES: 2 to 5");
     // `UPGRADE_ORDER=in-place` stops each old node before its successor
     // starts (as a fixed set of hosts must): the first leavers' shards then
     // go to old nodes, which move them again. By default a successor starts
     // first (a surge of one node).
     let in_place = std::env::var("UPGRADE_ORDER").as_deref() == Ok("in-place");
-    let first = NodeProcess::start_with(OLD[0], None, &flags("1"));
+    // Whether the protocol gains `Reset`.
+    let reset = from.counter == "1" && to.counter == "2";
+    let first = NodeProcess::start_with(OLD[0], None, &flags(from));
     let seed = first.addr.clone();
     let mut old = vec![first];
     for name in &OLD[1..nodes] {
-        old.push(NodeProcess::start_with(name, Some(&seed), &flags("1")));
+        old.push(NodeProcess::start_with(name, Some(&seed), &flags(from)));
     }
     let mut new: Vec<NodeProcess> = Vec::new();
     let rolled = runtime().block_on(async {
@@ -162,18 +186,20 @@ fn a_cluster_rolls_from_version_1_to_version_2_under_traffic_and_loses_nothing()
         let resets: Vec<String> = (0..RESET).map(|k| format!("r-{k}")).collect();
 
         // Version 1 does not know `Reset`: refused, typed, unprocessed.
-        match system
-            .entity_ref::<CounterV2>(resets[0].as_str())
-            .ask(Reset, ASK_TIMEOUT)
-            .await
-        {
-            Err(ShardingError::UnknownMessage {
-                type_name: "counter",
-                line: 3,
-                lines: 2,
-                ..
-            }) => {}
-            other => panic!("a Reset before any version-2 node: {other:?}"),
+        if reset {
+            match system
+                .entity_ref::<CounterV2>(resets[0].as_str())
+                .ask(Reset, ASK_TIMEOUT)
+                .await
+            {
+                Err(ShardingError::UnknownMessage {
+                    type_name: "counter",
+                    line: 3,
+                    lines: 2,
+                    ..
+                }) => {}
+                other => panic!("a Reset before any version-2 node: {other:?}"),
+            }
         }
 
         // Traffic: one reliable addition after another to every counter,
@@ -226,8 +252,8 @@ fn a_cluster_rolls_from_version_1_to_version_2_under_traffic_and_loses_nothing()
                 leave(&mut old[step], &client).await;
             }
             let up = if in_place { nodes + 1 } else { nodes + 2 };
-            new.push(join(NEW[step], &through, up, &client).await);
-            if step == 0 {
+            new.push(join(NEW[step], to, &through, up, &client).await);
+            if step == 0 && reset {
                 // `Reset` now moves its shard to the version-2 node, and
                 // is answered there once sent again.
                 for id in &resets {
@@ -257,8 +283,9 @@ fn a_cluster_rolls_from_version_1_to_version_2_under_traffic_and_loses_nothing()
                 .expect("get");
             assert_eq!(total, sent[k], "{id}: its total");
         }
-        // Every reset counter kept its state too, and only version 2 hosts.
-        for id in &resets {
+        // Every reset counter kept its state too, and only the new build
+        // hosts, as the members' answers say.
+        for id in resets.iter().filter(|_| reset) {
             let counter = system.entity_ref::<CounterV2>(id.as_str());
             assert_eq!(counter.ask(Reset, ASK_TIMEOUT).await.expect("reset"), 2);
         }
@@ -278,6 +305,11 @@ fn a_cluster_rolls_from_version_1_to_version_2_under_traffic_and_loses_nothing()
                 shards.len()
             );
         }
+        for (member, version) in &stats.app_versions {
+            if new_addrs.contains(&member.addr) {
+                assert_eq!(version.as_str(), to.app, "{member}: {stats:?}");
+            }
+        }
         eprintln!(
             "{nodes} nodes rolled: {} additions confirmed, {answered} asks answered ({} sent again after ShuttingDown), 0 lost",
             stats_total(&sent),
@@ -287,13 +319,18 @@ fn a_cluster_rolls_from_version_1_to_version_2_under_traffic_and_loses_nothing()
         let _ = client.shutdown().await;
         rolled
     });
-    // Each shard left the first version once, and no shard moved between
-    // nodes of the second version before the roll was done (after it,
+    // Each shard left the old build once, and no shard moved between
+    // nodes of the new build before the roll was done (after it,
     // rebalance rounds may spread them).
     let everyone: Vec<&NodeProcess> = old.iter().chain(new.iter()).collect();
     let old_ids: Vec<&str> = old.iter().map(|n| n.node_id.as_str()).collect();
     let mut from_old: BTreeMap<u64, usize> = BTreeMap::new();
-    for (at, shard, from) in shard_moves(&everyone) {
+    for (at, shard, from, to) in shard_moves(&everyone) {
+        // With a successor up first, no shard ever goes to an old node.
+        assert!(
+            in_place || NEW.contains(&to),
+            "shard {shard} moved to {to}, of the old build"
+        );
         if old_ids.contains(&from.as_str()) {
             *from_old.entry(shard).or_default() += 1;
         } else {
@@ -307,7 +344,7 @@ fn a_cluster_rolls_from_version_1_to_version_2_under_traffic_and_loses_nothing()
     for n in from_old.values() {
         *histogram.entry(*n).or_default() += 1;
     }
-    eprintln!("shards by moves off the first version (moves: shards): {histogram:?}");
+    eprintln!("shards by moves off the old build (moves: shards): {histogram:?}");
     let most = if in_place { nodes } else { 1 };
     assert!(
         from_old.values().all(|n| *n <= most),
@@ -322,4 +359,32 @@ fn a_cluster_rolls_from_version_1_to_version_2_under_traffic_and_loses_nothing()
 
 fn stats_total(sent: &[u64]) -> u64 {
     sent.iter().sum()
+}
+
+#[test]
+fn a_cluster_rolls_to_a_protocol_that_gained_a_message_and_loses_nothing() {
+    roll(
+        Build {
+            counter: "1",
+            app: "1.0",
+        },
+        Build {
+            counter: "2",
+            app: "2.0",
+        },
+    );
+}
+
+#[test]
+fn a_new_build_with_the_same_protocol_moves_each_shard_once() {
+    roll(
+        Build {
+            counter: "1",
+            app: "1.4",
+        },
+        Build {
+            counter: "1",
+            app: "1.5",
+        },
+    );
 }

@@ -96,6 +96,14 @@ pub struct ClusterConfig {
     /// its role (elsewhere its region is proxy-only).
     #[builder(default, setter(transform = |roles: impl IntoIterator<Item = impl Into<String>>| roles.into_iter().map(Into::into).collect()))]
     pub roles: std::collections::BTreeSet<String>,
+    /// The application version this node runs (default `"0"`): in a
+    /// rolling upgrade of the application, shards go to the nodes of the
+    /// newest one (after the newest protocol version, SPEC §13.2), so each
+    /// moves once, onto a node of the new build. Sent to the sharding
+    /// coordinator with the node's registrations; shown by
+    /// `cluster_sharding_stats` and the management endpoint.
+    #[builder(default)]
+    pub app_version: crate::AppVersion,
     /// How many refusals from *each* seed a joining node takes before it
     /// gives up and stops: it gives up once every seed it asks has refused
     /// it this often (a seed that does not answer may still be starting, so

@@ -7,6 +7,7 @@
 //! from here and from the data their own protocol speaks, and nothing that
 //! runs (tests/layering.rs holds them to it).
 
+pub(crate) mod app_version;
 pub(crate) mod config;
 pub(crate) mod envelope;
 pub(crate) mod error;

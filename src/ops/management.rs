@@ -792,6 +792,7 @@ async fn members(State(m): Endpoint) -> Response {
         StatusCode::OK,
         json!({
             "self_node": state.self_member.to_string(),
+            "app_version": m.node.config().app_version.to_string(),
             "leader": node(state.leader),
             "oldest": node(state.coordinator),
             "members": members,

@@ -20,6 +20,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use crate::AppVersion;
 use crate::membership::MembershipState;
 use crate::model::identity::UniqueAddress;
 use crate::runtime::slot::ShardHome;
@@ -44,6 +45,9 @@ pub(crate) struct ControlCore {
     me: UniqueAddress,
     coordinator: CoordinatorCore,
     side: RegionCore,
+    /// This node's application version as its registrations carry it
+    /// (`None` for `"0"`).
+    app_version: Option<String>,
 }
 
 impl ControlCore {
@@ -52,7 +56,21 @@ impl ControlCore {
             me,
             coordinator,
             side: RegionCore::new(me),
+            app_version: None,
         }
+    }
+
+    /// This node runs application version `version` (sent with its
+    /// registrations; `"0"` is sent as nothing).
+    pub(crate) fn with_app_version(mut self, version: &AppVersion) -> Self {
+        self.app_version = (*version != AppVersion::zero()).then(|| version.to_string());
+        self
+    }
+
+    /// This node's application version as its registrations carry it
+    /// (`None` for `"0"`).
+    pub(crate) fn app_version(&self) -> Option<&str> {
+        self.app_version.as_deref()
     }
 
     /// The coordinator core, for what the control task publishes.
@@ -355,6 +373,7 @@ impl ControlCore {
                 types,
                 epoch,
                 quiet_ms: quiet_ms(),
+                app_version: self.app_version.clone(),
             },
             ControlMsg::Unregister { types, .. } => ControlMsg::Unregister {
                 types,
@@ -384,7 +403,14 @@ impl ControlCore {
                     types,
                     epoch,
                     quiet_ms,
+                    app_version,
                 } => {
+                    let version = app_version.as_deref().map_or(Ok(AppVersion::zero()), |v| {
+                        v.parse().inspect_err(|error| {
+                            tracing::warn!(%from, %error, "a registration's application version counts as 0");
+                        })
+                    });
+                    (self.coordinator).set_app_version(from, version.unwrap_or_default());
                     self.coordinator.observe_epoch(epoch);
                     if let Some(ms) = quiet_ms {
                         (self.coordinator).registrant_quiet(now, Duration::from_millis(ms));

@@ -208,6 +208,7 @@ impl RegionCore {
             epoch,
             // (Filled in by the control core, which knows.)
             quiet_ms: None,
+            app_version: None,
         })
     }
 

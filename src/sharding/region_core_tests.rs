@@ -466,6 +466,7 @@ fn the_coordinators_other_words_reach_the_regions() {
         types: Vec::new(),
         epoch: 1,
         quiet_ms: None,
+        app_version: None,
     };
     assert!(core.coordinator_said(node(C), register).is_empty());
 }

@@ -20,6 +20,9 @@ pub struct ClusterShardingStats {
     pub regions: BTreeMap<UniqueAddress, BTreeMap<ShardId, usize>>,
     /// Members asked that did not answer in time.
     pub failed: BTreeSet<UniqueAddress>,
+    /// The application version of every member that answered
+    /// (`ClusterConfig::app_version`; `"0"` from one that names none).
+    pub app_versions: BTreeMap<UniqueAddress, crate::AppVersion>,
     /// The acting sharding coordinator, as it answered for itself (its
     /// epoch, whether it allocates yet); `None` when no member that
     /// answered is acting (a takeover under way, or its answer was late).

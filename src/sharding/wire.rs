@@ -237,6 +237,12 @@ pub(crate) enum ControlMsg {
         /// its coordinator's last table named. Absent when none.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         quiet_ms: Option<u64>,
+        /// The application version this node runs (`ClusterConfig::
+        /// app_version`, SPEC §13.2), as written; absent for `"0"` (and
+        /// from builds that predate it). One that does not parse counts
+        /// as `"0"`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        app_version: Option<String>,
     },
     /// Region → coordinator: this node's regions of these types stop (its
     /// sharded system shuts down); their shards need new homes.
@@ -353,6 +359,10 @@ pub(crate) enum ControlMsg {
         /// Present when the answering node is the acting coordinator.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         coordinator: Option<ActiveCoordinator>,
+        /// The answering node's application version, as `Register`'s
+        /// (absent: `"0"`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        app_version: Option<String>,
     },
 }
 
@@ -823,9 +833,20 @@ mod tests {
             types: Vec::new(),
             epoch: 2,
             quiet_ms: None,
+            app_version: None,
         };
         let spec = "a1 68 52 65 67 69 73 74 65 72 a2 65 74 79 70 65 73 80 65 65 70 6f 63 68 02";
         assert_eq!(register.encode(), hex(spec));
+        // With an application version: one more key, its text.
+        let versioned = ControlMsg::Register {
+            types: Vec::new(),
+            epoch: 2,
+            quiet_ms: None,
+            app_version: Some("2.1".into()),
+        };
+        let spec = "a1 68 52 65 67 69 73 74 65 72 a3 65 74 79 70 65 73 80 65 65 70 6f 63 68 02
+                    6b 61 70 70 5f 76 65 72 73 69 6f 6e 63 32 2e 31";
+        assert_eq!(versioned.encode(), hex(spec));
         // A message from a peer that predates epochs decodes as epoch 0.
         let old_home = hex(&format!(
             "a1 64 48 6f 6d 65
@@ -850,6 +871,7 @@ mod tests {
             region: true,
             shards: vec![(5, 2)],
             coordinator: None,
+            app_version: None,
         };
         let spec = "
             a1 65 53 74 61 74 73

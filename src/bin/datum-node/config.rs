@@ -46,6 +46,7 @@ pub(super) fn cluster_config(args: &mut Args) -> Result<ClusterConfig, ExitCode>
     config.advertised_addr = args.advertise;
     config.tls = tls;
     config.discovery = discovery;
+    config.app_version = args.app_version.clone();
     Ok(config)
 }
 

@@ -123,6 +123,12 @@ pub(super) struct Args {
           conflicts_with = "journal_url", value_parser = clap::value_parser!(u8).range(1..=2))]
     pub(super) counter_version: u8,
 
+    /// This node's application version (dot-separated numbers, such as
+    /// `2.14.1`): in a rolling upgrade shards go to the nodes of the newest
+    /// one, so each moves once (SPEC §13.2).
+    #[arg(long, env = "DATUM_APP_VERSION", default_value = "0")]
+    pub(super) app_version: datum_cluster_sharding::AppVersion,
+
     /// The counter type's shard count (every node of the cluster must agree).
     #[arg(long, env = "DATUM_SHARDS", default_value_t = 128,
           value_parser = clap::value_parser!(u32).range(1..=i64::from(datum_cluster_sharding::MAX_SHARDS)))]

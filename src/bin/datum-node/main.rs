@@ -17,6 +17,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use datum_cluster_sharding::AppVersion;
 use datum_cluster_sharding::cluster::ClusterNode;
 use datum_cluster_sharding::membership::{MembershipEvent, MembershipState};
 
@@ -173,7 +174,11 @@ async fn start(args: &mut Args) -> Result<Running, ExitCode> {
     let events = node.subscribe();
     let state = node.watch_state();
     let me = node.self_address();
-    emit(&Line::member("started", &me, 0));
+    let app_version = &node.config().app_version;
+    emit(&Line {
+        app_version: (*app_version != AppVersion::zero()).then(|| app_version.to_string()),
+        ..Line::member("started", &me, 0)
+    });
     let system = host_counter(args, &node, journal).await?;
     let migrations = system.as_ref().map(Hosted::migration_events);
     #[cfg(feature = "management")]

@@ -214,6 +214,7 @@ pub(super) fn event_line(event: &MembershipEvent, t: u64) -> Line<'_> {
             incarnation: None,
             previous: None,
             reason: None,
+            app_version: None,
             t_ms: t,
         },
         MembershipEvent::JoinRefused {
@@ -234,6 +235,7 @@ pub(super) fn event_line(event: &MembershipEvent, t: u64) -> Line<'_> {
                     "by this node"
                 }
             )),
+            app_version: None,
             t_ms: t,
         },
         // A kind of event this binary does not know yet: its name only.
@@ -244,6 +246,7 @@ pub(super) fn event_line(event: &MembershipEvent, t: u64) -> Line<'_> {
             incarnation: None,
             previous: None,
             reason: None,
+            app_version: None,
             t_ms: t,
         },
     }
@@ -265,6 +268,10 @@ pub(super) struct Line<'a> {
     /// Only on `join_refused`: the `Reject` reason and which side refused.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) reason: Option<String>,
+    /// Only on `started`, with `--app-version`: this node's application
+    /// version.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) app_version: Option<String>,
     pub(super) t_ms: u64,
 }
 
@@ -277,6 +284,7 @@ impl<'a> Line<'a> {
             incarnation: Some(member.incarnation),
             previous: None,
             reason: None,
+            app_version: None,
             t_ms,
         }
     }

@@ -151,6 +151,29 @@ fn split_brain_flag_values() {
     }
 }
 
+/// `--app-version` takes dot-separated numbers (default `0`), and
+/// `--counter-version` 1 or 2 with `--counter` only.
+#[test]
+fn version_flags() {
+    let parse = |extra: &[&str]| {
+        let base = ["datum-node", "--cluster-name", "c", "--secret", "s"];
+        Args::try_parse_from(base.iter().chain(extra))
+    };
+    let args = parse(&[]).expect("parses");
+    assert_eq!(args.app_version, datum_cluster_sharding::AppVersion::zero());
+    let args = parse(&["--app-version", "2.14.1"]).expect("parses");
+    assert_eq!(args.app_version.as_str(), "2.14.1");
+    let error = parse(&["--app-version", "2.x"]).expect_err("refused");
+    assert!(error.to_string().contains("`2.x`"), "{error}");
+    let args = parse(&["--counter", "--counter-version", "2"]).expect("parses");
+    assert_eq!(args.counter_version, 2);
+    assert!(parse(&["--counter", "--counter-version", "3"]).is_err());
+    assert!(
+        parse(&["--counter-version", "2"]).is_err(),
+        "needs --counter"
+    );
+}
+
 /// The lines keep the field names, order and number formatting SPEC
 /// §10c.2 shows.
 #[test]
@@ -160,6 +183,13 @@ fn lines_are_as_spec_shows_them() {
         (
             json_line(&Line::member("started", &m, 0)),
             r#"{"event":"started","addr":"127.0.0.1:44767","node_id":"93b305682c1a07ee","incarnation":1796042329732518,"t_ms":0}"#,
+        ),
+        (
+            json_line(&Line {
+                app_version: Some("2.1".into()),
+                ..Line::member("started", &m, 0)
+            }),
+            r#"{"event":"started","addr":"127.0.0.1:44767","node_id":"93b305682c1a07ee","incarnation":1796042329732518,"app_version":"2.1","t_ms":0}"#,
         ),
         (
             json_line(&event_line(

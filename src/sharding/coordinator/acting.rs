@@ -307,6 +307,7 @@ impl CoordinatorCore {
         self.note_gone(now, state, &before);
         let members = &self.members;
         self.registered.retain(|m| members.contains_key(m));
+        self.app_versions.retain(|m, _| members.contains_key(m));
         for table in self.types.values_mut() {
             table.regions.retain(|m| members.contains_key(m));
             let registered = table.versions.len();

@@ -102,6 +102,8 @@ pub(crate) struct CoordinatorCore {
     ring: RecentRing,
     /// Members that registered with this core (any type).
     registered: BTreeSet<UniqueAddress>,
+    /// The application versions the members registered with (none: `"0"`).
+    app_versions: BTreeMap<UniqueAddress, crate::AppVersion>,
     types: BTreeMap<String, TypeTable>,
     /// Per type, members whose region of it stopped (unregistered) and has
     /// not registered again: their shards are orphans, though they are
@@ -171,6 +173,7 @@ impl CoordinatorCore {
             members: BTreeMap::new(),
             ring: RecentRing::default(),
             registered: BTreeSet::new(),
+            app_versions: BTreeMap::new(),
             types: BTreeMap::new(),
             departed: BTreeMap::new(),
             rounds: Vec::new(),

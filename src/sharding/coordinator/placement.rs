@@ -116,10 +116,11 @@ impl CoordinatorCore {
     /// The members that may be given shards of `type_name`: Up and
     /// reachable, with a region of the type that is not proxy-only,
     /// leaving or stopped — and of those, the ones that run the newest
-    /// version of the type's protocol among them (SPEC §13.6: in a rolling
+    /// version of the type's protocol among them, and of those the ones
+    /// of the newest application version (SPEC §13.2, §13.6: in a rolling
     /// upgrade new shards, rebalance moves and the shards of leaving
-    /// nodes go to nodes that know every message, and a shard moves at
-    /// most once; the shards older nodes host stay there until they leave).
+    /// nodes go to nodes of the new build, and a shard moves at most once;
+    /// the shards older nodes host stay there until they leave).
     pub(super) fn candidates(&self, type_name: &str) -> BTreeSet<UniqueAddress> {
         let eligible = self.eligible(type_name);
         let Some(table) = self.types.get(type_name) else {
@@ -135,11 +136,24 @@ impl CoordinatorCore {
                 n
             }
         });
-        let Some((newest, _)) = newest else {
-            return eligible;
+        let newest_protocol: BTreeSet<UniqueAddress> = match newest {
+            Some((newest, _)) => (eligible.iter())
+                .filter(|m| version(m).is_none_or(|(f, _)| f == newest))
+                .copied()
+                .collect(),
+            None => eligible,
         };
-        (eligible.iter())
-            .filter(|m| version(m).is_none_or(|(f, _)| f == newest))
+        // And of those, the ones of the newest application version.
+        if self.app_versions.is_empty() {
+            return newest_protocol;
+        }
+        let zero = crate::AppVersion::zero();
+        let app = |m: &UniqueAddress| self.app_versions.get(m).unwrap_or(&zero);
+        let Some(newest_app) = newest_protocol.iter().map(app).max() else {
+            return newest_protocol;
+        };
+        (newest_protocol.iter())
+            .filter(|m| app(m) == newest_app)
             .copied()
             .collect()
     }

@@ -407,6 +407,62 @@ fn shards_go_to_nodes_of_the_newest_protocol_version() {
     assert_ne!(c2.home(TYPE, 0).map(|h| h.owner), Some(n[1]));
 }
 
+/// Shards go to the nodes of the newest application version among those
+/// of the newest protocol version: the protocol version comes first, and
+/// a node of an older application version gets nothing while a newer one
+/// can take it; absent is `"0"`; nor is a type rebalanced while its hosts
+/// run two application versions.
+#[test]
+fn shards_go_to_nodes_of_the_newest_app_version() {
+    let t0 = Instant::now();
+    let app = |s: &str| s.parse::<crate::AppVersion>().expect("a version");
+    let n: Vec<UniqueAddress> = (1..=4).map(node).collect();
+    let (v1, v2) = (versioned(12, &[11, 12]), versioned(12, &[11, 12, 13]));
+    let mut c = core(n[0]);
+    c.set_membership(t0, &view(n[0], &n, &[], &[]));
+    // n0: app 1.0 (absent: "0" counts as older); n1 and n2: app 1.1 (n2's
+    // protocol older); n3: app 2.0 with the older protocol.
+    c.set_app_version(n[1], app("1.1"));
+    c.set_app_version(n[2], app("1.1"));
+    c.set_app_version(n[3], app("2.0"));
+    c.register(t0, n[0], &v2);
+    c.register(t0, n[1], &v2);
+    c.register(t0, n[2], &v1);
+    c.register(t0, n[3], &v1);
+    for shard in 0..6 {
+        c.get_home(t0, n[0], TYPE, shard, 0);
+        assert_eq!(
+            c.home(TYPE, shard).map(|h| h.owner),
+            Some(n[1]),
+            "shard {shard}: the newest protocol, then the newest app version"
+        );
+    }
+    // n0 upgraded in place to 1.1: both take shards, and rounds run.
+    c.set_app_version(n[0], app("1.1.0"));
+    c.unregister(t0, n[2], &[TYPE.to_owned()]);
+    c.unregister(t0, n[3], &[TYPE.to_owned()]);
+    let asked = handoffs_in(&c.tick(t0 + first_rebalance()));
+    assert!(!asked.is_empty(), "one version: rounds spread the shards");
+    // A 1.2 joins: while two application versions host, no round.
+    let mut c = core(n[0]);
+    c.set_membership(t0, &view(n[0], &n[..2], &[], &[]));
+    c.set_app_version(n[0], app("1.1"));
+    c.set_app_version(n[1], app("1.2"));
+    c.register(t0, n[0], &v2);
+    for shard in 0..6 {
+        c.get_home(t0, n[0], TYPE, shard, 0);
+    }
+    c.set_membership(t0, &view(n[0], &n[..3], &[], &[]));
+    c.set_app_version(n[2], app("1.2"));
+    c.register(t0, n[1], &v2);
+    c.register(t0, n[2], &v2);
+    let mut now = t0 + first_rebalance();
+    for _ in 0..3 {
+        assert!(handoffs_in(&c.tick(now)).is_empty(), "a round mid-roll");
+        now += CoordinatorConfig::default().rebalance_interval;
+    }
+}
+
 /// While the eligible hosts run two versions of the type's protocol no
 /// rebalance round starts — not even between the nodes of the newest
 /// version, which would move a shard a second time during the roll — and

@@ -29,6 +29,7 @@ impl Control {
                         .coordinator()
                         .activity(now)
                         .map(|(epoch, allocating)| ActiveCoordinator { epoch, allocating }),
+                    app_version: self.core.app_version().map(str::to_owned),
                 };
                 self.send(from, msg);
             }
@@ -37,7 +38,11 @@ impl Control {
                 region,
                 shards,
                 coordinator,
-            } => self.stats_answer(from, id, region, shards, coordinator),
+                app_version,
+            } => {
+                let app_version = app_version.and_then(|v| v.parse().ok()).unwrap_or_default();
+                self.stats_answer(from, id, region, shards, coordinator, app_version)
+            }
             msg @ (ControlMsg::Register { .. }
             | ControlMsg::NeedsNewer { .. }
             | ControlMsg::Unregister { .. }

@@ -159,7 +159,8 @@ impl ClusterLink {
             shared: shared.clone(),
             node: self.node.clone(),
             me,
-            core: ControlCore::new(me, CoordinatorCore::new(me, parts.config, parts.strategy)),
+            core: ControlCore::new(me, CoordinatorCore::new(me, parts.config, parts.strategy))
+                .with_app_version(&self.node.config().app_version),
             self_tx: self.driver.downgrade(),
             rx: parts.rx,
             control: parts.control,

@@ -114,6 +114,7 @@ impl Control {
         region: bool,
         shards: Vec<(u32, u32)>,
         coordinator: Option<ActiveCoordinator>,
+        app_version: crate::AppVersion,
     ) {
         let Some(pending) = self.stats.get_mut(&id) else {
             return;
@@ -121,6 +122,7 @@ impl Control {
         if !pending.waiting.remove(&from) {
             return;
         }
+        pending.stats.app_versions.insert(from, app_version);
         if let Some(active) = coordinator {
             note_coordinator(&mut pending.stats, from, active);
         }
