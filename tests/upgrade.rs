@@ -202,6 +202,13 @@ fn roll(from: Build, to: Build) {
             }
         }
 
+        // Every counter answers once, so that every shard has a home on
+        // the old build before the roll begins.
+        for id in ids.iter().chain(&resets) {
+            let counter = system.entity_ref::<CounterV2>(id.as_str());
+            assert_eq!(counter.ask(Get, ASK_TIMEOUT).await.expect("warm-up"), 0);
+        }
+
         // Traffic: one reliable addition after another to every counter,
         // and asks of every counter, until the roll is done.
         let stop = Arc::new(AtomicBool::new(false));
