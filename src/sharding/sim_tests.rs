@@ -46,10 +46,13 @@
 //! coordinator (its fingerprint differs): its senders then hear
 //! `RegionRefused`. The restless histories without a reliable producer run
 //! a remembered type on a store all nodes share: once the cluster is left
-//! alone, every remembered entity is live on its shard's host. Nodes 3 and
-//! 4 run a later version of the type's protocol (one line appended, SPEC
-//! §13.6): the coordinator gives them the new shards while older nodes
-//! keep theirs.
+//! alone, every remembered entity is live on its shard's host. In the
+//! rolling-upgrade histories nodes 3 and 4 run a later version of the
+//! type's protocol (one line appended, SPEC §13.6): the coordinator gives
+//! them the new shards while older nodes keep theirs, no rebalance round
+//! runs while both versions host, and asks of the appended line, which
+//! nodes 3 and 4 make, are processed only by them — an older node refuses
+//! one with `UnknownMessage` and asks for its shard to move.
 //!
 //! What is checked, over random histories of sends, deliveries, entity and
 //! region-actor steps, passivations, joins, crashes, downs, graceful
@@ -120,10 +123,10 @@ const NODES: usize = 5;
 /// coordinator (its protocol's fingerprint differs). The youngest member:
 /// it coordinates only when every other node is gone.
 const PROXY: usize = NODES;
-/// The type's protocol as nodes 0 to 2 run it (its fingerprint up to each
-/// line, SPEC §13.6), as nodes 3 and 4 run it (one line appended: a
-/// rolling upgrade, whose new nodes are given the new shards), and as a
-/// refused proxy runs it (its second line differs).
+/// The type's protocol as every node runs it (its fingerprint up to each
+/// line, SPEC §13.6), as nodes 3 and 4 run it in the rolling-upgrade
+/// histories (one line appended: their new nodes are given the new
+/// shards), and as a refused proxy runs it (its second line differs).
 const LINES_V1: &[u64] = &[0x51, 1];
 const LINES_V2: &[u64] = &[0x51, 1, 3];
 const LINES_OTHER: &[u64] = &[0x51, 2];
@@ -221,6 +224,11 @@ struct Coverage {
     /// Shards hosted by a node of the newer version, counted at the same
     /// ticks: where the new shards went.
     hosted_by_the_newer: u64,
+    /// Messages of the newer version's line that reached a node of the
+    /// older one: refused `UnknownMessage`, its shard asked to move.
+    newer_line_refused: u64,
+    /// Such messages processed (by a node of the newer version).
+    newer_line_processed: u64,
 }
 
 fn cover(f: impl FnOnce(&mut Coverage)) {
@@ -696,8 +704,14 @@ struct Region {
 
 impl Region {
     /// The region at `me`; `limit`: its active-entity limit, if any;
-    /// `proxy`: proxy-only, and then whether its protocol differs.
-    fn new(me: UniqueAddress, limit: Option<EntityLimit>, proxy: Option<bool>) -> Self {
+    /// `proxy`: proxy-only, and then whether its protocol differs;
+    /// `rolling`: nodes 3 and 4 run the later protocol version.
+    fn new(
+        me: UniqueAddress,
+        limit: Option<EntityLimit>,
+        proxy: Option<bool>,
+        rolling: bool,
+    ) -> Self {
         let keeping = Keeping {
             max_state: 1 << 20,
             chunk: CHUNK,
@@ -718,7 +732,7 @@ impl Region {
             lines: match proxy {
                 Some(true) => LINES_OTHER,
                 Some(false) => LINES_V1,
-                None if index(&me) >= 3 => LINES_V2,
+                None if rolling && index(&me) >= 3 => LINES_V2,
                 None => LINES_V1,
             },
         }
@@ -916,7 +930,7 @@ impl Node {
     /// Node `i`; the histories under the default strategy run with an
     /// active-entity limit of three per region, so that starts passivate
     /// others to stay within their shard's share.
-    fn new(i: usize, restless: bool, proxy: Option<bool>) -> Self {
+    fn new(i: usize, restless: bool, proxy: Option<bool>, rolling: bool) -> Self {
         let strategy: Box<dyn ShardAllocationStrategy> = if restless {
             Box::new(Restless(i as u64 + 1))
         } else {
@@ -933,7 +947,7 @@ impl Node {
             ..CoordinatorConfig::default()
         };
         let limit = (!restless).then(|| EntityLimit::new(3));
-        let region = Rc::new(Region::new(addr(i), limit, proxy));
+        let region = Rc::new(Region::new(addr(i), limit, proxy, rolling));
         Node {
             me: addr(i),
             control: ControlCore::new(addr(i), CoordinatorCore::new(addr(i), config, strategy)),
@@ -978,6 +992,11 @@ struct Ledger {
     rehydrated: BTreeSet<(usize, u32)>,
     /// The asks, by message id.
     asks: BTreeMap<u64, Ask>,
+    /// The messages of the line only the later protocol version has.
+    newer: BTreeSet<u64>,
+    /// Every shard move a new owner started on: the shard, and the node
+    /// it moved to (a `Host` that names the old owner).
+    moves: Vec<(u32, usize)>,
 }
 
 /// An ask as its asker sees it.
@@ -1138,6 +1157,8 @@ struct Sim {
     after_a_short_settle: BTreeSet<(u32, u64)>,
     /// The coordinators place and move shards at random ([`Restless`]).
     restless: bool,
+    /// Nodes 3 and 4 run the later protocol version (a rolling upgrade).
+    rolling: bool,
     /// Sends go through a reliable producer, to durable entities.
     reliable: Option<Reliable>,
     /// The type remembers its entities (the restless histories without a
@@ -1150,6 +1171,7 @@ impl Sim {
     fn new(restless: bool, reliable: Option<Reliable>) -> Self {
         let mut sim = Sim {
             restless,
+            rolling: false,
             now: Instant::now(),
             nodes: (0..=PROXY).map(|_| None).collect(),
             up: Vec::new(),
@@ -1362,7 +1384,7 @@ impl Sim {
         if self.nodes[i].is_some() || self.down.contains(&i) || self.removed.contains(&i) {
             return;
         }
-        let node = Node::new(i, self.restless, None);
+        let node = Node::new(i, self.restless, None, self.rolling);
         node.region.host().store = self.reliable.as_ref().map(|r| r.store.clone());
         node.region.host().remember = self.remember.clone();
         self.nodes[i] = Some(node);
@@ -1391,7 +1413,7 @@ impl Sim {
         if self.nodes[PROXY].is_some() || self.down.contains(&PROXY) {
             return;
         }
-        let node = Node::new(PROXY, self.restless, Some(refused));
+        let node = Node::new(PROXY, self.restless, Some(refused), self.rolling);
         self.nodes[PROXY] = Some(node);
         self.up.push(PROXY);
         self.log
@@ -1742,7 +1764,7 @@ impl Sim {
         }
         let (older, newer): (Vec<usize>, Vec<usize>) = (self.up.iter())
             .filter(|i| **i != PROXY)
-            .partition(|i| **i < 3);
+            .partition(|i| !self.rolling || **i < 3);
         if !older.is_empty() && !newer.is_empty() {
             let hosted = (newer.iter())
                 .filter_map(|i| self.nodes[*i].as_ref())
@@ -1911,6 +1933,44 @@ impl Sim {
         self.ledger.asks.insert(id, ask);
         cover(|c| c.asks_kept_by_the_table += u64::from(kept));
         self.effects(i);
+    }
+
+    /// An ask of the line only the later protocol version has, made at
+    /// node `i` if its version has it.
+    fn ask_newer(&mut self, i: usize, shard: u32) {
+        if self.node(i).is_none_or(|n| n.region.lines.len() < 3) {
+            return;
+        }
+        let id = self.ledger.next;
+        self.ask(i, shard);
+        if self.ledger.next > id {
+            self.ledger.newer.insert(id);
+        }
+    }
+
+    /// A message of the newer line reached node `at`, whose version lacks
+    /// it (`deliver_envelope`'s `LineCheck::Beyond`): refused unprocessed
+    /// with `UnknownMessage`, and if `at` hosts the shard it asks the
+    /// coordinator to move it (`NeedsNewer`).
+    fn refuse_newer_line(&mut self, at: usize, wire: &Wire) {
+        cover(|c| c.newer_line_refused += 1);
+        let now = self.now;
+        if let Some(node) = self.node(at)
+            && node.region.table.slot(ShardId(wire.shard)).is_local()
+        {
+            let out = node
+                .control
+                .needs_newer(now, &node.hosted, TYPE, wire.shard);
+            self.run_control(at, out);
+        }
+        self.excuse([wire.id], "a line its receiver's version lacks");
+        let error = ShardingError::UnknownMessage {
+            type_name: TYPE,
+            line: 3,
+            lines: 2,
+            node: addr(at).to_string(),
+        };
+        self.reply(at, wire.id, Err(error), false);
     }
 
     /// Node `i` answers message `id` (processed, or failed there): the
@@ -2243,6 +2303,14 @@ impl Sim {
                 }
                 let local_route = host.local_routes.remove(&id);
                 drop(host);
+                if self.ledger.newer.contains(&id) {
+                    cover(|c| c.newer_line_processed += 1);
+                    if self.node(i).is_some_and(|n| n.region.lines.len() < 3) {
+                        self.broken.get_or_insert(format!(
+                            "message {id}, of a line node {i}'s version lacks, processed there"
+                        ));
+                    }
+                }
                 *self.ledger.processed.entry(id).or_insert(0) += 1;
                 self.reply(i, id, Ok(()), local_route);
             }
@@ -2291,7 +2359,12 @@ impl Sim {
             migrates: true,
             remembers: node.region.host().remember.is_some(),
         };
-        match node.preparing.begin(&node.region.table, word).0 {
+        let step = node.preparing.begin(&node.region.table, word).0;
+        if from.is_some() && !matches!(step, HostStep::Nothing) {
+            self.ledger.moves.push((shard, i));
+        }
+        let Some(node) = self.node(i) else { return };
+        match step {
             HostStep::Nothing => {}
             HostStep::InstallNow => {
                 node.region.install(shard, generation, Vec::new(), None);
@@ -2423,6 +2496,11 @@ impl Sim {
             && let Some(node) = self.nodes[to].as_ref()
         {
             match data {
+                Data::Envelope(wire)
+                    if node.region.lines.len() < 3 && self.ledger.newer.contains(&wire.id) =>
+                {
+                    self.refuse_newer_line(to, &wire)
+                }
                 Data::Envelope(wire) => node.region.deliver_remote(wire),
                 Data::Passivate(shard, entity) => node.region.passivate(shard, &entity, None, true),
                 Data::Reply(id, result) => self.complete(to, from, id, result),
@@ -2463,6 +2541,9 @@ enum Op {
     Send(u8, u8),
     /// An ask to an entity of a shard, made at a node.
     Ask(u8, u8),
+    /// An ask of the line only the later protocol version has, made at a
+    /// node (nothing at a node of the earlier version, which cannot).
+    AskNewer(u8, u8),
     /// The proxy node joins (refused: its fingerprint differs).
     JoinProxy(bool),
     Deliver(u8),
@@ -2511,6 +2592,34 @@ impl Arbitrary for ReliableOp {
     }
 }
 
+/// An op of a rolling-upgrade history: asks of the line only the later
+/// protocol version has (from its nodes, 3 and 4), joins of those nodes
+/// and graceful leaves of the others more often than in plain histories,
+/// and no partitions or downs of running nodes (the plain histories have
+/// those).
+#[derive(Clone, Debug)]
+struct UpgradeOp(Op);
+
+impl Arbitrary for UpgradeOp {
+    fn arbitrary(g: &mut Gen) -> Self {
+        let shard = |g: &mut Gen| u8::arbitrary(g) % SHARDS as u8;
+        let newer = |g: &mut Gen| 3 + u8::arbitrary(g) % 2;
+        UpgradeOp(match u8::arbitrary(g) % 12 {
+            0..=2 => Op::AskNewer(newer(g), shard(g)),
+            3 => Op::Join(newer(g)),
+            4 => Op::Leave(u8::arbitrary(g) % 3),
+            _ => match Op::arbitrary(g) {
+                Op::Down(..) | Op::Block(..) | Op::Cut(..) => Op::Tick,
+                op => op,
+            },
+        })
+    }
+
+    fn shrink(&self) -> Box<dyn Iterator<Item = Self>> {
+        Box::new(std::iter::empty())
+    }
+}
+
 impl Arbitrary for Op {
     fn arbitrary(g: &mut Gen) -> Self {
         let n = |g: &mut Gen| u8::arbitrary(g) % NODES as u8;
@@ -2545,7 +2654,18 @@ fn run(ops: &[Op]) -> Result<Sim, String> {
 /// Runs a history; `reliable`: its sends go through a reliable producer
 /// (then, once the cluster is left alone, [`finish_reliable`]).
 fn run_with(ops: &[Op], restless: bool, reliable: bool) -> Result<Sim, String> {
-    let mut sim = Sim::new(restless, reliable.then(Reliable::default));
+    run_in(Sim::new(restless, reliable.then(Reliable::default)), ops)
+}
+
+/// A rolling-upgrade history: nodes 3 and 4 run the later protocol version.
+fn run_rolling(ops: &[Op]) -> Result<Sim, String> {
+    let mut sim = Sim::new(false, None);
+    sim.rolling = true;
+    run_in(sim, ops)
+}
+
+fn run_in(mut sim: Sim, ops: &[Op]) -> Result<Sim, String> {
+    let reliable = sim.reliable.is_some();
     for op in ops {
         sim.check_one_host_per_generation();
         if sim
@@ -2563,6 +2683,8 @@ fn run_with(ops: &[Op], restless: bool, reliable: bool) -> Result<Sim, String> {
             }
             Op::Send(i, shard) => sim.send(i as usize, u32::from(shard)),
             Op::Ask(i, shard) => sim.ask(i as usize, u32::from(shard)),
+            Op::AskNewer(i, shard) if reliable => sim.send_reliable(i as usize, u32::from(shard)),
+            Op::AskNewer(i, shard) => sim.ask_newer(i as usize, u32::from(shard)),
             Op::Resend(i) => sim.resend(i as usize),
             Op::Confirm(i, arrives) => sim.confirm(i as usize, !arrives),
             Op::Deliver(pick) => {
@@ -2902,6 +3024,58 @@ fn random_histories_under_a_reliable_producer_store_each_effect_once_in_order() 
     );
 }
 
+/// 1,000 seeded rolling-upgrade histories ([`UpgradeOp`]): a message of
+/// the line only the later version has is processed only by a node of that
+/// version; where it reaches a node of the earlier one it is refused
+/// unprocessed (`UnknownMessage`) and its shard is asked to move there;
+/// and everything else holds as in the plain histories.
+#[test]
+fn random_rolling_upgrade_histories_process_a_newer_line_only_where_it_is_known() {
+    let var = |name: &str| std::env::var(name).ok().and_then(|v| v.parse().ok());
+    let tests = var("SIM_TESTS").map_or(1_000, |n: u64| n / 4);
+    let seed = var("SIM_SEED").unwrap_or(0x2026_1207);
+    eprintln!(
+        "simulator: {tests} rolling-upgrade histories; replay: SIM_SEED={seed} SIM_TESTS={} cargo \
+         test --lib sharding::sim_tests::random_rolling_upgrade_histories",
+        tests * 4
+    );
+    let before = COVER.with(|c| {
+        let c = c.borrow();
+        [
+            c.newer_line_refused,
+            c.newer_line_processed,
+            c.mixed_versions,
+            c.hosted_by_the_newer,
+        ]
+    });
+    let holds = |ops: Vec<UpgradeOp>| {
+        let ops: Vec<Op> = ops.into_iter().map(|UpgradeOp(op)| op).collect();
+        run_rolling(&ops).map_err(|e| eprintln!("{e}")).is_ok()
+    };
+    QuickCheck::new()
+        .rng(Gen::from_size_and_seed(200, seed))
+        .tests(tests)
+        .quickcheck(holds as fn(Vec<UpgradeOp>) -> bool);
+    let reached = COVER.with(|c| {
+        let c = c.borrow();
+        [
+            c.newer_line_refused,
+            c.newer_line_processed,
+            c.mixed_versions,
+            c.hosted_by_the_newer,
+        ]
+    });
+    let [refused, processed, mixed, newer] = [0, 1, 2, 3].map(|k| reached[k] - before[k]);
+    eprintln!(
+        "rolling-upgrade histories: {refused} newer-line messages refused, {processed} processed; \
+         {mixed} ticks of mixed versions, {newer} shard-ticks on the newer nodes"
+    );
+    assert!(
+        tests < 500 || [refused, processed, mixed, newer].iter().all(|n| *n > 0),
+        "the histories no longer reach both versions with the newer line"
+    );
+}
+
 /// 4,000 seeded histories, half under the default strategy and half under
 /// [`Restless`] (the same ones every run, so that CI is repeatable;
 /// `SIM_SEED=<n>` explores others, `SIM_TESTS=<n>` runs more).
@@ -2946,14 +3120,74 @@ fn random_cluster_histories_lose_only_what_a_crash_or_a_cut_took() {
             c.removed,
             c.downed_while_running,
             c.two_acting_coordinators,
-            c.mixed_versions,
-            c.hosted_by_the_newer,
         ];
         assert!(
             tests < 4_000 || reached.iter().all(|n| *n > 0),
             "the histories no longer reach every transition: {c:?}"
         );
     });
+}
+
+/// A scripted rolling upgrade of five nodes under traffic: nodes 0 to 2
+/// run the earlier protocol version; node 3, of the later one, joins
+/// before node 0 leaves, node 4 before node 1, and node 2 leaves last.
+/// Every shard placed on an old node moves once, onto a node of the later
+/// version, and nothing is lost.
+#[test]
+fn a_scripted_rolling_upgrade_moves_each_shard_once() {
+    let mut ops = Vec::new();
+    let traffic = |ops: &mut Vec<Op>, senders: &[u8], rounds: u8| {
+        for r in 0..rounds {
+            for s in 0..SHARDS as u8 {
+                let sender = senders[usize::from(r) % senders.len()];
+                ops.push(Op::Ask(sender, s));
+                for k in 0..4 {
+                    ops.push(Op::Deliver(
+                        r.wrapping_mul(7).wrapping_add(s).wrapping_add(k),
+                    ));
+                }
+                for n in 0..NODES as u8 {
+                    ops.push(Op::Process(n, r));
+                }
+            }
+            ops.push(Op::Tick);
+        }
+    };
+    ops.push(Op::Join(2));
+    traffic(&mut ops, &[0, 1, 2], 30);
+    ops.push(Op::Join(3));
+    traffic(&mut ops, &[0, 1, 2, 3], 30);
+    ops.push(Op::Leave(0));
+    traffic(&mut ops, &[1, 2, 3], 40);
+    ops.push(Op::Join(4));
+    traffic(&mut ops, &[1, 2, 3, 4], 30);
+    ops.push(Op::Leave(1));
+    traffic(&mut ops, &[2, 3, 4], 40);
+    ops.push(Op::Leave(2));
+    traffic(&mut ops, &[3, 4], 40);
+    let sim = run_rolling(&ops).expect("holds");
+    let mut moves: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
+    for (shard, to) in &sim.ledger.moves {
+        moves.entry(*shard).or_default().push(*to);
+    }
+    println!(
+        "{} sent, {} processed; moves per shard (to nodes): {moves:?}",
+        sim.ledger.sent,
+        sim.ledger.processed.len()
+    );
+    // (A shard first asked for after node 3 joined starts there.)
+    assert!(moves.len() >= 4, "the shards placed on the old nodes moved");
+    for (shard, to) in &moves {
+        assert!(
+            matches!(to[..], [3 | 4]),
+            "shard {shard} moved to nodes {to:?}, not once onto a node of the later version"
+        );
+    }
+    assert_eq!(
+        sim.ledger.processed.len() as u64,
+        sim.ledger.sent,
+        "nothing lost"
+    );
 }
 
 /// A scripted history: traffic while a node joins (rebalance), another
