@@ -395,3 +395,90 @@ fn a_new_build_with_the_same_protocol_moves_each_shard_once() {
         },
     );
 }
+
+/// A roll back from version 2 to version 1 of the counter (its build given
+/// a higher application version, as a re-release of the old code would
+/// be): version 2 nodes keep every shard while one is up, since only they
+/// know `Reset`; when the last leaves, its shards go to version 1 nodes,
+/// which cannot read version 2's state. That state is refused, by name
+/// (`state_refused`: "version 2, above this build's 1"), and its counters
+/// start again from 0 — never misread; asks go on being answered, and a
+/// `Reset` is refused with `UnknownMessage` once no node knows it.
+#[test]
+fn a_roll_back_to_a_version_that_cannot_read_the_state_refuses_it_by_name() {
+    let v2 = Build {
+        counter: "2",
+        app: "2.0",
+    };
+    let v1_again = Build {
+        counter: "1",
+        app: "2.1",
+    };
+    let first = NodeProcess::start_with("v2-a", None, &flags(v2));
+    let seed = first.addr.clone();
+    let mut old = vec![
+        first,
+        NodeProcess::start_with("v2-b", Some(&seed), &flags(v2)),
+    ];
+    let mut back: Vec<NodeProcess> = Vec::new();
+    runtime().block_on(async {
+        let (client, system) = proxy_client::<CounterV2>(&seed, 3).await;
+        let ids: Vec<String> = (0..16).map(|k| format!("c-{k}")).collect();
+        for id in &ids {
+            let counter = system.entity_ref::<CounterV2>(id.as_str());
+            counter.tell(Add(5)).await.expect("add");
+            assert_eq!(counter.ask(Get, ASK_TIMEOUT).await.expect("get"), 5);
+        }
+        for (step, name) in ["v1-a", "v1-b"].into_iter().enumerate() {
+            let through = back.last().map_or(old[1].addr.clone(), |n| n.addr.clone());
+            back.push(join(name, v1_again, &through, 4, &client).await);
+            leave(&mut old[step], &client).await;
+            // Every counter still answers, whatever state it was given.
+            for id in &ids {
+                let counter = system.entity_ref::<CounterV2>(id.as_str());
+                let total = counter.ask(Get, ASK_TIMEOUT).await.expect("get");
+                assert!(total == 5 || (step == 1 && total == 0), "{id}: {total}");
+            }
+        }
+        // Version 2 is gone: its state was refused, so the counters start
+        // from the factory; `Reset` is refused, typed, unprocessed.
+        for id in &ids {
+            let counter = system.entity_ref::<CounterV2>(id.as_str());
+            assert_eq!(counter.ask(Get, ASK_TIMEOUT).await.expect("get"), 0);
+        }
+        match (system.entity_ref::<CounterV2>("c-0"))
+            .ask(Reset, ASK_TIMEOUT)
+            .await
+        {
+            Err(ShardingError::UnknownMessage {
+                line: 3, lines: 2, ..
+            }) => {}
+            other => panic!("a Reset with only version 1 up: {other:?}"),
+        }
+        system.shutdown().await;
+        let _ = client.shutdown().await;
+    });
+    // The refusals say why, on the version 1 nodes that took the shards.
+    let refused: Vec<String> = back
+        .iter()
+        .flat_map(|n| {
+            let history = n.history.lock().unwrap_or_else(|p| p.into_inner());
+            (history.iter())
+                .filter(|(_, l)| field(l, "event") == Some("state_refused"))
+                .map(|(_, l)| l.clone())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(refused.len(), 16, "one refusal per counter: {refused:?}");
+    for line in &refused {
+        assert!(
+            line.contains("the state has version 2, above this build's 1"),
+            "{line}"
+        );
+    }
+    for n in &mut back {
+        n.signal(libc::SIGTERM);
+        let (status, _) = n.expect_exit();
+        assert!(status.success(), "{} exited with {status}", n.name);
+    }
+}
