@@ -157,7 +157,9 @@ impl EventSourced for JournaledCounterV2 {
 
 impl Snapshotted for JournaledCounterV2 {
     type Snapshot = Totals;
-    const SNAPSHOT_EVERY: u64 = 4;
+    // (Not after events 11 and 12, which version 2 writes after version
+    // 1's snapshot at 8: its first recovery reads a mixed journal.)
+    const SNAPSHOT_EVERY: u64 = 5;
     const SNAPSHOT_VERSION: u32 = 2;
     fn snapshot(&self) -> Totals {
         self.totals.clone()

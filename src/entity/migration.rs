@@ -19,9 +19,10 @@ use crate::model::extractor::ShardId;
 ///
 /// When the state cannot come — the old owner died, the move timed out,
 /// [`read_dehydrated`](Self::read_dehydrated) cannot read the state, or its
-/// version is above this build's [`STATE_VERSION`](Self::STATE_VERSION) — the incarnation starts as the
-/// factory made it, and a [`MigrationEvent`](crate::MigrationEvent) says
-/// so. A state is applied at most once, to one incarnation.
+/// version is above this build's [`STATE_VERSION`](Self::STATE_VERSION) —
+/// the incarnation starts as the factory made it, and a
+/// [`MigrationEvent`](crate::MigrationEvent) says so. A state is applied at
+/// most once, to one incarnation.
 ///
 /// ```
 /// # use datum_cluster_sharding::prelude::*;

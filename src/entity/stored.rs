@@ -74,6 +74,12 @@ pub struct Stored<'a> {
 }
 
 impl<'a> Stored<'a> {
+    /// A record written at `version` as `bytes` (CBOR): what a reader
+    /// gets, for testing an upcaster without a store.
+    pub fn new(version: u32, bytes: &'a [u8]) -> Self {
+        Stored::alone(version, bytes)
+    }
+
     /// A record stored alone.
     pub(crate) fn alone(version: u32, bytes: &'a [u8]) -> Self {
         Stored {

@@ -81,6 +81,12 @@ impl AppVersion {
         })
     }
 
+    /// Whether this is `"0"` (or `"0.0"`, …): the version of a node that
+    /// names none.
+    pub fn is_zero(&self) -> bool {
+        self.numbers.is_empty()
+    }
+
     /// The version as it was written.
     pub fn as_str(&self) -> &str {
         &self.text
@@ -155,6 +161,7 @@ mod tests {
         assert!(v("2") > v("1.99.99"));
         assert_eq!(v("2"), v("2.0.0"));
         assert_eq!(v("0"), AppVersion::zero());
+        assert!(v("0.0").is_zero() && !v("0.1").is_zero());
         assert_eq!(AppVersion::default(), v("0.0"));
         assert_eq!(v("1.02"), v("1.2"));
         assert_eq!(v("3.1").to_string(), "3.1");

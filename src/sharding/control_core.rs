@@ -48,6 +48,9 @@ pub(crate) struct ControlCore {
     /// This node's application version as its registrations carry it
     /// (`None` for `"0"`).
     app_version: Option<String>,
+    /// Members whose registration named an application version that does
+    /// not parse, warned of once.
+    warned_versions: std::collections::BTreeSet<UniqueAddress>,
 }
 
 impl ControlCore {
@@ -57,13 +60,14 @@ impl ControlCore {
             coordinator,
             side: RegionCore::new(me),
             app_version: None,
+            warned_versions: std::collections::BTreeSet::new(),
         }
     }
 
     /// This node runs application version `version` (sent with its
     /// registrations; `"0"` is sent as nothing).
     pub(crate) fn with_app_version(mut self, version: &AppVersion) -> Self {
-        self.app_version = (*version != AppVersion::zero()).then(|| version.to_string());
+        self.app_version = (!version.is_zero()).then(|| version.to_string());
         self
     }
 
@@ -407,7 +411,10 @@ impl ControlCore {
                 } => {
                     let version = app_version.as_deref().map_or(Ok(AppVersion::zero()), |v| {
                         v.parse().inspect_err(|error| {
-                            tracing::warn!(%from, %error, "a registration's application version counts as 0");
+                            // (Once per member: registrations repeat.)
+                            if self.warned_versions.insert(from) {
+                                tracing::warn!(%from, %error, "a registration's application version counts as 0");
+                            }
                         })
                     });
                     (self.coordinator).set_app_version(from, version.unwrap_or_default());
@@ -448,12 +455,14 @@ impl ControlCore {
                 | ControlMsg::Refused { .. }) => {
                     if !self.side.hears(from) {
                         tracing::debug!(node = %self.me, %from, "a home from a node that is not the coordinator here: ignored");
+                        self.side.unheard_home(&msg);
                     } else if !self.coordinator.accept_epoch(&msg) {
                         // Fencing (SPEC §13.15): a coordinator of an older
                         // term. Register again, carrying the higher epoch,
                         // so that it takes one above it if it is still in
                         // charge.
                         tracing::debug!(node = %self.me, %from, epoch = ?msg.coordinator_epoch(), highest = self.coordinator.highest_epoch(), "a coordinator message from an older epoch: ignored");
+                        self.side.unheard_home(&msg);
                         self.side.older_epoch();
                     } else {
                         if let ControlMsg::Table { quiet_ms, .. } = msg {

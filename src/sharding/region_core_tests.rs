@@ -527,3 +527,56 @@ fn a_previous_coordinator_still_in_view_keeps_its_handoffs_and_a_downed_leaver_f
     assert_eq!(sent(&out), ["let_go 4"]);
     assert!(RegionCore::is_out(&view(&[(ME, MemberStatus::Removed)])));
 }
+
+/// A `Home` that moves a shard here by a handoff, from a coordinator this
+/// node no longer follows, is not applied; but when the coordinator it
+/// follows names the same home without an old owner (a takeover's table),
+/// the states are pulled from the old owner the unheard one named — for
+/// that home only.
+#[test]
+fn a_handoff_home_from_a_coordinator_no_longer_followed_still_names_where_the_states_wait() {
+    let t0 = Instant::now();
+    let regions = Fake::new();
+    let mut core = following(t0, &regions);
+    let (earlier, old_owner) = (node(7), node(8));
+    assert!(!core.hears(earlier));
+    let home = |shard: u32, generation: u64| ControlMsg::Home {
+        type_name: "t".into(),
+        shard,
+        owner: node(ME),
+        generation,
+        epoch: 1,
+        from: Some(old_owner),
+    };
+    core.unheard_home(&home(3, 5));
+    core.unheard_home(&home(4, 5));
+    let table = ControlMsg::Table {
+        type_name: "t".into(),
+        homes: vec![(3, node(ME), 5), (4, node(ME), 6)],
+        epoch: 2,
+        quiet_ms: None,
+    };
+    let froms: Vec<(u32, Option<UniqueAddress>)> = core
+        .coordinator_said(node(C), table)
+        .into_iter()
+        .filter_map(|command| match command {
+            RegionCommand::SetHome { shard, from, .. } => Some((shard, from)),
+            _ => None,
+        })
+        .collect();
+    // Shard 4's home is another generation: nothing taken for it.
+    assert_eq!(froms, [(3, Some(old_owner)), (4, None)]);
+    // Taken once.
+    let again = ControlMsg::Table {
+        type_name: "t".into(),
+        homes: vec![(3, node(ME), 5)],
+        epoch: 2,
+        quiet_ms: None,
+    };
+    let out = core.coordinator_said(node(C), again);
+    assert!(
+        out.iter()
+            .all(|c| !matches!(c, RegionCommand::SetHome { from: Some(_), .. })),
+        "{out:?}"
+    );
+}

@@ -997,6 +997,9 @@ struct Ledger {
     /// Every shard move a new owner started on: the shard, and the node
     /// it moved to (a `Host` that names the old owner).
     moves: Vec<(u32, usize)>,
+    /// Every hosting that names no old owner: a first placement (or a
+    /// dead owner's shard placed again).
+    placed: Vec<(u32, usize)>,
 }
 
 /// An ask as its asker sees it.
@@ -1935,14 +1938,18 @@ impl Sim {
         self.effects(i);
     }
 
-    /// An ask of the line only the later protocol version has, made at
-    /// node `i` if its version has it.
-    fn ask_newer(&mut self, i: usize, shard: u32) {
+    /// An ask (or a tell) of the line only the later protocol version
+    /// has, made at node `i` if its version has it.
+    fn newer(&mut self, i: usize, shard: u32, ask: bool) {
         if self.node(i).is_none_or(|n| n.region.lines.len() < 3) {
             return;
         }
         let id = self.ledger.next;
-        self.ask(i, shard);
+        if ask {
+            self.ask(i, shard);
+        } else {
+            self.send(i, shard);
+        }
         if self.ledger.next > id {
             self.ledger.newer.insert(id);
         }
@@ -1950,8 +1957,8 @@ impl Sim {
 
     /// A message of the newer line reached node `at`, whose version lacks
     /// it (`deliver_envelope`'s `LineCheck::Beyond`): refused unprocessed
-    /// with `UnknownMessage`, and if `at` hosts the shard it asks the
-    /// coordinator to move it (`NeedsNewer`).
+    /// (an ask hears `UnknownMessage`, a tell is dropped), and if `at`
+    /// hosts the shard it asks the coordinator to move it (`NeedsNewer`).
     fn refuse_newer_line(&mut self, at: usize, wire: &Wire) {
         cover(|c| c.newer_line_refused += 1);
         let now = self.now;
@@ -2360,8 +2367,11 @@ impl Sim {
             remembers: node.region.host().remember.is_some(),
         };
         let step = node.preparing.begin(&node.region.table, word).0;
-        if from.is_some() && !matches!(step, HostStep::Nothing) {
-            self.ledger.moves.push((shard, i));
+        if !matches!(step, HostStep::Nothing) {
+            match from {
+                Some(_) => self.ledger.moves.push((shard, i)),
+                None => self.ledger.placed.push((shard, i)),
+            }
         }
         let Some(node) = self.node(i) else { return };
         match step {
@@ -2544,6 +2554,8 @@ enum Op {
     /// An ask of the line only the later protocol version has, made at a
     /// node (nothing at a node of the earlier version, which cannot).
     AskNewer(u8, u8),
+    /// A tell of that line, likewise.
+    SendNewer(u8, u8),
     /// The proxy node joins (refused: its fingerprint differs).
     JoinProxy(bool),
     Deliver(u8),
@@ -2604,19 +2616,16 @@ impl Arbitrary for UpgradeOp {
     fn arbitrary(g: &mut Gen) -> Self {
         let shard = |g: &mut Gen| u8::arbitrary(g) % SHARDS as u8;
         let newer = |g: &mut Gen| 3 + u8::arbitrary(g) % 2;
-        UpgradeOp(match u8::arbitrary(g) % 12 {
-            0..=2 => Op::AskNewer(newer(g), shard(g)),
-            3 => Op::Join(newer(g)),
-            4 => Op::Leave(u8::arbitrary(g) % 3),
+        UpgradeOp(match u8::arbitrary(g) % 13 {
+            0 | 1 => Op::AskNewer(newer(g), shard(g)),
+            2 | 3 => Op::SendNewer(newer(g), shard(g)),
+            4 => Op::Join(newer(g)),
+            5 => Op::Leave(u8::arbitrary(g) % 3),
             _ => match Op::arbitrary(g) {
                 Op::Down(..) | Op::Block(..) | Op::Cut(..) => Op::Tick,
                 op => op,
             },
         })
-    }
-
-    fn shrink(&self) -> Box<dyn Iterator<Item = Self>> {
-        Box::new(std::iter::empty())
     }
 }
 
@@ -2683,8 +2692,8 @@ fn run_in(mut sim: Sim, ops: &[Op]) -> Result<Sim, String> {
             }
             Op::Send(i, shard) => sim.send(i as usize, u32::from(shard)),
             Op::Ask(i, shard) => sim.ask(i as usize, u32::from(shard)),
-            Op::AskNewer(i, shard) if reliable => sim.send_reliable(i as usize, u32::from(shard)),
-            Op::AskNewer(i, shard) => sim.ask_newer(i as usize, u32::from(shard)),
+            Op::AskNewer(i, shard) => sim.newer(i as usize, u32::from(shard), true),
+            Op::SendNewer(i, shard) => sim.newer(i as usize, u32::from(shard), false),
             Op::Resend(i) => sim.resend(i as usize),
             Op::Confirm(i, arrives) => sim.confirm(i as usize, !arrives),
             Op::Deliver(pick) => {
@@ -3175,8 +3184,14 @@ fn a_scripted_rolling_upgrade_moves_each_shard_once() {
         sim.ledger.sent,
         sim.ledger.processed.len()
     );
-    // (A shard first asked for after node 3 joined starts there.)
-    assert!(moves.len() >= 4, "the shards placed on the old nodes moved");
+    // Every shard placed on an old node left it (one first asked for after
+    // node 3 joined may start there).
+    let on_old: BTreeSet<u32> = (sim.ledger.placed.iter())
+        .filter(|(_, at)| *at < 3)
+        .map(|(shard, _)| *shard)
+        .collect();
+    assert!(on_old.len() >= 4, "placed on the old nodes: {on_old:?}");
+    assert_eq!(on_old, moves.keys().copied().collect(), "{moves:?}");
     for (shard, to) in &moves {
         assert!(
             matches!(to[..], [3 | 4]),

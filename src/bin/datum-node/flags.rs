@@ -118,9 +118,11 @@ pub(super) struct Args {
     /// `counter` as above, its total moving with its shard; 2: the same
     /// lines and then `ask Reset -> u64` (sets the total to 0, answers the
     /// number of resets), its moving state a new shape that it reads from
-    /// version 1's. Both run in one cluster: a rolling upgrade.
+    /// version 1's. Both run in one cluster: a rolling upgrade. With
+    /// --journal-url, of the journaled counter: version 2 appends the same
+    /// `Reset` and journals events of a new shape, reading version 1's.
     #[arg(long, env = "DATUM_COUNTER_VERSION", default_value_t = 1, requires = "counter",
-          conflicts_with = "journal_url", value_parser = clap::value_parser!(u8).range(1..=2))]
+          value_parser = clap::value_parser!(u8).range(1..=2))]
     pub(super) counter_version: u8,
 
     /// This node's application version (dot-separated numbers, such as

@@ -17,10 +17,10 @@ use tokio::sync::broadcast;
 
 use super::EXIT_START_FAILED;
 use super::flags::Args;
-#[cfg(feature = "postgres")]
-use super::journaled;
 use super::output::RegionLine;
 use super::{counter, counter_v2};
+#[cfg(feature = "postgres")]
+use super::{journaled, journaled_v2};
 
 /// Opens the `--journal-url` journal when `--counter` hosts the journaled
 /// counter (none otherwise), after setting the `--handle-ms` delay of its
@@ -40,13 +40,14 @@ pub(super) async fn connect_journal(args: &Args) -> Result<Option<Journal>, Exit
 }
 
 /// With `--counter`: starts the sharded system hosting the counter type on
-/// `node` (none without the flag); on a failure, says why on stderr,
-/// crashes the node and gives exit code 1.
+/// `node` (none without the flag), with a subscription to its migration
+/// events taken before the type is registered; on a failure, says why on
+/// stderr, crashes the node and gives exit code 1.
 pub(super) async fn host_counter(
     args: &Args,
     node: &ClusterNode,
     journal: Option<Journal>,
-) -> Result<Option<Hosted>, ExitCode> {
+) -> Result<Option<(Hosted, Migrations)>, ExitCode> {
     if args.counter {
         match Hosted::start(node, args.shards, args.counter_version, journal).await {
             Ok(system) => Ok(Some(system)),
@@ -63,6 +64,9 @@ pub(super) async fn host_counter(
 
 /// The sharded system `--counter` runs: the counter, or with
 /// `--journal-url` the journaled counter (its system typed by its journal).
+/// What became of the states that moved with the hosted type's shards.
+pub(super) type Migrations = broadcast::Receiver<MigrationEvent>;
+
 pub(super) enum Hosted {
     Counter(ShardedSystem),
     #[cfg(feature = "postgres")]
@@ -104,12 +108,13 @@ impl Hosted {
         shards: u32,
         version: u8,
         journal: Option<Journal>,
-    ) -> Result<Hosted, Box<dyn std::error::Error>> {
+    ) -> Result<(Hosted, Migrations), Box<dyn std::error::Error>> {
         let builder = ShardedSystem::builder()
             .num_shards(shards)
             .node(node.clone());
         let Some(journal) = journal else {
             let system = builder.start().await?;
+            let migrations = system.subscribe_migration_events();
             if version == 2 {
                 system
                     .entity_type::<counter_v2::CounterV2Entity>()
@@ -123,17 +128,26 @@ impl Hosted {
                     .register(|_| Default::default())
                     .await?;
             }
-            return Ok(Hosted::Counter(system));
+            return Ok((Hosted::Counter(system), migrations));
         };
         #[cfg(feature = "postgres")]
         {
             let system = builder.journal(journal).start().await?;
-            system
-                .entity_type::<journaled::JournaledCounterEntity>()
-                .event_sourced()
-                .register(|_| Default::default())
-                .await?;
-            Ok(Hosted::Journaled(system))
+            let migrations = system.subscribe_migration_events();
+            if version == 2 {
+                system
+                    .entity_type::<journaled_v2::JournaledCounterV2Entity>()
+                    .event_sourced()
+                    .register(|_| Default::default())
+                    .await?;
+            } else {
+                system
+                    .entity_type::<journaled::JournaledCounterEntity>()
+                    .event_sourced()
+                    .register(|_| Default::default())
+                    .await?;
+            }
+            Ok((Hosted::Journaled(system), migrations))
         }
         #[cfg(not(feature = "postgres"))]
         match journal {}
@@ -149,15 +163,6 @@ impl Hosted {
             Hosted::Journaled(system) => {
                 RegionLine::of::<journaled::JournaledCounter, _>(system, event, started)
             }
-        }
-    }
-
-    /// What becomes of the states that move with the hosted type's shards.
-    pub(super) fn migration_events(&self) -> broadcast::Receiver<MigrationEvent> {
-        match self {
-            Hosted::Counter(system) => system.subscribe_migration_events(),
-            #[cfg(feature = "postgres")]
-            Hosted::Journaled(system) => system.subscribe_migration_events(),
         }
     }
 

@@ -64,6 +64,11 @@ mod counter_v2;
 #[cfg(feature = "postgres")]
 #[path = "../../../protocols/journaled.rs"]
 mod journaled;
+/// `--journal-url --counter-version 2`: the journaled counter's next
+/// version, reading version 1's journal.
+#[cfg(feature = "postgres")]
+#[path = "../../../protocols/journaled_v2.rs"]
+mod journaled_v2;
 
 fn main() -> ExitCode {
     if std::env::args_os().nth(1).is_some_and(|a| a == "certs") {
@@ -127,7 +132,7 @@ struct Running {
     /// `--counter`'s sharded system.
     system: Option<Hosted>,
     /// What became of the states that moved with its shards.
-    migrations: Option<tokio::sync::broadcast::Receiver<datum_cluster_sharding::MigrationEvent>>,
+    migrations: Option<self::hosted::Migrations>,
     state: tokio::sync::watch::Receiver<MembershipState>,
     events: tokio::sync::broadcast::Receiver<MembershipEvent>,
     node: ClusterNode,
@@ -179,8 +184,7 @@ async fn start(args: &mut Args) -> Result<Running, ExitCode> {
         app_version: (*app_version != AppVersion::zero()).then(|| app_version.to_string()),
         ..Line::member("started", &me, 0)
     });
-    let system = host_counter(args, &node, journal).await?;
-    let migrations = system.as_ref().map(Hosted::migration_events);
+    let (system, migrations) = host_counter(args, &node, journal).await?.unzip();
     #[cfg(feature = "management")]
     let management = start_management(
         args,

@@ -178,6 +178,25 @@ impl<'a> MigrationLine<'a> {
     }
 }
 
+/// The line saying that migration lines were lost: more came than the
+/// subscription holds (1,024) before they were printed.
+#[derive(Debug, Serialize)]
+pub(super) struct EventsLost {
+    event: &'static str,
+    missed: u64,
+    t_ms: u64,
+}
+
+impl EventsLost {
+    pub(super) fn new(missed: u64, started: Instant) -> Self {
+        EventsLost {
+            event: "migration_events_lost",
+            missed,
+            t_ms: ms_since(started),
+        }
+    }
+}
+
 /// Prints the events still queued for this subscriber.
 pub(super) fn drain(
     events: &mut tokio::sync::broadcast::Receiver<MembershipEvent>,

@@ -10,7 +10,7 @@ use datum_cluster_sharding::MigrationEvent;
 use datum_cluster_sharding::membership::MemberStatus;
 use tokio::sync::broadcast::{self, error::RecvError};
 
-use super::output::{MigrationLine, Stopped, drain, emit, emit_event, printing_events};
+use super::output::{EventsLost, MigrationLine, Stopped, drain, emit, emit_event, printing_events};
 use super::{EXIT_JOIN_REFUSED, EXIT_LEAVE_TIMED_OUT, EXIT_STOPPED_BY_CLUSTER, Running};
 
 /// SIGTERM and Ctrl-C (SIGINT), listened for from start-up on.
@@ -49,19 +49,18 @@ impl StopSignals {
     }
 }
 
-/// The next migration event (`None` when some were missed or the system
-/// is gone); never, without a hosted system.
+/// The next migration event (`None` when some were missed, said in a
+/// `migration_events_lost` line, or the system is gone); never, without a
+/// hosted system.
 async fn next_migration(
     events: &mut Option<broadcast::Receiver<MigrationEvent>>,
+    started: std::time::Instant,
 ) -> Option<MigrationEvent> {
     match events {
         Some(events) => match events.recv().await {
             Ok(event) => Some(event),
             Err(RecvError::Lagged(missed)) => {
-                tracing::warn!(
-                    missed,
-                    "migration event subscriber lagged; events were lost"
-                );
+                emit(&EventsLost::new(missed, started));
                 None
             }
             Err(RecvError::Closed) => {
@@ -91,7 +90,7 @@ impl Running {
                         emit(&drive.line(started));
                     }
                 }
-                Some(moved) = next_migration(&mut self.migrations) => {
+                Some(moved) = next_migration(&mut self.migrations, started) => {
                     if let Some(line) = MigrationLine::of(&moved, started) {
                         emit(&line);
                     }

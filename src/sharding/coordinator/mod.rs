@@ -104,6 +104,9 @@ pub(crate) struct CoordinatorCore {
     registered: BTreeSet<UniqueAddress>,
     /// The application versions the members registered with (none: `"0"`).
     app_versions: BTreeMap<UniqueAddress, crate::AppVersion>,
+    /// The types whose rebalance rounds are held: their hosts run two
+    /// versions.
+    held: BTreeSet<String>,
     types: BTreeMap<String, TypeTable>,
     /// Per type, members whose region of it stopped (unregistered) and has
     /// not registered again: their shards are orphans, though they are
@@ -174,6 +177,7 @@ impl CoordinatorCore {
             ring: RecentRing::default(),
             registered: BTreeSet::new(),
             app_versions: BTreeMap::new(),
+            held: BTreeSet::new(),
             types: BTreeMap::new(),
             departed: BTreeMap::new(),
             rounds: Vec::new(),

@@ -143,12 +143,12 @@ impl CoordinatorCore {
                 .collect(),
             None => eligible,
         };
-        // And of those, the ones of the newest application version.
+        // And of those, the ones of the newest application version (none
+        // recorded: "0", older than any other).
         if self.app_versions.is_empty() {
             return newest_protocol;
         }
-        let zero = crate::AppVersion::zero();
-        let app = |m: &UniqueAddress| self.app_versions.get(m).unwrap_or(&zero);
+        let app = |m: &UniqueAddress| self.app_versions.get(m);
         let Some(newest_app) = newest_protocol.iter().map(app).max() else {
             return newest_protocol;
         };
@@ -156,6 +156,28 @@ impl CoordinatorCore {
             .filter(|m| app(m) == newest_app)
             .copied()
             .collect()
+    }
+
+    /// Whether the hosts of `type_name` — every member with a region of it
+    /// that may host, reachable or not — run more than one protocol or
+    /// application version: a rolling upgrade is under way (SPEC §13.2).
+    pub(super) fn versions_mixed(&self, type_name: &str) -> bool {
+        let Some(table) = self.types.get(type_name) else {
+            return false;
+        };
+        let mut seen = None;
+        for (member, _) in self.hosts(type_name) {
+            let version = (
+                table.version_of(member).map(|(fingerprint, _)| fingerprint),
+                self.app_versions.get(member),
+            );
+            match seen {
+                None => seen = Some(version),
+                Some(first) if first != version => return true,
+                Some(_) => {}
+            }
+        }
+        false
     }
 
     /// The members that may be given shards of `type_name`, whatever

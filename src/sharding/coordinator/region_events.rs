@@ -35,18 +35,19 @@ impl CoordinatorCore {
         }
     }
 
-    /// A region registered its types (idempotent). Recorded whether or not
-    /// this core is active; answered only while it is.
     /// The application version `from` runs, as its registration says
-    /// (absent: `"0"`); placement prefers the newest (SPEC §13.2).
+    /// (absent: `"0"`); placement prefers the newest (SPEC §13.2). Set
+    /// before its `register`.
     pub(crate) fn set_app_version(&mut self, from: UniqueAddress, version: crate::AppVersion) {
-        if version == crate::AppVersion::zero() {
+        if version.is_zero() {
             self.app_versions.remove(&from);
         } else {
             self.app_versions.insert(from, version);
         }
     }
 
+    /// A region registered its types (idempotent). Recorded whether or not
+    /// this core is active; answered only while it is.
     pub(crate) fn register(
         &mut self,
         now: Instant,

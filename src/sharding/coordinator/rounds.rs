@@ -32,16 +32,33 @@ impl CoordinatorCore {
 
     /// Asks the strategy which shards of `type_name` to move to spread
     /// load, and starts at most `rebalance_per_round` handoffs. Not while
-    /// the eligible hosts run more than one version of the type's protocol
-    /// (a rolling upgrade, SPEC §13.6): then a shard moves only when its
-    /// older host leaves, onto a node of the newest version, and once.
+    /// the type's hosts run more than one protocol or application version
+    /// (a rolling upgrade, SPEC §13.2, §13.11): then a shard moves only
+    /// when its older host leaves, onto a node of the newest version, and
+    /// once. The hold is logged when it begins and ends: a cluster left
+    /// mixed (a forgotten node, a canary) is not rebalanced meanwhile.
     pub(super) fn rebalance(&mut self, type_name: &str, now: Instant, out: &mut Vec<Command>) {
+        let mixed = self.versions_mixed(type_name);
+        if mixed != self.held.contains(type_name) {
+            if mixed {
+                tracing::info!(
+                    type_name,
+                    "no rebalance rounds while this type's hosts run two protocol or application versions (a rolling upgrade)"
+                );
+                self.held.insert(type_name.to_owned());
+            } else {
+                tracing::info!(
+                    type_name,
+                    "this type's hosts run one version again: rebalance rounds resume"
+                );
+                self.held.remove(type_name);
+            }
+        }
         let candidates = self.candidates(type_name);
-        let rolling = self.eligible(type_name).len() != candidates.len();
         let Some(table) = self.types.get_mut(type_name) else {
             return;
         };
-        if candidates.len() < 2 || rolling || !table.handoffs.is_empty() {
+        if candidates.len() < 2 || mixed || !table.handoffs.is_empty() {
             return;
         }
         let mut owned: BTreeMap<UniqueAddress, Vec<ShardId>> =

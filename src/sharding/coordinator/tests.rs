@@ -463,6 +463,38 @@ fn shards_go_to_nodes_of_the_newest_app_version() {
     }
 }
 
+/// The hold lasts while an old host is only unreachable: it may come back
+/// and still hosts its shards, so the roll is not over.
+#[test]
+fn the_rebalance_hold_lasts_while_an_old_host_is_unreachable() {
+    let t0 = Instant::now();
+    let app = |s: &str| s.parse::<crate::AppVersion>().expect("a version");
+    let n: Vec<UniqueAddress> = (1..=3).map(node).collect();
+    let v = versioned(12, &[11, 12]);
+    let mut c = core(n[0]);
+    c.set_membership(t0, &view(n[0], &n[..1], &[], &[]));
+    c.set_app_version(n[0], app("1.2"));
+    c.register(t0, n[0], &v);
+    for shard in 0..12 {
+        c.get_home(t0, n[0], TYPE, shard, 0);
+    }
+    // n1 (1.2) and n2 (1.1) join; n2 is then flagged unreachable.
+    c.set_membership(t0, &view(n[0], &n, &[], &[]));
+    c.set_app_version(n[1], app("1.2"));
+    c.set_app_version(n[2], app("1.1"));
+    c.register(t0, n[1], &v);
+    c.register(t0, n[2], &v);
+    c.set_membership(t0, &view(n[0], &n, &[], &n[2..]));
+    let mut now = t0 + first_rebalance();
+    for _ in 0..3 {
+        assert!(handoffs_in(&c.tick(now)).is_empty(), "a round mid-roll");
+        now += CoordinatorConfig::default().rebalance_interval;
+    }
+    // Its region gone, one version hosts: rounds spread the shards.
+    let asked = handoffs_in(&c.unregister(now, n[2], &[TYPE.to_owned()]));
+    assert!(!asked.is_empty(), "no round after the roll");
+}
+
 /// While the eligible hosts run two versions of the type's protocol no
 /// rebalance round starts — not even between the nodes of the newest
 /// version, which would move a shard a second time during the roll — and

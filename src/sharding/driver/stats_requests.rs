@@ -67,6 +67,7 @@ impl Control {
             let shards = region.state().shards;
             stats.regions.insert(self.me, shards);
         }
+        (stats.app_versions).insert(self.me, self.node.config().app_version.clone());
         if let Some((epoch, allocating)) = self.core.coordinator().activity(Instant::now()) {
             note_coordinator(&mut stats, self.me, ActiveCoordinator { epoch, allocating });
         }
