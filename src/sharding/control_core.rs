@@ -455,14 +455,12 @@ impl ControlCore {
                 | ControlMsg::Refused { .. }) => {
                     if !self.side.hears(from) {
                         tracing::debug!(node = %self.me, %from, "a home from a node that is not the coordinator here: ignored");
-                        self.side.unheard_home(&msg);
                     } else if !self.coordinator.accept_epoch(&msg) {
                         // Fencing (SPEC §13.15): a coordinator of an older
                         // term. Register again, carrying the higher epoch,
                         // so that it takes one above it if it is still in
                         // charge.
                         tracing::debug!(node = %self.me, %from, epoch = ?msg.coordinator_epoch(), highest = self.coordinator.highest_epoch(), "a coordinator message from an older epoch: ignored");
-                        self.side.unheard_home(&msg);
                         self.side.older_epoch();
                     } else {
                         if let ControlMsg::Table { quiet_ms, .. } = msg {

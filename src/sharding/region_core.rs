@@ -155,11 +155,6 @@ pub(crate) struct RegionCore {
     waiting: BTreeMap<(&'static str, u32), Instant>,
     /// A new coordinator was followed: `catch_up` has what to tell it.
     new_coordinator: bool,
-    /// Shards moved here by a handoff whose `Home` came from a coordinator
-    /// this node no longer heard (the coordinator changed while it was on
-    /// its way): the home, and the old owner its states are pulled from
-    /// when the next coordinator's word on that same home names none.
-    handed_here: BTreeMap<(String, u32), (ShardHome, UniqueAddress)>,
 }
 
 impl RegionCore {
@@ -178,33 +173,6 @@ impl RegionCore {
             stopped: BTreeMap::new(),
             waiting: BTreeMap::new(),
             new_coordinator: false,
-            handed_here: BTreeMap::new(),
-        }
-    }
-
-    /// A `Home` this node does not hear (from a coordinator it no longer
-    /// follows, or of an older epoch): if it moves a shard here by a
-    /// handoff, where the shard's states wait is remembered, for the same
-    /// home from the coordinator it follows, which may not know it (a
-    /// takeover's table names no old owner). Only where to pull the states
-    /// from is taken from it: the home itself must come from the
-    /// coordinator this node follows.
-    pub(crate) fn unheard_home(&mut self, msg: &ControlMsg) {
-        if let ControlMsg::Home {
-            type_name,
-            shard,
-            owner,
-            generation,
-            from: Some(old),
-            ..
-        } = msg
-            && *owner == self.me
-        {
-            let home = ShardHome {
-                owner: *owner,
-                generation: *generation,
-            };
-            (self.handed_here).insert((type_name.clone(), *shard), (home, *old));
         }
     }
 
@@ -581,25 +549,14 @@ impl RegionCore {
         }
     }
 
-    /// A home to apply, unless it names a member that is gone. A home here
-    /// that names no old owner takes the one an unheard `Home` for the
-    /// same home named ([`unheard_home`](Self::unheard_home)).
+    /// A home to apply, unless it names a member that is gone.
     fn set_home(
-        &mut self,
+        &self,
         type_name: String,
         shard: u32,
         home: ShardHome,
         from: Option<UniqueAddress>,
     ) -> Option<RegionCommand> {
-        let from = match self.handed_here.remove(&(type_name.clone(), shard)) {
-            Some((handed, old)) if from.is_none() && handed == home => Some(old),
-            Some((handed, old)) if handed.generation > home.generation => {
-                // (Not this one's yet: kept for its own.)
-                (self.handed_here).insert((type_name.clone(), shard), (handed, old));
-                from
-            }
-            _ => from,
-        };
         (!self.lost.contains(&home.owner)).then_some(RegionCommand::SetHome {
             type_name,
             shard,

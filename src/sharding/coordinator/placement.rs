@@ -161,10 +161,18 @@ impl CoordinatorCore {
     /// Whether the hosts of `type_name` — every member with a region of it
     /// that may host, reachable or not — run more than one protocol or
     /// application version: a rolling upgrade is under way (SPEC §13.2).
+    /// A member that owns shards of the type and has not registered with
+    /// this core (after a takeover) runs a version it does not know: the
+    /// answer is yes until it registers or goes.
     pub(super) fn versions_mixed(&self, type_name: &str) -> bool {
         let Some(table) = self.types.get(type_name) else {
             return false;
         };
+        let unknown = (table.owners())
+            .any(|owner| self.members.contains_key(owner) && !table.regions.contains(owner));
+        if unknown {
+            return true;
+        }
         let mut seen = None;
         for (member, _) in self.hosts(type_name) {
             let version = (
