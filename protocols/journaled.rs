@@ -70,12 +70,17 @@ impl JournaledCounterEntity {
     }
 }
 
+/// Waits `--handle-ms`, as each `Add` handler does first.
+pub async fn add_delay() {
+    let delay = ADD_DELAY_MS.load(Ordering::Relaxed);
+    if delay > 0 {
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+    }
+}
+
 impl Handler<Add> for JournaledCounterEntity {
     async fn handle(&mut self, msg: Add, ctx: &EntityContext) -> ShardingResult<u64> {
-        let delay = ADD_DELAY_MS.load(Ordering::Relaxed);
-        if delay > 0 {
-            tokio::time::sleep(Duration::from_millis(delay)).await;
-        }
+        add_delay().await;
         self.add(msg.0, ctx).await?;
         Ok(self.total)
     }

@@ -7,14 +7,11 @@
 
 #![allow(dead_code)] // the tests use the protocol, the node binary the entity
 
-use std::sync::atomic::Ordering;
-use std::time::Duration;
-
 use datum_cluster_sharding::prelude::*;
 use datum_cluster_sharding::{Stored, Unreadable, extends};
 
 use super::counter::{Add, Get};
-use super::journaled::{ADD_DELAY_MS, Added, Credit, JournaledCounter};
+use super::journaled::{Added, Credit, JournaledCounter, add_delay};
 
 /// Sets the counter back to 0, journaled; answered with how many resets
 /// it has had.
@@ -88,10 +85,7 @@ impl JournaledCounterV2Entity {
 
 impl Handler<Add> for JournaledCounterV2Entity {
     async fn handle(&mut self, msg: Add, ctx: &EntityContext) -> ShardingResult<u64> {
-        let delay = ADD_DELAY_MS.load(Ordering::Relaxed);
-        if delay > 0 {
-            tokio::time::sleep(Duration::from_millis(delay)).await;
-        }
+        add_delay().await;
         self.add(msg.0, ctx).await?;
         Ok(self.total)
     }
