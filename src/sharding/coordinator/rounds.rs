@@ -43,7 +43,7 @@ impl CoordinatorCore {
             if mixed {
                 tracing::info!(
                     type_name,
-                    "no rebalance rounds while this type's hosts run two protocol or application versions (a rolling upgrade)"
+                    "no rebalance rounds while this type's hosts run two protocol or application versions, or one has not registered (a rolling upgrade?)"
                 );
                 self.held.insert(type_name.to_owned());
             } else {
