@@ -13,8 +13,8 @@ use std::sync::Arc;
 /// Placement prefers it after the protocol version (SPEC §13.2): new
 /// shards, rebalance moves and the shards of a node that leaves go only to
 /// eligible nodes of the newest application version among those of the
-/// newest protocol version, and no rebalance round starts while the
-/// eligible nodes run more than one.
+/// newest protocol version, and no rebalance round starts while the type's
+/// hosts (reachable or not) run more than one.
 ///
 /// ```
 /// use datum_cluster_sharding::AppVersion;
