@@ -264,10 +264,15 @@ async fn three_nodes_answer_probes_members_placement_and_metrics() {
     for (i, server) in at.iter().enumerate() {
         assert_eq!(get(*server, "/alive").await.status, 200);
         until(*server, "/ready", |a| a.status == 200).await;
+        // (Each member's application version comes with the coordinator's
+        // table, which a node hears again at least every 10 s.)
         let members = until(*server, "/cluster/members", |a| {
             let json = a.json();
             let members = json["members"].as_array().unwrap();
-            members.len() == 3 && members.iter().all(|m| m["status"] == "Up")
+            members.len() == 3
+                && members
+                    .iter()
+                    .all(|m| m["status"] == "Up" && m["app_version"] == "0")
         })
         .await
         .json();

@@ -777,6 +777,14 @@ fn status_name(status: MemberStatus) -> &'static str {
 
 async fn members(State(m): Endpoint) -> Response {
     let state = m.node.current_state();
+    // Each member's application version: this node's own, the others' as
+    // the sharding coordinator last told this node (none without a
+    // sharded system, or before its table came).
+    let told = (m.system.as_ref().and_then(Weak::upgrade))
+        .and_then(|system| system.coordinator_status())
+        .map(|status| status.app_versions)
+        .unwrap_or_default();
+    let own = &m.node.config().app_version;
     let members: Vec<Value> = state
         .members
         .iter()
@@ -784,6 +792,12 @@ async fn members(State(m): Endpoint) -> Response {
             let mut entry = member(&each.address);
             entry["status"] = json!(status_name(each.status));
             entry["reachable"] = json!(!state.unreachable.contains(&each.address));
+            let version = if each.address == state.self_member {
+                Some(own)
+            } else {
+                told.get(&each.address)
+            };
+            entry["app_version"] = json!(version.map(|v| v.to_string()));
             entry
         })
         .collect();

@@ -48,6 +48,9 @@ pub(crate) struct ControlCore {
     /// This node's application version as its registrations carry it
     /// (`None` for `"0"`).
     app_version: Option<String>,
+    /// The members' application versions, as the coordinator this node
+    /// follows last sent them with a table.
+    app_versions: std::collections::BTreeMap<UniqueAddress, AppVersion>,
     /// Members whose registration named an application version that does
     /// not parse, warned of once.
     warned_versions: std::collections::BTreeSet<UniqueAddress>,
@@ -60,6 +63,7 @@ impl ControlCore {
             coordinator,
             side: RegionCore::new(me),
             app_version: None,
+            app_versions: std::collections::BTreeMap::new(),
             warned_versions: std::collections::BTreeSet::new(),
         }
     }
@@ -69,6 +73,14 @@ impl ControlCore {
     pub(crate) fn with_app_version(mut self, version: &AppVersion) -> Self {
         self.app_version = (!version.is_zero()).then(|| version.to_string());
         self
+    }
+
+    /// The members' application versions, as the coordinator this node
+    /// follows last sent them with a table.
+    pub(crate) fn member_app_versions(
+        &self,
+    ) -> &std::collections::BTreeMap<UniqueAddress, AppVersion> {
+        &self.app_versions
     }
 
     /// This node's application version as its registrations carry it
@@ -463,9 +475,17 @@ impl ControlCore {
                         tracing::debug!(node = %self.me, %from, epoch = ?msg.coordinator_epoch(), highest = self.coordinator.highest_epoch(), "a coordinator message from an older epoch: ignored");
                         self.side.older_epoch();
                     } else {
-                        if let ControlMsg::Table { quiet_ms, .. } = msg {
+                        if let ControlMsg::Table {
+                            quiet_ms,
+                            app_versions,
+                            ..
+                        } = &msg
+                        {
                             let left = quiet_ms.map(Duration::from_millis);
                             self.coordinator.heard_table(now, from, left);
+                            self.app_versions = (app_versions.iter())
+                                .filter_map(|(m, v)| Some((*m, v.parse().ok()?)))
+                                .collect();
                         }
                         let commands = self.side.coordinator_said(from, msg);
                         self.side_out(now, regions, commands, out);

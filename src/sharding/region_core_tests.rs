@@ -238,6 +238,7 @@ fn table() -> ControlMsg {
         homes: Vec::new(),
         epoch: 1,
         quiet_ms: None,
+        app_versions: Vec::new(),
     }
 }
 

@@ -292,6 +292,11 @@ pub(crate) enum ControlMsg {
         /// to it. Absent when it is not quiet.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         quiet_ms: Option<u64>,
+        /// The application version of every member registered with the
+        /// sending coordinator, as written (`"0"` for one that names
+        /// none). Absent from builds that predate it.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        app_versions: Vec<(UniqueAddress, String)>,
     },
     /// Region → coordinator: a message of a protocol line this node's
     /// version lacks reached `shard`, which it hosts: move the shard to a
@@ -778,6 +783,7 @@ mod tests {
             homes: vec![(5, origin(), 3)],
             epoch: 2,
             quiet_ms: None,
+            app_versions: Vec::new(),
         };
         let spec = format!(
             "a1 65 54 61 62 6c 65
@@ -786,6 +792,22 @@ mod tests {
              65 65 70 6f 63 68 02"
         );
         assert_eq!(table.encode(), hex(&spec));
+        // With the members' application versions: one more key.
+        let versioned = ControlMsg::Table {
+            type_name: "tally".into(),
+            homes: vec![(5, origin(), 3)],
+            epoch: 2,
+            quiet_ms: None,
+            app_versions: vec![(origin(), "2.1".into())],
+        };
+        let spec = format!(
+            "a1 65 54 61 62 6c 65
+             a4 69 74 79 70 65 5f 6e 61 6d 65 65 74 61 6c 6c 79
+             65 68 6f 6d 65 73 81 83 05 {ORIGIN} 03
+             65 65 70 6f 63 68 02
+             6c 61 70 70 5f 76 65 72 73 69 6f 6e 73 81 82 {ORIGIN} 63 32 2e 31"
+        );
+        assert_eq!(versioned.encode(), hex(&spec));
         // The handoff and stats messages (SPEC §13.11, §13.13).
         let handoff = ControlMsg::HandOff {
             type_name: "tally".into(),

@@ -46,6 +46,17 @@ impl CoordinatorCore {
         }
     }
 
+    /// The application version of every member registered with this core,
+    /// as its table says them (SPEC §13.2).
+    fn registered_app_versions(&self) -> Vec<(UniqueAddress, String)> {
+        (self.registered.iter())
+            .map(|m| {
+                let version = self.app_versions.get(m).map(|v| v.to_string());
+                (*m, version.unwrap_or_else(|| "0".to_owned()))
+            })
+            .collect()
+    }
+
     /// A region registered its types (idempotent). Recorded whether or not
     /// this core is active; answered only while it is.
     pub(crate) fn register(
@@ -212,6 +223,7 @@ impl CoordinatorCore {
                         quiet_ms: Some(self.known_quiet(now).map_or(0, |left| {
                             u64::try_from(left.as_millis()).unwrap_or(u64::MAX)
                         })),
+                        app_versions: self.registered_app_versions(),
                     },
                 });
             }

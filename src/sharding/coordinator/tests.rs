@@ -495,6 +495,31 @@ fn the_rebalance_hold_lasts_while_an_old_host_is_unreachable() {
     assert!(!asked.is_empty(), "no round after the roll");
 }
 
+/// A region's table names the application version of every member
+/// registered with the coordinator, `"0"` for one that named none.
+#[test]
+fn a_table_names_every_registered_members_app_version() {
+    let t0 = Instant::now();
+    let n: Vec<UniqueAddress> = (1..=2).map(node).collect();
+    let mut c = core(n[0]);
+    c.set_membership(t0, &view(n[0], &n, &[], &[]));
+    c.set_app_version(n[1], "2.1".parse().expect("a version"));
+    c.register(t0, n[1], &reg(4, vec![]));
+    let out = c.register(t0, n[0], &reg(4, vec![]));
+    let versions = out.iter().find_map(|command| match command {
+        Command::Send {
+            msg: ControlMsg::Table { app_versions, .. },
+            ..
+        } => Some(app_versions.clone()),
+        _ => None,
+    });
+    let mut versions = versions.expect("a table");
+    versions.sort();
+    let mut expected = vec![(n[0], "0".to_owned()), (n[1], "2.1".to_owned())];
+    expected.sort();
+    assert_eq!(versions, expected);
+}
+
 /// While the eligible hosts run two versions of the type's protocol no
 /// rebalance round starts — not even between the nodes of the newest
 /// version, which would move a shard a second time during the roll — and

@@ -49,6 +49,7 @@ fn note_coordinator(
             epoch: active.epoch,
             allocating: Some(active.allocating),
             registered: false,
+            app_versions: Default::default(),
         });
     }
 }
