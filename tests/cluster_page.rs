@@ -69,6 +69,8 @@ fn node(seeds: Option<&str>, drive: bool) -> (KillOnDrop, String, SocketAddr) {
         .args(["--cluster-name", "cluster-page", "--bind", "127.0.0.1:0"])
         .args(["--counter", "--shards", &shards])
         .args(["--management-addr", "127.0.0.1:0"])
+        // (One build everywhere: an older one would be given no shards.)
+        .args(["--app-version", "2.1"])
         // A detector with room for CI's shared cores (the browser runs on
         // them too): a false Down of a survivor would fail the test.
         .args(["--pause-ms", "1000", "--downing-ms", "1000"])
@@ -114,7 +116,8 @@ fn node(seeds: Option<&str>, drive: bool) -> (KillOnDrop, String, SocketAddr) {
 async fn shown(client: &Client) -> Value {
     let script = r#"
         const members = [...document.querySelectorAll('#members tbody tr')].map(r => ({
-            node: r.dataset.node, status: r.dataset.status, reachable: r.dataset.reachable === 'true' }));
+            node: r.dataset.node, status: r.dataset.status, reachable: r.dataset.reachable === 'true',
+            app_version: r.dataset.appVersion }));
         const owners = {};
         let unplaced = 0;
         for (const r of document.querySelectorAll('section[data-type="counter"] table.owners tbody tr')) {
@@ -264,6 +267,15 @@ fn the_cluster_page_shows_members_and_shards_and_follows_a_kill() {
         })
         .await;
         assert_eq!(view["unplaced"], 0, "{view}");
+        // Each member's application version: the page node's own, the
+        // others' as the coordinator's table tells it.
+        until(&client, "every member's application version", |v| {
+            let versions: Vec<&str> = (v["members"].as_array().into_iter().flatten())
+                .filter_map(|m| m["app_version"].as_str())
+                .collect();
+            versions == ["2.1", "2.1", "2.1"]
+        })
+        .await;
         let address = client.current_url().await.expect("the page's address");
         assert_eq!(address.fragment(), None, "the token left in the address: {address}");
         // Facts, not guesses: the same figures as the JSON routes. (Shards

@@ -140,11 +140,13 @@ function renderMembers(view) {
     if (m.node === members.leader) roles.push("leader");
     if (m.node === members.oldest) roles.push("oldest");
     const statusClass = m.status === "Up" ? "ok" : (m.status === "Down" || m.status === "Removed") ? "bad" : "warn";
-    const row = el("tr", { "data-node": m.node, "data-status": m.status, "data-reachable": String(m.reachable) },
+    const version = m.app_version ?? "";
+    const row = el("tr", { "data-node": m.node, "data-status": m.status, "data-reachable": String(m.reachable), "data-app-version": version },
       el("th", { scope: "row" }, el("span", { class: "cell swatch", background: colour(m.node), "aria-hidden": "true" }), " ", m.addr),
       el("td", { class: statusClass }, m.status),
       el("td", { class: m.reachable ? "ok" : "bad" }, m.reachable ? "reachable" : "unreachable from this node's view"),
       el("td", {}, upFor(m.incarnation)),
+      el("td", {}, version || "not told yet"),
       el("td", {}, roles.join(", ")));
     body.append(row);
   }
