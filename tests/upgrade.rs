@@ -298,8 +298,9 @@ fn roll(from: Build, to: Build) {
         let (answered, retried) = asking.await.expect("asking");
         producer.flush(LONG).await.expect("every addition confirmed");
         let stats = producer.stats();
+        let added: u64 = sent.iter().sum();
         assert_eq!(stats.failed, 0, "{stats:?}");
-        assert_eq!(stats.confirmed, sent.iter().sum::<u64>(), "{stats:?}");
+        assert_eq!(stats.confirmed, added, "{stats:?}");
         // Every addition counted once, on totals that moved with their
         // shards at every step.
         for (k, id) in ids.iter().enumerate() {
@@ -333,8 +334,7 @@ fn roll(from: Build, to: Build) {
             );
         }
         eprintln!(
-            "{nodes} nodes rolled: {} additions confirmed, {answered} asks answered ({} sent again after ShuttingDown), 0 lost",
-            stats_total(&sent),
+            "{nodes} nodes rolled: {added} additions confirmed, {answered} asks answered ({} sent again after ShuttingDown), 0 lost",
             retried.len()
         );
         system.shutdown().await;
@@ -405,10 +405,6 @@ fn hosted_shards(nodes: &[NodeProcess]) -> std::collections::BTreeSet<u64> {
         }
     }
     hosted
-}
-
-fn stats_total(sent: &[u64]) -> u64 {
-    sent.iter().sum()
 }
 
 #[test]

@@ -781,8 +781,7 @@ async fn members(State(m): Endpoint) -> Response {
     // the sharding coordinator last told this node (none without a
     // sharded system, or before its table came).
     let told = (m.system.as_ref().and_then(Weak::upgrade))
-        .and_then(|system| system.coordinator_status())
-        .map(|status| status.app_versions)
+        .map(|system| system.member_app_versions())
         .unwrap_or_default();
     let own = &m.node.config().app_version;
     let members: Vec<Value> = state

@@ -17,7 +17,8 @@
 //! `driver` feeds it from its channels and timers and carries its commands
 //! out; the simulator (`sim_tests`) feeds it a scripted cluster.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::AppVersion;
@@ -40,6 +41,10 @@ pub(crate) enum ControlCommand {
     Fence,
 }
 
+/// The members' application versions as a table named them: shared, so
+/// that the control task publishes one by a pointer's copy.
+pub(crate) type AppVersions = Arc<BTreeMap<UniqueAddress, AppVersion>>;
+
 /// The control task's decisions (see the module docs).
 pub(crate) struct ControlCore {
     me: UniqueAddress,
@@ -50,7 +55,7 @@ pub(crate) struct ControlCore {
     app_version: Option<String>,
     /// The members' application versions, as the coordinator this node
     /// follows last sent them with a table.
-    app_versions: std::collections::BTreeMap<UniqueAddress, AppVersion>,
+    app_versions: AppVersions,
     /// Members whose registration named an application version that does
     /// not parse, warned of once.
     warned_versions: std::collections::BTreeSet<UniqueAddress>,
@@ -63,7 +68,7 @@ impl ControlCore {
             coordinator,
             side: RegionCore::new(me),
             app_version: None,
-            app_versions: std::collections::BTreeMap::new(),
+            app_versions: AppVersions::default(),
             warned_versions: std::collections::BTreeSet::new(),
         }
     }
@@ -77,9 +82,7 @@ impl ControlCore {
 
     /// The members' application versions, as the coordinator this node
     /// follows last sent them with a table.
-    pub(crate) fn member_app_versions(
-        &self,
-    ) -> &std::collections::BTreeMap<UniqueAddress, AppVersion> {
+    pub(crate) fn member_app_versions(&self) -> &AppVersions {
         &self.app_versions
     }
 
@@ -483,9 +486,11 @@ impl ControlCore {
                         {
                             let left = quiet_ms.map(Duration::from_millis);
                             self.coordinator.heard_table(now, from, left);
-                            self.app_versions = (app_versions.iter())
-                                .filter_map(|(m, v)| Some((*m, v.parse().ok()?)))
-                                .collect();
+                            self.app_versions = Arc::new(
+                                (app_versions.iter())
+                                    .filter_map(|(m, v)| Some((*m, v.parse().ok()?)))
+                                    .collect(),
+                            );
                         }
                         let commands = self.side.coordinator_said(from, msg);
                         self.side_out(now, regions, commands, out);

@@ -58,11 +58,6 @@ pub struct CoordinatorStatus {
     /// so a type registered a moment ago makes it false at once). This
     /// node's own view only (always false in `ClusterShardingStats`).
     pub registered: bool,
-    /// The members' application versions, as the coordinator this node
-    /// follows last sent them with its table (every member registered with
-    /// it; SPEC §13.2). This node's own view only (empty in
-    /// `ClusterShardingStats`, which has `app_versions` of its own).
-    pub app_versions: BTreeMap<UniqueAddress, crate::AppVersion>,
 }
 
 impl ClusterShardingStats {

@@ -135,6 +135,19 @@ impl Shared {
         self.leaving.load(Ordering::Acquire)
     }
 
+    /// The members' application versions, as the sharding coordinator this
+    /// node follows last sent them with its table (empty without a cluster
+    /// node, or before a table came).
+    pub(crate) fn member_app_versions(
+        &self,
+    ) -> std::collections::BTreeMap<crate::model::identity::UniqueAddress, crate::AppVersion> {
+        let Some(link) = self.cluster.as_ref() else {
+            return Default::default();
+        };
+        let versions = link.app_versions.lock().unwrap_or_else(|p| p.into_inner());
+        (**versions).clone()
+    }
+
     /// The coordinator as this node sees it (`None` without a cluster node).
     /// `registered` is also checked against the regions as they are now: a
     /// region added since the control task last published its status has

@@ -123,6 +123,12 @@ impl Control {
             if *published != status {
                 *published = status;
             }
+            drop(published);
+            let versions = self.core.member_app_versions();
+            let mut published = lock(&self.app_versions);
+            if !Arc::ptr_eq(&published, versions) {
+                *published = versions.clone();
+            }
         }
         // Stopped (fenced, or the system is gone): this node follows no
         // coordinator any more, and is none.

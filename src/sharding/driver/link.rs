@@ -14,7 +14,7 @@ use crate::cluster::ClusterNode;
 use crate::model::error::{ShardingError, ShardingResult};
 use crate::runtime::ask_waits::keep_deadlines;
 use crate::runtime::region::Region;
-use crate::sharding::control_core::ControlCore;
+use crate::sharding::control_core::{AppVersions, ControlCore};
 use crate::sharding::coordinator::{
     CoordinatorConfig, CoordinatorCore, LeastShardAllocation, RebalanceRound,
     ShardAllocationStrategy,
@@ -43,6 +43,10 @@ pub(crate) struct ClusterLink {
     /// This node's view of the sharding coordinator, as the control task
     /// last published it.
     pub(crate) coordinator: Arc<Mutex<CoordinatorStatus>>,
+    /// The members' application versions, as the coordinator this node
+    /// follows last sent them with its table (published when a table
+    /// changes them).
+    pub(crate) app_versions: Arc<Mutex<AppVersions>>,
     parts: Mutex<Option<Parts>>,
     /// The system the inline data handler delivers into, once started.
     system: Arc<OnceLock<Weak<dyn SystemPort>>>,
@@ -137,6 +141,7 @@ impl ClusterLink {
             driver,
             rounds: Arc::new(Mutex::new(Vec::new())),
             coordinator: Arc::new(Mutex::new(CoordinatorStatus::default())),
+            app_versions: Arc::default(),
             system,
             parts: Mutex::new(Some(Parts {
                 rx,
@@ -171,6 +176,7 @@ impl ClusterLink {
             rounds: self.rounds.clone(),
             sweeps: 0,
             status: self.coordinator.clone(),
+            app_versions: self.app_versions.clone(),
             remote: self.remote.clone(),
         };
         // `node.shutdown()` hands this system's shards off first.

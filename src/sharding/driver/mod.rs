@@ -41,7 +41,7 @@ use tokio::sync::{mpsc, watch};
 use crate::cluster::ClusterNode;
 use crate::membership::MembershipState;
 use crate::model::identity::UniqueAddress;
-use crate::sharding::control_core::ControlCore;
+use crate::sharding::control_core::{AppVersions, ControlCore};
 use crate::sharding::coordinator::RebalanceRound;
 use crate::sharding::remote::Remote;
 use crate::sharding::stats::CoordinatorStatus;
@@ -85,6 +85,7 @@ struct Control {
     /// Sweeps since the buffers were last sampled for the metrics.
     sweeps: u32,
     status: Arc<Mutex<CoordinatorStatus>>,
+    app_versions: Arc<Mutex<AppVersions>>,
     remote: Arc<Remote>,
 }
 

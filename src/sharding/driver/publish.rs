@@ -20,7 +20,6 @@ impl Control {
                     .iter()
                     .all(|region| region.accepted_by() == Some(c))
             }),
-            app_versions: self.core.member_app_versions().clone(),
         };
         if let Some((epoch, allocating)) = self.core.coordinator().activity(Instant::now()) {
             status.acting = Some(self.me);

@@ -49,7 +49,6 @@ fn note_coordinator(
             epoch: active.epoch,
             allocating: Some(active.allocating),
             registered: false,
-            app_versions: Default::default(),
         });
     }
 }
