@@ -82,6 +82,7 @@ mod util;
 pub mod wire;
 
 pub use model::identity;
+pub use ops::history;
 #[cfg(feature = "management")]
 pub use ops::management;
 pub use ops::telemetry;

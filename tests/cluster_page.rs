@@ -2,11 +2,13 @@
 //! read by a real headless Chromium through WebDriver (Debian's `chromium`
 //! and `chromium-driver`, which `.ci/run` installs when missing) against
 //! three real `datum-node` processes on 127.0.0.1. The page must show
-//! three members and every shard; after one node is SIGKILLed it must
-//! show it unreachable, then out of the cluster, and its shards on the
-//! survivors. Screenshots go to `target/cluster-page-*.png` for a person
-//! to look at. Where the browser or its driver is missing the test says
-//! so and passes.
+//! three members with their roles and versions, every shard, the page
+//! node's asks (the same counts as its JSON route and `/metrics`) and its
+//! events; after one node is SIGKILLed it must show it unreachable, then
+//! out of the cluster, and its shards on the survivors, with the events
+//! that say so; at a phone's width nothing may run off the screen.
+//! Screenshots go to `target/cluster-page-*.png` for a person to look at.
+//! Where the browser or its driver is missing the test says so and passes.
 
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener};
@@ -62,11 +64,12 @@ const TOKEN: &str = "page-token-7";
 
 /// A `datum-node` hosting the counter with the endpoint on, its cluster
 /// address and its endpoint's.
-fn node(seeds: Option<&str>, drive: bool) -> (KillOnDrop, String, SocketAddr) {
+fn node(seeds: Option<&str>, drive: bool, roles: &str) -> (KillOnDrop, String, SocketAddr) {
     let mut command = Command::new(BIN);
     let shards = SHARDS.to_string();
     command
         .args(["--cluster-name", "cluster-page", "--bind", "127.0.0.1:0"])
+        .args(["--roles", roles])
         .args(["--counter", "--shards", &shards])
         .args(["--management-addr", "127.0.0.1:0"])
         // (One build everywhere: an older one would be given no shards.)
@@ -117,14 +120,20 @@ async fn shown(client: &Client) -> Value {
     let script = r#"
         const members = [...document.querySelectorAll('#members tbody tr')].map(r => ({
             node: r.dataset.node, status: r.dataset.status, reachable: r.dataset.reachable === 'true',
-            app_version: r.dataset.appVersion }));
+            app_version: r.dataset.appVersion,
+            roles: r.querySelector('td[data-roles]')?.dataset.roles ?? null }));
+        const load = [...document.querySelectorAll('#load tbody tr[data-node]')].map(r => ({
+            node: r.dataset.node, answered: r.dataset.answered === '' ? null : Number(r.dataset.answered),
+            charts: r.querySelectorAll('svg.spark polyline').length }));
+        const events = [...document.querySelectorAll('#events li')].map(li => ({
+            kind: li.dataset.kind, text: li.textContent }));
         const owners = {};
         let unplaced = 0;
         for (const r of document.querySelectorAll('section[data-type="counter"] table.owners tbody tr')) {
             if (r.dataset.owner) owners[r.dataset.owner] = Number(r.dataset.shards);
             else unplaced = Number(r.dataset.shards);
         }
-        return { members, owners, unplaced, read: document.body.dataset.read || null,
+        return { members, owners, unplaced, load, events, read: document.body.dataset.read || null,
                  stale: document.getElementById('freshness').className === 'stale' };
     "#;
     client
@@ -196,9 +205,9 @@ fn the_cluster_page_shows_members_and_shards_and_follows_a_kill() {
         );
         return;
     };
-    let (_a, seed, page_at) = node(None, true);
-    let (_b, _, _) = node(Some(&seed), false);
-    let (mut c, c_cluster, _) = node(Some(&seed), false);
+    let (_a, seed, page_at) = node(None, true, "web,api");
+    let (_b, _, _) = node(Some(&seed), false, "");
+    let (mut c, c_cluster, _) = node(Some(&seed), false, "batch");
     // Members and owners are named `addr#node-id@incarnation`.
     let c_addr = format!("{c_cluster}#");
 
@@ -218,30 +227,7 @@ fn the_cluster_page_shows_members_and_shards_and_follows_a_kill() {
         .build()
         .unwrap();
     runtime.block_on(async {
-        let mut capabilities = serde_json::Map::new();
-        capabilities.insert(
-            "goog:chromeOptions".into(),
-            json!({
-                "binary": chromium,
-                "args": ["--headless=new", "--no-sandbox", "--disable-gpu",
-                         "--disable-dev-shm-usage", "--window-size=1100,1100"],
-            }),
-        );
-        let deadline = Instant::now() + LONG;
-        let client = loop {
-            match ClientBuilder::new(HttpConnector::new())
-                .capabilities(capabilities.clone())
-                .connect(&format!("http://127.0.0.1:{port}"))
-                .await
-            {
-                Ok(client) => break client,
-                Err(error) if Instant::now() < deadline => {
-                    let _ = error;
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-                Err(error) => panic!("chromedriver never took a session: {error}"),
-            }
-        };
+        let client = session(&chromium, port, None).await;
         // The data routes refuse a read without the token...
         let refused = reqwest::get(format!("http://{page_at}/cluster/members"))
             .await
@@ -274,6 +260,67 @@ fn the_cluster_page_shows_members_and_shards_and_follows_a_kill() {
                 .filter_map(|m| m["app_version"].as_str())
                 .collect();
             versions == ["2.1", "2.1", "2.1"]
+        })
+        .await;
+        // Each member's roles, as it answered the load read.
+        until(&client, "every member's roles", |v| {
+            let mut roles: Vec<&str> = (v["members"].as_array().into_iter().flatten())
+                .filter_map(|m| m["roles"].as_str())
+                .collect();
+            roles.sort_unstable();
+            roles == ["", "api,web", "batch"]
+        })
+        .await;
+        // The page node's asks, with charts; the other two ask nothing.
+        let view = until(&client, "the page node's asks charted", |v| {
+            let load = v["load"].as_array().cloned().unwrap_or_default();
+            let asked = load
+                .iter()
+                .filter(|l| l["answered"].as_u64().is_some_and(|n| n > 0))
+                .count();
+            load.len() == 3 && asked == 1 && load.iter().all(|l| l["charts"] == 4)
+        })
+        .await;
+        let page_asks = (view["load"].as_array().into_iter().flatten())
+            .find_map(|l| l["answered"].as_u64().filter(|n| *n > 0))
+            .expect("the page node's asks");
+        // Facts: the page's count of the page node's answered asks lies
+        // between the route's before and after a later read of `/metrics`,
+        // which counts the same asks (`_count` of the latency histogram).
+        let load_of_page_node = |load: &Value| -> u64 {
+            (load["members"].as_array().into_iter().flatten())
+                .filter_map(|m| m["answered"].as_array())
+                .map(|buckets| buckets.iter().filter_map(Value::as_u64).sum::<u64>())
+                .max()
+                .expect("a member's answered asks")
+        };
+        let before = load_of_page_node(&get_json(page_at, "/cluster/load/counter").await);
+        let metrics = reqwest::Client::new()
+            .get(format!("http://{page_at}/metrics"))
+            .header("Authorization", format!("Bearer {TOKEN}"))
+            .send()
+            .await
+            .expect("GET /metrics")
+            .text()
+            .await
+            .expect("the metrics");
+        let counted: u64 = metrics
+            .lines()
+            .filter(|l| l.starts_with("datum_ask_duration_seconds_count{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .map(|n| n as u64)
+            .sum();
+        let after = load_of_page_node(&get_json(page_at, "/cluster/load/counter").await);
+        assert!(
+            page_asks <= before && before <= counted && counted <= after,
+            "the page's {page_asks}, the route's {before} then {after}, /metrics' {counted}"
+        );
+        // The events the node kept, with the joins among them.
+        until(&client, "the members' joins among the events", |v| {
+            (v["events"].as_array().into_iter().flatten())
+                .filter(|e| e["kind"] == "member_up")
+                .count()
+                >= 2
         })
         .await;
         let address = client.current_url().await.expect("the page's address");
@@ -338,6 +385,24 @@ fn the_cluster_page_shows_members_and_shards_and_follows_a_kill() {
             "{view}"
         );
         screenshot(&client, "after-kill").await;
+        // The kill among the events, and the killed node's load row says
+        // it has not answered.
+        let view = until(&client, "the kill among the events", |v| {
+            let told = |kind: &str| {
+                (v["events"].as_array().into_iter().flatten()).any(|e| {
+                    e["kind"] == kind && e["text"].as_str().is_some_and(|t| t.contains(&c_addr))
+                })
+            };
+            told("unreachable") && (told("member_downed") || told("member_removed"))
+        })
+        .await;
+        assert!(
+            (view["load"].as_array().into_iter().flatten())
+                .all(|l| !l["node"].as_str().is_some_and(|n| n.starts_with(&c_addr))
+                    || l["answered"].is_null()),
+            "{view}"
+        );
+
 
         // Without the token the page says its data is stale and asks for
         // it; typed in, the page reads again.
@@ -373,5 +438,78 @@ fn the_cluster_page_shows_members_and_shards_and_follows_a_kill() {
         })
         .await;
         client.close().await.expect("end the session");
+
+        // On a phone (Chromium's emulation of a 390 px wide screen) nothing
+        // runs off the screen: the tables scroll inside their own boxes.
+        let phone = session(&chromium, port, Some((390, 844))).await;
+        phone
+            .goto(&format!("http://{page_at}/#token={TOKEN}"))
+            .await
+            .expect("open the page on the phone");
+        until(&phone, "the page read on the phone", |v| {
+            v["read"].is_string() && v["members"].as_array().is_some_and(|m| m.len() == 2)
+        })
+        .await;
+        let wide = phone
+            .execute(
+                r#"const width = document.documentElement.clientWidth;
+                   // (What a box that scrolls holds does not count.)
+                   const clipped = (e) => {
+                       for (let a = e.parentElement; a && a !== document.body; a = a.parentElement) {
+                           if (getComputedStyle(a).overflowX !== 'visible') return true;
+                       }
+                       return false;
+                   };
+                   const over = [...document.querySelectorAll('body *')]
+                       .filter(e => !clipped(e) && getComputedStyle(e).overflowX === 'visible'
+                           && (e.getBoundingClientRect().right > width + 0.5
+                               || e.getBoundingClientRect().left + e.scrollWidth > width + 0.5))
+                       .map(e => e.tagName.toLowerCase() + (e.id ? '#' + e.id : '') + '.' + e.className + ' ' + (e.textContent || '').slice(0, 40));
+                   return { width, scroll_width: document.documentElement.scrollWidth, over };"#,
+                vec![],
+            )
+            .await
+            .expect("the page's width");
+        assert_eq!(wide["width"], 390, "{wide}");
+        assert!(
+            wide["scroll_width"].as_i64() <= wide["width"].as_i64()
+                && wide["over"].as_array().is_some_and(Vec::is_empty),
+            "the page is wider than a phone's screen: {wide}"
+        );
+        screenshot(&phone, "phone").await;
+        phone.close().await.expect("end the phone's session");
     });
+}
+
+/// A WebDriver session of headless Chromium: a desktop's window, or with
+/// `phone` a phone's screen of that many CSS pixels (Chromium's device
+/// emulation: a desktop window cannot be made that narrow).
+async fn session(chromium: &str, port: u16, phone: Option<(u32, u32)>) -> Client {
+    let mut options = json!({
+        "binary": chromium,
+        "args": ["--headless=new", "--no-sandbox", "--disable-gpu",
+                 "--disable-dev-shm-usage", "--window-size=1100,1100"],
+    });
+    if let Some((width, height)) = phone {
+        options["mobileEmulation"] = json!({
+            "deviceMetrics": { "width": width, "height": height, "pixelRatio": 2.0, "touch": true },
+        });
+    }
+    let mut capabilities = serde_json::Map::new();
+    capabilities.insert("goog:chromeOptions".into(), options);
+    let deadline = Instant::now() + LONG;
+    loop {
+        match ClientBuilder::new(HttpConnector::new())
+            .capabilities(capabilities.clone())
+            .connect(&format!("http://127.0.0.1:{port}"))
+            .await
+        {
+            Ok(client) => return client,
+            Err(error) if Instant::now() < deadline => {
+                let _ = error;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(error) => panic!("chromedriver never took a session: {error}"),
+        }
+    }
 }

@@ -371,6 +371,52 @@ async fn three_nodes_answer_probes_members_placement_and_metrics() {
         metrics.body
     );
 
+    // Every member's asks, as node 1 gathers them: node 0 answered 60
+    // asks, the others asked nothing; the live entities add up.
+    let load = get(at[1], "/cluster/load/counter").await;
+    assert_eq!(load.status, 200, "{}", load.body);
+    let load = load.json();
+    assert_eq!(load["bounds"].as_array().map(Vec::len), Some(22));
+    assert!(load["no_answer"].as_array().unwrap().is_empty(), "{load}");
+    let mut live = 0;
+    for member in load["members"].as_array().unwrap() {
+        let answered: Vec<u64> = (member["answered"].as_array().unwrap().iter())
+            .map(|n| n.as_u64().unwrap())
+            .collect();
+        assert_eq!(answered.len(), 23, "{member}");
+        let asked = if member["node"] == nodes[0].self_address().to_string() {
+            60
+        } else {
+            0
+        };
+        assert_eq!(answered.iter().sum::<u64>(), asked, "{member}");
+        assert_eq!(member["failed"], serde_json::json!({}), "{member}");
+        assert_eq!(member["roles"], serde_json::json!([]), "{member}");
+        live += member["live_entities"].as_u64().unwrap();
+    }
+    assert_eq!(live, 60);
+    assert_eq!(get(at[1], "/cluster/load/nope").await.status, 404);
+
+    // What node 0 saw happen: the other two came up; `after` keeps the
+    // later events only.
+    let events = get(at[0], "/cluster/events").await.json();
+    let events = events["events"].as_array().unwrap().clone();
+    for other in &nodes[1..] {
+        let me = other.self_address().to_string();
+        assert!(
+            events
+                .iter()
+                .any(|e| e["kind"] == "member_up" && e["text"].as_str().unwrap().contains(&me)),
+            "no member_up of {me} in {events:?}"
+        );
+    }
+    let newest = events[0]["seq"].as_u64().unwrap();
+    let later = get(at[0], &format!("/cluster/events?after={}", newest - 1))
+        .await
+        .json();
+    assert_eq!(later["events"].as_array().map(Vec::len), Some(1), "{later}");
+    assert_eq!(get(at[0], "/cluster/events?after=x").await.status, 400);
+
     // What is not there.
     let missing = get(at[0], "/cluster/shards/nope").await;
     assert_eq!(missing.status, 404);
@@ -398,6 +444,15 @@ async fn three_nodes_answer_probes_members_placement_and_metrics() {
     })
     .await;
     assert_eq!(get(at[0], "/ready").await.status, 200);
+    let gone = nodes[2].self_address().to_string();
+    until(at[0], "/cluster/events", |a| {
+        a.json()["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["kind"] == "member_removed" && e["text"].as_str().unwrap().contains(&gone))
+    })
+    .await;
     for server in servers {
         server.shutdown().await;
     }
@@ -709,6 +764,74 @@ fn datum_node_serves_the_endpoint_on_its_flag() {
     unsafe { libc::kill(child.0.id() as i32, libc::SIGTERM) };
     let status = child.0.wait().expect("exit");
     assert_eq!(status.code(), Some(0));
+}
+
+/// What `datum-node` writes to stderr when its endpoint listens on every
+/// address of a network namespace of its own (`unshare -rn`: only its own
+/// loopback device is in it, so nothing beyond this test can reach the
+/// endpoint), with or without a token. `None` where such a namespace
+/// cannot be made here.
+fn stderr_of_an_endpoint_on_every_address(token: Option<&str>) -> Option<String> {
+    let usable = Command::new("unshare")
+        .args(["-rn", "true"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !usable {
+        return None;
+    }
+    let mut command = Command::new("unshare");
+    command
+        .args(["-rn", BIN])
+        .args(["--cluster-name", "exposed", "--bind", "127.0.0.1:0"])
+        .args(["--management-addr", "0.0.0.0:0"])
+        .env("DATUM_SECRET", "exposed-secret")
+        .env("RUST_LOG", "warn")
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some(token) = token {
+        command.env("DATUM_MANAGEMENT_TOKEN", token);
+    }
+    let mut child = KillOnDrop(command.spawn().expect("spawn datum-node"));
+    let mut lines = BufReader::new(child.0.stdout.take().unwrap()).lines();
+    let listening: SocketAddr = loop {
+        let line = lines
+            .next()
+            .expect("a management_listening line")
+            .expect("stdout");
+        let event: Value = serde_json::from_str(&line).expect("a JSON line");
+        if event["event"] == "management_listening" {
+            break event["addr"].as_str().unwrap().parse().unwrap();
+        }
+    };
+    assert!(listening.ip().is_unspecified(), "{listening}");
+    // The warning, if any, is written before the endpoint listens.
+    // SAFETY: a plain kill(2) of our own child.
+    unsafe { libc::kill(child.0.id() as i32, libc::SIGTERM) };
+    child.0.wait().expect("exit");
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.0.stderr.take().unwrap(), &mut stderr)
+        .expect("stderr");
+    Some(stderr)
+}
+
+#[test]
+fn an_endpoint_beyond_loopback_without_a_token_warns() {
+    let warning = "listens beyond this host with no token";
+    let Some(open) = stderr_of_an_endpoint_on_every_address(None) else {
+        eprintln!("skipped: no network namespace can be made here (unshare -rn)");
+        return;
+    };
+    assert!(open.contains(warning), "no warning in: {open}");
+    let guarded = stderr_of_an_endpoint_on_every_address(Some("exposed-token"))
+        .expect("a namespace, as before");
+    assert!(
+        !guarded.contains(warning),
+        "a warning with a token: {guarded}"
+    );
 }
 
 /// A status code and a body, or `None` when the connection failed (as one

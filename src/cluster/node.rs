@@ -15,6 +15,7 @@ use crate::membership::{
     MembershipState, Target,
 };
 use crate::model::identity::{NodeId, UniqueAddress};
+use crate::ops::history::{ClusterEvent, ClusterEventKind, History};
 use crate::transport::{ConnectError, Incoming, Transport};
 use crate::util::warn_limit::{WarnLimit, warn_limited};
 use crate::wire::RejectReason;
@@ -198,6 +199,8 @@ struct Inner {
     control: mpsc::UnboundedSender<Control>,
     state: watch::Receiver<MembershipState>,
     events: broadcast::Sender<MembershipEvent>,
+    /// What happened, as this node saw it (shared with the sharding layer).
+    history: Arc<History>,
     /// The driver task; taken by the first `shutdown` or `crash`, which later
     /// callers wait behind.
     driver: Mutex<Option<JoinHandle<()>>>,
@@ -289,6 +292,7 @@ impl ClusterNode {
         let (control, control_rx) = mpsc::unbounded_channel();
         let (refusals_tx, refusals) = mpsc::unbounded_channel();
         let refusal = Arc::new(std::sync::Mutex::new(None));
+        let history = Arc::new(History::default());
         let driver = Driver {
             core,
             transport: transport.clone(),
@@ -296,6 +300,7 @@ impl ClusterNode {
             control: control_rx,
             state: state_tx,
             events: events.clone(),
+            history: history.clone(),
             undecodable: WarnLimit::default(),
             unlisted: WarnLimit::default(),
             refusals_tx,
@@ -323,6 +328,7 @@ impl ClusterNode {
                 control,
                 state,
                 events,
+                history,
                 driver: Mutex::new(Some(handle)),
                 refusal,
                 before_leave: std::sync::Mutex::new(None),
@@ -376,6 +382,18 @@ impl ClusterNode {
     /// watch never lags.
     pub fn subscribe(&self) -> broadcast::Receiver<MembershipEvent> {
         self.inner.events.subscribe()
+    }
+
+    /// What happened to the cluster as this node saw it, newest first: the
+    /// last [`HISTORY_CAPACITY`](crate::history::HISTORY_CAPACITY) events of
+    /// its membership and of the sharded system on it (SPEC §14.1).
+    pub fn recent_events(&self) -> Vec<ClusterEvent> {
+        self.inner.history.recent()
+    }
+
+    /// The history the sharding layer on this node records into.
+    pub(crate) fn history(&self) -> &Arc<History> {
+        &self.inner.history
     }
 
     /// Waits until `condition` holds for this node's membership state.
@@ -530,6 +548,7 @@ struct Driver {
     control: mpsc::UnboundedReceiver<Control>,
     state: watch::Sender<MembershipState>,
     events: broadcast::Sender<MembershipEvent>,
+    history: Arc<History>,
     /// Rate limit of warnings about undecodable membership messages: a
     /// buggy peer sends them at gossip rate.
     undecodable: WarnLimit,
@@ -703,6 +722,12 @@ impl Driver {
         self.core.set_seeds(Instant::now(), &found, may_form)
     }
 
+    /// `event` to the node's subscribers and its history.
+    fn publish(&self, event: MembershipEvent) {
+        self.history.membership(&event);
+        let _ = self.events.send(event);
+    }
+
     /// A seed refused this node's handshake (or this node the seed's, or TLS
     /// the connection) for a reason retrying cannot cure. While still
     /// joining: publish it, keep it for the handles, and true once the node
@@ -730,7 +755,7 @@ impl Driver {
             *slot = Some(refusal);
             refusals
         };
-        let _ = self.events.send(MembershipEvent::JoinRefused {
+        self.publish(MembershipEvent::JoinRefused {
             seed,
             reason,
             by_seed,
@@ -800,7 +825,7 @@ impl Driver {
                 Command::Publish(event) => {
                     changed = true;
                     tracing::info!(node = %self.core.self_address(), ?event, "membership");
-                    let _ = self.events.send(event);
+                    self.publish(event);
                 }
                 Command::MarkDown(member) => self.transport.mark_down(&member),
             }
@@ -821,6 +846,14 @@ impl Driver {
             for (decision, n) in [("stay", stayed), ("down", went_down)] {
                 if n > 0 {
                     crate::ops::telemetry::split_brain_decisions(&node, decision, n);
+                    self.history.record(
+                        ClusterEventKind::SplitBrainDecision,
+                        if decision == "stay" {
+                            "the split-brain resolver kept this side: it downs the members it cannot reach"
+                        } else {
+                            "the split-brain resolver downed this side"
+                        },
+                    );
                 }
             }
             self.decisions_counted = decisions;

@@ -18,13 +18,15 @@
 //!
 //! | route | answer |
 //! |---|---|
-//! | `GET /` | the live cluster page for a person: members, shards by node, changes seen (its script and style at `/page.js` and `/page.css`, compiled into the binary) |
+//! | `GET /` | the live cluster page for a person: members, shards by node, load, events (its script and style at `/page.js` and `/page.css`, compiled into the binary) |
 //! | `GET /alive` | 200 while the node runs; 503 once it stopped (downed, removed, shut down) |
 //! | `GET /ready` | 200 once the node is Up and its regions are registered; 503 before, and while leaving or fenced |
 //! | `GET /cluster/members` | this node's view of the membership, JSON |
 //! | `GET /cluster/shards` | the entity types registered here, JSON |
 //! | `GET /cluster/shards/{type}` | where each shard of a type lives, its generation, what waits in buffers, JSON |
 //! | `GET /cluster/shards/{type}?ids=N` | the same, with the ids of each hosted shard's live entities (at most `N` a shard) |
+//! | `GET /cluster/events` | what happened to the cluster as this node saw it, newest first (`?after=N`: only the events numbered above `N`), JSON |
+//! | `GET /cluster/load/{type}` | every member's asks of a type, their failures by kind and latency buckets, counted since it started, with its live entities and roles, JSON |
 //! | `GET /metrics` | the Prometheus recorder's text, when one was given |
 //!
 //! `HEAD` answers as `GET` does, without the body (as HTTP expects of a
@@ -355,6 +357,8 @@ impl Management {
             .route("/cluster/members", get(members))
             .route("/cluster/shards", get(entity_types))
             .route("/cluster/shards/{type_name}", get(shards))
+            .route("/cluster/events", get(events))
+            .route("/cluster/load/{type_name}", get(load))
             .route("/metrics", get(metrics))
             .with_state(Arc::new(self));
         // Every request is counted, then let through or refused for want
@@ -963,6 +967,114 @@ async fn shards(
     answer(StatusCode::OK, body)
 }
 
+/// The events after `after=N` that `/cluster/events`'s query asks for:
+/// 0 (every event kept) without it. Refused, with the 400's text: another
+/// parameter, `after` twice, or a value that is not a decimal number.
+fn events_after(query: Option<&str>) -> Result<u64, String> {
+    let mut after = None;
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if name != "after" {
+            return Err(format!(
+                "unknown query parameter {name:?} (this route takes after=N)"
+            ));
+        }
+        if after.is_some() {
+            return Err("after is given more than once".to_owned());
+        }
+        let n = (value.parse::<u64>().ok())
+            .filter(|_| !value.starts_with('+'))
+            .ok_or_else(|| format!("after must be a number, not {value:?}"))?;
+        after = Some(n);
+    }
+    Ok(after.unwrap_or(0))
+}
+
+async fn events(State(m): Endpoint, RawQuery(query): RawQuery) -> Response {
+    let after = match events_after(query.as_deref()) {
+        Ok(after) => after,
+        Err(error) => return answer(StatusCode::BAD_REQUEST, json!({ "error": error })),
+    };
+    let since_epoch_ms = |at: std::time::SystemTime| {
+        at.duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64)
+    };
+    let events: Vec<Value> = (m.node.recent_events().into_iter())
+        .filter(|e| e.seq > after)
+        .map(|e| {
+            json!({
+                "seq": e.seq,
+                "at_ms": since_epoch_ms(e.at),
+                "kind": e.kind.name(),
+                "text": e.text,
+                "count": e.count,
+            })
+        })
+        .collect();
+    answer(
+        StatusCode::OK,
+        json!({
+            "node": m.node.self_address().to_string(),
+            "capacity": crate::ops::history::HISTORY_CAPACITY,
+            "events": events,
+        }),
+    )
+}
+
+/// How long `/cluster/load/{type}` waits for the other members' counts.
+const LOAD_TIMEOUT: Duration = Duration::from_secs(2);
+
+async fn load(State(m): Endpoint, Path(type_name): Path<String>) -> Response {
+    let Some(system) = m.system.as_ref().and_then(Weak::upgrade) else {
+        return no_system();
+    };
+    let Some(region) = system.region(&type_name) else {
+        return answer(
+            StatusCode::NOT_FOUND,
+            json!({ "error": format!("no entity type {type_name:?} registered on this node") }),
+        );
+    };
+    let type_name = region.type_name;
+    drop(region);
+    let stats = match system.cluster_stats(type_name, LOAD_TIMEOUT).await {
+        Ok(stats) => stats,
+        Err(error) => {
+            return answer(
+                StatusCode::SERVICE_UNAVAILABLE,
+                json!({ "error": error.to_string() }),
+            );
+        }
+    };
+    let members: Vec<Value> = (stats.app_versions.keys())
+        .map(|node| {
+            let hosted = stats.regions.get(node);
+            let asks = stats.asks.get(node);
+            let mut entry = member(node);
+            entry["app_version"] = json!(stats.app_versions.get(node).map(|v| v.to_string()));
+            entry["roles"] = json!(stats.roles.get(node));
+            entry["hosted_shards"] = json!(hosted.map(|h| h.len()));
+            entry["live_entities"] = json!(hosted.map(|h| h.values().sum::<usize>()));
+            entry["answered"] = json!(asks.map(|a| &a.answered));
+            entry["failed"] = json!(asks.map(|a| &a.failed));
+            entry
+        })
+        .collect();
+    let read_at_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    answer(
+        StatusCode::OK,
+        json!({
+            "type": type_name,
+            "node": m.node.self_address().to_string(),
+            "read_at_ms": read_at_ms,
+            "bounds": crate::ops::telemetry::SECONDS_BUCKETS,
+            "members": members,
+            "no_answer": stats.failed.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+        }),
+    )
+}
+
 async fn metrics(State(m): Endpoint) -> Response {
     match &m.prometheus {
         Some(handle) => (
@@ -993,6 +1105,16 @@ mod tests {
             "Max open files            unlimited            unlimited            files\n";
         assert_eq!(open_file_limit(unlimited), None);
         assert_eq!(open_file_limit("Max processes 10 10 processes\n"), None);
+    }
+
+    #[test]
+    fn the_after_query_is_read_strictly() {
+        assert_eq!(events_after(None), Ok(0));
+        assert_eq!(events_after(Some("after=17")), Ok(17));
+        assert!(events_after(Some("after=")).is_err());
+        assert!(events_after(Some("after=+3")).is_err());
+        assert!(events_after(Some("after=1&after=2")).is_err());
+        assert!(events_after(Some("since=1")).is_err());
     }
 
     #[test]

@@ -23,7 +23,7 @@
 //! window makes the median of a thousand 2 µs asks read 140 µs. Buckets
 //! are exact to their bounds and, unlike quantiles, add up across nodes.
 
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 
 use metrics::{Counter, Gauge, Histogram, counter, gauge, histogram};
 
@@ -147,6 +147,8 @@ pub(crate) struct RegionMetrics {
     pub(crate) passivations: [Counter; 3],
     pub(crate) asks: Counter,
     ask_seconds: Histogram,
+    /// The asks as counted for the load figures.
+    load: AskLoad,
     /// Sampled every 5 s (`BUFFERED`, `HANDOFF_BUFFERED`).
     pub(crate) buffered: Gauge,
     pub(crate) handoff_buffered: Gauge,
@@ -186,6 +188,7 @@ impl RegionMetrics {
             ask_seconds: histogram!(ASK_SECONDS, labels(None)),
             buffered: gauge!(BUFFERED, labels(None)),
             handoff_buffered: gauge!(HANDOFF_BUFFERED, labels(None)),
+            load: AskLoad::default(),
             node,
         }
     }
@@ -221,28 +224,101 @@ impl RegionMetrics {
         self.handoff_buffered.set(0.0);
     }
 
-    /// An ask sent at `sent` was answered: records its latency, reading
-    /// the clock only if a recorder was installed when the region resolved
-    /// its handles (with none, the histogram is a no-op).
+    /// An ask sent at `sent` was answered: counts it in its latency bucket
+    /// and records its latency (one clock read for both).
     pub(crate) fn ask_answered(&self, sent: tokio::time::Instant) {
-        self.ask_seconds.record(SecondsSince(sent));
+        let took = sent.elapsed();
+        self.load.answered(took);
+        self.ask_seconds.record(took.as_secs_f64());
     }
 
     /// An ask failed with `kind` (rare: looked up each time).
     pub(crate) fn ask_failed(&self, kind: &'static str) {
+        self.load.failed(kind);
         counter!(ASK_FAILURES, "entity_type" => self.entity_type, "node" => self.node.clone(), "kind" => kind)
             .increment(1);
     }
+
+    /// The asks sent through this region since it started, as counted.
+    pub(crate) fn ask_counts(&self) -> AskCounts {
+        self.load.counts()
+    }
 }
 
-/// The seconds elapsed since an instant, as a histogram takes its value:
-/// the clock is read when the value is converted (in `Histogram::record`,
-/// before the recorder sees it), which a no-op handle never does.
-struct SecondsSince(tokio::time::Instant);
+/// [`SECONDS_BUCKETS`] in nanoseconds.
+const BUCKET_NANOS: [u64; 22] = {
+    let mut nanos = [0; 22];
+    let mut i = 0;
+    while i < 22 {
+        nanos[i] = (SECONDS_BUCKETS[i] * 1e9) as u64;
+        i += 1;
+    }
+    nanos
+};
 
-impl metrics::IntoF64 for SecondsSince {
-    fn into_f64(self) -> f64 {
-        self.0.elapsed().as_secs_f64()
+/// One region's asks, counted where the `metrics` hooks record them:
+/// whatever recorder is installed, or none. What the load figures of
+/// `cluster_sharding_stats` and the live page come from.
+#[derive(Default)]
+struct AskLoad {
+    /// Answered asks by latency: `answered[i]` those above bucket `i - 1`
+    /// and at most bucket `i` of [`SECONDS_BUCKETS`]; the last, those above
+    /// its last bound.
+    answered: [AtomicU64; SECONDS_BUCKETS.len() + 1],
+    /// Failed asks by kind (rare: under a lock).
+    failed: std::sync::Mutex<std::collections::BTreeMap<&'static str, u64>>,
+}
+
+impl AskLoad {
+    fn answered(&self, took: std::time::Duration) {
+        let nanos = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        let bucket = BUCKET_NANOS.partition_point(|bound| *bound < nanos);
+        self.answered[bucket].fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn failed(&self, kind: &'static str) {
+        let mut failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+        *failed.entry(kind).or_insert(0) += 1;
+    }
+
+    fn counts(&self) -> AskCounts {
+        AskCounts {
+            answered: (self.answered.iter())
+                .map(|n| n.load(Ordering::Relaxed))
+                .collect(),
+            failed: (self.failed.lock().unwrap_or_else(|p| p.into_inner()).iter())
+                .map(|(kind, n)| ((*kind).to_owned(), *n))
+                .collect(),
+        }
+    }
+}
+
+/// The asks one node sent to an entity type since its region started
+/// (through its `EntityRef`s, wherever the entities live), as
+/// [`ClusterShardingStats::asks`](crate::sharding::ClusterShardingStats::asks)
+/// gathers them: the same asks `datum_ask_duration_seconds` and
+/// `datum_ask_failures_total` count on that node (SPEC §14.1).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AskCounts {
+    /// Answered asks by latency: `answered[i]`, for `i` below
+    /// [`SECONDS_BUCKETS`]`.len()`, counts those that took more than bucket
+    /// `i - 1` and at most `SECONDS_BUCKETS[i]` seconds; the last entry,
+    /// those above 10 s.
+    pub answered: Vec<u64>,
+    /// Failed asks by kind (`ShardingError::kind`).
+    pub failed: std::collections::BTreeMap<String, u64>,
+}
+
+impl AskCounts {
+    /// Every answered ask.
+    pub fn answered_total(&self) -> u64 {
+        self.answered.iter().sum()
+    }
+
+    /// Every failed ask.
+    pub fn failed_total(&self) -> u64 {
+        self.failed.values().sum()
     }
 }
 

@@ -23,6 +23,12 @@ pub struct ClusterShardingStats {
     /// The application version of every member that answered
     /// (`ClusterConfig::app_version`; `"0"` from one that names none).
     pub app_versions: BTreeMap<UniqueAddress, crate::AppVersion>,
+    /// The asks each member that answered sent to the type since its
+    /// region started, by latency bucket and failure kind (a member of a
+    /// build that does not count them is absent).
+    pub asks: BTreeMap<UniqueAddress, crate::telemetry::AskCounts>,
+    /// The roles of each member that answered (`ClusterConfig::roles`).
+    pub roles: BTreeMap<UniqueAddress, BTreeSet<String>>,
     /// The acting sharding coordinator, as it answered for itself (its
     /// epoch, whether it allocates yet); `None` when no member that
     /// answered is acting (a takeover under way, or its answer was late).

@@ -368,7 +368,24 @@ pub(crate) enum ControlMsg {
         /// (absent: `"0"`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         app_version: Option<String>,
+        /// The asks the answering node sent to the type since its region
+        /// started (absent without a region, and from older builds).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        asks: Option<AskCountsWire>,
+        /// The answering node's roles (absent when it has none).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        roles: Vec<String>,
     },
+}
+
+/// A node's ask counts, in its `Stats` answer.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct AskCountsWire {
+    /// Answered asks by latency bucket (SPEC §14's bounds, one more above).
+    pub(crate) answered: Vec<u64>,
+    /// Failed asks by kind.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) failed: Vec<(String, u64)>,
 }
 
 /// A coordinator's word on itself, in its `Stats` answer.
@@ -894,6 +911,8 @@ mod tests {
             shards: vec![(5, 2)],
             coordinator: None,
             app_version: None,
+            asks: None,
+            roles: Vec::new(),
         };
         let spec = "
             a1 65 53 74 61 74 73
@@ -901,6 +920,30 @@ mod tests {
             66 73 68 61 72 64 73 81 82 05 02
         ";
         assert_eq!(stats.encode(), hex(spec));
+        // With ask counts (two buckets here; 23 from a node) and a role.
+        let counted = ControlMsg::Stats {
+            id: 7,
+            region: true,
+            shards: vec![(5, 2)],
+            coordinator: None,
+            app_version: None,
+            asks: Some(AskCountsWire {
+                answered: vec![0, 3],
+                failed: vec![("ask_timeout".into(), 1)],
+            }),
+            roles: vec!["web".into()],
+        };
+        let spec = "
+            a1 65 53 74 61 74 73
+            a5 62 69 64 07 66 72 65 67 69 6f 6e f5
+            66 73 68 61 72 64 73 81 82 05 02
+            64 61 73 6b 73 a2 68 61 6e 73 77 65 72 65 64 82 00 03
+            66 66 61 69 6c 65 64 81 82 6b 61 73 6b 5f 74 69 6d 65 6f 75 74 01
+            65 72 6f 6c 65 73 81 63 77 65 62
+        ";
+        assert_eq!(counted.encode(), hex(spec));
+        let decoded: ControlMsg = ciborium::from_reader(&hex(spec)[..]).expect("decodes");
+        assert_eq!(decoded, counted);
         // A proxy-only registration carries `proxy: true`; a hosting one
         // leaves the field out (and a registration without it hosts).
         let registration = TypeRegistration {

@@ -127,8 +127,7 @@ impl<P: Protocol> EntityRef<P> {
     pub async fn ask<M: Ask<P>>(&self, msg: M, timeout: Duration) -> ShardingResult<M::Reply> {
         let region = self.region()?;
         // The deadline and the latency both count from this one clock
-        // read; the latency's second read happens only with a recorder
-        // installed.
+        // read (the latency's end is one more, when the answer comes).
         let sent = tokio::time::Instant::now();
         region.metrics.asks.increment(1);
         let answer = match region.tracing() {

@@ -148,6 +148,29 @@ impl Shared {
         (**versions).clone()
     }
 
+    /// The cluster-wide view of entity type `type_name` (see
+    /// `ShardedSystem::cluster_sharding_stats`).
+    pub(crate) async fn cluster_stats(
+        &self,
+        type_name: &'static str,
+        timeout: std::time::Duration,
+    ) -> crate::ShardingResult<crate::sharding::ClusterShardingStats> {
+        let Some(link) = &self.cluster else {
+            return Err(crate::ShardingError::InvalidConfig(
+                "cluster_sharding_stats needs a system built with a cluster node".into(),
+            ));
+        };
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        link.driver
+            .send(crate::sharding::driver::DriverMsg::Stats {
+                type_name,
+                timeout,
+                reply,
+            })
+            .map_err(|_| crate::ShardingError::ShuttingDown)?;
+        answer.await.map_err(|_| crate::ShardingError::ShuttingDown)
+    }
+
     /// The coordinator as this node sees it (`None` without a cluster node).
     /// `registered` is also checked against the regions as they are now: a
     /// region added since the control task last published its status has

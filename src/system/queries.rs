@@ -6,15 +6,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::oneshot;
-
 use super::ShardedSystem;
 #[cfg(feature = "management")]
 use super::Shared;
 use crate::cluster::ClusterNode;
 use crate::entity::MigrationEvent;
 use crate::model::config::ShardingConfig;
-use crate::model::error::{ShardingError, ShardingResult};
+use crate::model::error::ShardingResult;
 use crate::model::extractor::ShardId;
 use crate::model::protocol::Protocol;
 use crate::persistence::Journal;
@@ -22,7 +20,6 @@ use crate::persistence::remember::writer::Remember;
 use crate::persistence::remember::{RememberEntitiesEvent, RememberEntitiesStore};
 use crate::runtime::region::Region;
 use crate::sharding::coordinator::RebalanceRound;
-use crate::sharding::driver::DriverMsg;
 use crate::sharding::stats::{ClusterShardingStats, ShardRegionState};
 use crate::util::fast_hash::FastMap;
 
@@ -101,20 +98,7 @@ impl<S, J> ShardedSystem<S, J> {
         &self,
         timeout: Duration,
     ) -> ShardingResult<ClusterShardingStats> {
-        let Some(link) = &self.shared.cluster else {
-            return Err(ShardingError::InvalidConfig(
-                "cluster_sharding_stats needs a system built with a cluster node".into(),
-            ));
-        };
-        let (reply, answer) = oneshot::channel();
-        link.driver
-            .send(DriverMsg::Stats {
-                type_name: P::TYPE_NAME,
-                timeout,
-                reply,
-            })
-            .map_err(|_| ShardingError::ShuttingDown)?;
-        answer.await.map_err(|_| ShardingError::ShuttingDown)
+        self.shared.cluster_stats(P::TYPE_NAME, timeout).await
     }
 
     /// The sharding coordinator as this node sees it: the member acting as

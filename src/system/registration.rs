@@ -445,6 +445,7 @@ impl<S, J> ShardedSystem<S, J> {
             port: Arc::new(RegionLink {
                 remote: link.remote.clone(),
                 driver: link.driver.clone(),
+                history: link.node.history().clone(),
             }),
             proxy,
         });

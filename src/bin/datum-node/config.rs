@@ -47,6 +47,7 @@ pub(super) fn cluster_config(args: &mut Args) -> Result<ClusterConfig, ExitCode>
     config.tls = tls;
     config.discovery = discovery;
     config.app_version = args.app_version.clone();
+    config.roles = args.roles.0.iter().cloned().collect();
     Ok(config)
 }
 

@@ -131,6 +131,11 @@ pub(super) struct Args {
     #[arg(long, env = "DATUM_APP_VERSION", default_value = "0")]
     pub(super) app_version: datum_cluster_sharding::AppVersion,
 
+    /// This node's roles, comma separated (`ClusterConfig::roles`): shown
+    /// with its members on the management endpoint and its page.
+    #[arg(long, env = "DATUM_ROLES", default_value = "", value_parser = role_list)]
+    pub(super) roles: RoleList,
+
     /// The counter type's shard count (every node of the cluster must agree).
     #[arg(long, env = "DATUM_SHARDS", default_value_t = 128,
           value_parser = clap::value_parser!(u32).range(1..=i64::from(datum_cluster_sharding::MAX_SHARDS)))]
@@ -394,6 +399,24 @@ pub(super) fn split_brain(s: &str) -> Result<SplitBrain, String> {
 /// The downing timeout, or `None` for manual downing.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Downing(pub(super) Option<Duration>);
+
+/// `--roles`: names without spaces, comma separated.
+#[derive(Clone, Debug, Default)]
+pub(super) struct RoleList(pub(super) Vec<String>);
+
+fn role_list(s: &str) -> Result<RoleList, String> {
+    let roles: Vec<String> = (s.split(',').map(str::trim))
+        .filter(|r| !r.is_empty())
+        .map(str::to_owned)
+        .collect();
+    match roles
+        .iter()
+        .find(|r| r.chars().any(|c| c.is_whitespace() || c.is_control()))
+    {
+        Some(bad) => Err(format!("a role is a name without spaces, not {bad:?}")),
+        None => Ok(RoleList(roles)),
+    }
+}
 
 fn non_empty(s: &str) -> Result<String, String> {
     if s.trim().is_empty() {

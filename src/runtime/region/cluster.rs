@@ -11,6 +11,7 @@ use crate::model::envelope::LocalEnvelope;
 use crate::model::error::{ShardingError, ShardingResult};
 use crate::model::extractor::ShardId;
 use crate::model::identity::UniqueAddress;
+use crate::ops::history::ClusterEventKind;
 use crate::runtime::mailbox::{RegionMsg, States};
 use crate::runtime::slot::ShardHome;
 
@@ -65,6 +66,8 @@ pub(crate) trait ClusterPort: Send + Sync + 'static {
         from: UniqueAddress,
         timeout: Duration,
     ) -> PortFuture<Result<States, String>>;
+    /// Records an event in this node's history (SPEC §14.1).
+    fn record(&self, kind: ClusterEventKind, text: String);
 }
 
 /// A region's link to the cluster, when its system runs on one.
@@ -104,7 +107,17 @@ impl Region {
     /// every later message, with `error` (they would otherwise wait for a
     /// home that never comes).
     pub(crate) fn refuse(&self, error: ShardingError) {
-        *self.refusal.lock().unwrap_or_else(|p| p.into_inner()) = Some(error.clone());
+        let mut refusal = self.refusal.lock().unwrap_or_else(|p| p.into_inner());
+        // (Refused again at every registration: recorded when it changes.)
+        if let Some(cluster) = &self.cluster
+            && refusal.as_ref().map(ToString::to_string) != Some(error.to_string())
+        {
+            cluster
+                .port
+                .record(ClusterEventKind::RegionRefused, error.to_string());
+        }
+        *refusal = Some(error.clone());
+        drop(refusal);
         self.refused.store(true, Ordering::Release);
         self.table.refuse(&mut self.host(), &error);
     }
@@ -144,6 +157,13 @@ impl Region {
             asked.insert(shard.0, now);
             drop(asked);
             cluster.port.needs_newer(self.type_name, shard);
+            cluster.port.record(
+                ClusterEventKind::NeedsNewer,
+                format!(
+                    "{} shard {}: a message of a protocol line this build lacks came; asked to move it to a newer node",
+                    self.type_name, shard.0
+                ),
+            );
         }
     }
 

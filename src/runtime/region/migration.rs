@@ -51,6 +51,42 @@ impl Region {
 
     /// Reports what became of a shard's migration here.
     pub(crate) fn migration_event(&self, event: MigrationEvent) {
+        if let Some(port) = self.port() {
+            use crate::ops::history::ClusterEventKind as K;
+            let recorded = match &event {
+                MigrationEvent::Received {
+                    type_name,
+                    shard,
+                    from,
+                    entities,
+                    bytes,
+                } => Some((
+                    K::StatesReceived,
+                    format!(
+                        "{type_name} shard {}: {entities} state{} ({bytes} bytes) came from {from}",
+                        shard.0,
+                        if *entities == 1 { "" } else { "s" }
+                    ),
+                )),
+                MigrationEvent::FellBack {
+                    type_name,
+                    shard,
+                    reason,
+                    ..
+                } => Some((
+                    K::MigrationFellBack,
+                    format!(
+                        "{type_name} shard {}: started without its states: {reason}",
+                        shard.0
+                    ),
+                )),
+                // (One per entity: the log and the subscription have them.)
+                MigrationEvent::StateRefused { .. } => None,
+            };
+            if let Some((kind, text)) = recorded {
+                port.record(kind, text);
+            }
+        }
         if let Some(settings) = &self.migration {
             let _ = settings.events.send(event);
         }

@@ -12,7 +12,8 @@ use crate::sharding::wire::{ActiveCoordinator, ControlMsg};
 use crate::wire::channels::SHARDING_CONTROL;
 
 use super::Control;
-use super::stats_requests::hosted_shards;
+use super::stats_requests::{StatsAnswer, ask_counts, hosted_shards};
+use crate::telemetry::AskCounts;
 
 impl Control {
     pub(super) fn handle(&mut self, from: UniqueAddress, msg: ControlMsg) {
@@ -30,6 +31,8 @@ impl Control {
                         .activity(now)
                         .map(|(epoch, allocating)| ActiveCoordinator { epoch, allocating }),
                     app_version: self.core.app_version().map(str::to_owned),
+                    asks: region.as_deref().map(ask_counts),
+                    roles: self.node.config().roles.iter().cloned().collect(),
                 };
                 self.send(from, msg);
             }
@@ -39,9 +42,21 @@ impl Control {
                 shards,
                 coordinator,
                 app_version,
+                asks,
+                roles,
             } => {
-                let app_version = app_version.and_then(|v| v.parse().ok()).unwrap_or_default();
-                self.stats_answer(from, id, region, shards, coordinator, app_version)
+                let answer = StatsAnswer {
+                    region,
+                    shards,
+                    coordinator,
+                    app_version: app_version.and_then(|v| v.parse().ok()).unwrap_or_default(),
+                    asks: asks.map(|a| AskCounts {
+                        answered: a.answered,
+                        failed: a.failed.into_iter().collect(),
+                    }),
+                    roles: roles.into_iter().collect(),
+                };
+                self.stats_answer(from, id, answer)
             }
             msg @ (ControlMsg::Register { .. }
             | ControlMsg::NeedsNewer { .. }

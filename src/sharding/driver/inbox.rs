@@ -11,6 +11,7 @@ use crate::model::envelope::LocalEnvelope;
 use crate::model::error::ShardingResult;
 use crate::model::extractor::ShardId;
 use crate::model::identity::UniqueAddress;
+use crate::ops::history::{ClusterEventKind, History};
 use crate::runtime::mailbox::States;
 use crate::runtime::region::{ClusterPort, PortFuture, Region};
 use crate::sharding::coordinator::ShardHome;
@@ -71,6 +72,8 @@ pub(crate) enum DriverMsg {
 pub(crate) struct RegionLink {
     pub(crate) remote: Arc<Remote>,
     pub(crate) driver: mpsc::UnboundedSender<DriverMsg>,
+    /// The node's history.
+    pub(crate) history: Arc<History>,
 }
 
 impl ClusterPort for RegionLink {
@@ -108,6 +111,13 @@ impl ClusterPort for RegionLink {
     }
 
     fn shard_stopped(&self, type_name: &'static str, shard: ShardId, generation: u64) {
+        self.history.record(
+            ClusterEventKind::HandedOff,
+            format!(
+                "{type_name} shard {}: handed off (generation {generation}), its entities stopped",
+                shard.0
+            ),
+        );
         let _ = self.driver.send(DriverMsg::ShardStopped {
             type_name,
             shard,
@@ -127,5 +137,9 @@ impl ClusterPort for RegionLink {
         Box::pin(migration::fetch(
             transport, type_name, shard, generation, from, timeout,
         ))
+    }
+
+    fn record(&self, kind: ClusterEventKind, text: String) {
+        self.history.record(kind, text);
     }
 }

@@ -38,6 +38,13 @@ impl Control {
                 let reason = reason_label(reason);
                 let seconds = now.saturating_duration_since(at).as_secs_f64();
                 crate::ops::telemetry::rebalance_round(&node, reason, moves, seconds);
+                self.node.history().record(
+                    crate::ops::history::ClusterEventKind::RebalanceRound,
+                    format!(
+                        "rebalance round ({reason}): {moves} shard{} moved in {seconds:.2} s",
+                        if moves == 1 { "" } else { "s" }
+                    ),
+                );
             }
         }
         let rounds = self.core.coordinator().rounds();

@@ -10,7 +10,8 @@ use crate::model::extractor::ShardId;
 use crate::model::identity::UniqueAddress;
 use crate::runtime::region::Region;
 use crate::sharding::stats::{ClusterShardingStats, CoordinatorStatus};
-use crate::sharding::wire::{ActiveCoordinator, ControlMsg};
+use crate::sharding::wire::{ActiveCoordinator, AskCountsWire, ControlMsg};
+use crate::telemetry::AskCounts;
 
 use super::Control;
 
@@ -30,6 +31,26 @@ pub(super) fn hosted_shards(region: &Region) -> Vec<(u32, u32)> {
         .into_iter()
         .map(|(shard, live)| (shard.0, u32::try_from(live).unwrap_or(u32::MAX)))
         .collect()
+}
+
+/// A region's ask counts, as `Stats` carries them.
+pub(super) fn ask_counts(region: &Region) -> AskCountsWire {
+    let counts = region.metrics.ask_counts();
+    AskCountsWire {
+        answered: counts.answered,
+        failed: counts.failed.into_iter().collect(),
+    }
+}
+
+/// A member's `Stats` answer, decoded.
+pub(super) struct StatsAnswer {
+    pub(super) region: bool,
+    pub(super) shards: Vec<(u32, u32)>,
+    pub(super) coordinator: Option<ActiveCoordinator>,
+    pub(super) app_version: crate::AppVersion,
+    /// `None` from a build that does not count asks.
+    pub(super) asks: Option<AskCounts>,
+    pub(super) roles: BTreeSet<String>,
 }
 
 /// A member answered that it acts as the coordinator: the highest epoch
@@ -66,8 +87,10 @@ impl Control {
         if let Some(region) = self.region(type_name) {
             let shards = region.state().shards;
             stats.regions.insert(self.me, shards);
+            stats.asks.insert(self.me, region.metrics.ask_counts());
         }
         (stats.app_versions).insert(self.me, self.node.config().app_version.clone());
+        (stats.roles).insert(self.me, self.node.config().roles.clone());
         if let Some((epoch, allocating)) = self.core.coordinator().activity(Instant::now()) {
             note_coordinator(&mut stats, self.me, ActiveCoordinator { epoch, allocating });
         }
@@ -108,22 +131,26 @@ impl Control {
         );
     }
 
-    pub(super) fn stats_answer(
-        &mut self,
-        from: UniqueAddress,
-        id: u64,
-        region: bool,
-        shards: Vec<(u32, u32)>,
-        coordinator: Option<ActiveCoordinator>,
-        app_version: crate::AppVersion,
-    ) {
+    pub(super) fn stats_answer(&mut self, from: UniqueAddress, id: u64, answer: StatsAnswer) {
         let Some(pending) = self.stats.get_mut(&id) else {
             return;
         };
         if !pending.waiting.remove(&from) {
             return;
         }
+        let StatsAnswer {
+            region,
+            shards,
+            coordinator,
+            app_version,
+            asks,
+            roles,
+        } = answer;
         pending.stats.app_versions.insert(from, app_version);
+        pending.stats.roles.insert(from, roles);
+        if let Some(asks) = asks {
+            pending.stats.asks.insert(from, asks);
+        }
         if let Some(active) = coordinator {
             note_coordinator(&mut pending.stats, from, active);
         }
