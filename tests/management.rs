@@ -430,7 +430,24 @@ async fn three_nodes_answer_probes_members_placement_and_metrics() {
     assert_eq!(post.status().as_u16(), 405);
 
     // Node 2's system leaves: not ready while its node is still alive and Up.
+    let had = get(at[2], "/cluster/shards/counter").await.json()["hosted_shards"]
+        .as_u64()
+        .unwrap();
     systems[2].shutdown().await;
+    // Its history has the handoffs, folded into one event listing the
+    // shards.
+    let events = get(at[2], "/cluster/events").await.json();
+    let handed: Vec<&Value> = (events["events"].as_array().unwrap().iter())
+        .filter(|e| e["kind"] == "handed_off")
+        .collect();
+    let listed: usize = handed
+        .iter()
+        .map(|e| e["shards"].as_array().unwrap().len())
+        .sum();
+    assert!(
+        had > 0 && listed as u64 == had && handed.len() == 1,
+        "{had} hosted: {events}"
+    );
     let ready = get(at[2], "/ready").await;
     assert_eq!(ready.status, 503, "{}", ready.body);
     assert_eq!(ready.json()["ready"], false);

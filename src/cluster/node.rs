@@ -388,7 +388,7 @@ impl ClusterNode {
     /// last [`HISTORY_CAPACITY`](crate::history::HISTORY_CAPACITY) events of
     /// its membership and of the sharded system on it (SPEC §14.1).
     pub fn recent_events(&self) -> Vec<ClusterEvent> {
-        self.inner.history.recent()
+        self.inner.history.changed_after(0)
     }
 
     /// The history the sharding layer on this node records into.

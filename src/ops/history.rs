@@ -6,9 +6,14 @@
 //! [`ClusterNode::recent_events`](crate::cluster::ClusterNode::recent_events)
 //! reads them; the management endpoint serves them at `/cluster/events`
 //! and the live page lists them. They are kept in memory only: a restarted
-//! node starts with an empty history. An event repeated back to back (the
-//! same kind and text) is kept once, with its count and latest time, so a
-//! fault that repeats does not push the rest out.
+//! node starts with an empty history.
+//!
+//! An event of the same kind and text as one of the last [`FOLD_LOOKBACK`]
+//! events, within [`FOLD_WINDOW`] of that one's latest time, is folded into
+//! it: its count grows, its time moves on, and an event about a shard adds
+//! the shard to its list. So a kill that moves a hundred shards, or an
+//! upgrade whose shards ask to move every second, makes one event each,
+//! and does not push out the joins and downs that explain it.
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
@@ -18,6 +23,16 @@ use crate::membership::MembershipEvent;
 
 /// How many events a node keeps; the oldest go first.
 pub const HISTORY_CAPACITY: usize = 512;
+
+/// How many of the newest events an event may be folded into.
+pub const FOLD_LOOKBACK: usize = 16;
+
+/// How recent an event must be (its latest time) for another to be folded
+/// into it.
+pub const FOLD_WINDOW: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// How many shards one event lists at most (its count goes on).
+const MAX_SHARDS_LISTED: usize = 1_024;
 
 /// What kind of event a [`ClusterEvent`] is. Its [`name`](Self::name) is
 /// what `/cluster/events` calls it.
@@ -90,18 +105,25 @@ impl ClusterEventKind {
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ClusterEvent {
-    /// Its place in this node's history, from 1: a reader that keeps the
-    /// highest it has seen asks only for what came after. An event
-    /// repeated back to back keeps its number.
+    /// Its place in this node's history, from 1 (kept when later ones are
+    /// folded into it).
     pub seq: u64,
-    /// When it happened (the latest time, for a repeated one).
+    /// The history's change number when it was recorded or last folded
+    /// into: a reader that keeps the highest it has seen asks only for
+    /// what changed after it.
+    pub changed: u64,
+    /// When it happened (the latest time, for a folded one).
     pub at: SystemTime,
     /// What kind of event it is.
     pub kind: ClusterEventKind,
-    /// What happened, in words.
+    /// What happened, in words (an event about shards names its entity
+    /// type; the shards are in `shards`).
     pub text: String,
-    /// How many times it happened back to back (1 for most).
+    /// How many times it happened (more than 1 when others were folded in).
     pub count: u64,
+    /// The shards it concerns, in the order they came, each once (at most
+    /// 1,024 listed); empty for an event about no shard.
+    pub shards: Vec<u32>,
 }
 
 /// A node's history: shared by its membership driver and the sharding
@@ -116,43 +138,68 @@ struct Recent {
     /// Oldest first.
     events: VecDeque<ClusterEvent>,
     /// The last `seq` given out.
-    last: u64,
+    last_seq: u64,
+    /// The last change number given out.
+    last_change: u64,
 }
 
 impl History {
     /// Records an event that happened now.
     pub(crate) fn record(&self, kind: ClusterEventKind, text: impl Into<String>) {
-        self.record_at(SystemTime::now(), kind, text.into());
+        self.record_at(SystemTime::now(), kind, text.into(), None);
     }
 
-    fn record_at(&self, at: SystemTime, kind: ClusterEventKind, text: String) {
+    /// Records an event about `shard` that happened now; `text` names its
+    /// entity type and not the shard.
+    pub(crate) fn record_shard(&self, kind: ClusterEventKind, shard: u32, text: String) {
+        self.record_at(SystemTime::now(), kind, text, Some(shard));
+    }
+
+    fn record_at(&self, at: SystemTime, kind: ClusterEventKind, text: String, shard: Option<u32>) {
         let mut recent = self.events.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(newest) = recent.events.back_mut()
-            && newest.kind == kind
-            && newest.text == text
-        {
-            newest.count += 1;
-            newest.at = at;
+        recent.last_change += 1;
+        let changed = recent.last_change;
+        let fold = (recent.events.iter_mut().rev().take(FOLD_LOOKBACK)).find(|e| {
+            e.kind == kind
+                && e.text == text
+                && at.duration_since(e.at).unwrap_or_default() <= FOLD_WINDOW
+        });
+        if let Some(event) = fold {
+            event.count += 1;
+            event.at = event.at.max(at);
+            event.changed = changed;
+            if let Some(shard) = shard
+                && event.shards.len() < MAX_SHARDS_LISTED
+                && !event.shards.contains(&shard)
+            {
+                event.shards.push(shard);
+            }
             return;
         }
-        recent.last += 1;
-        let seq = recent.last;
+        recent.last_seq += 1;
+        let seq = recent.last_seq;
         if recent.events.len() == HISTORY_CAPACITY {
             recent.events.pop_front();
         }
         recent.events.push_back(ClusterEvent {
             seq,
+            changed,
             at,
             kind,
             text,
             count: 1,
+            shards: shard.into_iter().collect(),
         });
     }
 
-    /// The events kept, newest first.
-    pub(crate) fn recent(&self) -> Vec<ClusterEvent> {
+    /// The events kept that changed after change number `after` (0: all),
+    /// newest first.
+    pub(crate) fn changed_after(&self, after: u64) -> Vec<ClusterEvent> {
         let recent = self.events.lock().unwrap_or_else(|p| p.into_inner());
-        recent.events.iter().rev().cloned().collect()
+        (recent.events.iter().rev())
+            .filter(|e| e.changed > after)
+            .cloned()
+            .collect()
     }
 
     /// A membership event as this node's history words it.
@@ -203,29 +250,54 @@ mod tests {
     fn the_history_keeps_the_newest_and_folds_repeats() {
         let history = History::default();
         for i in 0..HISTORY_CAPACITY + 3 {
-            history.record(ClusterEventKind::HandedOff, format!("shard {i}"));
+            history.record(ClusterEventKind::MemberUp, format!("node {i} is up"));
         }
-        history.record(ClusterEventKind::NeedsNewer, "shard 1");
-        history.record(ClusterEventKind::NeedsNewer, "shard 1");
-        history.record(ClusterEventKind::NeedsNewer, "shard 2");
-        let events = history.recent();
+        let events = history.changed_after(0);
         assert_eq!(events.len(), HISTORY_CAPACITY);
-        let newest: Vec<(u64, &str, u64)> = events[..3]
-            .iter()
-            .map(|e| (e.seq, e.text.as_str(), e.count))
+        // The oldest went first.
+        let oldest = events.last().expect("full");
+        assert_eq!((oldest.seq, oldest.text.as_str()), (4, "node 3 is up"));
+        let last = events[0].changed;
+
+        // Shards of one kind and text fold into one event, each listed
+        // once, whatever came between (within the last 16 events).
+        let fell_back = || "counter: started without their states".to_owned();
+        history.record_shard(ClusterEventKind::MigrationFellBack, 7, fell_back());
+        history.record(ClusterEventKind::Unreachable, "node 9 is unreachable");
+        history.record_shard(ClusterEventKind::MigrationFellBack, 3, fell_back());
+        history.record_shard(ClusterEventKind::MigrationFellBack, 7, fell_back());
+        let changed = history.changed_after(last);
+        let seen: Vec<(u64, ClusterEventKind, u64, Vec<u32>)> = (changed.iter())
+            .map(|e| (e.seq, e.kind, e.count, e.shards.clone()))
             .collect();
         let n = HISTORY_CAPACITY as u64 + 3;
         assert_eq!(
-            newest,
+            seen,
             [
-                (n + 2, "shard 2", 1),
-                (n + 1, "shard 1", 2),
-                (n, "shard 514", 1)
+                (n + 2, ClusterEventKind::Unreachable, 1, vec![]),
+                (n + 1, ClusterEventKind::MigrationFellBack, 3, vec![7, 3]),
             ]
         );
-        // The oldest kept: the first ones went.
-        let oldest = events.last().expect("full");
-        assert_eq!(oldest.seq, 6);
-        assert_eq!(oldest.text, "shard 5");
+        // Only what changed after a change number comes back.
+        let newest_change = changed.iter().map(|e| e.changed).max().expect("two");
+        assert!(history.changed_after(newest_change).is_empty());
+        history.record_shard(ClusterEventKind::MigrationFellBack, 9, fell_back());
+        let again = history.changed_after(newest_change);
+        assert_eq!(again.len(), 1);
+        assert_eq!((again[0].seq, again[0].count), (n + 1, 4));
+
+        // Past the window, or past the lookback, an event stands alone.
+        let long_ago = SystemTime::now() - FOLD_WINDOW * 2;
+        let history = History::default();
+        history.record_at(long_ago, ClusterEventKind::NeedsNewer, "x".into(), Some(1));
+        history.record_shard(ClusterEventKind::NeedsNewer, 1, "x".into());
+        assert_eq!(history.changed_after(0).len(), 2);
+        let history = History::default();
+        history.record(ClusterEventKind::Reachable, "a");
+        for i in 0..FOLD_LOOKBACK {
+            history.record(ClusterEventKind::MemberUp, format!("{i}"));
+        }
+        history.record(ClusterEventKind::Reachable, "a");
+        assert_eq!(history.changed_after(0).len(), FOLD_LOOKBACK + 2);
     }
 }

@@ -999,15 +999,16 @@ async fn events(State(m): Endpoint, RawQuery(query): RawQuery) -> Response {
         at.duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64)
     };
-    let events: Vec<Value> = (m.node.recent_events().into_iter())
-        .filter(|e| e.seq > after)
+    let events: Vec<Value> = (m.node.history().changed_after(after).into_iter())
         .map(|e| {
             json!({
                 "seq": e.seq,
+                "changed": e.changed,
                 "at_ms": since_epoch_ms(e.at),
                 "kind": e.kind.name(),
                 "text": e.text,
                 "count": e.count,
+                "shards": e.shards,
             })
         })
         .collect();

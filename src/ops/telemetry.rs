@@ -250,7 +250,8 @@ const BUCKET_NANOS: [u64; 22] = {
     let mut nanos = [0; 22];
     let mut i = 0;
     while i < 22 {
-        nanos[i] = (SECONDS_BUCKETS[i] * 1e9) as u64;
+        // (Rounded: 2.5e-6 * 1e9 is not exactly 2,500 in binary.)
+        nanos[i] = (SECONDS_BUCKETS[i] * 1e9 + 0.5) as u64;
         i += 1;
     }
     nanos
@@ -475,5 +476,41 @@ impl Tracing {
 impl std::fmt::Debug for Tracing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Tracing(..)")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn an_answered_ask_falls_in_the_bucket_of_its_upper_bound() {
+        assert_eq!(BUCKET_NANOS[..4], [1_000, 2_500, 5_000, 10_000]);
+        assert_eq!(BUCKET_NANOS[21], 10_000_000_000);
+        let load = AskLoad::default();
+        for took in [
+            Duration::ZERO,
+            Duration::from_nanos(1_000),
+            Duration::from_nanos(2_500),
+            Duration::from_nanos(2_501),
+            Duration::from_secs(10),
+            Duration::from_secs(11),
+        ] {
+            load.answered(took);
+        }
+        load.failed("ask_timeout");
+        load.failed("ask_timeout");
+        let counts = load.counts();
+        let mut expected = vec![0; 23];
+        expected[0] = 2; // 0 and 1 µs: at most the first bound
+        expected[1] = 1; // 2.5 µs exactly
+        expected[2] = 1; // just above it
+        expected[21] = 1; // 10 s exactly
+        expected[22] = 1; // above the last bound
+        assert_eq!(counts.answered, expected);
+        assert_eq!(counts.answered_total(), 6);
+        assert_eq!(counts.failed.get("ask_timeout"), Some(&2));
+        assert_eq!(counts.failed_total(), 2);
     }
 }

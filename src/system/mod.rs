@@ -138,6 +138,7 @@ impl Shared {
     /// The members' application versions, as the sharding coordinator this
     /// node follows last sent them with its table (empty without a cluster
     /// node, or before a table came).
+    #[cfg(feature = "management")]
     pub(crate) fn member_app_versions(
         &self,
     ) -> std::collections::BTreeMap<crate::model::identity::UniqueAddress, crate::AppVersion> {

@@ -73,10 +73,10 @@ pub(super) async fn open<S: Send + Sync + 'static>(
         browser: Some(browser),
         _profile: profile,
     };
-    // The page, its script and style, then five reads of the routes (the
-    // browser's own start is over by then).
+    // The page, its script and style, then about five seconds of reads
+    // (five routes a second: the browser's own start is over by then).
     let deadline = Instant::now() + Duration::from_secs(30);
-    while page.requests() < 18 {
+    while page.requests() < 28 {
         if Instant::now() > deadline {
             page.close().await;
             return Err("the browser never read the cluster page".into());

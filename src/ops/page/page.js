@@ -4,6 +4,9 @@
 "use strict";
 
 const EVERY_MS = 1000;
+// The load asks every member: every two seconds is enough for a person
+// and halves what the page costs the cluster.
+const LOAD_EVERY_MS = 2000;
 // A read that takes longer is given up, and the page says its data is old.
 const READ_TIMEOUT_MS = 3000;
 const MAX_CHANGES = 200;
@@ -13,7 +16,6 @@ let previous = null;   // the last view read: members and shard owners
 let lastRead = null;   // when the last full read succeeded
 let shownKey = null;   // what the tables show now: drawn again only when it changes
 let lastView = null;   // the last members and shards read (the load loop draws on it)
-let latestLoads = {};  // the last load answers, by type
 const colours = new Map();
 
 function colour(node) {
@@ -128,31 +130,30 @@ async function read() {
   for (const type of types) {
     shards[type] = await json("cluster/shards/" + encodeURIComponent(type));
   }
-  // (From the newest one shown: a repeat of it changes its count.)
-  const after = events_seen.node === members.self_node ? Math.max(0, events_seen.last - 1) : 0;
+  const after = events_seen.node === members.self_node ? events_seen.last : 0;
   const events = await json("cluster/events?after=" + after);
   return { members, shards, events };
 }
 
-// ---- Load: every member's counts, summed over the entity types, kept
-// for the last five minutes as cumulative samples; the figures are the
-// differences between samples.
+// ---- Load: every member's counts by entity type, kept for the last five
+// minutes as cumulative samples; the figures are the differences between
+// two samples, summed over the types both have counts of.
 
 const KEEP_MS = 5 * 60 * 1000;
 const NOW_WINDOW_MS = 10 * 1000;
-const samples = new Map(); // node -> [{ t, answered: [..], failed: {kind: n}, entities }]
+// node -> [{ t, bounds, types: { type: { answered: [..], failed: {kind: n}, entities } } }]
+const samples = new Map();
 
-// One member's sample from every type's answer (null when a type's answer
-// lacks it: it did not answer, or its build counts nothing).
+// One member's sample from the types' answers: null when no type's answer
+// has counts of it (it did not answer, has no region, or its build counts
+// nothing).
 function sampleOf(loads, node) {
   let sample = null;
-  for (const load of Object.values(loads)) {
+  for (const [type, load] of Object.entries(loads)) {
     const m = load.members.find((x) => x.node === node);
-    if (!m || !m.answered) return null;
-    if (!sample) sample = { t: load.read_at_ms, answered: m.answered.map(() => 0), failed: {}, entities: 0, bounds: load.bounds };
-    m.answered.forEach((n, i) => { sample.answered[i] += n; });
-    for (const [kind, n] of Object.entries(m.failed || {})) sample.failed[kind] = (sample.failed[kind] || 0) + n;
-    sample.entities += m.live_entities || 0;
+    if (!m || !m.answered) continue;
+    if (!sample) sample = { t: load.read_at_ms, bounds: load.bounds, types: {} };
+    sample.types[type] = { answered: m.answered, failed: m.failed || {}, entities: m.live_entities || 0 };
   }
   return sample;
 }
@@ -164,9 +165,6 @@ function keepSamples(loads) {
     const sample = sampleOf(loads, node);
     if (!sample) continue;
     const kept = samples.get(node) || [];
-    const last = kept[kept.length - 1];
-    // A restarted region counts from 0 again: its earlier samples go.
-    if (last && sum(sample.answered) < sum(last.answered)) kept.length = 0;
     kept.push(sample);
     while (kept.length && kept[0].t < sample.t - KEEP_MS) kept.shift();
     samples.set(node, kept);
@@ -177,20 +175,43 @@ function sum(xs) {
   return xs.reduce((a, b) => a + b, 0);
 }
 
-function failedTotal(sample) {
-  return sum(Object.values(sample.failed));
+function entitiesOf(sample) {
+  return sum(Object.values(sample.types).map((c) => c.entities));
 }
 
-// The latency below which fraction `q` of the asks between two samples
-// fell: a bucket's upper bound ("> 10 s" above the last); null with none.
-function quantile(before, after, q) {
-  const delta = after.answered.map((n, i) => n - before.answered[i]);
-  const total = sum(delta);
+// What happened between samples `a` and `b`: the asks answered by latency
+// bucket and failed by kind, over the types both have counts of. A type
+// whose counts went down (its region restarted, counting from 0 again) is
+// left out, as is one that came or went in between.
+function diff(a, b) {
+  const answered = b.bounds.map(() => 0).concat([0]);
+  const failed = {};
+  for (const [type, now] of Object.entries(b.types)) {
+    const then = a.types[type];
+    if (!then) continue;
+    const d = now.answered.map((n, i) => n - (then.answered[i] || 0));
+    const df = Object.entries(now.failed).map(([kind, n]) => [kind, n - (then.failed[kind] || 0)]);
+    const lost = Object.keys(then.failed).some((kind) => !(kind in now.failed));
+    if (lost || d.some((n) => n < 0) || df.some(([, n]) => n < 0)) continue;
+    d.forEach((n, i) => { answered[i] += n; });
+    for (const [kind, n] of df) if (n > 0) failed[kind] = (failed[kind] || 0) + n;
+  }
+  return { answered, failed, bounds: b.bounds, seconds: (b.t - a.t) / 1000 };
+}
+
+function asksPerSecond(d) {
+  return d.seconds > 0 ? (sum(d.answered) + sum(Object.values(d.failed))) / d.seconds : null;
+}
+
+// The latency below which fraction `q` of the asks of a difference fell:
+// a bucket's upper bound (Infinity above the last); null with none.
+function quantile(d, q) {
+  const total = sum(d.answered);
   if (total <= 0) return null;
   let seen = 0;
-  for (let i = 0; i < delta.length; i++) {
-    seen += delta[i];
-    if (seen >= q * total) return i < after.bounds.length ? after.bounds[i] : Infinity;
+  for (let i = 0; i < d.answered.length; i++) {
+    seen += d.answered[i];
+    if (seen >= q * total) return i < d.bounds.length ? d.bounds[i] : Infinity;
   }
   return Infinity;
 }
@@ -198,7 +219,7 @@ function quantile(before, after, q) {
 function seconds(s) {
   if (s === null) return "—";
   if (s === Infinity) return "> 10 s";
-  if (s < 1e-3) return "≤ " + Math.round(s * 1e6) + " µs";
+  if (s < 1e-3) return "≤ " + +(s * 1e6).toPrecision(3) + " µs";
   if (s < 1) return "≤ " + +(s * 1e3).toPrecision(3) + " ms";
   return "≤ " + +s.toPrecision(3) + " s";
 }
@@ -214,94 +235,141 @@ function sampleBefore(kept, ms) {
 function series(kept) {
   const points = [];
   for (let i = 1; i < kept.length; i++) {
-    const a = kept[i - 1], b = kept[i];
-    const dt = (b.t - a.t) / 1000;
-    if (dt <= 0) continue;
+    const d = diff(kept[i - 1], kept[i]);
+    if (d.seconds <= 0) continue;
     points.push({
-      t: b.t,
-      asks: (sum(b.answered) - sum(a.answered) + failedTotal(b) - failedTotal(a)) / dt,
-      p99: quantile(a, b, 0.99),
-      failures: (failedTotal(b) - failedTotal(a)) / dt,
-      entities: b.entities,
+      t: kept[i].t,
+      asks: asksPerSecond(d),
+      p99: quantile(d, 0.99),
+      failures: sum(Object.values(d.failed)) / d.seconds,
+      entities: entitiesOf(kept[i]),
     });
   }
   return points;
 }
 
-// A small chart of `values` over the last five minutes, as an SVG image
-// with its summary as its accessible name.
-function sparkline(points, pick, label, format) {
-  const width = 120, height = 28;
+// A small chart over the last five minutes: an SVG image whose accessible
+// name says its range; drawn again in place (`drawSpark`).
+const SPARK_WIDTH = 120, SPARK_HEIGHT = 28;
+
+function sparkline() {
   const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
-  svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
+  svg.setAttribute("viewBox", `0 0 ${SPARK_WIDTH} ${SPARK_HEIGHT}`);
   svg.setAttribute("class", "spark");
   svg.setAttribute("role", "img");
-  const values = points.map(pick).filter((v) => v !== null && Number.isFinite(v));
-  const max = values.length ? Math.max(...values) : 0;
-  svg.setAttribute("aria-label", values.length
-    ? `${label} over the last ${Math.round((points[points.length - 1].t - points[0].t) / 1000)} s: from ${format(Math.min(...values))} to ${format(max)}`
-    : `${label}: nothing read yet`);
-  if (points.length > 1) {
-    const t0 = points[0].t, span = Math.max(1, points[points.length - 1].t - t0);
-    const coords = points.map((p) => {
-      const v = pick(p);
-      const y = v === null || !Number.isFinite(v) ? height - 1 : height - 1 - (max > 0 ? (v / max) * (height - 3) : 0);
-      return `${((p.t - t0) / span * (width - 2) + 1).toFixed(1)},${y.toFixed(1)}`;
-    });
-    const line = document.createElementNS("http://www.w3.org/2000/svg", "polyline");
-    line.setAttribute("points", coords.join(" "));
-    svg.append(line);
-  }
+  svg.append(document.createElementNS("http://www.w3.org/2000/svg", "path"));
   return svg;
 }
 
+// Draws `pick` of `points` into a chart made by `sparkline`: a point
+// without a value leaves a gap; one off the scale (a latency above 10 s)
+// is drawn at the top.
+function drawSpark(svg, points, pick, label, format) {
+  const values = points.map(pick).filter((v) => v !== null && Number.isFinite(v));
+  const max = values.length ? Math.max(...values) : 0;
+  const top = 1, bottom = SPARK_HEIGHT - 1;
+  svg.setAttribute("aria-label", values.length
+    ? `${label} over the last ${Math.round((points[points.length - 1].t - points[0].t) / 1000)} s: from ${format(Math.min(...values))} to ${format(max)}`
+    : `${label}: nothing read yet`);
+  let d = "";
+  if (points.length > 1) {
+    const t0 = points[0].t, span = Math.max(1, points[points.length - 1].t - t0);
+    let pen = "M";
+    for (const p of points) {
+      const v = pick(p);
+      if (v === null || Number.isNaN(v)) { pen = "M"; continue; }
+      const y = v === Infinity ? top : bottom - (max > 0 ? (v / max) * (bottom - top) : 0);
+      d += `${pen}${((p.t - t0) / span * (SPARK_WIDTH - 2) + 1).toFixed(1)},${y.toFixed(1)} `;
+      pen = "L";
+    }
+  }
+  svg.firstChild.setAttribute("d", d.trim());
+}
+
+// Why a member's load row shows no figures, or null when it has them.
+function noFigures(m, loads, silent) {
+  if (sampleOf(loads, m.node)) return null;
+  if (silent.has(m.node)) return "no answer to this read: unreachable or slow (no figure shown as current)";
+  return ["Joining", "Up", "Leaving"].includes(m.status)
+    ? "no counts: it has no region of these types, or its build counts no asks"
+    : `not asked: it is ${m.status}`;
+}
+
+// The load table's rows: built again only when the members or which of
+// them have figures change; their figures and charts are set in place.
+let loadRowsKey = null;
+const loadCells = new Map(); // node -> the cells and charts of its row
+
 function renderLoad(view, loads) {
   const body = document.querySelector("#load tbody");
-  body.replaceChildren();
   const silent = new Set();
   for (const load of Object.values(loads)) for (const n of load.no_answer) silent.add(n);
-  if (Object.keys(loads).length === 0) {
-    body.append(el("tr", {}, el("td", { colspan: "6" }, "No entity type is registered on this node.")));
-    return;
-  }
-  for (const m of view.members.members) {
-    const kept = samples.get(m.node) || [];
-    const newest = kept[kept.length - 1];
-    const head = el("th", { scope: "row", title: m.node }, el("span", { class: "cell swatch", background: colour(m.node), "aria-hidden": "true" }), " ", m.addr);
-    const answeredNow = sampleOf(loads, m.node);
-    if (!answeredNow) {
-      const why = silent.has(m.node)
-        ? "no answer to this read: unreachable or slow (no figure shown as current)"
-        : ["Joining", "Up", "Leaving"].includes(m.status)
-          ? "no counts: it has no region of these types, or its build counts no asks"
-          : `not asked: it is ${m.status}`;
-      body.append(el("tr", { "data-node": m.node, "data-answered": "" }, head, el("td", { colspan: "5", class: silent.has(m.node) ? "bad" : "" }, why)));
-      continue;
+  const none = Object.keys(loads).length === 0;
+  const rows = view.members.members.map((m) => [m, none ? null : noFigures(m, loads, silent)]);
+  const key = JSON.stringify([none, rows.map(([m, why]) => [m.node, m.addr, why])]);
+  if (key !== loadRowsKey) {
+    loadRowsKey = key;
+    loadCells.clear();
+    body.replaceChildren();
+    if (none) {
+      body.append(el("tr", {}, el("td", { colspan: "6" }, "No entity type is registered on this node.")));
+      return;
     }
-    const before = sampleBefore(kept, NOW_WINDOW_MS);
-    const points = series(kept);
-    const rate = before ? (sum(newest.answered) - sum(before.answered) + failedTotal(newest) - failedTotal(before)) / ((newest.t - before.t) / 1000) : null;
-    const minuteAgo = sampleBefore(kept, 60 * 1000);
-    const failedLately = [];
-    if (minuteAgo) {
-      for (const [kind, n] of Object.entries(newest.failed)) {
-        const d = n - (minuteAgo.failed[kind] || 0);
-        if (d > 0) failedLately.push(`${kind} ${d}`);
+    for (const [m, why] of rows) {
+      const head = el("th", { scope: "row", title: m.node }, el("span", { class: "cell swatch", background: colour(m.node), "aria-hidden": "true" }), " ", m.addr);
+      if (why) {
+        body.append(el("tr", { "data-node": m.node, "data-answered": "" }, head, el("td", { colspan: "5", class: silent.has(m.node) ? "bad" : "" }, why)));
+        continue;
       }
+      const cells = {
+        entities: el("span"), rate: el("span"), p50: el("td"), p99: el("span"), failed: el("span"),
+        entitiesChart: sparkline(), asksChart: sparkline(), p99Chart: sparkline(), failuresChart: sparkline(),
+      };
+      cells.failedCell = el("td", {}, cells.failed, " ", cells.failuresChart);
+      cells.row = el("tr", { "data-node": m.node },
+        head,
+        el("td", {}, cells.entities, " ", cells.entitiesChart),
+        el("td", {}, cells.rate, " ", cells.asksChart),
+        cells.p50,
+        el("td", {}, cells.p99, " ", cells.p99Chart),
+        cells.failedCell);
+      body.append(cells.row);
+      loadCells.set(m.node, cells);
     }
-    const fmtRate = (v) => v === null ? "—" : v >= 100 ? Math.round(v).toString() : v.toFixed(1);
-    body.append(el("tr", { "data-node": m.node, "data-answered": String(sum(newest.answered)), "data-entities": String(newest.entities) },
-      head,
-      el("td", {}, String(newest.entities), " ", sparkline(points, (p) => p.entities, "live entities", String)),
-      el("td", {}, fmtRate(rate), " ", sparkline(points, (p) => p.asks, "asks per second", fmtRate)),
-      el("td", {}, seconds(before ? quantile(before, newest, 0.5) : null)),
-      el("td", {}, seconds(before ? quantile(before, newest, 0.99) : null), " ", sparkline(points, (p) => p.p99, "p99 latency", seconds)),
-      el("td", { class: failedLately.length ? "warn" : "" }, failedLately.length ? failedLately.join(", ") : (minuteAgo ? "none" : "—"), " ",
-        sparkline(points, (p) => p.failures, "failures per second", fmtRate))));
+  }
+  const fmtRate = (v) => v === null ? "—" : v >= 100 ? Math.round(v).toString() : v.toFixed(1);
+  for (const [node, cells] of loadCells) {
+    const kept = samples.get(node) || [];
+    const newest = kept[kept.length - 1];
+    if (!newest) continue;
+    const before = sampleBefore(kept, NOW_WINDOW_MS);
+    const lately = before ? diff(before, newest) : null;
+    const points = series(kept);
+    const rate = lately ? asksPerSecond(lately) : null;
+    const minuteAgo = sampleBefore(kept, 60 * 1000);
+    const failedLately = minuteAgo
+      ? Object.entries(diff(minuteAgo, newest).failed).map(([kind, n]) => `${kind} ${n}`)
+      : [];
+    const entities = entitiesOf(newest);
+    cells.row.dataset.answered = String(sum(Object.values(newest.types).map((c) => sum(c.answered))));
+    cells.row.dataset.rate = rate === null ? "" : String(rate);
+    const median = lately ? quantile(lately, 0.5) : null;
+    cells.row.dataset.p50 = median === null ? "" : String(median);
+    cells.entities.textContent = String(entities);
+    cells.rate.textContent = fmtRate(rate);
+    cells.p50.textContent = seconds(median);
+    cells.p99.textContent = seconds(lately ? quantile(lately, 0.99) : null);
+    cells.failed.textContent = failedLately.length ? failedLately.join(", ") : (minuteAgo ? "none" : "—");
+    cells.failedCell.className = failedLately.length ? "warn" : "";
+    drawSpark(cells.entitiesChart, points, (p) => p.entities, "live entities", String);
+    drawSpark(cells.asksChart, points, (p) => p.asks, "asks per second", fmtRate);
+    drawSpark(cells.p99Chart, points, (p) => p.p99, "p99 latency", seconds);
+    drawSpark(cells.failuresChart, points, (p) => p.failures, "failures per second", fmtRate);
   }
 }
 
-// ---- Events: this node's history, read after the last one seen.
+// ---- Events: this node's history, asking only for what changed since
+// the last read (new events, and older ones others were folded into).
 
 const MAX_EVENTS = 200;
 const events_seen = { node: null, last: 0 };
@@ -314,36 +382,36 @@ function renderEvents(view) {
     events_seen.node = view.members.self_node;
     events_seen.last = 0;
   }
-  // Newest first in the answer: the oldest new one goes on first.
-  for (const e of [...view.events.events].reverse()) {
-    if (e.seq <= events_seen.last) {
-      // A repeat of the newest shown: its count and time change.
-      const shown = list.querySelector(`li[data-seq="${e.seq}"]`);
-      if (shown) shown.replaceWith(eventItem(e));
+  for (const e of view.events.events) {
+    events_seen.last = Math.max(events_seen.last, e.changed);
+    const item = eventItem(e);
+    const shown = list.querySelector(`li[data-seq="${e.seq}"]`);
+    if (shown) {
+      shown.replaceWith(item);
       continue;
     }
-    list.prepend(eventItem(e));
-    events_seen.last = e.seq;
+    // Newest first: before the first one shown that is older.
+    const older = [...list.children].find((li) => Number(li.dataset.seq) < e.seq);
+    list.insertBefore(item, older || null);
   }
   while (list.children.length > MAX_EVENTS) list.lastChild.remove();
 }
 
 function eventItem(e) {
   const at = new Date(e.at_ms);
+  const shards = e.shards.length === 0 ? ""
+    : ` (shard${e.shards.length === 1 ? "" : "s"} ${e.shards.slice(0, 12).join(", ")}${e.shards.length > 12 ? `, and ${e.shards.length - 12} more` : ""})`;
   return el("li", { "data-seq": String(e.seq), "data-kind": e.kind },
     el("time", { datetime: at.toISOString() }, clock(at)), " ",
     el("span", { class: "kind" }, e.kind.replaceAll("_", " ")), " ",
-    e.text, e.count > 1 ? ` (×${e.count})` : "");
+    e.text, shards, e.count > 1 ? ` ×${e.count}` : "");
 }
 
-// A member's roles, as it answered the last load read (null when it did
-// not answer one).
+// A member's roles, as it last answered a load read (null before it did).
+const knownRoles = new Map();
+
 function rolesOf(node) {
-  for (const load of Object.values(latestLoads)) {
-    const m = load.members.find((x) => x.node === node);
-    if (m && m.roles) return m.roles;
-  }
-  return null;
+  return knownRoles.has(node) ? knownRoles.get(node) : null;
 }
 
 function renderMembers(view) {
@@ -548,9 +616,11 @@ async function loadTick() {
       const answers = await Promise.all(types.map((type) => json("cluster/load/" + encodeURIComponent(type))));
       const loads = {};
       types.forEach((type, i) => { loads[type] = answers[i]; });
-      latestLoads = loads;
+      for (const load of answers) for (const m of load.members) if (m.roles) knownRoles.set(m.node, m.roles);
       keepSamples(loads);
       renderLoad(lastView, loads);
+      loadRead = Date.now();
+      showLoadFreshness(null);
       // The members' roles came with it: drawn at once if they changed.
       const key = JSON.stringify(shownOf(lastView));
       if (key !== shownKey) {
@@ -558,11 +628,30 @@ async function loadTick() {
         shownKey = key;
       }
     }
-  } catch (_) {
-    // The main loop says when reads fail; the load waits for the next one.
+  } catch (error) {
+    showLoadFreshness(error.message);
   } finally {
-    setTimeout(loadTick, EVERY_MS);
+    setTimeout(loadTick, LOAD_EVERY_MS);
   }
+}
+
+// The load's own freshness line: empty while its reads succeed; else what
+// is shown is marked as from the last read that did (the table's figures
+// are left as they were, not passed off as current).
+let loadRead = null;
+
+function showLoadFreshness(why) {
+  const line = document.getElementById("load-freshness");
+  const table = document.getElementById("load");
+  if (why === null) {
+    line.textContent = "";
+    table.classList.remove("stale");
+    return;
+  }
+  line.textContent = loadRead
+    ? `Stale: the load was last read at ${clock(new Date(loadRead))} (${why}).`
+    : `The load has not been read yet (${why}).`;
+  table.classList.add("stale");
 }
 
 tick();

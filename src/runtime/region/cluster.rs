@@ -66,8 +66,9 @@ pub(crate) trait ClusterPort: Send + Sync + 'static {
         from: UniqueAddress,
         timeout: Duration,
     ) -> PortFuture<Result<States, String>>;
-    /// Records an event in this node's history (SPEC §14.1).
-    fn record(&self, kind: ClusterEventKind, text: String);
+    /// Records an event in this node's history (SPEC §14.1), about
+    /// `shard` if given (then `text` names the entity type, not the shard).
+    fn record(&self, kind: ClusterEventKind, shard: Option<ShardId>, text: String);
 }
 
 /// A region's link to the cluster, when its system runs on one.
@@ -114,7 +115,7 @@ impl Region {
         {
             cluster
                 .port
-                .record(ClusterEventKind::RegionRefused, error.to_string());
+                .record(ClusterEventKind::RegionRefused, None, error.to_string());
         }
         *refusal = Some(error.clone());
         drop(refusal);
@@ -159,9 +160,10 @@ impl Region {
             cluster.port.needs_newer(self.type_name, shard);
             cluster.port.record(
                 ClusterEventKind::NeedsNewer,
+                Some(shard),
                 format!(
-                    "{} shard {}: a message of a protocol line this build lacks came; asked to move it to a newer node",
-                    self.type_name, shard.0
+                    "{}: a message of a protocol line this build lacks came; asked to move the shard to a newer node",
+                    self.type_name
                 ),
             );
         }

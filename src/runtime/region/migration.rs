@@ -54,19 +54,16 @@ impl Region {
         if let Some(port) = self.port() {
             use crate::ops::history::ClusterEventKind as K;
             let recorded = match &event {
+                // (Each shard's own figures are in the log.)
                 MigrationEvent::Received {
                     type_name,
                     shard,
                     from,
-                    entities,
-                    bytes,
+                    ..
                 } => Some((
                     K::StatesReceived,
-                    format!(
-                        "{type_name} shard {}: {entities} state{} ({bytes} bytes) came from {from}",
-                        shard.0,
-                        if *entities == 1 { "" } else { "s" }
-                    ),
+                    *shard,
+                    format!("{type_name}: the states came from {from}"),
                 )),
                 MigrationEvent::FellBack {
                     type_name,
@@ -75,16 +72,14 @@ impl Region {
                     ..
                 } => Some((
                     K::MigrationFellBack,
-                    format!(
-                        "{type_name} shard {}: started without its states: {reason}",
-                        shard.0
-                    ),
+                    *shard,
+                    format!("{type_name}: started without the states: {reason}"),
                 )),
                 // (One per entity: the log and the subscription have them.)
                 MigrationEvent::StateRefused { .. } => None,
             };
-            if let Some((kind, text)) = recorded {
-                port.record(kind, text);
+            if let Some((kind, shard, text)) = recorded {
+                port.record(kind, Some(shard), text);
             }
         }
         if let Some(settings) = &self.migration {

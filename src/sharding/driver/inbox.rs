@@ -111,12 +111,10 @@ impl ClusterPort for RegionLink {
     }
 
     fn shard_stopped(&self, type_name: &'static str, shard: ShardId, generation: u64) {
-        self.history.record(
+        self.history.record_shard(
             ClusterEventKind::HandedOff,
-            format!(
-                "{type_name} shard {}: handed off (generation {generation}), its entities stopped",
-                shard.0
-            ),
+            shard.0,
+            format!("{type_name}: handed off, the entities stopped"),
         );
         let _ = self.driver.send(DriverMsg::ShardStopped {
             type_name,
@@ -139,7 +137,10 @@ impl ClusterPort for RegionLink {
         ))
     }
 
-    fn record(&self, kind: ClusterEventKind, text: String) {
-        self.history.record(kind, text);
+    fn record(&self, kind: ClusterEventKind, shard: Option<ShardId>, text: String) {
+        match shard {
+            Some(shard) => self.history.record_shard(kind, shard.0, text),
+            None => self.history.record(kind, text),
+        }
     }
 }
