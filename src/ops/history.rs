@@ -17,7 +17,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
-use std::time::SystemTime;
+use std::time::{Instant, SystemTime};
 
 use crate::membership::MembershipEvent;
 
@@ -112,14 +112,16 @@ pub struct ClusterEvent {
     /// into: a reader that keeps the highest it has seen asks only for
     /// what changed after it.
     pub changed: u64,
-    /// When it happened (the latest time, for a folded one).
+    /// When it happened, by the wall clock (the latest time, for a folded
+    /// one).
     pub at: SystemTime,
     /// What kind of event it is.
     pub kind: ClusterEventKind,
     /// What happened, in words (an event about shards names its entity
     /// type; the shards are in `shards`).
     pub text: String,
-    /// How many times it happened (more than 1 when others were folded in).
+    /// How many times it happened (more than 1 when others were folded
+    /// in; a shard that comes again counts again, and is listed once).
     pub count: u64,
     /// The shards it concerns, in the order they came, each once (at most
     /// 1,024 listed); empty for an event about no shard.
@@ -135,8 +137,10 @@ pub(crate) struct History {
 
 #[derive(Default)]
 struct Recent {
-    /// Oldest first.
-    events: VecDeque<ClusterEvent>,
+    /// Oldest first, each with the monotonic time it last happened (the
+    /// fold window is measured on it: a step of the wall clock neither
+    /// folds nor splits events).
+    events: VecDeque<(ClusterEvent, Instant)>,
     /// The last `seq` given out.
     last_seq: u64,
     /// The last change number given out.
@@ -146,27 +150,27 @@ struct Recent {
 impl History {
     /// Records an event that happened now.
     pub(crate) fn record(&self, kind: ClusterEventKind, text: impl Into<String>) {
-        self.record_at(SystemTime::now(), kind, text.into(), None);
+        self.record_at(Instant::now(), kind, text.into(), None);
     }
 
     /// Records an event about `shard` that happened now; `text` names its
     /// entity type and not the shard.
     pub(crate) fn record_shard(&self, kind: ClusterEventKind, shard: u32, text: String) {
-        self.record_at(SystemTime::now(), kind, text, Some(shard));
+        self.record_at(Instant::now(), kind, text, Some(shard));
     }
 
-    fn record_at(&self, at: SystemTime, kind: ClusterEventKind, text: String, shard: Option<u32>) {
+    fn record_at(&self, now: Instant, kind: ClusterEventKind, text: String, shard: Option<u32>) {
+        let at = SystemTime::now();
         let mut recent = self.events.lock().unwrap_or_else(|p| p.into_inner());
         recent.last_change += 1;
         let changed = recent.last_change;
-        let fold = (recent.events.iter_mut().rev().take(FOLD_LOOKBACK)).find(|e| {
-            e.kind == kind
-                && e.text == text
-                && at.duration_since(e.at).unwrap_or_default() <= FOLD_WINDOW
+        let fold = (recent.events.iter_mut().rev().take(FOLD_LOOKBACK)).find(|(e, last)| {
+            e.kind == kind && e.text == text && now.saturating_duration_since(*last) <= FOLD_WINDOW
         });
-        if let Some(event) = fold {
+        if let Some((event, last)) = fold {
             event.count += 1;
-            event.at = event.at.max(at);
+            event.at = at;
+            *last = now;
             event.changed = changed;
             if let Some(shard) = shard
                 && event.shards.len() < MAX_SHARDS_LISTED
@@ -181,7 +185,7 @@ impl History {
         if recent.events.len() == HISTORY_CAPACITY {
             recent.events.pop_front();
         }
-        recent.events.push_back(ClusterEvent {
+        let event = ClusterEvent {
             seq,
             changed,
             at,
@@ -189,7 +193,8 @@ impl History {
             text,
             count: 1,
             shards: shard.into_iter().collect(),
-        });
+        };
+        recent.events.push_back((event, now));
     }
 
     /// The events kept that changed after change number `after` (0: all),
@@ -197,8 +202,8 @@ impl History {
     pub(crate) fn changed_after(&self, after: u64) -> Vec<ClusterEvent> {
         let recent = self.events.lock().unwrap_or_else(|p| p.into_inner());
         (recent.events.iter().rev())
-            .filter(|e| e.changed > after)
-            .cloned()
+            .filter(|(e, _)| e.changed > after)
+            .map(|(e, _)| e.clone())
             .collect()
     }
 
@@ -287,7 +292,8 @@ mod tests {
         assert_eq!((again[0].seq, again[0].count), (n + 1, 4));
 
         // Past the window, or past the lookback, an event stands alone.
-        let long_ago = SystemTime::now() - FOLD_WINDOW * 2;
+        let long_ago =
+            (Instant::now().checked_sub(FOLD_WINDOW * 2)).expect("a machine up for 20 s");
         let history = History::default();
         history.record_at(long_ago, ClusterEventKind::NeedsNewer, "x".into(), Some(1));
         history.record_shard(ClusterEventKind::NeedsNewer, 1, "x".into());

@@ -25,7 +25,7 @@
 //! | `GET /cluster/shards` | the entity types registered here, JSON |
 //! | `GET /cluster/shards/{type}` | where each shard of a type lives, its generation, what waits in buffers, JSON |
 //! | `GET /cluster/shards/{type}?ids=N` | the same, with the ids of each hosted shard's live entities (at most `N` a shard) |
-//! | `GET /cluster/events` | what happened to the cluster as this node saw it, newest first (`?after=N`: only the events numbered above `N`), JSON |
+//! | `GET /cluster/events` | what happened to the cluster as this node saw it, newest first (`?after=N`: only those whose change number is above `N`), JSON |
 //! | `GET /cluster/load/{type}` | every member's asks of a type, their failures by kind and latency buckets, counted since it started, with its live entities and roles, JSON |
 //! | `GET /metrics` | the Prometheus recorder's text, when one was given |
 //!
@@ -1037,6 +1037,12 @@ async fn load(State(m): Endpoint, Path(type_name): Path<String>) -> Response {
     };
     let type_name = region.type_name;
     drop(region);
+    // Stamped before the counts are asked for (this node's are read at
+    // once, the others' as they answer): a slow member does not make the
+    // span between two reads look longer than the counts' span.
+    let read_at_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
     let stats = match system.cluster_stats(type_name, LOAD_TIMEOUT).await {
         Ok(stats) => stats,
         Err(error) => {
@@ -1060,9 +1066,6 @@ async fn load(State(m): Endpoint, Path(type_name): Path<String>) -> Response {
             entry
         })
         .collect();
-    let read_at_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
     answer(
         StatusCode::OK,
         json!({

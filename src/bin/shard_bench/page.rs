@@ -74,9 +74,9 @@ pub(super) async fn open<S: Send + Sync + 'static>(
         _profile: profile,
     };
     // The page, its script and style, then about five seconds of reads
-    // (five routes a second: the browser's own start is over by then).
+    // (three a second: the browser's own start is over by then).
     let deadline = Instant::now() + Duration::from_secs(30);
-    while page.requests() < 28 {
+    while page.requests() < 18 {
         if Instant::now() > deadline {
             page.close().await;
             return Err("the browser never read the cluster page".into());

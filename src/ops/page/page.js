@@ -1,11 +1,11 @@
-// The live cluster page: reads this node's JSON routes every second and
-// shows them. Every figure comes from those routes; nothing is fetched
+// The live cluster page: reads this node's JSON routes every second (the
+// load and events every two, the entity types every ten) and shows them. Every figure comes from those routes; nothing is fetched
 // from anywhere else.
 "use strict";
 
 const EVERY_MS = 1000;
 // The load asks every member: every two seconds is enough for a person
-// and halves what the page costs the cluster.
+// and halves what the page costs the cluster. The events come with it.
 const LOAD_EVERY_MS = 2000;
 // A read that takes longer is given up, and the page says its data is old.
 const READ_TIMEOUT_MS = 3000;
@@ -16,6 +16,7 @@ let previous = null;   // the last view read: members and shard owners
 let lastRead = null;   // when the last full read succeeded
 let shownKey = null;   // what the tables show now: drawn again only when it changes
 let lastView = null;   // the last members and shards read (the load loop draws on it)
+let loadStarted = false; // the load loop starts with the first members read
 const colours = new Map();
 
 function colour(node) {
@@ -117,22 +118,28 @@ function upFor(incarnationMicros) {
   return d > 0 ? `${d} d ${h} h` : h > 0 ? `${h} h ${m} min` : m > 0 ? `${m} min` : `${seconds} s`;
 }
 
+// The entity types registered on the node change rarely: read again every
+// ten seconds (a type registered since shows within that).
+const TYPES_EVERY_MS = 10 * 1000;
+let types = null;
+let typesRead = 0;
+
 async function read() {
   const members = await json("cluster/members");
-  let types = [];
-  try {
-    types = (await json("cluster/shards")).types;
-  } catch (error) {
-    if (error.status !== 404) throw error;
-    types = []; // a node without a sharded system
+  if (types === null || Date.now() - typesRead >= TYPES_EVERY_MS) {
+    try {
+      types = (await json("cluster/shards")).types;
+    } catch (error) {
+      if (error.status !== 404) throw error;
+      types = []; // a node without a sharded system
+    }
+    typesRead = Date.now();
   }
   const shards = {};
   for (const type of types) {
     shards[type] = await json("cluster/shards/" + encodeURIComponent(type));
   }
-  const after = events_seen.node === members.self_node ? events_seen.last : 0;
-  const events = await json("cluster/events?after=" + after);
-  return { members, shards, events };
+  return { members, shards };
 }
 
 // ---- Load: every member's counts by entity type, kept for the last five
@@ -184,11 +191,13 @@ function entitiesOf(sample) {
 // whose counts went down (its region restarted, counting from 0 again) is
 // left out, as is one that came or went in between.
 function diff(a, b) {
-  const answered = b.bounds.map(() => 0).concat([0]);
+  const buckets = b.bounds.length + 1;
+  const answered = new Array(buckets).fill(0);
   const failed = {};
   for (const [type, now] of Object.entries(b.types)) {
     const then = a.types[type];
-    if (!then) continue;
+    // (Counts of another shape, from another build, are left out.)
+    if (!then || now.answered.length !== buckets || then.answered.length !== buckets) continue;
     const d = now.answered.map((n, i) => n - (then.answered[i] || 0));
     const df = Object.entries(now.failed).map(([kind, n]) => [kind, n - (then.failed[kind] || 0)]);
     const lost = Object.keys(then.failed).some((kind) => !(kind in now.failed));
@@ -268,8 +277,11 @@ function drawSpark(svg, points, pick, label, format) {
   const values = points.map(pick).filter((v) => v !== null && Number.isFinite(v));
   const max = values.length ? Math.max(...values) : 0;
   const top = 1, bottom = SPARK_HEIGHT - 1;
-  svg.setAttribute("aria-label", values.length
-    ? `${label} over the last ${Math.round((points[points.length - 1].t - points[0].t) / 1000)} s: from ${format(Math.min(...values))} to ${format(max)}`
+  const offScale = points.some((p) => pick(p) === Infinity) ? " (some above the scale)" : "";
+  svg.setAttribute("aria-label", offScale && !values.length
+    ? `${label}: above the scale`
+    : values.length
+    ? `${label} over the last ${Math.round((points[points.length - 1].t - points[0].t) / 1000)} s: from ${format(Math.min(...values))} to ${format(max)}${offScale}`
     : `${label}: nothing read yet`);
   let d = "";
   if (points.length > 1) {
@@ -279,7 +291,9 @@ function drawSpark(svg, points, pick, label, format) {
       const v = pick(p);
       if (v === null || Number.isNaN(v)) { pen = "M"; continue; }
       const y = v === Infinity ? top : bottom - (max > 0 ? (v / max) * (bottom - top) : 0);
-      d += `${pen}${((p.t - t0) / span * (SPARK_WIDTH - 2) + 1).toFixed(1)},${y.toFixed(1)} `;
+      const x = (p.t - t0) / span * (SPARK_WIDTH - 2) + 1;
+      // (A point alone between gaps is drawn as a dot.)
+      d += pen === "M" ? `M${x.toFixed(1)},${y.toFixed(1)} h0.01 ` : `L${x.toFixed(1)},${y.toFixed(1)} `;
       pen = "L";
     }
   }
@@ -374,15 +388,15 @@ function renderLoad(view, loads) {
 const MAX_EVENTS = 200;
 const events_seen = { node: null, last: 0 };
 
-function renderEvents(view) {
+function renderEvents(node, events) {
   const list = document.getElementById("events");
-  if (events_seen.node !== view.members.self_node) {
+  if (events_seen.node !== node) {
     // A first read, or another incarnation of the node: from scratch.
     list.replaceChildren();
-    events_seen.node = view.members.self_node;
+    events_seen.node = node;
     events_seen.last = 0;
   }
-  for (const e of view.events.events) {
+  for (const e of events.events) {
     events_seen.last = Math.max(events_seen.last, e.changed);
     const item = eventItem(e);
     const shown = list.querySelector(`li[data-seq="${e.seq}"]`);
@@ -572,8 +586,11 @@ async function tick(again = true) {
       renderShards(view);
       shownKey = key;
     }
-    renderEvents(view);
     lastView = view;
+    if (!loadStarted) {
+      loadStarted = true;
+      loadTick(); // at once, with the first members read
+    }
     previous = view;
     lastRead = at;
     showFreshness(false, " Read at " + clock(at) + ", every second.");
@@ -606,14 +623,23 @@ setInterval(() => {
   }
 }, EVERY_MS);
 
-// The load is read on its own loop: asking every member takes up to the
-// route's two seconds when one is silent, and must not hold back the
-// members and shards above, read every second.
+// The load and the events are read on a loop of their own, every two
+// seconds: asking every member for its load takes up to the route's two
+// seconds when one is silent, and must not hold back the members and
+// shards above, read every second.
 async function loadTick() {
   try {
-    if (lastView && !refused) {
+    if (refused) {
+      showLoadFreshness("the endpoint asks for its bearer token");
+    } else if (lastView) {
       const types = Object.keys(lastView.shards);
-      const answers = await Promise.all(types.map((type) => json("cluster/load/" + encodeURIComponent(type))));
+      const node = lastView.members.self_node;
+      const after = events_seen.node === node ? events_seen.last : 0;
+      const [answers, events] = await Promise.all([
+        Promise.all(types.map((type) => json("cluster/load/" + encodeURIComponent(type)))),
+        json("cluster/events?after=" + after),
+      ]);
+      renderEvents(node, events);
       const loads = {};
       types.forEach((type, i) => { loads[type] = answers[i]; });
       for (const load of answers) for (const m of load.members) if (m.roles) knownRoles.set(m.node, m.roles);
@@ -649,10 +675,9 @@ function showLoadFreshness(why) {
     return;
   }
   line.textContent = loadRead
-    ? `Stale: the load was last read at ${clock(new Date(loadRead))} (${why}).`
-    : `The load has not been read yet (${why}).`;
+    ? `Stale: the load and events were last read at ${clock(new Date(loadRead))} (${why}).`
+    : `The load and events have not been read yet (${why}).`;
   table.classList.add("stale");
 }
 
 tick();
-loadTick();
