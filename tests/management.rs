@@ -749,17 +749,7 @@ fn datum_node_serves_the_endpoint_on_its_flag() {
             .spawn()
             .expect("spawn datum-node"),
     );
-    let mut lines = BufReader::new(child.0.stdout.take().unwrap()).lines();
-    let at: SocketAddr = loop {
-        let line = lines
-            .next()
-            .expect("a management_listening line")
-            .expect("stdout");
-        let event: Value = serde_json::from_str(&line).expect("a JSON line");
-        if event["event"] == "management_listening" {
-            break event["addr"].as_str().unwrap().parse().unwrap();
-        }
-    };
+    let (at, _stdout) = endpoint_of(&mut child);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -786,6 +776,23 @@ fn datum_node_serves_the_endpoint_on_its_flag() {
     unsafe { libc::kill(child.0.id() as i32, libc::SIGTERM) };
     let status = child.0.wait().expect("exit");
     assert_eq!(status.code(), Some(0));
+}
+
+/// The address of a `datum-node`'s endpoint, from its
+/// `management_listening` line, and its stdout past that line (kept open
+/// by the caller: the node still writes to it).
+fn endpoint_of(child: &mut KillOnDrop) -> (SocketAddr, impl Iterator + use<>) {
+    let mut lines = BufReader::new(child.0.stdout.take().unwrap()).lines();
+    loop {
+        let line = lines
+            .next()
+            .expect("a management_listening line")
+            .expect("stdout");
+        let event: Value = serde_json::from_str(&line).expect("a JSON line");
+        if event["event"] == "management_listening" {
+            return (event["addr"].as_str().unwrap().parse().unwrap(), lines);
+        }
+    }
 }
 
 /// What `datum-node` writes to stderr when its endpoint listens on every
@@ -818,17 +825,7 @@ fn stderr_of_an_endpoint_on_every_address(token: Option<&str>) -> Option<String>
         command.env("DATUM_MANAGEMENT_TOKEN", token);
     }
     let mut child = KillOnDrop(command.spawn().expect("spawn datum-node"));
-    let mut lines = BufReader::new(child.0.stdout.take().unwrap()).lines();
-    let listening: SocketAddr = loop {
-        let line = lines
-            .next()
-            .expect("a management_listening line")
-            .expect("stdout");
-        let event: Value = serde_json::from_str(&line).expect("a JSON line");
-        if event["event"] == "management_listening" {
-            break event["addr"].as_str().unwrap().parse().unwrap();
-        }
-    };
+    let (listening, _stdout) = endpoint_of(&mut child);
     assert!(listening.ip().is_unspecified(), "{listening}");
     // The warning, if any, is written before the endpoint listens.
     // SAFETY: a plain kill(2) of our own child.

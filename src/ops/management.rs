@@ -818,6 +818,24 @@ async fn members(State(m): Endpoint) -> Response {
     )
 }
 
+/// The system and its region of `type_name`, or the 404 that says which
+/// is missing.
+fn registered(
+    m: &Management,
+    type_name: &str,
+) -> Result<(Arc<Shared>, Arc<crate::runtime::region::Region>), Box<Response>> {
+    let Some(system) = m.system.as_ref().and_then(Weak::upgrade) else {
+        return Err(Box::new(no_system()));
+    };
+    let Some(region) = system.region(type_name) else {
+        return Err(Box::new(answer(
+            StatusCode::NOT_FOUND,
+            json!({ "error": format!("no entity type {type_name:?} registered on this node") }),
+        )));
+    };
+    Ok((system, region))
+}
+
 /// The 404 of a route that needs the sharded system, on a node without one.
 fn no_system() -> Response {
     answer(
@@ -841,32 +859,38 @@ async fn entity_types(State(m): Endpoint) -> Response {
 /// parameter (a misspelt one would otherwise go unnoticed), `ids` twice,
 /// or a value that is not a decimal number from 0 to [`MAX_IDS_PER_SHARD`].
 fn ids_per_shard(query: Option<&str>) -> Result<Option<usize>, String> {
-    let mut asked = None;
+    let parse = |value: &str| {
+        if value.is_empty() {
+            return Ok(DEFAULT_IDS_PER_SHARD);
+        }
+        // (`parse` alone would take a leading `+`.)
+        (value.parse::<usize>().ok())
+            .filter(|n| *n <= MAX_IDS_PER_SHARD && !value.starts_with('+'))
+            .ok_or_else(|| {
+                format!("ids must be a number from 0 to {MAX_IDS_PER_SHARD}, not {value:?}")
+            })
+    };
+    query_value(query, "ids")?.map(parse).transpose()
+}
+
+/// The value of a route's one query parameter `name`, if given (`""` for
+/// `name` alone or `name=`). Refused, with the 400's text: another
+/// parameter (a misspelt one would otherwise go unnoticed), or `name`
+/// twice.
+fn query_value<'q>(query: Option<&'q str>, name: &str) -> Result<Option<&'q str>, String> {
+    let mut given = None;
     for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-        if name != "ids" {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if key != name {
             return Err(format!(
-                "unknown query parameter {name:?} (this route takes ids=N)"
+                "unknown query parameter {key:?} (this route takes {name}=N)"
             ));
         }
-        if asked.is_some() {
-            return Err("ids is given more than once".to_owned());
+        if given.replace(value).is_some() {
+            return Err(format!("{name} is given more than once"));
         }
-        let n = if value.is_empty() {
-            DEFAULT_IDS_PER_SHARD
-        } else {
-            // (`parse` alone would take a leading `+`.)
-            value
-                .parse::<usize>()
-                .ok()
-                .filter(|n| *n <= MAX_IDS_PER_SHARD && !value.starts_with('+'))
-                .ok_or_else(|| {
-                    format!("ids must be a number from 0 to {MAX_IDS_PER_SHARD}, not {value:?}")
-                })?
-        };
-        asked = Some(n);
     }
-    Ok(asked)
+    Ok(given)
 }
 
 async fn shards(
@@ -878,14 +902,9 @@ async fn shards(
         Ok(ids) => ids,
         Err(error) => return answer(StatusCode::BAD_REQUEST, json!({ "error": error })),
     };
-    let Some(system) = m.system.as_ref().and_then(Weak::upgrade) else {
-        return no_system();
-    };
-    let Some(region) = system.region(&type_name) else {
-        return answer(
-            StatusCode::NOT_FOUND,
-            json!({ "error": format!("no entity type {type_name:?} registered on this node") }),
-        );
+    let (system, region) = match registered(&m, &type_name) {
+        Ok(found) => found,
+        Err(answer) => return *answer,
     };
     // Counting the entities (and listing their ids) locks every slot in
     // turn: off the runtime's threads (a node's runtime may have only one).
@@ -971,23 +990,12 @@ async fn shards(
 /// 0 (every event kept) without it. Refused, with the 400's text: another
 /// parameter, `after` twice, or a value that is not a decimal number.
 fn events_after(query: Option<&str>) -> Result<u64, String> {
-    let mut after = None;
-    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-        if name != "after" {
-            return Err(format!(
-                "unknown query parameter {name:?} (this route takes after=N)"
-            ));
-        }
-        if after.is_some() {
-            return Err("after is given more than once".to_owned());
-        }
-        let n = (value.parse::<u64>().ok())
+    match query_value(query, "after")? {
+        None => Ok(0),
+        Some(value) => (value.parse::<u64>().ok())
             .filter(|_| !value.starts_with('+'))
-            .ok_or_else(|| format!("after must be a number, not {value:?}"))?;
-        after = Some(n);
+            .ok_or_else(|| format!("after must be a number, not {value:?}")),
     }
-    Ok(after.unwrap_or(0))
 }
 
 async fn events(State(m): Endpoint, RawQuery(query): RawQuery) -> Response {
@@ -1026,14 +1034,9 @@ async fn events(State(m): Endpoint, RawQuery(query): RawQuery) -> Response {
 const LOAD_TIMEOUT: Duration = Duration::from_secs(2);
 
 async fn load(State(m): Endpoint, Path(type_name): Path<String>) -> Response {
-    let Some(system) = m.system.as_ref().and_then(Weak::upgrade) else {
-        return no_system();
-    };
-    let Some(region) = system.region(&type_name) else {
-        return answer(
-            StatusCode::NOT_FOUND,
-            json!({ "error": format!("no entity type {type_name:?} registered on this node") }),
-        );
+    let (system, region) = match registered(&m, &type_name) {
+        Ok(found) => found,
+        Err(answer) => return *answer,
     };
     let type_name = region.type_name;
     drop(region);
