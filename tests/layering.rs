@@ -23,6 +23,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("transport", 2),
     ("membership", 2),
     ("persistence/remember/writer", 2),
+    ("ops/history", 2),
     ("model/protocol", 3),
     ("entity", 4),
     ("runtime/dispatch", 5),
