@@ -300,7 +300,7 @@ pub(crate) fn recover_state<E: DurableState>(
         ctx.restore_deliveries(stored.deliveries().map_err(unreadable)?);
         entity.set_state(state);
     } else {
-        let stored = Stored::alone(payload.version, &payload.bytes);
+        let stored = Stored::new(payload.version, &payload.bytes);
         entity.set_state(E::read_state(stored).map_err(unreadable)?);
     }
     Ok(())

@@ -178,7 +178,7 @@ pub(super) fn decode_events<E: EventSourced>(
                 ),
             ));
         }
-        let event = E::read_event(Stored::alone(payload.version, &payload.bytes)).map_err(|e| {
+        let event = E::read_event(Stored::new(payload.version, &payload.bytes)).map_err(|e| {
             corrupt(
                 ctx,
                 format!(

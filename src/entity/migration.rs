@@ -127,7 +127,7 @@ impl<E: Migratable> Migration<E> {
                         E::STATE_VERSION
                     ));
                 }
-                let decoded = E::read_dehydrated(Stored::alone(state.version, &state.bytes))
+                let decoded = E::read_dehydrated(Stored::new(state.version, &state.bytes))
                     .map_err(|e| {
                         format!("the state (version {}) cannot be read: {e}", state.version)
                     })?;

@@ -99,7 +99,7 @@ pub(crate) fn recover_snapshotted<E: Snapshotted>(
                 let snapshot = E::read_snapshot(stored).map_err(unreadable)?;
                 (snapshot, Some(stored.deliveries().map_err(unreadable)?))
             } else {
-                let stored = Stored::alone(payload.version, &payload.bytes);
+                let stored = Stored::new(payload.version, &payload.bytes);
                 (E::read_snapshot(stored).map_err(unreadable)?, None)
             };
             (seq + 1, Some((snapshot, rows)))

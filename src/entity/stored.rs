@@ -74,14 +74,9 @@ pub struct Stored<'a> {
 }
 
 impl<'a> Stored<'a> {
-    /// A record written at `version` as `bytes` (CBOR): what a reader
-    /// gets, for testing an upcaster without a store.
+    /// A record written alone at `version` as `bytes` (CBOR): what a
+    /// reader gets (and what tests an upcaster without a store).
     pub fn new(version: u32, bytes: &'a [u8]) -> Self {
-        Stored::alone(version, bytes)
-    }
-
-    /// A record stored alone.
-    pub(crate) fn alone(version: u32, bytes: &'a [u8]) -> Self {
         Stored {
             version,
             bytes,
@@ -155,7 +150,7 @@ mod tests {
     #[test]
     fn a_record_alone_decodes_as_the_shape_its_reader_chooses() {
         let bytes = cbor(&(7u64, "x"));
-        let stored = Stored::alone(1, &bytes);
+        let stored = Stored::new(1, &bytes);
         assert_eq!(stored.version(), 1);
         assert_eq!(stored.decode::<(u64, String)>(), Ok((7, "x".into())));
         let wrong = stored.decode::<String>().expect_err("not a string");
@@ -169,7 +164,7 @@ mod tests {
         let stored = Stored::paired(2, &bytes);
         assert_eq!(stored.decode::<(u64, String)>(), Ok((7, "x".into())));
         assert_eq!(stored.deliveries(), Ok(rows));
-        let alone = Stored::alone(2, &bytes);
+        let alone = Stored::new(2, &bytes);
         assert!(alone.decode::<(u64, String)>().is_err());
     }
 }

@@ -1003,16 +1003,12 @@ async fn events(State(m): Endpoint, RawQuery(query): RawQuery) -> Response {
         Ok(after) => after,
         Err(error) => return answer(StatusCode::BAD_REQUEST, json!({ "error": error })),
     };
-    let since_epoch_ms = |at: std::time::SystemTime| {
-        at.duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64)
-    };
     let events: Vec<Value> = (m.node.history().changed_after(after).into_iter())
         .map(|e| {
             json!({
                 "seq": e.seq,
                 "changed": e.changed,
-                "at_ms": since_epoch_ms(e.at),
+                "at_ms": unix_ms(e.at),
                 "kind": e.kind.name(),
                 "text": e.text,
                 "count": e.count,
@@ -1030,6 +1026,13 @@ async fn events(State(m): Endpoint, RawQuery(query): RawQuery) -> Response {
     )
 }
 
+/// A wall-clock time as the JSON answers give it: milliseconds since the
+/// UNIX epoch.
+fn unix_ms(at: std::time::SystemTime) -> u64 {
+    at.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 /// How long `/cluster/load/{type}` waits for the other members' counts.
 const LOAD_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -1043,9 +1046,7 @@ async fn load(State(m): Endpoint, Path(type_name): Path<String>) -> Response {
     // Stamped before the counts are asked for (this node's are read at
     // once, the others' as they answer): a slow member does not make the
     // span between two reads look longer than the counts' span.
-    let read_at_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
+    let read_at_ms = unix_ms(std::time::SystemTime::now());
     let stats = match system.cluster_stats(type_name, LOAD_TIMEOUT).await {
         Ok(stats) => stats,
         Err(error) => {

@@ -139,14 +139,14 @@ impl Shared {
     /// node follows last sent them with its table (empty without a cluster
     /// node, or before a table came).
     #[cfg(feature = "management")]
-    pub(crate) fn member_app_versions(
-        &self,
-    ) -> std::collections::BTreeMap<crate::model::identity::UniqueAddress, crate::AppVersion> {
+    pub(crate) fn member_app_versions(&self) -> crate::sharding::control_core::AppVersions {
         let Some(link) = self.cluster.as_ref() else {
             return Default::default();
         };
-        let versions = link.app_versions.lock().unwrap_or_else(|p| p.into_inner());
-        (**versions).clone()
+        link.app_versions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// The cluster-wide view of entity type `type_name` (see

@@ -108,17 +108,14 @@ impl Region {
     /// every later message, with `error` (they would otherwise wait for a
     /// home that never comes).
     pub(crate) fn refuse(&self, error: ShardingError) {
-        let mut refusal = self.refusal.lock().unwrap_or_else(|p| p.into_inner());
-        // (Refused again at every registration: recorded when it changes.)
-        if let Some(cluster) = &self.cluster
-            && refusal.as_ref().map(ToString::to_string) != Some(error.to_string())
-        {
+        // (Refused again at every registration's retry: the history folds
+        // the repeats into one event.)
+        if let Some(cluster) = &self.cluster {
             cluster
                 .port
                 .record(ClusterEventKind::RegionRefused, None, error.to_string());
         }
-        *refusal = Some(error.clone());
-        drop(refusal);
+        *self.refusal.lock().unwrap_or_else(|p| p.into_inner()) = Some(error.clone());
         self.refused.store(true, Ordering::Release);
         self.table.refuse(&mut self.host(), &error);
     }
