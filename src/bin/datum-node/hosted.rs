@@ -62,11 +62,11 @@ pub(super) async fn host_counter(
     }
 }
 
-/// The sharded system `--counter` runs: the counter, or with
-/// `--journal-url` the journaled counter (its system typed by its journal).
 /// What became of the states that moved with the hosted type's shards.
 pub(super) type Migrations = broadcast::Receiver<MigrationEvent>;
 
+/// The sharded system `--counter` runs: the counter, or with
+/// `--journal-url` the journaled counter (its system typed by its journal).
 pub(super) enum Hosted {
     Counter(ShardedSystem),
     #[cfg(feature = "postgres")]

@@ -17,7 +17,6 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use datum_cluster_sharding::AppVersion;
 use datum_cluster_sharding::cluster::ClusterNode;
 use datum_cluster_sharding::membership::{MembershipEvent, MembershipState};
 
@@ -181,7 +180,7 @@ async fn start(args: &mut Args) -> Result<Running, ExitCode> {
     let me = node.self_address();
     let app_version = &node.config().app_version;
     emit(&Line {
-        app_version: (*app_version != AppVersion::zero()).then(|| app_version.to_string()),
+        app_version: (!app_version.is_zero()).then(|| app_version.to_string()),
         ..Line::member("started", &me, 0)
     });
     let (system, migrations) = host_counter(args, &node, journal).await?.unzip();
