@@ -276,21 +276,41 @@ struct SlowCountingJournal {
     inner: InMemoryPersistence,
     calls: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     producer_calls: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// The commit lanes it names (0: the default, one).
+    lanes: usize,
+    /// Calls under way, and the most there were at once.
+    in_flight: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    most_in_flight: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// Calls whose writes were of more than one lane.
+    mixed: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Journal for SlowCountingJournal {
     fn append(&self, writes: &[AtomicWrite]) -> Vec<Result<(), PersistenceError>> {
-        self.calls
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        use std::sync::atomic::Ordering::Relaxed;
+        self.calls.fetch_add(1, Relaxed);
         if writes
             .iter()
             .any(|w| w.persistence_id.type_name == "datum-producer")
         {
-            self.producer_calls
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.producer_calls.fetch_add(1, Relaxed);
         }
+        let lanes = self.commit_lanes();
+        let first = writes.first().map(|w| w.persistence_id.lane(lanes));
+        if writes
+            .iter()
+            .any(|w| Some(w.persistence_id.lane(lanes)) != first)
+        {
+            self.mixed.fetch_add(1, Relaxed);
+        }
+        let now = self.in_flight.fetch_add(1, Relaxed) + 1;
+        self.most_in_flight.fetch_max(now, Relaxed);
         std::thread::sleep(Duration::from_millis(5));
+        self.in_flight.fetch_sub(1, Relaxed);
         self.inner.append(writes)
+    }
+    fn commit_lanes(&self) -> usize {
+        self.lanes.max(1)
     }
     fn replay(
         &self,
@@ -327,6 +347,38 @@ async fn many_entities_appending_at_once_share_commits() {
     // One at a time would take 200 calls; while one commits, the next
     // batch gathers.
     assert!(calls <= 20, "{calls} journal calls for {ENTITIES} appends");
+    let most = journal.most_in_flight.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(most, 1, "a journal of one lane had {most} commits at once");
+    system.shutdown().await;
+}
+
+/// A journal that names four commit lanes gets up to four batches at
+/// once, each of one lane's writes; every append still answers with its
+/// entity's total.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_journal_of_four_lanes_has_several_commits_in_flight() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let journal = SlowCountingJournal {
+        lanes: 4,
+        ..SlowCountingJournal::default()
+    };
+    let system = system_on(journal.clone()).await;
+    const ENTITIES: u64 = 200;
+    for round in 1..=3u64 {
+        let asks = (0..ENTITIES).map(|i| {
+            let tally = system.entity_ref::<Tally>(format!("l-{i}").as_str());
+            async move { tally.ask(Add(i), T).await }
+        });
+        let totals = futures_util::future::join_all(asks).await;
+        for (i, total) in totals.into_iter().enumerate() {
+            assert_eq!(total.expect("add"), i as u64 * round);
+        }
+    }
+    let (most, mixed) = (journal.most_in_flight.load(Relaxed), journal.mixed.load(Relaxed));
+    println!("most commits at once {most}, batches of mixed lanes {mixed}");
+    assert!(most >= 2, "four lanes, but at most {most} commit at once");
+    assert!(most <= 4, "{most} commits at once over four lanes");
+    assert_eq!(mixed, 0, "{mixed} batches held writes of several lanes");
     system.shutdown().await;
 }
 

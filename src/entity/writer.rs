@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use super::{CallDeadline, blocking_by};
 use crate::persistence::{
-    AtomicWrite, DurableStateStore, Journal, PersistenceError, PersistenceResult, StateWrite,
+    AtomicWrite, DurableStateStore, Journal, PersistenceError, PersistenceId, PersistenceResult,
+    StateWrite,
 };
 
 /// How many appends one journal call takes at most.
@@ -207,12 +208,48 @@ impl<W: Send + 'static> BatchWriter<W> {
 }
 
 /// The appends of every event-sourced entity of a system, batched (a
-/// [`BatchWriter`] on a `datum-journal` thread), each batch one
-/// [`Journal::append`] call. It holds the journal weakly: the system's
-/// handle alone decides how long the store stays open.
+/// [`BatchWriter`] on a `datum-journal` thread per commit lane,
+/// [`Journal::commit_lanes`]), each batch one [`Journal::append`] call of
+/// one lane's writes. It holds the journal weakly: the system's handle
+/// alone decides how long the store stays open.
 pub(crate) struct JournalWriter {
     journal: std::sync::Weak<dyn Journal>,
-    batches: BatchWriter<AtomicWrite>,
+    lanes: Lanes<AtomicWrite>,
+}
+
+/// One [`BatchWriter`] per commit lane of a store; a persistence id's
+/// writes always take its lane ([`PersistenceId::lane`]), so they keep
+/// their order, while the lanes commit side by side.
+pub(crate) struct Lanes<W>(Vec<BatchWriter<W>>);
+
+impl<W: Send + 'static> Lanes<W> {
+    /// `count` writers (at least one), on threads named `name` (with the
+    /// lane's number when there are several), each committing through
+    /// `commit`.
+    fn start(
+        count: usize,
+        name: &str,
+        commit: impl Fn(&[W]) -> Vec<PersistenceResult<()>> + Clone + Send + 'static,
+    ) -> Self {
+        let count = count.max(1);
+        Lanes(
+            (0..count)
+                .map(|lane| {
+                    let name = if count == 1 {
+                        name.to_owned()
+                    } else {
+                        format!("{name}-{lane}")
+                    };
+                    BatchWriter::start(&name, commit.clone())
+                })
+                .collect(),
+        )
+    }
+
+    /// The writer that takes `id`'s writes.
+    fn of(&self, id: &PersistenceId) -> &BatchWriter<W> {
+        &self.0[id.lane(self.0.len())]
+    }
 }
 
 impl JournalWriter {
@@ -220,16 +257,17 @@ impl JournalWriter {
     pub(crate) fn start(journal: &Arc<dyn Journal>) -> Arc<Self> {
         let weak = Arc::downgrade(journal);
         let store = weak.clone();
-        let batches =
-            BatchWriter::start("datum-journal", move |writes: &[AtomicWrite]| {
-                match store.upgrade() {
-                    Some(journal) => journal.append(writes),
-                    None => vec![Err(writer_stopped()); writes.len()],
-                }
-            });
+        let lanes = Lanes::start(
+            journal.commit_lanes(),
+            "datum-journal",
+            move |writes: &[AtomicWrite]| match store.upgrade() {
+                Some(journal) => journal.append(writes),
+                None => vec![Err(writer_stopped()); writes.len()],
+            },
+        );
         Arc::new(JournalWriter {
             journal: weak,
-            batches,
+            lanes,
         })
     }
 
@@ -238,7 +276,8 @@ impl JournalWriter {
         write: AtomicWrite,
         deadline: Option<CallDeadline>,
     ) -> PersistenceResult<()> {
-        self.batches.write(write, deadline).await
+        let lane = self.lanes.of(&write.persistence_id);
+        lane.write(write, deadline).await
     }
 
     pub(super) fn journal(&self) -> PersistenceResult<Arc<dyn Journal>> {
@@ -249,12 +288,13 @@ impl JournalWriter {
 /// The saves of every durable-state entity of a system. On a store whose
 /// `save_all` commits a batch at once
 /// ([`DurableStateStore::commits_batches`]), batched (a [`BatchWriter`]
-/// on a `datum-states` thread, one `save_all` per batch: on the embedded
-/// store, one transaction and one sync for the lot); on another, each save
+/// on a `datum-states` thread per commit lane, one `save_all` per batch:
+/// on the embedded store, one transaction and one sync for the lot); on
+/// another, each save
 /// is its own `save` call on a blocking thread, several at a time. It holds
 /// the store weakly.
 pub(crate) enum StateWriter {
-    Batched(BatchWriter<StateWrite>),
+    Batched(Lanes<StateWrite>),
     Direct(std::sync::Weak<dyn DurableStateStore>),
 }
 
@@ -265,13 +305,15 @@ impl StateWriter {
         if !store.commits_batches() {
             return Arc::new(StateWriter::Direct(weak));
         }
-        let batches = BatchWriter::start("datum-states", move |writes: &[StateWrite]| {
-            match weak.upgrade() {
+        let lanes = Lanes::start(
+            store.commit_lanes(),
+            "datum-states",
+            move |writes: &[StateWrite]| match weak.upgrade() {
                 Some(store) => store.save_all(writes),
                 None => vec![Err(writer_stopped()); writes.len()],
-            }
-        });
-        Arc::new(StateWriter::Batched(batches))
+            },
+        );
+        Arc::new(StateWriter::Batched(lanes))
     }
 
     /// Saves `write`; with a `deadline`, withdrawing it at its `wait` if
@@ -283,7 +325,10 @@ impl StateWriter {
         deadline: Option<CallDeadline>,
     ) -> PersistenceResult<()> {
         match self {
-            StateWriter::Batched(batches) => batches.write(write, deadline).await,
+            StateWriter::Batched(lanes) => {
+                let lane = lanes.of(&write.persistence_id);
+                lane.write(write, deadline).await
+            }
             StateWriter::Direct(store) => {
                 let Some(store) = store.upgrade() else {
                     return Err(writer_stopped());

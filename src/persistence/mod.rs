@@ -38,7 +38,7 @@ pub mod conformance;
 mod redb_store;
 pub(crate) mod remember;
 #[cfg(feature = "embedded")]
-pub use redb_store::RedbPersistence;
+pub use redb_store::{Copied, MAX_LANES, RedbPersistence};
 #[cfg(feature = "postgres")]
 mod pg_store;
 #[cfg(feature = "postgres")]
@@ -103,6 +103,17 @@ pub struct PersistenceId {
 }
 
 impl PersistenceId {
+    /// Which of `lanes` commit lanes this id's writes take: FNV-1a 64
+    /// ([`fnv1a_64`](crate::fnv1a_64)) of the type name, one `0xFF` byte
+    /// (never in UTF-8) and the entity id, modulo `lanes` (`0` for
+    /// `lanes` ≤ 1). The type name is hashed too, so that an id's lane does
+    /// not follow its shard (FNV-1a of the id alone, modulo the shard
+    /// count): a node's shards spread over every lane. It is a stored
+    /// layout's key, and never changes.
+    pub fn lane(&self, lanes: usize) -> usize {
+        lane_of(&self.type_name, &self.entity_id, lanes)
+    }
+
     /// The persistence id of `entity_id` of `type_name`.
     pub fn new(type_name: impl Into<String>, entity_id: impl Into<String>) -> Self {
         PersistenceId {
@@ -292,6 +303,14 @@ pub trait Journal: Send + Sync + 'static {
     /// recovers from snapshots, deleting its events makes its recovery
     /// fail, closed.)
     fn delete_to(&self, persistence_id: &PersistenceId, to: u64) -> PersistenceResult<()>;
+    /// How many batches the store commits at once: a system runs one
+    /// batched writer per lane, each with one commit in flight, and sends
+    /// a persistence id's writes always through the lane
+    /// [`PersistenceId::lane`] names, so they keep their order. One batch
+    /// holds writes of one lane only. Default: `1` (one commit at a time).
+    fn commit_lanes(&self) -> usize {
+        1
+    }
 }
 
 /// Snapshots per persistence id.
@@ -363,6 +382,12 @@ pub trait DurableStateStore: Send + Sync + 'static {
     fn commits_batches(&self) -> bool {
         false
     }
+    /// With [`commits_batches`](Self::commits_batches): how many batches
+    /// of saves the store commits at once, as [`Journal::commit_lanes`].
+    /// Default: `1`.
+    fn commit_lanes(&self) -> usize {
+        1
+    }
 }
 
 /// A journal, snapshot store and durable-state store in memory, for tests
@@ -395,6 +420,18 @@ impl InMemoryPersistence {
     fn lock(&self) -> std::sync::MutexGuard<'_, Memory> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// [`PersistenceId::lane`] of the id `(type_name, entity_id)`.
+pub(crate) fn lane_of(type_name: &str, entity_id: &str, lanes: usize) -> usize {
+    if lanes <= 1 {
+        return 0;
+    }
+    let mut key = Vec::with_capacity(type_name.len() + 1 + entity_id.len());
+    key.extend_from_slice(type_name.as_bytes());
+    key.push(0xFF);
+    key.extend_from_slice(entity_id.as_bytes());
+    (crate::fnv1a_64(&key) % lanes as u64) as usize
 }
 
 /// Checks one atomic write against the highest sequence number: the

@@ -1,11 +1,22 @@
-//! The embedded store: journal, snapshots and durable state in one
-//! [redb](https://docs.rs/redb) file per node.
+//! The embedded store: journal, snapshots and durable state in
+//! [redb](https://docs.rs/redb) files, one per node or one per commit lane.
 //!
 //! redb is an ACID key-value store in pure Rust (copy-on-write B-trees, a
 //! commit is durable when it returns), so the store needs no server, builds
 //! with no C compiler, and survives a crash of the process or the machine
 //! with every committed write. One [`Journal::append`] batch is one write
 //! transaction: many entities' appends cost one commit (group commit).
+//!
+//! redb commits one write transaction at a time per file. A store opened
+//! with [`RedbPersistence::open_lanes`] keeps `N` files in a directory,
+//! `lane-<i>-of-<N>.redb`: a persistence id's records live in the file of
+//! its lane ([`PersistenceId::lane`]), remember-entities in lane 0's, and
+//! the system runs one writer per lane, so `N` commits (and `N` syncs)
+//! are in flight at once ([`Journal::commit_lanes`]). Each file is a store
+//! of its own: a commit is atomic and durable per file, and a batch of the
+//! system's writer touches one file only. The lane count is part of the
+//! layout: a directory is opened with the count it was made with, or moved
+//! to another with [`RedbPersistence::copy_into`].
 //!
 //! Tables (keys are `(type name, entity id[, number])`):
 //!
@@ -54,32 +65,183 @@ type Remembered<'a> = (&'a str, u32, &'a str);
 const RECORD_FORMAT: u8 = 1;
 const HEADER: usize = 1 + 8 * 3 + 4 + 4;
 
-/// The embedded store (see the module docs). Clones share one open file;
-/// a second open of the same file, by this process or another, is refused.
+/// The embedded store (see the module docs). Clones share the open files;
+/// a second open of a file, by this process or another, is refused.
 #[derive(Clone)]
 pub struct RedbPersistence {
-    db: Arc<Database>,
+    /// One file per commit lane: a persistence id's records live in its
+    /// lane's, remembered entities in the first.
+    lanes: Arc<[Database]>,
 }
+
+/// What [`RedbPersistence::copy_into`] copied.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Copied {
+    /// Events (with their persistence ids' highest sequence numbers).
+    pub events: u64,
+    /// Persistence ids with a highest sequence number.
+    pub journals: u64,
+    /// Snapshots.
+    pub snapshots: u64,
+    /// Durable states, tombstones included.
+    pub states: u64,
+    /// Remembered entity ids.
+    pub remembered: u64,
+}
+
+/// The most lanes a store opens: more files than this buy no more syncs
+/// in flight on one disk.
+pub const MAX_LANES: usize = 64;
 
 fn store_error(error: impl std::fmt::Display) -> PersistenceError {
     PersistenceError::Store(error.to_string())
 }
 
 impl RedbPersistence {
-    /// Opens the store at `path`, creating it if missing.
+    /// Opens the store at `path`, one file, creating it if missing: one
+    /// commit at a time.
     pub fn open(path: impl AsRef<Path>) -> PersistenceResult<Self> {
-        let db = Database::create(path.as_ref()).map_err(|e| {
-            PersistenceError::Store(format!("opening {}: {e}", path.as_ref().display()))
-        })?;
-        let txn = db.begin_write().map_err(store_error)?;
-        txn.open_table(EVENTS).map_err(store_error)?;
-        txn.open_table(HIGHEST).map_err(store_error)?;
-        txn.open_table(SNAPSHOTS).map_err(store_error)?;
-        txn.open_table(STATES).map_err(store_error)?;
-        txn.open_table(REMEMBERED).map_err(store_error)?;
-        txn.commit().map_err(store_error)?;
-        Ok(RedbPersistence { db: Arc::new(db) })
+        let db = open_file(path.as_ref())?;
+        Ok(RedbPersistence {
+            lanes: Arc::from([db]),
+        })
     }
+
+    /// Opens the store of `lanes` files in the directory `dir`, creating
+    /// the directory and the files if missing: `lanes` commits in flight
+    /// at once (1 to [`MAX_LANES`]). A directory made with another lane
+    /// count is refused ([`PersistenceError::Invalid`]): every id would be
+    /// looked for in the wrong file.
+    pub fn open_lanes(dir: impl AsRef<Path>, lanes: usize) -> PersistenceResult<Self> {
+        let dir = dir.as_ref();
+        if !(1..=MAX_LANES).contains(&lanes) {
+            return Err(PersistenceError::Invalid(format!(
+                "{lanes} lanes: from 1 to {MAX_LANES}"
+            )));
+        }
+        std::fs::create_dir_all(dir).map_err(|e| {
+            PersistenceError::Store(format!("creating {}: {e}", dir.display()))
+        })?;
+        let listed = std::fs::read_dir(dir)
+            .map_err(|e| PersistenceError::Store(format!("reading {}: {e}", dir.display())))?;
+        for entry in listed.flatten() {
+            let name = entry.file_name();
+            let Some(found) = name.to_str().and_then(lane_count_of) else {
+                continue;
+            };
+            if found != lanes {
+                return Err(PersistenceError::Invalid(format!(
+                    "{} holds a store of {found} lanes, opened with {lanes}: open it with \
+                     {found}, or copy it into a new directory (RedbPersistence::copy_into, \
+                     `datum-node copy-store`)",
+                    dir.display()
+                )));
+            }
+        }
+        let files = (0..lanes)
+            .map(|lane| open_file(&dir.join(lane_file(lane, lanes))))
+            .collect::<PersistenceResult<Vec<_>>>()?;
+        Ok(RedbPersistence {
+            lanes: Arc::from(files),
+        })
+    }
+
+    /// The file that holds `id`'s records.
+    fn file(&self, id: &PersistenceId) -> &Database {
+        &self.lanes[id.lane(self.lanes.len())]
+    }
+
+    /// The file that holds remembered entities.
+    fn first(&self) -> &Database {
+        &self.lanes[0]
+    }
+
+    /// Copies every record of this store into `target`, an empty store of
+    /// any layout (one file, or any lane count): the way from one layout
+    /// to another, the stores closed to everything else meanwhile. Records
+    /// are copied as they are stored (writers, revisions, tombstones and
+    /// highest sequence numbers kept), each into the file of its lane in
+    /// `target`, in one transaction per file of `target`. A `target` that
+    /// holds anything is refused ([`PersistenceError::Invalid`]).
+    pub fn copy_into(&self, target: &RedbPersistence) -> PersistenceResult<Copied> {
+        copy::copy_into(self, target)
+    }
+}
+
+/// `lane-<i>-of-<n>.redb`.
+fn lane_file(lane: usize, lanes: usize) -> String {
+    format!("lane-{lane}-of-{lanes}.redb")
+}
+
+/// The lane count `n` of a file named `lane-<i>-of-<n>.redb`.
+fn lane_count_of(name: &str) -> Option<usize> {
+    let rest = name.strip_prefix("lane-")?.strip_suffix(".redb")?;
+    let (_, count) = rest.split_once("-of-")?;
+    count.parse().ok()
+}
+
+/// Opens (or creates) one file and its tables.
+fn open_file(path: &Path) -> PersistenceResult<Database> {
+    let db = Database::create(path)
+        .map_err(|e| PersistenceError::Store(format!("opening {}: {e}", path.display())))?;
+    let txn = db.begin_write().map_err(store_error)?;
+    txn.open_table(EVENTS).map_err(store_error)?;
+    txn.open_table(HIGHEST).map_err(store_error)?;
+    txn.open_table(SNAPSHOTS).map_err(store_error)?;
+    txn.open_table(STATES).map_err(store_error)?;
+    txn.open_table(REMEMBERED).map_err(store_error)?;
+    txn.commit().map_err(store_error)?;
+    Ok(db)
+}
+
+/// Applies `writes`, a batch that may span lanes: one call of `commit`
+/// per lane it touches (side by side on scoped threads when there are
+/// several), each with that lane's writes in their order; the results
+/// come back in the batch's order. The system's writers hand over one
+/// lane's writes at a time, which goes straight through.
+fn by_lane<W: Sync>(
+    lanes: usize,
+    writes: &[W],
+    id_of: impl Fn(&W) -> &PersistenceId,
+    commit: impl Fn(usize, &[&W]) -> Vec<PersistenceResult<()>> + Sync,
+) -> Vec<PersistenceResult<()>> {
+    let lane_of = |w: &W| id_of(w).lane(lanes);
+    let Some(first) = writes.first().map(&lane_of) else {
+        return Vec::new();
+    };
+    if writes.iter().all(|w| lane_of(w) == first) {
+        let all: Vec<&W> = writes.iter().collect();
+        return commit(first, &all);
+    }
+    let mut groups: Vec<(Vec<usize>, Vec<&W>)> = (0..lanes).map(|_| Default::default()).collect();
+    for (at, write) in writes.iter().enumerate() {
+        let group = &mut groups[lane_of(write)];
+        group.0.push(at);
+        group.1.push(write);
+    }
+    let mut results: Vec<Option<PersistenceResult<()>>> = (0..writes.len()).map(|_| None).collect();
+    let commit = &commit;
+    let answered: Vec<(Vec<usize>, Vec<PersistenceResult<()>>)> = std::thread::scope(|scope| {
+        let running: Vec<_> = groups
+            .into_iter()
+            .enumerate()
+            .filter(|(_, (at, _))| !at.is_empty())
+            .map(|(lane, (at, group))| scope.spawn(move || (at, commit(lane, &group))))
+            .collect();
+        running
+            .into_iter()
+            .map(|r| r.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+            .collect()
+    });
+    for (at, answers) in answered {
+        for (i, answer) in at.into_iter().zip(answers) {
+            results[i] = Some(answer);
+        }
+    }
+    results
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(store_error("a lane gave no result"))))
+        .collect()
 }
 
 fn encode(payload: &Payload, writer: Writer, out: &mut Vec<u8>) {
@@ -140,45 +302,60 @@ fn numbered(id: &PersistenceId, n: u64) -> Numbered<'_> {
     (id.type_name.as_str(), id.entity_id.as_str(), n)
 }
 
-impl Journal for RedbPersistence {
-    fn append(&self, writes: &[AtomicWrite]) -> Vec<PersistenceResult<()>> {
-        let applied = (|| {
-            let txn = self.db.begin_write().map_err(store_error)?;
-            let mut results = Vec::with_capacity(writes.len());
-            {
-                let mut events = txn.open_table(EVENTS).map_err(store_error)?;
-                let mut highest = txn.open_table(HIGHEST).map_err(store_error)?;
-                let mut buffer = Vec::new();
-                for write in writes {
-                    let id = &write.persistence_id;
-                    let top = highest
-                        .get(named(id))
-                        .map_err(store_error)?
-                        .map_or(0, |v| v.value());
-                    let numbers = match check_append(write, top) {
-                        Ok(numbers) => numbers,
-                        Err(refused) => {
-                            results.push(Err(refused));
-                            continue;
-                        }
-                    };
-                    let last = *numbers.end();
-                    for (n, payload) in numbers.zip(&write.events) {
-                        buffer.clear();
-                        encode(payload, write.writer, &mut buffer);
-                        events
-                            .insert(numbered(id, n), buffer.as_slice())
-                            .map_err(store_error)?;
+/// One lane's appends in one write transaction of its file.
+fn append_in(db: &Database, writes: &[&AtomicWrite]) -> Vec<PersistenceResult<()>> {
+    let applied = (|| {
+        let txn = db.begin_write().map_err(store_error)?;
+        let mut results = Vec::with_capacity(writes.len());
+        {
+            let mut events = txn.open_table(EVENTS).map_err(store_error)?;
+            let mut highest = txn.open_table(HIGHEST).map_err(store_error)?;
+            let mut buffer = Vec::new();
+            for write in writes {
+                let id = &write.persistence_id;
+                let top = highest
+                    .get(named(id))
+                    .map_err(store_error)?
+                    .map_or(0, |v| v.value());
+                let numbers = match check_append(write, top) {
+                    Ok(numbers) => numbers,
+                    Err(refused) => {
+                        results.push(Err(refused));
+                        continue;
                     }
-                    highest.insert(named(id), last).map_err(store_error)?;
-                    results.push(Ok(()));
+                };
+                let last = *numbers.end();
+                for (n, payload) in numbers.zip(&write.events) {
+                    buffer.clear();
+                    encode(payload, write.writer, &mut buffer);
+                    events
+                        .insert(numbered(id, n), buffer.as_slice())
+                        .map_err(store_error)?;
                 }
+                highest.insert(named(id), last).map_err(store_error)?;
+                results.push(Ok(()));
             }
-            txn.commit().map_err(store_error)?;
-            Ok::<_, PersistenceError>(results)
-        })();
-        // A failed transaction wrote nothing: every write fails with it.
-        applied.unwrap_or_else(|error| writes.iter().map(|_| Err(error.clone())).collect())
+        }
+        txn.commit().map_err(store_error)?;
+        Ok::<_, PersistenceError>(results)
+    })();
+    // A failed transaction wrote nothing: every write fails with it.
+    applied.unwrap_or_else(|error| writes.iter().map(|_| Err(error.clone())).collect())
+}
+
+impl Journal for RedbPersistence {
+    /// One write transaction per lane the batch touches.
+    fn append(&self, writes: &[AtomicWrite]) -> Vec<PersistenceResult<()>> {
+        by_lane(
+            self.lanes.len(),
+            writes,
+            |w| &w.persistence_id,
+            |lane, group| append_in(&self.lanes[lane], group),
+        )
+    }
+
+    fn commit_lanes(&self) -> usize {
+        self.lanes.len()
     }
 
     fn replay(
@@ -191,7 +368,7 @@ impl Journal for RedbPersistence {
         if from > to || max == 0 {
             return Ok(Vec::new());
         }
-        let txn = self.db.begin_read().map_err(store_error)?;
+        let txn = self.file(persistence_id).begin_read().map_err(store_error)?;
         let events = txn.open_table(EVENTS).map_err(store_error)?;
         let range = events
             .range(numbered(persistence_id, from)..=numbered(persistence_id, to))
@@ -223,7 +400,7 @@ impl Journal for RedbPersistence {
     }
 
     fn highest_sequence_nr(&self, persistence_id: &PersistenceId) -> PersistenceResult<u64> {
-        let txn = self.db.begin_read().map_err(store_error)?;
+        let txn = self.file(persistence_id).begin_read().map_err(store_error)?;
         let highest = txn.open_table(HIGHEST).map_err(store_error)?;
         Ok(highest
             .get(named(persistence_id))
@@ -232,7 +409,7 @@ impl Journal for RedbPersistence {
     }
 
     fn delete_to(&self, persistence_id: &PersistenceId, to: u64) -> PersistenceResult<()> {
-        let txn = self.db.begin_write().map_err(store_error)?;
+        let txn = self.file(persistence_id).begin_write().map_err(store_error)?;
         {
             let mut events = txn.open_table(EVENTS).map_err(store_error)?;
             events
@@ -254,7 +431,7 @@ impl SnapshotStore for RedbPersistence {
     ) -> PersistenceResult<()> {
         let mut buffer = Vec::new();
         encode(&snapshot.payload, snapshot.writer, &mut buffer);
-        let txn = self.db.begin_write().map_err(store_error)?;
+        let txn = self.file(persistence_id).begin_write().map_err(store_error)?;
         {
             let mut snapshots = txn.open_table(SNAPSHOTS).map_err(store_error)?;
             snapshots
@@ -272,7 +449,7 @@ impl SnapshotStore for RedbPersistence {
         persistence_id: &PersistenceId,
         max_sequence_nr: u64,
     ) -> PersistenceResult<Option<SnapshotRecord>> {
-        let txn = self.db.begin_read().map_err(store_error)?;
+        let txn = self.file(persistence_id).begin_read().map_err(store_error)?;
         let snapshots = txn.open_table(SNAPSHOTS).map_err(store_error)?;
         let mut range = snapshots
             .range(numbered(persistence_id, 0)..=numbered(persistence_id, max_sequence_nr))
@@ -292,7 +469,7 @@ impl SnapshotStore for RedbPersistence {
     }
 
     fn delete_to(&self, persistence_id: &PersistenceId, to: u64) -> PersistenceResult<()> {
-        let txn = self.db.begin_write().map_err(store_error)?;
+        let txn = self.file(persistence_id).begin_write().map_err(store_error)?;
         {
             let mut snapshots = txn.open_table(SNAPSHOTS).map_err(store_error)?;
             snapshots
@@ -343,6 +520,35 @@ fn revision_in(
     }
 }
 
+/// One lane's saves in one write transaction of its file.
+fn save_all_in(db: &Database, writes: &[&StateWrite]) -> Vec<PersistenceResult<()>> {
+    let batch = || -> PersistenceResult<Vec<PersistenceResult<()>>> {
+        let txn = db.begin_write().map_err(store_error)?;
+        let mut results = Vec::with_capacity(writes.len());
+        {
+            let mut states = txn.open_table(STATES).map_err(store_error)?;
+            let mut buffer = Vec::new();
+            for w in writes {
+                let id = &w.persistence_id;
+                let saved = revision_in(&states, id).and_then(|actual| {
+                    check_revision(id, w.expected, actual)?;
+                    buffer.clear();
+                    buffer.extend_from_slice(&(actual + 1).to_be_bytes());
+                    encode(&w.payload, w.writer, &mut buffer);
+                    states
+                        .insert(named(id), buffer.as_slice())
+                        .map_err(store_error)?;
+                    Ok(())
+                });
+                results.push(saved);
+            }
+        }
+        txn.commit().map_err(store_error)?;
+        Ok(results)
+    };
+    batch().unwrap_or_else(|error| vec![Err(error); writes.len()])
+}
+
 impl DurableStateStore for RedbPersistence {
     fn save(
         &self,
@@ -351,7 +557,7 @@ impl DurableStateStore for RedbPersistence {
         payload: Payload,
         writer: Writer,
     ) -> PersistenceResult<()> {
-        let txn = self.db.begin_write().map_err(store_error)?;
+        let txn = self.file(persistence_id).begin_write().map_err(store_error)?;
         {
             let mut states = txn.open_table(STATES).map_err(store_error)?;
             let actual = revision_in(&states, persistence_id)?;
@@ -369,37 +575,22 @@ impl DurableStateStore for RedbPersistence {
         true
     }
 
-    /// One write transaction (and one sync) for the whole batch.
+    /// One write transaction (and one sync) per lane the batch touches.
     fn save_all(&self, writes: &[StateWrite]) -> Vec<PersistenceResult<()>> {
-        let batch = || -> PersistenceResult<Vec<PersistenceResult<()>>> {
-            let txn = self.db.begin_write().map_err(store_error)?;
-            let mut results = Vec::with_capacity(writes.len());
-            {
-                let mut states = txn.open_table(STATES).map_err(store_error)?;
-                let mut buffer = Vec::new();
-                for w in writes {
-                    let id = &w.persistence_id;
-                    let saved = revision_in(&states, id).and_then(|actual| {
-                        check_revision(id, w.expected, actual)?;
-                        buffer.clear();
-                        buffer.extend_from_slice(&(actual + 1).to_be_bytes());
-                        encode(&w.payload, w.writer, &mut buffer);
-                        states
-                            .insert(named(id), buffer.as_slice())
-                            .map_err(store_error)?;
-                        Ok(())
-                    });
-                    results.push(saved);
-                }
-            }
-            txn.commit().map_err(store_error)?;
-            Ok(results)
-        };
-        batch().unwrap_or_else(|error| vec![Err(error); writes.len()])
+        by_lane(
+            self.lanes.len(),
+            writes,
+            |w| &w.persistence_id,
+            |lane, group| save_all_in(&self.lanes[lane], group),
+        )
+    }
+
+    fn commit_lanes(&self) -> usize {
+        self.lanes.len()
     }
 
     fn load(&self, persistence_id: &PersistenceId) -> PersistenceResult<Option<StateRecord>> {
-        let txn = self.db.begin_read().map_err(store_error)?;
+        let txn = self.file(persistence_id).begin_read().map_err(store_error)?;
         let states = txn.open_table(STATES).map_err(store_error)?;
         match states.get(named(persistence_id)).map_err(store_error)? {
             Some(value) => Ok(read_state(persistence_id, value.value())?.1),
@@ -408,13 +599,13 @@ impl DurableStateStore for RedbPersistence {
     }
 
     fn revision(&self, persistence_id: &PersistenceId) -> PersistenceResult<u64> {
-        let txn = self.db.begin_read().map_err(store_error)?;
+        let txn = self.file(persistence_id).begin_read().map_err(store_error)?;
         let states = txn.open_table(STATES).map_err(store_error)?;
         revision_in(&states, persistence_id)
     }
 
     fn delete(&self, persistence_id: &PersistenceId, expected: u64) -> PersistenceResult<()> {
-        let txn = self.db.begin_write().map_err(store_error)?;
+        let txn = self.file(persistence_id).begin_write().map_err(store_error)?;
         {
             let mut states = txn.open_table(STATES).map_err(store_error)?;
             let actual = revision_in(&states, persistence_id)?;
@@ -428,6 +619,9 @@ impl DurableStateStore for RedbPersistence {
         txn.commit().map_err(store_error)
     }
 }
+
+#[path = "redb_copy.rs"]
+mod copy;
 
 #[cfg(test)]
 #[path = "redb_tests.rs"]
@@ -465,7 +659,7 @@ impl RememberEntitiesStore for RedbPersistence {
         type_name: &str,
         shard_id: ShardId,
     ) -> Result<Vec<String>, StoreError> {
-        let txn = self.db.begin_read().map_err(remember_error)?;
+        let txn = self.first().begin_read().map_err(remember_error)?;
         let table = txn.open_table(REMEMBERED).map_err(remember_error)?;
         let mut ids = Vec::new();
         for entry in table
@@ -483,7 +677,7 @@ impl RememberEntitiesStore for RedbPersistence {
     }
 
     fn list_shards(&self, type_name: &str) -> Result<Vec<ShardId>, StoreError> {
-        let txn = self.db.begin_read().map_err(remember_error)?;
+        let txn = self.first().begin_read().map_err(remember_error)?;
         let table = txn.open_table(REMEMBERED).map_err(remember_error)?;
         let mut shards = Vec::new();
         let mut from = 0u32;
@@ -510,7 +704,7 @@ impl RememberEntitiesStore for RedbPersistence {
 
     fn record_batch(&self, records: &[RememberRecord<'_>]) -> Vec<Result<(), StoreError>> {
         let applied = (|| {
-            let txn = self.db.begin_write().map_err(remember_error)?;
+            let txn = self.first().begin_write().map_err(remember_error)?;
             {
                 let mut table = txn.open_table(REMEMBERED).map_err(remember_error)?;
                 for ((t, s, id), started) in final_states(records) {

@@ -18,6 +18,186 @@ fn the_embedded_store_keeps_the_contract() {
     conformance::remember_entities(fresh());
 }
 
+/// Fresh stores of `lanes` files each.
+fn fresh_lanes(lanes: usize) -> impl Fn() -> RedbPersistence {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let counter = std::sync::atomic::AtomicU32::new(0);
+    move || {
+        let n = counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        RedbPersistence::open_lanes(dir.path().join(format!("store-{n}")), lanes).expect("open")
+    }
+}
+
+#[test]
+fn the_embedded_store_of_several_lanes_keeps_the_contract() {
+    conformance::journal(fresh_lanes(4));
+    conformance::snapshots(fresh_lanes(4));
+    conformance::durable_state(fresh_lanes(4));
+    conformance::remember_entities(fresh_lanes(3));
+}
+
+fn writes_to(ids: &[PersistenceId], expected: u64) -> Vec<AtomicWrite> {
+    ids.iter()
+        .map(|id| AtomicWrite {
+            persistence_id: id.clone(),
+            expected,
+            events: vec![payload(expected as u8 + 1)],
+            writer: Writer::default(),
+        })
+        .collect()
+}
+
+/// A batch over several lanes: each id's records land in its lane's
+/// file alone, the answers keep the batch's order, and a refused write
+/// (a stale expected number) is answered in its place.
+#[test]
+fn a_batch_over_several_lanes_answers_in_order_and_lands_in_each_lane() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let store = RedbPersistence::open_lanes(dir.path(), 4).expect("open");
+    assert_eq!(Journal::commit_lanes(&store), 4);
+    assert_eq!(DurableStateStore::commit_lanes(&store), 4);
+    let ids: Vec<PersistenceId> = (0..32)
+        .map(|i| PersistenceId::new("counter", format!("c-{i}")))
+        .collect();
+    let lanes: std::collections::BTreeSet<usize> = ids.iter().map(|id| id.lane(4)).collect();
+    assert_eq!(lanes.len(), 4, "32 ids all fall in lanes {lanes:?}");
+    assert!(store.append(&writes_to(&ids, 0)).iter().all(Result::is_ok));
+    let mut second = writes_to(&ids, 1);
+    second[5].expected = 0;
+    let answers = store.append(&second);
+    for (i, answer) in answers.iter().enumerate() {
+        match i {
+            5 => assert!(
+                matches!(answer, Err(PersistenceError::SequenceConflict { actual: 1, .. })),
+                "{answer:?}"
+            ),
+            _ => assert_eq!(answer, &Ok(()), "write {i}"),
+        }
+    }
+    for (i, id) in ids.iter().enumerate() {
+        let want = if i == 5 { 1 } else { 2 };
+        assert_eq!(store.highest_sequence_nr(id), Ok(want), "{id}");
+        for (lane, db) in store.lanes.iter().enumerate() {
+            let txn = db.begin_read().expect("read");
+            let highest = txn.open_table(HIGHEST).expect("table");
+            let held = highest.get(named(id)).expect("get").is_some();
+            assert_eq!(held, lane == id.lane(4), "{id} in lane {lane}");
+        }
+    }
+}
+
+#[test]
+fn a_directory_opens_with_the_lane_count_it_was_made_with() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let id = PersistenceId::new("counter", "c-1");
+    {
+        let store = RedbPersistence::open_lanes(dir.path(), 4).expect("open");
+        assert!(store.append(&writes_to(std::slice::from_ref(&id), 0))[0].is_ok());
+    }
+    let Err(PersistenceError::Invalid(why)) = RedbPersistence::open_lanes(dir.path(), 2) else {
+        panic!("a store of 4 lanes opened with 2");
+    };
+    assert!(why.contains("4 lanes, opened with 2"), "{why}");
+    assert!(matches!(
+        RedbPersistence::open_lanes(dir.path(), 0),
+        Err(PersistenceError::Invalid(_))
+    ));
+    let store = RedbPersistence::open_lanes(dir.path(), 4).expect("reopen");
+    assert_eq!(store.highest_sequence_nr(&id), Ok(1));
+}
+
+/// One file copied into four lanes, and back into one: every event,
+/// highest number (past deleted events), snapshot, state, tombstone and
+/// remembered id, with its writer and revision; a store that is not
+/// empty is refused.
+#[test]
+fn a_store_copies_into_another_layout_whole() {
+    use crate::persistence::remember::RememberEntitiesStore;
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let one = RedbPersistence::open(dir.path().join("old.redb")).expect("open");
+    let writer = Writer {
+        node_id: 7,
+        incarnation: 8,
+        generation: 9,
+    };
+    let ids: Vec<PersistenceId> = (0..40)
+        .map(|i| PersistenceId::new("counter", format!("c-{i}")))
+        .collect();
+    for (i, id) in ids.iter().enumerate() {
+        let write = AtomicWrite {
+            persistence_id: id.clone(),
+            expected: 0,
+            events: (0..=(i % 3) as u8).map(payload).collect(),
+            writer,
+        };
+        assert_eq!(one.append(&[write]), vec![Ok(())]);
+        let snapshot = SnapshotRecord {
+            sequence_nr: 1,
+            payload: payload(50),
+            writer,
+        };
+        SnapshotStore::save(&one, id, snapshot).expect("snapshot");
+        DurableStateStore::save(&one, id, 0, payload(60), writer).expect("state");
+        one.record_entity_started("counter", ShardId(i as u32 % 5), &id.entity_id)
+            .expect("remember");
+    }
+    Journal::delete_to(&one, &ids[2], 2).expect("delete");
+    DurableStateStore::delete(&one, &ids[3], 1).expect("tombstone");
+    let four = RedbPersistence::open_lanes(dir.path().join("new"), 4).expect("open");
+    let copied = one.copy_into(&four).expect("copy");
+    assert_eq!(
+        copied,
+        Copied {
+            events: 77,
+            journals: 40,
+            snapshots: 40,
+            states: 40,
+            remembered: 40,
+        }
+    );
+    let back = RedbPersistence::open(dir.path().join("back.redb")).expect("open");
+    four.copy_into(&back).expect("copy back");
+    for store in [&four, &back] {
+        for (i, id) in ids.iter().enumerate() {
+            let n = (i % 3) as u64 + 1;
+            assert_eq!(store.highest_sequence_nr(id), Ok(n), "{id}");
+            let events = store.replay(id, 1, u64::MAX, 10).expect("replay");
+            let from = if i == 2 { 3 } else { 1 };
+            assert_eq!(
+                events.iter().map(|e| e.sequence_nr).collect::<Vec<_>>(),
+                (from..=n).collect::<Vec<_>>(),
+                "{id}"
+            );
+            assert!(events.iter().all(|e| e.writer == writer));
+            let snapshot = SnapshotStore::load(store, id, u64::MAX).expect("load");
+            assert_eq!(snapshot.map(|s| s.payload), Some(payload(50)));
+            let state = DurableStateStore::load(store, id).expect("state");
+            let revision = DurableStateStore::revision(store, id).expect("revision");
+            if i == 3 {
+                assert_eq!((state, revision), (None, 2), "the tombstone");
+            } else {
+                assert_eq!(state.map(|s| (s.revision, s.payload)), Some((1, payload(60))));
+            }
+        }
+        for shard in 0..5u32 {
+            let mut listed = store
+                .list_entities_for_shard("counter", ShardId(shard))
+                .expect("list");
+            listed.sort();
+            let mut want: Vec<String> = (0..40)
+                .filter(|i| i % 5 == shard as usize)
+                .map(|i| format!("c-{i}"))
+                .collect();
+            want.sort();
+            assert_eq!(listed, want, "shard {shard}");
+        }
+    }
+    let Err(PersistenceError::Invalid(why)) = one.copy_into(&four) else {
+        panic!("copied into a store that is not empty");
+    };
+    assert!(why.contains("not empty"), "{why}");
+}
+
 fn payload(n: u8) -> Payload {
     Payload {
         manifest: "counter.added".into(),
@@ -83,7 +263,7 @@ fn a_second_open_of_one_file_is_refused() {
 
 /// Overwrites the value under an event's key, as damage would.
 fn damage(store: &RedbPersistence, id: &PersistenceId, n: u64, value: &[u8]) {
-    let txn = store.db.begin_write().expect("write");
+    let txn = store.file(id).begin_write().expect("write");
     {
         let mut events = txn.open_table(EVENTS).expect("table");
         events.insert(numbered(id, n), value).expect("insert");
@@ -135,7 +315,7 @@ fn a_record_that_does_not_read_back_is_reported_corrupt() {
     }
     // A hole in the sequence numbers.
     damage(&store, &id, 2, &good);
-    let txn = store.db.begin_write().expect("write");
+    let txn = store.file(&id).begin_write().expect("write");
     txn.open_table(EVENTS)
         .expect("table")
         .remove(numbered(&id, 2))
