@@ -241,7 +241,11 @@ async fn in_process(args: Args, in_flight: usize) -> ExitCode {
             run_w1_reliable(
                 args.messages,
                 in_flight,
-                (args.journal, args.durable_producer),
+                reliable::Store {
+                    journal: args.journal,
+                    durable_producer: args.durable_producer,
+                    lanes: args.lanes.map_or(1, |n| n as usize),
+                },
             )
             .await
         }
@@ -281,6 +285,7 @@ async fn in_process(args: Args, in_flight: usize) -> ExitCode {
         Workload::W4 => {
             durable::run_w4(
                 args.journal.unwrap_or(durable::JournalKind::Embedded),
+                args.lanes.map(|n| n as usize),
                 args.messages,
                 in_flight,
                 args.rounds,

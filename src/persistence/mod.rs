@@ -34,11 +34,17 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 pub mod conformance;
+#[cfg(any(feature = "embedded", feature = "fjall"))]
+mod record;
 #[cfg(feature = "embedded")]
 mod redb_store;
 pub(crate) mod remember;
 #[cfg(feature = "embedded")]
 pub use redb_store::{Copied, MAX_LANES, RedbPersistence};
+#[cfg(feature = "fjall")]
+mod fjall_store;
+#[cfg(feature = "fjall")]
+pub use fjall_store::FjallPersistence;
 #[cfg(feature = "postgres")]
 mod pg_store;
 #[cfg(feature = "postgres")]

@@ -1,5 +1,6 @@
 use super::*;
 use crate::persistence::conformance;
+use crate::persistence::record::HEADER;
 
 fn fresh() -> impl Fn() -> RedbPersistence {
     let dir = tempfile::tempdir().expect("a temporary directory");

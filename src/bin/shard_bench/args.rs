@@ -114,6 +114,11 @@ pub(super) struct Args {
     /// W2 without it runs the plain ping entity.
     #[arg(long, value_enum)]
     pub(super) journal: Option<durable::JournalKind>,
+    /// W4 and `w1 --reliable --journal embedded`:
+    /// commit lanes per node — redb files per node (default 1, the
+    /// one-file layout), or PostgreSQL connections per node (default 4).
+    #[arg(long, requires = "journal", value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub(super) lanes: Option<u64>,
     /// W4 only: how many (W4, raw appends) pairs to run.
     #[arg(long, default_value_t = 3)]
     pub(super) rounds: usize,

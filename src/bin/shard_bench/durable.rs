@@ -28,6 +28,9 @@ pub enum JournalKind {
     /// The embedded store: a redb file per node (in W2, one file the three
     /// in-process nodes share, as a shared disk would be).
     Embedded,
+    /// The log-structured embedded store: a fjall database per node
+    /// (build with `--features fjall`).
+    Fjall,
     /// PostgreSQL: a throwaway server with `fsync=on`, one database the
     /// three nodes share, a pool of 4 connections per node (build with
     /// `--features postgres`).
@@ -38,6 +41,7 @@ impl JournalKind {
     pub fn name(self) -> &'static str {
         match self {
             JournalKind::Embedded => "embedded",
+            JournalKind::Fjall => "fjall",
             JournalKind::Postgres => "postgres",
         }
     }
@@ -92,12 +96,18 @@ impl Journal for Counted {
     fn delete_to(&self, persistence_id: &PersistenceId, to: u64) -> PersistenceResult<()> {
         self.inner.delete_to(persistence_id, to)
     }
+    fn commit_lanes(&self) -> usize {
+        self.inner.commit_lanes()
+    }
 }
 
 /// Where a run's journals come from: a temporary directory for redb
 /// files, or a throwaway PostgreSQL server (one fresh database a run).
 pub struct Stores {
     kind: JournalKind,
+    /// Commit lanes per node: redb files per node (1: the one-file
+    /// layout), or PostgreSQL connections per node.
+    lanes: usize,
     dir: tempfile::TempDir,
     files: AtomicU64,
     #[cfg(feature = "postgres")]
@@ -105,7 +115,16 @@ pub struct Stores {
 }
 
 impl Stores {
-    pub fn new(kind: JournalKind) -> Result<Stores, Box<dyn std::error::Error>> {
+    /// `lanes`: commit lanes per node, by default one redb file, or a pool
+    /// of 4 PostgreSQL connections.
+    pub fn new(
+        kind: JournalKind,
+        lanes: Option<usize>,
+    ) -> Result<Stores, Box<dyn std::error::Error>> {
+        let lanes = lanes.unwrap_or(match kind {
+            JournalKind::Embedded | JournalKind::Fjall => 1,
+            JournalKind::Postgres => 4,
+        });
         let dir = tempfile::Builder::new()
             .prefix("shard-bench-w4-")
             .tempdir()?;
@@ -115,14 +134,22 @@ impl Stores {
                 super::pg_server::Server::start(super::pg_server::Durability::Fsync)
                     .ok_or("PostgreSQL's binaries are needed for --journal postgres")?,
             ),
-            JournalKind::Embedded => None,
+            JournalKind::Embedded | JournalKind::Fjall => None,
         };
         #[cfg(not(feature = "postgres"))]
         if kind == JournalKind::Postgres {
             return Err("--journal postgres needs a build with `--features postgres`".into());
         }
+        #[cfg(not(feature = "fjall"))]
+        if kind == JournalKind::Fjall {
+            return Err("--journal fjall needs a build with `--features fjall`".into());
+        }
+        if kind == JournalKind::Fjall && lanes != 1 {
+            return Err("--journal fjall commits through one log: --lanes 1 only".into());
+        }
         Ok(Stores {
             kind,
+            lanes,
             dir,
             files: AtomicU64::new(0),
             #[cfg(feature = "postgres")]
@@ -130,15 +157,21 @@ impl Stores {
         })
     }
 
-    /// Fresh, empty journals for three nodes: three redb files, or three
-    /// pools on one new database. `shared`: one embedded file for all three.
+    /// Fresh, empty journals for three nodes: three redb stores (one file
+    /// each, or a directory of `lanes` files), or three pools on one new
+    /// database. `shared`: one embedded store for all three.
     pub fn fresh(&self, shared: bool) -> Result<Vec<Counted>, Box<dyn std::error::Error>> {
         match self.kind {
             JournalKind::Embedded => {
                 let open = || {
                     let n = self.files.fetch_add(1, Ordering::Relaxed);
-                    let path = self.dir.path().join(format!("journal-{n}.redb"));
-                    Ok::<_, Box<dyn std::error::Error>>(Counted::new(RedbPersistence::open(path)?))
+                    let store = if self.lanes == 1 {
+                        RedbPersistence::open(self.dir.path().join(format!("journal-{n}.redb")))?
+                    } else {
+                        let dir = self.dir.path().join(format!("journal-{n}"));
+                        RedbPersistence::open_lanes(dir, self.lanes)?
+                    };
+                    Ok::<_, Box<dyn std::error::Error>>(Counted::new(store))
                 };
                 if shared {
                     let one = open()?;
@@ -146,14 +179,32 @@ impl Stores {
                 }
                 (0..3).map(|_| open()).collect()
             }
+            #[cfg(feature = "fjall")]
+            JournalKind::Fjall => {
+                let open = || {
+                    let n = self.files.fetch_add(1, Ordering::Relaxed);
+                    let dir = self.dir.path().join(format!("journal-{n}"));
+                    let store = datum_cluster_sharding::persistence::FjallPersistence::open(dir)?;
+                    Ok::<_, Box<dyn std::error::Error>>(Counted::new(store))
+                };
+                if shared {
+                    let one = open()?;
+                    return Ok(vec![one.clone(), one.clone(), one]);
+                }
+                (0..3).map(|_| open()).collect()
+            }
+            #[cfg(not(feature = "fjall"))]
+            JournalKind::Fjall => Err("built without the fjall feature".into()),
             #[cfg(feature = "postgres")]
             JournalKind::Postgres => {
                 let server = self.server.as_ref().ok_or("no server")?;
                 let url = server.database();
                 (0..3)
                     .map(|_| {
-                        let store =
-                            datum_cluster_sharding::persistence::PgPersistence::connect(&url, 4)?;
+                        let store = datum_cluster_sharding::persistence::PgPersistence::connect(
+                            &url,
+                            self.lanes as u32,
+                        )?;
                         Ok(Counted::new(store))
                     })
                     .collect()
@@ -257,11 +308,12 @@ async fn pair(
 /// the median of their ratios.
 pub async fn run_w4(
     kind: JournalKind,
+    lanes: Option<usize>,
     messages: u64,
     in_flight: usize,
     rounds: usize,
 ) -> Result<(serde_json::Value, bool), Box<dyn std::error::Error>> {
-    let stores = Stores::new(kind)?;
+    let stores = Stores::new(kind, lanes)?;
     let mut results = Vec::new();
     let mut correct = true;
     for round in 0..rounds.max(1) {
@@ -281,6 +333,7 @@ pub async fn run_w4(
     let mut json = results[0]["w4"].clone();
     json["workload"] = "w4".into();
     json["journal"] = kind.name().into();
+    json["commit_lanes"] = stores.lanes.into();
     json["in_flight_per_driver"] = in_flight.into();
     json["median_ratio_to_raw"] = median.into();
     json["rounds"] = results.into();
@@ -288,10 +341,11 @@ pub async fn run_w4(
     Ok((json, correct))
 }
 
-/// The baseline: on each of three threads (one per node's journal),
-/// batches of `in_flight` appends of one event each, to persistence ids
-/// that take turns over the workload's 1,000 entities, one batch after
-/// the other — the store's raw group-commit rate at W4's concurrency.
+/// The baseline: on a thread per commit lane of each node's journal,
+/// batches of `in_flight` appends of one event each, to the persistence
+/// ids of that lane that take turns over the node's share of the
+/// workload's 1,000 entities, one batch after the other — the store's raw
+/// group-commit rate, for its layout, at W4's concurrency per lane.
 fn raw_appends(
     journals: &[Counted],
     messages: u64,
@@ -301,15 +355,19 @@ fn raw_appends(
     let before = commits(journals, false);
     let cpu_before = cpu_time();
     let start = Instant::now();
-    let threads: Vec<_> = journals
-        .iter()
-        .zip(shares)
-        .enumerate()
-        .map(|(node, (journal, share))| {
+    let mut threads = Vec::new();
+    for (node, (journal, share)) in journals.iter().zip(shares).enumerate() {
+        let lanes = journal.commit_lanes();
+        for lane in 0..lanes {
             let journal = journal.clone();
-            std::thread::spawn(move || raw_thread(&journal, node as u32, share, in_flight))
-        })
-        .collect();
+            // The node's share, split evenly over its lanes.
+            let part = share / lanes as u64 + u64::from((lane as u64) < share % lanes as u64);
+            let on = Lane { lane, lanes };
+            threads.push(std::thread::spawn(move || {
+                raw_thread(&journal, node as u32, on, part, in_flight)
+            }));
+        }
+    }
     let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
     let mut events = 0;
     for thread in threads {
@@ -335,9 +393,16 @@ fn raw_appends(
 
 type RawResult = Result<(Histogram<u64>, u64), Box<dyn std::error::Error + Send + Sync>>;
 
-/// One node's share of the raw appends; every write's latency is its
-/// batch's commit time.
-fn raw_thread(journal: &Counted, node: u32, share: u64, in_flight: usize) -> RawResult {
+/// Which commit lane of how many a raw thread appends to.
+#[derive(Clone, Copy)]
+struct Lane {
+    lane: usize,
+    lanes: usize,
+}
+
+/// One lane's part of a node's share of the raw appends; every write's
+/// latency is its batch's commit time.
+fn raw_thread(journal: &Counted, node: u32, on: Lane, share: u64, in_flight: usize) -> RawResult {
     let writer = Writer {
         node_id: u64::from(node),
         incarnation: 1,
@@ -346,7 +411,11 @@ fn raw_thread(journal: &Counted, node: u32, share: u64, in_flight: usize) -> Raw
     let ids: Vec<PersistenceId> = (0..ENTITIES)
         .filter(|k| k % 3 == u64::from(node))
         .map(|k| PersistenceId::new("pinger", entity_id(k)))
+        .filter(|id| id.lane(on.lanes) == on.lane)
         .collect();
+    if ids.is_empty() {
+        return Err(format!("no entity of node {node} falls in lane {}", on.lane).into());
+    }
     let mut highest = vec![0u64; ids.len()];
     let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
     let mut next = 0usize;

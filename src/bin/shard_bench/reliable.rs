@@ -365,14 +365,67 @@ async fn plain_note_nodes(
     Ok(nodes)
 }
 
+/// Where a reliable run keeps its state.
+pub struct Store {
+    /// The entities' store: none (in memory) or embedded.
+    pub journal: Option<JournalKind>,
+    /// The producers are durable ones, their sends journaled.
+    pub durable_producer: bool,
+    /// With the embedded store: commit lanes (redb files) per node.
+    pub lanes: usize,
+}
+
+/// The reliable run on durable-state entities saved to `journals` (one
+/// per node), with memory or durable producers; its figures and what it
+/// ran on.
+async fn on_stores<J>(
+    journals: Vec<J>,
+    (kind, durable_producer): (JournalKind, bool),
+    checks: &Arc<Checks>,
+    messages: u64,
+    in_flight: usize,
+) -> Result<(Figures, String), Box<dyn std::error::Error>>
+where
+    J: Journal + DurableStateStore + SnapshotStore,
+{
+    let nodes = durable_note_nodes("shard-bench-reliable", journals, checks).await?;
+    // A durable producer's send returns once journaled: one sender would
+    // wait for every append; `in_flight` senders share the producer, as
+    // concurrent callers would.
+    let (producers, senders, store) = if durable_producer {
+        (
+            durable_producers(&nodes, in_flight).await,
+            in_flight as u64,
+            "(durable state, a save per note; durable producers, their sends journaled)",
+        )
+    } else {
+        (
+            memory_producers(&nodes, in_flight),
+            1,
+            "(durable state, a save per note)",
+        )
+    };
+    let figures = match producers {
+        Ok(producers) => drive_reliable(&nodes, producers, messages, senders).await,
+        Err(error) => Err(error.into()),
+    };
+    stop(nodes).await;
+    Ok((figures?, format!("{} {store}", kind.name())))
+}
+
 /// Plain W1 (`plain` messages), then the reliable run (`messages`), each
 /// on a cluster of its own; the ratio of their rates.
 pub async fn run(
     plain: (u64, super::Run),
     messages: u64,
     in_flight: usize,
-    (journal, durable_producer): (Option<JournalKind>, bool),
+    store: Store,
 ) -> Result<(serde_json::Value, bool), Box<dyn std::error::Error>> {
+    let Store {
+        journal,
+        durable_producer,
+        lanes,
+    } = store;
     let (plain_messages, plain_run) = plain;
     let checks = Arc::new(Checks::default());
     let (figures, store) = match journal {
@@ -383,39 +436,35 @@ pub async fn run(
                 Err(error) => Err(error.into()),
             };
             stop(nodes).await;
-            (figures?, "memory (the deliveries table in memory)")
+            (figures?, "memory (the deliveries table in memory)".to_owned())
         }
         Some(JournalKind::Embedded) => {
             let dir = tempfile::tempdir()?;
             let mut journals = Vec::new();
             for i in 0..3 {
-                journals.push(RedbPersistence::open(
-                    dir.path().join(format!("n{i}.redb")),
-                )?);
+                journals.push(if lanes == 1 {
+                    RedbPersistence::open(dir.path().join(format!("n{i}.redb")))?
+                } else {
+                    RedbPersistence::open_lanes(dir.path().join(format!("n{i}")), lanes)?
+                });
             }
-            let nodes = durable_note_nodes("shard-bench-reliable", journals, &checks).await?;
-            // A durable producer's send returns once journaled: one
-            // sender would wait for every append; `in_flight` senders
-            // share the producer, as concurrent callers would.
-            let (producers, senders, store) = if durable_producer {
-                (
-                    durable_producers(&nodes, in_flight).await,
-                    in_flight as u64,
-                    "embedded (durable state, a save per note; durable producers, their sends journaled)",
-                )
-            } else {
-                (
-                    memory_producers(&nodes, in_flight),
-                    1,
-                    "embedded (durable state, a save per note)",
-                )
-            };
-            let figures = match producers {
-                Ok(producers) => drive_reliable(&nodes, producers, messages, senders).await,
-                Err(error) => Err(error.into()),
-            };
-            stop(nodes).await;
-            (figures?, store)
+            let kind = (JournalKind::Embedded, durable_producer);
+            on_stores(journals, kind, &checks, messages, in_flight).await?
+        }
+        Some(JournalKind::Fjall) => {
+            #[cfg(feature = "fjall")]
+            {
+                let dir = tempfile::tempdir()?;
+                let mut journals = Vec::new();
+                for i in 0..3 {
+                    let path = dir.path().join(format!("n{i}"));
+                    journals.push(datum_cluster_sharding::persistence::FjallPersistence::open(path)?);
+                }
+                let kind = (JournalKind::Fjall, durable_producer);
+                on_stores(journals, kind, &checks, messages, in_flight).await?
+            }
+            #[cfg(not(feature = "fjall"))]
+            return Err("--journal fjall needs a build with `--features fjall`".into());
         }
         Some(JournalKind::Postgres) => {
             return Err("w1 --reliable runs without a journal or on the embedded one".into());
@@ -440,6 +489,7 @@ pub async fn run(
     record["store"] = store.into();
     record["in_flight_per_driver"] = in_flight.into();
     record["durable_producer"] = durable_producer.into();
+    record["commit_lanes"] = lanes.into();
     record["duplicate_processings"] = duplicates.into();
     record["order_violations"] = order.into();
     record["plain_w1"] = plain_run.json();

@@ -16,7 +16,7 @@ use super::harness::{
 use super::nodes::{cluster, stop};
 use super::ping::Checks;
 use super::report::{Progress, Run};
-use super::{durable, reliable};
+use super::reliable;
 
 /// W1's drivers on every node.
 async fn w1<S: Send + Sync + 'static>(
@@ -172,7 +172,7 @@ impl NoPage {
 pub(super) async fn run_w1_reliable(
     messages: u64,
     in_flight: usize,
-    journal: (Option<durable::JournalKind>, bool),
+    journal: reliable::Store,
 ) -> Result<(serde_json::Value, bool), Box<dyn std::error::Error>> {
     const PLAIN: u64 = 300_000;
     let checks = Arc::new(Checks::default());

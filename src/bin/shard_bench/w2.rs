@@ -48,7 +48,7 @@ pub(super) async fn run_w2(
         stop(done.survivors).await;
         return Ok((done.json, done.correct));
     };
-    let stores = durable::Stores::new(kind)?;
+    let stores = durable::Stores::new(kind, None)?;
     // One journal the three share (the killed node's entities recover
     // from it on the survivors).
     let journals = stores.fresh(true)?;

@@ -1,0 +1,140 @@
+use super::*;
+use crate::persistence::conformance;
+
+fn fresh() -> impl Fn() -> FjallPersistence {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let counter = std::sync::atomic::AtomicU32::new(0);
+    move || {
+        let n = counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        FjallPersistence::open(dir.path().join(format!("store-{n}"))).expect("open")
+    }
+}
+
+#[test]
+fn the_fjall_store_keeps_the_contract() {
+    conformance::journal(fresh());
+    conformance::snapshots(fresh());
+    conformance::durable_state(fresh());
+    conformance::remember_entities(fresh());
+}
+
+fn payload(n: u8) -> Payload {
+    Payload {
+        manifest: "counter.added".into(),
+        version: 2,
+        bytes: vec![n; 3],
+    }
+}
+
+#[test]
+fn what_was_committed_is_there_after_a_reopen() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let id = PersistenceId::new("counter", "c-1");
+    let writer = Writer {
+        node_id: 1,
+        incarnation: 2,
+        generation: 3,
+    };
+    {
+        let store = FjallPersistence::open(dir.path()).expect("open");
+        let write = AtomicWrite {
+            persistence_id: id.clone(),
+            expected: 0,
+            events: vec![payload(1), payload(2)],
+            writer,
+        };
+        assert_eq!(store.append(&[write]), vec![Ok(())]);
+        let snapshot = SnapshotRecord {
+            sequence_nr: 2,
+            payload: payload(9),
+            writer,
+        };
+        SnapshotStore::save(&store, &id, snapshot).expect("snapshot");
+        DurableStateStore::save(&store, &id, 0, payload(7), writer).expect("state");
+    }
+    let store = FjallPersistence::open(dir.path()).expect("reopen");
+    assert_eq!(store.highest_sequence_nr(&id), Ok(2));
+    let events = store.replay(&id, 1, u64::MAX, 10).expect("replay");
+    assert_eq!(
+        events.iter().map(|e| (&e.payload, e.writer)).collect::<Vec<_>>(),
+        [(&payload(1), writer), (&payload(2), writer)]
+    );
+    let snapshot = SnapshotStore::load(&store, &id, u64::MAX).expect("load");
+    assert_eq!(snapshot.map(|s| s.payload), Some(payload(9)));
+    let state = DurableStateStore::load(&store, &id).expect("load");
+    assert_eq!(
+        state.map(|s| (s.revision, s.payload)),
+        Some((1, payload(7)))
+    );
+}
+
+#[test]
+fn a_second_open_of_one_directory_is_refused() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let _first = FjallPersistence::open(dir.path()).expect("open");
+    assert!(matches!(
+        FjallPersistence::open(dir.path()),
+        Err(PersistenceError::Store(_))
+    ));
+}
+
+/// Ids whose names run into each other's keys stay apart: an id's keys
+/// hold the lengths of its type name and entity id.
+#[test]
+fn ids_that_share_a_prefix_keep_their_own_events() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let store = FjallPersistence::open(dir.path()).expect("open");
+    let ids = [
+        PersistenceId::new("ab", "c"),
+        PersistenceId::new("a", "bc"),
+        PersistenceId::new("a", "b"),
+        PersistenceId::new("a", "b\u{0}\u{0}"),
+    ];
+    for (i, id) in ids.iter().enumerate() {
+        let write = AtomicWrite {
+            persistence_id: id.clone(),
+            expected: 0,
+            events: (0..=i as u8).map(payload).collect(),
+            writer: Writer::default(),
+        };
+        assert_eq!(store.append(&[write]), vec![Ok(())]);
+    }
+    for (i, id) in ids.iter().enumerate() {
+        let events = store.replay(id, 1, u64::MAX, 100).expect("replay");
+        assert_eq!(events.len(), i + 1, "{id}");
+        assert_eq!(store.highest_sequence_nr(id), Ok(i as u64 + 1), "{id}");
+    }
+}
+
+/// A record that does not read back is reported, never applied.
+#[test]
+fn a_record_that_does_not_read_back_is_reported_corrupt() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let store = FjallPersistence::open(dir.path()).expect("open");
+    let id = PersistenceId::new("counter", "c-2");
+    let write = AtomicWrite {
+        persistence_id: id.clone(),
+        expected: 0,
+        events: vec![payload(1), payload(2)],
+        writer: Writer::default(),
+    };
+    assert_eq!(store.append(&[write]), vec![Ok(())]);
+    store
+        .inner
+        .events
+        .insert(numbered(&id, 2), [9u8, 1, 2].as_slice())
+        .expect("damage");
+    assert!(matches!(
+        store.replay(&id, 1, u64::MAX, 10),
+        Err(PersistenceError::Corrupt { .. })
+    ));
+    store
+        .inner
+        .states
+        .insert(id_key(&id), [1u8, 2].as_slice())
+        .expect("damage");
+    assert!(matches!(
+        DurableStateStore::load(&store, &id),
+        Err(PersistenceError::Corrupt { .. })
+    ));
+}
