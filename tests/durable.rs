@@ -347,7 +347,9 @@ async fn many_entities_appending_at_once_share_commits() {
     // One at a time would take 200 calls; while one commits, the next
     // batch gathers.
     assert!(calls <= 20, "{calls} journal calls for {ENTITIES} appends");
-    let most = journal.most_in_flight.load(std::sync::atomic::Ordering::Relaxed);
+    let most = journal
+        .most_in_flight
+        .load(std::sync::atomic::Ordering::Relaxed);
     assert_eq!(most, 1, "a journal of one lane had {most} commits at once");
     system.shutdown().await;
 }
@@ -374,7 +376,10 @@ async fn a_journal_of_four_lanes_has_several_commits_in_flight() {
             assert_eq!(total.expect("add"), i as u64 * round);
         }
     }
-    let (most, mixed) = (journal.most_in_flight.load(Relaxed), journal.mixed.load(Relaxed));
+    let (most, mixed) = (
+        journal.most_in_flight.load(Relaxed),
+        journal.mixed.load(Relaxed),
+    );
     println!("most commits at once {most}, batches of mixed lanes {mixed}");
     assert!(most >= 2, "four lanes, but at most {most} commit at once");
     assert!(most <= 4, "{most} commits at once over four lanes");

@@ -36,6 +36,7 @@ use std::sync::{Arc, Mutex};
 
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
 
+use super::copy::{Records, Stored};
 use super::record::{decode, encode, read_state};
 use super::remember::{
     RememberEntitiesStore, RememberRecord, StoreError, final_states, record_one,
@@ -392,7 +393,11 @@ impl DurableStateStore for FjallPersistence {
             check_revision(persistence_id, expected, actual)?;
             // The tombstone: the revision alone.
             let mut batch = self.inner.db.batch();
-            batch.insert(&self.inner.states, key, (actual + 1).to_be_bytes().as_slice());
+            batch.insert(
+                &self.inner.states,
+                key,
+                (actual + 1).to_be_bytes().as_slice(),
+            );
             batch.commit().map_err(store_error)?;
         }
         self.sync()
@@ -497,6 +502,144 @@ impl RememberEntitiesStore for FjallPersistence {
             Ok(()) => records.iter().map(|_| Ok(())).collect(),
             Err(e) => records.iter().map(|_| Err(e.clone())).collect(),
         }
+    }
+}
+
+/// Reads a persistence id's key back: the type name, the entity id, and
+/// what follows them.
+fn split_id_key(key: &[u8]) -> PersistenceResult<(String, String, &[u8])> {
+    let mut rest = key;
+    let mut part = || {
+        let (len, after) = rest.split_first_chunk::<4>()?;
+        let len = u32::from_be_bytes(*len) as usize;
+        let text = std::str::from_utf8(after.get(..len)?).ok()?.to_owned();
+        rest = &after[len..];
+        Some(text)
+    };
+    let (Some(t), Some(id)) = (part(), part()) else {
+        return Err(PersistenceError::Store(format!(
+            "a key that does not read: {key:02x?}"
+        )));
+    };
+    Ok((t, id, rest))
+}
+
+fn number_in(key: &[u8], rest: &[u8]) -> PersistenceResult<u64> {
+    match <[u8; 8]>::try_from(rest) {
+        Ok(n) => Ok(u64::from_be_bytes(n)),
+        Err(_) => Err(PersistenceError::Store(format!(
+            "a key that does not read: {key:02x?}"
+        ))),
+    }
+}
+
+impl Records for FjallPersistence {
+    fn holds_nothing(&self) -> PersistenceResult<bool> {
+        let inner = &self.inner;
+        for keyspace in [
+            &inner.events,
+            &inner.highest,
+            &inner.snapshots,
+            &inner.states,
+            &inner.remembered,
+        ] {
+            if !keyspace.is_empty().map_err(store_error)? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    fn export(
+        &self,
+        each: &mut dyn FnMut(Stored) -> PersistenceResult<()>,
+    ) -> PersistenceResult<()> {
+        let inner = &self.inner;
+        for entry in inner.events.iter() {
+            let (key, value) = entry.into_inner().map_err(store_error)?;
+            let (t, id, rest) = split_id_key(&key)?;
+            each(Stored::Event(t, id, number_in(&key, rest)?, value.to_vec()))?;
+        }
+        for entry in inner.highest.iter() {
+            let (key, value) = entry.into_inner().map_err(store_error)?;
+            let (t, id, _) = split_id_key(&key)?;
+            let n = number_in(&key, &value)?;
+            each(Stored::Highest(t, id, n))?;
+        }
+        for entry in inner.snapshots.iter() {
+            let (key, value) = entry.into_inner().map_err(store_error)?;
+            let (t, id, rest) = split_id_key(&key)?;
+            each(Stored::Snapshot(
+                t,
+                id,
+                number_in(&key, rest)?,
+                value.to_vec(),
+            ))?;
+        }
+        for entry in inner.states.iter() {
+            let (key, value) = entry.into_inner().map_err(store_error)?;
+            let (t, id, _) = split_id_key(&key)?;
+            each(Stored::State(t, id, value.to_vec()))?;
+        }
+        for entry in inner.remembered.iter() {
+            let key = entry.key().map_err(store_error)?;
+            let unreadable =
+                || PersistenceError::Store(format!("a key that does not read: {key:02x?}"));
+            let (len, after) = key.split_first_chunk::<4>().ok_or_else(unreadable)?;
+            let len = u32::from_be_bytes(*len) as usize;
+            let t = after.get(..len).and_then(|t| std::str::from_utf8(t).ok());
+            let rest = after.get(len..).and_then(|r| r.split_first_chunk::<4>());
+            let (Some(t), Some((shard, id))) = (t, rest) else {
+                return Err(unreadable());
+            };
+            let id = std::str::from_utf8(id).map_err(|_| unreadable())?;
+            each(Stored::Remembered(
+                t.into(),
+                u32::from_be_bytes(*shard),
+                id.into(),
+            ))?;
+        }
+        Ok(())
+    }
+
+    /// One commit and one sync for the lot.
+    fn import(&self, records: &[Stored]) -> PersistenceResult<()> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        let inner = &self.inner;
+        let key = |t: &str, id: &str| id_key(&PersistenceId::new(t, id));
+        {
+            let _commit = self.lock();
+            let mut batch = inner.db.batch();
+            for record in records {
+                match record {
+                    Stored::Event(t, id, n, value) => {
+                        let mut k = key(t, id);
+                        k.extend_from_slice(&n.to_be_bytes());
+                        batch.insert(&inner.events, k, value.as_slice());
+                    }
+                    Stored::Highest(t, id, n) => {
+                        batch.insert(&inner.highest, key(t, id), n.to_be_bytes().as_slice());
+                    }
+                    Stored::Snapshot(t, id, n, value) => {
+                        let mut k = key(t, id);
+                        k.extend_from_slice(&n.to_be_bytes());
+                        batch.insert(&inner.snapshots, k, value.as_slice());
+                    }
+                    Stored::State(t, id, value) => {
+                        batch.insert(&inner.states, key(t, id), value.as_slice());
+                    }
+                    Stored::Remembered(t, shard, id) => {
+                        let mut k = shard_prefix(t, *shard);
+                        k.extend_from_slice(id.as_bytes());
+                        batch.insert(&inner.remembered, k, [].as_slice());
+                    }
+                }
+            }
+            batch.commit().map_err(store_error)?;
+        }
+        self.sync()
     }
 }
 

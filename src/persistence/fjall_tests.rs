@@ -56,7 +56,10 @@ fn what_was_committed_is_there_after_a_reopen() {
     assert_eq!(store.highest_sequence_nr(&id), Ok(2));
     let events = store.replay(&id, 1, u64::MAX, 10).expect("replay");
     assert_eq!(
-        events.iter().map(|e| (&e.payload, e.writer)).collect::<Vec<_>>(),
+        events
+            .iter()
+            .map(|e| (&e.payload, e.writer))
+            .collect::<Vec<_>>(),
         [(&payload(1), writer), (&payload(2), writer)]
     );
     let snapshot = SnapshotStore::load(&store, &id, u64::MAX).expect("load");
@@ -136,5 +139,27 @@ fn a_record_that_does_not_read_back_is_reported_corrupt() {
     assert!(matches!(
         DurableStateStore::load(&store, &id),
         Err(PersistenceError::Corrupt { .. })
+    ));
+}
+
+/// A redb file copied into fjall, and fjall into three redb lanes: all
+/// that was stored reads back from both.
+#[cfg(feature = "embedded")]
+#[test]
+fn a_redb_store_copies_into_fjall_and_back() {
+    use crate::persistence::RedbPersistence;
+    use crate::persistence::copy::tests::{fill, holds_what_fill_wrote};
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let redb = RedbPersistence::open(dir.path().join("old.redb")).expect("open");
+    let filled = fill(&redb);
+    let fjall = FjallPersistence::open(dir.path().join("fjall")).expect("open");
+    assert_eq!(crate::persistence::copy(&redb, &fjall), Ok(filled));
+    holds_what_fill_wrote(&fjall);
+    let lanes = RedbPersistence::open_lanes(dir.path().join("lanes"), 3).expect("open");
+    assert_eq!(crate::persistence::copy(&fjall, &lanes), Ok(filled));
+    holds_what_fill_wrote(&lanes);
+    assert!(matches!(
+        crate::persistence::copy(&redb, &fjall),
+        Err(PersistenceError::Invalid(_))
     ));
 }

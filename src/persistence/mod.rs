@@ -35,12 +35,16 @@ use std::sync::{Arc, Mutex};
 
 pub mod conformance;
 #[cfg(any(feature = "embedded", feature = "fjall"))]
+mod copy;
+#[cfg(any(feature = "embedded", feature = "fjall"))]
+pub use copy::{Copied, EmbeddedStore, copy};
+#[cfg(any(feature = "embedded", feature = "fjall"))]
 mod record;
 #[cfg(feature = "embedded")]
 mod redb_store;
 pub(crate) mod remember;
 #[cfg(feature = "embedded")]
-pub use redb_store::{Copied, MAX_LANES, RedbPersistence};
+pub use redb_store::{MAX_LANES, RedbPersistence};
 #[cfg(feature = "fjall")]
 mod fjall_store;
 #[cfg(feature = "fjall")]

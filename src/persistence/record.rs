@@ -63,7 +63,10 @@ pub(super) fn decode(id: &PersistenceId, bytes: &[u8]) -> PersistenceResult<(Pay
 
 /// A stored state's revision, and its record unless it is a delete's
 /// tombstone (the revision alone).
-pub(super) fn read_state(id: &PersistenceId, bytes: &[u8]) -> PersistenceResult<(u64, Option<StateRecord>)> {
+pub(super) fn read_state(
+    id: &PersistenceId,
+    bytes: &[u8],
+) -> PersistenceResult<(u64, Option<StateRecord>)> {
     let Some((revision, record)) = bytes.split_first_chunk::<8>() else {
         return Err(PersistenceError::Corrupt {
             persistence_id: id.clone(),
@@ -82,4 +85,3 @@ pub(super) fn read_state(id: &PersistenceId, bytes: &[u8]) -> PersistenceResult<
     };
     Ok((revision, Some(state)))
 }
-

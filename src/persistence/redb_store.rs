@@ -16,7 +16,7 @@
 //! of its own: a commit is atomic and durable per file, and a batch of the
 //! system's writer touches one file only. The lane count is part of the
 //! layout: a directory is opened with the count it was made with, or moved
-//! to another with [`RedbPersistence::copy_into`].
+//! to another with [`copy`](super::copy).
 //!
 //! Tables (keys are `(type name, entity id[, number])`):
 //!
@@ -71,21 +71,6 @@ pub struct RedbPersistence {
     lanes: Arc<[Database]>,
 }
 
-/// What [`RedbPersistence::copy_into`] copied.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Copied {
-    /// Events (with their persistence ids' highest sequence numbers).
-    pub events: u64,
-    /// Persistence ids with a highest sequence number.
-    pub journals: u64,
-    /// Snapshots.
-    pub snapshots: u64,
-    /// Durable states, tombstones included.
-    pub states: u64,
-    /// Remembered entity ids.
-    pub remembered: u64,
-}
-
 /// The most lanes a store opens: more files than this buy no more syncs
 /// in flight on one disk.
 pub const MAX_LANES: usize = 64;
@@ -116,9 +101,8 @@ impl RedbPersistence {
                 "{lanes} lanes: from 1 to {MAX_LANES}"
             )));
         }
-        std::fs::create_dir_all(dir).map_err(|e| {
-            PersistenceError::Store(format!("creating {}: {e}", dir.display()))
-        })?;
+        std::fs::create_dir_all(dir)
+            .map_err(|e| PersistenceError::Store(format!("creating {}: {e}", dir.display())))?;
         let listed = std::fs::read_dir(dir)
             .map_err(|e| PersistenceError::Store(format!("reading {}: {e}", dir.display())))?;
         for entry in listed.flatten() {
@@ -129,7 +113,7 @@ impl RedbPersistence {
             if found != lanes {
                 return Err(PersistenceError::Invalid(format!(
                     "{} holds a store of {found} lanes, opened with {lanes}: open it with \
-                     {found}, or copy it into a new directory (RedbPersistence::copy_into, \
+                     {found}, or copy it into a new directory (persistence::copy, \
                      `datum-node copy-store`)",
                     dir.display()
                 )));
@@ -151,17 +135,6 @@ impl RedbPersistence {
     /// The file that holds remembered entities.
     fn first(&self) -> &Database {
         &self.lanes[0]
-    }
-
-    /// Copies every record of this store into `target`, an empty store of
-    /// any layout (one file, or any lane count): the way from one layout
-    /// to another, the stores closed to everything else meanwhile. Records
-    /// are copied as they are stored (writers, revisions, tombstones and
-    /// highest sequence numbers kept), each into the file of its lane in
-    /// `target`, in one transaction per file of `target`. A `target` that
-    /// holds anything is refused ([`PersistenceError::Invalid`]).
-    pub fn copy_into(&self, target: &RedbPersistence) -> PersistenceResult<Copied> {
-        copy::copy_into(self, target)
     }
 }
 
@@ -227,7 +200,10 @@ fn by_lane<W: Sync>(
             .collect();
         running
             .into_iter()
-            .map(|r| r.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+            .map(|r| {
+                r.join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
             .collect()
     });
     for (at, answers) in answered {
@@ -315,7 +291,10 @@ impl Journal for RedbPersistence {
         if from > to || max == 0 {
             return Ok(Vec::new());
         }
-        let txn = self.file(persistence_id).begin_read().map_err(store_error)?;
+        let txn = self
+            .file(persistence_id)
+            .begin_read()
+            .map_err(store_error)?;
         let events = txn.open_table(EVENTS).map_err(store_error)?;
         let range = events
             .range(numbered(persistence_id, from)..=numbered(persistence_id, to))
@@ -347,7 +326,10 @@ impl Journal for RedbPersistence {
     }
 
     fn highest_sequence_nr(&self, persistence_id: &PersistenceId) -> PersistenceResult<u64> {
-        let txn = self.file(persistence_id).begin_read().map_err(store_error)?;
+        let txn = self
+            .file(persistence_id)
+            .begin_read()
+            .map_err(store_error)?;
         let highest = txn.open_table(HIGHEST).map_err(store_error)?;
         Ok(highest
             .get(named(persistence_id))
@@ -356,7 +338,10 @@ impl Journal for RedbPersistence {
     }
 
     fn delete_to(&self, persistence_id: &PersistenceId, to: u64) -> PersistenceResult<()> {
-        let txn = self.file(persistence_id).begin_write().map_err(store_error)?;
+        let txn = self
+            .file(persistence_id)
+            .begin_write()
+            .map_err(store_error)?;
         {
             let mut events = txn.open_table(EVENTS).map_err(store_error)?;
             events
@@ -378,7 +363,10 @@ impl SnapshotStore for RedbPersistence {
     ) -> PersistenceResult<()> {
         let mut buffer = Vec::new();
         encode(&snapshot.payload, snapshot.writer, &mut buffer);
-        let txn = self.file(persistence_id).begin_write().map_err(store_error)?;
+        let txn = self
+            .file(persistence_id)
+            .begin_write()
+            .map_err(store_error)?;
         {
             let mut snapshots = txn.open_table(SNAPSHOTS).map_err(store_error)?;
             snapshots
@@ -396,7 +384,10 @@ impl SnapshotStore for RedbPersistence {
         persistence_id: &PersistenceId,
         max_sequence_nr: u64,
     ) -> PersistenceResult<Option<SnapshotRecord>> {
-        let txn = self.file(persistence_id).begin_read().map_err(store_error)?;
+        let txn = self
+            .file(persistence_id)
+            .begin_read()
+            .map_err(store_error)?;
         let snapshots = txn.open_table(SNAPSHOTS).map_err(store_error)?;
         let mut range = snapshots
             .range(numbered(persistence_id, 0)..=numbered(persistence_id, max_sequence_nr))
@@ -416,7 +407,10 @@ impl SnapshotStore for RedbPersistence {
     }
 
     fn delete_to(&self, persistence_id: &PersistenceId, to: u64) -> PersistenceResult<()> {
-        let txn = self.file(persistence_id).begin_write().map_err(store_error)?;
+        let txn = self
+            .file(persistence_id)
+            .begin_write()
+            .map_err(store_error)?;
         {
             let mut snapshots = txn.open_table(SNAPSHOTS).map_err(store_error)?;
             snapshots
@@ -482,7 +476,10 @@ impl DurableStateStore for RedbPersistence {
         payload: Payload,
         writer: Writer,
     ) -> PersistenceResult<()> {
-        let txn = self.file(persistence_id).begin_write().map_err(store_error)?;
+        let txn = self
+            .file(persistence_id)
+            .begin_write()
+            .map_err(store_error)?;
         {
             let mut states = txn.open_table(STATES).map_err(store_error)?;
             let actual = revision_in(&states, persistence_id)?;
@@ -515,7 +512,10 @@ impl DurableStateStore for RedbPersistence {
     }
 
     fn load(&self, persistence_id: &PersistenceId) -> PersistenceResult<Option<StateRecord>> {
-        let txn = self.file(persistence_id).begin_read().map_err(store_error)?;
+        let txn = self
+            .file(persistence_id)
+            .begin_read()
+            .map_err(store_error)?;
         let states = txn.open_table(STATES).map_err(store_error)?;
         match states.get(named(persistence_id)).map_err(store_error)? {
             Some(value) => Ok(read_state(persistence_id, value.value())?.1),
@@ -524,13 +524,19 @@ impl DurableStateStore for RedbPersistence {
     }
 
     fn revision(&self, persistence_id: &PersistenceId) -> PersistenceResult<u64> {
-        let txn = self.file(persistence_id).begin_read().map_err(store_error)?;
+        let txn = self
+            .file(persistence_id)
+            .begin_read()
+            .map_err(store_error)?;
         let states = txn.open_table(STATES).map_err(store_error)?;
         revision_in(&states, persistence_id)
     }
 
     fn delete(&self, persistence_id: &PersistenceId, expected: u64) -> PersistenceResult<()> {
-        let txn = self.file(persistence_id).begin_write().map_err(store_error)?;
+        let txn = self
+            .file(persistence_id)
+            .begin_write()
+            .map_err(store_error)?;
         {
             let mut states = txn.open_table(STATES).map_err(store_error)?;
             let actual = revision_in(&states, persistence_id)?;

@@ -69,7 +69,10 @@ fn a_batch_over_several_lanes_answers_in_order_and_lands_in_each_lane() {
     for (i, answer) in answers.iter().enumerate() {
         match i {
             5 => assert!(
-                matches!(answer, Err(PersistenceError::SequenceConflict { actual: 1, .. })),
+                matches!(
+                    answer,
+                    Err(PersistenceError::SequenceConflict { actual: 1, .. })
+                ),
                 "{answer:?}"
             ),
             _ => assert_eq!(answer, &Ok(()), "write {i}"),
@@ -113,87 +116,17 @@ fn a_directory_opens_with_the_lane_count_it_was_made_with() {
 /// empty is refused.
 #[test]
 fn a_store_copies_into_another_layout_whole() {
-    use crate::persistence::remember::RememberEntitiesStore;
+    use crate::persistence::copy::tests::{fill, holds_what_fill_wrote};
     let dir = tempfile::tempdir().expect("a temporary directory");
     let one = RedbPersistence::open(dir.path().join("old.redb")).expect("open");
-    let writer = Writer {
-        node_id: 7,
-        incarnation: 8,
-        generation: 9,
-    };
-    let ids: Vec<PersistenceId> = (0..40)
-        .map(|i| PersistenceId::new("counter", format!("c-{i}")))
-        .collect();
-    for (i, id) in ids.iter().enumerate() {
-        let write = AtomicWrite {
-            persistence_id: id.clone(),
-            expected: 0,
-            events: (0..=(i % 3) as u8).map(payload).collect(),
-            writer,
-        };
-        assert_eq!(one.append(&[write]), vec![Ok(())]);
-        let snapshot = SnapshotRecord {
-            sequence_nr: 1,
-            payload: payload(50),
-            writer,
-        };
-        SnapshotStore::save(&one, id, snapshot).expect("snapshot");
-        DurableStateStore::save(&one, id, 0, payload(60), writer).expect("state");
-        one.record_entity_started("counter", ShardId(i as u32 % 5), &id.entity_id)
-            .expect("remember");
-    }
-    Journal::delete_to(&one, &ids[2], 2).expect("delete");
-    DurableStateStore::delete(&one, &ids[3], 1).expect("tombstone");
+    let filled = fill(&one);
     let four = RedbPersistence::open_lanes(dir.path().join("new"), 4).expect("open");
-    let copied = one.copy_into(&four).expect("copy");
-    assert_eq!(
-        copied,
-        Copied {
-            events: 77,
-            journals: 40,
-            snapshots: 40,
-            states: 40,
-            remembered: 40,
-        }
-    );
+    assert_eq!(crate::persistence::copy(&one, &four), Ok(filled));
     let back = RedbPersistence::open(dir.path().join("back.redb")).expect("open");
-    four.copy_into(&back).expect("copy back");
-    for store in [&four, &back] {
-        for (i, id) in ids.iter().enumerate() {
-            let n = (i % 3) as u64 + 1;
-            assert_eq!(store.highest_sequence_nr(id), Ok(n), "{id}");
-            let events = store.replay(id, 1, u64::MAX, 10).expect("replay");
-            let from = if i == 2 { 3 } else { 1 };
-            assert_eq!(
-                events.iter().map(|e| e.sequence_nr).collect::<Vec<_>>(),
-                (from..=n).collect::<Vec<_>>(),
-                "{id}"
-            );
-            assert!(events.iter().all(|e| e.writer == writer));
-            let snapshot = SnapshotStore::load(store, id, u64::MAX).expect("load");
-            assert_eq!(snapshot.map(|s| s.payload), Some(payload(50)));
-            let state = DurableStateStore::load(store, id).expect("state");
-            let revision = DurableStateStore::revision(store, id).expect("revision");
-            if i == 3 {
-                assert_eq!((state, revision), (None, 2), "the tombstone");
-            } else {
-                assert_eq!(state.map(|s| (s.revision, s.payload)), Some((1, payload(60))));
-            }
-        }
-        for shard in 0..5u32 {
-            let mut listed = store
-                .list_entities_for_shard("counter", ShardId(shard))
-                .expect("list");
-            listed.sort();
-            let mut want: Vec<String> = (0..40)
-                .filter(|i| i % 5 == shard as usize)
-                .map(|i| format!("c-{i}"))
-                .collect();
-            want.sort();
-            assert_eq!(listed, want, "shard {shard}");
-        }
-    }
-    let Err(PersistenceError::Invalid(why)) = one.copy_into(&four) else {
+    assert_eq!(crate::persistence::copy(&four, &back), Ok(filled));
+    holds_what_fill_wrote(&four);
+    holds_what_fill_wrote(&back);
+    let Err(PersistenceError::Invalid(why)) = crate::persistence::copy(&one, &four) else {
         panic!("copied into a store that is not empty");
     };
     assert!(why.contains("not empty"), "{why}");

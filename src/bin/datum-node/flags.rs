@@ -361,6 +361,26 @@ pub(super) struct CertsArgs {
     pub(super) days: u64,
 }
 
+/// `datum-node copy-store`: one embedded store copied into another.
+#[cfg(feature = "embedded")]
+#[derive(Debug, Parser)]
+#[command(
+    name = "datum-node copy-store",
+    about = "Copies every record of one embedded store into another, empty one, of either kind \
+and any layout: the one-shot move from a redb file to redb lanes or to fjall. Stop every node \
+that uses either store first. A store is named redb:FILE (one redb file), redb-lanes=N:DIR (N \
+redb files in DIR) or fjall:DIR (needs a build with `--features fjall`)."
+)]
+pub(super) struct CopyStoreArgs {
+    /// The store to read: redb:FILE, redb-lanes=N:DIR or fjall:DIR.
+    #[arg(long, value_parser = super::copy_store::store_spec)]
+    pub(super) from: super::copy_store::StoreSpec,
+
+    /// The store to write (created if missing; refused unless empty).
+    #[arg(long, value_parser = super::copy_store::store_spec)]
+    pub(super) to: super::copy_store::StoreSpec,
+}
+
 /// The seed addresses (a newtype so clap takes the whole list as one value).
 #[derive(Clone, Debug)]
 pub(super) struct SeedList(pub(super) Vec<SocketAddr>);

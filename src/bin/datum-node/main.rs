@@ -22,7 +22,11 @@ use datum_cluster_sharding::membership::{MembershipEvent, MembershipState};
 
 use self::certs::certs;
 use self::config::cluster_config;
+#[cfg(feature = "embedded")]
+use self::copy_store::copy_store;
 use self::drive::{Drive, start_drive};
+#[cfg(feature = "embedded")]
+use self::flags::CopyStoreArgs;
 use self::flags::{Args, CertsArgs};
 use self::hosted::{Hosted, connect_journal, host_counter};
 use self::management::recorder;
@@ -33,6 +37,8 @@ use self::shutdown::StopSignals;
 
 mod certs;
 mod config;
+#[cfg(feature = "embedded")]
+mod copy_store;
 mod drive;
 mod flags;
 mod hosted;
@@ -72,6 +78,13 @@ mod journaled_v2;
 fn main() -> ExitCode {
     if std::env::args_os().nth(1).is_some_and(|a| a == "certs") {
         return certs(CertsArgs::parse_from(std::env::args_os().skip(1)));
+    }
+    #[cfg(feature = "embedded")]
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == "copy-store")
+    {
+        return copy_store(CopyStoreArgs::parse_from(std::env::args_os().skip(1)));
     }
     // Exits 2 with clap's message on bad flags; `--help` and `--version` exit 0.
     let args = Args::parse();

@@ -436,7 +436,10 @@ pub async fn run(
                 Err(error) => Err(error.into()),
             };
             stop(nodes).await;
-            (figures?, "memory (the deliveries table in memory)".to_owned())
+            (
+                figures?,
+                "memory (the deliveries table in memory)".to_owned(),
+            )
         }
         Some(JournalKind::Embedded) => {
             let dir = tempfile::tempdir()?;
@@ -458,7 +461,9 @@ pub async fn run(
                 let mut journals = Vec::new();
                 for i in 0..3 {
                     let path = dir.path().join(format!("n{i}"));
-                    journals.push(datum_cluster_sharding::persistence::FjallPersistence::open(path)?);
+                    journals.push(datum_cluster_sharding::persistence::FjallPersistence::open(
+                        path,
+                    )?);
                 }
                 let kind = (JournalKind::Fjall, durable_producer);
                 on_stores(journals, kind, &checks, messages, in_flight).await?

@@ -15,8 +15,8 @@ use super::harness::{
 };
 use super::nodes::{cluster, stop};
 use super::ping::Checks;
-use super::report::{Progress, Run};
 use super::reliable;
+use super::report::{Progress, Run};
 
 /// W1's drivers on every node.
 async fn w1<S: Send + Sync + 'static>(
