@@ -31,10 +31,13 @@
 //! the store is opened again: the store fails closed, each call with
 //! [`PersistenceError::Store`].
 
+use std::collections::HashMap;
+use std::num::NonZeroUsize;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
+use lru::LruCache;
 
 use super::copy::{Records, Stored};
 use super::record::{decode, encode, read_state};
@@ -64,7 +67,31 @@ struct Inner {
     states: Keyspace,
     remembered: Keyspace,
     /// Held from a write's check to its commit (not its sync).
-    commit: Mutex<()>,
+    commit: Mutex<Known>,
+}
+
+/// How many persistence ids' highest numbers, and how many revisions, the
+/// store keeps in memory.
+const KNOWN: usize = 65_536;
+
+/// The highest sequence numbers and revisions of recently written ids,
+/// as committed: a write's check reads them here instead of searching
+/// the tree (whose in-memory table holds every version of a key until it
+/// is flushed, so a point read there grows with the writes). Only
+/// written under the commit lock, after a commit succeeded.
+struct Known {
+    highest: LruCache<Vec<u8>, u64>,
+    revisions: LruCache<Vec<u8>, u64>,
+}
+
+impl Known {
+    fn new() -> Known {
+        let cap = NonZeroUsize::new(KNOWN).expect("KNOWN > 0");
+        Known {
+            highest: LruCache::new(cap),
+            revisions: LruCache::new(cap),
+        }
+    }
 }
 
 fn store_error(error: impl std::fmt::Display) -> PersistenceError {
@@ -93,14 +120,14 @@ impl FjallPersistence {
             states: keyspace("states")?,
             remembered: keyspace("remembered")?,
             db,
-            commit: Mutex::new(()),
+            commit: Mutex::new(Known::new()),
         };
         Ok(FjallPersistence {
             inner: Arc::new(inner),
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, ()> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Known> {
         self.inner.commit.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -151,16 +178,16 @@ impl Journal for FjallPersistence {
     fn append(&self, writes: &[AtomicWrite]) -> Vec<PersistenceResult<()>> {
         let inner = &self.inner;
         let committed = (|| {
-            let _commit = self.lock();
+            let mut known = self.lock();
             let mut batch = inner.db.batch();
             // Within the batch, a second write to one id sees the first.
-            let mut tops: std::collections::HashMap<&PersistenceId, u64> = Default::default();
+            let mut tops: HashMap<Vec<u8>, u64> = HashMap::new();
             let mut results = Vec::with_capacity(writes.len());
             let mut buffer = Vec::new();
             for write in writes {
                 let id = &write.persistence_id;
                 let key = id_key(id);
-                let top = match tops.get(id) {
+                let top = match tops.get(&key).or_else(|| known.highest.get(&key)) {
                     Some(top) => *top,
                     None => match inner.highest.get(&key).map_err(store_error)? {
                         Some(v) => u64_of(id, &v)?,
@@ -180,11 +207,18 @@ impl Journal for FjallPersistence {
                     encode(payload, write.writer, &mut buffer);
                     batch.insert(&inner.events, numbered(id, n), buffer.as_slice());
                 }
-                batch.insert(&inner.highest, key, last.to_be_bytes().as_slice());
-                tops.insert(id, last);
+                batch.insert(
+                    &inner.highest,
+                    key.as_slice(),
+                    last.to_be_bytes().as_slice(),
+                );
+                tops.insert(key, last);
                 results.push(Ok(()));
             }
             batch.commit().map_err(store_error)?;
+            for (key, last) in tops {
+                known.highest.put(key, last);
+            }
             Ok::<_, PersistenceError>(results)
         })();
         // A failed commit wrote nothing; a failed sync leaves the store
@@ -341,14 +375,14 @@ impl DurableStateStore for FjallPersistence {
     /// One commit and one sync for the whole batch.
     fn save_all(&self, writes: &[StateWrite]) -> Vec<PersistenceResult<()>> {
         let committed = (|| {
-            let _commit = self.lock();
+            let mut known = self.lock();
             let mut batch = self.inner.db.batch();
-            let mut revisions: std::collections::HashMap<&PersistenceId, u64> = Default::default();
+            let mut revisions: HashMap<Vec<u8>, u64> = HashMap::new();
             let mut results = Vec::with_capacity(writes.len());
             for w in writes {
                 let id = &w.persistence_id;
                 let key = id_key(id);
-                let actual = match revisions.get(id) {
+                let actual = match revisions.get(&key).or_else(|| known.revisions.get(&key)) {
                     Some(revision) => *revision,
                     None => revision_of(self, id, &key)?,
                 };
@@ -358,11 +392,14 @@ impl DurableStateStore for FjallPersistence {
                 }
                 let mut value = (actual + 1).to_be_bytes().to_vec();
                 encode(&w.payload, w.writer, &mut value);
-                batch.insert(&self.inner.states, key, value);
-                revisions.insert(id, actual + 1);
+                batch.insert(&self.inner.states, key.as_slice(), value);
+                revisions.insert(key, actual + 1);
                 results.push(Ok(()));
             }
             batch.commit().map_err(store_error)?;
+            for (key, revision) in revisions {
+                known.revisions.put(key, revision);
+            }
             Ok::<_, PersistenceError>(results)
         })();
         let synced = committed.and_then(|results| self.sync().map(|()| results));
@@ -387,18 +424,19 @@ impl DurableStateStore for FjallPersistence {
 
     fn delete(&self, persistence_id: &PersistenceId, expected: u64) -> PersistenceResult<()> {
         {
-            let _commit = self.lock();
+            let mut known = self.lock();
             let key = id_key(persistence_id);
-            let actual = revision_of(self, persistence_id, &key)?;
+            let actual = match known.revisions.get(&key) {
+                Some(revision) => *revision,
+                None => revision_of(self, persistence_id, &key)?,
+            };
             check_revision(persistence_id, expected, actual)?;
             // The tombstone: the revision alone.
             let mut batch = self.inner.db.batch();
-            batch.insert(
-                &self.inner.states,
-                key,
-                (actual + 1).to_be_bytes().as_slice(),
-            );
+            let tombstone = (actual + 1).to_be_bytes();
+            batch.insert(&self.inner.states, key.as_slice(), tombstone.as_slice());
             batch.commit().map_err(store_error)?;
+            known.revisions.put(key, actual + 1);
         }
         self.sync()
     }
@@ -610,7 +648,10 @@ impl Records for FjallPersistence {
         let inner = &self.inner;
         let key = |t: &str, id: &str| id_key(&PersistenceId::new(t, id));
         {
-            let _commit = self.lock();
+            // What the records hold is read from the store from now on.
+            let mut known = self.lock();
+            known.highest.clear();
+            known.revisions.clear();
             let mut batch = inner.db.batch();
             for record in records {
                 match record {

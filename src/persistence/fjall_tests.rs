@@ -163,3 +163,14 @@ fn a_redb_store_copies_into_fjall_and_back() {
         Err(PersistenceError::Invalid(_))
     ));
 }
+
+/// SPEC §8b's example key, byte for byte.
+#[test]
+fn an_event_is_keyed_as_the_spec_says() {
+    let key = numbered(&PersistenceId::new("tally", "t-1"), 3);
+    let want = [
+        0, 0, 0, 5, b't', b'a', b'l', b'l', b'y', 0, 0, 0, 3, b't', b'-', b'1', 0, 0, 0, 0, 0, 0,
+        0, 3,
+    ];
+    assert_eq!(key, want);
+}

@@ -640,4 +640,21 @@ mod tests {
         conformance::snapshots(InMemoryPersistence::new);
         conformance::durable_state(InMemoryPersistence::new);
     }
+
+    /// SPEC §8b's lane vectors: the hash, and the lane of 2, 4 and 8.
+    #[test]
+    fn a_persistence_id_takes_the_lane_the_spec_says() {
+        let cases = [
+            ("tally", "t-1", 0x7fa8_c745_a811_a7b0_u64, [0, 0, 0]),
+            ("tally", "t-2", 0x7fa8_ca45_a811_acc9, [1, 1, 1]),
+            ("counter", "c-1", 0xc3b6_95c1_955a_381b, [1, 3, 3]),
+        ];
+        for (type_name, entity_id, hash, lanes) in cases {
+            let id = PersistenceId::new(type_name, entity_id);
+            let key = [type_name.as_bytes(), &[0xFF], entity_id.as_bytes()].concat();
+            assert_eq!(crate::fnv1a_64(&key), hash, "{id}");
+            assert_eq!([id.lane(2), id.lane(4), id.lane(8)], lanes, "{id}");
+            assert_eq!((id.lane(0), id.lane(1)), (0, 0), "{id}");
+        }
+    }
 }

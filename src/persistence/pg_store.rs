@@ -88,9 +88,6 @@ CREATE TABLE IF NOT EXISTS datum_states (
 pub struct PgPersistence {
     pool: std::sync::Arc<Holder>,
     connect_errors: ConnectErrors,
-    /// The pool's size: as many journal commits in flight at once
-    /// ([`Journal::commit_lanes`]).
-    lanes: usize,
 }
 
 /// The pool's handler of failed connection attempts. r2d2's own logs the
@@ -234,9 +231,7 @@ fn unbig(n: i64) -> u64 {
 impl PgPersistence {
     /// Connects to `url` (a libpq connection string, say `host=127.0.0.1
     /// port=5432 user=app dbname=app`) with a pool of up to `pool_size`
-    /// connections, and creates the schema if it is missing. A system's
-    /// journal writer keeps up to `pool_size` commits in flight, one per
-    /// lane ([`Journal::commit_lanes`]).
+    /// connections, and creates the schema if it is missing.
     ///
     /// It connects on a thread of its own, so it may be called anywhere,
     /// an async task included. A later call that cannot get a connection
@@ -261,7 +256,6 @@ impl PgPersistence {
                     let store = PgPersistence {
                         pool: std::sync::Arc::new(Holder(Some(pool))),
                         connect_errors,
-                        lanes: pool_size.max(1) as usize,
                     };
                     // Nodes starting together on a fresh database would
                     // race `CREATE TABLE IF NOT EXISTS` (which is not safe
@@ -471,10 +465,6 @@ impl Journal for PgPersistence {
         // A failed transaction wrote nothing (unless the commit's answer
         // was lost): every write fails with it.
         applied.unwrap_or_else(|error| writes.iter().map(|_| Err(error.clone())).collect())
-    }
-
-    fn commit_lanes(&self) -> usize {
-        self.lanes
     }
 
     fn replay(

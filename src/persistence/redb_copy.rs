@@ -1,5 +1,5 @@
 //! The embedded redb store's records, read and written whole for
-//! [`copy`](crate::persistence::copy).
+//! [`copy`](crate::persistence::copy()).
 
 use redb::{ReadableTable, ReadableTableMetadata, Table, TableDefinition, WriteTransaction};
 

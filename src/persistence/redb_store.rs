@@ -16,7 +16,7 @@
 //! of its own: a commit is atomic and durable per file, and a batch of the
 //! system's writer touches one file only. The lane count is part of the
 //! layout: a directory is opened with the count it was made with, or moved
-//! to another with [`copy`](super::copy).
+//! to another with [`copy`](super::copy()).
 //!
 //! Tables (keys are `(type name, entity id[, number])`):
 //!

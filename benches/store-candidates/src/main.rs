@@ -106,11 +106,9 @@ impl Append for Fjall {
         let mut batch = self.db.batch();
         for id in ids {
             let key = key(id);
-            let top = self
-                .highest
-                .get(&key)
-                .expect("get")
-                .map_or(0, |v| u64::from_be_bytes(v[..8].try_into().expect("8 bytes")));
+            let top = self.highest.get(&key).expect("get").map_or(0, |v| {
+                u64::from_be_bytes(v[..8].try_into().expect("8 bytes"))
+            });
             let next = top + 1;
             let mut event_key = key.clone();
             event_key.push(0);
@@ -258,20 +256,39 @@ fn main() {
         let dir = tempfile::tempdir().expect("a temporary directory");
         if wanted("redb") {
             let one = RedbPersistence::open(dir.path().join("one.redb")).expect("open");
-            run("redb, one file", vec![Arc::new(Redb::new(one))], writers, events, batch);
+            run(
+                "redb, one file",
+                vec![Arc::new(Redb::new(one))],
+                writers,
+                events,
+                batch,
+            );
             if writers > 1 {
                 let lanes = (0..writers)
                     .map(|w| {
                         let file = dir.path().join(format!("lane-{w}.redb"));
-                        Arc::new(Redb::new(RedbPersistence::open(file).expect("open"))) as Arc<dyn Append>
+                        Arc::new(Redb::new(RedbPersistence::open(file).expect("open")))
+                            as Arc<dyn Append>
                     })
                     .collect();
-                run(&format!("redb, {writers} files"), lanes, writers, events, batch);
+                run(
+                    &format!("redb, {writers} files"),
+                    lanes,
+                    writers,
+                    events,
+                    batch,
+                );
             }
         }
         if wanted("fjall") {
             let fjall = Fjall::open(&dir.path().join("fjall"));
-            run("fjall, one database", vec![Arc::new(fjall)], writers, events, batch);
+            run(
+                "fjall, one database",
+                vec![Arc::new(fjall)],
+                writers,
+                events,
+                batch,
+            );
         }
         if wanted("sqlite") {
             let shared = dir.path().join("one.sqlite");
@@ -286,7 +303,13 @@ fn main() {
                         Arc::new(Sqlite::open(&file)) as Arc<dyn Append>
                     })
                     .collect();
-                run(&format!("sqlite WAL, {writers} files"), files, writers, events, batch);
+                run(
+                    &format!("sqlite WAL, {writers} files"),
+                    files,
+                    writers,
+                    events,
+                    batch,
+                );
             }
         }
     }
