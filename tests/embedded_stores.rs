@@ -239,7 +239,11 @@ fn copy_store_moves_a_redb_file_to_fjall_and_to_lanes() {
         assert_eq!(remembered, ["t-0"]);
     }
     let refusals = [
-        (redb.clone(), fjall.clone(), "invalid persistence request: the store to copy into is not empty"),
+        (
+            redb.clone(),
+            fjall.clone(),
+            "invalid persistence request: the store to copy into is not empty",
+        ),
         (
             format!("redb:{}", dir.path().join("missing.redb").display()),
             format!("fjall:{}", dir.path().join("new").display()),

@@ -22,6 +22,7 @@ pub use file::{
 pub use spi::{
     RememberEntitiesOperation, RememberEntitiesStore, RememberRecord, StoreError, StoreRepair,
 };
+#[cfg(any(feature = "embedded", feature = "fjall", feature = "postgres"))]
 pub(crate) use spi::{final_states, record_one};
 pub use writer::RememberEntitiesEvent;
 

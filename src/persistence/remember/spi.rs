@@ -77,7 +77,10 @@ pub trait RememberEntitiesStore: Send + Sync + 'static {
 
 /// A batch's records reduced to what each id ends as (started or not),
 /// in key order: applying this is applying the records in order.
-#[cfg_attr(not(any(feature = "embedded", feature = "postgres")), allow(dead_code))]
+#[cfg_attr(
+    not(any(feature = "embedded", feature = "fjall", feature = "postgres")),
+    allow(dead_code)
+)]
 pub(crate) fn final_states<'a>(
     records: &[RememberRecord<'a>],
 ) -> std::collections::BTreeMap<(&'a str, ShardId, &'a str), bool> {
@@ -140,7 +143,10 @@ impl<T: RememberEntitiesStore + ?Sized> RememberEntitiesStore for Arc<T> {
 /// One start or stop through `store`'s batch: for a store whose batch is
 /// its real write (one transaction), so that a single record takes the
 /// same path.
-#[cfg_attr(not(any(feature = "embedded", feature = "postgres")), allow(dead_code))]
+#[cfg_attr(
+    not(any(feature = "embedded", feature = "fjall", feature = "postgres")),
+    allow(dead_code)
+)]
 pub(crate) fn record_one(
     store: &(impl RememberEntitiesStore + ?Sized),
     type_name: &str,
