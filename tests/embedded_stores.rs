@@ -110,20 +110,29 @@ fn a_killed_writer_loses_no_acknowledged_event() {
                 .spawn()
                 .expect("spawn the child");
             let stdout = child.stdout.take().expect("stdout");
+            // Lines come over a channel, so that a child that hangs fails
+            // the test at the deadline instead of hanging it.
+            let (tx, lines) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stdout).lines() {
+                    if line.is_err() || tx.send(line.unwrap_or_default()).is_err() {
+                        return;
+                    }
+                }
+            });
             let deadline = Instant::now() + LONG;
             let mut seen = 0;
-            for line in BufReader::new(stdout).lines() {
-                let line = line.expect("a line");
-                assert!(Instant::now() < deadline, "{spec}: the child was too slow");
+            while seen < after {
+                let left = deadline.saturating_duration_since(Instant::now());
+                let Ok(line) = lines.recv_timeout(left) else {
+                    break;
+                };
                 let Some(rest) = line.strip_prefix("acked ") else {
                     continue;
                 };
                 let (i, seq) = rest.split_once(' ').expect("acked i seq");
                 acked.insert(i.parse().expect("i"), seq.parse().expect("seq"));
                 seen += 1;
-                if seen == after {
-                    break;
-                }
             }
             assert_eq!(seen, after, "{spec}: the child stopped after {seen} acks");
             child.kill().expect("kill");
@@ -238,28 +247,53 @@ fn copy_store_moves_a_redb_file_to_fjall_and_to_lanes() {
             .expect("remembered");
         assert_eq!(remembered, ["t-0"]);
     }
+    // A directory that holds no store is not made one by reading it.
+    let plain = dir.path().join("plain");
+    std::fs::create_dir(&plain).expect("a directory");
     let refusals = [
         (
             redb.clone(),
             fjall.clone(),
+            1,
             "invalid persistence request: the store to copy into is not empty",
         ),
         (
             format!("redb:{}", dir.path().join("missing.redb").display()),
             format!("fjall:{}", dir.path().join("new").display()),
+            1,
             "does not exist",
+        ),
+        (
+            format!("fjall:{}", plain.display()),
+            format!("redb:{}", dir.path().join("new.redb").display()),
+            1,
+            "version does not exist",
+        ),
+        (
+            format!("redb-lanes=4:{}", plain.display()),
+            format!("redb:{}", dir.path().join("new.redb").display()),
+            1,
+            "lane-0-of-4.redb does not exist",
         ),
         (
             redb.clone(),
             format!("redb-lanes=x:{}", dir.path().display()),
+            2,
             "lane count",
         ),
-        (redb.clone(), "sqlite:/tmp/x".into(), "expected redb:FILE"),
+        (
+            redb.clone(),
+            "sqlite:/tmp/x".into(),
+            2,
+            "expected redb:FILE",
+        ),
     ];
-    for (from, to, why) in refusals {
+    for (from, to, code, why) in refusals {
         let out = copy_store(&from, &to);
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{from} → {to} was not refused");
+        assert_eq!(out.status.code(), Some(code), "{from} → {to}: {stderr}");
         assert!(stderr.contains(why), "{from} → {to}: {stderr}");
     }
+    let left: Vec<_> = std::fs::read_dir(&plain).expect("read").collect();
+    assert!(left.is_empty(), "reading {} wrote into it", plain.display());
 }

@@ -268,9 +268,12 @@ async fn in_process(args: Args, in_flight: usize) -> ExitCode {
         }
         Workload::Handoff => handoff::run(args.entities).await,
         Workload::Coordinator => unreachable!("the coordinator grid runs before the runtime"),
-        Workload::Recovery => recovery::run(&args.lengths, args.curve_chart.as_deref())
-            .await
-            .map_err(Into::into),
+        Workload::Recovery => {
+            let kind = args.journal.unwrap_or(durable::JournalKind::Embedded);
+            recovery::run(&args.lengths, args.curve_chart.as_deref(), kind)
+                .await
+                .map_err(Into::into)
+        }
         Workload::Entities => match args.entity_count {
             Some(count) if args.bare => entities::child_bare(count).await,
             Some(count) => entities::child_entities(count, args.messages).await,

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use super::{CallDeadline, blocking_by};
 use crate::persistence::{
-    AtomicWrite, DurableStateStore, Journal, PersistenceError, PersistenceId, PersistenceResult,
-    StateWrite,
+    AtomicWrite, DurableStateStore, Journal, MAX_LANES, PersistenceError, PersistenceId,
+    PersistenceResult, StateWrite,
 };
 
 /// How many appends one journal call takes at most.
@@ -223,15 +223,15 @@ pub(crate) struct JournalWriter {
 pub(crate) struct Lanes<W>(Vec<BatchWriter<W>>);
 
 impl<W: Send + 'static> Lanes<W> {
-    /// `count` writers (at least one), on threads named `name` (with the
-    /// lane's number when there are several), each committing through
-    /// `commit`.
+    /// `count` writers (at least one, at most [`MAX_LANES`]), on threads
+    /// named `name` (with the lane's number when there are several), each
+    /// committing through `commit`.
     fn start(
         count: usize,
         name: &str,
         commit: impl Fn(&[W]) -> Vec<PersistenceResult<()>> + Clone + Send + 'static,
     ) -> Self {
-        let count = count.max(1);
+        let count = count.clamp(1, MAX_LANES);
         Lanes(
             (0..count)
                 .map(|lane| {

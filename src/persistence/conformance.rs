@@ -15,9 +15,10 @@
 //! conformance::remember_entities(datum_cluster_sharding::InMemoryStore::new);
 //! ```
 //!
-//! What it cannot check: durability across a crash (a store's own tests
-//! must reopen it), and behaviour under concurrent writers beyond what a
-//! batch shows.
+//! Concurrent writers of one id are checked too: four threads appending
+//! (or saving) at once, each from the position it last read, never fork
+//! it — every write either lands whole or is refused. What it cannot
+//! check: durability across a crash (a store's own tests must reopen it).
 
 use std::collections::BTreeSet;
 
@@ -216,6 +217,59 @@ pub fn journal<J: Journal>(make: impl Fn() -> J) {
         append_one(&j, write("c", 0, &[7])).is_err(),
         "a deleted journal does not start again at 1"
     );
+    concurrent_appends(&make());
+}
+
+/// Writers racing on one id, each this many tries.
+const RACE_TRIES: u32 = 40;
+
+/// Four threads append to one id at once, each from the highest number it
+/// last read: the accepted appends are the journal, numbered without a
+/// gap, each holding what its writer sent.
+fn concurrent_appends<J: Journal>(j: &J) {
+    let accepted: Vec<Vec<u32>> = std::thread::scope(|scope| {
+        let racers: Vec<_> = (0..4u32)
+            .map(|t| {
+                scope.spawn(move || {
+                    let mut mine = Vec::new();
+                    for k in 0..RACE_TRIES {
+                        let n = t * 1_000 + k;
+                        let top = j.highest_sequence_nr(&pid("race")).expect("highest");
+                        if append_one(j, write("race", top, &[n])).is_ok() {
+                            mine.push(n);
+                        }
+                    }
+                    mine
+                })
+            })
+            .collect();
+        racers
+            .into_iter()
+            .map(|r| r.join().expect("a racer panicked"))
+            .collect()
+    });
+    let total: usize = accepted.iter().map(Vec::len).sum();
+    assert!(total > 0, "racing writers: no append was accepted");
+    let events = j
+        .replay(&pid("race"), 1, u64::MAX, usize::MAX)
+        .expect("replay");
+    assert_eq!(
+        events.iter().map(|e| e.sequence_nr).collect::<Vec<_>>(),
+        (1..=total as u64).collect::<Vec<_>>(),
+        "racing writers: one event per accepted append, numbered without a gap"
+    );
+    let mut held: Vec<Vec<u8>> = events.into_iter().map(|e| e.payload.bytes).collect();
+    let mut sent: Vec<Vec<u8>> = accepted
+        .into_iter()
+        .flatten()
+        .map(|n| n.to_be_bytes().to_vec())
+        .collect();
+    held.sort();
+    sent.sort();
+    assert_eq!(
+        held, sent,
+        "racing writers: the journal holds what was accepted"
+    );
 }
 
 /// The [`SnapshotStore`] contract.
@@ -324,6 +378,50 @@ pub fn durable_state<D: DurableStateStore>(make: impl Fn() -> D) {
     assert_eq!(d.load(&id).expect("load").expect("stored").revision, 4);
     assert_eq!(d.revision(&pid("never")), Ok(0));
     durable_state_batches(&make());
+    concurrent_saves(&make());
+}
+
+/// Four threads save one id at once, each from the revision it last read:
+/// the revision ends at the number of accepted saves, and the state is
+/// one of theirs.
+fn concurrent_saves<D: DurableStateStore>(d: &D) {
+    let id = pid("race");
+    let accepted: Vec<Vec<u32>> = std::thread::scope(|scope| {
+        let racers: Vec<_> = (0..4u32)
+            .map(|t| {
+                let id = &id;
+                scope.spawn(move || {
+                    let mut mine = Vec::new();
+                    for k in 0..RACE_TRIES {
+                        let n = t * 1_000 + k;
+                        let revision = d.revision(id).expect("revision");
+                        if d.save(id, revision, payload(n), writer(1)).is_ok() {
+                            mine.push(n);
+                        }
+                    }
+                    mine
+                })
+            })
+            .collect();
+        racers
+            .into_iter()
+            .map(|r| r.join().expect("a racer panicked"))
+            .collect()
+    });
+    let total = accepted.iter().map(Vec::len).sum::<usize>() as u64;
+    assert!(total > 0, "racing saves: none was accepted");
+    let state = d.load(&id).expect("load").expect("a state");
+    assert_eq!(
+        state.revision, total,
+        "racing saves: one revision per accepted save"
+    );
+    assert!(
+        accepted
+            .iter()
+            .flatten()
+            .any(|&n| payload(n) == state.payload),
+        "racing saves: the state is one that was accepted"
+    );
 }
 
 /// `save_all`: one result per write, in order; a write sees those before

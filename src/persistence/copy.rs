@@ -29,7 +29,8 @@ pub(crate) enum Stored {
 pub(crate) trait Records {
     /// Whether the store holds no record at all.
     fn holds_nothing(&self) -> PersistenceResult<bool>;
-    /// Calls `each` with every record, from one consistent read.
+    /// Calls `each` with every record (each file or keyspace read on its
+    /// own: the store must be quiet).
     fn export(
         &self,
         each: &mut dyn FnMut(Stored) -> PersistenceResult<()>,
@@ -165,7 +166,7 @@ pub(crate) mod tests {
     }
 
     /// Fills `store` with 40 ids' events (1 to 3 each, id 2's first two
-    /// deleted), snapshots, states (id 3's deleted: a tombstone) and
+    /// deleted, id 4's two all deleted), snapshots, states (id 3's deleted: a tombstone) and
     /// remembered ids over five shards; what a copy of it copies.
     pub(crate) fn fill(
         store: &(impl Journal + SnapshotStore + DurableStateStore + RememberEntitiesStore),
@@ -191,10 +192,11 @@ pub(crate) mod tests {
                 .expect("remember");
         }
         Journal::delete_to(store, &ids[2], 2).expect("delete");
+        Journal::delete_to(store, &ids[4], 2).expect("delete all");
         DurableStateStore::delete(store, &ids[3], 1).expect("tombstone");
-        // 14 ids of one event, 13 of two, 13 of three, less the two deleted.
+        // 14 ids of one event, 13 of two, 13 of three, less the four deleted.
         Copied {
-            events: 77,
+            events: 75,
             journals: 40,
             snapshots: 40,
             states: 40,
@@ -210,7 +212,11 @@ pub(crate) mod tests {
             let n = (i % 3) as u64 + 1;
             assert_eq!(store.highest_sequence_nr(id), Ok(n), "{id}");
             let events = store.replay(id, 1, u64::MAX, 10).expect("replay");
-            let from = if i == 2 { 3 } else { 1 };
+            let from = match i {
+                2 => 3,
+                4 => 3, // none left; the highest number stays
+                _ => 1,
+            };
             assert_eq!(
                 events.iter().map(|e| e.sequence_nr).collect::<Vec<_>>(),
                 (from..=n).collect::<Vec<_>>(),

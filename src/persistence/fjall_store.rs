@@ -24,12 +24,16 @@
 //!
 //! A write checks what it expects (the highest sequence number, the
 //! revision) and commits under one lock, so two writers of one id never
-//! both pass; the sync comes after the lock, so a commit never waits for
-//! another's sync to check. Syncing the journal syncs every commit before
+//! both pass; it syncs after that lock (fjall's own log lock still lets one
+//! commit or sync at a time). Syncing the log syncs every commit before
 //! it: a write reported durable never rests on one that is not. After a
-//! failed write or sync fjall refuses every later write ("poisoned") until
-//! the store is opened again: the store fails closed, each call with
-//! [`PersistenceError::Store`].
+//! failed commit or sync, what the store holds in memory may be more than
+//! what is on the disk: the store then fails closed, every later call,
+//! reads included, answering [`PersistenceError::Store`] until it is
+//! opened again (and fjall itself refuses every later write). A key holds
+//! at most 65,535 bytes (fjall's limit): a write to a persistence id whose
+//! names are longer than that allows is refused
+//! ([`PersistenceError::Invalid`]), alone.
 
 use std::collections::HashMap;
 use std::num::NonZeroUsize;
@@ -68,11 +72,14 @@ struct Inner {
     remembered: Keyspace,
     /// Held from a write's check to its commit (not its sync).
     commit: Mutex<Known>,
+    /// Set by a failed commit or sync: every later call is refused.
+    failed: std::sync::atomic::AtomicBool,
 }
 
 /// How many persistence ids' highest numbers, and how many revisions, the
-/// store keeps in memory.
-const KNOWN: usize = 65_536;
+/// store keeps in memory (a few in its unit tests, so that they read past
+/// what it forgot).
+const KNOWN: usize = if cfg!(test) { 16 } else { 65_536 };
 
 /// The highest sequence numbers and revisions of recently written ids,
 /// as committed: a write's check reads them here instead of searching
@@ -121,6 +128,7 @@ impl FjallPersistence {
             remembered: keyspace("remembered")?,
             db,
             commit: Mutex::new(Known::new()),
+            failed: Default::default(),
         };
         Ok(FjallPersistence {
             inner: Arc::new(inner),
@@ -131,13 +139,51 @@ impl FjallPersistence {
         self.inner.commit.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Refuses every call once a commit or a sync failed.
+    fn usable(&self) -> PersistenceResult<()> {
+        if self.inner.failed.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(PersistenceError::Store(
+                "an earlier commit or sync failed: open the store again".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Marks the store failed (see [`usable`](Self::usable)).
+    fn failed(&self, error: impl std::fmt::Display) -> PersistenceError {
+        self.inner
+            .failed
+            .store(true, std::sync::atomic::Ordering::Release);
+        store_error(error)
+    }
+
+    /// Commits `batch` (not yet durable).
+    fn commit(&self, batch: fjall::OwnedWriteBatch) -> PersistenceResult<()> {
+        batch.commit().map_err(|e| self.failed(e))
+    }
+
     /// Makes every commit so far durable.
     fn sync(&self) -> PersistenceResult<()> {
         self.inner
             .db
             .persist(PersistMode::SyncData)
-            .map_err(store_error)
+            .map_err(|e| self.failed(e))
     }
+}
+
+/// The longest key fjall takes.
+const MAX_KEY: usize = u16::MAX as usize;
+
+/// [`id_key`], refused when a numbered key of it would pass [`MAX_KEY`].
+fn checked_id_key(id: &PersistenceId) -> PersistenceResult<Vec<u8>> {
+    if 8 + id.type_name.len() + id.entity_id.len() + 8 > MAX_KEY {
+        return Err(PersistenceError::Invalid(format!(
+            "a persistence id of {} bytes: the fjall store keys at most {}",
+            id.type_name.len() + id.entity_id.len(),
+            MAX_KEY - 16
+        )));
+    }
+    Ok(id_key(id))
 }
 
 /// A persistence id's key: the type name and the entity id, each after
@@ -178,6 +224,7 @@ impl Journal for FjallPersistence {
     fn append(&self, writes: &[AtomicWrite]) -> Vec<PersistenceResult<()>> {
         let inner = &self.inner;
         let committed = (|| {
+            self.usable()?;
             let mut known = self.lock();
             let mut batch = inner.db.batch();
             // Within the batch, a second write to one id sees the first.
@@ -186,13 +233,23 @@ impl Journal for FjallPersistence {
             let mut buffer = Vec::new();
             for write in writes {
                 let id = &write.persistence_id;
-                let key = id_key(id);
-                let top = match tops.get(&key).or_else(|| known.highest.get(&key)) {
-                    Some(top) => *top,
-                    None => match inner.highest.get(&key).map_err(store_error)? {
-                        Some(v) => u64_of(id, &v)?,
-                        None => 0,
-                    },
+                // What fails for one id fails its write alone.
+                let read = checked_id_key(id).and_then(|key| {
+                    let top = match tops.get(&key).or_else(|| known.highest.get(&key)) {
+                        Some(top) => *top,
+                        None => match inner.highest.get(&key).map_err(store_error)? {
+                            Some(v) => u64_of(id, &v)?,
+                            None => 0,
+                        },
+                    };
+                    Ok((key, top))
+                });
+                let (key, top) = match read {
+                    Ok(read) => read,
+                    Err(error) => {
+                        results.push(Err(error));
+                        continue;
+                    }
                 };
                 let numbers = match check_append(write, top) {
                     Ok(numbers) => numbers,
@@ -215,7 +272,7 @@ impl Journal for FjallPersistence {
                 tops.insert(key, last);
                 results.push(Ok(()));
             }
-            batch.commit().map_err(store_error)?;
+            self.commit(batch)?;
             for (key, last) in tops {
                 known.highest.put(key, last);
             }
@@ -235,10 +292,13 @@ impl Journal for FjallPersistence {
         to: u64,
         max: usize,
     ) -> PersistenceResult<Vec<EventRecord>> {
+        self.usable()?;
+        let key = checked_id_key(persistence_id)?;
         if from > to || max == 0 {
             return Ok(Vec::new());
         }
-        let range = numbered(persistence_id, from)..=numbered(persistence_id, to);
+        let at = |n: u64| [key.as_slice(), &n.to_be_bytes()].concat();
+        let range = at(from)..=at(to);
         let mut out: Vec<EventRecord> = Vec::new();
         for entry in self.inner.events.range(range).take(max) {
             let (key, value) = entry.into_inner().map_err(store_error)?;
@@ -266,10 +326,11 @@ impl Journal for FjallPersistence {
     }
 
     fn highest_sequence_nr(&self, persistence_id: &PersistenceId) -> PersistenceResult<u64> {
+        self.usable()?;
         match self
             .inner
             .highest
-            .get(id_key(persistence_id))
+            .get(checked_id_key(persistence_id)?)
             .map_err(store_error)?
         {
             Some(v) => u64_of(persistence_id, &v),
@@ -289,13 +350,16 @@ fn remove_range(
     id: &PersistenceId,
     to: u64,
 ) -> PersistenceResult<()> {
+    store.usable()?;
+    let key = checked_id_key(id)?;
+    let at = |n: u64| [key.as_slice(), &n.to_be_bytes()].concat();
     {
         let _commit = store.lock();
         let mut batch = store.inner.db.batch();
-        for entry in keyspace.range(numbered(id, 0)..=numbered(id, to)) {
+        for entry in keyspace.range(at(0)..=at(to)) {
             batch.remove(keyspace, entry.key().map_err(store_error)?);
         }
-        batch.commit().map_err(store_error)?;
+        store.commit(batch)?;
     }
     store.sync()
 }
@@ -306,14 +370,16 @@ impl SnapshotStore for FjallPersistence {
         persistence_id: &PersistenceId,
         snapshot: SnapshotRecord,
     ) -> PersistenceResult<()> {
+        self.usable()?;
+        let mut key = checked_id_key(persistence_id)?;
+        key.extend_from_slice(&snapshot.sequence_nr.to_be_bytes());
         let mut buffer = Vec::new();
         encode(&snapshot.payload, snapshot.writer, &mut buffer);
         {
             let _commit = self.lock();
             let mut batch = self.inner.db.batch();
-            let key = numbered(persistence_id, snapshot.sequence_nr);
             batch.insert(&self.inner.snapshots, key, buffer);
-            batch.commit().map_err(store_error)?;
+            self.commit(batch)?;
         }
         self.sync()
     }
@@ -323,8 +389,15 @@ impl SnapshotStore for FjallPersistence {
         persistence_id: &PersistenceId,
         max_sequence_nr: u64,
     ) -> PersistenceResult<Option<SnapshotRecord>> {
-        let range = numbered(persistence_id, 0)..=numbered(persistence_id, max_sequence_nr);
-        let Some(entry) = self.inner.snapshots.range(range).next_back() else {
+        self.usable()?;
+        let key = checked_id_key(persistence_id)?;
+        let at = |n: u64| [key.as_slice(), &n.to_be_bytes()].concat();
+        let Some(entry) = self
+            .inner
+            .snapshots
+            .range(at(0)..=at(max_sequence_nr))
+            .next_back()
+        else {
             return Ok(None);
         };
         let (key, value) = entry.into_inner().map_err(store_error)?;
@@ -375,16 +448,27 @@ impl DurableStateStore for FjallPersistence {
     /// One commit and one sync for the whole batch.
     fn save_all(&self, writes: &[StateWrite]) -> Vec<PersistenceResult<()>> {
         let committed = (|| {
+            self.usable()?;
             let mut known = self.lock();
             let mut batch = self.inner.db.batch();
             let mut revisions: HashMap<Vec<u8>, u64> = HashMap::new();
             let mut results = Vec::with_capacity(writes.len());
             for w in writes {
                 let id = &w.persistence_id;
-                let key = id_key(id);
-                let actual = match revisions.get(&key).or_else(|| known.revisions.get(&key)) {
-                    Some(revision) => *revision,
-                    None => revision_of(self, id, &key)?,
+                // What fails for one id fails its write alone.
+                let read = checked_id_key(id).and_then(|key| {
+                    let actual = match revisions.get(&key).or_else(|| known.revisions.get(&key)) {
+                        Some(revision) => *revision,
+                        None => revision_of(self, id, &key)?,
+                    };
+                    Ok((key, actual))
+                });
+                let (key, actual) = match read {
+                    Ok(read) => read,
+                    Err(error) => {
+                        results.push(Err(error));
+                        continue;
+                    }
                 };
                 if let Err(refused) = check_revision(id, w.expected, actual) {
                     results.push(Err(refused));
@@ -396,7 +480,7 @@ impl DurableStateStore for FjallPersistence {
                 revisions.insert(key, actual + 1);
                 results.push(Ok(()));
             }
-            batch.commit().map_err(store_error)?;
+            self.commit(batch)?;
             for (key, revision) in revisions {
                 known.revisions.put(key, revision);
             }
@@ -407,10 +491,11 @@ impl DurableStateStore for FjallPersistence {
     }
 
     fn load(&self, persistence_id: &PersistenceId) -> PersistenceResult<Option<StateRecord>> {
+        self.usable()?;
         match self
             .inner
             .states
-            .get(id_key(persistence_id))
+            .get(checked_id_key(persistence_id)?)
             .map_err(store_error)?
         {
             Some(value) => Ok(read_state(persistence_id, &value)?.1),
@@ -419,13 +504,15 @@ impl DurableStateStore for FjallPersistence {
     }
 
     fn revision(&self, persistence_id: &PersistenceId) -> PersistenceResult<u64> {
-        revision_of(self, persistence_id, &id_key(persistence_id))
+        self.usable()?;
+        revision_of(self, persistence_id, &checked_id_key(persistence_id)?)
     }
 
     fn delete(&self, persistence_id: &PersistenceId, expected: u64) -> PersistenceResult<()> {
         {
+            self.usable()?;
             let mut known = self.lock();
-            let key = id_key(persistence_id);
+            let key = checked_id_key(persistence_id)?;
             let actual = match known.revisions.get(&key) {
                 Some(revision) => *revision,
                 None => revision_of(self, persistence_id, &key)?,
@@ -435,7 +522,7 @@ impl DurableStateStore for FjallPersistence {
             let mut batch = self.inner.db.batch();
             let tombstone = (actual + 1).to_be_bytes();
             batch.insert(&self.inner.states, key.as_slice(), tombstone.as_slice());
-            batch.commit().map_err(store_error)?;
+            self.commit(batch)?;
             known.revisions.put(key, actual + 1);
         }
         self.sync()
@@ -480,6 +567,7 @@ impl RememberEntitiesStore for FjallPersistence {
         type_name: &str,
         shard_id: ShardId,
     ) -> Result<Vec<String>, StoreError> {
+        self.usable().map_err(remember_error)?;
         let prefix = shard_prefix(type_name, shard_id.0);
         let mut ids = Vec::new();
         for entry in self.inner.remembered.prefix(&prefix) {
@@ -492,6 +580,7 @@ impl RememberEntitiesStore for FjallPersistence {
     }
 
     fn list_shards(&self, type_name: &str) -> Result<Vec<ShardId>, StoreError> {
+        self.usable().map_err(remember_error)?;
         let mut shards = Vec::new();
         let mut from = 0u32;
         // One look-up per shard: from each shard found, on to the next.
@@ -520,22 +609,30 @@ impl RememberEntitiesStore for FjallPersistence {
 
     fn record_batch(&self, records: &[RememberRecord<'_>]) -> Vec<Result<(), StoreError>> {
         let applied = (|| {
+            self.usable()?;
             {
                 let _commit = self.lock();
                 let mut batch = self.inner.db.batch();
                 for ((t, s, id), started) in final_states(records) {
                     let mut key = shard_prefix(t, s.0);
                     key.extend_from_slice(id.as_bytes());
+                    if key.len() > MAX_KEY {
+                        return Err(PersistenceError::Invalid(format!(
+                            "a remembered entity's key of {} bytes: the fjall store keys at most {MAX_KEY}",
+                            key.len()
+                        )));
+                    }
                     if started {
                         batch.insert(&self.inner.remembered, key, [].as_slice());
                     } else {
                         batch.remove(&self.inner.remembered, key);
                     }
                 }
-                batch.commit().map_err(remember_error)?;
+                self.commit(batch)?;
             }
-            self.sync().map_err(|e| StoreError(e.to_string()))
-        })();
+            self.sync()
+        })()
+        .map_err(remember_error);
         match applied {
             Ok(()) => records.iter().map(|_| Ok(())).collect(),
             Err(e) => records.iter().map(|_| Err(e.clone())).collect(),
@@ -573,6 +670,7 @@ fn number_in(key: &[u8], rest: &[u8]) -> PersistenceResult<u64> {
 
 impl Records for FjallPersistence {
     fn holds_nothing(&self) -> PersistenceResult<bool> {
+        self.usable()?;
         let inner = &self.inner;
         for keyspace in [
             &inner.events,
@@ -592,6 +690,7 @@ impl Records for FjallPersistence {
         &self,
         each: &mut dyn FnMut(Stored) -> PersistenceResult<()>,
     ) -> PersistenceResult<()> {
+        self.usable()?;
         let inner = &self.inner;
         for entry in inner.events.iter() {
             let (key, value) = entry.into_inner().map_err(store_error)?;
@@ -601,7 +700,7 @@ impl Records for FjallPersistence {
         for entry in inner.highest.iter() {
             let (key, value) = entry.into_inner().map_err(store_error)?;
             let (t, id, _) = split_id_key(&key)?;
-            let n = number_in(&key, &value)?;
+            let n = u64_of(&PersistenceId::new(t.clone(), id.clone()), &value)?;
             each(Stored::Highest(t, id, n))?;
         }
         for entry in inner.snapshots.iter() {
@@ -642,6 +741,7 @@ impl Records for FjallPersistence {
 
     /// One commit and one sync for the lot.
     fn import(&self, records: &[Stored]) -> PersistenceResult<()> {
+        self.usable()?;
         if records.is_empty() {
             return Ok(());
         }
@@ -678,7 +778,7 @@ impl Records for FjallPersistence {
                     }
                 }
             }
-            batch.commit().map_err(store_error)?;
+            self.commit(batch)?;
         }
         self.sync()
     }

@@ -174,3 +174,86 @@ fn an_event_is_keyed_as_the_spec_says() {
     ];
     assert_eq!(key, want);
 }
+
+/// More ids than the store keeps the highest numbers and revisions of
+/// (16 in tests): a write to an id it forgot reads the tree, and a stale
+/// write is refused there as well.
+#[test]
+fn writes_past_what_the_store_keeps_in_memory_are_checked_against_the_tree() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let store = FjallPersistence::open(dir.path()).expect("open");
+    let ids: Vec<PersistenceId> = (0..100)
+        .map(|i| PersistenceId::new("counter", format!("c-{i}")))
+        .collect();
+    for round in 0..3u64 {
+        let writes: Vec<AtomicWrite> = ids
+            .iter()
+            .map(|id| AtomicWrite {
+                persistence_id: id.clone(),
+                expected: round,
+                events: vec![payload(round as u8)],
+                writer: Writer::default(),
+            })
+            .collect();
+        assert!(
+            store.append(&writes).iter().all(Result::is_ok),
+            "round {round}"
+        );
+        for id in &ids {
+            DurableStateStore::save(&store, id, round, payload(9), Writer::default())
+                .expect("save");
+        }
+    }
+    for id in &ids {
+        assert_eq!(store.highest_sequence_nr(id), Ok(3), "{id}");
+        assert_eq!(DurableStateStore::revision(&store, id), Ok(3), "{id}");
+    }
+    let stale = AtomicWrite {
+        persistence_id: ids[0].clone(),
+        expected: 2,
+        events: vec![payload(1)],
+        writer: Writer::default(),
+    };
+    assert!(matches!(
+        store.append(&[stale])[0],
+        Err(PersistenceError::SequenceConflict { actual: 3, .. })
+    ));
+    assert!(matches!(
+        DurableStateStore::save(&store, &ids[0], 2, payload(1), Writer::default()),
+        Err(PersistenceError::RevisionConflict { .. })
+    ));
+}
+
+/// A persistence id too long for a fjall key is refused alone, with a
+/// typed error, and the rest of its batch is written.
+#[test]
+fn an_id_too_long_for_a_key_is_refused_alone() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let store = FjallPersistence::open(dir.path()).expect("open");
+    let long = PersistenceId::new("counter", "x".repeat(70_000));
+    let short = PersistenceId::new("counter", "c-1");
+    let writes: Vec<AtomicWrite> = [&long, &short]
+        .into_iter()
+        .map(|id| AtomicWrite {
+            persistence_id: id.clone(),
+            expected: 0,
+            events: vec![payload(1)],
+            writer: Writer::default(),
+        })
+        .collect();
+    let answers = store.append(&writes);
+    assert!(
+        matches!(answers[0], Err(PersistenceError::Invalid(_))),
+        "{answers:?}"
+    );
+    assert_eq!(answers[1], Ok(()));
+    assert!(matches!(
+        store.highest_sequence_nr(&long),
+        Err(PersistenceError::Invalid(_))
+    ));
+    assert!(matches!(
+        DurableStateStore::save(&store, &long, 0, payload(1), Writer::default()),
+        Err(PersistenceError::Invalid(_))
+    ));
+    assert_eq!(store.highest_sequence_nr(&short), Ok(1));
+}

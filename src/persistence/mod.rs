@@ -44,7 +44,7 @@ mod record;
 mod redb_store;
 pub(crate) mod remember;
 #[cfg(feature = "embedded")]
-pub use redb_store::{MAX_LANES, RedbPersistence};
+pub use redb_store::RedbPersistence;
 #[cfg(feature = "fjall")]
 mod fjall_store;
 #[cfg(feature = "fjall")]
@@ -115,11 +115,13 @@ pub struct PersistenceId {
 impl PersistenceId {
     /// Which of `lanes` commit lanes this id's writes take: FNV-1a 64
     /// ([`fnv1a_64`](crate::fnv1a_64)) of the type name, one `0xFF` byte
-    /// (never in UTF-8) and the entity id, modulo `lanes` (`0` for
-    /// `lanes` ≤ 1). The type name is hashed too, so that an id's lane does
-    /// not follow its shard (FNV-1a of the id alone, modulo the shard
-    /// count): a node's shards spread over every lane. It is a stored
-    /// layout's key, and never changes.
+    /// (never in UTF-8) and the entity id, mixed by MurmurHash3's 64-bit
+    /// finalizer, modulo `lanes` (`0` for `lanes` ≤ 1). The mixing keeps
+    /// an id's lane from following its shard: FNV-1a's low bits, which a
+    /// shard is taken from, depend on the bytes' low bits alone, so one
+    /// shard's ids would share a lane; and its high bits barely move with
+    /// an id's last character. It is a stored layout's key, and never
+    /// changes.
     pub fn lane(&self, lanes: usize) -> usize {
         lane_of(&self.type_name, &self.entity_id, lanes)
     }
@@ -432,6 +434,11 @@ impl InMemoryPersistence {
     }
 }
 
+/// The most commit lanes a system runs for one store (one writer thread
+/// each), and the most files `RedbPersistence::open_lanes` opens: more
+/// buy no more syncs in flight on one disk.
+pub const MAX_LANES: usize = 64;
+
 /// [`PersistenceId::lane`] of the id `(type_name, entity_id)`.
 pub(crate) fn lane_of(type_name: &str, entity_id: &str, lanes: usize) -> usize {
     if lanes <= 1 {
@@ -441,7 +448,17 @@ pub(crate) fn lane_of(type_name: &str, entity_id: &str, lanes: usize) -> usize {
     key.extend_from_slice(type_name.as_bytes());
     key.push(0xFF);
     key.extend_from_slice(entity_id.as_bytes());
-    (crate::fnv1a_64(&key) % lanes as u64) as usize
+    (fmix64(crate::fnv1a_64(&key)) % lanes as u64) as usize
+}
+
+/// MurmurHash3's 64-bit finalizer: every bit of the result depends on
+/// every bit of `h`.
+fn fmix64(mut h: u64) -> u64 {
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^ (h >> 33)
 }
 
 /// Checks one atomic write against the highest sequence number: the
@@ -641,20 +658,74 @@ mod tests {
         conformance::durable_state(InMemoryPersistence::new);
     }
 
-    /// SPEC §8b's lane vectors: the hash, and the lane of 2, 4 and 8.
+    /// SPEC §8b's lane vectors: the hash, mixed, and the lane of 2, 4
+    /// and 8.
     #[test]
     fn a_persistence_id_takes_the_lane_the_spec_says() {
         let cases = [
-            ("tally", "t-1", 0x7fa8_c745_a811_a7b0_u64, [0, 0, 0]),
-            ("tally", "t-2", 0x7fa8_ca45_a811_acc9, [1, 1, 1]),
-            ("counter", "c-1", 0xc3b6_95c1_955a_381b, [1, 3, 3]),
+            (
+                "tally",
+                "t-1",
+                0x7fa8_c745_a811_a7b0_u64,
+                0x2978_4219_90b3_1007_u64,
+                [1, 3, 7],
+            ),
+            (
+                "tally",
+                "t-2",
+                0x7fa8_ca45_a811_acc9,
+                0x01bd_12fd_aa2c_a33c,
+                [0, 0, 4],
+            ),
+            (
+                "tally",
+                "t-4",
+                0x7fa8_cc45_a811_b02f,
+                0xeba0_cea1_8e77_07b2,
+                [0, 2, 2],
+            ),
+            (
+                "counter",
+                "c-1",
+                0xc3b6_95c1_955a_381b,
+                0x26ab_3923_ad95_346b,
+                [1, 3, 3],
+            ),
         ];
-        for (type_name, entity_id, hash, lanes) in cases {
+        for (type_name, entity_id, hash, mixed, lanes) in cases {
             let id = PersistenceId::new(type_name, entity_id);
             let key = [type_name.as_bytes(), &[0xFF], entity_id.as_bytes()].concat();
             assert_eq!(crate::fnv1a_64(&key), hash, "{id}");
+            assert_eq!(fmix64(hash), mixed, "{id}");
             assert_eq!([id.lane(2), id.lane(4), id.lane(8)], lanes, "{id}");
             assert_eq!((id.lane(0), id.lane(1)), (0, 0), "{id}");
+        }
+    }
+
+    /// The ids of one shard spread over every lane, for shard counts that
+    /// are and are not powers of two, so a node's writes use all its
+    /// lanes whichever shards it holds.
+    #[test]
+    fn the_ids_of_one_shard_spread_over_every_lane() {
+        use crate::model::extractor::{DefaultShardExtractor, ShardExtractor};
+        for shards in [64, 100, 1024] {
+            for lanes in [2, 4, 8] {
+                let mut seen =
+                    std::collections::HashMap::<u32, std::collections::BTreeSet<usize>>::new();
+                for k in 0..(shards as usize * 200) {
+                    let entity_id = format!("e-{k}");
+                    let shard = DefaultShardExtractor.shard_id(&entity_id, shards).0;
+                    let lane = PersistenceId::new("pinger", entity_id).lane(lanes);
+                    seen.entry(shard).or_default().insert(lane);
+                }
+                for (shard, used) in seen {
+                    assert_eq!(
+                        used.len(),
+                        lanes,
+                        "{shards} shards, {lanes} lanes: shard {shard} uses {used:?}"
+                    );
+                }
+            }
         }
     }
 }

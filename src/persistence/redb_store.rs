@@ -46,9 +46,9 @@ use crate::model::extractor::ShardId;
 
 use super::record::{decode, encode, read_state};
 use super::{
-    AtomicWrite, DurableStateStore, EventRecord, Journal, Payload, PersistenceError, PersistenceId,
-    PersistenceResult, SnapshotRecord, SnapshotStore, StateRecord, StateWrite, Writer,
-    check_append, check_revision,
+    AtomicWrite, DurableStateStore, EventRecord, Journal, MAX_LANES, Payload, PersistenceError,
+    PersistenceId, PersistenceResult, SnapshotRecord, SnapshotStore, StateRecord, StateWrite,
+    Writer, check_append, check_revision,
 };
 
 type Numbered<'a> = (&'a str, &'a str, u64);
@@ -71,10 +71,6 @@ pub struct RedbPersistence {
     lanes: Arc<[Database]>,
 }
 
-/// The most lanes a store opens: more files than this buy no more syncs
-/// in flight on one disk.
-pub const MAX_LANES: usize = 64;
-
 fn store_error(error: impl std::fmt::Display) -> PersistenceError {
     PersistenceError::Store(error.to_string())
 }
@@ -93,7 +89,9 @@ impl RedbPersistence {
     /// the directory and the files if missing: `lanes` commits in flight
     /// at once (1 to [`MAX_LANES`]). A directory made with another lane
     /// count is refused ([`PersistenceError::Invalid`]): every id would be
-    /// looked for in the wrong file.
+    /// looked for in the wrong file. So is one that holds some of its lane
+    /// files but not all: a lost file's ids would start again from
+    /// nothing.
     pub fn open_lanes(dir: impl AsRef<Path>, lanes: usize) -> PersistenceResult<Self> {
         let dir = dir.as_ref();
         if !(1..=MAX_LANES).contains(&lanes) {
@@ -105,17 +103,30 @@ impl RedbPersistence {
             .map_err(|e| PersistenceError::Store(format!("creating {}: {e}", dir.display())))?;
         let listed = std::fs::read_dir(dir)
             .map_err(|e| PersistenceError::Store(format!("reading {}: {e}", dir.display())))?;
+        let mut present = 0;
         for entry in listed.flatten() {
             let name = entry.file_name();
             let Some(found) = name.to_str().and_then(lane_count_of) else {
                 continue;
             };
+            present += 1;
             if found != lanes {
                 return Err(PersistenceError::Invalid(format!(
                     "{} holds a store of {found} lanes, opened with {lanes}: open it with \
                      {found}, or copy it into a new directory (persistence::copy, \
                      `datum-node copy-store`)",
                     dir.display()
+                )));
+            }
+        }
+        if present > 0 {
+            let missing = (0..lanes)
+                .map(|lane| dir.join(lane_file(lane, lanes)))
+                .find(|path| !path.exists());
+            if let Some(path) = missing {
+                return Err(PersistenceError::Invalid(format!(
+                    "{} is missing from a store of {lanes} lanes: its ids' records are gone",
+                    path.display()
                 )));
             }
         }

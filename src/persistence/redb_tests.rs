@@ -108,6 +108,13 @@ fn a_directory_opens_with_the_lane_count_it_was_made_with() {
     ));
     let store = RedbPersistence::open_lanes(dir.path(), 4).expect("reopen");
     assert_eq!(store.highest_sequence_nr(&id), Ok(1));
+    drop(store);
+    // A lost lane file is not made anew, empty.
+    std::fs::remove_file(dir.path().join("lane-2-of-4.redb")).expect("remove");
+    let Err(PersistenceError::Invalid(why)) = RedbPersistence::open_lanes(dir.path(), 4) else {
+        panic!("a store of 4 lanes opened without its third file");
+    };
+    assert!(why.contains("lane-2-of-4.redb is missing"), "{why}");
 }
 
 /// One file copied into four lanes, and back into one: every event,

@@ -90,18 +90,28 @@ fn open(spec: &StoreSpec) -> Result<Open, String> {
     opened.map_err(|e| e.to_string())
 }
 
+/// The file that shows a store is there: the redb file, a lanes
+/// layout's first file, or fjall's version marker. A source is opened only
+/// when it is there, since opening creates a store.
+fn marker(spec: &StoreSpec) -> PathBuf {
+    match spec {
+        StoreSpec::Redb(file) => file.clone(),
+        StoreSpec::RedbLanes(lanes, dir) => dir.join(format!("lane-0-of-{lanes}.redb")),
+        StoreSpec::Fjall(dir) => dir.join("version"),
+    }
+}
+
 /// Copies `from` into `to` (which must be empty, or missing); what it
 /// copied, as one line.
 fn copy(from: &StoreSpec, to: &StoreSpec) -> Result<String, String> {
-    let missing = |path: &PathBuf| !path.exists();
-    let source = match from {
-        StoreSpec::Redb(path) | StoreSpec::RedbLanes(_, path) | StoreSpec::Fjall(path)
-            if missing(path) =>
-        {
-            return Err(format!("{} does not exist", path.display()));
-        }
-        _ => open(from)?,
-    };
+    let there = marker(from);
+    if !there.is_file() {
+        return Err(format!(
+            "no store to copy from: {} does not exist",
+            there.display()
+        ));
+    }
+    let source = open(from)?;
     let target = open(to)?;
     let Copied {
         events,

@@ -25,7 +25,8 @@ const MIN_FRAME: usize = 4 * 1024;
 Exit codes: 0 left gracefully; 1 could not start (bind failure, refused configuration); \
 2 bad flags; 3 downed or removed by the cluster; 4 the graceful leave did not complete in time; \
 5 gave up joining: the seeds refused this node (another cluster name or secret, an unsupported protocol version, TLS refusing the connection).\n\
-`datum-node certs --out DIR --nodes IP,IP,...` writes a test CA and node certificates for --tls-* (see `datum-node certs --help`)."
+`datum-node certs --out DIR --nodes IP,IP,...` writes a test CA and node certificates for --tls-* (see `datum-node certs --help`).\n\
+`datum-node copy-store --from SPEC --to SPEC` copies one embedded store into another (see `datum-node copy-store --help`)."
 )]
 pub(super) struct Args {
     /// Name of the cluster; nodes with another name are refused.

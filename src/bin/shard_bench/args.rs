@@ -109,14 +109,17 @@ pub(super) struct Args {
     /// shards move after a takeover). The two others drive.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(0..=2))]
     pub(super) victim: u8,
-    /// W4, and W2 on durable entities: the journal — `embedded` (redb) or
-    /// `postgres` (a throwaway server; build with `--features postgres`).
-    /// W2 without it runs the plain ping entity.
+    /// W4, W2 on durable entities, `w1 --reliable` and `recovery`: the
+    /// journal — `embedded` (redb), `fjall` (build with `--features
+    /// fjall`, on by default) or `postgres` (a throwaway server; build with
+    /// `--features postgres`; W4 and W2 only). W2 without it runs the plain
+    /// ping entity; `recovery` without it runs on redb.
     #[arg(long, value_enum)]
     pub(super) journal: Option<durable::JournalKind>,
-    /// W4 and `w1 --reliable --journal embedded`:
-    /// commit lanes per node — redb files per node (default 1, the
-    /// one-file layout), or PostgreSQL connections per node (default 4).
+    /// With `--journal embedded` (W4, `w1 --reliable`): commit lanes per
+    /// node, redb files per node (default 1, the one-file layout); with
+    /// `--journal postgres` (W4): the pool's connections per node (default
+    /// 4; it commits through one lane); fjall takes no lanes.
     #[arg(long, requires = "journal", value_parser = clap::value_parser!(u64).range(1..=64))]
     pub(super) lanes: Option<u64>,
     /// W4 only: how many (W4, raw appends) pairs to run.

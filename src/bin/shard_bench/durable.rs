@@ -333,7 +333,11 @@ pub async fn run_w4(
     let mut json = results[0]["w4"].clone();
     json["workload"] = "w4".into();
     json["journal"] = kind.name().into();
-    json["commit_lanes"] = stores.lanes.into();
+    json["commit_lanes"] = match kind {
+        JournalKind::Embedded => stores.lanes,
+        JournalKind::Fjall | JournalKind::Postgres => 1,
+    }
+    .into();
     json["in_flight_per_driver"] = in_flight.into();
     json["median_ratio_to_raw"] = median.into();
     json["rounds"] = results.into();

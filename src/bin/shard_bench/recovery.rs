@@ -1,5 +1,6 @@
 //! How an event-sourced entity's recovery grows with its journal: for each
-//! length, a fresh embedded store (redb, in a temporary directory) gets that
+//! length, a fresh embedded store (redb, or fjall with `--journal fjall`, in
+//! a temporary directory) gets that
 //! many events for one entity through the store's SPI, written as the
 //! library writes them (SPEC §8b: the type's wire name as manifest, its
 //! event version, CBOR), in batches; then a one-node system on that store
@@ -15,6 +16,8 @@ use datum_cluster_sharding::persistence::{
     AtomicWrite, Journal, Payload, PersistenceId, RedbPersistence, SnapshotRecord, SnapshotStore,
     Writer,
 };
+
+use super::durable::JournalKind;
 use datum_cluster_sharding::prelude::*;
 use serde_json::{Value, json};
 
@@ -93,7 +96,7 @@ fn cbor<T: Serialize>(value: &T) -> Vec<u8> {
 /// Writes `length` events `Added::By(1)` to `type_name`'s entity, and with
 /// `snapshot` a snapshot of the count 50 events before the end.
 fn fill(
-    store: &RedbPersistence,
+    store: &(impl Journal + SnapshotStore),
     type_name: &str,
     length: u64,
     snapshot: bool,
@@ -135,12 +138,36 @@ fn fill(
     Ok(())
 }
 
-/// One point: a store of `length` events (and a snapshot), then the ask
-/// that recovers the entity; its time, and whether it counted them all.
-async fn point(length: u64, snapshot: bool) -> Result<(f64, f64, bool), String> {
+/// One point on a fresh store of `kind`: see [`point_on`].
+async fn point(length: u64, snapshot: bool, kind: JournalKind) -> Result<(f64, f64, bool), String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let store =
-        RedbPersistence::open(dir.path().join("journal.redb")).map_err(|e| e.to_string())?;
+    match kind {
+        JournalKind::Embedded => {
+            let path = dir.path().join("journal.redb");
+            let store = RedbPersistence::open(path).map_err(|e| e.to_string())?;
+            point_on(store, length, snapshot).await
+        }
+        #[cfg(feature = "fjall")]
+        JournalKind::Fjall => {
+            let path = dir.path().join("journal");
+            let store = datum_cluster_sharding::persistence::FjallPersistence::open(path)
+                .map_err(|e| e.to_string())?;
+            point_on(store, length, snapshot).await
+        }
+        _ => Err(format!(
+            "recovery runs on redb or fjall, not {}",
+            kind.name()
+        )),
+    }
+}
+
+/// One point: `store` gets `length` events (and a snapshot), then the ask
+/// that recovers the entity; its time, and whether it counted them all.
+async fn point_on<J: Journal + SnapshotStore>(
+    store: J,
+    length: u64,
+    snapshot: bool,
+) -> Result<(f64, f64, bool), String> {
     let type_name = if snapshot {
         Snapshotted::TYPE_NAME
     } else {
@@ -194,7 +221,11 @@ async fn point(length: u64, snapshot: bool) -> Result<(f64, f64, bool), String> 
 
 /// Every length, replayed and snapshotted: a table, the chart at `chart`
 /// if given, and the JSON record.
-pub async fn run(lengths: &[u64], chart: Option<&Path>) -> Result<(Value, bool), String> {
+pub async fn run(
+    lengths: &[u64],
+    chart: Option<&Path>,
+    kind: JournalKind,
+) -> Result<(Value, bool), String> {
     println!(
         "{:>9} {:>14} {:>14} {:>16} {:>10}",
         "events", "replay ms", "µs per event", "snapshotted ms", "fill ms"
@@ -202,8 +233,8 @@ pub async fn run(lengths: &[u64], chart: Option<&Path>) -> Result<(Value, bool),
     let mut points = Vec::new();
     let mut correct = true;
     for &length in lengths {
-        let (replay_ms, fill_ms, replay_ok) = point(length, false).await?;
-        let (snapshot_ms, _, snapshot_ok) = point(length, true).await?;
+        let (replay_ms, fill_ms, replay_ok) = point(length, false, kind).await?;
+        let (snapshot_ms, _, snapshot_ok) = point(length, true, kind).await?;
         correct &= replay_ok && snapshot_ok;
         println!(
             "{:>9} {:>14.1} {:>14.2} {:>16.1} {:>10.0}",
@@ -223,7 +254,7 @@ pub async fn run(lengths: &[u64], chart: Option<&Path>) -> Result<(Value, bool),
         draw(
             path,
             &[Panel {
-                title: "Recovering an event-sourced entity (embedded store)".into(),
+                title: format!("Recovering an event-sourced entity ({})", kind.name()),
                 x_label: "events in its journal".into(),
                 y_label: "ms until its first answer".into(),
                 series: vec![
@@ -237,7 +268,7 @@ pub async fn run(lengths: &[u64], chart: Option<&Path>) -> Result<(Value, bool),
     }
     let json = json!({
         "workload": "recovery",
-        "store": "embedded",
+        "store": kind.name(),
         "points": points.iter().map(|(length, replay, snapshot, ok)| json!({
             "events": length,
             "replay_ms": replay,

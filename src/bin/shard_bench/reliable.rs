@@ -455,6 +455,9 @@ pub async fn run(
             on_stores(journals, kind, &checks, messages, in_flight).await?
         }
         Some(JournalKind::Fjall) => {
+            if lanes != 1 {
+                return Err("--journal fjall commits through one log: --lanes 1 only".into());
+            }
             #[cfg(feature = "fjall")]
             {
                 let dir = tempfile::tempdir()?;
@@ -494,7 +497,11 @@ pub async fn run(
     record["store"] = store.into();
     record["in_flight_per_driver"] = in_flight.into();
     record["durable_producer"] = durable_producer.into();
-    record["commit_lanes"] = lanes.into();
+    record["commit_lanes"] = match journal {
+        Some(JournalKind::Embedded) => lanes,
+        _ => 1,
+    }
+    .into();
     record["duplicate_processings"] = duplicates.into();
     record["order_violations"] = order.into();
     record["plain_w1"] = plain_run.json();
