@@ -287,6 +287,12 @@ fn copy_store_moves_a_redb_file_to_fjall_and_to_lanes() {
             2,
             "expected redb:FILE",
         ),
+        (
+            redb.clone(),
+            format!("redb-lanes=0:{}", dir.path().display()),
+            2,
+            "from 1 to 64",
+        ),
     ];
     for (from, to, code, why) in refusals {
         let out = copy_store(&from, &to);

@@ -223,20 +223,26 @@ pub fn journal<J: Journal>(make: impl Fn() -> J) {
 /// Writers racing on one id, each this many tries.
 const RACE_TRIES: u32 = 40;
 
-/// Four threads append to one id at once, each from the highest number it
-/// last read: the accepted appends are the journal, numbered without a
-/// gap, each holding what its writer sent.
+/// Four threads append to one id at once (started together), each from
+/// the highest number it last read, two events a write: the accepted
+/// appends are the journal, numbered without a gap, each write's two
+/// events side by side, holding what its writer sent. A store whose
+/// answer to a write that landed can be lost would fail here: it reads
+/// as refused.
 fn concurrent_appends<J: Journal>(j: &J) {
+    let start = std::sync::Barrier::new(4);
     let accepted: Vec<Vec<u32>> = std::thread::scope(|scope| {
         let racers: Vec<_> = (0..4u32)
             .map(|t| {
+                let start = &start;
                 scope.spawn(move || {
                     let mut mine = Vec::new();
+                    start.wait();
                     for k in 0..RACE_TRIES {
-                        let n = t * 1_000 + k;
+                        let n = t * 1_000 + k * 2;
                         let top = j.highest_sequence_nr(&pid("race")).expect("highest");
-                        if append_one(j, write("race", top, &[n])).is_ok() {
-                            mine.push(n);
+                        if append_one(j, write("race", top, &[n, n + 1])).is_ok() {
+                            mine.extend([n, n + 1]);
                         }
                     }
                     mine
@@ -258,6 +264,16 @@ fn concurrent_appends<J: Journal>(j: &J) {
         (1..=total as u64).collect::<Vec<_>>(),
         "racing writers: one event per accepted append, numbered without a gap"
     );
+    let held_in_order: Vec<u32> = events
+        .iter()
+        .map(|e| u32::from_be_bytes(e.payload.bytes[..4].try_into().expect("4 bytes")))
+        .collect();
+    for pair in held_in_order.chunks(2) {
+        assert!(
+            pair.len() == 2 && pair[0] % 2 == 0 && pair[1] == pair[0] + 1,
+            "racing writers: a write's events are side by side, whole: {pair:?}"
+        );
+    }
     let mut held: Vec<Vec<u8>> = events.into_iter().map(|e| e.payload.bytes).collect();
     let mut sent: Vec<Vec<u8>> = accepted
         .into_iter()
@@ -386,12 +402,14 @@ pub fn durable_state<D: DurableStateStore>(make: impl Fn() -> D) {
 /// one of theirs.
 fn concurrent_saves<D: DurableStateStore>(d: &D) {
     let id = pid("race");
+    let start = std::sync::Barrier::new(4);
     let accepted: Vec<Vec<u32>> = std::thread::scope(|scope| {
         let racers: Vec<_> = (0..4u32)
             .map(|t| {
-                let id = &id;
+                let (id, start) = (&id, &start);
                 scope.spawn(move || {
                     let mut mine = Vec::new();
+                    start.wait();
                     for k in 0..RACE_TRIES {
                         let n = t * 1_000 + k;
                         let revision = d.revision(id).expect("revision");

@@ -257,3 +257,34 @@ fn an_id_too_long_for_a_key_is_refused_alone() {
     ));
     assert_eq!(store.highest_sequence_nr(&short), Ok(1));
 }
+
+/// A remembered id too long for a key is answered alone; the rest of its
+/// batch is recorded.
+#[test]
+fn a_remembered_id_too_long_for_a_key_is_refused_alone() {
+    use crate::persistence::remember::RememberEntitiesStore;
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let store = FjallPersistence::open(dir.path()).expect("open");
+    let long = "x".repeat(70_000);
+    let records = [
+        RememberRecord {
+            type_name: "counter",
+            shard_id: ShardId(1),
+            entity_id: &long,
+            started: true,
+        },
+        RememberRecord {
+            type_name: "counter",
+            shard_id: ShardId(1),
+            entity_id: "c-1",
+            started: true,
+        },
+    ];
+    let answers = store.record_batch(&records);
+    assert!(answers[0].is_err(), "{answers:?}");
+    assert_eq!(answers[1], Ok(()));
+    assert_eq!(
+        store.list_entities_for_shard("counter", ShardId(1)),
+        Ok(vec!["c-1".to_owned()])
+    );
+}

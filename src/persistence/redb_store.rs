@@ -122,10 +122,11 @@ impl RedbPersistence {
         if present > 0 {
             let missing = (0..lanes)
                 .map(|lane| dir.join(lane_file(lane, lanes)))
-                .find(|path| !path.exists());
+                .find(|path| !matches!(path.try_exists(), Ok(true)));
             if let Some(path) = missing {
                 return Err(PersistenceError::Invalid(format!(
-                    "{} is missing from a store of {lanes} lanes: its ids' records are gone",
+                    "{} is missing from a store of {lanes} lanes: its ids' records are gone \
+                     (or the store's first open stopped half-way)",
                     path.display()
                 )));
             }

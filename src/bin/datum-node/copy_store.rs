@@ -30,7 +30,10 @@ pub(super) fn store_spec(s: &str) -> Result<StoreSpec, String> {
         "redb" => Ok(StoreSpec::Redb(path)),
         "fjall" => Ok(StoreSpec::Fjall(path)),
         _ => match kind.strip_prefix("redb-lanes=").map(str::parse::<usize>) {
-            Some(Ok(lanes)) => Ok(StoreSpec::RedbLanes(lanes, path)),
+            Some(Ok(lanes)) if (1..=MAX_LANES).contains(&lanes) => {
+                Ok(StoreSpec::RedbLanes(lanes, path))
+            }
+            Some(Ok(lanes)) => Err(format!("{lanes} lanes: from 1 to {MAX_LANES}")),
             Some(Err(_)) => Err(format!("{kind}: the lane count is not a number")),
             None => Err(format!(
                 "{kind}: expected redb:FILE, redb-lanes=N:DIR or fjall:DIR"
@@ -55,7 +58,7 @@ pub(super) fn copy_store(args: CopyStoreArgs) -> ExitCode {
 
 #[cfg(feature = "fjall")]
 use datum_cluster_sharding::persistence::FjallPersistence;
-use datum_cluster_sharding::persistence::{self, Copied, RedbPersistence};
+use datum_cluster_sharding::persistence::{self, Copied, MAX_LANES, RedbPersistence};
 
 /// An open store of either kind.
 enum Open {
