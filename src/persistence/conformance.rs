@@ -223,29 +223,21 @@ pub fn journal<J: Journal>(make: impl Fn() -> J) {
 /// Writers racing on one id, each this many tries.
 const RACE_TRIES: u32 = 40;
 
-/// Four threads append to one id at once (started together), each from
-/// the highest number it last read, two events a write: the accepted
-/// appends are the journal, numbered without a gap, each write's two
-/// events side by side, holding what its writer sent. A store whose
-/// answer to a write that landed can be lost would fail here: it reads
-/// as refused.
-fn concurrent_appends<J: Journal>(j: &J) {
+/// Four threads, started together, each calling `attempt(thread, try)`
+/// [`RACE_TRIES`] times; what each had accepted (the numbers an accepted
+/// attempt names).
+fn race(attempt: impl Fn(u32, u32) -> Option<Vec<u32>> + Sync) -> Vec<Vec<u32>> {
     let start = std::sync::Barrier::new(4);
-    let accepted: Vec<Vec<u32>> = std::thread::scope(|scope| {
+    std::thread::scope(|scope| {
         let racers: Vec<_> = (0..4u32)
             .map(|t| {
-                let start = &start;
+                let (start, attempt) = (&start, &attempt);
                 scope.spawn(move || {
-                    let mut mine = Vec::new();
                     start.wait();
-                    for k in 0..RACE_TRIES {
-                        let n = t * 1_000 + k * 2;
-                        let top = j.highest_sequence_nr(&pid("race")).expect("highest");
-                        if append_one(j, write("race", top, &[n, n + 1])).is_ok() {
-                            mine.extend([n, n + 1]);
-                        }
-                    }
-                    mine
+                    (0..RACE_TRIES)
+                        .filter_map(|k| attempt(t, k))
+                        .flatten()
+                        .collect::<Vec<u32>>()
                 })
             })
             .collect();
@@ -253,6 +245,21 @@ fn concurrent_appends<J: Journal>(j: &J) {
             .into_iter()
             .map(|r| r.join().expect("a racer panicked"))
             .collect()
+    })
+}
+
+/// Four threads append to one id at once (started together), each from
+/// the highest number it last read, two events a write: the accepted
+/// appends are the journal, numbered without a gap, each write's two
+/// events side by side, holding what its writer sent. A store whose
+/// answer to a write that landed can be lost would fail here: it reads
+/// as refused.
+fn concurrent_appends<J: Journal>(j: &J) {
+    let accepted = race(|t, k| {
+        let n = t * 1_000 + k * 2;
+        let top = j.highest_sequence_nr(&pid("race")).expect("highest");
+        let landed = append_one(j, write("race", top, &[n, n + 1])).is_ok();
+        landed.then(|| vec![n, n + 1])
     });
     let total: usize = accepted.iter().map(Vec::len).sum();
     assert!(total > 0, "racing writers: no append was accepted");
@@ -402,29 +409,11 @@ pub fn durable_state<D: DurableStateStore>(make: impl Fn() -> D) {
 /// one of theirs.
 fn concurrent_saves<D: DurableStateStore>(d: &D) {
     let id = pid("race");
-    let start = std::sync::Barrier::new(4);
-    let accepted: Vec<Vec<u32>> = std::thread::scope(|scope| {
-        let racers: Vec<_> = (0..4u32)
-            .map(|t| {
-                let (id, start) = (&id, &start);
-                scope.spawn(move || {
-                    let mut mine = Vec::new();
-                    start.wait();
-                    for k in 0..RACE_TRIES {
-                        let n = t * 1_000 + k;
-                        let revision = d.revision(id).expect("revision");
-                        if d.save(id, revision, payload(n), writer(1)).is_ok() {
-                            mine.push(n);
-                        }
-                    }
-                    mine
-                })
-            })
-            .collect();
-        racers
-            .into_iter()
-            .map(|r| r.join().expect("a racer panicked"))
-            .collect()
+    let accepted = race(|t, k| {
+        let n = t * 1_000 + k;
+        let revision = d.revision(&id).expect("revision");
+        let landed = d.save(&id, revision, payload(n), writer(1)).is_ok();
+        landed.then(|| vec![n])
     });
     let total = accepted.iter().map(Vec::len).sum::<usize>() as u64;
     assert!(total > 0, "racing saves: none was accepted");
