@@ -289,10 +289,9 @@ impl JournalWriter {
 /// `save_all` commits a batch at once
 /// ([`DurableStateStore::commits_batches`]), batched (a [`BatchWriter`]
 /// on a `datum-states` thread per commit lane, one `save_all` per batch:
-/// on the embedded store, one transaction and one sync for the lot); on
-/// another, each save
-/// is its own `save` call on a blocking thread, several at a time. It holds
-/// the store weakly.
+/// on an embedded store, one commit and one sync for the lot); on another,
+/// each save is its own `save` call on a blocking thread, several at a
+/// time. It holds the store weakly.
 pub(crate) enum StateWriter {
     Batched(Lanes<StateWrite>),
     Direct(std::sync::Weak<dyn DurableStateStore>),
