@@ -48,9 +48,15 @@ impl ShardExtractor for DefaultShardExtractor {
 
 /// The FNV-1a 64-bit hash (offset basis `0xcbf29ce484222325`, prime `0x100000001b3`).
 pub fn fnv1a_64(bytes: &[u8]) -> u64 {
+    fnv1a_64_of(bytes.iter().copied())
+}
+
+/// [`fnv1a_64`] of bytes as they come, for a key made of parts that need
+/// not be copied together first.
+pub(crate) fn fnv1a_64_of(bytes: impl Iterator<Item = u8>) -> u64 {
     const OFFSET_BASIS: u64 = 0xcbf2_9ce4_8422_2325;
     const PRIME: u64 = 0x0000_0100_0000_01b3;
-    bytes.iter().fold(OFFSET_BASIS, |hash, &b| {
+    bytes.fold(OFFSET_BASIS, |hash, b| {
         (hash ^ u64::from(b)).wrapping_mul(PRIME)
     })
 }

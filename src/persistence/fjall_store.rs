@@ -206,11 +206,9 @@ fn id_key(id: &PersistenceId) -> Vec<u8> {
     key
 }
 
-/// An event's or a snapshot's key: the id's, then the number.
-fn numbered(id: &PersistenceId, n: u64) -> Vec<u8> {
-    let mut key = id_key(id);
-    key.extend_from_slice(&n.to_be_bytes());
-    key
+/// An event's or a snapshot's key: the id's key, then the number.
+fn numbered(id_key: &[u8], n: u64) -> Vec<u8> {
+    [id_key, &n.to_be_bytes()].concat()
 }
 
 /// The number at the end of a numbered key.
@@ -271,7 +269,7 @@ impl Journal for FjallPersistence {
                 for (n, payload) in numbers.zip(&write.events) {
                     buffer.clear();
                     encode(payload, write.writer, &mut buffer);
-                    batch.insert(&inner.events, numbered(id, n), buffer.as_slice());
+                    batch.insert(&inner.events, numbered(&key, n), buffer.as_slice());
                 }
                 batch.insert(
                     &inner.highest,
@@ -306,8 +304,7 @@ impl Journal for FjallPersistence {
         if from > to || max == 0 {
             return Ok(Vec::new());
         }
-        let at = |n: u64| [key.as_slice(), &n.to_be_bytes()].concat();
-        let range = at(from)..=at(to);
+        let range = numbered(&key, from)..=numbered(&key, to);
         let mut out: Vec<EventRecord> = Vec::new();
         for entry in self.inner.events.range(range).take(max) {
             let (key, value) = entry.into_inner().map_err(store_error)?;
@@ -361,11 +358,10 @@ fn remove_range(
 ) -> PersistenceResult<()> {
     store.usable()?;
     let key = checked_id_key(id)?;
-    let at = |n: u64| [key.as_slice(), &n.to_be_bytes()].concat();
     {
         let _commit = store.lock();
         let mut batch = store.inner.db.batch();
-        for entry in keyspace.range(at(0)..=at(to)) {
+        for entry in keyspace.range(numbered(&key, 0)..=numbered(&key, to)) {
             batch.remove(keyspace, entry.key().map_err(store_error)?);
         }
         store.commit(batch)?;
@@ -400,11 +396,10 @@ impl SnapshotStore for FjallPersistence {
     ) -> PersistenceResult<Option<SnapshotRecord>> {
         self.usable()?;
         let key = checked_id_key(persistence_id)?;
-        let at = |n: u64| [key.as_slice(), &n.to_be_bytes()].concat();
         let Some(entry) = self
             .inner
             .snapshots
-            .range(at(0)..=at(max_sequence_nr))
+            .range(numbered(&key, 0)..=numbered(&key, max_sequence_nr))
             .next_back()
         else {
             return Ok(None);
@@ -802,17 +797,17 @@ impl Records for FjallPersistence {
             for record in records {
                 match record {
                     Stored::Event(t, id, n, value) => {
-                        let mut k = key(t, id);
-                        k.extend_from_slice(&n.to_be_bytes());
-                        batch.insert(&inner.events, k, value.as_slice());
+                        batch.insert(&inner.events, numbered(&key(t, id), *n), value.as_slice());
                     }
                     Stored::Highest(t, id, n) => {
                         batch.insert(&inner.highest, key(t, id), n.to_be_bytes().as_slice());
                     }
                     Stored::Snapshot(t, id, n, value) => {
-                        let mut k = key(t, id);
-                        k.extend_from_slice(&n.to_be_bytes());
-                        batch.insert(&inner.snapshots, k, value.as_slice());
+                        batch.insert(
+                            &inner.snapshots,
+                            numbered(&key(t, id), *n),
+                            value.as_slice(),
+                        );
                     }
                     Stored::State(t, id, value) => {
                         batch.insert(&inner.states, key(t, id), value.as_slice());

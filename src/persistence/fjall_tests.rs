@@ -125,7 +125,7 @@ fn a_record_that_does_not_read_back_is_reported_corrupt() {
     store
         .inner
         .events
-        .insert(numbered(&id, 2), [9u8, 1, 2].as_slice())
+        .insert(numbered(&id_key(&id), 2), [9u8, 1, 2].as_slice())
         .expect("damage");
     assert!(matches!(
         store.replay(&id, 1, u64::MAX, 10),
@@ -167,7 +167,7 @@ fn a_redb_store_copies_into_fjall_and_back() {
 /// SPEC §8b's example key, byte for byte.
 #[test]
 fn an_event_is_keyed_as_the_spec_says() {
-    let key = numbered(&PersistenceId::new("tally", "t-1"), 3);
+    let key = numbered(&id_key(&PersistenceId::new("tally", "t-1")), 3);
     let want = [
         0, 0, 0, 5, b't', b'a', b'l', b'l', b'y', 0, 0, 0, 3, b't', b'-', b'1', 0, 0, 0, 0, 0, 0,
         0, 3,

@@ -444,11 +444,9 @@ pub(crate) fn lane_of(type_name: &str, entity_id: &str, lanes: usize) -> usize {
     if lanes <= 1 {
         return 0;
     }
-    let mut key = Vec::with_capacity(type_name.len() + 1 + entity_id.len());
-    key.extend_from_slice(type_name.as_bytes());
-    key.push(0xFF);
-    key.extend_from_slice(entity_id.as_bytes());
-    (fmix64(crate::fnv1a_64(&key)) % lanes as u64) as usize
+    let key = type_name.bytes().chain([0xFF]).chain(entity_id.bytes());
+    let hash = crate::model::extractor::fnv1a_64_of(key);
+    (fmix64(hash) % lanes as u64) as usize
 }
 
 /// MurmurHash3's 64-bit finalizer: every bit of the result depends on

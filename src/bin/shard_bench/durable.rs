@@ -161,57 +161,56 @@ impl Stores {
     /// each, or a directory of `lanes` files), or three pools on one new
     /// database. `shared`: one embedded store for all three.
     pub fn fresh(&self, shared: bool) -> Result<Vec<Counted>, Box<dyn std::error::Error>> {
-        match self.kind {
-            JournalKind::Embedded => {
-                let open = || {
-                    let n = self.files.fetch_add(1, Ordering::Relaxed);
-                    let store = if self.lanes == 1 {
-                        RedbPersistence::open(self.dir.path().join(format!("journal-{n}.redb")))?
-                    } else {
-                        let dir = self.dir.path().join(format!("journal-{n}"));
-                        RedbPersistence::open_lanes(dir, self.lanes)?
-                    };
-                    Ok::<_, Box<dyn std::error::Error>>(Counted::new(store))
-                };
-                if shared {
-                    let one = open()?;
-                    return Ok(vec![one.clone(), one.clone(), one]);
-                }
-                (0..3).map(|_| open()).collect()
-            }
-            #[cfg(feature = "fjall")]
-            JournalKind::Fjall => {
-                let open = || {
-                    let n = self.files.fetch_add(1, Ordering::Relaxed);
-                    let dir = self.dir.path().join(format!("journal-{n}"));
-                    let store = datum_cluster_sharding::persistence::FjallPersistence::open(dir)?;
-                    Ok::<_, Box<dyn std::error::Error>>(Counted::new(store))
-                };
-                if shared {
-                    let one = open()?;
-                    return Ok(vec![one.clone(), one.clone(), one]);
-                }
-                (0..3).map(|_| open()).collect()
-            }
-            #[cfg(not(feature = "fjall"))]
-            JournalKind::Fjall => Err("built without the fjall feature".into()),
-            #[cfg(feature = "postgres")]
-            JournalKind::Postgres => {
-                let server = self.server.as_ref().ok_or("no server")?;
-                let url = server.database();
-                (0..3)
-                    .map(|_| {
-                        let store = datum_cluster_sharding::persistence::PgPersistence::connect(
-                            &url,
-                            self.lanes as u32,
-                        )?;
-                        Ok(Counted::new(store))
-                    })
-                    .collect()
-            }
-            #[cfg(not(feature = "postgres"))]
-            JournalKind::Postgres => Err("built without the postgres feature".into()),
+        #[cfg(feature = "postgres")]
+        if self.kind == JournalKind::Postgres {
+            let server = self.server.as_ref().ok_or("no server")?;
+            let url = server.database();
+            return (0..3)
+                .map(|_| {
+                    let store = datum_cluster_sharding::persistence::PgPersistence::connect(
+                        &url,
+                        self.lanes as u32,
+                    )?;
+                    Ok(Counted::new(store))
+                })
+                .collect();
         }
+        // An embedded store of its own, in the run's directory.
+        let open = || -> Result<Counted, Box<dyn std::error::Error>> {
+            let n = self.files.fetch_add(1, Ordering::Relaxed);
+            let name = format!("journal-{n}");
+            Ok(match self.kind {
+                JournalKind::Embedded => {
+                    Counted::new(open_redb(self.dir.path(), &name, self.lanes)?)
+                }
+                #[cfg(feature = "fjall")]
+                JournalKind::Fjall => {
+                    Counted::new(datum_cluster_sharding::persistence::FjallPersistence::open(
+                        self.dir.path().join(name),
+                    )?)
+                }
+                kind => return Err(format!("built without the {} feature", kind.name()).into()),
+            })
+        };
+        if shared {
+            let one = open()?;
+            return Ok(vec![one.clone(), one.clone(), one]);
+        }
+        (0..3).map(|_| open()).collect()
+    }
+}
+
+/// The redb store named `name` in `dir`: one file `<name>.redb`, or with
+/// more than one lane the directory `<name>` of `lanes` files.
+pub fn open_redb(
+    dir: &std::path::Path,
+    name: &str,
+    lanes: usize,
+) -> datum_cluster_sharding::persistence::PersistenceResult<RedbPersistence> {
+    if lanes == 1 {
+        RedbPersistence::open(dir.join(format!("{name}.redb")))
+    } else {
+        RedbPersistence::open_lanes(dir.join(name), lanes)
     }
 }
 

@@ -14,7 +14,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use datum_cluster_sharding::persistence::{
-    DurableStateStore, InMemoryPersistence, Journal, RedbPersistence, SnapshotStore,
+    DurableStateStore, InMemoryPersistence, Journal, SnapshotStore,
 };
 use datum_cluster_sharding::prelude::*;
 use datum_cluster_sharding::{DurableProducer, ProducerConfig, ReliableProducer};
@@ -445,11 +445,11 @@ pub async fn run(
             let dir = tempfile::tempdir()?;
             let mut journals = Vec::new();
             for i in 0..3 {
-                journals.push(if lanes == 1 {
-                    RedbPersistence::open(dir.path().join(format!("n{i}.redb")))?
-                } else {
-                    RedbPersistence::open_lanes(dir.path().join(format!("n{i}")), lanes)?
-                });
+                journals.push(super::durable::open_redb(
+                    dir.path(),
+                    &format!("n{i}"),
+                    lanes,
+                )?);
             }
             let kind = (JournalKind::Embedded, durable_producer);
             on_stores(journals, kind, &checks, messages, in_flight).await?
