@@ -13,6 +13,7 @@ async fn a_write_queued_past_its_deadline_is_withdrawn_unwritten() {
     let (entered, mut batches) = tokio::sync::mpsc::unbounded_channel::<Vec<u32>>();
     let writer = Arc::new(BatchWriter::start(
         "datum-test-writer",
+        Batching::Linger,
         move |writes: &[u32]| {
             let _ = entered.send(writes.to_vec());
             // The store answers once the test lets it.

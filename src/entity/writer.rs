@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::{CallDeadline, blocking_by};
 use crate::persistence::{
-    AtomicWrite, DurableStateStore, Journal, MAX_LANES, PersistenceError, PersistenceId,
+    AtomicWrite, Batching, DurableStateStore, Journal, MAX_LANES, PersistenceError, PersistenceId,
     PersistenceResult, StateWrite,
 };
 
@@ -27,9 +27,13 @@ const MAX_LINGER: Duration = Duration::from_millis(1);
 /// the journal's rate. So a batch waits, for at most half the last
 /// commit's time (and [`MAX_LINGER`]), until as many appends are queued as
 /// were queued when the commit ended plus the ones it answered; it never
-/// waits for more than that, so a lone writer's append goes at once.
+/// waits for more than that, so a lone writer's append goes at once. A
+/// store that asks for [`Batching::Eager`] has no linger: its batches go
+/// as soon as a commit ends.
 #[derive(Default)]
 struct Linger {
+    /// The store's commits are cheap next to a wait ([`Batching::Eager`]).
+    eager: bool,
     /// At least this many appends make a batch that goes at once.
     target: usize,
     /// Until when a smaller batch waits.
@@ -37,7 +41,17 @@ struct Linger {
 }
 
 impl Linger {
+    fn new(batching: Batching) -> Self {
+        Linger {
+            eager: batching == Batching::Eager,
+            ..Linger::default()
+        }
+    }
+
     fn committed(&mut self, answered: usize, took: Duration, queued: usize) {
+        if self.eager {
+            return;
+        }
         self.target = (queued + answered).clamp(1, MAX_BATCH);
         self.until = Some(Instant::now() + (took / 2).min(MAX_LINGER));
     }
@@ -122,13 +136,14 @@ impl<W: Send + 'static> BatchWriter<W> {
     /// millisecond).
     fn start(
         name: &str,
+        batching: Batching,
         commit: impl Fn(&[W]) -> Vec<PersistenceResult<()>> + Send + 'static,
     ) -> Self {
         let (tx, rx) = std::sync::mpsc::channel::<Pending<W>>();
         let waiting = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let queued = waiting.clone();
         let run = move || {
-            let mut linger = Linger::default();
+            let mut linger = Linger::new(batching);
             while let Ok(first) = rx.recv() {
                 let mut batch = vec![first];
                 linger.gather(&rx, &mut batch);
@@ -225,9 +240,10 @@ pub(crate) struct Lanes<W>(Vec<BatchWriter<W>>);
 impl<W: Send + 'static> Lanes<W> {
     /// `count` writers (at least one, at most [`MAX_LANES`]), on threads
     /// named `name` (with the lane's number when there are several), each
-    /// committing through `commit`.
+    /// committing through `commit`, paced as `batching` says.
     fn start(
         count: usize,
+        batching: Batching,
         name: &str,
         commit: impl Fn(&[W]) -> Vec<PersistenceResult<()>> + Clone + Send + 'static,
     ) -> Self {
@@ -240,7 +256,7 @@ impl<W: Send + 'static> Lanes<W> {
                     } else {
                         format!("{name}-{lane}")
                     };
-                    BatchWriter::start(&name, commit.clone())
+                    BatchWriter::start(&name, batching, commit.clone())
                 })
                 .collect(),
         )
@@ -259,6 +275,7 @@ impl JournalWriter {
         let store = weak.clone();
         let lanes = Lanes::start(
             journal.commit_lanes(),
+            journal.batching(),
             "datum-journal",
             move |writes: &[AtomicWrite]| match store.upgrade() {
                 Some(journal) => journal.append(writes),
@@ -306,6 +323,7 @@ impl StateWriter {
         }
         let lanes = Lanes::start(
             store.commit_lanes(),
+            store.batching(),
             "datum-states",
             move |writes: &[StateWrite]| match weak.upgrade() {
                 Some(store) => store.save_all(writes),

@@ -49,9 +49,9 @@ use super::remember::{
     RememberEntitiesStore, RememberRecord, StoreError, final_states, record_one,
 };
 use super::{
-    AtomicWrite, DurableStateStore, EventRecord, Journal, Payload, PersistenceError, PersistenceId,
-    PersistenceResult, SnapshotRecord, SnapshotStore, StateRecord, StateWrite, Writer,
-    check_append, check_revision,
+    AtomicWrite, Batching, DurableStateStore, EventRecord, Journal, Payload, PersistenceError,
+    PersistenceId, PersistenceResult, SnapshotRecord, SnapshotStore, StateRecord, StateWrite,
+    Writer, check_append, check_revision,
 };
 use crate::model::extractor::ShardId;
 
@@ -347,6 +347,11 @@ impl Journal for FjallPersistence {
     fn delete_to(&self, persistence_id: &PersistenceId, to: u64) -> PersistenceResult<()> {
         remove_range(self, &self.inner.events, persistence_id, to)
     }
+
+    /// A commit is one log append and one sync: batches go at once.
+    fn batching(&self) -> Batching {
+        Batching::Eager
+    }
 }
 
 /// Removes `id`'s numbered keys up to `to` from `keyspace`, in one commit.
@@ -530,6 +535,10 @@ impl DurableStateStore for FjallPersistence {
             known.revisions.put(key, actual + 1);
         }
         self.sync()
+    }
+
+    fn batching(&self) -> Batching {
+        Batching::Eager
     }
 }
 

@@ -323,6 +323,28 @@ pub trait Journal: Send + Sync + 'static {
     fn commit_lanes(&self) -> usize {
         1
     }
+    /// How the system's batched writer paces this store's commits.
+    /// Default: [`Batching::Linger`].
+    fn batching(&self) -> Batching {
+        Batching::Linger
+    }
+}
+
+/// How a system's batched writer paces a store's commits (SPEC §8b): the
+/// trade between fuller batches (fewer commits, less CPU) and writes that
+/// wait less.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Batching {
+    /// After a commit, the next batch waits briefly (at most half the
+    /// commit's time, and 1 ms) for the writes that commit answered, so
+    /// that they share one commit instead of two half ones: for a store
+    /// whose commit has a high fixed cost, such as a B-tree's page writes
+    /// or a server's round trip.
+    Linger,
+    /// The next batch takes what waits as soon as a commit ends: for a
+    /// store whose commit is little more than one log append and one
+    /// sync, where a fuller batch saves less than the wait costs.
+    Eager,
 }
 
 /// Snapshots per persistence id.
@@ -399,6 +421,12 @@ pub trait DurableStateStore: Send + Sync + 'static {
     /// Default: `1`.
     fn commit_lanes(&self) -> usize {
         1
+    }
+    /// With [`commits_batches`](Self::commits_batches): how the batched
+    /// writer paces the store's commits, as [`Journal::batching`].
+    /// Default: [`Batching::Linger`].
+    fn batching(&self) -> Batching {
+        Batching::Linger
     }
 }
 

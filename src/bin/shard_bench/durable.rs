@@ -99,6 +99,9 @@ impl Journal for Counted {
     fn commit_lanes(&self) -> usize {
         self.inner.commit_lanes()
     }
+    fn batching(&self) -> datum_cluster_sharding::persistence::Batching {
+        self.inner.batching()
+    }
 }
 
 /// Where a run's journals come from: a temporary directory for redb
