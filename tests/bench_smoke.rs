@@ -136,8 +136,8 @@ fn w3_runs_without_store_and_with_both_stores() {
 }
 
 #[test]
-fn w4_reports_a_ratio_to_raw_appends_on_both_journals() {
-    for journal in ["embedded", "postgres"] {
+fn w4_reports_a_ratio_to_raw_appends_on_every_journal() {
+    for journal in ["embedded", "fjall", "postgres"] {
         let record = run_with("w4", &["--journal", journal, "--rounds", "1"]);
         no_missing(&record);
         assert_eq!(record["journal"], journal, "{record}");
@@ -400,5 +400,29 @@ fn the_handoff_curve_moves_every_entity_of_the_shard_with_its_state() {
         );
         assert!(point["bytes_moved"].as_u64() > Some(0), "{record}");
         assert!(point["timer_late_max_ms"].as_f64() >= Some(0.0), "{record}");
+    }
+}
+
+#[test]
+fn w6_counts_the_front_to_back_asks_that_stay_on_one_node() {
+    for uniform in [false, true] {
+        let extra: &[&str] = if uniform { &["--uniform"] } else { &[] };
+        let record = run_with("w6", extra);
+        assert_eq!(record["asks"], 20000, "{record}");
+        assert_eq!(record["failed_asks"], 0, "{record}");
+        let on_node = record["on_node_fraction"].as_f64().expect("a fraction");
+        assert!(on_node > 0.0 && on_node < 1.0, "{record}");
+        // Random backs over three nodes' even shares of the shards: about
+        // a third stay on one node.
+        if uniform {
+            assert!((0.25..0.42).contains(&on_node), "{record}");
+        }
+        assert!(
+            !record["on_node_per_second"]
+                .as_array()
+                .expect("a series")
+                .is_empty(),
+            "{record}"
+        );
     }
 }

@@ -64,6 +64,8 @@ mod w1;
 mod w2;
 #[path = "shard_bench/w3.rs"]
 mod w3;
+#[path = "shard_bench/w6.rs"]
+mod w6;
 
 use args::{Args, Mode, Workload};
 use baseline::run_transport;
@@ -114,6 +116,10 @@ fn main() -> ExitCode {
             || args.prometheus)
     {
         eprintln!("shard-bench: --reliable runs w1 and w2 in one process");
+        return ExitCode::from(2);
+    }
+    if args.uniform && args.workload != Workload::W6 {
+        eprintln!("shard-bench: --uniform is W6's control");
         return ExitCode::from(2);
     }
     if args.durable_producer && !w1 {
@@ -211,6 +217,7 @@ fn main() -> ExitCode {
                 | Workload::Coordinator
                 | Workload::Entities
                 | Workload::Recovery
+                | Workload::W6
         ) || args.spawning
             || args.journal.is_some()
             || args.offered_rate.is_some()
@@ -285,6 +292,7 @@ async fn in_process(args: Args, in_flight: usize) -> ExitCode {
             }
             _ => unreachable!("w5 without --passivation runs its children above"),
         },
+        Workload::W6 => w6::run(args.messages, in_flight, args.uniform).await,
         Workload::W4 => {
             durable::run_w4(
                 args.journal.unwrap_or(durable::JournalKind::Embedded),

@@ -41,6 +41,11 @@ pub(super) enum Workload {
     /// inline by the receiver, no sharding (16 in flight per node unless
     /// `--in-flight`).
     Transport,
+    /// Entities that talk to each other: drivers ask 10,000 fronts, each
+    /// of which asks a back, 90 % of the time one of three partners in
+    /// another shard (`--uniform`: always a random back); the fraction of
+    /// front-to-back asks that stay on one node.
+    W6,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -69,7 +74,7 @@ impl Downing {
 }
 
 #[derive(Parser, Debug)]
-#[command(about = "The sharding workloads W1, W1-sat, W2, W3, W4 and W5 (BENCHMARK.md)")]
+#[command(about = "The sharding workloads W1, W1-sat, W2, W3, W4, W5 and W6 (BENCHMARK.md)")]
 pub(super) struct Args {
     /// Which workload.
     pub(super) workload: Workload,
@@ -125,6 +130,9 @@ pub(super) struct Args {
     /// W4 only: how many (W4, raw appends) pairs to run.
     #[arg(long, default_value_t = 3)]
     pub(super) rounds: usize,
+    /// W6 only: the uniform control — every front asks a random back.
+    #[arg(long)]
+    pub(super) uniform: bool,
     /// W5 only: run this passivation alone, in this process (with --mix).
     #[arg(long, value_enum, requires = "mix")]
     pub(super) passivation: Option<limit::Passivation>,

@@ -1,0 +1,329 @@
+//! W6 (BENCHMARK.md): entities that talk to each other. Drivers ask
+//! front entities (type A); each front, when asked, asks one back entity
+//! (type B) and replies with its answer. With affinity, 90 % of a
+//! front's asks go to its three partners, backs in one shard that is not
+//! the front's own shard number, the same for every front of a shard, so
+//! that a placement could put the two shards on one node; 10 % go to a
+//! random back. The uniform control draws every back at random. The
+//! figure that placement moves: the fraction of front-to-back asks that
+//! stay on one node, per second and in all.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use datum_cluster_sharding::prelude::*;
+use hdrhistogram::Histogram;
+use rand::{RngExt, SeedableRng};
+use serde_json::{Value, json};
+
+use super::harness::{Node, SHARDS, cpu_time, form_cluster, peak_rss_kib, sharding_config};
+
+/// Front entities (type A).
+const FRONTS: u64 = 10_000;
+/// Back entities (type B).
+const BACKS: u64 = 10_000;
+/// Each front's partners.
+const PARTNERS: usize = 3;
+/// The share of a front's asks that go to its partners, with affinity.
+const AFFINITY: f64 = 0.9;
+/// An ask's timeout, the driver's and the front's.
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A driver's ask to a front.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct Visit;
+
+/// A front's ask to a back.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct Touch;
+
+protocol! {
+    /// W6's front: asked by the drivers, it asks a back; answers whether
+    /// the back was on its node.
+    pub protocol Front = "w6-front" {
+        ask Visit -> bool;
+    }
+}
+
+protocol! {
+    /// W6's back: answers with the index of the node it lives on.
+    pub protocol Back = "w6-back" {
+        ask Touch -> u64;
+    }
+}
+
+/// What every front of one node shares: a ref to every back, each
+/// front's partners, and the node's index.
+struct Plan {
+    backs: Vec<EntityRef<Back>>,
+    /// Indexes into `backs`, per front; empty for the uniform control.
+    partners: Arc<Vec<[u32; PARTNERS]>>,
+    node: u64,
+}
+
+pub struct FrontEntity {
+    plan: Arc<Plan>,
+    index: usize,
+    rng: rand::rngs::SmallRng,
+}
+
+impl Entity for FrontEntity {
+    type Protocol = Front;
+}
+
+impl Handler<Visit> for FrontEntity {
+    async fn handle(&mut self, _: Visit, _: &EntityContext) -> ShardingResult<bool> {
+        let plan = &self.plan;
+        let back = match plan.partners.get(self.index) {
+            Some(partners) if self.rng.random_bool(AFFINITY) => {
+                partners[self.rng.random_range(0..PARTNERS)] as usize
+            }
+            _ => self.rng.random_range(0..plan.backs.len()),
+        };
+        let node = plan.backs[back].ask(Touch, TIMEOUT).await?;
+        Ok(node == plan.node)
+    }
+}
+
+pub struct BackEntity {
+    node: u64,
+}
+
+impl Entity for BackEntity {
+    type Protocol = Back;
+}
+
+impl Handler<Touch> for BackEntity {
+    async fn handle(&mut self, _: Touch, _: &EntityContext) -> ShardingResult<u64> {
+        Ok(self.node)
+    }
+}
+
+fn front_id(k: u64) -> String {
+    format!("a-{k}")
+}
+
+fn back_id(k: u64) -> String {
+    format!("b-{k}")
+}
+
+/// Each front's partners: the front in shard `s` takes three backs of
+/// shard `(s + SHARDS / 2) mod SHARDS`, never its own shard number.
+fn partners(system: &ShardedSystem) -> Vec<[u32; PARTNERS]> {
+    let mut by_shard = vec![Vec::new(); SHARDS as usize];
+    for k in 0..BACKS {
+        let shard = system.entity_ref::<Back>(back_id(k)).shard_id().0;
+        by_shard[shard as usize].push(k as u32);
+    }
+    (0..FRONTS)
+        .map(|k| {
+            let shard = system.entity_ref::<Front>(front_id(k)).shard_id().0;
+            let theirs = &by_shard[((shard + SHARDS / 2) % SHARDS) as usize];
+            std::array::from_fn(|j| theirs[(k as usize * PARTNERS + j) % theirs.len()])
+        })
+        .collect()
+}
+
+/// On-node and cross-node front-to-back asks, counted by the drivers from
+/// the fronts' answers.
+#[derive(Default)]
+struct Counts {
+    local: AtomicU64,
+    remote: AtomicU64,
+    failed: AtomicU64,
+}
+
+impl Counts {
+    /// On-node and cross-node asks so far.
+    fn now(&self) -> (u64, u64) {
+        (
+            self.local.load(Ordering::Relaxed),
+            self.remote.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// One W6 run: three nodes in this process, `messages` asks to the fronts
+/// from one driver per node, `in_flight` each; `uniform`: no affinity.
+pub async fn run(
+    messages: u64,
+    in_flight: usize,
+    uniform: bool,
+) -> Result<(Value, bool), Box<dyn std::error::Error>> {
+    let (clusters, _) = form_cluster("shard-bench-w6", false).await?;
+    let mut nodes = Vec::new();
+    let mut plan_partners = None;
+    for (index, cluster) in clusters.into_iter().enumerate() {
+        let system = ShardedSystem::builder()
+            .config(sharding_config())
+            .node(cluster.clone())
+            .start()
+            .await?;
+        let partners = plan_partners
+            .get_or_insert_with(|| {
+                Arc::new(if uniform {
+                    Vec::new()
+                } else {
+                    partners(&system)
+                })
+            })
+            .clone();
+        let plan = Arc::new(Plan {
+            backs: (0..BACKS)
+                .map(|k| system.entity_ref::<Back>(back_id(k)))
+                .collect(),
+            partners,
+            node: index as u64,
+        });
+        let node = index as u64;
+        system
+            .entity_type::<BackEntity>()
+            .register(move |_| BackEntity { node })
+            .await?;
+        system
+            .entity_type::<FrontEntity>()
+            .register(move |ctx| {
+                let index = ctx
+                    .entity_id()
+                    .strip_prefix("a-")
+                    .and_then(|k| k.parse().ok())
+                    .unwrap_or(usize::MAX);
+                FrontEntity {
+                    plan: plan.clone(),
+                    index,
+                    rng: rand::rngs::SmallRng::seed_from_u64(index as u64),
+                }
+            })
+            .await?;
+        nodes.push(Node { cluster, system });
+    }
+    // A warm-up: most fronts and their partners started before the
+    // measured run.
+    let counts = Arc::new(Counts::default());
+    drive(&nodes, FRONTS, 64, &counts).await;
+    let counts = Arc::new(Counts::default());
+    let series = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sampler = tokio::spawn(sample(counts.clone(), series.clone()));
+    let cpu_before = cpu_time();
+    let start = Instant::now();
+    let latency = drive(&nodes, messages, in_flight, &counts).await;
+    let wall = start.elapsed();
+    let cpu = cpu_time().saturating_sub(cpu_before);
+    sampler.abort();
+    let moved = super::harness::shards_moved_since(&nodes, start);
+    let peak = peak_rss_kib();
+    super::stop(nodes).await;
+    let (local, remote) = counts.now();
+    let failed = counts.failed.load(Ordering::Relaxed);
+    let answered = local + remote;
+    let on_node = local as f64 / answered.max(1) as f64;
+    let name = if uniform { "w6-uniform" } else { "w6" };
+    println!(
+        "{name:<11} {answered} asks · {:.0} asks/s · {:.2} µs CPU/ask · p50 {} p99 {} µs · on-node {:.3} · {moved} shards moved · {failed} failed",
+        answered as f64 / wall.as_secs_f64(),
+        cpu.as_secs_f64() * 1e6 / answered.max(1) as f64,
+        latency.value_at_quantile(0.50),
+        latency.value_at_quantile(0.99),
+        on_node,
+    );
+    // The last, partial second too.
+    let series = {
+        let mut samples = series.lock().unwrap_or_else(|p| p.into_inner());
+        samples.push((local, remote));
+        fractions(&samples)
+    };
+    let record = json!({
+        "workload": name,
+        "placement": "least-shards",
+        "asks": answered,
+        "failed_asks": failed,
+        "msgs_per_sec": answered as f64 / wall.as_secs_f64(),
+        "cpu_us_per_msg": cpu.as_secs_f64() * 1e6 / answered.max(1) as f64,
+        "p50_us": latency.value_at_quantile(0.50),
+        "p99_us": latency.value_at_quantile(0.99),
+        "on_node_fraction": on_node,
+        "on_node_per_second": series,
+        "shards_moved": moved,
+        "in_flight_per_driver": in_flight,
+        "fronts": FRONTS,
+        "backs": BACKS,
+        "affinity": if uniform { 0.0 } else { AFFINITY },
+        "peak_rss_kib": peak,
+    });
+    Ok((record, failed == 0 && answered == messages))
+}
+
+/// Every second, the running counts of on-node and cross-node asks.
+async fn sample(counts: Arc<Counts>, series: Arc<std::sync::Mutex<Vec<(u64, u64)>>>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        let now = counts.now();
+        series.lock().unwrap_or_else(|p| p.into_inner()).push(now);
+    }
+}
+
+/// The on-node fraction of the asks answered between one running count
+/// and the next, from `(0, 0)`.
+fn fractions(samples: &[(u64, u64)]) -> Vec<f64> {
+    let mut before = (0, 0);
+    let mut fractions = Vec::new();
+    for &(local, remote) in samples {
+        let (l, r) = (local - before.0, remote - before.1);
+        if l + r > 0 {
+            fractions.push(l as f64 / (l + r) as f64);
+        }
+        before = (local, remote);
+    }
+    fractions
+}
+
+/// One driver per node, `count` asks to the fronts in all, `in_flight`
+/// each; the latency of every ask.
+async fn drive(
+    nodes: &[Node],
+    count: u64,
+    in_flight: usize,
+    counts: &Arc<Counts>,
+) -> Histogram<u64> {
+    let shares = super::shares(count);
+    let mut drivers = Vec::new();
+    for (d, (node, share)) in nodes.iter().zip(shares).enumerate() {
+        let system = node.system.clone();
+        let counts = counts.clone();
+        drivers.push(tokio::spawn(async move {
+            let fronts: Vec<EntityRef<Front>> = (0..FRONTS)
+                .map(|k| system.entity_ref::<Front>(front_id(k)))
+                .collect();
+            let mut latency = Histogram::<u64>::new(3).expect("histogram");
+            let stride = 7_919; // a prime: each driver walks every front
+            let one = |k: u64| {
+                let front = &fronts[((k * stride + d as u64 * 3_331) % FRONTS) as usize];
+                async move {
+                    let asked = Instant::now();
+                    (front.ask(Visit, TIMEOUT).await, asked.elapsed())
+                }
+            };
+            super::harness::windowed(share, in_flight, one, |(answer, took)| {
+                let counter = match answer {
+                    Ok(true) => &counts.local,
+                    Ok(false) => &counts.remote,
+                    Err(_) => &counts.failed,
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+                let _ = latency.record(took.as_micros() as u64);
+            })
+            .await;
+            latency
+        }));
+    }
+    let mut latency = Histogram::<u64>::new(3).expect("histogram");
+    for driver in drivers {
+        if let Ok(one) = driver.await {
+            let _ = latency.add(one);
+        }
+    }
+    latency
+}
