@@ -1,4 +1,4 @@
-//! `shard-bench`: the workloads of BENCHMARK.md (W1, W1-sat, W2, W3, W4, W5) through
+//! `shard-bench`: the workloads of BENCHMARK.md (W1, W1-sat, W2, W3, W4, W5, W6) through
 //! the public `EntityRef` API, three nodes in one process or in three
 //! (`--mode multi-process`); baseline (a), the transport alone
 //! (`transport`); the workload and its baselines interleaved (`--pairs N

@@ -82,11 +82,11 @@ fn an_eager_store_has_no_linger() {
     // A commit that answered many, taking a second: a lingering batch
     // would wait up to MAX_LINGER for as many again.
     linger.committed(16, Duration::from_secs(1), 0);
+    assert_eq!(linger.target, 0, "no target to wait for");
+    assert!(linger.until.is_none(), "and no time to wait until");
     let (a, _r) = append();
     tx.send(a).unwrap();
     let mut batch = vec![rx.recv().unwrap()];
     linger.gather(&rx, &mut batch);
     assert_eq!(batch.len(), 1);
-    assert_eq!(linger.target, 0, "no target to wait for");
-    assert!(linger.until.is_none(), "and no time to wait until");
 }

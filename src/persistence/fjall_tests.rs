@@ -18,6 +18,16 @@ fn the_fjall_store_keeps_the_contract() {
     conformance::remember_entities(fresh());
 }
 
+/// Its commit is one log append and one sync: the system's writers take
+/// its batches at once, and batch its saves.
+#[test]
+fn the_fjall_store_asks_for_eager_batches() {
+    let store = fresh()();
+    assert_eq!(Journal::batching(&store), Batching::Eager);
+    assert_eq!(DurableStateStore::batching(&store), Batching::Eager);
+    assert!(store.commits_batches());
+}
+
 fn payload(n: u8) -> Payload {
     Payload {
         manifest: "counter.added".into(),

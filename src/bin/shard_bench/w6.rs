@@ -8,8 +8,8 @@
 //! figure that placement moves: the fraction of front-to-back asks that
 //! stay on one node, per second and in all.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use datum_cluster_sharding::prelude::*;
@@ -120,6 +120,7 @@ fn partners(system: &ShardedSystem) -> Vec<[u32; PARTNERS]> {
         .map(|k| {
             let shard = system.entity_ref::<Front>(front_id(k)).shard_id().0;
             let theirs = &by_shard[((shard + SHARDS / 2) % SHARDS) as usize];
+            assert!(!theirs.is_empty(), "every shard holds backs");
             std::array::from_fn(|j| theirs[(k as usize * PARTNERS + j) % theirs.len()])
         })
         .collect()
@@ -198,15 +199,18 @@ pub async fn run(
             .await?;
         nodes.push(Node { cluster, system });
     }
-    // A warm-up: most fronts and their partners started before the
-    // measured run.
+    // Every region registered (a late one would get its shards only from
+    // rebalance rounds, under the clock), then a warm-up in which every
+    // driver asks every front once, so that the fronts and their partners
+    // are started before the measured run.
+    super::harness::wait_registered(&nodes).await?;
     let counts = Arc::new(Counts::default());
-    drive(&nodes, FRONTS, 64, &counts).await;
+    drive(&nodes, 3 * FRONTS, 64, &counts).await;
     let counts = Arc::new(Counts::default());
-    let series = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let sampler = tokio::spawn(sample(counts.clone(), series.clone()));
+    let series = Arc::new(Mutex::new(Vec::new()));
     let cpu_before = cpu_time();
     let start = Instant::now();
+    let sampler = tokio::spawn(sample(counts.clone(), start, series.clone()));
     let latency = drive(&nodes, messages, in_flight, &counts).await;
     let wall = start.elapsed();
     let cpu = cpu_time().saturating_sub(cpu_before);
@@ -227,11 +231,17 @@ pub async fn run(
         latency.value_at_quantile(0.99),
         on_node,
     );
-    // The last, partial second too.
+    // The last, partial second too (a sample taken after the run's end
+    // gives way to it).
     let series = {
         let mut samples = series.lock().unwrap_or_else(|p| p.into_inner());
-        samples.push((local, remote));
-        fractions(&samples)
+        samples.retain(|s| s.at < wall);
+        samples.push(Sample {
+            at: wall,
+            local,
+            remote,
+        });
+        intervals(&samples)
     };
     let record = json!({
         "workload": name,
@@ -243,7 +253,7 @@ pub async fn run(
         "p50_us": latency.value_at_quantile(0.50),
         "p99_us": latency.value_at_quantile(0.99),
         "on_node_fraction": on_node,
-        "on_node_per_second": series,
+        "on_node_over_time": series,
         "shards_moved": moved,
         "in_flight_per_driver": in_flight,
         "fronts": FRONTS,
@@ -254,30 +264,48 @@ pub async fn run(
     Ok((record, failed == 0 && answered == messages))
 }
 
-/// Every second, the running counts of on-node and cross-node asks.
-async fn sample(counts: Arc<Counts>, series: Arc<std::sync::Mutex<Vec<(u64, u64)>>>) {
+/// Every second, the time since `start` and the running counts of
+/// on-node and cross-node asks.
+async fn sample(counts: Arc<Counts>, start: Instant, series: Arc<Mutex<Vec<Sample>>>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
     loop {
         tick.tick().await;
-        let now = counts.now();
-        series.lock().unwrap_or_else(|p| p.into_inner()).push(now);
+        let (local, remote) = counts.now();
+        let at = start.elapsed();
+        series
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Sample { at, local, remote });
     }
 }
 
-/// The on-node fraction of the asks answered between one running count
-/// and the next, from `(0, 0)`.
-fn fractions(samples: &[(u64, u64)]) -> Vec<f64> {
+/// Running counts at a time.
+#[derive(Clone, Copy)]
+struct Sample {
+    at: Duration,
+    local: u64,
+    remote: u64,
+}
+
+/// Between one sample and the next: when the interval ended, the asks
+/// answered in it, and the on-node fraction of them (`null` for none).
+fn intervals(samples: &[Sample]) -> Vec<Value> {
     let mut before = (0, 0);
-    let mut fractions = Vec::new();
-    for &(local, remote) in samples {
-        let (l, r) = (local - before.0, remote - before.1);
-        if l + r > 0 {
-            fractions.push(l as f64 / (l + r) as f64);
-        }
-        before = (local, remote);
+    let mut intervals = Vec::new();
+    for sample in samples {
+        let (local, remote) = (sample.local - before.0, sample.remote - before.1);
+        let asks = local + remote;
+        let fraction = (asks > 0).then(|| local as f64 / asks as f64);
+        intervals.push(json!({
+            "t_s": sample.at.as_secs_f64(),
+            "asks": asks,
+            "on_node": fraction,
+        }));
+        before = (sample.local, sample.remote);
     }
-    fractions
+    intervals
 }
 
 /// One driver per node, `count` asks to the fronts in all, `in_flight`
@@ -298,7 +326,8 @@ async fn drive(
                 .map(|k| system.entity_ref::<Front>(front_id(k)))
                 .collect();
             let mut latency = Histogram::<u64>::new(3).expect("histogram");
-            let stride = 7_919; // a prime: each driver walks every front
+            // A prime stride: a driver's first 10,000 asks reach every front.
+            let stride = 7_919;
             let one = |k: u64| {
                 let front = &fronts[((k * stride + d as u64 * 3_331) % FRONTS) as usize];
                 async move {
