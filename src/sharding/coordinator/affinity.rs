@@ -1,0 +1,163 @@
+//! Placement that follows the traffic: which shards to move so that
+//! shards that talk to each other share a node, within the count balance.
+//! A pure function of the homes and the traffic between shards (SPEC
+//! §13.11, Placement by traffic): no clock, no IO, the same answer for
+//! the same input.
+//!
+//! The rule, one round: a shard's *pull* toward a node is the traffic it
+//! exchanges with shards living there. A shard whose strongest pull is
+//! toward another node than its own, by at least `min_gain` and by
+//! `margin_pct` percent more than its pull toward home (the hysteresis),
+//! is a candidate; candidates go strongest gain first, each re-weighed
+//! against the homes as the round's earlier moves left them (so the two
+//! ends of one edge never swap past each other), and a move is taken only
+//! if its type's counts per node stay within `slack` of each other, or
+//! come no further apart than they were. Every move taken raises the
+//! traffic that stays on one node by at least `min_gain`, so rounds end:
+//! over fixed traffic, no shard moves back and forth.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+/// The knobs of one round.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Affinity {
+    /// The most moves a round makes.
+    pub(crate) max_moves: usize,
+    /// How far apart a type's counts per node may be after a move.
+    pub(crate) slack: usize,
+    /// The least gain (traffic kept on one node) worth a move.
+    pub(crate) min_gain: u64,
+    /// How much stronger, in percent, the pull away must be than the
+    /// pull toward home.
+    pub(crate) margin_pct: u64,
+}
+
+/// A shard of a type: `(type, shard)`.
+pub(crate) type Key<T, S> = (T, S);
+
+/// The traffic between two shards.
+pub(crate) type Traffic<T, S> = BTreeMap<(Key<T, S>, Key<T, S>), u64>;
+
+/// Each shard's partners, with the traffic it exchanges with each.
+type Partners<T, S> = BTreeMap<Key<T, S>, Vec<(Key<T, S>, u64)>>;
+
+/// The moves of one round, in the order taken: each shard once, to the
+/// node named. `homes`: where every shard lives; `traffic`: the traffic
+/// between two shards, counted once per pair whichever way it went (a
+/// pair's two orders add up); `nodes`: where shards may go.
+pub(crate) fn plan<T, S, N>(
+    homes: &BTreeMap<Key<T, S>, N>,
+    traffic: &Traffic<T, S>,
+    nodes: &BTreeSet<N>,
+    rule: &Affinity,
+) -> Vec<(Key<T, S>, N)>
+where
+    T: Ord + Copy,
+    S: Ord + Copy,
+    N: Ord + Copy,
+{
+    let mut partners: Partners<T, S> = BTreeMap::new();
+    for (&(a, b), &weight) in traffic {
+        if a != b && weight > 0 {
+            partners.entry(a).or_default().push((b, weight));
+            partners.entry(b).or_default().push((a, weight));
+        }
+    }
+    let mut homes = homes.clone();
+    let mut counts: BTreeMap<T, BTreeMap<N, usize>> = BTreeMap::new();
+    for (&(kind, _), node) in &homes {
+        if nodes.contains(node) {
+            let per_node = counts
+                .entry(kind)
+                .or_insert_with(|| nodes.iter().map(|n| (*n, 0)).collect());
+            *per_node.entry(*node).or_default() += 1;
+        }
+    }
+    // The candidates against the round's first homes, strongest first.
+    let mut candidates: Vec<(u64, Key<T, S>)> = partners
+        .iter()
+        .filter_map(|(&key, theirs)| {
+            let (_, gain) = best_move(key, theirs, &homes, nodes, rule)?;
+            Some((gain, key))
+        })
+        .collect();
+    candidates.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    let mut moves = Vec::new();
+    let mut moved = BTreeSet::new();
+    for (_, key) in candidates {
+        if moves.len() >= rule.max_moves {
+            break;
+        }
+        if moved.contains(&key) {
+            continue;
+        }
+        // Weighed again: an earlier move may have taken its partner away.
+        let Some((to, _)) = best_move(key, &partners[&key], &homes, nodes, rule) else {
+            continue;
+        };
+        let from = homes[&key];
+        let Some(per_node) = counts.get_mut(&key.0) else {
+            continue;
+        };
+        if !keeps_balance(per_node, from, to, rule.slack) {
+            continue;
+        }
+        *per_node.entry(from).or_default() -= 1;
+        *per_node.entry(to).or_default() += 1;
+        homes.insert(key, to);
+        moved.insert(key);
+        moves.push((key, to));
+    }
+    moves
+}
+
+/// Where `key` pulls hardest, if a move there passes the rule, and the
+/// gain: that pull less its pull toward home.
+fn best_move<K: Ord + Copy, N: Ord + Copy>(
+    key: K,
+    partners: &[(K, u64)],
+    homes: &BTreeMap<K, N>,
+    nodes: &BTreeSet<N>,
+    rule: &Affinity,
+) -> Option<(N, u64)> {
+    let home = *homes.get(&key)?;
+    if !nodes.contains(&home) {
+        return None;
+    }
+    let mut pull: BTreeMap<N, u64> = BTreeMap::new();
+    for (partner, weight) in partners {
+        if let Some(node) = homes.get(partner).filter(|n| nodes.contains(n)) {
+            *pull.entry(*node).or_default() += weight;
+        }
+    }
+    let at_home = pull.get(&home).copied().unwrap_or(0);
+    // The strongest pull, the lowest node among equals.
+    let (to, away) = pull
+        .iter()
+        .filter(|(node, _)| **node != home)
+        .max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0)))?;
+    let gain = away.checked_sub(at_home)?;
+    let margin_met =
+        u128::from(*away) * 100 >= u128::from(at_home) * u128::from(100 + rule.margin_pct);
+    (gain >= rule.min_gain.max(1) && margin_met).then_some((*to, gain))
+}
+
+/// Whether moving one shard from `from` to `to` keeps the counts within
+/// `slack` of each other, or no further apart than they were.
+fn keeps_balance<N: Ord + Copy>(counts: &BTreeMap<N, usize>, from: N, to: N, slack: usize) -> bool {
+    let spread = |counts: &BTreeMap<N, usize>| {
+        let max = counts.values().max().copied().unwrap_or(0);
+        let min = counts.values().min().copied().unwrap_or(0);
+        max - min
+    };
+    let before = spread(counts);
+    let mut after = counts.clone();
+    *after.entry(from).or_default() -= 1;
+    *after.entry(to).or_default() += 1;
+    let after = spread(&after);
+    after <= slack || after <= before
+}
+
+#[cfg(test)]
+#[path = "affinity_tests.rs"]
+mod tests;
