@@ -34,8 +34,8 @@ pub(super) enum Workload {
     /// ractor actors; `--messages` asks spread over them.
     Entities,
     /// How an event-sourced entity's recovery grows with its journal
-    /// (`--lengths`), replayed whole and from a snapshot, on the embedded
-    /// store.
+    /// (`--lengths`), replayed whole and from a snapshot, on redb, fjall or
+    /// PostgreSQL (`--journal`).
     Recovery,
     /// Baseline (a): the same three nodes and pipes, request/reply answered
     /// inline by the receiver, no sharding (16 in flight per node unless
@@ -117,8 +117,8 @@ pub(super) struct Args {
     /// W4, W2 on durable entities, `w1 --reliable` and `recovery`: the
     /// journal — `embedded` (redb), `fjall` (build with `--features
     /// fjall`, on by default) or `postgres` (a throwaway server; build with
-    /// `--features postgres`; W4 and W2 only). W2 without it runs the plain
-    /// ping entity; `recovery` without it runs on redb.
+    /// `--features postgres`; W4, W2 and `recovery`). W2 without it runs
+    /// the plain ping entity; `recovery` without it runs on redb.
     #[arg(long, value_enum)]
     pub(super) journal: Option<durable::JournalKind>,
     /// With `--journal embedded` (W4, `w1 --reliable`): commit lanes per

@@ -1,6 +1,7 @@
 //! How an event-sourced entity's recovery grows with its journal: for each
-//! length, a fresh embedded store (redb, or fjall with `--journal fjall`, in
-//! a temporary directory) gets that
+//! length, a fresh store (redb, or fjall with `--journal fjall`, in a
+//! temporary directory; or with `--journal postgres` a fresh database on a
+//! throwaway server, `fsync` on) gets that
 //! many events for one entity through the store's SPI, written as the
 //! library writes them (SPEC §8b: the type's wire name as manifest, its
 //! event version, CBOR), in batches; then a one-node system on that store
@@ -138,26 +139,62 @@ fn fill(
     Ok(())
 }
 
-/// One point on a fresh store of `kind`: see [`point_on`].
-async fn point(length: u64, snapshot: bool, kind: JournalKind) -> Result<(f64, f64, bool), String> {
-    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    match kind {
-        JournalKind::Embedded => {
-            let path = dir.path().join("journal.redb");
-            let store = RedbPersistence::open(path).map_err(|e| e.to_string())?;
-            point_on(store, length, snapshot).await
-        }
-        #[cfg(feature = "fjall")]
-        JournalKind::Fjall => {
-            let path = dir.path().join("journal");
-            let store = datum_cluster_sharding::persistence::FjallPersistence::open(path)
+/// Where a run's stores come from: a temporary directory each, or one
+/// throwaway PostgreSQL server (a fresh database each).
+struct Stores {
+    kind: JournalKind,
+    #[cfg(feature = "postgres")]
+    server: Option<super::pg_server::Server>,
+}
+
+impl Stores {
+    fn new(kind: JournalKind) -> Result<Stores, String> {
+        #[cfg(feature = "postgres")]
+        let server = match kind {
+            JournalKind::Postgres => Some(
+                super::pg_server::Server::start(super::pg_server::Durability::Fsync)
+                    .ok_or("PostgreSQL's binaries are needed for --journal postgres")?,
+            ),
+            JournalKind::Embedded | JournalKind::Fjall => None,
+        };
+        Ok(Stores {
+            kind,
+            #[cfg(feature = "postgres")]
+            server,
+        })
+    }
+
+    /// One point on a fresh store: see [`point_on`].
+    async fn point(&self, length: u64, snapshot: bool) -> Result<(f64, f64, bool), String> {
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        match self.kind {
+            JournalKind::Embedded => {
+                let path = dir.path().join("journal.redb");
+                let store = RedbPersistence::open(path).map_err(|e| e.to_string())?;
+                point_on(store, length, snapshot).await
+            }
+            #[cfg(feature = "fjall")]
+            JournalKind::Fjall => {
+                let path = dir.path().join("journal");
+                let store = datum_cluster_sharding::persistence::FjallPersistence::open(path)
+                    .map_err(|e| e.to_string())?;
+                point_on(store, length, snapshot).await
+            }
+            #[cfg(feature = "postgres")]
+            JournalKind::Postgres => {
+                let server = self.server.as_ref().ok_or("no server")?;
+                let store = tokio::task::block_in_place(|| {
+                    datum_cluster_sharding::persistence::PgPersistence::connect(
+                        &server.database(),
+                        4,
+                    )
+                })
                 .map_err(|e| e.to_string())?;
-            point_on(store, length, snapshot).await
+                point_on(store, length, snapshot).await
+            }
+            #[allow(unreachable_patterns)] // with every store's feature on
+            kind => Err(format!("built without the {} feature", kind.name())),
         }
-        _ => Err(format!(
-            "recovery runs on redb or fjall, not {}",
-            kind.name()
-        )),
     }
 }
 
@@ -174,7 +211,9 @@ async fn point_on<J: Journal + SnapshotStore>(
         Replayed::TYPE_NAME
     };
     let started = Instant::now();
-    fill(&store, type_name, length, snapshot)?;
+    // The store's calls block (PostgreSQL's client runs a runtime of its
+    // own): off the async worker, as the system's writers make them.
+    tokio::task::block_in_place(|| fill(&store, type_name, length, snapshot))?;
     let fill_ms = started.elapsed().as_secs_f64() * 1e3;
     let system = ShardedSystem::builder()
         .num_shards(8)
@@ -230,11 +269,12 @@ pub async fn run(
         "{:>9} {:>14} {:>14} {:>16} {:>10}",
         "events", "replay ms", "µs per event", "snapshotted ms", "fill ms"
     );
+    let stores = Stores::new(kind)?;
     let mut points = Vec::new();
     let mut correct = true;
     for &length in lengths {
-        let (replay_ms, fill_ms, replay_ok) = point(length, false, kind).await?;
-        let (snapshot_ms, _, snapshot_ok) = point(length, true, kind).await?;
+        let (replay_ms, fill_ms, replay_ok) = stores.point(length, false).await?;
+        let (snapshot_ms, _, snapshot_ok) = stores.point(length, true).await?;
         correct &= replay_ok && snapshot_ok;
         println!(
             "{:>9} {:>14.1} {:>14.2} {:>16.1} {:>10.0}",
