@@ -132,13 +132,7 @@ impl Stores {
             .prefix("shard-bench-w4-")
             .tempdir()?;
         #[cfg(feature = "postgres")]
-        let server = match kind {
-            JournalKind::Postgres => Some(
-                super::pg_server::Server::start(super::pg_server::Durability::Fsync)
-                    .ok_or("PostgreSQL's binaries are needed for --journal postgres")?,
-            ),
-            JournalKind::Embedded | JournalKind::Fjall => None,
-        };
+        let server = server_for(kind)?;
         #[cfg(not(feature = "postgres"))]
         if kind == JournalKind::Postgres {
             return Err("--journal postgres needs a build with `--features postgres`".into());
@@ -200,6 +194,19 @@ impl Stores {
             return Ok(vec![one.clone(), one.clone(), one]);
         }
         (0..3).map(|_| open()).collect()
+    }
+}
+
+/// A throwaway PostgreSQL server (`fsync` on) when `kind` is PostgreSQL.
+#[cfg(feature = "postgres")]
+pub fn server_for(kind: JournalKind) -> Result<Option<super::pg_server::Server>, String> {
+    match kind {
+        JournalKind::Postgres => {
+            super::pg_server::Server::start(super::pg_server::Durability::Fsync)
+                .map(Some)
+                .ok_or_else(|| "PostgreSQL's binaries are needed for --journal postgres".into())
+        }
+        JournalKind::Embedded | JournalKind::Fjall => Ok(None),
     }
 }
 

@@ -150,13 +150,7 @@ struct Stores {
 impl Stores {
     fn new(kind: JournalKind) -> Result<Stores, String> {
         #[cfg(feature = "postgres")]
-        let server = match kind {
-            JournalKind::Postgres => Some(
-                super::pg_server::Server::start(super::pg_server::Durability::Fsync)
-                    .ok_or("PostgreSQL's binaries are needed for --journal postgres")?,
-            ),
-            JournalKind::Embedded | JournalKind::Fjall => None,
-        };
+        let server = super::durable::server_for(kind)?;
         Ok(Stores {
             kind,
             #[cfg(feature = "postgres")]
