@@ -12,9 +12,12 @@
 //! against the homes as the round's earlier moves left them (so the two
 //! ends of one edge never swap past each other), and a move is taken only
 //! if its type's counts per node stay within `slack` of each other, or
-//! come no further apart than they were. Every move taken raises the
-//! traffic that stays on one node by at least `min_gain`, so rounds end:
-//! over fixed traffic, no shard moves back and forth.
+//! come no further apart than they were. A move changes only the moving
+//! shard's own pairs, so its gain is exactly what the traffic kept on one
+//! node rises by: every move raises it by at least `min_gain`, and over
+//! fixed traffic the rounds end (after at most the total traffic ÷
+//! `min_gain` moves). A shard may still move more than once on the way,
+//! when a partner's later move pulls it again.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -83,13 +86,9 @@ where
         .collect();
     candidates.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
     let mut moves = Vec::new();
-    let mut moved = BTreeSet::new();
     for (_, key) in candidates {
         if moves.len() >= rule.max_moves {
             break;
-        }
-        if moved.contains(&key) {
-            continue;
         }
         // Weighed again: an earlier move may have taken its partner away.
         let Some((to, _)) = best_move(key, &partners[&key], &homes, nodes, rule) else {
@@ -99,13 +98,14 @@ where
         let Some(per_node) = counts.get_mut(&key.0) else {
             continue;
         };
-        if !keeps_balance(per_node, from, to, rule.slack) {
+        let Some(after) = moved_one(per_node, from, to) else {
+            continue;
+        };
+        if !keeps_balance(per_node, &after, rule.slack) {
             continue;
         }
-        *per_node.entry(from).or_default() -= 1;
-        *per_node.entry(to).or_default() += 1;
+        *per_node = after;
         homes.insert(key, to);
-        moved.insert(key);
         moves.push((key, to));
     }
     moves
@@ -127,7 +127,8 @@ fn best_move<K: Ord + Copy, N: Ord + Copy>(
     let mut pull: BTreeMap<N, u64> = BTreeMap::new();
     for (partner, weight) in partners {
         if let Some(node) = homes.get(partner).filter(|n| nodes.contains(n)) {
-            *pull.entry(*node).or_default() += weight;
+            let pulled = pull.entry(*node).or_default();
+            *pulled = pulled.saturating_add(*weight);
         }
     }
     let at_home = pull.get(&home).copied().unwrap_or(0);
@@ -142,20 +143,34 @@ fn best_move<K: Ord + Copy, N: Ord + Copy>(
     (gain >= rule.min_gain.max(1) && margin_met).then_some((*to, gain))
 }
 
-/// Whether moving one shard from `from` to `to` keeps the counts within
-/// `slack` of each other, or no further apart than they were.
-fn keeps_balance<N: Ord + Copy>(counts: &BTreeMap<N, usize>, from: N, to: N, slack: usize) -> bool {
+/// The counts after one shard of the type moved from `from` to `to`;
+/// `None` if `from` holds none (never, for a shard counted at its home).
+fn moved_one<N: Ord + Copy>(
+    counts: &BTreeMap<N, usize>,
+    from: N,
+    to: N,
+) -> Option<BTreeMap<N, usize>> {
+    let mut after = counts.clone();
+    let left = after.get_mut(&from)?;
+    *left = left.checked_sub(1)?;
+    *after.entry(to).or_default() += 1;
+    Some(after)
+}
+
+/// Whether counts `after` a move are within `slack` of each other, or no
+/// further apart than `before` it.
+fn keeps_balance<N: Ord>(
+    before: &BTreeMap<N, usize>,
+    after: &BTreeMap<N, usize>,
+    slack: usize,
+) -> bool {
     let spread = |counts: &BTreeMap<N, usize>| {
         let max = counts.values().max().copied().unwrap_or(0);
         let min = counts.values().min().copied().unwrap_or(0);
         max - min
     };
-    let before = spread(counts);
-    let mut after = counts.clone();
-    *after.entry(from).or_default() -= 1;
-    *after.entry(to).or_default() += 1;
-    let after = spread(&after);
-    after <= slack || after <= before
+    let after = spread(after);
+    after <= slack || after <= spread(before)
 }
 
 #[cfg(test)]
