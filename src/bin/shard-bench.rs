@@ -118,6 +118,10 @@ fn main() -> ExitCode {
         eprintln!("shard-bench: --reliable runs w1 and w2 in one process");
         return ExitCode::from(2);
     }
+    if args.journal == Some(durable::JournalKind::Fjall) && args.lanes.is_some_and(|n| n != 1) {
+        eprintln!("shard-bench: --journal fjall commits through one log: --lanes 1 only");
+        return ExitCode::from(2);
+    }
     if args.uniform && args.workload != Workload::W6 {
         eprintln!("shard-bench: --uniform is W6's control");
         return ExitCode::from(2);

@@ -141,9 +141,6 @@ impl Stores {
         if kind == JournalKind::Fjall {
             return Err("--journal fjall needs a build with `--features fjall`".into());
         }
-        if kind == JournalKind::Fjall && lanes != 1 {
-            return Err("--journal fjall commits through one log: --lanes 1 only".into());
-        }
         Ok(Stores {
             kind,
             lanes,

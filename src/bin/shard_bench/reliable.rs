@@ -455,9 +455,6 @@ pub async fn run(
             on_stores(journals, kind, &checks, messages, in_flight).await?
         }
         Some(JournalKind::Fjall) => {
-            if lanes != 1 {
-                return Err("--journal fjall commits through one log: --lanes 1 only".into());
-            }
             #[cfg(feature = "fjall")]
             {
                 let dir = tempfile::tempdir()?;
