@@ -93,7 +93,7 @@ pub use entity::{
 };
 pub use model::app_version::{AppVersion, AppVersionError};
 pub use model::config::{
-    EntityLimit, MAX_SHARDS, PassivationPolicy, RememberEntitiesConfig,
+    EntityLimit, MAX_SHARDS, PassivationPolicy, PlacementByTraffic, RememberEntitiesConfig,
     RememberEntitiesFailurePolicy, RememberEntitiesQueueFull, ShardingConfig,
 };
 pub use model::error::{Processed, RegionRefusal, ShardingError, ShardingResult};

@@ -86,6 +86,77 @@ pub struct ShardingConfig {
     /// carried.
     #[builder(default, setter(strip_option))]
     pub tracing: Option<crate::ops::telemetry::Tracing>,
+    /// Placement by traffic (SPEC §13.11): regions count which shards
+    /// their entities send to, and the coordinator moves shards toward
+    /// the nodes that talk to them, within the count balance. `None` (the
+    /// default): shards are placed by count alone. Set it on every node:
+    /// a node counts when its own config has it, and the acting
+    /// coordinator moves shards when its own does. Used in cluster mode.
+    #[builder(default, setter(strip_option))]
+    pub placement_by_traffic: Option<PlacementByTraffic>,
+}
+
+/// Placement by traffic (SPEC §13.11): how far the coordinator goes to
+/// put shards that talk to each other on one node. Build with
+/// [`PlacementByTraffic::default`] and the `with_` methods.
+///
+/// ```
+/// use datum_cluster_sharding::{PlacementByTraffic, ShardingConfig};
+/// let config = ShardingConfig::builder()
+///     .placement_by_traffic(PlacementByTraffic::default().with_max_moves(4))
+///     .build();
+/// assert_eq!(config.placement_by_traffic.map(|p| p.slack), Some(2));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PlacementByTraffic {
+    /// The most shards (of all types together) a round moves for
+    /// traffic.
+    pub max_moves: usize,
+    /// How far apart a type's shard counts per node may be after a move
+    /// for traffic; the count rebalance leaves a spread this small alone.
+    pub slack: usize,
+    /// The least gain, in sampled messages kept on one node, worth a move.
+    pub min_gain: u64,
+    /// How much stronger, in percent, a shard's pull toward another node
+    /// must be than its pull toward its own before it moves (the
+    /// hysteresis that keeps shards from going back and forth).
+    pub margin_pct: u64,
+}
+
+impl Default for PlacementByTraffic {
+    fn default() -> Self {
+        PlacementByTraffic {
+            max_moves: 8,
+            slack: 2,
+            min_gain: 32,
+            margin_pct: 20,
+        }
+    }
+}
+
+impl PlacementByTraffic {
+    /// The same, with at most `max_moves` moves per round.
+    pub fn with_max_moves(self, max_moves: usize) -> Self {
+        PlacementByTraffic { max_moves, ..self }
+    }
+
+    /// The same, with counts per node allowed `slack` apart.
+    pub fn with_slack(self, slack: usize) -> Self {
+        PlacementByTraffic { slack, ..self }
+    }
+
+    /// The same, with moves that keep fewer than `min_gain` sampled
+    /// messages on one node refused.
+    pub fn with_min_gain(self, min_gain: u64) -> Self {
+        PlacementByTraffic { min_gain, ..self }
+    }
+
+    /// The same, with a pull away `margin_pct` percent stronger than the
+    /// pull home needed for a move.
+    pub fn with_margin_pct(self, margin_pct: u64) -> Self {
+        PlacementByTraffic { margin_pct, ..self }
+    }
 }
 
 /// Passivation by an active-entity limit (SPEC §6.1).
@@ -276,6 +347,12 @@ impl ShardingConfig {
         {
             return Err(ShardingError::InvalidConfig(
                 "rebalance_interval, handoff_timeout and migration_timeout must be positive".into(),
+            ));
+        }
+        if self.placement_by_traffic.is_some_and(|p| p.max_moves == 0) {
+            return Err(ShardingError::InvalidConfig(
+                "placement_by_traffic.max_moves must be at least 1 (use None to turn it off)"
+                    .into(),
             ));
         }
         if self.passivation_idle_timeout == Some(Duration::ZERO) {

@@ -12,6 +12,7 @@ use crate::model::error::{ShardingError, ShardingResult};
 use crate::model::extractor::ShardId;
 use crate::runtime::dispatch::{Dispatch, OutcomeKind, panic_message};
 use crate::runtime::mailbox::{EntityMsg, RegionMsg};
+use crate::runtime::traffic;
 
 /// Builds an entity incarnation.
 pub(crate) type Factory<E> = Arc<dyn Fn(&EntityContext) -> E + Send + Sync>;
@@ -294,6 +295,9 @@ where
                 return Ok(());
             };
             let (entity, ctx) = (&mut state.entity, &state.args.ctx);
+            // What the handling sends, it sends from this shard (SPEC
+            // §13.11).
+            let sender = (ctx.type_name(), state.args.notice.shard.0);
             // Awaited where it is made: a future bound to a local and then
             // awaited would be stored twice in this one. (`if let`, not
             // `match`: the untraced path then keeps no `Option<Span>`.)
@@ -310,13 +314,20 @@ where
                 // await) runs in the span, as the future it returns does.
                 let handled = {
                     let _in_span = span.enter();
-                    <E::Protocol as Dispatch<E>>::dispatch(entity, envelope, ctx)
+                    traffic::handled_by(
+                        sender,
+                        <E::Protocol as Dispatch<E>>::dispatch(entity, envelope, ctx),
+                    )
                 };
                 // Boxed: a traced message's handling is the rare case, kept
                 // out of every message's future.
                 Box::pin(tracing::Instrument::instrument(handled, span)).await
             } else {
-                <E::Protocol as Dispatch<E>>::dispatch(entity, envelope, ctx).await
+                traffic::handled_by(
+                    sender,
+                    <E::Protocol as Dispatch<E>>::dispatch(entity, envelope, ctx),
+                )
+                .await
             };
             if state.args.idle_timeout.is_some() {
                 state.last_activity = Instant::now();

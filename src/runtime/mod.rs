@@ -39,3 +39,4 @@ pub(crate) mod passivation;
 pub(crate) mod region;
 pub(crate) mod region_actor;
 pub(crate) mod slot;
+pub(crate) mod traffic;

@@ -203,6 +203,18 @@ impl ControlCore {
         self.run_side(now, regions, commands)
     }
 
+    /// What this node's entities sent to which shards (sampled, SPEC
+    /// §13.11): reported to the coordinator.
+    pub(crate) fn traffic(
+        &mut self,
+        now: Instant,
+        regions: &dyn LocalRegions,
+        pairs: Vec<(String, u32, String, u32, u64)>,
+    ) -> Vec<ControlCommand> {
+        let commands = self.side.traffic(pairs);
+        self.run_side(now, regions, commands)
+    }
+
     /// An entity type was registered here.
     pub(crate) fn type_registered(
         &mut self,
@@ -447,6 +459,10 @@ impl ControlCore {
                 }
                 ControlMsg::NeedsNewer { type_name, shard } => {
                     (self.coordinator).needs_newer(now, from, &type_name, shard)
+                }
+                ControlMsg::Traffic { pairs } => {
+                    self.coordinator.traffic(&pairs);
+                    Vec::new()
                 }
                 ControlMsg::GetHome {
                     type_name,

@@ -222,6 +222,18 @@ impl RegionCore {
         })
     }
 
+    /// What this node's entities sent to which shards: to the
+    /// coordinator (nothing to say, nothing sent).
+    pub(crate) fn traffic(
+        &self,
+        pairs: Vec<(String, u32, String, u32, u64)>,
+    ) -> Vec<RegionCommand> {
+        if pairs.is_empty() {
+            return Vec::new();
+        }
+        self.to_coordinator(ControlMsg::Traffic { pairs })
+    }
+
     /// `msg` to the coordinator this node follows (nothing without one).
     fn to_coordinator(&self, msg: ControlMsg) -> Vec<RegionCommand> {
         self.coordinator
@@ -540,6 +552,7 @@ impl RegionCore {
             // For the coordinator, and stats: not this core's.
             ControlMsg::Register { .. }
             | ControlMsg::NeedsNewer { .. }
+            | ControlMsg::Traffic { .. }
             | ControlMsg::Unregister { .. }
             | ControlMsg::GetHome { .. }
             | ControlMsg::ShardStopped { .. }

@@ -302,6 +302,13 @@ pub(crate) enum ControlMsg {
     /// version lacks reached `shard`, which it hosts: move the shard to a
     /// node of the type's newest version, if one is eligible (SPEC §13.6).
     NeedsNewer { type_name: String, shard: u32 },
+    /// Region node → coordinator, once a second while placement by
+    /// traffic is on (SPEC §13.11): the messages its entities sent since
+    /// the last, sampled, each as `[from type, from shard, to type, to
+    /// shard, count]`.
+    Traffic {
+        pairs: Vec<(String, u32, String, u32, u64)>,
+    },
     /// Coordinator → region: the registration of this type was refused.
     Refused {
         type_name: String,

@@ -13,6 +13,7 @@ use crate::model::error::ShardingResult;
 use crate::persistence::remember::{NoStore, RememberEntitiesStore};
 use crate::persistence::{Journal, NoJournal};
 use crate::runtime::ask_waits::{AskWaits, keep_deadlines};
+use crate::runtime::traffic::TrafficCounts;
 use crate::sharding::coordinator::{CoordinatorConfig, ShardAllocationStrategy};
 use crate::sharding::driver::{ClusterLink, SystemPort};
 use crate::util::fast_hash::FastMap;
@@ -122,6 +123,9 @@ impl<S, J> ShardedSystemBuilder<S, J> {
     /// Validates the configuration and starts the system.
     pub async fn start(self) -> ShardingResult<ShardedSystem<S, J>> {
         self.config.validate()?;
+        // Only a cluster places by traffic.
+        let counting = self.node.is_some() && self.config.placement_by_traffic.is_some();
+        let traffic = Arc::new(TrafficCounts::new(counting));
         let cluster = match self.node {
             Some(node) => {
                 let cluster = node.config();
@@ -158,6 +162,7 @@ impl<S, J> ShardedSystemBuilder<S, J> {
                     // latest (SPEC §10.5); its losers have fenced a margin
                     // after that.
                     hold_for: membership.unstable_limit(1).saturating_add(margin),
+                    placement_by_traffic: self.config.placement_by_traffic,
                     ..CoordinatorConfig::default()
                 };
                 Some(ClusterLink::new(node, self.strategy, coordinator)?)
@@ -179,6 +184,7 @@ impl<S, J> ShardedSystemBuilder<S, J> {
             state_writer: OnceLock::new(),
             migration_events: tokio::sync::broadcast::channel(1_024).0,
             asks: AskWaits::new(),
+            traffic,
         });
         tokio::spawn(keep_deadlines(Arc::downgrade(&shared.asks)));
         if let Some(link) = &shared.cluster {

@@ -102,6 +102,7 @@ impl<P: Protocol> EntityRef<P> {
     /// `full_queue_wait` at most.
     pub async fn tell<M: Tell<P>>(&self, msg: M) -> ShardingResult<()> {
         let region = self.region()?;
+        self.shared.traffic.sent((P::TYPE_NAME, self.shard.0));
         if let Some(remember) = region.remember().filter(|r| r.is_full()) {
             // Boxed: a rare wait, kept out of every tell's future.
             Box::pin(remember.room(P::TYPE_NAME, self.shard, None)).await?;
@@ -130,6 +131,7 @@ impl<P: Protocol> EntityRef<P> {
         // read (the latency's end is one more, when the answer comes).
         let sent = tokio::time::Instant::now();
         region.metrics.asks.increment(1);
+        self.shared.traffic.sent((P::TYPE_NAME, self.shard.0));
         let answer = match region.tracing() {
             None => self.ask_in(region, msg, (sent, timeout), None).await,
             Some(_) => {

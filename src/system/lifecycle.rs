@@ -10,6 +10,7 @@ use super::{ShardedSystem, Shared};
 #[cfg(doc)]
 use crate::model::error::ShardingError;
 use crate::runtime::region::Region;
+use crate::runtime::traffic::ShardKey;
 use crate::sharding::driver::{BoxFuture, ClusterLink, SystemPort};
 
 impl Drop for Shared {
@@ -205,6 +206,10 @@ impl SystemPort for Shared {
 
     fn shut_down(self: Arc<Self>) -> BoxFuture<'static, ()> {
         Box::pin(async move { self.shutdown().await })
+    }
+
+    fn take_traffic(&self) -> Vec<(ShardKey, ShardKey, u64)> {
+        self.traffic.take()
     }
 }
 

@@ -49,6 +49,7 @@ use crate::persistence::remember::writer::Remember;
 use crate::persistence::{DurableStateStore, Journal, NoJournal, SnapshotStore};
 use crate::runtime::ask_waits::AskWaits;
 use crate::runtime::region::{Region, RegionProtocol};
+use crate::runtime::traffic::TrafficCounts;
 use crate::sharding::driver::{ClusterLink, RegionLink};
 use crate::util::fast_hash::FastMap;
 
@@ -117,6 +118,9 @@ pub(crate) struct Shared {
     /// The deadlines of the asks waiting on this node that no pending
     /// remote ask keeps (SPEC §13.5).
     asks: Arc<AskWaits>,
+    /// What this node's entities send to which shards, when placement by
+    /// traffic is on (SPEC §13.11).
+    traffic: Arc<TrafficCounts>,
 }
 
 impl Shared {

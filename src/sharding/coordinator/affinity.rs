@@ -21,19 +21,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-/// The knobs of one round.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Affinity {
-    /// The most moves a round makes.
-    pub(crate) max_moves: usize,
-    /// How far apart a type's counts per node may be after a move.
-    pub(crate) slack: usize,
-    /// The least gain (traffic kept on one node) worth a move.
-    pub(crate) min_gain: u64,
-    /// How much stronger, in percent, the pull away must be than the
-    /// pull toward home.
-    pub(crate) margin_pct: u64,
-}
+use crate::model::config::PlacementByTraffic;
+
+/// The knobs of one round: `max_moves`, `slack`, `min_gain` and
+/// `margin_pct`, as the user sets them.
+pub(crate) type Affinity = PlacementByTraffic;
 
 /// A shard of a type: `(type, shard)`.
 pub(crate) type Key<T, S> = (T, S);
@@ -47,11 +39,12 @@ type Partners<T, S> = BTreeMap<Key<T, S>, Vec<(Key<T, S>, u64)>>;
 /// The moves of one round, in the order taken: each shard once, to the
 /// node named. `homes`: where every shard lives; `traffic`: the traffic
 /// between two shards, counted once per pair whichever way it went (a
-/// pair's two orders add up); `nodes`: where shards may go.
+/// pair's two orders add up); `nodes`: where the shards of each type may
+/// go (a type not named moves nowhere).
 pub(crate) fn plan<T, S, N>(
     homes: &BTreeMap<Key<T, S>, N>,
     traffic: &Traffic<T, S>,
-    nodes: &BTreeSet<N>,
+    nodes: &BTreeMap<T, BTreeSet<N>>,
     rule: &Affinity,
 ) -> Vec<(Key<T, S>, N)>
 where
@@ -69,10 +62,10 @@ where
     let mut homes = homes.clone();
     let mut counts: BTreeMap<T, BTreeMap<N, usize>> = BTreeMap::new();
     for (&(kind, _), node) in &homes {
-        if nodes.contains(node) {
+        if let Some(theirs) = nodes.get(&kind).filter(|n| n.contains(node)) {
             let per_node = counts
                 .entry(kind)
-                .or_insert_with(|| nodes.iter().map(|n| (*n, 0)).collect());
+                .or_insert_with(|| theirs.iter().map(|n| (*n, 0)).collect());
             *per_node.entry(*node).or_default() += 1;
         }
     }
@@ -113,13 +106,14 @@ where
 
 /// Where `key` pulls hardest, if a move there passes the rule, and the
 /// gain: that pull less its pull toward home.
-fn best_move<K: Ord + Copy, N: Ord + Copy>(
-    key: K,
-    partners: &[(K, u64)],
-    homes: &BTreeMap<K, N>,
-    nodes: &BTreeSet<N>,
+fn best_move<T: Ord + Copy, S: Ord + Copy, N: Ord + Copy>(
+    key: Key<T, S>,
+    partners: &[(Key<T, S>, u64)],
+    homes: &BTreeMap<Key<T, S>, N>,
+    nodes: &BTreeMap<T, BTreeSet<N>>,
     rule: &Affinity,
 ) -> Option<(N, u64)> {
+    let nodes = nodes.get(&key.0)?;
     let home = *homes.get(&key)?;
     if !nodes.contains(&home) {
         return None;

@@ -15,8 +15,9 @@ fn rule() -> Affinity {
     }
 }
 
-fn nodes(n: u8) -> BTreeSet<u8> {
-    (0..n).collect()
+/// Nodes `0..n`, where both types may go.
+fn nodes(n: u8) -> BTreeMap<u8, BTreeSet<u8>> {
+    [A, B].into_iter().map(|t| (t, (0..n).collect())).collect()
 }
 
 /// `(type, shard) → node` from triples.
@@ -238,6 +239,31 @@ fn shards_on_a_node_that_is_not_a_candidate_neither_move_nor_pull() {
     let homes = homes(&[(A, 0, 0), (A, 1, 1), (B, 5, 9), (B, 6, 0)]);
     let traffic = traffic(&[((A, 0), (B, 5), 90)]);
     assert_eq!(plan(&homes, &traffic, &nodes(2), &rule()), vec![]);
+}
+
+#[test]
+fn a_shard_goes_only_where_its_type_may_live() {
+    // A lives on nodes 0 and 1 only (a role); B on all three. A0 cannot
+    // follow B5 to node 2, so B5 comes to A0.
+    let homes = homes(&[
+        (A, 0, 0),
+        (A, 1, 1),
+        (A, 2, 0),
+        (A, 3, 1),
+        (B, 5, 2),
+        (B, 6, 2),
+        (B, 7, 0),
+        (B, 8, 1),
+    ]);
+    let traffic = traffic(&[((A, 0), (B, 5), 90)]);
+    let mut roles = nodes(3);
+    roles.insert(A, [0, 1].into());
+    assert_eq!(plan(&homes, &traffic, &roles, &rule()), vec![((B, 5), 0)]);
+    // Were A free to go, the lower key would move.
+    assert_eq!(
+        plan(&homes, &traffic, &nodes(3), &rule()),
+        vec![((A, 0), 2)]
+    );
 }
 
 /// W6's traffic on three nodes: the fronts of shard `s` talk to the

@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use crate::model::config::PlacementByTraffic;
+
 /// Settings of the coordinator core.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CoordinatorConfig {
@@ -47,6 +49,11 @@ pub struct CoordinatorConfig {
     /// membership, one `detection_step` (the resolver's unstable limit) and
     /// two `margin_per_ring_step`s (the margin after it) are added.
     pub hold_for: Duration,
+    /// Placement by traffic (SPEC §13.11): each rebalance round also
+    /// moves shards toward the nodes their traffic goes to, and the
+    /// strategy's rebalance leaves a type whose counts are within the
+    /// slack alone. `None`: by count alone.
+    pub placement_by_traffic: Option<PlacementByTraffic>,
 }
 
 impl Default for CoordinatorConfig {
@@ -63,6 +70,7 @@ impl Default for CoordinatorConfig {
             detection_step: Duration::ZERO,
             hold_through_unreachability: false,
             hold_for: Duration::ZERO,
+            placement_by_traffic: None,
         }
     }
 }

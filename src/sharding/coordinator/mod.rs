@@ -58,10 +58,8 @@
 //! `config` and `outputs` (commands and move records).
 
 mod acting;
-// The rule a placement by traffic follows (SPEC §13.11): tested here; no
-// strategy runs it yet.
-#[cfg_attr(not(test), allow(dead_code))]
 mod affinity;
+mod by_traffic;
 mod config;
 mod outputs;
 mod placement;
@@ -84,6 +82,7 @@ pub use outputs::{RebalanceReason, RebalanceRound, ShardMovement};
 pub use strategy::{LeastShardAllocation, ShardAllocationStrategy};
 
 use acting::{RecentRing, Standing};
+use by_traffic::TrafficTable;
 use outputs::{handoff_msg, left_msg, movement};
 use rounds::OpenRound;
 use type_table::{HANDOFF_RESEND, HandOff, TypeTable, is_departed};
@@ -162,6 +161,9 @@ pub(crate) struct CoordinatorCore {
     /// Until when that hold keeps the role with it, while only time can
     /// end the hold (the member is flagged but not beyond this side).
     hold_until: Option<Instant>,
+    /// The traffic between shards the regions reported, when placing by
+    /// traffic (SPEC §13.11).
+    traffic: TrafficTable,
 }
 
 impl CoordinatorCore {
@@ -201,6 +203,7 @@ impl CoordinatorCore {
             acting: None,
             oldest_flagged: None,
             hold_until: None,
+            traffic: TrafficTable::default(),
         }
     }
 

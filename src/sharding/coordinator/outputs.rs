@@ -27,6 +27,9 @@ pub enum RebalanceReason {
     /// because a message of a line its owner's version lacks reached it
     /// (SPEC §13.6). Never throttled.
     NewerVersion,
+    /// Moved by a handoff toward the node its traffic goes to, by
+    /// placement by traffic (SPEC §13.11), at most `max_moves` per round.
+    Traffic,
 }
 
 /// One shard moved by the coordinator.

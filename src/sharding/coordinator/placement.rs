@@ -247,6 +247,7 @@ impl CoordinatorCore {
             for type_name in &type_names {
                 self.rebalance(type_name, now, &mut out);
             }
+            self.rebalance_by_traffic(now, &mut out);
         }
         self.record(now, moves);
         self.tell_left(&type_names, &mut out);
@@ -623,7 +624,16 @@ impl CoordinatorCore {
         if counts.is_empty() {
             return None;
         }
-        let owner = self.strategy.allocate(type_name, ShardId(shard), &counts);
+        // A move for traffic names its target; a target no longer a
+        // candidate gives the choice back to the strategy.
+        let target = (table.handoffs.get(&shard))
+            .filter(|h| h.stopped)
+            .and_then(|h| h.to)
+            .filter(|to| counts.contains_key(to));
+        let owner = match target {
+            Some(to) => Some(to),
+            None => self.strategy.allocate(type_name, ShardId(shard), &counts),
+        };
         let Some(owner) = owner.filter(|o| counts.contains_key(o)) else {
             tracing::warn!(
                 type_name,

@@ -424,6 +424,7 @@ impl CoordinatorCore {
                             sent: now,
                             stopped: true,
                             round: None,
+                            to: None,
                         };
                         table.handoffs.insert(shard, handoff);
                     }

@@ -68,6 +68,15 @@ impl CoordinatorCore {
                 shards.push(ShardId(shard as u32));
             }
         }
+        // Placement by traffic may leave counts up to its slack apart:
+        // the strategy spreads only what is further apart than that.
+        if let Some(by_traffic) = self.config.placement_by_traffic {
+            let most = owned.values().map(Vec::len).max().unwrap_or(0);
+            let least = owned.values().map(Vec::len).min().unwrap_or(0);
+            if most - least <= by_traffic.slack {
+                return;
+            }
+        }
         let limit = self.config.rebalance_per_round;
         let epoch = self.epoch;
         let chosen = self.strategy.rebalance(type_name, &owned, limit);
@@ -189,6 +198,7 @@ impl CoordinatorCore {
             RebalanceReason::GracefulLeave,
             RebalanceReason::GracefulSpread,
             RebalanceReason::NewerVersion,
+            RebalanceReason::Traffic,
         ] {
             let these: Vec<ShardMovement> = moves
                 .iter()

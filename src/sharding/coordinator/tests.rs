@@ -2697,3 +2697,6 @@ fn regression_a_table_names_no_home_on_a_member_gone_from_the_view() {
         "a home on the departed node 1: {tables:?}"
     );
 }
+
+#[path = "by_traffic_tests.rs"]
+mod by_traffic;

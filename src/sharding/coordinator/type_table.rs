@@ -28,6 +28,10 @@ pub(super) struct HandOff {
     /// The rebalance round that started it (none for a handoff that an
     /// earlier coordinator started).
     pub(super) round: Option<u64>,
+    /// Where the shard goes once stopped, when the round chose (a move for
+    /// traffic, SPEC §13.11) and that member is still a candidate then;
+    /// otherwise the strategy chooses.
+    pub(super) to: Option<UniqueAddress>,
 }
 
 /// `HandOff` is sent again this often until the owner reports.
@@ -181,6 +185,7 @@ impl TypeTable {
                 sent: now,
                 stopped: false,
                 round: Some(round),
+                to: None,
             },
         );
         out.push(handoff_msg(type_name, shard, home, epoch));

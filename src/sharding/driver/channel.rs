@@ -60,6 +60,7 @@ impl Control {
             }
             msg @ (ControlMsg::Register { .. }
             | ControlMsg::NeedsNewer { .. }
+            | ControlMsg::Traffic { .. }
             | ControlMsg::Unregister { .. }
             | ControlMsg::GetHome { .. }
             | ControlMsg::ShardStopped { .. }

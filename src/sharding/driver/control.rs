@@ -107,6 +107,7 @@ impl Control {
                     if now >= next_sweep {
                         next_sweep = now + SWEEP_EVERY;
                         self.remote.sweep();
+                        self.report_traffic(now);
                         // Every fifth sweep (5 s): sampling counts every
                         // hosted entity under its slot's lock.
                         self.sweeps = self.sweeps.wrapping_add(1);
@@ -155,6 +156,25 @@ impl Control {
         let commands = self.core.handle_timeout(now, &state, &self.hosted());
         self.execute(commands);
         self.expire_stats(now);
+    }
+
+    /// What this node's entities sent to which shards since the last
+    /// sweep, to the coordinator (SPEC §13.11; nothing unless placement by
+    /// traffic is on).
+    fn report_traffic(&mut self, now: Instant) {
+        let Some(shared) = self.shared.upgrade() else {
+            return;
+        };
+        let pairs: Vec<_> = shared
+            .take_traffic()
+            .into_iter()
+            .map(|((a, sa), (b, sb), n)| (a.to_owned(), sa, b.to_owned(), sb, n))
+            .collect();
+        if pairs.is_empty() {
+            return;
+        }
+        let commands = self.core.traffic(now, &self.hosted(), pairs);
+        self.execute(commands);
     }
 
     /// This node is out of the cluster (downed — by the split-brain

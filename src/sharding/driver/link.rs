@@ -14,6 +14,7 @@ use crate::cluster::ClusterNode;
 use crate::model::error::{ShardingError, ShardingResult};
 use crate::runtime::ask_waits::keep_deadlines;
 use crate::runtime::region::Region;
+use crate::runtime::traffic::ShardKey;
 use crate::sharding::control_core::{AppVersions, ControlCore};
 use crate::sharding::coordinator::{
     CoordinatorConfig, CoordinatorCore, LeastShardAllocation, RebalanceRound,
@@ -71,6 +72,9 @@ pub(crate) trait SystemPort: Send + Sync + 'static {
     fn fence(&self);
     /// The system's graceful stop (SPEC §10.6), run once whoever asks.
     fn shut_down(self: Arc<Self>) -> BoxFuture<'static, ()>;
+    /// What this node's entities sent to which shards since the last call
+    /// (sampled; none unless placement by traffic is on, SPEC §13.11).
+    fn take_traffic(&self) -> Vec<(ShardKey, ShardKey, u64)>;
 }
 
 /// A boxed future, as `SystemPort::shut_down` returns it.

@@ -62,5 +62,6 @@ pub(super) fn reason_label(reason: RebalanceReason) -> &'static str {
         RebalanceReason::GracefulSpread => "graceful_spread",
         RebalanceReason::GracefulLeave => "graceful_leave",
         RebalanceReason::NewerVersion => "newer_version",
+        RebalanceReason::Traffic => "traffic",
     }
 }
