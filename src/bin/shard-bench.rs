@@ -122,8 +122,8 @@ fn main() -> ExitCode {
         eprintln!("shard-bench: --journal fjall commits through one log: --lanes 1 only");
         return ExitCode::from(2);
     }
-    if args.uniform && args.workload != Workload::W6 {
-        eprintln!("shard-bench: --uniform is W6's control");
+    if (args.uniform || args.by_traffic) && args.workload != Workload::W6 {
+        eprintln!("shard-bench: --uniform and --by-traffic are W6's");
         return ExitCode::from(2);
     }
     if args.durable_producer && !w1 {
@@ -296,7 +296,7 @@ async fn in_process(args: Args, in_flight: usize) -> ExitCode {
             }
             _ => unreachable!("w5 without --passivation runs its children above"),
         },
-        Workload::W6 => w6::run(args.messages, in_flight, args.uniform).await,
+        Workload::W6 => w6::run(args.messages, in_flight, args.uniform, args.by_traffic).await,
         Workload::W4 => {
             durable::run_w4(
                 args.journal.unwrap_or(durable::JournalKind::Embedded),

@@ -133,6 +133,10 @@ pub(super) struct Args {
     /// W6 only: the uniform control — every front asks a random back.
     #[arg(long)]
     pub(super) uniform: bool,
+    /// W6 only: place shards by traffic (SPEC §13.11) rather than by
+    /// count alone.
+    #[arg(long)]
+    pub(super) by_traffic: bool,
     /// W5 only: run this passivation alone, in this process (with --mix).
     #[arg(long, value_enum, requires = "mix")]
     pub(super) passivation: Option<limit::Passivation>,

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use datum_cluster_sharding::PlacementByTraffic;
 use datum_cluster_sharding::prelude::*;
 use hdrhistogram::Histogram;
 use rand::{RngExt, SeedableRng};
@@ -146,18 +147,24 @@ impl Counts {
 }
 
 /// One W6 run: three nodes in this process, `messages` asks to the fronts
-/// from one driver per node, `in_flight` each; `uniform`: no affinity.
+/// from one driver per node, `in_flight` each; `uniform`: no affinity;
+/// `by_traffic`: placement by traffic (SPEC §13.11) on every node.
 pub async fn run(
     messages: u64,
     in_flight: usize,
     uniform: bool,
+    by_traffic: bool,
 ) -> Result<(Value, bool), Box<dyn std::error::Error>> {
     let (clusters, _) = form_cluster("shard-bench-w6", false).await?;
     let mut nodes = Vec::new();
     let mut plan_partners = None;
     for (index, cluster) in clusters.into_iter().enumerate() {
+        let mut config = sharding_config();
+        if by_traffic {
+            config.placement_by_traffic = Some(PlacementByTraffic::default());
+        }
         let system = ShardedSystem::builder()
-            .config(sharding_config())
+            .config(config)
             .node(cluster.clone())
             .start()
             .await?;
@@ -210,27 +217,25 @@ pub async fn run(
     let series = Arc::new(Mutex::new(Vec::new()));
     let cpu_before = cpu_time();
     let start = Instant::now();
-    let sampler = tokio::spawn(sample(counts.clone(), start, series.clone()));
+    let sampler = tokio::spawn(sample(counts.clone(), (start, cpu_before), series.clone()));
     let latency = drive(&nodes, messages, in_flight, &counts).await;
     let wall = start.elapsed();
     let cpu = cpu_time().saturating_sub(cpu_before);
     sampler.abort();
     let moved = super::harness::shards_moved_since(&nodes, start);
+    let (most_moves, moved_late) = moves_per_shard(&nodes, start, start + wall / 2);
     let peak = peak_rss_kib();
     super::stop(nodes).await;
     let (local, remote) = counts.now();
     let failed = counts.failed.load(Ordering::Relaxed);
     let answered = local + remote;
     let on_node = local as f64 / answered.max(1) as f64;
-    let name = if uniform { "w6-uniform" } else { "w6" };
-    println!(
-        "{name:<11} {answered} asks · {:.0} asks/s · {:.2} µs CPU/ask · p50 {} p99 {} µs · on-node {:.3} · {moved} shards moved · {failed} failed",
-        answered as f64 / wall.as_secs_f64(),
-        cpu.as_secs_f64() * 1e6 / answered.max(1) as f64,
-        latency.value_at_quantile(0.50),
-        latency.value_at_quantile(0.99),
-        on_node,
-    );
+    let name = match (uniform, by_traffic) {
+        (false, false) => "w6",
+        (true, false) => "w6-uniform",
+        (false, true) => "w6-traffic",
+        (true, true) => "w6-uniform-traffic",
+    };
     // The last, partial second too (a sample taken after the run's end
     // gives way to it).
     let series = {
@@ -240,12 +245,33 @@ pub async fn run(
             at: wall,
             local,
             remote,
+            cpu,
         });
-        intervals(&samples)
+        samples
     };
+    let steady = second_half(&series);
+    let series = intervals(&series);
+    println!(
+        "{name:<18} {answered} asks · {:.0} asks/s · {:.2} µs CPU/ask · p50 {} p99 {} µs · on-node {:.3} · {moved} shards moved ({moved_late} in the second half, at most {most_moves} times one) · {failed} failed",
+        answered as f64 / wall.as_secs_f64(),
+        cpu.as_secs_f64() * 1e6 / answered.max(1) as f64,
+        latency.value_at_quantile(0.50),
+        latency.value_at_quantile(0.99),
+        on_node,
+    );
+    if let Value::Object(half) = &steady {
+        let figure = |k: &str| half.get(k).and_then(Value::as_f64).unwrap_or(0.0);
+        println!(
+            "{:<18} second half: {:.0} asks/s · {:.2} µs CPU/ask · on-node {:.3}",
+            "",
+            figure("asks_per_sec"),
+            figure("cpu_us_per_ask"),
+            figure("on_node"),
+        );
+    }
     let record = json!({
         "workload": name,
-        "placement": "least-shards",
+        "placement": if by_traffic { "traffic" } else { "least-shards" },
         "asks": answered,
         "failed_asks": failed,
         "msgs_per_sec": answered as f64 / wall.as_secs_f64(),
@@ -254,7 +280,10 @@ pub async fn run(
         "p99_us": latency.value_at_quantile(0.99),
         "on_node_fraction": on_node,
         "on_node_over_time": series,
+        "second_half": steady,
         "shards_moved": moved,
+        "most_moves_of_one_shard": most_moves,
+        "shards_moved_in_second_half": moved_late,
         "in_flight_per_driver": in_flight,
         "fronts": FRONTS,
         "backs": BACKS,
@@ -264,9 +293,32 @@ pub async fn run(
     Ok((record, failed == 0 && answered == messages))
 }
 
-/// Every second, the time since `start` and the running counts of
-/// on-node and cross-node asks.
-async fn sample(counts: Arc<Counts>, start: Instant, series: Arc<Mutex<Vec<Sample>>>) {
+/// The most moves of one shard since `since`, as the rounds kept on every
+/// node record them, and the moves of rounds decided from `late` on.
+fn moves_per_shard(nodes: &[Node], since: Instant, late: Instant) -> (usize, usize) {
+    let mut per_shard: std::collections::HashMap<(String, ShardId), usize> = Default::default();
+    let mut moved_late = 0;
+    for round in nodes.iter().flat_map(|n| n.system.rebalance_rounds()) {
+        if round.at < since {
+            continue;
+        }
+        if round.at >= late {
+            moved_late += round.moves.len();
+        }
+        for shard in round.moves {
+            *per_shard.entry((shard.type_name, shard.shard)).or_default() += 1;
+        }
+    }
+    (per_shard.into_values().max().unwrap_or(0), moved_late)
+}
+
+/// Every second, the time since `start`, the running counts of on-node
+/// and cross-node asks, and the process's CPU time since `cpu_before`.
+async fn sample(
+    counts: Arc<Counts>,
+    (start, cpu_before): (Instant, Duration),
+    series: Arc<Mutex<Vec<Sample>>>,
+) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
@@ -274,10 +326,16 @@ async fn sample(counts: Arc<Counts>, start: Instant, series: Arc<Mutex<Vec<Sampl
         tick.tick().await;
         let (local, remote) = counts.now();
         let at = start.elapsed();
+        let cpu = cpu_time().saturating_sub(cpu_before);
         series
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .push(Sample { at, local, remote });
+            .push(Sample {
+                at,
+                local,
+                remote,
+                cpu,
+            });
     }
 }
 
@@ -287,6 +345,31 @@ struct Sample {
     at: Duration,
     local: u64,
     remote: u64,
+    cpu: Duration,
+}
+
+/// The run's second half, from the first sample at or past half its
+/// length to the last: asks per second, CPU per ask and the on-node
+/// fraction, once a placement has had time to settle.
+fn second_half(samples: &[Sample]) -> Value {
+    let (Some(last), Some(wall)) = (samples.last(), samples.last().map(|s| s.at)) else {
+        return Value::Null;
+    };
+    let Some(from) = samples.iter().find(|s| s.at >= wall / 2) else {
+        return Value::Null;
+    };
+    let (local, remote) = (last.local - from.local, last.remote - from.remote);
+    let asks = (local + remote).max(1) as f64;
+    let seconds = (last.at - from.at).as_secs_f64();
+    if seconds <= 0.0 {
+        return Value::Null;
+    }
+    json!({
+        "from_s": from.at.as_secs_f64(),
+        "asks_per_sec": asks / seconds,
+        "cpu_us_per_ask": (last.cpu - from.cpu).as_secs_f64() * 1e6 / asks,
+        "on_node": local as f64 / asks,
+    })
 }
 
 /// Between one sample and the next: when the interval ended, the asks

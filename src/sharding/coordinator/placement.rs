@@ -247,7 +247,11 @@ impl CoordinatorCore {
             for type_name in &type_names {
                 self.rebalance(type_name, now, &mut out);
             }
-            self.rebalance_by_traffic(now, &mut out);
+            // Not in a step that just placed shards anew (a timed-out
+            // handoff, a gone owner's): they settle a round first.
+            if moves.is_empty() {
+                self.rebalance_by_traffic(now, &mut out);
+            }
         }
         self.record(now, moves);
         self.tell_left(&type_names, &mut out);
