@@ -16,6 +16,8 @@ use datum_cluster_sharding::sharding::RebalanceReason;
 const LONG: Duration = Duration::from_secs(90);
 const ASK: Duration = Duration::from_secs(10);
 const SHARDS: u32 = 12;
+/// Asks of each pair in one pass, all in flight at once.
+const ASKS_PER_PAIR: usize = 16;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Call(pub String);
@@ -83,11 +85,11 @@ fn sharding_config(by_traffic: bool) -> ShardingConfig {
     let mut config = ShardingConfig::builder()
         .num_shards(SHARDS)
         .passivation_idle_timeout(None)
-        .rebalance_interval(Duration::from_millis(300))
+        .rebalance_interval(Duration::from_secs(1))
         .build();
     if by_traffic {
         // Every pair of the test is worth a move.
-        config.placement_by_traffic = Some(PlacementByTraffic::default().with_min_gain(8));
+        config.placement_by_traffic = Some(PlacementByTraffic::default().with_min_gain(16));
     }
     config
 }
@@ -165,22 +167,26 @@ fn pairs(system: &ShardedSystem) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Every caller asks its callee once, through `system`: how many pairs
-/// are together. An ask that fails fails the test.
+/// Every caller asks its callee `ASKS_PER_PAIR` times, all at once,
+/// through `system`: how many pairs answered together every time. An ask
+/// that fails fails the test.
 async fn one_pass(system: &ShardedSystem, pairs: &[(String, String)]) -> usize {
-    let mut together = 0;
-    for (caller, callee) in pairs {
-        let answer = system
-            .entity_ref::<Caller>(caller.clone())
-            .ask(Call(callee.clone()), ASK)
-            .await;
-        match answer {
-            Ok(true) => together += 1,
-            Ok(false) => {}
-            Err(error) => panic!("{caller} → {callee}: {error}"),
+    let mut asks = tokio::task::JoinSet::new();
+    for (i, (caller, callee)) in pairs.iter().enumerate() {
+        for _ in 0..ASKS_PER_PAIR {
+            let caller = system.entity_ref::<Caller>(caller.clone());
+            let call = Call(callee.clone());
+            asks.spawn(async move { (i, caller.ask(call, ASK).await) });
         }
     }
-    together
+    let mut together = vec![true; pairs.len()];
+    while let Some(answer) = asks.join_next().await {
+        match answer.expect("the ask's task") {
+            (i, Ok(same_node)) => together[i] &= same_node,
+            (i, Err(error)) => panic!("{:?}: {error}", pairs[i]),
+        }
+    }
+    together.iter().filter(|t| **t).count()
 }
 
 async fn stop(nodes: Vec<(ClusterNode, ShardedSystem)>) {
@@ -204,33 +210,49 @@ async fn shards_that_talk_come_together_and_stay() {
         let entity = nodes[1].1.entity_ref::<Callee>(callee.clone());
         entity.ask(Here, ASK).await.expect("the callee answers");
     }
-    let first = one_pass(&nodes[1].1, &pairs).await;
+    let mut first = 0;
+    for (caller, callee) in &pairs {
+        let entity = nodes[1].1.entity_ref::<Caller>(caller.clone());
+        first += usize::from(
+            entity
+                .ask(Call(callee.clone()), ASK)
+                .await
+                .expect("answered"),
+        );
+    }
     assert!(first < pairs.len(), "together from the start");
     let deadline = Instant::now() + LONG;
-    // Until every pair is together for ten passes in a row.
-    let mut in_a_row = 0;
-    while in_a_row < 10 {
+    // Until every pair is together.
+    loop {
         let together = one_pass(&nodes[1].1, &pairs).await;
-        in_a_row = if together == pairs.len() {
-            in_a_row + 1
-        } else {
-            0
-        };
+        if together == pairs.len() {
+            break;
+        }
         assert!(
             Instant::now() < deadline,
             "{together} of {} pairs together",
             pairs.len()
         );
     }
-    let rounds = nodes[0].1.rebalance_rounds();
-    let moves: usize = rounds
-        .iter()
-        .filter(|r| r.reason == RebalanceReason::Traffic)
-        .map(|r| r.moves.len())
-        .sum();
+    // And they stay: the traffic goes on for five more rounds, and no
+    // pair comes apart nor shard moves.
+    let traffic_moves = || {
+        let rounds = nodes[0].1.rebalance_rounds();
+        let moves: usize = rounds
+            .iter()
+            .filter(|r| r.reason == RebalanceReason::Traffic)
+            .map(|r| r.moves.len())
+            .sum();
+        (moves, rounds)
+    };
+    let (moves, rounds) = traffic_moves();
+    let settled = Instant::now();
+    while settled.elapsed() < Duration::from_secs(5) {
+        assert_eq!(one_pass(&nodes[1].1, &pairs).await, pairs.len());
+    }
+    assert_eq!(traffic_moves().0, moves, "moved again");
     assert!(moves > 0, "moved for traffic: {rounds:?}");
-    // Each pair needs at most one of its shards moved, perhaps twice on
-    // the way; nothing moves back and forth.
+    // Each pair needs one of its shards moved, perhaps twice on the way.
     assert!(moves <= 2 * pairs.len(), "{moves} moves: {rounds:?}");
     // The counts per node are within the slack.
     for hosted in [

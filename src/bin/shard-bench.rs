@@ -126,6 +126,10 @@ fn main() -> ExitCode {
         eprintln!("shard-bench: --uniform and --by-traffic are W6's");
         return ExitCode::from(2);
     }
+    if args.workload == Workload::W6 && args.by_traffic && args.curve_chart.is_some() {
+        eprintln!("shard-bench: w6 --curve-chart runs both placements: leave out --by-traffic");
+        return ExitCode::from(2);
+    }
     if args.durable_producer && !w1 {
         eprintln!("shard-bench: --durable-producer runs w1 --reliable --journal embedded");
         return ExitCode::from(2);
@@ -296,7 +300,10 @@ async fn in_process(args: Args, in_flight: usize) -> ExitCode {
             }
             _ => unreachable!("w5 without --passivation runs its children above"),
         },
-        Workload::W6 => w6::run(args.messages, in_flight, args.uniform, args.by_traffic).await,
+        Workload::W6 => match &args.curve_chart {
+            Some(chart) => w6::run_pair(args.messages, in_flight, args.uniform, chart).await,
+            None => w6::run(args.messages, in_flight, args.uniform, args.by_traffic).await,
+        },
         Workload::W4 => {
             durable::run_w4(
                 args.journal.unwrap_or(durable::JournalKind::Embedded),

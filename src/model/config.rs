@@ -96,6 +96,12 @@ pub struct ShardingConfig {
     pub placement_by_traffic: Option<PlacementByTraffic>,
 }
 
+/// Placement by traffic (SPEC §13.11): one message in this many that an
+/// entity's handling sends to another shard is counted, weighing this
+/// much; the coordinator's rule asks a move to stand out of the noise
+/// such sampling makes.
+pub(crate) const TRAFFIC_SAMPLE_WEIGHT: u64 = 8;
+
 /// Placement by traffic (SPEC §13.11): how far the coordinator goes to
 /// put shards that talk to each other on one node. Build with
 /// [`PlacementByTraffic::default`] and the `with_` methods.
@@ -116,7 +122,10 @@ pub struct PlacementByTraffic {
     /// How far apart a type's shard counts per node may be after a move
     /// for traffic; the count rebalance leaves a spread this small alone.
     pub slack: usize,
-    /// The least gain, in sampled messages kept on one node, worth a move.
+    /// The least gain worth a move: messages kept on one node, as the
+    /// samples estimate them, summed over recent rounds (the counts halve
+    /// each round, so with steady traffic they hold about twice a
+    /// round's).
     pub min_gain: u64,
     /// How much stronger, in percent, a shard's pull toward another node
     /// must be than its pull toward its own before it moves (the
@@ -146,8 +155,8 @@ impl PlacementByTraffic {
         PlacementByTraffic { slack, ..self }
     }
 
-    /// The same, with moves that keep fewer than `min_gain` sampled
-    /// messages on one node refused.
+    /// The same, with moves that keep fewer than `min_gain` messages on
+    /// one node refused.
     pub fn with_min_gain(self, min_gain: u64) -> Self {
         PlacementByTraffic { min_gain, ..self }
     }

@@ -65,7 +65,8 @@ pub const BUFFERED: &str = "datum_sharding_buffered";
 /// The part of [`BUFFERED`] waiting behind handoffs.
 pub const HANDOFF_BUFFERED: &str = "datum_sharding_handoff_buffered";
 /// Rebalance rounds the coordinator on this node completed, by `reason`
-/// (`dead_owner`, `graceful_spread`, `graceful_leave`, `newer_version`).
+/// (`dead_owner`, `graceful_spread`, `graceful_leave`, `newer_version`,
+/// `traffic`).
 pub const REBALANCE_ROUNDS: &str = "datum_rebalance_rounds_total";
 /// Shards those rounds moved, by `reason`.
 pub const SHARD_MOVES: &str = "datum_shard_moves_total";
@@ -124,11 +125,12 @@ pub(crate) const USUAL_ASK_FAILURES: [&str; 10] = [
 
 /// The `reason`s of the rebalance metrics (as the coordinator names its
 /// rounds' reasons).
-pub(crate) const REBALANCE_REASONS: [&str; 4] = [
+pub(crate) const REBALANCE_REASONS: [&str; 5] = [
     "dead_owner",
     "graceful_spread",
     "graceful_leave",
     "newer_version",
+    "traffic",
 ];
 
 /// One entity type's region's handles (labels `entity_type`, `node`).

@@ -212,7 +212,8 @@ pub(super) struct Args {
     #[arg(long, hide = true)]
     pub(super) bare: bool,
     /// Coordinator, entities, recovery and `handoff --per-shard`: where to
-    /// draw the curves (SVG); none by default.
+    /// draw the curves (SVG); none by default. W6: run least-shards and
+    /// then placement by traffic, and draw both over time here.
     #[arg(long)]
     pub(super) curve_chart: Option<std::path::PathBuf>,
     /// (multi-process, internal) run as node N of the three.

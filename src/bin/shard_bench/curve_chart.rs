@@ -1,6 +1,7 @@
 //! How a cost grows, as a picture: panels side by side, each a log–log
 //! chart of one cost against the size of the work, one line per series
-//! (SVG, drawn by plotters).
+//! (SVG, drawn by plotters); and the same on linear axes, for figures
+//! over a run's time.
 
 use std::path::Path;
 
@@ -81,6 +82,48 @@ pub fn draw(path: &Path, panels: &[Panel]) -> Result<(), Box<dyn std::error::Err
         chart
             .configure_series_labels()
             .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()?;
+    }
+    root.present()?;
+    Ok(())
+}
+
+/// Draws `panels` side by side into an SVG at `path`, on linear axes from
+/// zero (x: time, y up to 1 when every point is a fraction).
+pub fn draw_linear(path: &Path, panels: &[Panel]) -> Result<(), Box<dyn std::error::Error>> {
+    let width = 520 * panels.len().max(1) as u32;
+    let root = SVGBackend::new(path, (width, 420)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let areas = root.split_evenly((1, panels.len().max(1)));
+    for (panel, area) in panels.iter().zip(areas.iter()) {
+        let points = || panel.series.iter().flat_map(|s| s.points.iter());
+        let x1 = points().map(|p| p.0).fold(1.0, f64::max);
+        let y_max = points().map(|p| p.1).fold(0.0, f64::max);
+        let y1 = if y_max <= 1.0 { 1.0 } else { y_max * 1.1 };
+        let mut chart = ChartBuilder::on(area)
+            .caption(&panel.title, ("sans-serif", 17))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(64)
+            .build_cartesian_2d(0.0..x1, 0.0..y1)?;
+        chart
+            .configure_mesh()
+            .x_desc(panel.x_label.as_str())
+            .y_desc(panel.y_label.as_str())
+            .y_label_formatter(&|v| short(*v))
+            .draw()?;
+        for (i, series) in panel.series.iter().enumerate() {
+            let color = COLORS[i % COLORS.len()];
+            chart
+                .draw_series(LineSeries::new(series.points.iter().copied(), color))?
+                .label(series.label.as_str())
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::LowerRight)
             .background_style(WHITE.mix(0.8))
             .border_style(BLACK)
             .draw()?;

@@ -18,6 +18,8 @@ use hdrhistogram::Histogram;
 use rand::{RngExt, SeedableRng};
 use serde_json::{Value, json};
 
+use super::curve_chart::{Panel, Series};
+
 use super::harness::{Node, SHARDS, cpu_time, form_cluster, peak_rss_kib, sharding_config};
 
 /// Front entities (type A).
@@ -293,6 +295,53 @@ pub async fn run(
     Ok((record, failed == 0 && answered == messages))
 }
 
+/// W6 under least-shards and then under placement by traffic, each on
+/// fresh nodes, and a chart of both over time at `chart`: the on-node
+/// fraction and the asks per second.
+pub async fn run_pair(
+    messages: u64,
+    in_flight: usize,
+    uniform: bool,
+    chart: &std::path::Path,
+) -> Result<(Value, bool), Box<dyn std::error::Error>> {
+    let (by_count, counted) = run(messages, in_flight, uniform, false).await?;
+    let (by_traffic, placed) = run(messages, in_flight, uniform, true).await?;
+    let runs = [&by_count, &by_traffic];
+    let line = |figure: &'static str| -> Vec<Series> {
+        runs.iter()
+            .map(|record| Series {
+                label: record["placement"].as_str().unwrap_or("?").to_owned(),
+                points: record["on_node_over_time"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|s| Some((s["t_s"].as_f64()?, s[figure].as_f64()?)))
+                    .collect(),
+            })
+            .collect()
+    };
+    let title = if uniform { "W6, uniform control" } else { "W6" };
+    super::curve_chart::draw_linear(
+        chart,
+        &[
+            Panel {
+                title: format!("{title}: front-to-back asks on one node"),
+                x_label: "seconds".into(),
+                y_label: "fraction on one node".into(),
+                series: line("on_node"),
+            },
+            Panel {
+                title: format!("{title}: throughput"),
+                x_label: "seconds".into(),
+                y_label: "asks per second".into(),
+                series: line("asks_per_sec"),
+            },
+        ],
+    )?;
+    println!("chart: {}", chart.display());
+    Ok((json!([by_count, by_traffic]), counted && placed))
+}
+
 /// The most moves of one shard since `since`, as the rounds kept on every
 /// node record them, and the moves of rounds decided from `late` on.
 fn moves_per_shard(nodes: &[Node], since: Instant, late: Instant) -> (usize, usize) {
@@ -373,20 +422,25 @@ fn second_half(samples: &[Sample]) -> Value {
 }
 
 /// Between one sample and the next: when the interval ended, the asks
-/// answered in it, and the on-node fraction of them (`null` for none).
+/// answered in it, their rate and CPU per ask, and the on-node fraction
+/// of them (`null` for none).
 fn intervals(samples: &[Sample]) -> Vec<Value> {
-    let mut before = (0, 0);
+    let mut before = (0, 0, Duration::ZERO, Duration::ZERO);
     let mut intervals = Vec::new();
     for sample in samples {
         let (local, remote) = (sample.local - before.0, sample.remote - before.1);
         let asks = local + remote;
         let fraction = (asks > 0).then(|| local as f64 / asks as f64);
+        let seconds = sample.at.saturating_sub(before.2).as_secs_f64();
+        let cpu = sample.cpu.saturating_sub(before.3).as_secs_f64();
         intervals.push(json!({
             "t_s": sample.at.as_secs_f64(),
             "asks": asks,
+            "asks_per_sec": (seconds > 0.0).then(|| asks as f64 / seconds),
+            "cpu_us_per_ask": (asks > 0).then(|| cpu * 1e6 / asks as f64),
             "on_node": fraction,
         }));
-        before = (sample.local, sample.remote);
+        before = (sample.local, sample.remote, sample.at, sample.cpu);
     }
     intervals
 }

@@ -10,7 +10,7 @@ use crate::membership::{MemberStatus, MembershipState};
 use crate::model::identity::UniqueAddress;
 use crate::sharding::wire::ControlMsg;
 
-use super::{Command, CoordinatorCore};
+use super::{Command, CoordinatorCore, TrafficTable};
 
 /// How a member counts for shard ownership.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -386,6 +386,8 @@ impl CoordinatorCore {
         } else if !should_be_active && self.active {
             self.active = false;
             self.epoch = 0;
+            // Traffic heard in this term weighs nothing in a later one.
+            self.traffic = TrafficTable::default();
             self.settling_until = None;
             self.next_rebalance = None;
             // Owners report stopped shards to whichever coordinator they

@@ -8,7 +8,8 @@
 //! exchanges with shards living there. A shard whose strongest pull is
 //! toward another node than its own, by at least `min_gain` and by
 //! `margin_pct` percent more than its pull toward home (the hysteresis),
-//! is a candidate; candidates go strongest gain first, each re-weighed
+//! and by more than the noise of sampled counts (four standard
+//! deviations), is a candidate; candidates go strongest gain first, each re-weighed
 //! against the homes as the round's earlier moves left them (so the two
 //! ends of one edge never swap past each other), and a move is taken only
 //! if its type's counts per node stay within `slack` of each other, or
@@ -40,12 +41,15 @@ type Partners<T, S> = BTreeMap<Key<T, S>, Vec<(Key<T, S>, u64)>>;
 /// node named. `homes`: where every shard lives; `traffic`: the traffic
 /// between two shards, counted once per pair whichever way it went (a
 /// pair's two orders add up); `nodes`: where the shards of each type may
-/// go (a type not named moves nowhere).
+/// go (a type not named moves nowhere, and still pulls its partners);
+/// `sample_weight`: what one sample in the counts weighs (0: the counts
+/// are exact).
 pub(crate) fn plan<T, S, N>(
     homes: &BTreeMap<Key<T, S>, N>,
     traffic: &Traffic<T, S>,
     nodes: &BTreeMap<T, BTreeSet<N>>,
     rule: &Affinity,
+    sample_weight: u64,
 ) -> Vec<(Key<T, S>, N)>
 where
     T: Ord + Copy,
@@ -73,7 +77,7 @@ where
     let mut candidates: Vec<(u64, Key<T, S>)> = partners
         .iter()
         .filter_map(|(&key, theirs)| {
-            let (_, gain) = best_move(key, theirs, &homes, nodes, rule)?;
+            let (_, gain) = best_move(key, theirs, &homes, nodes, (rule, sample_weight))?;
             Some((gain, key))
         })
         .collect();
@@ -84,7 +88,8 @@ where
             break;
         }
         // Weighed again: an earlier move may have taken its partner away.
-        let Some((to, _)) = best_move(key, &partners[&key], &homes, nodes, rule) else {
+        let weighed = best_move(key, &partners[&key], &homes, nodes, (rule, sample_weight));
+        let Some((to, _)) = weighed else {
             continue;
         };
         let from = homes[&key];
@@ -111,7 +116,7 @@ fn best_move<T: Ord + Copy, S: Ord + Copy, N: Ord + Copy>(
     partners: &[(Key<T, S>, u64)],
     homes: &BTreeMap<Key<T, S>, N>,
     nodes: &BTreeMap<T, BTreeSet<N>>,
-    rule: &Affinity,
+    (rule, sample_weight): (&Affinity, u64),
 ) -> Option<(N, u64)> {
     let nodes = nodes.get(&key.0)?;
     let home = *homes.get(&key)?;
@@ -134,7 +139,13 @@ fn best_move<T: Ord + Copy, S: Ord + Copy, N: Ord + Copy>(
     let gain = away.checked_sub(at_home)?;
     let margin_met =
         u128::from(*away) * 100 >= u128::from(at_home) * u128::from(100 + rule.margin_pct);
-    (gain >= rule.min_gain.max(1) && margin_met).then_some((*to, gain))
+    // Counts made of samples that weigh `w` each vary by about √(w·c):
+    // the gain, a difference of two, must stand four such deviations
+    // clear of nothing, or shards under even traffic would move on the
+    // sampling's noise alone.
+    let noise = 4.0 * (sample_weight as f64 * (*away as f64 + at_home as f64)).sqrt();
+    let clear = gain as f64 > noise;
+    (gain >= rule.min_gain.max(1) && margin_met && clear).then_some((*to, gain))
 }
 
 /// The counts after one shard of the type moved from `from` to `to`;

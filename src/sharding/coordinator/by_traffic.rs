@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use super::affinity::{self, Traffic};
 use super::{Command, CoordinatorCore, RebalanceReason};
+use crate::model::config::TRAFFIC_SAMPLE_WEIGHT;
 
 /// The most pairs of shards kept; a pair first reported past it is left
 /// out until the halving makes room.
@@ -46,6 +47,12 @@ impl TrafficTable {
             }
             None => {}
         }
+    }
+
+    /// The pairs kept.
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        self.pairs.len()
     }
 
     /// Halves every count: what was reported a round ago weighs half as
@@ -93,18 +100,19 @@ impl CoordinatorCore {
                 let Some(table) = self.types.get(name) else {
                     continue;
                 };
-                let candidates = self.candidates(name);
-                if candidates.len() < 2 {
-                    continue;
-                }
+                // Every home pulls; a type with one candidate moves nowhere.
                 for (shard, home) in table.homes().iter().enumerate() {
                     if let Some(home) = home {
                         homes.insert((index as u16, shard as u32), home.owner);
                     }
                 }
-                nodes.insert(index as u16, candidates);
+                let candidates = self.candidates(name);
+                if candidates.len() >= 2 {
+                    nodes.insert(index as u16, candidates);
+                }
             }
-            let moves = affinity::plan(&homes, &self.traffic.pairs, &nodes, &rule);
+            let weight = TRAFFIC_SAMPLE_WEIGHT;
+            let moves = affinity::plan(&homes, &self.traffic.pairs, &nodes, &rule, weight);
             let round = (RebalanceReason::Traffic, self.next_round);
             let epoch = self.epoch;
             let mut started = 0;

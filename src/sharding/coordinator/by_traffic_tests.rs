@@ -94,26 +94,67 @@ fn a_report_naming_an_unknown_type_or_shard_is_left_out() {
         (TYPE.into(), 0, "other".into(), 1, 800),
         (TYPE.into(), 0, TYPE.into(), 6, 800),
     ]);
+    assert_eq!(c.traffic.len(), 0, "nothing kept");
     assert_eq!(handoffs_in(&c.tick(t0 + first_rebalance())), vec![]);
+    c.traffic(&report(0, 1, 800));
+    assert_eq!(c.traffic.len(), 1);
 }
 
 #[test]
 fn every_round_halves_what_was_reported() {
-    // min_gain is 32: 20 moves nothing; 20 more a round later makes 30,
-    // not 40, so nothing still; 40 at once would.
-    let (mut c, t0, _) = placed(3, 6, on());
-    c.traffic(&report(0, 1, 20));
+    // min_gain 500: 300 moves nothing; 300 more a round later makes 450,
+    // not 600, so nothing still; 600 at once would.
+    let rule = Some(PlacementByTraffic::default().with_min_gain(500));
+    let (mut c, t0, _) = placed(3, 6, rule);
+    c.traffic(&report(0, 1, 300));
     let mut now = t0 + first_rebalance();
     assert_eq!(handoffs_in(&c.tick(now)), vec![]);
-    c.traffic(&report(0, 1, 20));
+    c.traffic(&report(0, 1, 300));
     now += CoordinatorConfig::default().rebalance_interval;
     assert_eq!(handoffs_in(&c.tick(now)), vec![]);
-    let (mut c, t0, n) = placed(3, 6, on());
-    c.traffic(&report(0, 1, 40));
+    let (mut c, t0, n) = placed(3, 6, rule);
+    c.traffic(&report(0, 1, 600));
     assert_eq!(
         handoffs_in(&c.tick(t0 + first_rebalance())),
         vec![(n[0], 0, 1)]
     );
+}
+
+#[test]
+fn a_target_no_longer_a_candidate_leaves_the_choice_to_the_strategy() {
+    let (mut c, t0, n) = placed(3, 6, on());
+    c.traffic(&report(0, 1, 800));
+    let now = t0 + first_rebalance();
+    assert_eq!(handoffs_in(&c.tick(now)), vec![(n[0], 0, 1)]);
+    // Node 2, the target, is unreachable when the shard has stopped: the
+    // strategy places it, on the member with fewest among the others
+    // (node 1, which has one shard left against node 3's two).
+    c.set_membership(now, &view(n[0], &n, &[], &[n[1]]));
+    c.shard_stopped(now, n[0], TYPE, 0, 1);
+    assert_eq!(c.home(TYPE, 0).map(|h| h.owner), Some(n[0]));
+}
+
+#[test]
+fn counts_further_apart_than_the_slack_are_spread_by_the_strategy() {
+    // Twelve shards on two nodes; a third joins: 6, 6 and 0 are more than
+    // the slack apart, and the count rounds run as without traffic.
+    let (mut c, t0, n) = placed(2, 12, on());
+    let third = node(3);
+    let all = vec![n[0], n[1], third];
+    c.set_membership(t0, &view(n[0], &all, &[], &[]));
+    c.register(t0, third, &reg(12, vec![]));
+    let now = t0 + first_rebalance();
+    let asked = handoffs_in(&c.tick(now));
+    assert_eq!(
+        asked.len(),
+        CoordinatorConfig::default().rebalance_per_round
+    );
+    for (owner, shard, generation) in asked {
+        c.shard_stopped(now, owner, TYPE, shard, generation);
+        assert_eq!(c.home(TYPE, shard).map(|h| h.owner), Some(third));
+    }
+    let round = c.rounds().last().expect("a round");
+    assert_eq!(round.reason, RebalanceReason::GracefulSpread);
 }
 
 /// W6's shape on one type: shard `s` talks to shard `s + 32` of 64, each
@@ -138,7 +179,7 @@ fn rounds_bring_talking_shards_together_and_then_stay() {
     let mut quiet_rounds = 0;
     for _ in 0..60 {
         for (a, b) in &pairs {
-            c.traffic(&report(*a, *b, 100));
+            c.traffic(&report(*a, *b, 400));
         }
         let asked = handoffs_in(&c.tick(now));
         assert!(

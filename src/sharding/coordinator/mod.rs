@@ -12,6 +12,7 @@
 //!  GetHome  (region) ──┤    CoordinatorCore    ├─► Refused (fingerprint / shard count)
 //!  ShardStopped (owner)┤  table[type][shard]   ├─► HandOff to a shard's owner
 //!  Leave / Unregister ─┤ = (owner, generation) └─► RebalanceRound records
+//!  Traffic (regions) ──┤
 //!  tick(now) ──────────┘
 //! ```
 //!
@@ -42,20 +43,26 @@
 //! * **Moving a live shard** (a GracefulSpread rebalance, or the graceful
 //!   leave of its owner) is a handoff: the core sends `HandOff` to the
 //!   owner, which stops the shard's entities and answers `ShardStopped`;
-//!   only then is the shard allocated anew (through the strategy), so two
-//!   nodes do not host it at once — except after a handoff not finished
+//!   only then is the shard allocated anew (through the strategy, or to
+//!   the member a move for traffic named), so two nodes do not host it at
+//!   once — except after a handoff not finished
 //!   within `handoff_timeout`, which completes as a DeadOwner move while the
 //!   old owner's stuck entity may still run. A handoff whose owner is gone
 //!   meanwhile is reallocated with the owner's other shards.
 //! * **Rebalance.** Every `rebalance_interval`, for each type with no
 //!   handoff in progress, the strategy names live shards to move; at most
-//!   `rebalance_per_round` of them start moving.
+//!   `rebalance_per_round` of them start moving. With placement by
+//!   traffic on, the regions' reports of which shards talk feed a second
+//!   round after it, which moves shards toward their partners' members
+//!   (`affinity` is the rule, `by_traffic` the table and the round).
 //!
 //! The core is split by concept: `acting` (who acts as coordinator, terms
 //! and holds), `region_events` (what regions send, and the direct answers),
 //! `placement` (the active core's allocation work), `rounds` (rebalance
-//! rounds and their history), `type_table` (one type's table), `strategy`,
-//! `config` and `outputs` (commands and move records).
+//! rounds and their history), `affinity` and `by_traffic` (placement by
+//! traffic: the rule, and the counts with the round that runs it),
+//! `type_table` (one type's table), `strategy`, `config` and `outputs`
+//! (commands and move records).
 
 mod acting;
 mod affinity;

@@ -12,7 +12,9 @@ use crate::model::identity::UniqueAddress;
 pub trait ShardAllocationStrategy: Send + 'static {
     /// Picks the new home of `shard` of `type_name` among the keys of
     /// `counts`, which maps every eligible member to the number of shards of
-    /// this type it owns now. Returning a member that is not a key, or
+    /// this type it owns now. Not asked for a shard moved for traffic
+    /// (`ShardingConfig::placement_by_traffic`), whose round named its
+    /// target, while that target is still eligible. Returning a member that is not a key, or
     /// `None`, leaves the shard unallocated for now (it is asked again at the
     /// next change).
     fn allocate(
@@ -28,8 +30,9 @@ pub trait ShardAllocationStrategy: Send + 'static {
     /// by a key of `owned`), each by a handoff, after which the shard is
     /// allocated anew through [`allocate`](Self::allocate). It is asked
     /// once per `rebalance_interval` for each type with no handoff in
-    /// progress and at least two eligible members. The default moves
-    /// nothing.
+    /// progress and at least two eligible members — with placement by
+    /// traffic on, only when the type's counts are more than its `slack`
+    /// apart. The default moves nothing.
     fn rebalance(
         &mut self,
         type_name: &str,

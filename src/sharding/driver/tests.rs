@@ -13,7 +13,19 @@ fn the_reasons_registered_at_start_are_those_rounds_count_under() {
         RebalanceReason::GracefulSpread,
         RebalanceReason::GracefulLeave,
         RebalanceReason::NewerVersion,
+        RebalanceReason::Traffic,
     ];
+    // A reason added later must be listed above: this match, with no
+    // catch-all, stops the build until its arm is written here too.
+    for reason in all {
+        match reason {
+            RebalanceReason::DeadOwner
+            | RebalanceReason::GracefulSpread
+            | RebalanceReason::GracefulLeave
+            | RebalanceReason::NewerVersion
+            | RebalanceReason::Traffic => {}
+        }
+    }
     assert_eq!(
         all.map(reason_label),
         crate::ops::telemetry::REBALANCE_REASONS
