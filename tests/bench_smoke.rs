@@ -423,3 +423,28 @@ fn w6_counts_the_front_to_back_asks_that_stay_on_one_node() {
         assert_eq!(asks, 20000, "every answered ask in one interval: {record}");
     }
 }
+
+#[test]
+fn w6_with_a_chart_runs_both_placements_and_draws_them() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let chart = dir.path().join("w6.svg");
+    let chart_arg = chart.to_str().expect("a UTF-8 path");
+    let records = run_with("w6", &["--curve-chart", chart_arg]);
+    let records = records.as_array().expect("one record per placement");
+    let placements: Vec<&str> = records
+        .iter()
+        .map(|r| r["placement"].as_str().expect("a placement"))
+        .collect();
+    assert_eq!(placements, ["least-shards", "traffic"]);
+    for record in records {
+        assert_eq!(record["asks"], 20000, "{record}");
+        assert_eq!(record["failed_asks"], 0, "{record}");
+        let series = record["on_node_over_time"].as_array().expect("a series");
+        assert!(
+            series.iter().all(|i| i["asks_per_sec"].as_f64().is_some()),
+            "{record}"
+        );
+    }
+    let svg = std::fs::read_to_string(&chart).expect("the chart is written");
+    assert!(svg.contains("<svg") && svg.contains("traffic"), "{svg}");
+}

@@ -66,25 +66,7 @@ pub fn draw(path: &Path, panels: &[Panel]) -> Result<(), Box<dyn std::error::Err
             .x_label_formatter(&|v| short(*v))
             .y_label_formatter(&|v| short(*v))
             .draw()?;
-        for (i, series) in panel.series.iter().enumerate() {
-            let color = COLORS[i % COLORS.len()];
-            chart
-                .draw_series(LineSeries::new(series.points.iter().copied(), color))?
-                .label(series.label.as_str())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
-            chart.draw_series(
-                series
-                    .points
-                    .iter()
-                    .map(|p| Circle::new(*p, 3, color.filled())),
-            )?;
-        }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()?;
+        lines(&mut chart, panel, true, SeriesLabelPosition::UpperLeft)?;
     }
     root.present()?;
     Ok(())
@@ -112,24 +94,51 @@ pub fn draw_linear(path: &Path, panels: &[Panel]) -> Result<(), Box<dyn std::err
             .configure_mesh()
             .x_desc(panel.x_label.as_str())
             .y_desc(panel.y_label.as_str())
-            .y_label_formatter(&|v| short(*v))
+            .x_label_formatter(&|v| linear(*v))
+            .y_label_formatter(&|v| linear(*v))
             .draw()?;
-        for (i, series) in panel.series.iter().enumerate() {
-            let color = COLORS[i % COLORS.len()];
-            chart
-                .draw_series(LineSeries::new(series.points.iter().copied(), color))?
-                .label(series.label.as_str())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
-        }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()?;
+        lines(&mut chart, panel, false, SeriesLabelPosition::LowerRight)?;
     }
     root.present()?;
     Ok(())
+}
+
+/// Draws `panel`'s lines into `chart` (with a dot at each point if
+/// `dots`), and their legend at `legend`.
+fn lines<'a, CT: CoordTranslate<From = (f64, f64)>>(
+    chart: &mut ChartContext<'a, SVGBackend<'a>, CT>,
+    panel: &Panel,
+    dots: bool,
+    legend: SeriesLabelPosition,
+) -> Result<(), Box<dyn std::error::Error>> {
+    for (i, series) in panel.series.iter().enumerate() {
+        let color = COLORS[i % COLORS.len()];
+        chart
+            .draw_series(LineSeries::new(series.points.iter().copied(), color))?
+            .label(series.label.as_str())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        if dots {
+            let points = series.points.iter();
+            chart.draw_series(points.map(|p| Circle::new(*p, 3, color.filled())))?;
+        }
+    }
+    chart
+        .configure_series_labels()
+        .position(legend)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
+    Ok(())
+}
+
+/// A linear axis' mark: 150000 → "150k", 0.30000000000000004 → "0.3",
+/// 20 → "20".
+fn linear(v: f64) -> String {
+    if v >= 1e3 {
+        return short(v);
+    }
+    let fixed = format!("{v:.2}");
+    fixed.trim_end_matches('0').trim_end_matches('.').to_owned()
 }
 
 /// 1500 → "1.5k", 0.02 → "0.02".

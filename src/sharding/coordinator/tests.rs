@@ -1697,6 +1697,26 @@ fn random_histories_with_a_dead_owner_margin_keep_the_invariants() {
         .quickcheck(holds as fn(Vec<Op>) -> bool);
 }
 
+/// [`check_history`] placing by traffic, with a report that shards `k`
+/// and `k + 6` talk (`k` = the step mod 6) after every step of `ops`.
+fn check_history_placing_by_traffic(ops: Vec<Op>) -> Result<(), String> {
+    let config = CoordinatorConfig {
+        placement_by_traffic: Some(
+            crate::model::config::PlacementByTraffic::default().with_min_gain(50),
+        ),
+        ..CoordinatorConfig::default()
+    };
+    let ops = ops
+        .into_iter()
+        .enumerate()
+        .flat_map(|(i, op)| {
+            let pair = (i % 6) as u8;
+            [op, Op::Traffic(pair, pair + 6)]
+        })
+        .collect();
+    check_history_with(ops, config)
+}
+
 /// The same, placing by traffic: shards 0–5 talk to shards 6–11 (a
 /// report after every step of the history), so rounds move shards
 /// for traffic among the joins, crashes, leaves and partitions. The
@@ -1705,21 +1725,7 @@ fn random_histories_with_a_dead_owner_margin_keep_the_invariants() {
 #[test]
 fn random_histories_placing_by_traffic_keep_the_invariants() {
     fn holds(ops: Vec<Op>) -> bool {
-        let config = CoordinatorConfig {
-            placement_by_traffic: Some(
-                crate::model::config::PlacementByTraffic::default().with_min_gain(50),
-            ),
-            ..CoordinatorConfig::default()
-        };
-        let ops = ops
-            .into_iter()
-            .enumerate()
-            .flat_map(|(i, op)| {
-                let pair = (i % 6) as u8;
-                [op, Op::Traffic(pair, pair + 6)]
-            })
-            .collect();
-        check_history_with(ops, config)
+        check_history_placing_by_traffic(ops)
             .map_err(|e| eprintln!("{e}"))
             .is_ok()
     }
@@ -2771,19 +2777,5 @@ fn regression_shards_placed_anew_are_not_moved_for_traffic_in_the_same_step() {
         Ask(1, 4),
         Advance(11100),
     ];
-    let config = CoordinatorConfig {
-        placement_by_traffic: Some(
-            crate::model::config::PlacementByTraffic::default().with_min_gain(50),
-        ),
-        ..CoordinatorConfig::default()
-    };
-    let ops: Vec<Op> = ops
-        .into_iter()
-        .enumerate()
-        .flat_map(|(i, op)| {
-            let pair = (i % 6) as u8;
-            [op, Op::Traffic(pair, pair + 6)]
-        })
-        .collect();
-    assert_eq!(check_history_with(ops, config), Ok(()));
+    assert_eq!(check_history_placing_by_traffic(ops), Ok(()));
 }
