@@ -416,7 +416,7 @@ fn second_half(samples: &[Sample]) -> Value {
     json!({
         "from_s": from.at.as_secs_f64(),
         "asks_per_sec": asks / seconds,
-        "cpu_us_per_ask": (last.cpu - from.cpu).as_secs_f64() * 1e6 / asks,
+        "cpu_us_per_ask": last.cpu.saturating_sub(from.cpu).as_secs_f64() * 1e6 / asks,
         "on_node": local as f64 / asks,
     })
 }

@@ -101,6 +101,28 @@ fn a_report_naming_an_unknown_type_or_shard_is_left_out() {
 }
 
 #[test]
+fn a_core_that_does_not_act_keeps_no_traffic_and_forgets_it_when_it_stops() {
+    let (mut c, t0, n) = placed(3, 6, on());
+    c.traffic(&report(0, 1, 800));
+    assert_eq!(c.traffic.len(), 1);
+    // Node 1 is seen unreachable: node 2 acts; this core stops, forgets,
+    // and keeps nothing while it does not act.
+    c.set_membership(t0, &view(n[0], &n, &[], &[n[0]]));
+    assert!(!c.is_active());
+    assert_eq!(c.traffic.len(), 0, "forgotten");
+    c.traffic(&report(0, 1, 800));
+    assert_eq!(c.traffic.len(), 0, "not kept while inactive");
+    // Acting again, it starts with nothing: no move for old traffic.
+    c.set_membership(t0, &view(n[0], &n, &[], &[]));
+    assert!(c.is_active());
+    for a in &n {
+        c.register(t0, *a, &reg(6, vec![]));
+    }
+    let later = t0 + first_rebalance() + CoordinatorConfig::default().settle;
+    assert_eq!(handoffs_in(&c.tick(later)), vec![]);
+}
+
+#[test]
 fn every_round_halves_what_was_reported() {
     // min_gain 500: 300 moves nothing; 300 more a round later makes 450,
     // not 600, so nothing still; 600 at once would.
