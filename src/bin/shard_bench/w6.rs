@@ -401,10 +401,10 @@ struct Sample {
 /// length to the last: asks per second, CPU per ask and the on-node
 /// fraction, once a placement has had time to settle.
 fn second_half(samples: &[Sample]) -> Value {
-    let (Some(last), Some(wall)) = (samples.last(), samples.last().map(|s| s.at)) else {
+    let Some(last) = samples.last() else {
         return Value::Null;
     };
-    let Some(from) = samples.iter().find(|s| s.at >= wall / 2) else {
+    let Some(from) = samples.iter().find(|s| s.at >= last.at / 2) else {
         return Value::Null;
     };
     let (local, remote) = (last.local - from.local, last.remote - from.remote);
